@@ -1,0 +1,113 @@
+"""The root `kvcalc` app: one module per command, errors mapped to exit codes in one place.
+
+Exit codes: 0 ok, 1 runtime failure, 2 bad input (one line `error: …`), 3 CUDA unavailable.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.22 vendors click as typer._click; older releases use click itself
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
+
+from kvcalc.core.errors import CudaUnavailableError
+
+EXIT_RUNTIME = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_CUDA = 3
+
+
+def _fail(message: str, code: int) -> None:
+    message = " ".join(str(message).split())  # one line, always
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+class KvcalcGroup(TyperGroup):
+    """Runs the command without click's standalone handling, so that every error becomes one line."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the order they are registered in, not alphabetical
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
+        extra.pop("standalone_mode", None)
+        try:
+            result = super().main(args=args, prog_name=prog_name or "kvcalc", standalone_mode=False, **extra)
+        except click_exc.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `kvcalc`: help on stdout, exit 0
+                typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+                sys.exit(0)
+            hint = ""
+            if exc.ctx is not None:
+                hint = f" (see '{exc.ctx.command_path} --help')"
+            _fail(exc.format_message() + hint, EXIT_BAD_INPUT)
+        except (typer.Abort, KeyboardInterrupt):
+            _fail("aborted", EXIT_RUNTIME)
+        except CudaUnavailableError as exc:
+            _fail(str(exc), EXIT_NO_CUDA)
+        except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            _fail(_describe(exc), EXIT_BAD_INPUT)
+        except click_exc.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except BrokenPipeError:
+            sys.exit(0)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)) and exc.filename:
+        reason = {
+            FileNotFoundError: "no such file",
+            IsADirectoryError: "is a directory, not a file",
+            PermissionError: "cannot be read (permission denied)",
+        }[type(exc)]
+        return f"{exc.filename}: {reason}; check the path"
+    return str(exc)
+
+
+app = typer.Typer(
+    cls=KvcalcGroup,
+    name="kvcalc",
+    help="Exact KV-cache accounting and paged-attention benchmarks for LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kvcalc import __version__
+
+        typer.echo(f"kvcalc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    """Exact KV-cache accounting and paged-attention benchmarks for LLM serving."""
+
+
+def _register() -> None:
+    """Each command lives in its own module; importing one must never import torch."""
+    from kvcalc.cli import commands
+
+    for name, module_name in commands.COMMANDS:
+        module = __import__(f"kvcalc.cli.{module_name}", fromlist=["command"])
+        app.command(name=name, help=module.command.__doc__)(module.command)
+
+
+_register()
+
+
+def main() -> None:
+    app()

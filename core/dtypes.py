@@ -1,0 +1,36 @@
+"""Storage precisions of the KV cache, in bits so that int4 (half a byte) stays exact."""
+
+from __future__ import annotations
+
+DTYPE_BITS: dict[str, int] = {
+    "fp32": 32,
+    "fp16": 16,
+    "bf16": 16,
+    "fp8": 8,
+    "int8": 8,
+    "int4": 4,
+}
+
+_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
+
+
+def parse_dtype(name: str) -> str:
+    """Canonical dtype name ('bfloat16' -> 'bf16'); an unknown name raises ValueError listing the choices."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in DTYPE_BITS:
+        raise ValueError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPE_BITS)}")
+    return key
+
+
+def dtype_bits(name: str) -> int:
+    return DTYPE_BITS[parse_dtype(name)]

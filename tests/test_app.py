@@ -1,0 +1,31 @@
+"""The root app: help, version, unknown commands and options are one-line errors with exit 2."""
+
+import subprocess
+import sys
+
+
+def test_help_lists_every_command(run_cli):
+    result = run_cli("--help")
+    assert result.exit_code == 0
+    for name in ("size", "frag", "share", "bench", "sim"):
+        assert name in result.stdout
+
+
+def test_version(run_cli):
+    result = run_cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("kvcalc ")
+
+
+def test_unknown_command_is_one_line_error(run_cli):
+    result = run_cli("nope")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_python_dash_m_runs():
+    proc = subprocess.run([sys.executable, "-m", "kvcalc", "--version"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("kvcalc ")
