@@ -1,0 +1,177 @@
+"""A Hugging Face `config.json`, read offline, as a ModelSpec (the fields that decide KV size).
+
+What is read, and which spelling wins:
+
+* layers: `num_hidden_layers` (Falcon/GPT-2 style `n_layer`, ChatGLM `num_layers` also accepted);
+* query heads: `num_attention_heads` (`n_head`, `num_heads`);
+* KV heads: `num_key_value_heads` (Falcon `num_kv_heads` with `new_decoder_architecture`); absent: one
+  KV head when `multi_query` is true (Falcon-7B, GPT-BigCode), otherwise as many as query heads (MHA);
+* head dim: `head_dim` when present (it differs from hidden_size / heads for Gemma and Qwen3), else
+  hidden_size / heads;
+* sliding window: `sliding_window` (ignored when `use_sliding_window` is false, as Qwen2/Qwen3 ship),
+  applied to the layers that `layer_types` marks "sliding_attention", or per `sliding_window_pattern`,
+  or per the model type's known alternation, or to every layer (Mistral-7B-v0.1);
+* MLA (DeepSeek-V2/V3): `kv_lora_rank` + `qk_rope_head_dim`; `num_key_value_heads` is then not the cache;
+* multimodal models keep the language model's fields under `text_config`.
+
+A missing field raises ValueError naming the field and the file; so does a file that is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvcalc.core.models import ModelSpec
+
+# Model types whose sliding-window layers alternate by a fixed period when the config has neither
+# `layer_types` nor `sliding_window_pattern`: of every `period` layers, all but the last one slide.
+#   gemma2: transformers' Gemma2 makes layer i sliding when i is even -> every other layer (period 2);
+#   gemma3 / gemma3_text: five local layers then one global (Gemma3TextConfig default pattern 6);
+#   cohere2: three sliding layers then one global (Cohere2Config default pattern 4).
+_KNOWN_PERIODS: dict[str, int] = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+    "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner"),
+}
+
+
+def load_config(path: Path | str) -> ModelSpec:
+    """Read `path` (a config.json) into a ModelSpec named after the model (or its folder)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")  # FileNotFoundError names the path; the CLI maps it to exit 2
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "give a Hugging Face config.json"
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(config).__name__}")
+    return spec_from_config(config, name=_model_name(config, path), source=str(path))
+
+
+def spec_from_config(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
+    """The ModelSpec of a parsed config.json; `source` names the file in error messages."""
+    text_config = config.get("text_config")
+    if isinstance(text_config, Mapping) and _first(config, "num_hidden_layers") is None:
+        # Multimodal (Llava, Gemma-3, Mllama, Qwen2-VL ...): the KV cache belongs to the language model.
+        config = {"model_type": config.get("model_type"), **text_config}
+    layers = _required_int(config, "num_hidden_layers", source)
+    heads = _required_int(config, "num_attention_heads", source)
+    kv_lora_rank = _optional_int(config, "kv_lora_rank", source)
+    qk_rope_head_dim = _optional_int(config, "qk_rope_head_dim", source)
+    if kv_lora_rank is not None and qk_rope_head_dim is None:
+        raise ValueError(f"{source}: MLA config has kv_lora_rank but is missing the field 'qk_rope_head_dim'")
+    head_dim = _optional_int(config, "head_dim", source)
+    hidden_size = _optional_int(config, "hidden_size", source)
+    if kv_lora_rank is not None and head_dim is None:
+        # MLA query/key heads are nope + rope wide; the cache does not use it (one latent per token).
+        nope = _optional_int(config, "qk_nope_head_dim", source)
+        head_dim = nope + qk_rope_head_dim if nope is not None and qk_rope_head_dim is not None else None
+    if head_dim is None:
+        if hidden_size is None:
+            raise ValueError(f"{source}: missing the field 'hidden_size' (or 'head_dim'); add it or use --head-dim")
+        if hidden_size % heads:
+            raise ValueError(
+                f"{source}: hidden_size {hidden_size} is not a multiple of num_attention_heads {heads}; "
+                "add 'head_dim' or use --head-dim"
+            )
+        head_dim = hidden_size // heads
+    window, num_sliding = _sliding(config, layers, source)
+    return ModelSpec(
+        name=name,
+        layers=layers,
+        num_attention_heads=heads,
+        kv_heads=_kv_heads(config, heads, source),
+        head_dim=head_dim,
+        hidden_size=hidden_size if hidden_size is not None else heads * head_dim,
+        max_position_embeddings=_optional_int(config, "max_position_embeddings", source),
+        intermediate_size=_optional_int(config, "intermediate_size", source),
+        vocab_size=_optional_int(config, "vocab_size", source),
+        sliding_window=window,
+        num_sliding_layers=num_sliding,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim if kv_lora_rank is not None else None,
+        source=source,
+    )
+
+
+def _model_name(config: Mapping[str, Any], path: Path) -> str:
+    """`_name_or_path`'s last part, else the folder holding config.json, else the model type."""
+    name_or_path = config.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path.strip("/ "):
+        return name_or_path.rstrip("/").split("/")[-1]
+    folder = path.resolve().parent.name
+    if folder and path.name == "config.json":
+        return folder
+    model_type = config.get("model_type")
+    return model_type if isinstance(model_type, str) and model_type else path.stem
+
+
+def _first(config: Mapping[str, Any], field: str) -> Any:
+    for key in _ALIASES.get(field, (field,)):
+        if config.get(key) is not None:
+            return config[key]
+    return None
+
+
+def _optional_int(config: Mapping[str, Any], field: str, source: str) -> int | None:
+    value = _first(config, field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{source}: field '{field}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _required_int(config: Mapping[str, Any], field: str, source: str) -> int:
+    value = _optional_int(config, field, source)
+    if value is None:
+        raise ValueError(f"{source}: missing the field '{field}'; add it, or give the model's dimensions explicitly")
+    return value
+
+
+def _kv_heads(config: Mapping[str, Any], heads: int, source: str) -> int:
+    if config.get("model_type") == "falcon" and not config.get("new_decoder_architecture"):
+        # Falcon-7B style: `num_kv_heads` is only read with the new decoder architecture (Falcon-40B/180B).
+        return 1 if config.get("multi_query") else heads
+    for key in ("num_key_value_heads", "num_kv_heads"):
+        if config.get(key) is not None:
+            return _optional_int(config, key, source)  # type: ignore[return-value]
+    return 1 if config.get("multi_query") else heads
+
+
+def _sliding(config: Mapping[str, Any], layers: int, source: str) -> tuple[int | None, int]:
+    """(window, number of sliding-window layers); (None, 0) when no layer slides."""
+    window = _optional_int(config, "sliding_window", source)
+    if window is None or config.get("use_sliding_window") is False:
+        return None, 0
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        if len(layer_types) != layers:
+            raise ValueError(
+                f"{source}: layer_types lists {len(layer_types)} layers but num_hidden_layers is {layers}; fix one"
+            )
+        num_sliding = sum(1 for kind in layer_types if kind == "sliding_attention")
+        return (window, num_sliding) if num_sliding else (None, 0)
+    period = _optional_int(config, "sliding_window_pattern", source) or _KNOWN_PERIODS.get(
+        str(config.get("model_type"))
+    )
+    if period is not None:
+        return window, layers - layers // period
+    if config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+        # Qwen2 with the window switched on: layers from index max_window_layers upward slide.
+        first = config["max_window_layers"]
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"{source}: field 'max_window_layers' must be a non-negative integer, got {first!r}")
+        num_sliding = max(0, layers - first)
+        return (window, num_sliding) if num_sliding else (None, 0)
+    return window, layers
