@@ -1,0 +1,161 @@
+"""Equations 2 and 3 of DESIGN.md over many sequences at once: fixed reservation vs paging.
+
+    A_B(n) = B · ceil(n / B)        positions allocated to a sequence of n tokens in blocks of B
+    W_B(n) = A_B(n) − n             tail-block waste (0 <= W_B(n) < B)
+    fixed reservation to M:         allocates M, wastes M − n
+    U = Σ n_i / Σ A_B(n_i)          position utilisation (not device utilisation)
+
+Inputs are int64 arrays of lengths [N]; totals are exact Python ints. numpy's int64 sum wraps around
+silently, so `exact_sum` sums in int64 only in chunks whose sum provably fits, and adds the chunk sums as
+Python ints (10^7 lengths of 10^12 tokens stay exact). Every block size costs one vectorised pass.
+
+Block tables hold one int32 block id per logical block. Two conventions: exact (Σ ceil(n/B) entries,
+what the sequences use) and dense (N × ceil(M/B) entries, the [num_seqs, max_blocks] tensor engines
+allocate up front).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+BLOCK_TABLE_ENTRY_BYTES = 4  # int32 block ids, as vLLM and FlashInfer use
+SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
+MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
+_INT64_MAX = np.iinfo(np.int64).max
+BlockSizes = list[int] | tuple[int, ...]
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """Σ values as a Python int, exact for any int64 array (never wraps)."""
+    if values.size == 0:
+        return 0
+    bound = max(abs(int(values.max())), abs(int(values.min())), 1)
+    chunk = _INT64_MAX // bound  # this many elements can never overflow an int64 sum
+    if chunk >= values.size:
+        return int(values.sum(dtype=np.int64))
+    return sum(int(values[i : i + chunk].sum(dtype=np.int64)) for i in range(0, values.size, chunk))
+
+
+def ceil_div(values: np.ndarray, divisor: int, out: np.ndarray | None = None) -> np.ndarray:
+    """ceil(values / divisor) elementwise for values in 0..MAX_LENGTH; `out` may be reused as scratch."""
+    out = np.add(values, divisor - 1, out=out)
+    return np.floor_divide(out, divisor, out=out)
+
+
+def default_max_len(longest: int) -> int:
+    """The smallest power of two >= the longest length (the default fixed reservation M)."""
+    return 1 << (longest - 1).bit_length()
+
+
+def check_lengths(tokens: np.ndarray, max_len: int) -> None:
+    """Lengths in 1..max_len; a ValueError names the first offender and the fix."""
+    if not 1 <= max_len <= MAX_LENGTH:
+        raise ValueError(f"--max-len {max_len} is out of range: give a reservation between 1 and 2^62 tokens")
+    over = np.flatnonzero(tokens > max_len)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"length {int(tokens[i])} (item {i + 1}) is above --max-len {max_len}: "
+            f"raise --max-len to at least {int(tokens.max())} or leave it out (default: next power of two)"
+        )
+    assert tokens.size == 0 or int(tokens.min()) >= 1, "lengths are validated when loaded"
+
+
+def check_block_sizes(block_sizes: BlockSizes) -> None:
+    for block_size in block_sizes:
+        if not 1 <= block_size <= MAX_LENGTH:
+            raise ValueError(f"--block {block_size} is not a valid block size: give a positive number of tokens")
+
+
+@dataclass(frozen=True)
+class FixedReservation:
+    """Every sequence reserves `max_len` positions up front (pre-paging engines)."""
+
+    max_len: int
+    num_seqs: int
+    useful_tokens: int
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.num_seqs * self.max_len
+
+    @property
+    def waste_tokens(self) -> int:
+        return self.allocated_tokens - self.useful_tokens
+
+    @property
+    def utilization(self) -> Fraction:
+        return Fraction(self.useful_tokens, self.allocated_tokens)
+
+
+@dataclass(frozen=True)
+class PagedAllocation:
+    """Blocks of `block_size` positions, allocated on demand: Σ ceil(n/B) blocks in all."""
+
+    block_size: int
+    num_seqs: int
+    max_len: int
+    useful_tokens: int
+    num_blocks: int
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+    @property
+    def waste_tokens(self) -> int:
+        return self.allocated_tokens - self.useful_tokens
+
+    @property
+    def utilization(self) -> Fraction:
+        return Fraction(self.useful_tokens, self.allocated_tokens)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_len // self.block_size)
+
+    @property
+    def block_table_bytes_exact(self) -> int:
+        return self.num_blocks * BLOCK_TABLE_ENTRY_BYTES
+
+    @property
+    def block_table_bytes_dense(self) -> int:
+        return self.num_seqs * self.max_blocks_per_seq * BLOCK_TABLE_ENTRY_BYTES
+
+
+def fixed_reservation(tokens: np.ndarray, max_len: int) -> FixedReservation:
+    """Fixed reservation of `max_len` for each of the lengths `tokens` int64 [N]."""
+    check_lengths(tokens, max_len)
+    return FixedReservation(max_len, int(tokens.size), exact_sum(tokens))
+
+
+def paged_allocations(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> list[PagedAllocation]:
+    """Equations 2–3 for each block size, one vectorised pass each (one scratch buffer for all)."""
+    check_lengths(tokens, max_len)
+    check_block_sizes(block_sizes)
+    useful = exact_sum(tokens)
+    scratch = np.empty_like(tokens)
+    return [
+        PagedAllocation(b, int(tokens.size), max_len, useful, exact_sum(ceil_div(tokens, b, out=scratch)))
+        for b in block_sizes
+    ]
+
+
+@dataclass(frozen=True, eq=False)
+class PerSequence:
+    """Per-sequence rows, each an int64 [N]: A_B(n) and W_B(n) per block size, and M − n."""
+
+    tokens: np.ndarray
+    reservation_waste: np.ndarray
+    allocated: dict[int, np.ndarray]
+    waste: dict[int, np.ndarray]
+
+
+def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> PerSequence:
+    check_lengths(tokens, max_len)
+    check_block_sizes(block_sizes)
+    allocated = {b: ceil_div(tokens, b) * b for b in block_sizes}
+    return PerSequence(tokens, max_len - tokens, allocated, {b: a - tokens for b, a in allocated.items()})
