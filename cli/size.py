@@ -1,6 +1,242 @@
-"""`kvcalc size` (being built; see the issue tracker)."""
+"""`kvcalc size`: equation 1 for a model (preset, config.json or explicit dims); capacity; TP split."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from kvcalc.cli.options import (
+    ConfigOpt,
+    DtypeOpt,
+    FormatOpt,
+    HeadDimOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+)
+from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.core.dtypes import DTYPE_BITS, parse_dtype
+from kvcalc.core.models import PRESETS, ModelSpec, resolve_model
+from kvcalc.core.sizing import DEFAULT_BLOCK_SIZE, PRESET_CONTEXTS, SizeResult, compute_size, preset_rows
+from kvcalc.core.units import format_bytes, format_count, parse_bytes
+
+TokensOpt = Annotated[
+    int | None, typer.Option("--tokens", "-n", help="Context tokens per sequence [default: the model's max length].")
+]
+SeqsOpt = Annotated[int | None, typer.Option("--seqs", "-s", help="Number of sequences [default: 1].")]
+BlockOpt = Annotated[
+    int | None, typer.Option("--block", "-b", help=f"Block size in tokens [default: {DEFAULT_BLOCK_SIZE}].")
+]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel GPUs that split the KV heads [default: 1].")]
+MemoryOpt = Annotated[
+    str | None, typer.Option("--memory", help="KV budget (per GPU with --tp), e.g. 80GiB, 80GB, 80e9.")
+]
+
+_UNITS_NOTE = "Bytes are exact; IEC units (1 KiB = 1024 B, 1 GiB = 2^30 B)."
 
 
-def command() -> None:
-    """Not built yet."""
-    raise ValueError("kvcalc size is not built yet")
+def command(
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    dtype: DtypeOpt = "bf16",
+    tokens: TokensOpt = None,
+    seqs: SeqsOpt = None,
+    block: BlockOpt = None,
+    tp: TpOpt = None,
+    memory: MemoryOpt = None,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """KV-cache bytes (equation 1) per token, block, sequence, batch and GPU; what fits in a memory budget.
+
+    Without a model: every built-in preset's KV per token and per sequence at 4K, 32K and 128K tokens.
+    The default precision is bf16 (16 bits, the same bytes as fp16).
+    """
+    dtype = parse_dtype(dtype)
+    spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    if spec is None:
+        given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory))
+                 if value is not None]
+        if given:
+            verb = "needs" if len(given) == 1 else "need"
+            raise ValueError(
+                f"{', '.join(given)} {verb} a model: add --model NAME, --config config.json, "
+                "or --layers/--kv-heads/--head-dim"
+            )
+        emit(_presets_report(dtype, tokens), resolve_format(json_flag, fmt))
+        return
+    result = compute_size(
+        spec, dtype, tokens=tokens, seqs=1 if seqs is None else seqs, tp=1 if tp is None else tp,
+        block_size=DEFAULT_BLOCK_SIZE if block is None else block,
+        memory_bytes=None if memory is None else parse_bytes(memory),
+    )
+    warnings = _warnings(result)
+    for warning in warnings:
+        err_console.print(f"warning: {warning}", highlight=False)
+    emit(_model_report(result, warnings), resolve_format(json_flag, fmt))
+
+
+def _warnings(result: SizeResult) -> list[str]:
+    max_len = result.spec.max_position_embeddings
+    if max_len is not None and result.tokens > max_len:
+        return [f"--tokens {result.tokens:,} is above {result.spec.name}'s max_position_embeddings {max_len:,}"]
+    return []
+
+
+def _model_doc(spec: ModelSpec) -> dict[str, Any]:
+    """The `model` object: kv_heads and head_dim describe the cache (MLA: one latent, as vLLM counts it)."""
+    return {
+        "name": spec.name,
+        "layers": spec.layers,
+        "kv_heads": spec.kv_heads,
+        "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim,
+        "attention": spec.attention,
+        "sliding_window": spec.sliding_window,
+        "num_sliding_layers": spec.num_sliding_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "num_params": spec.num_params,
+        "num_active_params": spec.num_active_params,
+        "source": spec.source,
+    }
+
+
+def _describe(spec: ModelSpec) -> str:
+    if spec.is_mla:
+        heads = f"one latent of {spec.kv_lora_rank}+{spec.qk_rope_head_dim} per layer"
+    else:
+        heads = f"{spec.kv_heads} KV heads × {spec.head_dim} dim"
+    window = ""
+    if spec.num_sliding_layers:
+        window = f", sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers"
+    return f"{spec.name}: {spec.attention.upper()}, {spec.layers} layers, {heads}{window}"
+
+
+def _bytes_cell(num_bytes: int) -> list[Any]:
+    return [format_count(num_bytes), format_bytes(num_bytes)]
+
+
+def _model_report(r: SizeResult, warnings: list[str]) -> Report:
+    spec = r.spec
+    doc: dict[str, Any] = {
+        "model": _model_doc(spec),
+        "dtype": r.dtype,
+        "bits_per_scalar": r.bits_per_scalar,
+        "bytes_per_token_per_layer": r.bytes_per_token_per_layer,
+        "bytes_per_token": r.bytes_per_token,
+        "block_size": r.block_size,
+        "bytes_per_block": r.bytes_per_block,
+        "tokens": r.tokens,
+        "seqs": r.seqs,
+        "tp": r.tp,
+        "kv_heads_per_gpu": r.kv_heads_per_gpu,
+        "bytes_per_seq": r.bytes_per_seq,
+        "total_bytes": r.total_bytes,
+        "per_gpu_bytes": r.per_gpu_bytes,
+        "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token,
+        "total_bits": r.total_bits,
+        "formula": r.formula,
+        "warnings": warnings,
+    }
+    rows = [
+        ["per token per layer", *_bytes_cell(r.bytes_per_token_per_layer)],
+        [f"per token ({spec.layers} layers)", *_bytes_cell(r.bytes_per_token)],
+        [f"per block ({r.block_size:,} tokens)", *_bytes_cell(r.bytes_per_block)],
+        [f"per sequence ({r.tokens:,} tokens)", *_bytes_cell(r.bytes_per_seq)],
+        [f"all {r.seqs:,} sequences", *_bytes_cell(r.total_bytes)],
+    ]
+    notes = [f"Equation 1: {r.formula}"]
+    if r.tp > 1:
+        rows.append([f"per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes)])
+        notes.append(_tp_note(r))
+    if spec.num_sliding_layers and r.tokens > (spec.sliding_window or 0):
+        notes.append(f"Sliding-window layers hold at most {spec.sliding_window:,} tokens of a sequence.")
+    if not r.exact_bytes:
+        notes.append(f"An odd number of int4 scalars leaves half a byte: rounded up ({r.total_bits:,} bits in all).")
+    tables = [Table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], rows)]
+    if r.capacity is not None:
+        cap = r.capacity
+        where = f"per GPU, each of {r.tp} GPUs" if cap.per_gpu else "one GPU"
+        doc["capacity"] = {
+            "memory_bytes": cap.memory_bytes,
+            "per_gpu": cap.per_gpu,
+            "max_tokens": cap.max_tokens,
+            "max_seqs": cap.max_seqs,
+            "num_blocks": cap.num_blocks,
+            "block_size": cap.block_size,
+            "fits": cap.fits,
+        }
+        tables.append(Table(
+            f"What fits in {format_bytes(cap.memory_bytes)} of KV ({where})",
+            ["quantity", "count"],
+            [
+                ["max tokens (every layer holds every token)", format_count(cap.max_tokens)],
+                [f"max sequences of {r.tokens:,} tokens", format_count(cap.max_seqs)],
+                [f"blocks of {cap.block_size} tokens", format_count(cap.num_blocks)],
+                [f"{r.seqs:,} × {r.tokens:,} tokens fit", "yes" if cap.fits else "no"],
+            ],
+        ))
+        if spec.num_sliding_layers:
+            notes.append("max tokens ignores the sliding window (a lower bound); max sequences applies it.")
+    notes.append(_UNITS_NOTE)
+    heading = f"{_describe(spec)}; {r.dtype} ({r.bits_per_scalar} bits per scalar)"
+    return Report(doc=doc, tables=tables, notes=notes, text=[heading])
+
+
+def _tp_note(r: SizeResult) -> str:
+    spec = r.spec
+    if spec.is_mla:
+        return f"--tp {r.tp}: the MLA latent is not split by heads; every GPU holds all of it."
+    if r.replicas_per_head > 1:
+        return (f"--tp {r.tp} > {spec.kv_heads} KV heads: each GPU holds 1 head, each head is replicated on "
+                f"{r.replicas_per_head} GPUs.")
+    return f"--tp {r.tp}: each GPU holds {r.kv_heads_per_gpu} of the {spec.kv_heads} KV heads."
+
+
+def _presets_report(dtype: str, tokens: int | None) -> Report:
+    contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
+    rows = preset_rows(list(PRESETS.values()), dtype, contexts)
+    labels = {n: (f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}") for n in contexts}
+    table_rows = []
+    beyond = False
+    for row in rows:
+        spec = row.spec
+        cells = []
+        for n in contexts:
+            mark = ""
+            if spec.max_position_embeddings is not None and n > spec.max_position_embeddings:
+                mark, beyond = " †", True
+            cells.append(format_bytes(row.bytes_per_seq[n]) + mark)
+        table_rows.append([
+            spec.name, spec.attention.upper(), spec.layers,
+            "1 latent" if spec.is_mla else spec.kv_heads,
+            f"{spec.latent_dim} ({spec.kv_lora_rank}+{spec.qk_rope_head_dim})" if spec.is_mla else spec.head_dim,
+            format_count(row.bytes_per_token), format_bytes(row.bytes_per_token), *cells,
+        ])
+    doc = {
+        "dtype": dtype,
+        "bits_per_scalar": DTYPE_BITS[dtype],
+        "models": [
+            {
+                **_model_doc(row.spec),
+                "bytes_per_token": row.bytes_per_token,
+                "bytes_per_seq": {str(n): b for n, b in row.bytes_per_seq.items()},
+            }
+            for row in rows
+        ],
+    }
+    columns = ["model", "attention", "layers", "KV heads", "head dim", "bytes/token", "per token",
+               *(f"seq {labels[n]}" for n in contexts)]
+    notes = [f"KV per sequence at {dtype} ({DTYPE_BITS[dtype]} bits; bf16 is the default), sliding windows applied."]
+    if beyond:
+        notes.append("† the context is above the model's max_position_embeddings.")
+    notes += [_UNITS_NOTE, "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB]."]
+    return Report(doc=doc, tables=[Table(f"KV cache per token and per sequence ({dtype})", columns, table_rows)],
+                  notes=notes)

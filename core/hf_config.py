@@ -11,7 +11,8 @@ What is read, and which spelling wins:
 * sliding window: `sliding_window` (ignored when `use_sliding_window` is false, as Qwen2/Qwen3 ship),
   applied to the layers that `layer_types` marks "sliding_attention", or per `sliding_window_pattern`,
   or per the model type's known alternation, or to every layer (Mistral-7B-v0.1);
-* MLA (DeepSeek-V2/V3): `kv_lora_rank` + `qk_rope_head_dim`; `num_key_value_heads` is then not the cache;
+* MLA (DeepSeek-V2/V3): `kv_lora_rank` + `qk_rope_head_dim`; `num_key_value_heads` is then not the cache
+  (the spec gets kv_heads 1: the latent is the one cached "head", as vLLM counts it);
 * multimodal models keep the language model's fields under `text_config`.
 
 A missing field raises ValueError naming the field and the file; so does a file that is not JSON.
@@ -90,7 +91,7 @@ def spec_from_config(config: Mapping[str, Any], name: str, source: str) -> Model
         name=name,
         layers=layers,
         num_attention_heads=heads,
-        kv_heads=_kv_heads(config, heads, source),
+        kv_heads=1 if kv_lora_rank is not None else _kv_heads(config, heads, source),
         head_dim=head_dim,
         hidden_size=hidden_size if hidden_size is not None else heads * head_dim,
         max_position_embeddings=_optional_int(config, "max_position_embeddings", source),

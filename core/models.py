@@ -20,8 +20,11 @@ class ModelSpec:
     `sliding_window` applies to `num_sliding_layers` of the `layers` (all of them for Mistral-7B-v0.1,
     every other one for Gemma-2). MLA (DeepSeek-V2/V3) caches one latent of
     `kv_lora_rank + qk_rope_head_dim` scalars per token per layer, with no factor 2 and no KV heads.
+    For MLA `kv_heads` is 1 (the latent is the one cached "head", as vLLM counts it) and `head_dim` is the
+    query/key head width; neither enters the cache size.
     `num_params` is the total parameter count (weights memory); `num_active_params` the parameters one
-    token passes through (MoE: shared weights plus the routed experts; FLOPs), None when all are active.
+    token passes through (MoE: shared weights plus the routed experts; for FLOPs), counted like
+    `num_params` (input embedding included); None when every parameter is active.
     `max_position_embeddings` is None when the config does not say (commands that need it say so).
     """
 
@@ -238,26 +241,37 @@ _preset(ModelSpec(
 ))
 # deepseek-ai/DeepSeek-V3: 61 layers (first 3 dense, intermediate 18432; then MoE: 256 routed experts of
 # 2048 + 1 shared, 8 per token), 128 heads, MLA with kv_lora_rank 512 + qk_rope_head_dim 64 (576 cached
-# scalars per token per layer), qk_nope_head_dim 128 (head_dim 192 for q/k), hidden 7168, vocab 129280,
-# max_position_embeddings 163840. Params 671,026,419,200 (671B, without the 14B multi-token-prediction
-# module that the 685B checkpoint adds); active 37,552,297,472 (37B).
+# scalars per token per layer), qk_nope_head_dim 128 (q/k heads are 192 wide), hidden 7168, vocab 129280,
+# max_position_embeddings 163840. The config's num_key_value_heads 128 is not the cache: like vLLM we
+# count one cached "head" (the latent). Params 671,026,419,200 (671B, without the 14B multi-token-prediction
+# module that the 685B checkpoint adds); active 37,552,297,472 (counted like num_params, i.e. with the
+# 0.93B input embedding; DeepSeek's report says 36.6B, which leaves the embedding out).
 _preset(ModelSpec(
-    name="DeepSeek-V3", layers=61, num_attention_heads=128, kv_heads=128, head_dim=192, hidden_size=7168,
+    name="DeepSeek-V3", layers=61, num_attention_heads=128, kv_heads=1, head_dim=192, hidden_size=7168,
     intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840, num_params=671_026_419_200,
     num_active_params=37_552_297_472, kv_lora_rank=512, qk_rope_head_dim=64,
     source="deepseek-ai/DeepSeek-V3 config.json",
 ))
 
 
+def _key(name: str) -> str:
+    """Lookup key: lower case, letters and digits only ('llama3-8b' and 'Llama-3-8B' meet)."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
 def get_preset(name: str) -> ModelSpec:
-    """Case-insensitive lookup; an unknown name raises ValueError naming the closest presets."""
+    """Case-insensitive lookup (punctuation ignored); an unknown name raises ValueError naming the closest."""
     spec = PRESETS.get(name.strip().lower())
     if spec is None:
+        matches = [s for s in PRESETS.values() if _key(s.name) == _key(name)]
+        if len(matches) == 1:
+            return matches[0]
         import difflib
 
-        names = [s.name for s in PRESETS.values()]
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.3) or names[:5]
-        raise ValueError(f"unknown model {name!r}: did you mean {', '.join(close)}? (kvcalc size lists all)")
+        by_key = {_key(s.name): s.name for s in PRESETS.values()}
+        close = [by_key[k] for k in difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.5)]
+        hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(by_key.values())}"
+        raise ValueError(f"unknown model {name!r}: {hint} (kvcalc size lists them all)")
     return spec
 
 
