@@ -1,6 +1,342 @@
-"""`kvcalc frag` (being built; see the issue tracker)."""
+"""`kvcalc frag`: fixed reservation vs paging for a set of sequence lengths (equations 2 and 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvcalc.cli.chart import bar_chart, check_plot_target, write_waste_plot
+from kvcalc.cli.options import (
+    ConfigOpt,
+    FormatOpt,
+    HeadDimOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeedOpt,
+)
+from kvcalc.cli.output import Format, Report, Table, emit, resolve_format
+from kvcalc.core import paging
+from kvcalc.core.dtypes import dtype_bits, parse_dtype
+from kvcalc.core.lengths import (
+    LengthDistribution,
+    Lengths,
+    lengths_from_trace,
+    parse_lengths_list,
+    read_lengths_file,
+    sample_lengths,
+    worked_example,
+)
+from kvcalc.core.models import ModelSpec, resolve_model
+from kvcalc.core.units import format_bytes, format_count, format_percent
+
+DEFAULT_BLOCK_SIZES = (16, 32)
+DEFAULT_COUNT = 10_000
+PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
+DEFAULT_DTYPE = "fp16"
 
 
-def command() -> None:
-    """Not built yet."""
-    raise ValueError("kvcalc frag is not built yet")
+def command(
+    lengths: Annotated[
+        str | None, typer.Option("--lengths", help="Comma-separated lengths in tokens, e.g. 37,91,128.")
+    ] = None,
+    lengths_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--lengths-file",
+            help="A file of lengths: one integer per line; a CSV (with --column); a JSON list (.json); .npy.",
+        ),
+    ] = None,
+    column: Annotated[str | None, typer.Option("--column", help="The CSV column of --lengths-file.")] = None,
+    trace: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(
+            "--trace",
+            metavar="KIND FILE",
+            help="A real trace: 'azure F' (ContextTokens + GeneratedTokens) or 'mooncake F' "
+            "(input_length + output_length).",
+        ),
+    ] = None,
+    phase: Annotated[
+        str | None, typer.Option("--phase", help="With --trace: total (prompt + output, default) or prompt.")
+    ] = None,
+    dist: Annotated[
+        str | None,
+        typer.Option(
+            "--dist",
+            metavar="SPEC",
+            help="A constructed sample, NAME:key=value,...: lognormal:mean=1366,sigma=0.8 (or median=; "
+            "sigma of the underlying normal, default 1), uniform:low=1,high=2048 (inclusive), "
+            "exponential:mean=500 (geometric on 1, 2, …), zipf:a=1.2,max=4096; lognormal and exponential "
+            "take max= (truncated by resampling).",
+        ),
+    ] = None,
+    count: Annotated[int | None, typer.Option("--count", help=f"With --dist: sample size [{DEFAULT_COUNT}].")] = None,
+    seed: SeedOpt = None,
+    block: Annotated[
+        list[int] | None,
+        typer.Option("--block", "-b", help="Block size in tokens; repeat for several [16 and 32]."),
+    ] = None,
+    sweep: Annotated[
+        bool, typer.Option("--sweep", help="Block sizes 1, 2, 4 … 256 (plus any --block) and a chart of waste.")
+    ] = False,
+    max_len: Annotated[
+        int | None,
+        typer.Option("--max-len", help="Fixed reservation M per sequence [smallest power of two >= longest]."),
+    ] = None,
+    per_seq: Annotated[
+        bool, typer.Option("--per-seq", help=f"Per-sequence rows even for more than {PER_SEQ_LIMIT} lengths.")
+    ] = False,
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="With a model: KV precision fp32, fp16, bf16, fp8, int8, int4 [fp16].")
+    ] = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also write a figure of waste vs block size (.png or .svg).")
+    ] = None,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Fixed reservation vs paging for sequence lengths: useful, allocated and wasted positions, utilisation,
+    block-table bytes, and KV bytes when a model is given. No arguments: the worked example (37, 91, 128,
+    201, 511 with blocks 16 and 32, M = 512)."""
+    if plot is not None:
+        check_plot_target(plot)
+    source = _load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed)
+    block_sizes = sorted(set(block or ()) | set(paging.SWEEP_BLOCK_SIZES if sweep else ()))
+    if not block_sizes:
+        block_sizes = list(DEFAULT_BLOCK_SIZES)
+    paging.check_block_sizes(block_sizes)
+    spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    if spec is None and dtype is not None:
+        raise ValueError(
+            "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
+        )
+    bits = dtype_bits(dtype or DEFAULT_DTYPE)
+
+    tokens = source.tokens
+    reservation = max_len if max_len is not None else paging.default_max_len(source.max)
+    fixed = paging.fixed_reservation(tokens, reservation)
+    paged = paging.paged_allocations(tokens, block_sizes, reservation)
+    rows = paging.per_sequence(tokens, block_sizes, reservation) if per_seq or source.count <= PER_SEQ_LIMIT else None
+    fixed_bytes = paged_bytes = None
+    if spec is not None:
+        fixed_bytes = paging.fixed_kv_bytes(tokens, spec, bits, fixed)
+        paged_bytes = [paging.paged_kv_bytes(tokens, spec, bits, p) for p in paged]
+
+    report = Report(doc=_document(source, fixed, paged, rows, spec, dtype, bits, fixed_bytes, paged_bytes))
+    report.text = _header(source)
+    report.tables.append(_token_table(fixed, paged))
+    if spec is not None and fixed_bytes is not None and paged_bytes is not None:
+        report.tables.append(_bytes_table(spec, parse_dtype(dtype or DEFAULT_DTYPE), bits, fixed_bytes, paged_bytes))
+    if rows is not None:
+        report.tables.append(_per_seq_table(rows, block_sizes, reservation))
+    if sweep:
+        report.footer.append(_chart(fixed, paged))
+    report.notes = [
+        "utilisation = Σ n / allocated positions (position utilisation, not device utilisation); "
+        "block tables hold int32 ids: exact = Σ ceil(n/B) entries, dense = N × ceil(M/B) entries.",
+    ]
+    if spec is not None:
+        report.notes.append(
+            f"bytes in IEC units (KiB = 2^10 B); {spec.name} has {paging.kv_cache_groups(spec)} KV-cache group(s), "
+            "one block table per group per sequence; sliding-window layers keep only the blocks of the last "
+            "window tokens."
+        )
+    emit(report, resolve_format(json_flag, fmt))
+    if plot is not None:
+        write_waste_plot(
+            plot,
+            f"Paging waste vs block size — {source.description}"[:110],
+            [p.block_size for p in paged],
+            [p.waste_tokens for p in paged],
+            [float(p.utilization) for p in paged],
+            fixed.waste_tokens,
+        )
+        from kvcalc.cli.output import err_console
+
+        err_console.print(f"wrote {plot}", highlight=False)
+
+
+def _load_lengths(
+    lengths: str | None,
+    lengths_file: Path | None,
+    column: str | None,
+    trace: tuple[str, Path] | None,
+    phase: str | None,
+    dist: str | None,
+    count: int | None,
+    seed: int | None,
+) -> Lengths:
+    """Exactly one source; options that belong to another source are errors, never ignored."""
+    given = [name for name, value in (("--lengths", lengths), ("--lengths-file", lengths_file),
+                                      ("--trace", trace), ("--dist", dist)) if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one source of lengths, not {' and '.join(given)}")
+    for option, value, owner, present in (
+        ("--column", column, "--lengths-file", lengths_file),
+        ("--phase", phase, "--trace", trace),
+        ("--count", count, "--dist", dist),
+        ("--seed", seed, "--dist", dist),
+    ):
+        if value is not None and present is None:
+            raise ValueError(f"{option} applies only to {owner}: add {owner} or drop {option}")
+    if lengths is not None:
+        return parse_lengths_list(lengths)
+    if lengths_file is not None:
+        return read_lengths_file(lengths_file, column)
+    if trace is not None:
+        return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
+    if dist is not None:
+        return sample_lengths(LengthDistribution.parse(dist), DEFAULT_COUNT if count is None else count, seed or 0)
+    return worked_example()
+
+
+def _document(
+    source: Lengths,
+    fixed: paging.FixedReservation,
+    paged: list[paging.PagedAllocation],
+    rows: paging.PerSequence | None,
+    spec: ModelSpec | None,
+    dtype: str | None,
+    bits: int,
+    fixed_bytes: paging.KvBytes | None,
+    paged_bytes: list[paging.KvBytes] | None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "lengths": {
+            "count": source.count,
+            "total": source.total,
+            "min": source.min,
+            "max": source.max,
+            "mean": float(source.mean),
+            "source": source.description,
+            "kind": source.kind,
+        },
+        "fixed": {
+            "max_len": fixed.max_len,
+            "useful": fixed.useful_tokens,
+            "allocated": fixed.allocated_tokens,
+            "waste": fixed.waste_tokens,
+            "utilization": float(fixed.utilization),
+        },
+        "paged": [
+            {
+                "block_size": p.block_size,
+                "blocks": p.num_blocks,
+                "useful": p.useful_tokens,
+                "allocated": p.allocated_tokens,
+                "waste": p.waste_tokens,
+                "utilization": float(p.utilization),
+                "block_table_bytes_exact": p.block_table_bytes_exact,
+                "block_table_bytes_dense": p.block_table_bytes_dense,
+            }
+            for p in paged
+        ],
+    }
+    if spec is not None and fixed_bytes is not None and paged_bytes is not None:
+        doc["model"] = {
+            "name": spec.name,
+            "attention": spec.attention,
+            "dtype": parse_dtype(dtype or DEFAULT_DTYPE),
+            "bits_per_scalar": bits,
+            "bytes_per_token": spec.bytes_per_token(bits),
+            "sliding_window": spec.sliding_window,
+            "num_sliding_layers": spec.num_sliding_layers,
+            "kv_cache_groups": paging.kv_cache_groups(spec),
+        }
+        doc["fixed"].update(
+            useful_kv_bytes=fixed_bytes.useful_kv_bytes,
+            allocated_kv_bytes=fixed_bytes.allocated_kv_bytes,
+            reservation_waste_bytes=fixed_bytes.waste_kv_bytes,
+        )
+        for entry, kv in zip(doc["paged"], paged_bytes, strict=True):
+            entry.update(
+                useful_kv_bytes=kv.useful_kv_bytes,
+                allocated_kv_bytes=kv.allocated_kv_bytes,
+                fragmentation_bytes=kv.waste_kv_bytes,
+                block_table_bytes_exact=kv.block_table_bytes_exact,
+                block_table_bytes_dense=kv.block_table_bytes_dense,
+            )
+    if rows is not None:
+        doc["per_seq"] = _per_seq_records(rows)
+    return doc
+
+
+def _per_seq_records(rows: paging.PerSequence) -> list[dict[str, int]]:
+    columns = {"n": rows.tokens, "reservation_waste": rows.reservation_waste}
+    for b in rows.allocated:
+        columns[f"allocated_b{b}"] = rows.allocated[b]
+        columns[f"waste_b{b}"] = rows.waste[b]
+    lists = {key: values.tolist() for key, values in columns.items()}
+    return [dict(zip(lists, values, strict=True)) for values in zip(*lists.values(), strict=True)]
+
+
+def _header(source: Lengths) -> list[str]:
+    return [
+        f"Lengths — {source.description}",
+        f"{format_count(source.count)} sequences, {format_count(source.total)} tokens; min {format_count(source.min)}, "
+        f"max {format_count(source.max)}, mean {float(source.mean):,.2f}",
+    ]
+
+
+def _token_table(fixed: paging.FixedReservation, paged: list[paging.PagedAllocation]) -> Table:
+    columns = ["scheme", "blocks", "useful", "allocated", "waste", "utilisation", "block tables (exact)",
+               "block tables (dense)"]
+    rows: list[list[Any]] = [[
+        f"fixed, M = {format_count(fixed.max_len)}", "—", format_count(fixed.useful_tokens),
+        format_count(fixed.allocated_tokens), format_count(fixed.waste_tokens), format_percent(fixed.utilization),
+        "—", "—",
+    ]]
+    for p in paged:
+        rows.append([
+            f"paged, B = {p.block_size}", format_count(p.num_blocks), format_count(p.useful_tokens),
+            format_count(p.allocated_tokens), format_count(p.waste_tokens), format_percent(p.utilization),
+            format_bytes(p.block_table_bytes_exact), format_bytes(p.block_table_bytes_dense),
+        ])
+    return Table("Fixed reservation vs paging (token positions)", columns, rows)
+
+
+def _bytes_table(
+    spec: ModelSpec, dtype: str, bits: int, fixed: paging.KvBytes, paged: list[paging.KvBytes]
+) -> Table:
+    columns = ["scheme", "useful KV", "waste (reservation / tail blocks)", "block tables (exact)",
+               "block tables (dense)", "KV allocated"]
+    rows: list[list[Any]] = [[
+        "fixed", format_bytes(fixed.useful_kv_bytes), format_bytes(fixed.waste_kv_bytes), "—", "—",
+        format_bytes(fixed.allocated_kv_bytes),
+    ]]
+    for kv in paged:
+        rows.append([
+            f"paged, B = {kv.block_size}", format_bytes(kv.useful_kv_bytes), format_bytes(kv.waste_kv_bytes),
+            format_bytes(kv.block_table_bytes_exact), format_bytes(kv.block_table_bytes_dense),
+            format_bytes(kv.allocated_kv_bytes),
+        ])
+    title = f"KV bytes — {spec.name}, {dtype} ({format_bytes(spec.bytes_per_token(bits))} per token)"
+    return Table(title, columns, rows)
+
+
+def _per_seq_table(rows: paging.PerSequence, block_sizes: list[int], max_len: int) -> Table:
+    columns = ["#", "n", f"M − n (M = {format_count(max_len)})"]
+    for b in block_sizes:
+        columns += [f"A_{b}(n)", f"W_{b}(n)"]
+    table_rows: list[list[Any]] = []
+    for record_no, record in enumerate(_per_seq_records(rows), start=1):
+        table_rows.append([record_no, *record.values()])
+    return Table("Per sequence (token positions)", columns, table_rows)
+
+
+def _chart(fixed: paging.FixedReservation, paged: list[paging.PagedAllocation]) -> str:
+    return bar_chart(
+        f"Tail-block waste vs block size (fixed reservation wastes {format_count(fixed.waste_tokens)} positions)",
+        [f"B = {p.block_size}" for p in paged],
+        [p.waste_tokens for p in paged],
+        [f"{format_count(p.waste_tokens)} ({format_percent(p.waste_fraction)} of allocated)" for p in paged],
+    )

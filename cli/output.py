@@ -41,12 +41,16 @@ class Table:
 
 @dataclass
 class Report:
-    """What a command prints: `doc` for --json, `tables`/`notes`/`text` for people."""
+    """What a command prints: `doc` for --json, `tables`/`notes`/`text` for people.
+
+    `text` prints before the tables, `footer` (e.g. a chart) after them; both only in table format.
+    """
 
     doc: dict[str, Any]
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
+    footer: list[str] = field(default_factory=list)
 
 
 def resolve_format(json_flag: bool, fmt: Format) -> Format:
@@ -108,5 +112,7 @@ def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
         for row in table.rows:
             rich_table.add_row(*(str(v) for v in row))
         out.print(rich_table)
+    for block in report.footer:
+        out.print(block, highlight=False, markup=False)
     for note in report.notes:
         out.print(f"[dim]{note}[/dim]", highlight=False)

@@ -21,6 +21,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from kvcalc.core.models import ModelSpec
+
 BLOCK_TABLE_ENTRY_BYTES = 4  # int32 block ids, as vLLM and FlashInfer use
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
 MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
@@ -90,6 +92,11 @@ class FixedReservation:
     def utilization(self) -> Fraction:
         return Fraction(self.useful_tokens, self.allocated_tokens)
 
+    @property
+    def waste_fraction(self) -> Fraction:
+        """Share of allocated positions that hold no token (1 − U)."""
+        return Fraction(self.waste_tokens, self.allocated_tokens)
+
 
 @dataclass(frozen=True)
 class PagedAllocation:
@@ -112,6 +119,11 @@ class PagedAllocation:
     @property
     def utilization(self) -> Fraction:
         return Fraction(self.useful_tokens, self.allocated_tokens)
+
+    @property
+    def waste_fraction(self) -> Fraction:
+        """Share of allocated positions that hold no token (1 − U)."""
+        return Fraction(self.waste_tokens, self.allocated_tokens)
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -159,3 +171,76 @@ def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> P
     check_block_sizes(block_sizes)
     allocated = {b: ceil_div(tokens, b) * b for b in block_sizes}
     return PerSequence(tokens, max_len - tokens, allocated, {b: a - tokens for b, a in allocated.items()})
+
+
+# --- Bytes for a model -------------------------------------------------------------------------------------
+# A paged engine allocates one block per B token positions in every full-attention layer, so those layers
+# hold A_B(n) positions. A sliding-window layer only keeps the last h = min(n, window) positions
+# [n − h, n): the blocks that still hold one of them are blocks floor((n − h)/B) … ceil(n/B) − 1, i.e.
+# ceil(n/B) − floor(max(n − window, 0)/B) blocks (engines such as vLLM free the rest); fixed reservation
+# gives such a layer a ring buffer of min(M, window). Block ids address a block in every layer of a
+# KV-cache group, so each sequence has one block table per group: one group, or two when a model mixes
+# full and sliding-window layers (vLLM's hybrid allocator keeps a table per group).
+
+
+@dataclass(frozen=True)
+class KvBytes:
+    """KV bytes of one scheme for a model; `block_size` None means fixed reservation."""
+
+    block_size: int | None
+    useful_kv_bytes: int
+    allocated_kv_bytes: int
+    block_table_bytes_exact: int = 0
+    block_table_bytes_dense: int = 0
+
+    @property
+    def waste_kv_bytes(self) -> int:
+        """Tail-block fragmentation (paged) or reservation waste (fixed)."""
+        return self.allocated_kv_bytes - self.useful_kv_bytes
+
+
+def _layer_positions_to_bytes(layer_positions: int, spec: ModelSpec, dtype_bits: int) -> int:
+    bits = layer_positions * spec.scalars_per_token_per_layer * dtype_bits
+    if bits % 8:
+        raise ValueError(f"{spec.name} at {dtype_bits}-bit leaves a fraction of a byte: pick a wider --dtype")
+    return bits // 8
+
+
+def kv_cache_groups(spec: ModelSpec) -> int:
+    """Block tables per sequence: 2 for models that mix full and sliding-window layers, else 1."""
+    return 2 if 0 < spec.num_sliding_layers < spec.layers else 1
+
+
+def useful_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int) -> int:
+    """Σ over sequences of equation 1 (sliding-window layers hold at most `window` tokens)."""
+    positions = spec.num_global_layers * exact_sum(tokens)
+    if spec.num_sliding_layers:
+        held = np.minimum(tokens, spec.sliding_window)
+        positions += spec.num_sliding_layers * exact_sum(held)
+    return _layer_positions_to_bytes(positions, spec, dtype_bits)
+
+
+def fixed_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, fixed: FixedReservation) -> KvBytes:
+    per_seq = spec.num_global_layers * fixed.max_len
+    if spec.num_sliding_layers:
+        per_seq += spec.num_sliding_layers * min(fixed.max_len, spec.sliding_window)
+    allocated = _layer_positions_to_bytes(fixed.num_seqs * per_seq, spec, dtype_bits)
+    return KvBytes(None, useful_kv_bytes(tokens, spec, dtype_bits), allocated)
+
+
+def paged_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, paged: PagedAllocation) -> KvBytes:
+    """Bytes for one block size; `paged` is the token-level result for the same `tokens`."""
+    b = paged.block_size
+    positions = spec.num_global_layers * paged.allocated_tokens
+    if spec.num_sliding_layers:
+        beyond = np.maximum(tokens - spec.sliding_window, 0)  # positions that fell out of the window
+        freed_blocks = exact_sum(np.floor_divide(beyond, b, out=beyond))
+        positions += spec.num_sliding_layers * b * (paged.num_blocks - freed_blocks)
+    groups = kv_cache_groups(spec)
+    return KvBytes(
+        b,
+        useful_kv_bytes(tokens, spec, dtype_bits),
+        _layer_positions_to_bytes(positions, spec, dtype_bits),
+        groups * paged.block_table_bytes_exact,
+        groups * paged.block_table_bytes_dense,
+    )
