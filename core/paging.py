@@ -30,12 +30,16 @@ _INT64_MAX = np.iinfo(np.int64).max
 BlockSizes = list[int] | tuple[int, ...]
 
 
-def exact_sum(values: np.ndarray) -> int:
-    """Σ values as a Python int, exact for any int64 array (never wraps)."""
+def exact_sum(values: np.ndarray, bound: int | None = None) -> int:
+    """Σ values as a Python int, exact for any int64 array (never wraps).
+
+    `bound` >= max |value| may be passed by a caller that knows it, to save two passes over the data.
+    """
     if values.size == 0:
         return 0
-    bound = max(abs(int(values.max())), abs(int(values.min())), 1)
-    chunk = _INT64_MAX // bound  # this many elements can never overflow an int64 sum
+    if bound is None:
+        bound = max(abs(int(values.max())), abs(int(values.min())))
+    chunk = _INT64_MAX // max(bound, 1)  # this many elements can never overflow an int64 sum
     if chunk >= values.size:
         return int(values.sum(dtype=np.int64))
     return sum(int(values[i : i + chunk].sum(dtype=np.int64)) for i in range(0, values.size, chunk))
@@ -44,6 +48,8 @@ def exact_sum(values: np.ndarray) -> int:
 def ceil_div(values: np.ndarray, divisor: int, out: np.ndarray | None = None) -> np.ndarray:
     """ceil(values / divisor) elementwise for values in 0..MAX_LENGTH; `out` may be reused as scratch."""
     out = np.add(values, divisor - 1, out=out)
+    if divisor & (divisor - 1) == 0:  # a power of two: a shift is several times faster than a division
+        return np.right_shift(out, divisor.bit_length() - 1, out=out)
     return np.floor_divide(out, divisor, out=out)
 
 
@@ -52,18 +58,23 @@ def default_max_len(longest: int) -> int:
     return 1 << (longest - 1).bit_length()
 
 
-def check_lengths(tokens: np.ndarray, max_len: int) -> None:
-    """Lengths in 1..max_len; a ValueError names the first offender and the fix."""
+def check_lengths(tokens: np.ndarray, max_len: int) -> int:
+    """Lengths in 1..max_len (a ValueError names the first offender and the fix); returns the longest."""
     if not 1 <= max_len <= MAX_LENGTH:
         raise ValueError(f"--max-len {max_len} is out of range: give a reservation between 1 and 2^62 tokens")
-    over = np.flatnonzero(tokens > max_len)
-    if over.size:
-        i = int(over[0])
+    if tokens.size == 0:
+        raise ValueError("no lengths: give at least one")
+    longest, shortest = int(tokens.max()), int(tokens.min())
+    if longest > max_len:
+        i = int(np.argmax(tokens > max_len))
         raise ValueError(
             f"length {int(tokens[i])} (item {i + 1}) is above --max-len {max_len}: "
-            f"raise --max-len to at least {int(tokens.max())} or leave it out (default: next power of two)"
+            f"raise --max-len to at least {longest} or leave it out (default: next power of two)"
         )
-    assert tokens.size == 0 or int(tokens.min()) >= 1, "lengths are validated when loaded"
+    if shortest < 1:
+        i = int(np.argmax(tokens < 1))
+        raise ValueError(f"length {int(tokens[i])} (item {i + 1}) is not positive: every sequence holds a token")
+    return longest
 
 
 def check_block_sizes(block_sizes: BlockSizes) -> None:
@@ -140,18 +151,18 @@ class PagedAllocation:
 
 def fixed_reservation(tokens: np.ndarray, max_len: int) -> FixedReservation:
     """Fixed reservation of `max_len` for each of the lengths `tokens` int64 [N]."""
-    check_lengths(tokens, max_len)
-    return FixedReservation(max_len, int(tokens.size), exact_sum(tokens))
+    longest = check_lengths(tokens, max_len)
+    return FixedReservation(max_len, int(tokens.size), exact_sum(tokens, bound=longest))
 
 
 def paged_allocations(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> list[PagedAllocation]:
     """Equations 2–3 for each block size, one vectorised pass each (one scratch buffer for all)."""
-    check_lengths(tokens, max_len)
+    longest = check_lengths(tokens, max_len)
     check_block_sizes(block_sizes)
-    useful = exact_sum(tokens)
+    useful = exact_sum(tokens, bound=longest)
     scratch = np.empty_like(tokens)
-    return [
-        PagedAllocation(b, int(tokens.size), max_len, useful, exact_sum(ceil_div(tokens, b, out=scratch)))
+    return [  # ceil(n/B) <= n, so the longest length bounds every block count too
+        PagedAllocation(b, int(tokens.size), max_len, useful, exact_sum(ceil_div(tokens, b, out=scratch), longest))
         for b in block_sizes
     ]
 
