@@ -1,0 +1,128 @@
+"""The roofline step-time model: how long one engine step takes on the simulated GPU(s).
+
+    t = max(FLOPs / (tp · peak · compute_eff),  weights / (tp · bw · weight_eff) + KV / (tp · bw · attn_eff))
+        + overhead + swap bytes / swap bandwidth
+
+FLOPs = 2 · active params · (prefill + decode tokens) + attention FLOPs, where one query token that
+attends to c context tokens costs 4 · layers · heads · head_dim · c (QKᵀ and PV, a multiply-add each);
+a causal prefill chunk of m tokens after s cached ones attends to s·m + m(m+1)/2 positions.
+Bytes = the weights once per step + the KV read (every context token each step) and written (the new
+tokens). Tensor-parallel communication is not modelled.
+
+Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
+bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
+decode reaches ~80 % of HBM bandwidth; FlashInfer's decode attention ~88 % and vLLM's paged kernel 83–85 %
+at large batch × context (DESIGN.md, "Measuring"); 0.5 ms covers scheduling and launch overhead with CUDA
+graphs. `--calibrate bench.json` replaces attn_eff by the median measured `achieved_tbps` of a `kvcalc
+bench` run divided by this GPU's datasheet bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvcalc.core.models import ModelSpec
+from kvcalc.core.sim_hardware import GpuSpec, MemoryPlan, active_params
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    compute: float = 0.6
+    weights: float = 0.8
+    attention: float = 0.8
+    overhead_s: float = 0.5e-3
+
+    def __post_init__(self) -> None:
+        for what, value in (("--compute-eff", self.compute), ("--weight-eff", self.weights),
+                            ("--attn-eff", self.attention)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{what} must be in (0, 1], got {value}")
+        if self.overhead_s < 0:
+            raise ValueError(f"--step-overhead-ms must be >= 0, got {self.overhead_s * 1e3}")
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Coefficients of the roofline for one replica; every method is vectorised over numpy arrays."""
+
+    flops_per_token: float  # 2 · active params
+    attn_flops_per_position: float  # 4 · layers · heads · head_dim
+    kv_bytes_per_token: int  # per GPU
+    compute_s_per_flop: float
+    weights_s: float
+    kv_s_per_byte: float
+    overhead_s: float
+    swap_bandwidth_bytes_per_s: float
+
+    def step_s(self, tokens: np.ndarray | float, attn_positions: np.ndarray | float,
+               kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0) -> np.ndarray | float:
+        """Step time for `tokens` computed tokens attending `attn_positions` positions, moving
+        `kv_tokens_moved` KV tokens (read + written)."""
+        flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
+        compute = flops * self.compute_s_per_flop
+        memory = self.weights_s + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
+        swap = swap_bytes / self.swap_bandwidth_bytes_per_s if swap_bytes else 0.0
+        return np.maximum(compute, memory) + self.overhead_s + swap
+
+    def decode_steps_s(self, num_seqs: int, context_sum: np.ndarray | float) -> np.ndarray | float:
+        """Decode-only steps: `num_seqs` tokens, each attending its context (Σ = context_sum, the new
+        token included) and writing one KV token."""
+        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs))
+
+
+def prefill_positions(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Positions attended by causal chunks of `count` tokens after `start` cached ones: s·m + m(m+1)/2."""
+    return start * count + count * (count + 1) / 2
+
+
+def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_bandwidth_bytes_per_s: float = 25e9,
+                weight_bytes_total: int | None = None) -> StepTimeModel:
+    """The step-time model of `spec` served with `plan` (tp GPUs share FLOPs and bytes evenly)."""
+    if not swap_bandwidth_bytes_per_s > 0:
+        raise ValueError(f"--swap-bandwidth must be positive, got {swap_bandwidth_bytes_per_s}")
+    gpu: GpuSpec = plan.gpu
+    tp = plan.tp
+    return StepTimeModel(
+        flops_per_token=2.0 * active_params(spec),
+        attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
+        kv_bytes_per_token=plan.kv_bytes_per_token,
+        compute_s_per_flop=1.0 / (tp * gpu.peak_flops * eff.compute),
+        weights_s=plan.weights_bytes / (gpu.bandwidth_bytes_per_s * eff.weights),
+        kv_s_per_byte=1.0 / (gpu.bandwidth_bytes_per_s * eff.attention),
+        overhead_s=eff.overhead_s,
+        swap_bandwidth_bytes_per_s=swap_bandwidth_bytes_per_s,
+    )
+
+
+def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str]:
+    """Attention efficiency from a `kvcalc bench --json` result: median achieved_tbps / datasheet bandwidth.
+
+    Returns (efficiency, a sentence saying where it came from).
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output") from None
+    rows = doc.get("timing") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"--calibrate {path}: no 'timing' list; give the output of kvcalc bench --json")
+    achieved = [float(r["achieved_tbps"]) for r in rows if isinstance(r, dict) and r.get("achieved_tbps")]
+    if not achieved:
+        raise ValueError(f"--calibrate {path}: no timing entry has achieved_tbps; run kvcalc bench on a GPU")
+    tbps = float(np.median(achieved))
+    eff = tbps * 1e12 / gpu.bandwidth_bytes_per_s
+    if not 0 < eff <= 1:
+        raise ValueError(
+            f"--calibrate {path}: median achieved {tbps:.3f} TB/s is {eff:.2f} of {gpu.name}'s "
+            f"{gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s; was the bench run on another GPU? choose the matching --gpu"
+        )
+    source = (f"attention efficiency {eff:.3f} = median achieved {tbps:.3f} TB/s over {len(achieved)} bench cases "
+              f"/ {gpu.name} datasheet {gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s ({path.name})")
+    return eff, source
