@@ -1,0 +1,227 @@
+"""`kvcalc frag` through the CLI: the worked example, the JSON contract, every source and every bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+FRAG_KEYS = {"lengths", "fixed", "paged"}
+LENGTHS_KEYS = {"count", "total", "min", "max", "mean", "source"}
+FIXED_KEYS = {"max_len", "allocated", "waste", "utilization"}
+PAGED_KEYS = {
+    "block_size", "blocks", "allocated", "waste", "utilization", "block_table_bytes_exact", "block_table_bytes_dense",
+}
+LLAMA3_8B_BYTES_PER_TOKEN = 131072  # 32 layers · 2 · 8 KV heads · 128 · 2 B (fp16) = 128 KiB
+
+
+def _assert_contract(doc: dict) -> None:
+    assert doc.keys() >= FRAG_KEYS
+    assert doc["lengths"].keys() >= LENGTHS_KEYS
+    assert doc["fixed"].keys() >= FIXED_KEYS
+    assert doc["paged"] and all(entry.keys() >= PAGED_KEYS for entry in doc["paged"])
+    assert 0 < doc["fixed"]["utilization"] <= 1
+    assert all(0 < entry["utilization"] <= 1 for entry in doc["paged"])
+
+
+def _assert_bad_input(result, *fragments: str) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+def test_no_arguments_is_the_worked_example(run_cli):
+    result = run_cli("frag")
+    assert result.exit_code == 0, result.stderr
+    for figure in ("968", "2,560", "992", "1,024", "37.81 %", "97.58 %", "94.53 %", "constructed"):
+        assert figure in result.stdout, figure
+    assert "Per sequence" in result.stdout  # 5 lengths <= 50: rows are shown
+
+
+def test_worked_example_json(run_cli):
+    doc = run_cli("frag", "--json").json()
+    _assert_contract(doc)
+    lengths = doc["lengths"]
+    assert [lengths[k] for k in ("count", "total", "min", "max", "mean")] == [5, 968, 37, 511, 193.6]
+    assert doc["lengths"]["source"].startswith("constructed: ")
+    assert [doc["fixed"][k] for k in ("max_len", "allocated", "waste")] == [512, 2560, 1592]
+    assert doc["fixed"]["utilization"] == pytest.approx(968 / 2560)
+    b16, b32 = doc["paged"]
+    assert (b16["block_size"], b16["blocks"], b16["allocated"], b16["waste"]) == (16, 62, 992, 24)
+    assert (b32["block_size"], b32["blocks"], b32["allocated"], b32["waste"]) == (32, 32, 1024, 56)
+    assert b16["utilization"] == pytest.approx(968 / 992)  # a fraction, not a percentage
+    assert (b16["block_table_bytes_exact"], b16["block_table_bytes_dense"]) == (248, 640)
+    assert [row["n"] for row in doc["per_seq"]] == [37, 91, 128, 201, 511]
+    assert doc["per_seq"][0] == {
+        "n": 37, "reservation_waste": 475, "allocated_b16": 48, "waste_b16": 11, "allocated_b32": 64, "waste_b32": 27
+    }
+
+
+def test_block_16_only(run_cli):
+    doc = run_cli("frag", "--block", "16", "--json").json()
+    assert [p["block_size"] for p in doc["paged"]] == [16]
+    assert doc["lengths"]["total"] == 968 and doc["paged"][0]["allocated"] == 992
+
+
+def test_sweep_sizes_chart_and_extra_block(run_cli):
+    result = run_cli("frag", "--sweep", "--block", "48")
+    assert result.exit_code == 0, result.stderr
+    assert "Tail-block waste vs block size" in result.stdout and "█" in result.stdout
+    doc = run_cli("frag", "--sweep", "--block", "48", "--json").json()
+    assert [p["block_size"] for p in doc["paged"]] == [1, 2, 4, 8, 16, 32, 48, 64, 128, 256]
+    assert doc["paged"][0]["waste"] == 0  # B = 1 never wastes
+
+
+def test_csv_and_markdown_formats(run_cli):
+    csv_out = run_cli("frag", "--format", "csv").stdout
+    assert "scheme,blocks,useful,allocated,waste,utilisation" in csv_out
+    assert "97.58 %" in csv_out
+    markdown = run_cli("frag", "--format", "markdown").stdout
+    assert "### Fixed reservation vs paging" in markdown and "| paged, B = 16" in markdown
+
+
+def test_per_seq_rows_only_up_to_50_lengths_unless_asked(run_cli):
+    fifty_one = ",".join(["7"] * 51)
+    assert "per_seq" not in run_cli("frag", "--lengths", fifty_one, "--json").json()
+    doc = run_cli("frag", "--lengths", fifty_one, "--per-seq", "--json").json()
+    assert len(doc["per_seq"]) == 51
+
+
+def test_max_len_option(run_cli):
+    doc = run_cli("frag", "--max-len", "1024", "--json").json()
+    assert doc["fixed"]["allocated"] == 5 * 1024
+    assert doc["paged"][0]["block_table_bytes_dense"] == 5 * 64 * 4  # ceil(1024/16) = 64 entries each
+
+
+def test_constructed_sample_is_reproducible_and_labelled(run_cli):
+    args = ("frag", "--dist", "lognormal:mean=500,sigma=0.5", "--count", "2000", "--seed", "3", "--json")
+    first, second = run_cli(*args).json(), run_cli(*args).json()
+    assert first == second
+    assert first["lengths"]["count"] == 2000
+    assert first["lengths"]["source"] == "constructed: 2,000 samples of lognormal(mean=500, sigma=0.5), seed 3"
+    other = run_cli("frag", "--dist", "lognormal:mean=500,sigma=0.5", "--count", "2000", "--seed", "4", "--json")
+    assert other.json()["lengths"]["total"] != first["lengths"]["total"]
+
+
+def test_lengths_file_sources(run_cli, tmp_path):
+    lines = tmp_path / "lengths.txt"
+    lines.write_text("37\n91\n128\n201\n511\n")
+    doc = run_cli("frag", "--lengths-file", str(lines), "--json").json()
+    assert doc["lengths"]["total"] == 968 and doc["lengths"]["source"].startswith("user: lengths file")
+    table = tmp_path / "t.csv"
+    table.write_text("id,n\na,37\nb,91\n")
+    assert run_cli("frag", "--lengths-file", str(table), "--column", "n", "--json").json()["lengths"]["total"] == 128
+    as_json = tmp_path / "l.json"
+    as_json.write_text("[37, 91]")
+    assert run_cli("frag", "--lengths-file", str(as_json), "--json").json()["lengths"]["total"] == 128
+    as_npy = tmp_path / "l.npy"
+    np.save(as_npy, np.array([37, 91]))
+    assert run_cli("frag", "--lengths-file", str(as_npy), "--json").json()["lengths"]["total"] == 128
+
+
+def test_real_traces_say_real(run_cli, tmp_path):
+    azure = tmp_path / "azure.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:50.99,396,109\n"
+    )
+    result = run_cli("frag", "--trace", "azure", str(azure))
+    assert result.exit_code == 0 and "real: azure trace" in result.stdout
+    doc = run_cli("frag", "--trace", "azure", str(azure), "--json").json()
+    assert doc["lengths"]["total"] == 374 + 44 + 396 + 109 and doc["lengths"]["kind"] == "real"
+    prompt = run_cli("frag", "--trace", "azure", str(azure), "--phase", "prompt", "--json").json()
+    assert prompt["lengths"]["total"] == 374 + 396
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text(json.dumps({"timestamp": 0, "input_length": 700, "output_length": 20, "hash_ids": [0, 1]}))
+    doc = run_cli("frag", "--trace", "mooncake", str(mooncake), "--json").json()
+    assert doc["lengths"]["total"] == 720 and doc["lengths"]["source"].startswith("real: mooncake trace")
+
+
+def test_model_adds_bytes(run_cli):
+    result = run_cli("frag", "--model", "llama-3-8b")
+    assert result.exit_code == 0 and "KV bytes — Llama-3-8B, fp16 (128.00 KiB per token)" in result.stdout
+    doc = run_cli("frag", "--model", "llama-3-8b", "--json").json()
+    _assert_contract(doc)
+    assert doc["model"]["bytes_per_token"] == LLAMA3_8B_BYTES_PER_TOKEN
+    assert doc["fixed"]["useful_kv_bytes"] == 968 * LLAMA3_8B_BYTES_PER_TOKEN
+    assert doc["fixed"]["reservation_waste_bytes"] == 1592 * LLAMA3_8B_BYTES_PER_TOKEN
+    b16 = doc["paged"][0]
+    assert b16["allocated_kv_bytes"] == 992 * LLAMA3_8B_BYTES_PER_TOKEN
+    assert b16["fragmentation_bytes"] == 24 * LLAMA3_8B_BYTES_PER_TOKEN
+    assert b16["block_table_bytes_exact"] == 248
+    int8 = run_cli("frag", "--model", "llama-3-8b", "--dtype", "int8", "--json").json()
+    assert int8["paged"][0]["allocated_kv_bytes"] == 992 * LLAMA3_8B_BYTES_PER_TOKEN // 2
+
+
+def test_explicit_dimensions(run_cli):
+    doc = run_cli("frag", "--layers", "2", "--kv-heads", "1", "--head-dim", "4", "--dtype", "fp32", "--json").json()
+    assert doc["model"]["bytes_per_token"] == 2 * 2 * 1 * 4 * 4  # layers · K,V · heads · d · 4 B
+    assert doc["paged"][0]["useful_kv_bytes"] == 968 * 64
+
+
+def test_plot_writes_a_figure(run_cli, tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    target = tmp_path / "waste.svg"
+    result = run_cli("frag", "--sweep", "--plot", str(target))
+    assert result.exit_code == 0, result.stderr
+    assert target.read_text().lstrip().startswith("<?xml") and f"wrote {target}" in result.stderr
+
+
+def test_plot_without_matplotlib_says_how_to_install(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    _assert_bad_input(run_cli("frag", "--plot", str(tmp_path / "w.png")), "pip install 'kvcalc[plot]'")
+
+
+def _file(tmp_path, name: str, content: str) -> str:
+    path = tmp_path / name
+    path.write_text(content)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (("--lengths", "37,0,5"), ("item 2", "length 0")),
+        (("--lengths", "37,-3"), ("item 2", "length -3")),
+        (("--lengths", "37,4.5"), ("item 2", "'4.5' is not an integer")),
+        (("--block", "0"), ("--block 0",)),
+        (("--block", "-16"), ("--block -16",)),
+        (("--max-len", "256"), ("length 511", "above --max-len 256")),
+        (("--max-len", "0"), ("--max-len 0",)),
+        (("--dist", "gamma:mean=3"), ("unknown distribution 'gamma'",)),
+        (("--dist", "lognormal:mean=3,shape=1"), ("unknown parameter 'shape=1'",)),
+        (("--dist", "zipf:a=1.5"), ("zipf needs max",)),
+        (("--dist", "uniform:high=10", "--count", "0"), ("--count must be a positive",)),
+        (("--lengths", "1,2", "--dist", "uniform:high=3"), ("give one source of lengths",)),
+        (("--column", "n"), ("--column applies only to --lengths-file",)),
+        (("--count", "5"), ("--count applies only to --dist",)),
+        (("--seed", "5"), ("--seed applies only to --dist",)),
+        (("--phase", "prompt"), ("--phase applies only to --trace",)),
+        (("--dtype", "fp8"), ("--dtype applies to KV bytes",)),
+        (("--model", "llama-9"), ("unknown model 'llama-9'",)),
+        (("--model", "llama-3-8b", "--dtype", "fp7"), ("unknown dtype 'fp7'",)),
+        (("--plot", "waste.txt"), (".png or .svg",)),
+        (("--block", "x"), ("--block",)),
+        (("--lengths-file", "/nonexistent/lengths.txt"), ("/nonexistent/lengths.txt", "no such file")),
+        (("--trace", "azure", "/nonexistent/azure.csv"), ("/nonexistent/azure.csv", "no such file")),
+        (("--trace", "sharegpt", "/nonexistent/x.csv"), ("unknown trace kind 'sharegpt'",)),
+    ],
+)
+def test_bad_input(run_cli, args, fragments):
+    _assert_bad_input(run_cli("frag", *args), *fragments)
+
+
+def test_bad_files(run_cli, tmp_path):
+    _assert_bad_input(run_cli("frag", "--lengths-file", _file(tmp_path, "empty.txt", "")), "is empty")
+    _assert_bad_input(
+        run_cli("frag", "--lengths-file", _file(tmp_path, "bad.txt", "37\n91\nninety\n")), "bad.txt:3", "'ninety'"
+    )
+    _assert_bad_input(run_cli("frag", "--lengths-file", _file(tmp_path, "zero.txt", "5\n0\n")), "zero.txt:2")
+    csv_path = _file(tmp_path, "req.csv", "id,prompt,output\n1,2,3\n")
+    _assert_bad_input(
+        run_cli("frag", "--lengths-file", csv_path, "--column", "tokens"), "no column 'tokens'", "id, prompt, output"
+    )
+    _assert_bad_input(run_cli("frag", "--trace", "azure", _file(tmp_path, "a.csv", "")), "is empty")
