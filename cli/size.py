@@ -23,13 +23,13 @@ from kvcalc.core.sizing import DEFAULT_BLOCK_SIZE, PRESET_CONTEXTS, SizeResult, 
 from kvcalc.core.units import format_bytes, format_count, parse_bytes
 
 TokensOpt = Annotated[
-    int | None, typer.Option("--tokens", "-n", help="Context tokens per sequence [default: the model's max length].")
+    int | None, typer.Option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
 ]
-SeqsOpt = Annotated[int | None, typer.Option("--seqs", "-s", help="Number of sequences [default: 1].")]
+SeqsOpt = Annotated[int | None, typer.Option("--seqs", "-s", help="Number of sequences (default: 1).")]
 BlockOpt = Annotated[
-    int | None, typer.Option("--block", "-b", help=f"Block size in tokens [default: {DEFAULT_BLOCK_SIZE}].")
+    int | None, typer.Option("--block", "-b", help=f"Block size in tokens (default: {DEFAULT_BLOCK_SIZE}).")
 ]
-TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel GPUs that split the KV heads [default: 1].")]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel GPUs that split the KV heads (default: 1).")]
 MemoryOpt = Annotated[
     str | None, typer.Option("--memory", help="KV budget (per GPU with --tp), e.g. 80GiB, 80GB, 80e9.")
 ]
@@ -150,11 +150,12 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
         [f"per token ({spec.layers} layers)", *_bytes_cell(r.bytes_per_token)],
         [f"per block ({r.block_size:,} tokens)", *_bytes_cell(r.bytes_per_block)],
         [f"per sequence ({r.tokens:,} tokens)", *_bytes_cell(r.bytes_per_seq)],
-        [f"all {r.seqs:,} sequences", *_bytes_cell(r.total_bytes)],
+        [f"all {r.seqs:,} sequence{'' if r.seqs == 1 else 's'}", *_bytes_cell(r.total_bytes)],
     ]
     notes = [f"Equation 1: {r.formula}"]
     if r.tp > 1:
-        rows.append([f"per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes)])
+        rows.append([f"per token per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes_per_token)])
+        rows.append([f"all sequences per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes)])
         notes.append(_tp_note(r))
     if spec.num_sliding_layers and r.tokens > (spec.sliding_window or 0):
         notes.append(f"Sliding-window layers hold at most {spec.sliding_window:,} tokens of a sequence.")
@@ -163,7 +164,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
     tables = [Table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], rows)]
     if r.capacity is not None:
         cap = r.capacity
-        where = f"per GPU, each of {r.tp} GPUs" if cap.per_gpu else "one GPU"
+        where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
         doc["capacity"] = {
             "memory_bytes": cap.memory_bytes,
             "per_gpu": cap.per_gpu,
@@ -174,7 +175,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "fits": cap.fits,
         }
         tables.append(Table(
-            f"What fits in {format_bytes(cap.memory_bytes)} of KV ({where})",
+            f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}",
             ["quantity", "count"],
             [
                 ["max tokens (every layer holds every token)", format_count(cap.max_tokens)],
