@@ -74,18 +74,22 @@ def command(
             "take max= (truncated by resampling).",
         ),
     ] = None,
-    count: Annotated[int | None, typer.Option("--count", help=f"With --dist: sample size [{DEFAULT_COUNT}].")] = None,
+    count: Annotated[
+        int | None, typer.Option("--count", help=f"With --dist: sample size (default {DEFAULT_COUNT:,}).")
+    ] = None,
     seed: SeedOpt = None,
     block: Annotated[
         list[int] | None,
-        typer.Option("--block", "-b", help="Block size in tokens; repeat for several [16 and 32]."),
+        typer.Option("--block", "-b", help="Block size in tokens; repeat for several (default: 16 and 32)."),
     ] = None,
     sweep: Annotated[
         bool, typer.Option("--sweep", help="Block sizes 1, 2, 4 … 256 (plus any --block) and a chart of waste.")
     ] = False,
     max_len: Annotated[
         int | None,
-        typer.Option("--max-len", help="Fixed reservation M per sequence [smallest power of two >= longest]."),
+        typer.Option(
+            "--max-len", help="Fixed reservation M per sequence (default: the smallest power of two >= the longest)."
+        ),
     ] = None,
     per_seq: Annotated[
         bool, typer.Option("--per-seq", help=f"Per-sequence rows even for more than {PER_SEQ_LIMIT} lengths.")
@@ -93,7 +97,8 @@ def command(
     model: ModelOpt = None,
     config: ConfigOpt = None,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="With a model: KV precision fp32, fp16, bf16, fp8, int8, int4 [fp16].")
+        str | None,
+        typer.Option("--dtype", help="With a model: KV precision fp32, fp16, bf16, fp8, int8, int4 (default fp16)."),
     ] = None,
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
