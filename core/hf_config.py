@@ -2,10 +2,11 @@
 
 What is read, and which spelling wins:
 
-* layers: `num_hidden_layers` (Falcon/GPT-2 style `n_layer`, ChatGLM `num_layers` also accepted);
-* query heads: `num_attention_heads` (`n_head`, `num_heads`);
-* KV heads: `num_key_value_heads` (Falcon `num_kv_heads` with `new_decoder_architecture`); absent: one
-  KV head when `multi_query` is true (Falcon-7B, GPT-BigCode), otherwise as many as query heads (MHA);
+* layers: `num_hidden_layers` (GPT-2/Falcon `n_layer`, MPT `n_layers`, ChatGLM `num_layers` accepted);
+* query heads: `num_attention_heads` (`n_head`, `n_heads`, `num_heads`);
+* KV heads: `num_key_value_heads` (Falcon `num_kv_heads` with `new_decoder_architecture`, RefinedWeb
+  `n_head_kv`); absent: one KV head when `multi_query` is true (Falcon-7B, GPT-BigCode), otherwise as
+  many as query heads (MHA);
 * head dim: `head_dim` when present (it differs from hidden_size / heads for Gemma and Qwen3), else
   hidden_size / heads;
 * sliding window: `sliding_window` (ignored when `use_sliding_window` is false, as Qwen2/Qwen3 ship),
@@ -35,20 +36,27 @@ from kvcalc.core.models import ModelSpec
 _KNOWN_PERIODS: dict[str, int] = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
 
 _ALIASES: dict[str, tuple[str, ...]] = {
-    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+    "max_position_embeddings": (
+        "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"
+    ),
     "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner"),
 }
 
 
-def load_config(path: Path | str) -> ModelSpec:
-    """Read `path` (a config.json) into a ModelSpec named after the model (or its folder)."""
+def load_config(path: Path | str, layers: int | None = None, head_dim: int | None = None) -> ModelSpec:
+    """Read `path` (a config.json) into a ModelSpec named after the model (or its folder).
+
+    `layers` / `head_dim` (from --layers / --head-dim) stand in for the config's fields when it lacks them.
+    """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")  # FileNotFoundError names the path; the CLI maps it to exit 2
     try:
-        config = json.loads(text)
+        # FileNotFoundError and friends name the path; the CLI maps them to exit 2.
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not UTF-8); give a Hugging Face config.json") from None
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
@@ -56,15 +64,23 @@ def load_config(path: Path | str) -> ModelSpec:
         ) from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(config).__name__}")
-    return spec_from_config(config, name=_model_name(config, path), source=str(path))
+    return spec_from_config(config, name=_model_name(config, path), source=str(path), layers=layers,
+                            head_dim=head_dim)
 
 
-def spec_from_config(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
-    """The ModelSpec of a parsed config.json; `source` names the file in error messages."""
+def spec_from_config(
+    config: Mapping[str, Any], name: str, source: str, layers: int | None = None, head_dim: int | None = None
+) -> ModelSpec:
+    """The ModelSpec of a parsed config.json; `source` names the file in error messages.
+
+    `layers` / `head_dim` fill in `num_hidden_layers` / `head_dim` only where the config has none.
+    """
     text_config = config.get("text_config")
     if isinstance(text_config, Mapping) and _first(config, "num_hidden_layers") is None:
         # Multimodal (Llava, Gemma-3, Mllama, Qwen2-VL ...): the KV cache belongs to the language model.
         config = {"model_type": config.get("model_type"), **text_config}
+    fill = {"num_hidden_layers": layers, "head_dim": head_dim}
+    config = {**config, **{k: v for k, v in fill.items() if v is not None and _first(config, k) is None}}
     layers = _required_int(config, "num_hidden_layers", source)
     heads = _required_int(config, "num_attention_heads", source)
     kv_lora_rank = _optional_int(config, "kv_lora_rank", source)
@@ -79,7 +95,9 @@ def spec_from_config(config: Mapping[str, Any], name: str, source: str) -> Model
         head_dim = nope + qk_rope_head_dim if nope is not None and qk_rope_head_dim is not None else None
     if head_dim is None:
         if hidden_size is None:
-            raise ValueError(f"{source}: missing the field 'hidden_size' (or 'head_dim'); add it or use --head-dim")
+            raise ValueError(
+                f"{source}: missing the field 'hidden_size' (or 'head_dim'); add it to the file or give --head-dim"
+            )
         if hidden_size % heads:
             raise ValueError(
                 f"{source}: hidden_size {hidden_size} is not a multiple of num_attention_heads {heads}; "
@@ -136,7 +154,8 @@ def _optional_int(config: Mapping[str, Any], field: str, source: str) -> int | N
 def _required_int(config: Mapping[str, Any], field: str, source: str) -> int:
     value = _optional_int(config, field, source)
     if value is None:
-        raise ValueError(f"{source}: missing the field '{field}'; add it, or give the model's dimensions explicitly")
+        fix = " or give --layers" if field == "num_hidden_layers" else ""
+        raise ValueError(f"{source}: missing the field '{field}'; add it to the file{fix}")
     return value
 
 
@@ -144,7 +163,7 @@ def _kv_heads(config: Mapping[str, Any], heads: int, source: str) -> int:
     if config.get("model_type") == "falcon" and not config.get("new_decoder_architecture"):
         # Falcon-7B style: `num_kv_heads` is only read with the new decoder architecture (Falcon-40B/180B).
         return 1 if config.get("multi_query") else heads
-    for key in ("num_key_value_heads", "num_kv_heads"):
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
         if config.get(key) is not None:
             return _optional_int(config, key, source)  # type: ignore[return-value]
     return 1 if config.get("multi_query") else heads

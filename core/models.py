@@ -301,7 +301,7 @@ def resolve_model(
     elif config is not None:
         from kvcalc.core.hf_config import load_config
 
-        spec = load_config(config)
+        spec = load_config(config, layers=layers, head_dim=head_dim)
     elif not given:
         return None
     elif len(given) < len(dims):

@@ -199,3 +199,27 @@ def test_resolve_model_reads_config_and_applies_overrides(tmp_path):
     spec = resolve_model(None, path, kv_heads=4)
     assert spec.kv_heads == 4 and spec.bytes_per_token(16) == 2 * 32 * 4 * 128 * 2
     assert resolve_model(None, str(path)).kv_heads == 8
+
+
+def test_explicit_dims_fill_missing_fields(tmp_path):
+    path = write(tmp_path, {k: v for k, v in LLAMA_3_8B.items() if k not in ("num_hidden_layers", "hidden_size")})
+    spec = resolve_model(None, path, layers=16, head_dim=64)
+    assert (spec.layers, spec.head_dim, spec.kv_heads) == (16, 64, 8)
+    with pytest.raises(ValueError, match="missing the field 'num_hidden_layers'; add it to the file or give --layers"):
+        resolve_model(None, path, head_dim=64)
+
+
+def test_binary_file_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match=rf"{path}: not a text file"):
+        load_config(path)
+
+
+def test_mpt_and_refinedweb_spellings(tmp_path):
+    mpt = load_config(write(tmp_path, {"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
+                                       "max_seq_len": 2048}))
+    assert (mpt.layers, mpt.kv_heads, mpt.head_dim, mpt.max_position_embeddings) == (32, 32, 128, 2048)
+    refined = load_config(write(tmp_path, {"model_type": "RefinedWeb", "hidden_size": 8192, "n_head": 128,
+                                           "n_head_kv": 8, "n_layer": 60}, folder="rw"))
+    assert (refined.kv_heads, refined.head_dim) == (8, 64)
