@@ -14,7 +14,9 @@ What is read, and which spelling wins:
   or per the model type's known alternation, or to every layer (Mistral-7B-v0.1);
 * MLA (DeepSeek-V2/V3): `kv_lora_rank` + `qk_rope_head_dim`; `num_key_value_heads` is then not the cache
   (the spec gets kv_heads 1: the latent is the one cached "head", as vLLM counts it);
-* multimodal models keep the language model's fields under `text_config`.
+* multimodal models keep the language model's fields under `text_config`;
+* `layer_types` entries "linear_attention" / "mamba" (Qwen3-Next, hybrids) keep no KV cache and are not
+  counted as KV layers.
 
 A missing field raises ValueError naming the field and the file; so does a file that is not JSON.
 """
@@ -34,6 +36,9 @@ from kvcalc.core.models import ModelSpec
 #   gemma3 / gemma3_text: five local layers then one global (Gemma3TextConfig default pattern 6);
 #   cohere2: three sliding layers then one global (Cohere2Config default pattern 4).
 _KNOWN_PERIODS: dict[str, int] = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+# `layer_types` entries whose layers keep a fixed-size state instead of a KV cache.
+_NO_KV_LAYER_TYPES = frozenset({"linear_attention", "mamba", "mamba2", "conv"})
 
 _ALIASES: dict[str, tuple[str, ...]] = {
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -104,6 +109,9 @@ def spec_from_config(
                 "add 'head_dim' or use --head-dim"
             )
         head_dim = hidden_size // heads
+    all_layers, layers = layers, _kv_layers(config, layers, source)
+    if layers < all_layers:
+        source = f"{source} ({all_layers - layers} of {all_layers} layers keep no KV cache)"
     window, num_sliding = _sliding(config, layers, source)
     return ModelSpec(
         name=name,
@@ -169,17 +177,29 @@ def _kv_heads(config: Mapping[str, Any], heads: int, source: str) -> int:
     return 1 if config.get("multi_query") else heads
 
 
+def _kv_layers(config: Mapping[str, Any], layers: int, source: str) -> int:
+    """Layers that keep a KV cache: all of them, unless `layer_types` marks some as linear attention or
+    state-space layers (Qwen3-Next, hybrids), whose state does not grow with the context."""
+    layer_types = config.get("layer_types")
+    if not isinstance(layer_types, list):
+        return layers
+    if len(layer_types) != layers:
+        raise ValueError(
+            f"{source}: layer_types lists {len(layer_types)} layers but num_hidden_layers is {layers}; fix one"
+        )
+    kv_layers = sum(1 for kind in layer_types if kind not in _NO_KV_LAYER_TYPES)
+    if kv_layers == 0:
+        raise ValueError(f"{source}: no entry of layer_types is an attention layer, so the model keeps no KV cache")
+    return kv_layers
+
+
 def _sliding(config: Mapping[str, Any], layers: int, source: str) -> tuple[int | None, int]:
-    """(window, number of sliding-window layers); (None, 0) when no layer slides."""
+    """(window, number of sliding-window layers among the KV layers); (None, 0) when no layer slides."""
     window = _optional_int(config, "sliding_window", source)
     if window is None or config.get("use_sliding_window") is False:
         return None, 0
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list):
-        if len(layer_types) != layers:
-            raise ValueError(
-                f"{source}: layer_types lists {len(layer_types)} layers but num_hidden_layers is {layers}; fix one"
-            )
         num_sliding = sum(1 for kind in layer_types if kind == "sliding_attention")
         return (window, num_sliding) if num_sliding else (None, 0)
     period = _optional_int(config, "sliding_window_pattern", source) or _KNOWN_PERIODS.get(

@@ -223,3 +223,15 @@ def test_mpt_and_refinedweb_spellings(tmp_path):
     refined = load_config(write(tmp_path, {"model_type": "RefinedWeb", "hidden_size": 8192, "n_head": 128,
                                            "n_head_kv": 8, "n_layer": 60}, folder="rw"))
     assert (refined.kv_heads, refined.head_dim) == (8, 64)
+
+
+def test_linear_attention_layers_keep_no_kv(tmp_path):
+    # Qwen3-Next style: 3 linear-attention layers then 1 full-attention layer, 48 layers -> 12 KV layers.
+    config = {"model_type": "qwen3_next", "hidden_size": 2048, "head_dim": 256, "num_attention_heads": 16,
+              "num_key_value_heads": 2, "num_hidden_layers": 48,
+              "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
+    spec = load_config(write(tmp_path, config))
+    assert spec.layers == 12 and "36 of 48 layers keep no KV cache" in spec.source
+    assert spec.bytes_per_token(16) == 2 * 12 * 2 * 256 * 2
+    with pytest.raises(ValueError, match="no entry of layer_types is an attention layer"):
+        load_config(write(tmp_path, {**config, "layer_types": ["mamba"] * 48}, folder="none"))
