@@ -84,6 +84,7 @@ def spec_from_config(
     if isinstance(text_config, Mapping) and _first(config, "num_hidden_layers") is None:
         # Multimodal (Llava, Gemma-3, Mllama, Qwen2-VL ...): the KV cache belongs to the language model.
         config = {"model_type": config.get("model_type"), **text_config}
+        source = f"{source} (text_config)"
     fill = {"num_hidden_layers": layers, "head_dim": head_dim}
     config = {**config, **{k: v for k, v in fill.items() if v is not None and _first(config, k) is None}}
     layers = _required_int(config, "num_hidden_layers", source)
