@@ -50,6 +50,12 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+        for field in ("max_position_embeddings", "intermediate_size", "vocab_size", "num_params", "num_active_params"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"model {self.name!r}: {field} must be a positive integer or None, got {value!r}")
+        if (self.num_active_params or 0) > (self.num_params or self.num_active_params or 0):
+            raise ValueError(f"model {self.name!r}: num_active_params exceeds num_params")
         if not 0 <= self.num_sliding_layers <= self.layers:
             raise ValueError(
                 f"model {self.name!r}: num_sliding_layers={self.num_sliding_layers} is outside 0..{self.layers}"
@@ -121,7 +127,7 @@ class ModelSpec:
         return self.layers * self.scalars_per_token_per_layer * dtype_bits // 8
 
 
-# Built-in presets, from each model's published config.json (cited per entry).
+# Built-in presets by lower-case name.
 PRESETS: dict[str, ModelSpec] = {}
 
 
