@@ -77,7 +77,7 @@ def command(
     )
     warnings = _warnings(result)
     for warning in warnings:
-        err_console.print(f"warning: {warning}", highlight=False)
+        err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     emit(_model_report(result, warnings), resolve_format(json_flag, fmt))
 
 
