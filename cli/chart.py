@@ -49,9 +49,12 @@ def write_waste_plot(
     block_sizes: list[int],
     waste_tokens: list[int],
     utilization: list[float],
-    fixed_waste_tokens: int | None = None,
 ) -> None:
-    """Waste (token positions) and utilisation against block size, log2 x axis; .png or .svg by suffix."""
+    """Waste (token positions) and utilisation against block size, log2 x axis; .png or .svg by suffix.
+
+    Fixed reservation is left to the title: its waste is usually orders of magnitude larger and would
+    flatten the paged curve to zero.
+    """
     check_plot_target(path)
     import matplotlib
 
@@ -59,10 +62,8 @@ def write_waste_plot(
     import matplotlib.pyplot as plt
 
     fig, (ax_waste, ax_util) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    ax_waste.plot(block_sizes, waste_tokens, marker="o", label="paged: tail-block waste")
-    if fixed_waste_tokens is not None:
-        ax_waste.axhline(fixed_waste_tokens, color="tab:red", linestyle="--", label="fixed reservation waste")
-    ax_waste.set_ylabel("wasted token positions")
+    ax_waste.plot(block_sizes, waste_tokens, marker="o")
+    ax_waste.set_ylabel("tail-block waste (token positions)")
     ax_util.plot(block_sizes, [100 * u for u in utilization], marker="o", color="tab:green")
     ax_util.set_ylabel("position utilisation (%)")
     for ax in (ax_waste, ax_util):
@@ -70,7 +71,6 @@ def write_waste_plot(
         ax.set_xticks(block_sizes, [str(b) for b in block_sizes])
         ax.set_xlabel("block size B (tokens)")
         ax.grid(True, alpha=0.3)
-    ax_waste.legend()
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize="medium")
     fig.savefig(path)
     plt.close(fig)

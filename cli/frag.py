@@ -18,7 +18,7 @@ from kvcalc.cli.options import (
     ModelOpt,
     SeedOpt,
 )
-from kvcalc.cli.output import Format, Report, Table, emit, resolve_format
+from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
 from kvcalc.core import paging
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
 from kvcalc.core.lengths import (
@@ -159,14 +159,13 @@ def command(
     if plot is not None:
         write_waste_plot(
             plot,
-            f"Paging waste vs block size — {source.description}"[:110],
+            f"{source.kind} lengths, {format_count(source.count)} sequences — fixed reservation to "
+            f"M = {format_count(fixed.max_len)} wastes {format_count(fixed.waste_tokens)} positions "
+            f"({format_percent(fixed.waste_fraction)})",
             [p.block_size for p in paged],
             [p.waste_tokens for p in paged],
             [float(p.utilization) for p in paged],
-            fixed.waste_tokens,
         )
-        from kvcalc.cli.output import err_console
-
         err_console.print(f"wrote {plot}", highlight=False)
 
 
