@@ -1,6 +1,326 @@
-"""`kvcalc sim` (being built; see the issue tracker)."""
+"""`kvcalc sim`: continuous batching over the KV block pool under an arrival process."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, SeedOpt
+from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.core import sim_setup
+from kvcalc.core.sim_metrics import STATS, TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
+from kvcalc.core.sim_policies import MEMORY_PARTS
+from kvcalc.core.sim_run import parse_policies, run_policy
+from kvcalc.core.sim_search import max_rate
+from kvcalc.core.units import format_bytes, format_percent
+
+DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"
+DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
 
 
-def command() -> None:
-    """Not built yet."""
-    raise ValueError("kvcalc sim is not built yet")
+def command(
+    trace: Annotated[
+        tuple[str, Path] | None,
+        typer.Option("--trace", metavar="KIND FILE", help="A real trace: 'azure F' or 'mooncake F' (prefix ids)."),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Trace arrivals x times faster (0.5 = slower).")
+    ] = 1.0,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N requests of the trace.")] = None,
+    rate: Annotated[
+        float, typer.Option("--rate", help="Constructed: mean arrival rate, requests/s (inf = all at 0).")
+    ] = 1.0,
+    arrival: Annotated[str, typer.Option("--arrival", help="Constructed arrivals: poisson or gamma.")] = "poisson",
+    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape b (1 = Poisson, < 1 burstier).")] = 1.0,
+    requests: Annotated[int, typer.Option("--requests", help="Constructed: number of requests.")] = 1000,
+    prompt_dist: Annotated[
+        str, typer.Option("--prompt-dist", help="Constructed prompt lengths (as frag --dist).")
+    ] = DEFAULT_PROMPT_DIST,
+    output_dist: Annotated[
+        str, typer.Option("--output-dist", help="Constructed output lengths (as frag --dist).")
+    ] = DEFAULT_OUTPUT_DIST,
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="KV precision: fp32, fp16, bf16, fp8, int8, int4.")] = "fp16",
+    weight_dtype: Annotated[
+        str, typer.Option("--weight-dtype", help="Weight precision (bytes per parameter).")
+    ] = "bf16",
+    weights_bytes: Annotated[
+        str | None, typer.Option("--weights-bytes", help="Weights per replica, e.g. 26GB (overrides).")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="A100-40GB, A100-80GB, H100-SXM or H200 [A100-40GB].")
+    ] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Custom GPU: memory, e.g. 80GiB.")] = None,
+    bandwidth: Annotated[str | None, typer.Option("--bandwidth", help="Custom GPU: HBM bytes/s, e.g. 3.35e12.")] = None,
+    flops: Annotated[float | None, typer.Option("--flops", help="Custom GPU: dense bf16 FLOP/s, e.g. 989e12.")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs per replica.")] = 1,
+    memory_utilization: Annotated[float, typer.Option("--memory-utilization", help="Share of GPU memory used.")] = 0.9,
+    workspace_bytes: Annotated[
+        str | None, typer.Option("--workspace-bytes", help="Activation workspace (overrides the estimate).")
+    ] = None,
+    block: Annotated[int, typer.Option("--block", "-b", help="Paged: block size in tokens.")] = 16,
+    policy: Annotated[
+        str, typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle.")
+    ] = "paged",
+    compare: Annotated[
+        str | None, typer.Option("--compare", help="Several policies side by side, comma-separated.")
+    ] = None,
+    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Token budget per step.")] = 8192,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="Most running requests.")] = 256,
+    max_model_len: Annotated[
+        int | None, typer.Option("--max-model-len", help="Longest request [the model's max].")
+    ] = None,
+    preempt: Annotated[str, typer.Option("--preempt", help="recompute or swap.")] = "recompute",
+    swap_bandwidth: Annotated[
+        str, typer.Option("--swap-bandwidth", help="Swap bytes/s (host link), e.g. 25GB.")
+    ] = "25GB",
+    cancel_fraction: Annotated[
+        float, typer.Option("--cancel-fraction", help="Share of requests cancelled midway.")
+    ] = 0.0,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Drop requests without a first token after s.")
+    ] = None,
+    seed: SeedOpt = 0,
+    compute_eff: Annotated[float, typer.Option("--compute-eff", help="Share of peak FLOP/s reached.")] = 0.6,
+    weight_eff: Annotated[float, typer.Option("--weight-eff", help="Share of bandwidth when reading weights.")] = 0.8,
+    attn_eff: Annotated[float, typer.Option("--attn-eff", help="Share of bandwidth when reading KV.")] = 0.8,
+    step_overhead_ms: Annotated[float, typer.Option("--step-overhead-ms", help="Fixed time per step.")] = 0.5,
+    calibrate: Annotated[
+        Path | None, typer.Option("--calibrate", help="kvcalc bench --json output: sets --attn-eff.")
+    ] = None,
+    slo: Annotated[str | None, typer.Option("--slo", help="Targets, e.g. ttft=2,tpot=100ms,e2e=60 (seconds).")] = None,
+    find_max_rate: Annotated[
+        bool, typer.Option("--max-rate", help="Search each policy's highest rate under --slo.")
+    ] = False,
+    target_attainment: Annotated[
+        float, typer.Option("--attainment", help="Share of requests that must meet the SLO.")
+    ] = 0.9,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Ignore Mooncake prefix ids.")] = False,
+    no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="Simulate every step one by one.")] = False,
+    timeline: Annotated[Path | None, typer.Option("--timeline", help="Write the memory/queue timeline as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Memory over time and latency CDFs (.png/.svg).")] = None,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Simulate serving: continuous batching over the KV pool; TTFT, TPOT, E2E, goodput, memory, max rate.
+
+    Latencies come from a roofline step-time model, not a measurement. With no options: OPT-13B on one
+    A100-40GB, 1,000 ShareGPT-like constructed requests (mean prompt 161, output 338) at 1 request/s.
+    """
+    if plot is not None:
+        from kvcalc.cli.chart import check_plot_target
+
+        check_plot_target(plot)
+    policies = parse_policies(compare or policy)
+    slo_spec = parse_slo(slo)
+    setup = sim_setup.build(
+        sim_setup.Options(
+            trace=trace,
+            time_scale=time_scale,
+            limit=limit,
+            rate=rate,
+            arrival=arrival,
+            burstiness=burstiness,
+            requests=requests,
+            prompt_dist=prompt_dist,
+            output_dist=output_dist,
+            model=model,
+            config=config,
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            weight_dtype=weight_dtype,
+            weights_bytes=weights_bytes,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            bandwidth=bandwidth,
+            flops=flops,
+            tp=tp,
+            memory_utilization=memory_utilization,
+            workspace_bytes=workspace_bytes,
+            block=block,
+            max_batched_tokens=max_batched_tokens,
+            max_seqs=max_seqs,
+            max_model_len=max_model_len,
+            preempt=preempt,
+            swap_bandwidth=swap_bandwidth,
+            cancel_fraction=cancel_fraction,
+            timeout=timeout,
+            seed=seed,
+            compute_eff=compute_eff,
+            weight_eff=weight_eff,
+            attn_eff=attn_eff,
+            step_overhead_ms=step_overhead_ms,
+            calibrate=calibrate,
+            prefix_caching=not no_prefix_caching,
+            fast_forward=not no_fast_forward,
+        )
+    )
+    records, summaries = {}, {}
+    for name in policies:
+        record = _run_with_progress(setup, name, record_timeline=timeline is not None or plot is not None)
+        records[name] = record
+        summaries[name] = summarize(record, slo_spec, setup.plan.kv_bytes_per_token)
+    searches = {}
+    if find_max_rate:
+        for name in policies:
+            err_console.print(f"searching the max rate of {name} …", highlight=False)
+            searches[name] = max_rate(
+                setup.workload, name, setup.sim, slo_spec, target_attainment, unit_arrival_s=setup.unit_arrival_s
+            )
+    if timeline is not None:
+        _write_timeline(timeline, records)
+        err_console.print(f"wrote {timeline}", highlight=False)
+    if plot is not None:
+        from kvcalc.cli.sim_plot import write_sim_plot
+
+        write_sim_plot(plot, records, setup.workload.description)
+        err_console.print(f"wrote {plot}", highlight=False)
+    emit(_report(setup, policies, summaries, searches, slo_spec, target_attainment), resolve_format(json_flag, fmt))
+
+
+def _run_with_progress(setup, name: str, record_timeline: bool):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"simulating {name}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% of arrivals"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as progress:
+        task = progress.add_task(name, total=1.0)
+        record = run_policy(
+            setup.workload,
+            name,
+            setup.sim,
+            record_timeline=record_timeline,
+            progress=lambda share: progress.update(task, completed=share),
+        )
+    return record
+
+
+def _write_timeline(path: Path, records: dict) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", *TIMELINE_COLUMNS])
+        for name, record in records.items():
+            for row in timeline_rows(record):
+                writer.writerow([name, *row])
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None or value != value else f"{value * 1e3:,.1f}"
+
+
+def _report(setup, policies, summaries, searches, slo_spec, target) -> Report:
+    first = summaries[policies[0]]
+    plan = setup.plan
+    doc = {
+        **{k: v for k, v in first.items()},
+        "workload": {
+            "kind": setup.workload.kind,
+            "description": setup.workload.description,
+            "requests": len(setup.workload),
+            "mean_rate_rps": setup.workload.mean_rate_per_s,
+        },
+        "latency_source": setup.latency_source,
+        "model": setup.spec.name,
+        "gpu": plan.gpu.name,
+        "tp": plan.tp,
+        "memory_plan": {
+            "weights_bytes": plan.weights_bytes,
+            "workspace_bytes": plan.workspace_bytes,
+            "kv_pool_bytes": plan.pool_bytes,
+            "num_blocks": plan.num_blocks,
+            "block_size": plan.block_size,
+            "capacity_tokens": plan.capacity_tokens,
+            "kv_bytes_per_token": plan.kv_bytes_per_token,
+        },
+        "slo": None
+        if slo_spec.is_empty
+        else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
+        "policies": summaries,
+    }
+    if searches:
+        doc["max_rate_rps"] = {name: s.max_rate_rps for name, s in searches.items()}
+        doc["max_rate_search"] = {
+            name: {
+                "attainment_target": target,
+                "bracket_rps": list(s.bracket_rps),
+                "evaluations": [list(e) for e in s.evaluations],
+            }
+            for name, s in searches.items()
+        }
+    columns = ["", *policies]
+    rows = [
+        ["requests", *(f"{summaries[p]['requests']:,}" for p in policies)],
+        ["completed", *(f"{summaries[p]['completed']:,}" for p in policies)],
+        ["rejected (OOM / too long)", *(f"{summaries[p]['rejected']:,}" for p in policies)],
+        ["timed out", *(f"{summaries[p]['timed_out']:,}" for p in policies)],
+        ["cancelled", *(f"{summaries[p]['cancelled']:,}" for p in policies)],
+        ["preemptions", *(f"{summaries[p]['preemptions']:,}" for p in policies)],
+    ]
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        for stat in STATS:
+            rows.append([f"{label} {stat} (ms)", *(_ms(summaries[p][key][stat]) for p in policies)])
+    rows += [
+        ["throughput (req/s)", *(f"{summaries[p]['throughput_rps']:.3f}" for p in policies)],
+        ["output tokens/s", *(f"{summaries[p]['output_tokens_per_s']:,.0f}" for p in policies)],
+        [
+            "mean / peak running",
+            *(f"{summaries[p]['mean_running']:.1f} / {summaries[p]['peak_running']}" for p in policies),
+        ],
+    ]
+    if not slo_spec.is_empty:
+        rows.append(["goodput (req/s)", *(f"{summaries[p]['goodput_rps']:.3f}" for p in policies)])
+        rows.append(["SLO attainment", *(format_percent(summaries[p]["slo_attainment"]) for p in policies)])
+    memory_rows = [
+        [part.replace("_", " "), *(format_percent(summaries[p]["memory"][part]) for p in policies)]
+        for part in MEMORY_PARTS
+    ]
+    memory_rows.append(
+        ["token states of occupied", *(format_percent(summaries[p]["memory"]["useful_of_occupied"]) for p in policies)]
+    )
+    memory_rows.append(
+        ["block tables (beside the pool)", *(format_percent(summaries[p]["memory"]["block_tables"]) for p in policies)]
+    )
+    tables = [
+        Table("Latency and throughput (step-time model)", columns, rows),
+        Table("KV pool over time (time-averaged share of the pool)", columns, memory_rows),
+    ]
+    if searches:
+        tables.append(
+            Table(
+                f"Requests supported: highest rate with ≥ {format_percent(target)} meeting {slo_spec.describe()}",
+                ["policy", "max rate (req/s)", "bracket (req/s)", "runs"],
+                [
+                    [p, f"{s.max_rate_rps:.3f}", f"{s.bracket_rps[0]:.3f} – {s.bracket_rps[1]:.3f}", len(s.evaluations)]
+                    for p, s in searches.items()
+                ],
+            )
+        )
+    text = [
+        f"workload: {setup.workload.description}",
+        f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "
+        f"workspace {format_bytes(plan.workspace_bytes)}, KV pool {format_bytes(plan.pool_bytes)} = "
+        f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
+        f"{format_bytes(plan.kv_bytes_per_token)} per token) per GPU",
+    ]
+    notes = [
+        f"latencies come from the step-time model, not a measurement: {setup.latency_source}",
+        f"workload is {setup.workload.kind}: {setup.workload.description}",
+        *setup.workload.notes,
+        *setup.notes,
+    ]
+    return Report(doc=doc, tables=tables, notes=notes, text=text)
