@@ -1,6 +1,154 @@
-"""`kvcalc bench` (being built; see the issue tracker)."""
+"""`kvcalc bench`: the CUDA paged-attention extension against a contiguous-KV baseline.
+
+torch is imported only inside the command body (and kvcalc.cuda_ext), so `kvcalc --help` and the
+other commands never load it. Exit codes: 0 all correctness checks passed, 1 a check failed, 2 bad
+input or torch missing (`pip install 'kvcalc[bench]'`), 3 CUDA asked for but no GPU or no nvcc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt
+from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format, to_json
+from kvcalc.core.units import format_bytes
+
+DeviceOpt = Annotated[str, typer.Option("--device", help="cuda (the extension), cpu (the reference "
+                                        "implementations at small sizes) or auto (cuda if a GPU is visible).")]
+BenchDtypeOpt = Annotated[str, typer.Option("--dtype", help="Precision of the timed runs: bf16 or fp16.")]
+IntOpt = int | None
 
 
-def command() -> None:
-    """Not built yet."""
-    raise ValueError("kvcalc bench is not built yet")
+def _progress_ticker(total: int, enabled: bool) -> Iterator[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=True, disable=not enabled)
+    return progress, progress.add_task("kvcalc bench", total=total)
+
+
+def _pick_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    err_console.print("[dim]no CUDA device: running the reference implementation on CPU (--device cpu)[/dim]")
+    return "cpu"
+
+
+def _report(doc: dict[str, Any]) -> Report:
+    cpu = doc["device"]["type"] == "cpu"
+    tables = []
+    if doc["correctness"]:
+        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for row in doc["correctness"]:
+            groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
+        tables.append(Table(
+            "Correctness vs float64 reference (groups 1/4/16 x blocks 1/16/256, lengths 0..700)",
+            ["dtype", "head dim", "cases", "max rel err", "tolerance", "paged vs contiguous", "passed"],
+            [[dtype, dim, len(rows), f"{max(r['rel_err'] for r in rows):.2e}", f"{rows[0]['tolerance']:.0e}",
+              f"{max(r['paged_vs_contiguous_max_diff'] for r in rows):.2e}",
+              f"{sum(r['passed'] for r in rows)}/{len(rows)}"] for (dtype, dim), rows in groups.items()],
+        ))
+
+    def timing_table(title: str, rows: list[dict[str, Any]]) -> Table:
+        unit = "CPU µs" if cpu else "µs"
+        columns = ["batch", "context", "block", f"paged {unit}", f"contiguous {unit}", "paged/contig", "bytes",
+                   "TB/s", "of copy"]
+        if not cpu:
+            columns.append("SDPA µs")
+        out = []
+        for r in rows:
+            line = [r["batch"], r["context"], r["block_size"], f"{r['paged_us']:.1f}", f"{r['contiguous_us']:.1f}",
+                    f"{r['paged_over_contiguous']:.3f}", format_bytes(r["bytes"]), f"{r['achieved_tbps']:.3g}",
+                    "-" if r["fraction_of_copy"] is None else f"{100 * r['fraction_of_copy']:.1f} %"]
+            if not cpu:
+                line.append("-" if r.get("sdpa_us") is None else f"{r['sdpa_us']:.1f}")
+            out.append(line)
+        return Table(title, columns, out)
+
+    config = doc["config"]
+    shape = f"{config['dtype']}, head dim {config['head_dim']}, {config['num_q_heads']}/{config['num_kv_heads']} heads"
+    if doc["timing"]:
+        tables.append(timing_table(f"Decode timing ({shape})", doc["timing"]))
+    if doc.get("block_sweep"):
+        tables.append(timing_table(f"Block-size sweep ({shape})", doc["block_sweep"]))
+    notes = [f"implementation: {doc['implementation']}"]
+    if cpu:
+        notes.append("CPU times are the pure-torch reference implementation on CPU, not a kernel figure.")
+    else:
+        device = doc["device"]
+        notes.append(f"device: {device['name']} (driver {device['driver']}, CUDA {device['cuda']}, torch "
+                     f"{device['torch']}); copy ceiling {doc['copy_tbps']:.3f} TB/s measured in this run")
+    if "paged_vs_contiguous" in doc:
+        notes.append(f"paged vs contiguous: {doc['paged_vs_contiguous']['explanation']}")
+    notes.append("bytes: K and V of every live token + q + out + live block-table entries; TB = 1e12 bytes; "
+                 "IEC units (KiB, MiB, GiB) for sizes.")
+    notes.append("correctness: " + ("all checks passed" if doc["passed"] else "SOME CHECKS FAILED (see --json)"))
+    return Report(doc=doc, tables=tables, notes=notes)
+
+
+def command(
+    device: DeviceOpt = "auto",
+    dtype: BenchDtypeOpt = "bf16",
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Head dimension: 64, 128 or 256.")] = 128,
+    q_heads: Annotated[int, typer.Option("--q-heads", help="Query heads (a multiple of --kv-heads).")] = 32,
+    kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads.")] = 8,
+    batch: Annotated[IntOpt, typer.Option("--batch", help="Time only this batch size.")] = None,
+    context: Annotated[IntOpt, typer.Option("--context", help="Time only this context length (tokens).")] = None,
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block (power of two).")] = 16,
+    iters: Annotated[IntOpt, typer.Option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 3,
+    splits: Annotated[IntOpt, typer.Option("--splits", help="Force the split-KV count (default: heuristic).")] = None,
+    sweep_block: Annotated[bool, typer.Option("--sweep-block", help="Also sweep block sizes 1..256.")] = False,
+    skip_correctness: Annotated[bool, typer.Option("--skip-correctness", help="Skip the correctness grid.")] = False,
+    save: Annotated[Path | None, typer.Option("--save", help="Also write the JSON document to this file.")] = None,
+    seed: SeedOpt = 0,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> int:
+    """Benchmark the CUDA paged-attention kernel against a contiguous-KV baseline (correctness and speed);
+    --device cpu runs the reference implementations at small sizes."""
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"--device {device!r} is not one of auto, cuda, cpu")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValueError("kvcalc bench needs torch: pip install 'kvcalc[bench]'") from None
+    from kvcalc.cuda_ext.backends import run_suite
+    from kvcalc.cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
+
+    device = _pick_device(device)
+    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    if batch is not None or context is not None:
+        shapes = ((batch or shapes[-1][0], context or shapes[-1][1]),)
+    config = BenchConfig(
+        device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
+        block_size=block_size, shapes=shapes, iters=iters or (50 if device == "cuda" else 3), warmup=warmup,
+        sweep_block=sweep_block, correctness=not skip_correctness, num_splits=splits, seed=seed,
+    )
+    output_format = resolve_format(json_flag, fmt)
+    progress, task = _progress_ticker(total_steps(config), enabled=err_console.is_terminal)
+
+    def tick(description: str) -> None:
+        progress.update(task, description=description)
+        progress.advance(task)
+
+    @contextlib.contextmanager
+    def building() -> Iterator[None]:
+        with err_console.status("building the CUDA extension (nvcc, first use only; about a minute)"):
+            yield
+
+    with progress:
+        doc = run_suite(config, tick, building)
+    if save is not None:
+        save.write_text(to_json(doc) + "\n")
+    emit(_report(doc), output_format)
+    return 0 if doc["passed"] else 1

@@ -88,7 +88,7 @@ int kvcalc_decode_paged(const void* q, const void* k_cache, const void* v_cache,
                         int max_blocks_per_seq, float scale, int num_splits, void* stream) {
   if (dtype != 0 && dtype != 1) return -6;
   kvcalc::DecodeParams p;
-  const int rc = kvcalc::make_decode_params(p, q, k_cache, v_cache, out, block_tables, seq_lens, partial_o,
+  const int rc = kvcalc::make_decode_params(p, true, q, k_cache, v_cache, out, block_tables, seq_lens, partial_o,
                                             partial_lse, batch, num_q_heads, num_kv_heads, head_dim, block_size,
                                             max_blocks_per_seq, 0, scale, num_splits);
   if (rc != 0) return rc;
@@ -101,7 +101,7 @@ int kvcalc_decode_contiguous(const void* q, const void* k, const void* v, const 
                              void* stream) {
   if (dtype != 0 && dtype != 1) return -6;
   kvcalc::DecodeParams p;
-  const int rc = kvcalc::make_decode_params(p, q, k, v, out, nullptr, seq_lens, partial_o, partial_lse, batch,
+  const int rc = kvcalc::make_decode_params(p, false, q, k, v, out, nullptr, seq_lens, partial_o, partial_lse, batch,
                                             num_q_heads, num_kv_heads, head_dim, 1, 0, max_len, scale, num_splits);
   if (rc != 0) return rc;
   return kvcalc::dispatch<false>(p, dtype, static_cast<cudaStream_t>(stream));

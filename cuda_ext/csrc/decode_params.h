@@ -50,8 +50,8 @@ inline int log2_exact(int x) {
 // Fills the parameters and checks what the kernel relies on; returns 0 or a negative error code:
 //   -1 head_dim not 64/128/256, -2 group size out of 1..16 or heads not a multiple,
 //   -3 block size not a power of two in 1..256, -4 num_splits < 1, -5 a size < 0.
-inline int make_decode_params(DecodeParams& p, const void* q, const void* k, const void* v, void* out,
-                              const int32_t* block_tables, const int32_t* seq_lens, float* partial_o,
+inline int make_decode_params(DecodeParams& p, bool paged, const void* q, const void* k, const void* v,
+                              void* out, const int32_t* block_tables, const int32_t* seq_lens, float* partial_o,
                               float* partial_lse, int batch, int num_q_heads, int num_kv_heads, int head_dim,
                               int block_size, int max_blocks_per_seq, int max_len, float scale,
                               int num_splits) {
@@ -59,7 +59,6 @@ inline int make_decode_params(DecodeParams& p, const void* q, const void* k, con
   if (num_kv_heads < 1 || num_q_heads % num_kv_heads != 0) return -2;
   const int group = num_q_heads / num_kv_heads;
   if (group < 1 || group > kMaxGroup) return -2;
-  const bool paged = block_tables != nullptr;
   const int log2_bs = paged ? log2_exact(block_size) : 0;
   if (paged && (log2_bs < 0 || block_size > 256)) return -3;
   if (num_splits < 1) return -4;

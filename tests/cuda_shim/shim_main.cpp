@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   std::memset(partial_lse.data(), 0xff, partial_lse.size() * 4);
 
   DecodeParams p;
-  const int rc = kvcalc::make_decode_params(p, q.data(), k.data(), v.data(), out.data(),
+  const int rc = kvcalc::make_decode_params(p, paged != 0, q.data(), k.data(), v.data(), out.data(),
                                             paged ? tables.data() : nullptr, lens.data(), partial_o.data(),
                                             partial_lse.data(), batch, num_q_heads, num_kv_heads, head_dim,
                                             block_size, max_blocks, max_len, scale, num_splits);

@@ -1,0 +1,230 @@
+"""The `kvcalc bench` harness: correctness against a float64 reference, then paged vs contiguous timing.
+
+Two back ends run the same harness:
+  * "cuda": the CUDA extension (ops.py), timed with CUDA events (timing.py), plus torch SDPA on the
+    contiguous cache and FlexAttention over the paged cache where torch has it;
+  * "cpu": the pure-torch references of reference.py in float32 at small sizes ("reference
+    implementation on CPU"), timed with the wall clock — a check that anyone can run, not a kernel figure.
+
+Bytes moved per decode step (what `bytes` counts): K and V of every live token, q, out, the live
+block-table entries and seq_lens. Achieved TB/s = bytes / paged time (1 TB = 1e12 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+CUDA_SHAPES = ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048), (256, 1024))
+CPU_SHAPES = ((1, 2048), (4, 512), (8, 256))
+SWEEP_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SWEEP_SHAPE = {"cuda": (64, 4096), "cpu": (4, 512)}
+TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}  # max |err| / max |reference|
+GRID_DTYPES = ("fp16", "bf16")
+GRID_HEAD_DIMS = (64, 128, 256)
+GRID_GROUPS = (1, 4, 16)
+GRID_BLOCK_SIZES = (1, 16, 256)
+GRID_KV_HEADS = 2
+CPU_LABEL = "reference implementation on CPU"
+IDENTICAL_WHY = (
+    "bit-identical: paged and contiguous run the same kernel code with the same tiles, split points and "
+    "accumulation order; only the address of each 16-byte load differs"
+)
+CPU_IDENTICAL_WHY = "bit-identical: the paged reference gathers K/V through the table, then runs the same math"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str  # "cuda" or "cpu"
+    dtype: str = "bf16"
+    head_dim: int = 128
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    block_size: int = 16
+    shapes: tuple[tuple[int, int], ...] = CUDA_SHAPES  # (batch, context) pairs
+    iters: int = 50
+    warmup: int = 5
+    sweep_block: bool = False
+    correctness: bool = True
+    num_splits: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"--device {self.device!r} is not one of cuda, cpu")
+        if self.dtype not in TOLERANCE:
+            raise ValueError(f"--dtype {self.dtype!r} is not supported by the kernel; use fp16 or bf16")
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"--head-dim {self.head_dim} is not supported; use 64, 128 or 256")
+        if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads or not 1 <= self.group <= 16:
+            raise ValueError(f"--q-heads {self.num_q_heads} must be --kv-heads {self.num_kv_heads} times 1..16")
+        if not 1 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size {self.block_size} must be a power of two in 1..256")
+        for batch, context in self.shapes:
+            if batch < 1 or context < 1:
+                raise ValueError(f"--batch {batch} and --context {context} must both be at least 1")
+        if self.iters < 1 or self.warmup < 0:
+            raise ValueError(f"--iters {self.iters} must be >= 1 and --warmup {self.warmup} >= 0")
+        if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
+            raise ValueError(f"--splits {self.num_splits} must lie in 1..1024")
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // max(self.num_kv_heads, 1)
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
+                device: Any, gen: Any) -> dict[str, Any]:
+    """Random q/K/V (standard normal), physical blocks in a random order, unused table entries -1, and
+    the same K/V in the contiguous layout with max_len = the table capacity."""
+    import torch
+
+    from kvcalc.cuda_ext.reference import gather_paged_kv
+
+    batch = len(lens)
+    blocks = [math.ceil(n / block_size) for n in lens]
+    max_blocks = max([*blocks, 1])
+    num_blocks = sum(blocks) + 1
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.full((batch, max_blocks), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = order[used:used + n].to(torch.int32)
+        used += n
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+    v_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+    q = torch.randn(batch, num_q_heads, head_dim, generator=gen, dtype=torch.float32).to(dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    capacity = max_blocks * block_size
+    k = gather_paged_kv(k_cache, tables, seq_lens, capacity)
+    v = gather_paged_kv(v_cache, tables, seq_lens, capacity)
+    on = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables, "seq_lens": seq_lens, "k": k, "v": v}
+    return {name: t.to(device) for name, t in on.items()}
+
+
+def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                elem_bytes: int = 2) -> int:
+    kv = 2 * sum(lens) * num_kv_heads * head_dim * elem_bytes
+    q_and_out = 2 * len(lens) * num_q_heads * head_dim * elem_bytes
+    tables = 4 * sum(math.ceil(n / block_size) for n in lens) + 4 * len(lens)
+    return kv + q_and_out + tables
+
+
+class Backend:
+    """Runs paged/contiguous decode for one input set; subclasses decide how and time it."""
+
+    label: str
+
+    def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
+        raise NotImplementedError
+
+    def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
+        raise NotImplementedError
+
+
+def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every dtype x head dim x group x block size, with ragged lengths: 0, 1, mid-block, several blocks."""
+    import torch
+
+    from kvcalc.cuda_ext.reference import decode_attention_reference
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for dtype in GRID_DTYPES:
+        for head_dim in GRID_HEAD_DIMS:
+            for group in GRID_GROUPS:
+                for block_size in GRID_BLOCK_SIZES:
+                    tick(f"correctness {dtype} d={head_dim} group={group} block={block_size}")
+                    lens = [0, 1, 2 * block_size + 3 if block_size > 1 else 5, 300, 700]
+                    x = make_inputs(lens, GRID_KV_HEADS * group, GRID_KV_HEADS, head_dim, block_size,
+                                    torch_dtype(dtype), device, gen)
+                    paged = backend.paged(x, None)
+                    contiguous = backend.contiguous(x, None)
+                    ref = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"])
+                    err = float((paged.double() - ref).abs().max())
+                    rel = err / max(float(ref.abs().max()), 1e-30)
+                    diff = float((paged.double() - contiguous.double()).abs().max())
+                    zeros_ok = bool(torch.count_nonzero(paged[0]) == 0)
+                    rows.append({
+                        "dtype": dtype, "head_dim": head_dim, "group_size": group, "block_size": block_size,
+                        "lengths": lens, "max_abs_err": err, "rel_err": rel, "tolerance": TOLERANCE[dtype],
+                        "paged_vs_contiguous_max_diff": diff,
+                        "passed": bool(rel < TOLERANCE[dtype] and zeros_ok and math.isfinite(err)),
+                    })
+    return rows
+
+
+def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., float], device: Any,
+              device_info: dict[str, Any], copy_tbps: float | None, tick: Callable[[str], None],
+              extra_timers: dict[str, Callable[[dict[str, Any]], Callable[[], Any] | None]] | None = None
+              ) -> dict[str, Any]:
+    """Runs the suite and returns the JSON document of `kvcalc bench`."""
+    import torch
+
+    doc: dict[str, Any] = {
+        "device": device_info,
+        "implementation": backend.label,
+        "config": {
+            "dtype": config.dtype, "head_dim": config.head_dim, "num_q_heads": config.num_q_heads,
+            "num_kv_heads": config.num_kv_heads, "block_size": config.block_size, "iters": config.iters,
+            "warmup": config.warmup, "seed": config.seed, "num_splits": config.num_splits,
+        },
+        "copy_tbps": copy_tbps,
+        "correctness": [],
+        "timing": [],
+    }
+    if config.correctness:
+        doc["correctness"] = correctness_grid(backend, device, config.seed, tick)
+        max_diff = max(row["paged_vs_contiguous_max_diff"] for row in doc["correctness"])
+        why = IDENTICAL_WHY if config.device == "cuda" else CPU_IDENTICAL_WHY
+        doc["paged_vs_contiguous"] = {
+            "bit_identical": max_diff == 0.0,
+            "max_diff": max_diff,
+            "explanation": why if max_diff == 0.0 else f"not bit-identical (max diff {max_diff:.3g}): investigate",
+        }
+    gen = torch.Generator().manual_seed(config.seed + 1)
+
+    def measure(batch: int, context: int, block_size: int) -> dict[str, Any]:
+        tick(f"timing batch={batch} context={context} block={block_size}")
+        lens = [context] * batch
+        x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
+                        torch_dtype(config.dtype), device, gen)
+        backend.paged(x, config.num_splits)  # validated once; the timed launches skip the checks
+        timed = dict(x, out=torch.empty_like(x["q"]))  # with `out`: no checks, no allocation per run
+        poison = lambda: timed["out"].fill_(float("nan"))  # noqa: E731
+        paged_us = time_op(lambda: backend.paged(timed, config.num_splits), poison)
+        contiguous_us = time_op(lambda: backend.contiguous(timed, config.num_splits), poison)
+        moved = bytes_moved(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size)
+        tbps = moved / (paged_us * 1e-6) / 1e12
+        row = {
+            "batch": batch, "context": context, "block_size": block_size, "paged_us": paged_us,
+            "contiguous_us": contiguous_us, "paged_over_contiguous": paged_us / contiguous_us, "bytes": moved,
+            "achieved_tbps": tbps, "fraction_of_copy": tbps / copy_tbps if copy_tbps else None,
+        }
+        for name, make in (extra_timers or {}).items():
+            op = make(x)
+            row[name] = time_op(op, None) if op is not None else None
+        return row
+
+    for batch, context in config.shapes:
+        doc["timing"].append(measure(batch, context, config.block_size))
+    if config.sweep_block:
+        batch, context = SWEEP_SHAPE[config.device]
+        doc["block_sweep"] = [measure(batch, context, bs) for bs in SWEEP_BLOCK_SIZES]
+    doc["passed"] = all(row["passed"] for row in doc["correctness"])
+    return doc
+
+
+def total_steps(config: BenchConfig) -> int:
+    grid = len(GRID_DTYPES) * len(GRID_HEAD_DIMS) * len(GRID_GROUPS) * len(GRID_BLOCK_SIZES)
+    return (grid if config.correctness else 0) + len(config.shapes) + (
+        len(SWEEP_BLOCK_SIZES) if config.sweep_block else 0)
