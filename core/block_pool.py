@@ -218,7 +218,7 @@ class BlockPool:
                 copies.append((last, dst))
                 self._stats["cow_copies"] += 1
                 last = dst
-            assert self.ref[last] == 1, f"writing into block {last} held by {self.ref[last]} tables"
+            assert not self._needs_copy(last), f"writing into block {last} held by {self.ref[last]} tables"
             added = min(B - old % B, num_tokens)
             self.fill[last] += added
             self.useful_tokens += added
