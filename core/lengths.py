@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from kvcalc.core.distributions import LengthDistribution
+from kvcalc.core.paging import exact_sum
 from kvcalc.core.traces import read_trace
 
 __all__ = [
@@ -40,7 +42,10 @@ PHASES = ("total", "prompt")
 
 @dataclass(frozen=True, eq=False)
 class Lengths:
-    """Sequence lengths: `tokens` int64 [N], N >= 1, each >= 1; `kind` real | user | constructed."""
+    """Sequence lengths: `tokens` int64 [N], N >= 1, each >= 1; `kind` real | user | constructed.
+
+    The statistics are computed once (each is a pass over up to 10^7 lengths).
+    """
 
     tokens: np.ndarray
     kind: LengthKind
@@ -48,24 +53,22 @@ class Lengths:
 
     def __post_init__(self) -> None:
         assert self.tokens.dtype == np.int64 and self.tokens.ndim == 1, "lengths must be a 1-D int64 array"
-        assert self.tokens.size >= 1 and int(self.tokens.min()) >= 1, "loaders validate before building Lengths"
+        assert self.tokens.size >= 1 and self.min >= 1, "loaders validate before building Lengths"
 
     @property
     def count(self) -> int:
         return int(self.tokens.size)
 
-    @property
+    @cached_property
     def total(self) -> int:
         """Σ n, exact (see paging.exact_sum for why int64 alone is not enough)."""
-        from kvcalc.core.paging import exact_sum
+        return exact_sum(self.tokens, bound=self.max)
 
-        return exact_sum(self.tokens)
-
-    @property
+    @cached_property
     def min(self) -> int:
         return int(self.tokens.min())
 
-    @property
+    @cached_property
     def max(self) -> int:
         return int(self.tokens.max())
 
@@ -83,9 +86,8 @@ def _validated(values: np.ndarray, where: list[str] | None, what: str) -> np.nda
     """Check that every length is >= 1; `where[i]` locates item i in error messages."""
     if values.size == 0:
         raise ValueError(f"{what} holds no lengths: give at least one positive integer")
-    bad = np.flatnonzero(values < 1)
-    if bad.size:
-        i = int(bad[0])
+    if int(values.min()) < 1:
+        i = int(np.argmax(values < 1))
         place = where[i] if where is not None else f"{what}, item {i + 1}"
         raise ValueError(f"{place}: length {int(values[i])} is not positive; every sequence holds at least 1 token")
     return values
@@ -215,7 +217,7 @@ def _read_npy(path: Path) -> np.ndarray:
         raise ValueError(f"{path} holds {array.dtype} values: give integer lengths")
     elif array.dtype.kind == "u" and array.size and int(array.max()) > 2**62:
         raise ValueError(f"{path}: a length above 2^62 is too large")
-    return _validated(array.astype(np.int64), None, str(path))
+    return _validated(np.asarray(array, dtype=np.int64), None, str(path))
 
 
 def lengths_from_trace(kind: str, path: str | Path, phase: str = "total") -> Lengths:
