@@ -14,7 +14,7 @@ from kvcalc.core import sim_setup
 from kvcalc.core.sim_metrics import STATS, TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
 from kvcalc.core.sim_policies import MEMORY_PARTS
 from kvcalc.core.sim_run import parse_policies, run_policy
-from kvcalc.core.sim_search import max_rate
+from kvcalc.core.sim_search import check_search, max_rate
 from kvcalc.core.units import format_bytes, format_percent
 
 DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"
@@ -120,6 +120,8 @@ def command(
         check_plot_target(plot)
     policies = parse_policies(compare or policy)
     slo_spec = parse_slo(slo)
+    if find_max_rate:
+        check_search(slo_spec, target_attainment)
     setup = sim_setup.build(
         sim_setup.Options(
             trace=trace,
@@ -174,7 +176,7 @@ def command(
         for name in policies:
             err_console.print(f"searching the max rate of {name} …", highlight=False)
             searches[name] = max_rate(
-                setup.workload, name, setup.sim, slo_spec, target_attainment, unit_arrival_s=setup.unit_arrival_s
+                setup.workload, name, setup.sim, slo_spec, target_attainment
             )
     if timeline is not None:
         _write_timeline(timeline, records)

@@ -32,29 +32,34 @@ class RateSearch:
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
 
 
-def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float, *,
-             rel_tol: float = 0.02, max_doublings: int = 12, unit_arrival_s=None,
-             on_evaluation: Callable[[float, float], None] | None = None) -> RateSearch:
-    """Bracketing + bisection as in the module docstring; `unit_arrival_s` = seeded unit-rate arrivals."""
+def check_search(slo: Slo, target: float) -> None:
+    """Fail before any simulation when the search cannot be run."""
     if slo.is_empty:
         raise ValueError("--max-rate needs an --slo, e.g. --slo ttft=2,tpot=0.1")
     if not 0 < target <= 1:
         raise ValueError(f"--attainment must be in (0, 1], got {target}")
+
+
+def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float, *,
+             rel_tol: float = 0.02, max_doublings: int = 12,
+             on_evaluation: Callable[[float, float], None] | None = None) -> RateSearch:
+    """Bracketing + bisection as in the module docstring."""
+    check_search(slo, target)
     if len(workload) < 2:
         raise ValueError("--max-rate needs at least 2 requests (a rate is defined by inter-arrival gaps)")
     evaluations: list[tuple[float, float]] = []
 
     def passes(rate: float) -> bool:
-        record = run_policy(workload.at_rate(rate, unit_arrival_s), policy, setup)
+        record = run_policy(workload.at_rate(rate), policy, setup)
         share = attainment(record, slo)
         evaluations.append((rate, share))
         if on_evaluation is not None:
             on_evaluation(rate, share)
         return share >= target
 
-    start = workload.mean_rate_per_s
-    if not 0 < start < float("inf"):
-        start = 1.0
+    start = workload.mean_rate_per_s  # a trace's own rate
+    if workload.unit_arrival_s is not None:  # a constructed workload's nominal rate R (arrivals = unit / R)
+        start = workload.unit_arrival_s[-1] / workload.arrival_s[-1] if workload.span_s > 0 else 1.0
     if passes(start):
         lo, hi = start, None
         for _ in range(max_doublings):

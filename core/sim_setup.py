@@ -17,7 +17,7 @@ from kvcalc.core.sim_hardware import MemoryPlan, custom_gpu, get_gpu, plan_memor
 from kvcalc.core.sim_run import SimSetup
 from kvcalc.core.sim_scheduler import SchedulerConfig
 from kvcalc.core.sim_steptime import Efficiencies, build_model, calibrated_attention_eff
-from kvcalc.core.sim_workload import Workload, constructed, from_trace, length_streams, unit_rate_arrivals
+from kvcalc.core.sim_workload import Workload, constructed, from_trace, length_streams
 from kvcalc.core.traces import read_trace
 from kvcalc.core.units import parse_bytes
 
@@ -73,7 +73,6 @@ class Options:
 @dataclass(frozen=True, eq=False)
 class Setup:
     workload: Workload
-    unit_arrival_s: np.ndarray | None  # constructed: the seeded unit-rate arrivals (for the rate search)
     spec: ModelSpec
     plan: MemoryPlan
     sim: SimSetup
@@ -81,10 +80,10 @@ class Setup:
     notes: tuple[str, ...]
 
 
-def _workload(o: Options) -> tuple[Workload, np.ndarray | None]:
+def _workload(o: Options) -> Workload:
     if o.trace is not None:
         kind, path = o.trace
-        return from_trace(read_trace(kind, path), o.time_scale, o.limit), None
+        return from_trace(read_trace(kind, path), o.time_scale, o.limit)
     if not o.rate > 0:
         raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {o.rate}")
     prompt_rng, output_rng, _ = length_streams(o.seed)
@@ -93,10 +92,8 @@ def _workload(o: Options) -> tuple[Workload, np.ndarray | None]:
     prompts = prompt_dist.sample(o.requests, prompt_rng) if o.requests >= 1 else np.zeros(0, np.int64)
     outputs = output_dist.sample(o.requests, output_rng) if o.requests >= 1 else np.zeros(0, np.int64)
     lengths_text = f"prompts {prompt_dist.describe()}, outputs {output_dist.describe()}"
-    workload = constructed(o.requests, o.rate, prompts, outputs, arrival=o.arrival, burstiness=o.burstiness,
-                           seed=o.seed, lengths_text=lengths_text)
-    rng = np.random.default_rng(np.random.SeedSequence(o.seed).spawn(1)[0])
-    return workload, unit_rate_arrivals(o.requests, o.arrival, o.burstiness, rng)
+    return constructed(o.requests, o.rate, prompts, outputs, arrival=o.arrival, burstiness=o.burstiness,
+                       seed=o.seed, lengths_text=lengths_text)
 
 
 def _gpu(o: Options):
@@ -142,11 +139,11 @@ def build(o: Options) -> Setup:
                                 o.timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
         raise ValueError(f"--cancel-fraction must be between 0 and 1, got {o.cancel_fraction}")
-    workload, unit = _workload(o)
+    workload = _workload(o)
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=o.seed,
                              prefix_caching=o.prefix_caching)
     if workload.has_prefix_ids and o.prefix_caching:
         if 512 % o.block:
             raise ValueError(f"--block {o.block} does not divide Mooncake's 512-token hash blocks; use a power of two")
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
-    return Setup(workload, unit, spec, plan, sim, source.format(attn=attn_eff), tuple(notes))
+    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes))

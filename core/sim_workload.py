@@ -44,6 +44,7 @@ class Workload:
     hash_offsets: np.ndarray | None = None
     prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     notes: tuple[str, ...] = ()
+    unit_arrival_s: np.ndarray | None = None  # constructed: the seeded arrivals at mean rate 1/s
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
@@ -72,12 +73,19 @@ class Workload:
             return None
         return self.hash_ids[self.hash_offsets[i] : self.hash_offsets[i + 1]]
 
-    def at_rate(self, rate_per_s: float, unit_arrival_s: np.ndarray | None = None) -> Workload:
-        """The same requests arriving at mean rate R: unit-rate arrivals / R, or this one's times rescaled."""
-        if not rate_per_s > 0:
-            raise ValueError(f"rate must be positive, got {rate_per_s}")
-        base = unit_arrival_s if unit_arrival_s is not None else self.arrival_s * self.mean_rate_per_s
-        return replace(self, arrival_s=base / rate_per_s)
+    def at_rate(self, rate_per_s: float) -> Workload:
+        """The same requests arriving at mean rate R: a constructed workload's unit-rate arrivals / R, or a
+        trace's own times rescaled so that (N − 1) / span = R."""
+        if not rate_per_s > 0 or not np.isfinite(rate_per_s):
+            raise ValueError(f"rate must be a positive finite number, got {rate_per_s}")
+        if self.unit_arrival_s is not None:
+            base = self.unit_arrival_s
+        elif self.span_s > 0:
+            base = self.arrival_s * self.mean_rate_per_s
+        else:
+            raise ValueError("every request arrives at once: there is no arrival pattern to rescale")
+        return replace(self, arrival_s=base / rate_per_s,
+                       description=f"{self.description}, arrivals rescaled to {rate_per_s:g}/s")
 
 
 def _at_least_one(values: np.ndarray, what: str, notes: list[str]) -> np.ndarray:
@@ -161,6 +169,7 @@ def constructed(
         description=f"constructed: {count:,} requests, {kind_text} arrivals at {rate_per_s:g}/s, seed {seed}"
         + (f", {lengths_text}" if lengths_text else ""),
         notes=tuple(notes),
+        unit_arrival_s=unit,
     )
 
 

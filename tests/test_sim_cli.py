@@ -1,0 +1,129 @@
+"""`kvcalc sim` through the CLI: the JSON contract, labels, files it writes, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+CONTRACT = ("requests", "completed", "rejected", "timed_out", "cancelled", "preemptions", "ttft_s", "tpot_s",
+            "e2e_s", "throughput_rps", "goodput_rps", "memory")
+SMALL = ("--requests", "60", "--rate", "4")
+
+
+def test_json_contract(run_cli):
+    result = run_cli("sim", *SMALL, "--slo", "ttft=1,tpot=50ms", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    for key in CONTRACT:
+        assert key in doc, key
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert set(doc[key]) == {"mean", "p50", "p90", "p99"}
+    assert doc["requests"] == 60
+    assert doc["completed"] + doc["rejected"] + doc["timed_out"] + doc["cancelled"] == 60
+    memory = doc["memory"]
+    parts = ("useful", "tail_fragmentation", "reservation_waste", "external_fragmentation", "cached_free", "free")
+    assert sum(memory[p] for p in parts) == pytest.approx(1.0)
+    assert doc["workload"]["kind"] == "constructed"
+    assert doc["latency_source"].startswith("roofline")
+    assert doc["goodput_rps"] <= doc["throughput_rps"]
+
+
+def test_table_says_where_latencies_and_workload_come_from(run_cli):
+    result = run_cli("sim", *SMALL)
+    assert result.exit_code == 0, result.stderr
+    assert "latencies come from the step-time model" in result.stdout
+    assert "workload is constructed" in result.stdout
+
+
+def test_compare_runs_every_policy_on_one_workload(run_cli):
+    result = run_cli("sim", *SMALL, "--compare", "paged,reserve-max,reserve-pow2,reserve-oracle", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert list(doc["policies"]) == ["paged", "reserve-max", "reserve-pow2", "reserve-oracle"]
+    assert doc["policy"] == "paged" and doc["completed"] == doc["policies"]["paged"]["completed"]
+    useful = {p: s["memory"]["useful_of_occupied"] for p, s in doc["policies"].items()}
+    assert useful["paged"] > useful["reserve-oracle"] > useful["reserve-max"]
+
+
+def test_max_rate_per_policy(run_cli):
+    result = run_cli("sim", "--requests", "40", "--rate", "2", "--compare", "paged,reserve-max",
+                     "--slo", "ttft=0.5", "--max-rate", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    rates = doc["max_rate_rps"]
+    assert set(rates) == {"paged", "reserve-max"}
+    assert rates["paged"] >= rates["reserve-max"] > 0
+    for name, search in doc["max_rate_search"].items():
+        passing = [r for r, share in search["evaluations"] if share >= 0.9]
+        assert rates[name] == max(passing)
+
+
+def test_real_trace_is_labelled_and_time_scaled(run_cli, tmp_path):
+    path = tmp_path / "azure.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{10 + i:02d}.0000000,{100 + 7 * i},{20 + i}" for i in range(30)]
+    path.write_text("\n".join(rows) + "\n")
+    result = run_cli("sim", "--trace", "azure", str(path), "--time-scale", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["workload"]["kind"] == "real"
+    assert doc["workload"]["mean_rate_rps"] == pytest.approx(2.0)  # one request a second, twice as fast
+    assert doc["completed"] == 30
+
+
+def test_mooncake_prefix_hits(run_cli, tmp_path):
+    path = tmp_path / "mooncake.jsonl"
+    lines = [json.dumps({"timestamp": 1000 * i, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3 + i]})
+             for i in range(10)]
+    path.write_text("\n".join(lines) + "\n")
+    result = run_cli("sim", "--trace", "mooncake", str(path), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["completed"] == 10
+
+
+def test_timeline_and_cancellations(run_cli, tmp_path):
+    out = tmp_path / "timeline.csv"
+    result = run_cli("sim", *SMALL, "--cancel-fraction", "0.5", "--timeline", str(out), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["cancelled"] > 0
+    with open(out, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows and rows[0]["policy"] == "paged"
+    assert float(rows[-1]["t_end_s"]) == pytest.approx(result.json()["duration_s"])
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--gpu", "B300"), "unknown GPU"),
+    (("--rate", "-1"), "--rate"),
+    (("--slo", "ttft=fast"), "--slo"),
+    (("--slo", "latency=2"), "--slo"),
+    (("--weights-bytes", "100GB"), "short"),
+    (("--model", "Llama-3-8B", "--gpu", "A100-40GB", "--tp", "0"), "--tp"),
+    (("--policy", "buddy"), "unknown policy"),
+    (("--preempt", "drop"), "--preempt"),
+    (("--cancel-fraction", "1.5"), "--cancel-fraction"),
+    (("--max-rate",), "--slo"),
+    (("--prompt-dist", "lognormal:mean=-3"), "mean"),
+    (("--gpu-memory", "80GiB"), "together"),
+])
+def test_bad_input_is_one_line_exit_2(run_cli, args, needle):
+    result = run_cli("sim", "--requests", "5", *args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
+def test_weights_that_do_not_fit_say_by_how_much(run_cli):
+    result = run_cli("sim", "--weights-bytes", "50GiB", "--gpu", "A100-40GB")
+    # budget 0.9 · 40 GiB = 36.00 GiB; 50 GiB of weights are 14.00 GiB short
+    assert result.exit_code == 2
+    assert "14.00 GiB short" in result.stderr
+
+
+def test_trace_without_requests(run_cli, tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    result = run_cli("sim", "--trace", "azure", str(path))
+    assert result.exit_code == 2 and "no requests" in result.stderr
