@@ -225,3 +225,27 @@ def test_bad_files(run_cli, tmp_path):
         run_cli("frag", "--lengths-file", csv_path, "--column", "tokens"), "no column 'tokens'", "id, prompt, output"
     )
     _assert_bad_input(run_cli("frag", "--trace", "azure", _file(tmp_path, "a.csv", "")), "is empty")
+
+
+def test_huge_lengths_stay_exact(run_cli):
+    big = 2**62  # two of them sum to 2^63, one more than int64 holds
+    doc = run_cli("frag", "--lengths", f"{big},{big},3", "--block", "1", "--block", "1000", "--model", "llama-3-8b",
+                  "--json").json()
+    assert doc["lengths"]["total"] == 2**63 + 3
+    assert doc["fixed"]["max_len"] == 2**62 and doc["fixed"]["allocated"] == 3 * 2**62
+    b1, b1000 = doc["paged"]
+    assert b1["allocated"] == 2**63 + 3 and b1["waste"] == 0
+    assert b1000["blocks"] == 2 * -(-big // 1000) + 1  # ceil(2^62/1000) twice, plus one block for 3 tokens
+    assert b1["useful_kv_bytes"] == (2**63 + 3) * LLAMA3_8B_BYTES_PER_TOKEN
+
+
+def test_terminal_bars_by_hand():
+    from kvcalc.cli.chart import bar, bar_chart
+
+    assert bar(8, 8, 5) == "█████"  # the largest value fills the width
+    assert bar(1, 8, 4) == "▌"  # 1/8 of 4 cells = half a cell
+    assert bar(3, 8, 4) == "█▌"  # 3/8 of 4 cells = 1.5 cells
+    assert bar(1, 10**6, 40) == "▏"  # a non-zero value always shows
+    assert bar(0, 8, 4) == ""
+    chart = bar_chart("t", ["B = 1", "B = 16"], [0, 10], ["0", "10"], width=4)
+    assert chart.splitlines() == ["t", " B = 1 │     0", "B = 16 │████ 10"]
