@@ -249,3 +249,13 @@ def test_terminal_bars_by_hand():
     assert bar(0, 8, 4) == ""
     chart = bar_chart("t", ["B = 1", "B = 16"], [0, 10], ["0", "10"], width=4)
     assert chart.splitlines() == ["t", " B = 1 │     0", "B = 16 │████ 10"]
+
+
+def test_config_json_model(run_cli, tmp_path):
+    config = _file(tmp_path, "config.json", json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_size": 64, "max_position_embeddings": 4096,
+    }))
+    doc = run_cli("frag", "--config", config, "--json").json()
+    assert doc["model"]["bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # layers · K,V · KV heads · (64 / 4) · 2 B
+    assert doc["paged"][0]["useful_kv_bytes"] == 968 * 256
