@@ -144,7 +144,7 @@ class BlockPool:
 
     # ---- check, then allocate -------------------------------------------------------------------
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> bool:
-        hits, _, _ = self._probe(num_tokens, block_keys, extra_key)
+        hits = self._probe(num_tokens, block_keys, extra_key)[0]
         return self._prompt_blocks_from_queue(num_tokens, hits) <= len(self.queue)
 
     def allocate(
@@ -153,7 +153,7 @@ class BlockPool:
         """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        hits, hashes, keys = self._probe(num_tokens, block_keys, extra_key)
+        hits, hashes, keys, found = self._probe(num_tokens, block_keys, extra_key)
         if self._prompt_blocks_from_queue(num_tokens, hits) > len(self.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
@@ -177,7 +177,7 @@ class BlockPool:
         seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
         if len(keys):
             seq.last_hash = int(hashes[-1])
-            self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :])
+            self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], found[len(hits) :])
         seq.hit_tokens = len(hits) * self.block_size
         self.seqs[seq_id] = seq
         self.logical_blocks += total
@@ -368,7 +368,7 @@ class BlockPool:
         return new + int(copy)
 
     def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable):
-        """(hit block ids int64 [h], chain hashes uint64 [k], keys int64 [k]) for a prompt; memoised."""
+        """(hit block ids [h], chain hashes uint64 [k], keys int64 [k], index lookups [k]) for a prompt; memoised."""
         if num_tokens < 0:
             raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
         memo = self._memo
@@ -379,7 +379,7 @@ class BlockPool:
             return memo[4]
         empty = np.empty(0, dtype=np.int64)
         if block_keys is None or not self.enable_prefix_caching:
-            result = (empty, np.empty(0, dtype=np.uint64), empty)
+            result = (empty, np.empty(0, dtype=np.uint64), empty, empty)
         else:
             keys = self._key_array(block_keys)
             if len(keys) > num_tokens // self.block_size:
@@ -390,14 +390,15 @@ class BlockPool:
             extra_id = self._extra_id(extra_key)
             hashes = chain_hashes(root_hash(extra_id), keys)
             max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-            cand, _ = self.index.find(hashes[:max_hit])
+            found, _ = self.index.find(hashes)  # all of them: allocate inserts the misses without a second look
+            cand = found[:max_hit]
             c = np.maximum(cand, 0)
-            parent_ok = np.r_[-1, cand[:-1]] if max_hit else empty
-            parent_ver = np.r_[extra_id, self.version[c[:-1]]] if max_hit else empty
+            parent_ok = np.concatenate(([-1], cand[:-1]))
+            parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
             ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
-            ok &= (self.parent_id[c] == parent_ok) & (self.parent_ver[c] == parent_ver)
+            ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
             num_hit = int(np.argmin(ok)) if not ok.all() else max_hit
-            result = (cand[:num_hit], hashes, keys)
+            result = (cand[:num_hit], hashes, keys, found)
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
 
@@ -435,17 +436,19 @@ class BlockPool:
         self.queue.push_plain(blocks[~keep])
         self.queue.push_cached(blocks[keep])
 
-    def _register(self, seq: _Seq, first: int, hashes: np.ndarray, keys: np.ndarray) -> None:
+    def _register(
+        self, seq: _Seq, first: int, hashes: np.ndarray, keys: np.ndarray, found: np.ndarray | None = None
+    ) -> None:
         """Hash the full blocks table[first : first + len(keys)] of `seq` (written by it, ref 1)."""
         if len(keys) == 0:
             return
         blocks = seq.table[first : first + len(keys)]
         parents = seq.table[max(first - 1, 0) : first + len(keys) - 1]
-        parent_ids = np.r_[-1, parents] if first == 0 else parents
+        parent_ids = np.concatenate(([-1], parents)) if first == 0 else parents
         parent_vers = self.version[np.maximum(parent_ids, 0)]
         if first == 0:
             parent_vers[0] = seq.extra_id
-        inserted = self.index.insert(hashes, blocks)
+        inserted = self.index.insert(hashes, blocks, found)
         b = blocks[inserted]
         self.hashed[b] = True
         self.block_hash[b] = hashes[inserted]

@@ -27,6 +27,7 @@ _P = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2^64
 _P_INV = pow(_P, -1, 2**64)
 _EMPTY = -1
 _TOMBSTONE = -2
+_STRAGGLERS = 8  # probe steps go batch-wide until this few keys are left; those finish one at a time
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -107,18 +108,32 @@ class HashIndex:
         slots_out = np.full(n, -1, dtype=np.int64)
         active = np.arange(n)
         slots = self._slots(hashes)
-        while len(active):
+        while len(active) > _STRAGGLERS:
             vals = self.vals[slots]
             hit = (vals >= 0) & (self.keys[slots] == hashes[active])
             found[active[hit]] = vals[hit]
             slots_out[active[hit]] = slots[hit]
             going = ~hit & (vals != _EMPTY)
             active, slots = active[going], (slots[going] + 1) & self._mask
+        # NOTE: a few keys sit at the end of long probe runs; one numpy round per probe step would cost
+        # the whole batch the longest run, so the stragglers finish one at a time.
+        keys, vals = self.keys, self.vals
+        for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
+            h = hashes[i]
+            while (v := int(vals[slot])) != _EMPTY:
+                if v >= 0 and keys[slot] == h:
+                    found[i], slots_out[i] = v, slot
+                    break
+                slot = (slot + 1) & self._mask
         return found, slots_out
 
-    def insert(self, hashes: np.ndarray, block_ids: np.ndarray) -> np.ndarray:
-        """Insert the pairs whose hash is absent (first of equal hashes wins); returns bool [n] inserted."""
-        present, _ = self.find(hashes)
+    def insert(self, hashes: np.ndarray, block_ids: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
+        """Insert the pairs whose hash is absent (first of equal hashes wins); returns bool [n] inserted.
+
+        `present` (int64 [n], from `find` on the unchanged index) saves looking the hashes up again.
+        """
+        if present is None:
+            present, _ = self.find(hashes)
         _, first = np.unique(hashes, return_index=True)
         todo = np.zeros(len(hashes), dtype=bool)
         todo[first] = True
@@ -126,19 +141,23 @@ class HashIndex:
         inserted = todo.copy()
         active = np.flatnonzero(todo)
         slots = self._slots(hashes[active])
-        while len(active):
+        while len(active) > _STRAGGLERS:
             vals = self.vals[slots]
             free = vals < 0
-            # of several new keys aiming at one free slot in this round, the first takes it
-            cand = np.flatnonzero(free)
-            _, winners = np.unique(slots[cand], return_index=True)
-            win = np.zeros(len(active), dtype=bool)
-            win[cand[winners]] = True
-            self._num_tombstones -= int(np.sum(self.vals[slots[win]] == _TOMBSTONE))
+            # of several new keys aiming at one free slot in this round, the last write wins: mark, read back
+            marks = -3 - np.arange(len(active), dtype=np.int32)
+            self.vals[slots[free]] = marks[free]
+            win = free & (self.vals[slots] == marks)
+            self._num_tombstones -= int(np.sum(vals[win] == _TOMBSTONE))
             self.keys[slots[win]] = hashes[active[win]]
             self.vals[slots[win]] = block_ids[active[win]]
             lose = ~win  # taken before or in this round: probe on
             slots, active = (slots[lose] + 1) & self._mask, active[lose]
+        for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
+            while (v := int(self.vals[slot])) >= 0:
+                slot = (slot + 1) & self._mask
+            self._num_tombstones -= v == _TOMBSTONE
+            self.keys[slot], self.vals[slot] = hashes[i], block_ids[i]
         self.num_live += int(inserted.sum())
         if self.num_live + self._num_tombstones > 0.75 * len(self.vals):
             self._rebuild()

@@ -1,0 +1,180 @@
+"""Prefix-cache replay of a real trace through the block pool.
+
+Requests replay one at a time in arrival (file) order: the prompt is allocated — its longest cached
+prefix of full blocks is revived from the cache instead of recomputed — the output is appended, then the
+request finishes and its blocks go to the LRU cache. Capacity is unlimited (no eviction ever), or a
+number of blocks (then LRU evictions happen and are counted). The same replay without prefix caching
+is the contrast.
+
+Content keys for Mooncake: one hash id covers 512 tokens (equal ids = equal content, prefix-chained), so
+with block size B (B must divide 512) full block j of a request has the key (hash_ids[j // S], j % S),
+S = 512 / B, encoded exactly as the integer hash_id · S + j % S. The last id may cover a partial 512-token
+block; a block that ends past the last id's coverage is an error in the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcalc.core.block_pool import BlockPool
+from kvcalc.core.traces import MOONCAKE_BLOCK_TOKENS, Trace
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One replay of a trace (with or without prefix caching)."""
+
+    prefix_caching: bool
+    block_size: int
+    capacity_blocks: int | None  # None: unlimited
+    pool_blocks: int  # blocks the pool was created with
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    hit_tokens: int
+    hit_blocks: int
+    peak_used_blocks: int  # one request at a time: the largest request's blocks
+    peak_cached_blocks: int  # most free blocks holding a cache entry at once: the cache's footprint
+    evictions: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def prefill_tokens_saved(self) -> int:
+        """Prompt tokens whose KV is reused instead of recomputed."""
+        return self.hit_tokens
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens - self.hit_tokens
+
+
+@dataclass(frozen=True)
+class TraceShareResult:
+    trace_description: str
+    has_prefix_ids: bool
+    cached: ReplayResult
+    uncached: ReplayResult
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    if MOONCAKE_BLOCK_TOKENS % block_size:
+        raise ValueError(
+            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
+            "use a divisor such as 8, 16, 32 or 64"
+        )
+
+
+def request_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, where: str = "") -> np.ndarray:
+    """int64 [prompt_tokens // block_size]: key of every full prompt block (see the module docstring)."""
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    full = prompt_tokens // block_size
+    if full and (full - 1) // per_id >= len(hash_ids):
+        raise ValueError(
+            f"{where}{prompt_tokens} prompt tokens need {-(-prompt_tokens // MOONCAKE_BLOCK_TOKENS)} hash_ids "
+            f"(one per {MOONCAKE_BLOCK_TOKENS} tokens), the request has {len(hash_ids)}"
+        )
+    j = np.arange(full, dtype=np.int64)
+    return hash_ids[j // per_id] * per_id + j % per_id
+
+
+def _check_key_range(trace: Trace, block_size: int) -> None:
+    if trace.hash_ids is None or not len(trace.hash_ids):
+        return
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    limit = (2**63 - 1) // per_id - 1
+    if int(np.abs(trace.hash_ids).max()) > limit:
+        raise ValueError(
+            f"{trace.path}: hash_ids larger than {limit:,} cannot be keyed exactly at block size {block_size}"
+        )
+
+
+def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
+    """int64 [N]: blocks each request holds at the end (prompt + output)."""
+    return -(-(trace.prompt_tokens + trace.output_tokens) // block_size)
+
+
+def unlimited_capacity(trace: Trace, block_size: int) -> int:
+    """Blocks that guarantee no eviction: every distinct cacheable block, plus the largest request.
+
+    A cached block has a distinct key chain, and a full block's chain is fixed by its request's hash-id
+    prefix up to it plus its index inside that id: at most (distinct hash-id prefixes) x 512/B chains.
+    """
+    largest = int(request_blocks(trace, block_size).max())
+    if trace.hash_ids is None:
+        return largest
+    trie: dict[tuple[int, int], int] = {}
+    offsets = trace.hash_offsets.tolist()
+    ids = trace.hash_ids.tolist()
+    for i in range(len(trace)):
+        node = -1
+        for h in ids[offsets[i] : offsets[i + 1]]:
+            node = trie.setdefault((node, h), len(trie))
+    return len(trie) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
+
+
+def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool) -> ReplayResult:
+    """Replay every request of `trace` through one BlockPool; see the module docstring."""
+    if trace.has_prefix_ids:
+        check_block_size(block_size)
+    blocks = request_blocks(trace, block_size)
+    largest = int(blocks.max())
+    if capacity_blocks is not None and capacity_blocks < largest:
+        i = int(blocks.argmax())
+        raise ValueError(
+            f"a capacity of {capacity_blocks:,} blocks is smaller than request {i + 1} of the trace, which needs "
+            f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}"
+        )
+    keyed = prefix_caching and trace.has_prefix_ids
+    if capacity_blocks is not None:
+        pool_blocks = capacity_blocks
+    else:
+        pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
+    if keyed:
+        _check_key_range(trace, block_size)
+    pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
+    prompts = trace.prompt_tokens.tolist()
+    outputs = trace.output_tokens.tolist()
+    peak_used = peak_cached = 0
+    for i in range(len(trace)):
+        keys = None
+        if keyed:
+            where = f"{trace.path} request {i + 1}: "
+            keys = request_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
+        pool.allocate(i, prompts[i], keys)
+        pool.append(i, outputs[i])
+        peak_used = max(peak_used, pool.num_used)
+        pool.release(i)
+        peak_cached = max(peak_cached, pool.num_cached_free_blocks)
+    stats = pool.stats()
+    return ReplayResult(
+        prefix_caching=prefix_caching,
+        block_size=block_size,
+        capacity_blocks=capacity_blocks,
+        pool_blocks=pool_blocks,
+        requests=len(trace),
+        prompt_tokens=int(trace.prompt_tokens.sum()),
+        output_tokens=int(trace.output_tokens.sum()),
+        hit_tokens=stats.hit_tokens,
+        hit_blocks=stats.hit_blocks,
+        peak_used_blocks=peak_used,
+        peak_cached_blocks=peak_cached,
+        evictions=stats.evictions,
+    )
+
+
+def share_trace(trace: Trace, block_size: int, capacity_blocks: int | None = None) -> TraceShareResult:
+    """The replay with prefix caching and, for contrast, without."""
+    if trace.has_prefix_ids:
+        check_block_size(block_size)
+    elif block_size < 1:
+        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True)
+    uncached = replay(trace, block_size, capacity_blocks, prefix_caching=False)
+    return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)
