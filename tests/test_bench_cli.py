@@ -1,0 +1,117 @@
+"""`kvcalc bench` through the CLI: the --device cpu run and its JSON contract, the exit-3 path without a
+GPU, bad input (exit 2, one line), --save, and the message when torch is missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+TIMING_KEYS = {"batch", "context", "block_size", "paged_us", "contiguous_us", "paged_over_contiguous", "bytes",
+               "achieved_tbps", "fraction_of_copy"}
+CORRECTNESS_KEYS = {"dtype", "head_dim", "group_size", "block_size", "max_abs_err", "rel_err",
+                    "paged_vs_contiguous_max_diff", "passed"}
+SMALL = ("--device", "cpu", "--batch", "2", "--context", "40", "--iters", "1", "--warmup", "0")
+
+
+@pytest.fixture(scope="module")
+def cpu_doc():
+    """One full `kvcalc bench --device cpu --json` run (the correctness grid included) for the module."""
+    from typer.testing import CliRunner
+
+    from kvcalc.cli.app import app
+
+    result = CliRunner().invoke(app, ["bench", *SMALL, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_cpu_json_contract(cpu_doc):
+    assert cpu_doc["device"]["type"] == "cpu"
+    assert cpu_doc["device"]["label"] == "reference implementation on CPU"
+    assert cpu_doc["implementation"] == "reference implementation on CPU"
+    assert cpu_doc["copy_tbps"] is None  # a copy ceiling is a CUDA measurement
+    assert {"device", "copy_tbps", "correctness", "timing"} <= cpu_doc.keys()
+    # 2 dtypes x 3 head dims x 3 groups x 3 block sizes
+    assert len(cpu_doc["correctness"]) == 54
+    for row in cpu_doc["correctness"]:
+        assert CORRECTNESS_KEYS <= row.keys()
+        assert row["passed"] and row["rel_err"] < row["tolerance"]
+        assert row["paged_vs_contiguous_max_diff"] == 0.0
+    assert cpu_doc["paged_vs_contiguous"]["bit_identical"] is True
+    (timing,) = cpu_doc["timing"]
+    assert TIMING_KEYS <= timing.keys()
+    assert (timing["batch"], timing["context"], timing["block_size"]) == (2, 40, 16)
+    # 2 x 40 tokens x 8 KV heads x 128 x 2 bytes x (K, V) + q/out 2 x 2 x 32 x 128 x 2 + tables 2 x 3 x 4 + lens 8
+    assert timing["bytes"] == 327680 + 32768 + 24 + 8
+    assert timing["fraction_of_copy"] is None
+    assert cpu_doc["passed"] is True
+
+
+def test_cpu_table_output_is_labelled(run_cli):
+    result = run_cli("bench", *SMALL, "--skip-correctness")
+    assert result.exit_code == 0, result.stderr
+    assert "reference implementation on CPU" in result.stdout
+    assert "paged CPU µs" in result.stdout
+
+
+def test_sweep_block_and_save(run_cli, tmp_path):
+    target = tmp_path / "bench.json"
+    result = run_cli("bench", *SMALL, "--skip-correctness", "--sweep-block", "--json", "--save", str(target))
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert [row["block_size"] for row in doc["block_sweep"]] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert json.loads(target.read_text()) == doc
+
+
+def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the no-GPU path cannot be exercised")
+    result = run_cli("bench", "--device", "cuda")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "CUDA" in result.stderr and "--device cpu" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--device", "tpu"), "--device 'tpu'"),
+    (("--device", "cpu", "--dtype", "fp8"), "--dtype 'fp8'"),
+    (("--device", "cpu", "--head-dim", "96"), "--head-dim 96"),
+    (("--device", "cpu", "--q-heads", "12", "--kv-heads", "8"), "--q-heads 12"),
+    (("--device", "cpu", "--q-heads", "40", "--kv-heads", "2"), "--q-heads 40"),
+    (("--device", "cpu", "--block-size", "12"), "--block-size 12"),
+    (("--device", "cpu", "--block-size", "512"), "--block-size 512"),
+    (("--device", "cpu", "--batch", "0"), "--batch 0"),
+    (("--device", "cpu", "--iters", "0"), "--iters 0"),
+    (("--device", "cpu", "--splits", "0"), "--splits 0"),
+    (("--device", "cpu", "--batch", "two"), "--batch"),
+])
+def test_bad_input_is_one_line_exit_2(run_cli, args, message):
+    result = run_cli("bench", *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
+
+
+def test_without_torch_says_how_to_install(tmp_path):
+    # A stub module that fails to import stands in for a missing torch.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from kvcalc.cli.app import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "bench", "--device", "cpu"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: kvcalc bench needs torch: pip install 'kvcalc[bench]'"
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from kvcalc.cli.app import app; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
