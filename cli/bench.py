@@ -128,11 +128,12 @@ def command(
     device = _pick_device(device)
     shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
     if batch is not None or context is not None:
-        shapes = ((shapes[-1][0] if batch is None else batch, shapes[-1][1] if context is None else context),)
+        default_batch, default_context = shapes[-1]
+        shapes = ((default_batch if batch is None else batch, default_context if context is None else context),)
     config = BenchConfig(
         device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
-        block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters, warmup=warmup,
-        sweep_block=sweep_block, correctness=not skip_correctness, num_splits=splits, seed=seed,
+        block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters,
+        warmup=warmup, sweep_block=sweep_block, correctness=not skip_correctness, num_splits=splits, seed=seed,
     )
     output_format = resolve_format(json_flag, fmt)
     progress, task = _progress_ticker(total_steps(config), enabled=err_console.is_terminal)

@@ -17,8 +17,8 @@ def _skip_reason() -> str | None:
     if not torch.cuda.is_available():
         return f"no CUDA device visible to torch {torch.__version__}"
     if shutil.which("nvcc") is None:
-        from kvcalc.cuda_ext.build import find_nvcc
         from kvcalc.core.errors import CudaUnavailableError
+        from kvcalc.cuda_ext.build import find_nvcc
 
         try:
             find_nvcc()
