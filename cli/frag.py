@@ -19,22 +19,13 @@ from kvcalc.cli.options import (
     SeedOpt,
 )
 from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
-from kvcalc.core import paging
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
-from kvcalc.core.lengths import (
-    LengthDistribution,
-    Lengths,
-    lengths_from_trace,
-    parse_lengths_list,
-    read_lengths_file,
-    sample_lengths,
-    worked_example,
-)
-from kvcalc.core.models import ModelSpec, resolve_model
+from kvcalc.core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
+from kvcalc.core.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
+from kvcalc.core.models import resolve_model
+from kvcalc.core.paging import PerSequence
 from kvcalc.core.units import format_bytes, format_count, format_percent
 
-DEFAULT_BLOCK_SIZES = (16, 32)
-DEFAULT_COUNT = 10_000
 PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
 DEFAULT_DTYPE = "fp16"
 
@@ -75,7 +66,7 @@ def command(
         ),
     ] = None,
     count: Annotated[
-        int | None, typer.Option("--count", help=f"With --dist: sample size (default {DEFAULT_COUNT:,}).")
+        int | None, typer.Option("--count", help=f"With --dist: sample size (default {DEFAULT_SAMPLE_COUNT:,}).")
     ] = None,
     seed: SeedOpt = None,
     block: Annotated[
@@ -114,106 +105,54 @@ def command(
     201, 511 with blocks 16 and 32, M = 512)."""
     if plot is not None:
         check_plot_target(plot)
-    source = _load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed)
-    block_sizes = sorted(set(block or ()) | set(paging.SWEEP_BLOCK_SIZES if sweep else ()))
-    if not block_sizes:
-        block_sizes = list(DEFAULT_BLOCK_SIZES)
-    paging.check_block_sizes(block_sizes)
+    source = load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed)
+    block_sizes = block_sizes_for(block, sweep)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
-    bits = dtype_bits(dtype or DEFAULT_DTYPE)
+    dtype_name = parse_dtype(dtype or DEFAULT_DTYPE)
+    result = analyse(
+        source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
+        spec=spec, dtype_bits=dtype_bits(dtype_name),
+    )
 
-    tokens = source.tokens
-    reservation = max_len if max_len is not None else paging.default_max_len(source.max)
-    fixed = paging.fixed_reservation(tokens, reservation)
-    paged = paging.paged_allocations(tokens, block_sizes, reservation)
-    rows = paging.per_sequence(tokens, block_sizes, reservation) if per_seq or source.count <= PER_SEQ_LIMIT else None
-    fixed_bytes = paged_bytes = None
-    if spec is not None:
-        fixed_bytes = paging.fixed_kv_bytes(tokens, spec, bits, fixed)
-        paged_bytes = [paging.paged_kv_bytes(tokens, spec, bits, p) for p in paged]
-
-    report = Report(doc=_document(source, fixed, paged, rows, spec, dtype, bits, fixed_bytes, paged_bytes))
-    report.text = _header(source)
-    report.tables.append(_token_table(fixed, paged))
-    if spec is not None and fixed_bytes is not None and paged_bytes is not None:
-        report.tables.append(_bytes_table(spec, parse_dtype(dtype or DEFAULT_DTYPE), bits, fixed_bytes, paged_bytes))
-    if rows is not None:
-        report.tables.append(_per_seq_table(rows, block_sizes, reservation))
+    report = Report(doc=_document(source, result, dtype_name), text=_header(source))
+    report.tables.append(_token_table(result))
+    if result.model_bytes is not None:
+        report.tables.append(_bytes_table(result.model_bytes, dtype_name))
+    if result.per_sequence is not None:
+        report.tables.append(_per_seq_table(result.per_sequence, result.fixed.max_len))
     if sweep:
-        report.footer.append(_chart(fixed, paged))
+        report.footer.append(_chart(result))
     report.notes = [
         "utilisation = Σ n / allocated positions (position utilisation, not device utilisation); "
         "block tables hold int32 ids: exact = Σ ceil(n/B) entries, dense = N × ceil(M/B) entries.",
     ]
-    if spec is not None:
+    if result.model_bytes is not None:
         report.notes.append(
-            f"bytes in IEC units (KiB = 2^10 B); {spec.name} has {paging.kv_cache_groups(spec)} KV-cache group(s), "
-            "one block table per group per sequence; sliding-window layers keep only the blocks of the last "
-            "window tokens."
+            f"bytes in IEC units (KiB = 2^10 B); {spec.name} has {result.model_bytes.kv_cache_groups} KV-cache "
+            "group(s), one block table per group per sequence; sliding-window layers keep only the blocks of "
+            "the last window tokens."
         )
     emit(report, resolve_format(json_flag, fmt))
     if plot is not None:
+        fixed = result.fixed
         write_waste_plot(
             plot,
             f"{source.kind} lengths, {format_count(source.count)} sequences — fixed reservation to "
             f"M = {format_count(fixed.max_len)} wastes {format_count(fixed.waste_tokens)} positions "
             f"({format_percent(fixed.waste_fraction)})",
-            [p.block_size for p in paged],
-            [p.waste_tokens for p in paged],
-            [float(p.utilization) for p in paged],
+            result.block_sizes,
+            [p.waste_tokens for p in result.paged],
+            [float(p.utilization) for p in result.paged],
         )
         err_console.print(f"wrote {plot}", highlight=False)
 
 
-def _load_lengths(
-    lengths: str | None,
-    lengths_file: Path | None,
-    column: str | None,
-    trace: tuple[str, Path] | None,
-    phase: str | None,
-    dist: str | None,
-    count: int | None,
-    seed: int | None,
-) -> Lengths:
-    """Exactly one source; options that belong to another source are errors, never ignored."""
-    given = [name for name, value in (("--lengths", lengths), ("--lengths-file", lengths_file),
-                                      ("--trace", trace), ("--dist", dist)) if value is not None]
-    if len(given) > 1:
-        raise ValueError(f"give one source of lengths, not {' and '.join(given)}")
-    for option, value, owner, present in (
-        ("--column", column, "--lengths-file", lengths_file),
-        ("--phase", phase, "--trace", trace),
-        ("--count", count, "--dist", dist),
-        ("--seed", seed, "--dist", dist),
-    ):
-        if value is not None and present is None:
-            raise ValueError(f"{option} applies only to {owner}: add {owner} or drop {option}")
-    if lengths is not None:
-        return parse_lengths_list(lengths)
-    if lengths_file is not None:
-        return read_lengths_file(lengths_file, column)
-    if trace is not None:
-        return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
-    if dist is not None:
-        return sample_lengths(LengthDistribution.parse(dist), DEFAULT_COUNT if count is None else count, seed or 0)
-    return worked_example()
-
-
-def _document(
-    source: Lengths,
-    fixed: paging.FixedReservation,
-    paged: list[paging.PagedAllocation],
-    rows: paging.PerSequence | None,
-    spec: ModelSpec | None,
-    dtype: str | None,
-    bits: int,
-    fixed_bytes: paging.KvBytes | None,
-    paged_bytes: list[paging.KvBytes] | None,
-) -> dict[str, Any]:
+def _document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str, Any]:
+    fixed = result.fixed
     doc: dict[str, Any] = {
         "lengths": {
             "count": source.count,
@@ -242,26 +181,28 @@ def _document(
                 "block_table_bytes_exact": p.block_table_bytes_exact,
                 "block_table_bytes_dense": p.block_table_bytes_dense,
             }
-            for p in paged
+            for p in result.paged
         ],
     }
-    if spec is not None and fixed_bytes is not None and paged_bytes is not None:
+    model = result.model_bytes
+    if model is not None:
+        spec = model.spec
         doc["model"] = {
             "name": spec.name,
             "attention": spec.attention,
-            "dtype": parse_dtype(dtype or DEFAULT_DTYPE),
-            "bits_per_scalar": bits,
-            "bytes_per_token": spec.bytes_per_token(bits),
+            "dtype": dtype_name,
+            "bits_per_scalar": model.dtype_bits,
+            "bytes_per_token": spec.bytes_per_token(model.dtype_bits),
             "sliding_window": spec.sliding_window,
             "num_sliding_layers": spec.num_sliding_layers,
-            "kv_cache_groups": paging.kv_cache_groups(spec),
+            "kv_cache_groups": model.kv_cache_groups,
         }
         doc["fixed"].update(
-            useful_kv_bytes=fixed_bytes.useful_kv_bytes,
-            allocated_kv_bytes=fixed_bytes.allocated_kv_bytes,
-            reservation_waste_bytes=fixed_bytes.waste_kv_bytes,
+            useful_kv_bytes=model.fixed.useful_kv_bytes,
+            allocated_kv_bytes=model.fixed.allocated_kv_bytes,
+            reservation_waste_bytes=model.fixed.waste_kv_bytes,
         )
-        for entry, kv in zip(doc["paged"], paged_bytes, strict=True):
+        for entry, kv in zip(doc["paged"], model.paged, strict=True):
             entry.update(
                 useful_kv_bytes=kv.useful_kv_bytes,
                 allocated_kv_bytes=kv.allocated_kv_bytes,
@@ -269,18 +210,9 @@ def _document(
                 block_table_bytes_exact=kv.block_table_bytes_exact,
                 block_table_bytes_dense=kv.block_table_bytes_dense,
             )
-    if rows is not None:
-        doc["per_seq"] = _per_seq_records(rows)
+    if result.per_sequence is not None:
+        doc["per_seq"] = result.per_sequence.records()
     return doc
-
-
-def _per_seq_records(rows: paging.PerSequence) -> list[dict[str, int]]:
-    columns = {"n": rows.tokens, "reservation_waste": rows.reservation_waste}
-    for b in rows.allocated:
-        columns[f"allocated_b{b}"] = rows.allocated[b]
-        columns[f"waste_b{b}"] = rows.waste[b]
-    lists = {key: values.tolist() for key, values in columns.items()}
-    return [dict(zip(lists, values, strict=True)) for values in zip(*lists.values(), strict=True)]
 
 
 def _header(source: Lengths) -> list[str]:
@@ -291,7 +223,8 @@ def _header(source: Lengths) -> list[str]:
     ]
 
 
-def _token_table(fixed: paging.FixedReservation, paged: list[paging.PagedAllocation]) -> Table:
+def _token_table(result: FragAnalysis) -> Table:
+    fixed = result.fixed
     columns = ["scheme", "blocks", "useful", "allocated", "waste", "utilisation", "block tables (exact)",
                "block tables (dense)"]
     rows: list[list[Any]] = [[
@@ -299,7 +232,7 @@ def _token_table(fixed: paging.FixedReservation, paged: list[paging.PagedAllocat
         format_count(fixed.allocated_tokens), format_count(fixed.waste_tokens), format_percent(fixed.utilization),
         "—", "—",
     ]]
-    for p in paged:
+    for p in result.paged:
         rows.append([
             f"paged, B = {p.block_size}", format_count(p.num_blocks), format_count(p.useful_tokens),
             format_count(p.allocated_tokens), format_count(p.waste_tokens), format_percent(p.utilization),
@@ -308,39 +241,37 @@ def _token_table(fixed: paging.FixedReservation, paged: list[paging.PagedAllocat
     return Table("Fixed reservation vs paging (token positions)", columns, rows)
 
 
-def _bytes_table(
-    spec: ModelSpec, dtype: str, bits: int, fixed: paging.KvBytes, paged: list[paging.KvBytes]
-) -> Table:
+def _bytes_table(model: ModelBytes, dtype_name: str) -> Table:
     columns = ["scheme", "useful KV", "waste (reservation / tail blocks)", "block tables (exact)",
                "block tables (dense)", "KV allocated"]
+    fixed = model.fixed
     rows: list[list[Any]] = [[
         "fixed", format_bytes(fixed.useful_kv_bytes), format_bytes(fixed.waste_kv_bytes), "—", "—",
         format_bytes(fixed.allocated_kv_bytes),
     ]]
-    for kv in paged:
+    for kv in model.paged:
         rows.append([
             f"paged, B = {kv.block_size}", format_bytes(kv.useful_kv_bytes), format_bytes(kv.waste_kv_bytes),
             format_bytes(kv.block_table_bytes_exact), format_bytes(kv.block_table_bytes_dense),
             format_bytes(kv.allocated_kv_bytes),
         ])
-    title = f"KV bytes — {spec.name}, {dtype} ({format_bytes(spec.bytes_per_token(bits))} per token)"
-    return Table(title, columns, rows)
+    per_token = format_bytes(model.spec.bytes_per_token(model.dtype_bits))
+    return Table(f"KV bytes — {model.spec.name}, {dtype_name} ({per_token} per token)", columns, rows)
 
 
-def _per_seq_table(rows: paging.PerSequence, block_sizes: list[int], max_len: int) -> Table:
+def _per_seq_table(rows: PerSequence, max_len: int) -> Table:
     columns = ["#", "n", f"M − n (M = {format_count(max_len)})"]
-    for b in block_sizes:
+    for b in rows.allocated:
         columns += [f"A_{b}(n)", f"W_{b}(n)"]
-    table_rows: list[list[Any]] = []
-    for record_no, record in enumerate(_per_seq_records(rows), start=1):
-        table_rows.append([record_no, *record.values()])
-    return Table("Per sequence (token positions)", columns, table_rows)
+    records = rows.records()
+    return Table("Per sequence (token positions)", columns, [[i, *r.values()] for i, r in enumerate(records, 1)])
 
 
-def _chart(fixed: paging.FixedReservation, paged: list[paging.PagedAllocation]) -> str:
+def _chart(result: FragAnalysis) -> str:
     return bar_chart(
-        f"Tail-block waste vs block size (fixed reservation wastes {format_count(fixed.waste_tokens)} positions)",
-        [f"B = {p.block_size}" for p in paged],
-        [p.waste_tokens for p in paged],
-        [f"{format_count(p.waste_tokens)} ({format_percent(p.waste_fraction)} of allocated)" for p in paged],
+        f"Tail-block waste vs block size (fixed reservation wastes {format_count(result.fixed.waste_tokens)} "
+        "positions)",
+        [f"B = {p.block_size}" for p in result.paged],
+        [p.waste_tokens for p in result.paged],
+        [f"{format_count(p.waste_tokens)} ({format_percent(p.waste_fraction)} of allocated)" for p in result.paged],
     )

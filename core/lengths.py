@@ -24,11 +24,13 @@ from kvcalc.core.paging import exact_sum
 from kvcalc.core.traces import read_trace
 
 __all__ = [
+    "DEFAULT_SAMPLE_COUNT",
     "PHASES",
     "WORKED_EXAMPLE_TOKENS",
     "LengthDistribution",
     "Lengths",
     "lengths_from_trace",
+    "load_lengths",
     "parse_lengths_list",
     "read_lengths_file",
     "sample_lengths",
@@ -243,3 +245,45 @@ def sample_lengths(dist: LengthDistribution, count: int, seed: int) -> Lengths:
     """A constructed, seeded sample; the source line names the distribution and the seed."""
     tokens = dist.sample(count, np.random.default_rng(seed))
     return Lengths(tokens, "constructed", f"{count:,} samples of {dist.describe()}, seed {seed}")
+
+
+DEFAULT_SAMPLE_COUNT = 10_000
+
+
+def load_lengths(
+    lengths: str | None = None,
+    lengths_file: str | Path | None = None,
+    column: str | None = None,
+    trace: tuple[str, str | Path] | None = None,
+    phase: str | None = None,
+    dist: str | None = None,
+    count: int | None = None,
+    seed: int | None = None,
+) -> Lengths:
+    """The one source the options name (`kvcalc frag`'s); none: the worked example.
+
+    Two sources, or an option that belongs to a source not given (e.g. --seed without --dist), is an
+    error rather than something silently ignored.
+    """
+    sources = {"--lengths": lengths, "--lengths-file": lengths_file, "--trace": trace, "--dist": dist}
+    given = [name for name, value in sources.items() if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one source of lengths, not {' and '.join(given)}")
+    for option, value, owner, present in (
+        ("--column", column, "--lengths-file", lengths_file),
+        ("--phase", phase, "--trace", trace),
+        ("--count", count, "--dist", dist),
+        ("--seed", seed, "--dist", dist),
+    ):
+        if value is not None and present is None:
+            raise ValueError(f"{option} applies only to {owner}: add {owner} or drop {option}")
+    if lengths is not None:
+        return parse_lengths_list(lengths)
+    if lengths_file is not None:
+        return read_lengths_file(lengths_file, column)
+    if trace is not None:
+        return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
+    if dist is not None:
+        sample_count = DEFAULT_SAMPLE_COUNT if count is None else count
+        return sample_lengths(LengthDistribution.parse(dist), sample_count, 0 if seed is None else seed)
+    return worked_example()

@@ -176,6 +176,15 @@ class PerSequence:
     allocated: dict[int, np.ndarray]
     waste: dict[int, np.ndarray]
 
+    def records(self) -> list[dict[str, int]]:
+        """One dict per sequence: n, reservation_waste, then allocated_bB and waste_bB for each block size."""
+        columns = {"n": self.tokens, "reservation_waste": self.reservation_waste}
+        for b in self.allocated:
+            columns[f"allocated_b{b}"] = self.allocated[b]
+            columns[f"waste_b{b}"] = self.waste[b]
+        lists = {key: values.tolist() for key, values in columns.items()}
+        return [dict(zip(lists, values, strict=True)) for values in zip(*lists.values(), strict=True)]
+
 
 def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> PerSequence:
     check_lengths(tokens, max_len)

@@ -323,3 +323,18 @@ def test_zipf_exact_mean_and_bounds():
 def test_count_must_be_positive(count):
     with pytest.raises(ValueError, match="--count must be a positive"):
         LengthDistribution.parse("uniform:high=5").sample(count, np.random.default_rng(0))
+
+
+def test_load_lengths_picks_one_source():
+    from kvcalc.core.lengths import load_lengths
+
+    assert load_lengths().tokens.tolist() == [37, 91, 128, 201, 511]
+    assert load_lengths(lengths="5,6").tokens.tolist() == [5, 6]
+    sample = load_lengths(dist="uniform:high=4", count=10, seed=1)
+    assert sample.count == 10 and "seed 1" in sample.source
+    default = load_lengths(dist="uniform:high=4")
+    assert default.count == 10_000 and "seed 0" in default.source
+    with pytest.raises(ValueError, match="give one source of lengths, not --lengths and --dist"):
+        load_lengths(lengths="5", dist="uniform:high=4")
+    with pytest.raises(ValueError, match="--seed applies only to --dist"):
+        load_lengths(lengths="5", seed=3)

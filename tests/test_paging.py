@@ -209,3 +209,20 @@ def test_sliding_blocks_against_position_by_position_reference(lengths, block_si
     blocks = sum(len({p // block_size for p in range(max(n - window, 0), n)}) for n in lengths)
     assert kv.allocated_kv_bytes == blocks * block_size * 8
     assert kv.useful_kv_bytes == sum(min(n, window) for n in lengths) * 8
+
+
+def test_analyse_and_block_sizes():
+    from kvcalc.core.frag import analyse, block_sizes_for
+
+    assert block_sizes_for(None, sweep=False) == [16, 32]
+    assert block_sizes_for([48, 16], sweep=True) == [1, 2, 4, 8, 16, 32, 48, 64, 128, 256]
+    with pytest.raises(ValueError, match="--block 0"):
+        block_sizes_for([0], sweep=False)
+    result = analyse(WORKED, [16, 32], per_sequence=True, spec=get_preset("llama-3-8b"), dtype_bits=16)
+    assert result.fixed.max_len == 512  # next power of two above 511
+    assert [p.allocated_tokens for p in result.paged] == [992, 1024]
+    assert result.per_sequence is not None and result.per_sequence.records()[0] == {
+        "n": 37, "reservation_waste": 475, "allocated_b16": 48, "waste_b16": 11, "allocated_b32": 64, "waste_b32": 27
+    }
+    assert result.model_bytes is not None and result.model_bytes.paged[1].allocated_kv_bytes == 1024 * 131072
+    assert analyse(WORKED, [16]).model_bytes is None and analyse(WORKED, [16]).per_sequence is None
