@@ -1,6 +1,214 @@
-"""`kvcalc share` (being built; see the issue tracker)."""
+"""`kvcalc share`: prefix sharing, forks and copy-on-write through the real block pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt
+from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.core.dtypes import dtype_bits
+from kvcalc.core.models import ModelSpec, resolve_model
+from kvcalc.core.share import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
+from kvcalc.core.share_trace import ReplayResult, TraceShareResult, check_block_size, share_trace
+from kvcalc.core.traces import read_trace
+from kvcalc.core.units import format_bytes, format_count, format_percent, parse_bytes
+
+DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
+DEFAULT_DTYPE = "fp16"
 
 
-def command() -> None:
-    """Not built yet."""
-    raise ValueError("kvcalc share is not built yet")
+def command(
+    prefix: Annotated[int | None, typer.Option("--prefix", help="Prompt tokens shared by all branches.")] = None,
+    branches: Annotated[int | None, typer.Option("--branches", help="Branches K (samples or beams).")] = None,
+    gen: Annotated[int | None, typer.Option("--gen", help="Tokens each branch generates.")] = None,
+    mode: Annotated[
+        str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Beam mode: seed of the beam selection.")] = None,
+    block: Annotated[int, typer.Option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
+    trace: Annotated[
+        tuple[str, Path] | None,
+        typer.Option("--trace", metavar="KIND FILE", help="Replay a real trace: 'mooncake F' (or 'azure F')."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="With --trace: only the first N requests.")] = None,
+    capacity_blocks: Annotated[
+        int | None, typer.Option("--capacity-blocks", help="With --trace: pool size in blocks (default unlimited).")
+    ] = None,
+    memory: Annotated[
+        str | None, typer.Option("--memory", help="With --trace and a model: KV memory for the pool, e.g. 40GiB.")
+    ] = None,
+    model: ModelOpt = None,
+    config: ConfigOpt = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="With a model: KV precision (default fp16).")
+    ] = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Sharing through the real block pool. Scenario mode (default): K branches forked from one P-token
+    prompt each generate G tokens — logical vs physical blocks, copy-on-write copies, blocks and bytes
+    saved, peak blocks. Trace mode (--trace mooncake F): prefix-cache replay in arrival order — hit tokens,
+    token hit rate, peak blocks, LRU evictions, with and without prefix caching."""
+    spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    if spec is None and dtype is not None:
+        raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")
+    bits = dtype_bits(dtype or DEFAULT_DTYPE)
+    block_bytes = spec.kv_bytes(block, bits) if spec is not None and block > 0 else None
+    scenario_given = [o for o, v in (("--prefix", prefix), ("--branches", branches), ("--gen", gen),
+                                      ("--mode", mode), ("--seed", seed)) if v is not None]
+    trace_given = [o for o, v in (("--limit", limit), ("--capacity-blocks", capacity_blocks),
+                                   ("--memory", memory)) if v is not None]
+    fmt = resolve_format(json_flag, fmt)
+    if trace is None:
+        if trace_given:
+            raise ValueError(f"{', '.join(trace_given)} applies only to trace mode: add --trace KIND FILE")
+        scenario = ScenarioSpec(
+            prefix_tokens=DEFAULTS["prefix"] if prefix is None else prefix,
+            branches=DEFAULTS["branches"] if branches is None else branches,
+            gen_tokens=DEFAULTS["gen"] if gen is None else gen,
+            block_size=block,
+            mode=(mode or DEFAULTS["mode"]).strip().lower(),
+            seed=0 if seed is None else seed,
+        )
+        emit(_scenario_report(run_scenario(scenario), spec, dtype, block_bytes), fmt)
+        return
+    if scenario_given:
+        raise ValueError(f"{', '.join(scenario_given)} applies only to scenario mode: drop --trace or drop them")
+    capacity = _capacity(capacity_blocks, memory, spec, block_bytes)
+    if trace[0].strip().lower() == "mooncake":
+        check_block_size(block)  # before reading a large file
+    loaded = read_trace(trace[0], trace[1])
+    if limit is not None:
+        loaded = loaded.head(limit)
+    if not json_flag and fmt is Format.table:
+        err_console.print(f"replaying {loaded.description} at block size {block} …", highlight=False)
+    emit(_trace_report(share_trace(loaded, block, capacity), spec, dtype, block_bytes, memory), fmt)
+
+
+def _capacity(capacity_blocks: int | None, memory: str | None, spec: ModelSpec | None, block_bytes: int | None):
+    if capacity_blocks is not None and memory is not None:
+        raise ValueError("give either --capacity-blocks or --memory, not both")
+    if capacity_blocks is not None:
+        if capacity_blocks < 1:
+            raise ValueError(f"--capacity-blocks must be a positive number of blocks, got {capacity_blocks}")
+        return capacity_blocks
+    if memory is None:
+        return None
+    if spec is None or block_bytes is None:
+        raise ValueError("--memory needs a model to turn bytes into blocks: add --model (or --config)")
+    blocks = parse_bytes(memory) // block_bytes
+    if blocks < 1:
+        raise ValueError(f"--memory {memory} holds no block of {format_bytes(block_bytes)}: give more memory")
+    return blocks
+
+
+def _model_doc(spec: ModelSpec | None, dtype: str | None, block_bytes: int | None) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    return {"model": spec.name, "dtype": dtype or DEFAULT_DTYPE, "block_bytes": block_bytes}
+
+
+def _scenario_report(
+    result: ScenarioResult, spec: ModelSpec | None, dtype: str | None, block_bytes: int | None
+) -> Report:
+    s = result.spec
+    doc: dict[str, Any] = {
+        "mode": s.mode,
+        "prefix_tokens": s.prefix_tokens,
+        "branches": s.branches,
+        "gen_tokens": s.gen_tokens,
+        "block_size": s.block_size,
+        "logical_blocks": result.logical_blocks,
+        "physical_blocks": result.physical_blocks,
+        "cow_copies": result.cow_copies,
+        "saved_blocks": result.saved_blocks,
+        "saved_fraction": result.saved_fraction,
+        "peak_blocks": result.peak_blocks,
+        "forks": result.forks,
+    }
+    if s.mode == "beam":
+        doc["seed"] = s.seed
+        doc["dropped_branches"] = result.dropped_branches
+    doc.update(_model_doc(spec, dtype, block_bytes))
+    rows = [
+        ["logical blocks (= without sharing)", format_count(result.logical_blocks)],
+        ["physical blocks", format_count(result.physical_blocks)],
+        ["copy-on-write copies", format_count(result.cow_copies)],
+        ["blocks saved", f"{format_count(result.saved_blocks)} ({format_percent(result.saved_fraction)})"],
+        ["peak blocks during the run", format_count(result.peak_blocks)],
+    ]
+    if block_bytes is not None:
+        for key, blocks in (("logical_bytes", result.logical_blocks), ("physical_bytes", result.physical_blocks),
+                            ("saved_bytes", result.saved_blocks), ("peak_bytes", result.peak_blocks)):
+            doc[key] = blocks * block_bytes
+            rows.append([key.replace("_", " "), format_bytes(blocks * block_bytes)])
+    title = (f"{s.mode}: {s.branches} branches × ({format_count(s.prefix_tokens)} shared + "
+             f"{format_count(s.gen_tokens)} generated tokens), block {s.block_size}")
+    report = Report(doc=doc, tables=[Table(title, ["quantity", "value"], rows)])
+    if s.mode == "parallel" and s.gen_tokens >= 1:
+        report.notes.append(
+            f"closed form: floor(P/B) + K·ceil((P mod B + G)/B) = "
+            f"{closed_form_physical_blocks(s.prefix_tokens, s.branches, s.gen_tokens, s.block_size)} physical blocks"
+        )
+    if s.mode == "beam":
+        report.notes.append(f"beam selection seeded with {s.seed}; {result.dropped_branches} beams dropped")
+    if spec is not None:
+        per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
+        report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")
+    return report
+
+
+_TRACE_KEYS = ("requests", "prompt_tokens", "output_tokens", "hit_tokens", "token_hit_rate", "hit_blocks",
+               "prefill_tokens_saved", "peak_used_blocks", "peak_cached_blocks", "evictions", "pool_blocks")
+
+
+def _replay_doc(r: ReplayResult) -> dict[str, Any]:
+    return {key: getattr(r, key) for key in _TRACE_KEYS}
+
+
+def _trace_report(
+    result: TraceShareResult, spec: ModelSpec | None, dtype: str | None, block_bytes: int | None, memory: str | None
+) -> Report:
+    on, off = result.cached, result.uncached
+    doc: dict[str, Any] = {
+        "trace": result.trace_description,
+        "has_prefix_ids": result.has_prefix_ids,
+        "block_size": on.block_size,
+        "capacity_blocks": on.capacity_blocks,
+        **_replay_doc(on),
+        "without_prefix_caching": _replay_doc(off),
+    }
+    if memory is not None:
+        doc["memory_bytes"] = parse_bytes(memory)
+    doc.update(_model_doc(spec, dtype, block_bytes))
+    rows = []
+    for label, key, show in (
+        ("requests", "requests", format_count),
+        ("prompt tokens", "prompt_tokens", format_count),
+        ("hit tokens (prefill saved)", "hit_tokens", format_count),
+        ("token hit rate", "token_hit_rate", format_percent),
+        ("hit blocks", "hit_blocks", format_count),
+        ("peak used blocks", "peak_used_blocks", format_count),
+        ("peak cached free blocks", "peak_cached_blocks", format_count),
+        ("LRU evictions", "evictions", format_count),
+    ):
+        rows.append([label, show(getattr(on, key)), show(getattr(off, key))])
+    capacity = "unlimited" if on.capacity_blocks is None else f"{format_count(on.capacity_blocks)} blocks"
+    table = Table(f"prefix-cache replay, block {on.block_size}, capacity {capacity}",
+                  ["quantity", "prefix caching", "no prefix caching"], rows)
+    report = Report(doc=doc, tables=[table], text=[result.trace_description])
+    report.notes.append("requests replay one at a time in arrival order; a finished request's blocks stay "
+                        "cached (LRU) until evicted; a hit never covers a prompt's last token.")
+    if not result.has_prefix_ids:
+        report.notes.append("this trace has no prefix ids (hash_ids): no sharing information, so no hits "
+                            "are possible — use a Mooncake trace for prefix caching.")
+    if block_bytes is not None and spec is not None:
+        report.notes.append(f"{spec.name}, {dtype or DEFAULT_DTYPE}: {format_bytes(block_bytes)} per block; "
+                            f"prefill saved {format_bytes(on.hit_tokens * block_bytes // on.block_size)} of KV writes")
+    return report
