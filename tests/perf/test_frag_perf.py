@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from kvcalc.core import paging
+from kvcalc.core.frag import analyse
 from kvcalc.core.lengths import LengthDistribution, lengths_from_trace
 
 pytestmark = pytest.mark.perf
@@ -36,11 +37,9 @@ def _median_s(fn: Callable[[], object], repeats: int = REPEATS) -> float:
 
 
 def _kvcalc_totals(tokens: np.ndarray) -> tuple[int, list[int]]:
-    """What `frag --sweep` computes: fixed reservation and every block size, exact."""
-    max_len = paging.default_max_len(int(tokens.max()))
-    fixed = paging.fixed_reservation(tokens, max_len)
-    paged = paging.paged_allocations(tokens, paging.SWEEP_BLOCK_SIZES, max_len)
-    return fixed.useful_tokens, [p.num_blocks for p in paged]
+    """What `frag --sweep` computes (core.frag.analyse): fixed reservation and every block size, exact."""
+    result = analyse(tokens, list(paging.SWEEP_BLOCK_SIZES))
+    return result.fixed.useful_tokens, [p.num_blocks for p in result.paged]
 
 
 def _bare_numpy_totals(tokens: np.ndarray) -> tuple[int, list[int]]:
@@ -53,7 +52,7 @@ def test_sweep_over_ten_million_lengths_within_2x_of_bare_numpy():
     assert _kvcalc_totals(tokens) == _bare_numpy_totals(tokens)  # same numbers first
     kvcalc_s, bare_s = [], []
     for _ in range(REPEATS):  # interleaved, so that drifts of a noisy machine hit both alike
-        kvcalc_s.append(_median_s(lambda: _kvcalc_totals(tokens), repeats=1))
+        kvcalc_s.append(_median_s(lambda: _kvcalc_totals(tokens), repeats=1))  # one timing each, alternating
         bare_s.append(_median_s(lambda: _bare_numpy_totals(tokens), repeats=1))
     kvcalc_median, bare_median = statistics.median(kvcalc_s), statistics.median(bare_s)
     ratio = kvcalc_median / bare_median
