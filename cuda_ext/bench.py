@@ -83,8 +83,9 @@ def torch_dtype(name: str) -> Any:
 
 def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
                 device: Any, gen: Any) -> dict[str, Any]:
-    """Random q/K/V (standard normal), physical blocks in a random order, unused table entries -1, and
-    the same K/V in the contiguous layout with max_len = the table capacity."""
+    """Random q/K/V (standard normal) made on `device` with `gen` (a generator on that device), physical
+    blocks in a random order, unused table entries -1, and the same K/V in the contiguous layout with
+    max_len = the table capacity."""
     import torch
 
     from kvcalc.cuda_ext.reference import gather_paged_kv
@@ -93,22 +94,23 @@ def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: 
     blocks = [math.ceil(n / block_size) for n in lens]
     max_blocks = max([*blocks, 1])
     num_blocks = sum(blocks) + 1
-    order = torch.randperm(num_blocks, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen, device=gen.device).cpu()
     tables = torch.full((batch, max_blocks), -1, dtype=torch.int32)
     used = 0
     for i, n in enumerate(blocks):
         tables[i, :n] = order[used:used + n].to(torch.int32)
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
-    v_cache = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
-    q = torch.randn(batch, num_q_heads, head_dim, generator=gen, dtype=torch.float32).to(dtype)
+    k_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
+    v_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
+    q = torch.randn(batch, num_q_heads, head_dim, generator=gen, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     capacity = max_blocks * block_size
-    k = gather_paged_kv(k_cache, tables, seq_lens, capacity)
-    v = gather_paged_kv(v_cache, tables, seq_lens, capacity)
-    on = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables, "seq_lens": seq_lens, "k": k, "v": v}
-    return {name: t.to(device) for name, t in on.items()}
+    return {
+        "q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables.to(device),
+        "seq_lens": seq_lens.to(device), "k": gather_paged_kv(k_cache, tables, seq_lens, capacity),
+        "v": gather_paged_kv(v_cache, tables, seq_lens, capacity),
+    }
 
 
 def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -137,7 +139,7 @@ def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[s
 
     from kvcalc.cuda_ext.reference import decode_attention_reference
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     rows = []
     for dtype in GRID_DTYPES:
         for head_dim in GRID_HEAD_DIMS:
@@ -191,7 +193,7 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
             "max_diff": max_diff,
             "explanation": why if max_diff == 0.0 else f"not bit-identical (max diff {max_diff:.3g}): investigate",
         }
-    gen = torch.Generator().manual_seed(config.seed + 1)
+    gen = torch.Generator(device=device).manual_seed(config.seed + 1)
 
     def measure(batch: int, context: int, block_size: int) -> dict[str, Any]:
         tick(f"timing batch={batch} context={context} block={block_size}")

@@ -54,7 +54,7 @@ def rel_err(out, ref):
 @pytest.mark.parametrize("group", [1, 3, 8, 16])
 @pytest.mark.parametrize("block_size", [1, 8, 16, 256])
 def test_kernel_matches_float64_reference(dtype, head_dim, group, block_size):
-    gen = torch.Generator().manual_seed(head_dim + group + block_size)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + group + block_size)
     lens = [0, 1, 2 * block_size + 3, 700, 1500]
     x = make_inputs(lens, 2 * group, 2, head_dim, block_size, DTYPES[dtype], "cuda", gen)
     paged, contiguous = run_both(x)
@@ -66,7 +66,7 @@ def test_kernel_matches_float64_reference(dtype, head_dim, group, block_size):
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
 def test_forced_split_counts_agree(num_splits):
-    gen = torch.Generator().manual_seed(num_splits)
+    gen = torch.Generator(device="cuda").manual_seed(num_splits)
     x = make_inputs([3000, 17, 0, 4096], 32, 8, 128, 16, torch.bfloat16, "cuda", gen)
     paged, contiguous = run_both(x, num_splits=num_splits)
     ref = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"])
@@ -75,7 +75,7 @@ def test_forced_split_counts_agree(num_splits):
 
 
 def test_shared_blocks_and_custom_scale():
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator(device="cuda").manual_seed(5)
     x = make_inputs([64, 64, 40], 8, 2, 128, 16, torch.float16, "cuda", gen)
     x["block_tables"][1, :2] = x["block_tables"][0, :2]  # a shared two-block prefix
     x["block_tables"][2, :2] = x["block_tables"][0, :2]
@@ -87,7 +87,7 @@ def test_shared_blocks_and_custom_scale():
 
 
 def test_runs_on_the_current_stream():
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(device="cuda").manual_seed(1)
     x = make_inputs([500, 9], 16, 4, 64, 32, torch.bfloat16, "cuda", gen)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -98,7 +98,7 @@ def test_runs_on_the_current_stream():
 
 
 def test_bad_block_id_is_rejected_before_launch():
-    gen = torch.Generator().manual_seed(2)
+    gen = torch.Generator(device="cuda").manual_seed(2)
     x = make_inputs([40], 8, 2, 128, 16, torch.float16, "cuda", gen)
     x["block_tables"][0, 1] = x["k_cache"].shape[0]
     with pytest.raises(ValueError, match="outside"):
