@@ -131,11 +131,14 @@ def command(
         "block tables hold int32 ids: exact = Σ ceil(n/B) entries, dense = N × ceil(M/B) entries.",
     ]
     if result.model_bytes is not None:
-        report.notes.append(
-            f"bytes in IEC units (KiB = 2^10 B); {spec.name} has {result.model_bytes.kv_cache_groups} KV-cache "
-            "group(s), one block table per group per sequence; sliding-window layers keep only the blocks of "
-            "the last window tokens."
-        )
+        model_spec, groups = result.model_bytes.spec, result.model_bytes.kv_cache_groups
+        note = "bytes in IEC units (KiB = 2^10 B); one block table per sequence"
+        if model_spec.sliding_window is not None and model_spec.num_sliding_layers:
+            note += (
+                f" per KV-cache group ({groups}); sliding-window layers keep only the blocks that hold one of the "
+                f"last {format_count(model_spec.sliding_window)} tokens"
+            )
+        report.notes.append(note + ".")
     emit(report, resolve_format(json_flag, fmt))
     if plot is not None:
         fixed = result.fixed
