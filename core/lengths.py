@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from kvcalc.core.distributions import LengthDistribution
-from kvcalc.core.paging import exact_sum
+from kvcalc.core.paging import MAX_LENGTH, exact_sum
 from kvcalc.core.traces import read_trace
 
 __all__ = [
@@ -85,13 +85,18 @@ class Lengths:
 
 
 def _validated(values: np.ndarray, where: list[str] | None, what: str) -> np.ndarray:
-    """Check that every length is >= 1; `where[i]` locates item i in error messages."""
+    """Check that every length is in 1..MAX_LENGTH; `where[i]` locates item i in error messages."""
     if values.size == 0:
         raise ValueError(f"{what} holds no lengths: give at least one positive integer")
+    problem = None
     if int(values.min()) < 1:
-        i = int(np.argmax(values < 1))
+        bad, problem = values < 1, "is not positive; every sequence holds at least 1 token"
+    elif int(values.max()) > MAX_LENGTH:
+        bad, problem = values > MAX_LENGTH, "is too large (lengths must be <= 2^62)"
+    if problem is not None:
+        i = int(np.argmax(bad))
         place = where[i] if where is not None else f"{what}, item {i + 1}"
-        raise ValueError(f"{place}: length {int(values[i])} is not positive; every sequence holds at least 1 token")
+        raise ValueError(f"{place}: length {int(values[i])} {problem}")
     return values
 
 

@@ -51,6 +51,7 @@ def test_parse_list():
         ("37,abc,1", r"--lengths item 2: 'abc' is not an integer"),
         ("37,,1", r"has an empty item"),
         ("1,99999999999999999999", r"item 2: length 99999999999999999999 is too large"),
+        ("1,4611686018427387905", r"item 2: length 4611686018427387905 is too large"),  # 2^62 + 1 fits int64
     ],
 )
 def test_parse_list_bad_items(text, message):
