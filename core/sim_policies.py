@@ -69,6 +69,9 @@ class PagedPolicy:
     def _settle(self, rid: int) -> None:
         """Take the blocks `rid` owes from the pool (one append of every token since the last one)."""
         old, total = int(self.pool_tokens[rid]), int(self.held_tokens[rid])
+        if old == total:
+            self.owing.discard(rid)
+            return
         before = self.pool.num_free_blocks
         keys = self._keys(rid)
         block_keys = None
@@ -102,7 +105,7 @@ class PagedPolicy:
         if keys is None:
             return 0
         self._settle_all()
-        hits, _, _ = self.pool._probe(num_tokens, keys, None)  # NOTE: no public probe yet (see README-sim)
+        hits = self.pool._probe(num_tokens, keys, None)[0]  # NOTE: the pool has no public probe yet
         return len(hits) * self.block_size
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
@@ -125,18 +128,19 @@ class PagedPolicy:
         return True
 
     # ---- growth --------------------------------------------------------------------------------------
-    def grow_many(self, rids: np.ndarray, totals: np.ndarray) -> bool:
-        """Room for `totals[i]` tokens for every request, or (False) no change at all."""
-        blocks = _ceil_div(totals, self.block_size)
-        need = blocks - self.held_blocks[rids]
-        total_need = int(need.sum())
-        if total_need > self.free_blocks:
-            return False
+    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None) -> bool:
+        """Room for `totals[i]` tokens for every request, or (False) no change at all. `new_blocks`, when
+        the caller knows it (a fast-forwarded run), saves recounting."""
+        blocks = -(-totals // self.block_size)
+        if new_blocks is None:
+            new_blocks = int((blocks - self.held_blocks[rids]).sum())
+            if new_blocks > self.free_blocks:
+                return False
         self.held_tokens[rids] = totals
-        if total_need:
+        if new_blocks:
             self.held_blocks[rids] = blocks
-            self.owed_blocks += total_need
-            self.owing.update(rids[need > 0].tolist())
+            self.owed_blocks += new_blocks
+            self.owing.update(rids.tolist())  # settling skips those whose pool count is current
         return True
 
     def grow(self, rid: int, total: int) -> bool:
@@ -191,9 +195,10 @@ class PagedPolicy:
         parts = np.array([used - tail, tail, 0, 0, cached, self.capacity_slots - used - cached], dtype=np.int64)
         return parts, table * BLOCK_TABLE_ENTRY_BYTES
 
-    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray, d: np.ndarray,
-                          head_rid: int | None) -> tuple[np.ndarray, float]:
-        """Σ_j d_j · parts_j [6] and Σ_j d_j · block-table bytes_j over k = len(d) decode steps from `tokens`.
+    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray, d: np.ndarray, head_rid: int | None,
+                          plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
+        """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j, new blocks) over k = len(d) decode steps
+        from `tokens`; `plan_steps` = 0, 1, 2, … (at least k + 1 of them).
 
         Step j (s = j + 1) holds tokens + s per request and has taken need(s) more blocks:
             used = used0 + owed + need(s)      tail = (table0 + need(s))·B − (T0 + n·s)
@@ -201,7 +206,7 @@ class PagedPolicy:
         so each integral is a combination of Σd, Σd·s, Σd·need(s) and Σd·evicted(s).
         """
         B, n, k = self.block_size, len(tokens), len(d)
-        s = np.arange(1, k + 1)
+        s = plan_steps[1 : k + 1]
         need = (s // B) * n + plan[s % B]
         table0 = int(_ceil_div(tokens, B).sum())
         t0 = int(tokens.sum())
@@ -215,7 +220,7 @@ class PagedPolicy:
         useful = ((used0 - table0) * B + t0) * D + n * DS
         cached = cached0 * B * D - B * DE
         parts = np.array([useful, used - useful, 0.0, 0.0, cached, self.capacity_slots * D - used - cached])
-        return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN)
+        return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN), int(need[-1])
 
     def check(self) -> None:
         self.pool.check_invariants()
@@ -267,8 +272,8 @@ class ReservationPolicy:
         self.held[rid] = length
         return True
 
-    def grow_many(self, rids: np.ndarray, totals: np.ndarray) -> bool:
-        assert np.all(totals <= self.held[rids]), "a request outgrew its reservation"
+    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None) -> bool:
+        assert new_blocks is not None or np.all(totals <= self.held[rids]), "a request outgrew its reservation"
         return True
 
     def grow(self, rid: int, total: int) -> bool:
@@ -297,15 +302,15 @@ class ReservationPolicy:
         parts = np.array([useful, 0, used - useful, external, 0, self.alloc.free_slots - external], dtype=np.int64)
         return parts, 0
 
-    def segment_integrals(self, tokens: np.ndarray, plan: None, d: np.ndarray,
-                          head_rid: int | None) -> tuple[np.ndarray, float]:
+    def segment_integrals(self, tokens: np.ndarray, plan: None, d: np.ndarray, head_rid: int | None,
+                          plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
         """Σ_j d_j · parts_j over decode steps: only useful (T0 + n·s) moves; reservations stay put."""
-        D, DS = float(d.sum()), float(d @ np.arange(1, len(d) + 1))
+        D, DS = float(d.sum()), float(d @ plan_steps[1 : len(d) + 1])
         useful = int(tokens.sum()) * D + len(tokens) * DS
         external = self._external(head_rid)
         parts = np.array([useful, 0.0, self.alloc.used_slots * D - useful, external * D, 0.0,
                           (self.alloc.free_slots - external) * D])
-        return parts, 0.0
+        return parts, 0.0, 0
 
     def check(self) -> None:
         self.alloc.check_invariants()

@@ -108,6 +108,9 @@ class Engine:
         self.prompt = workload.prompt_tokens.astype(np.int64)
         self.output = workload.output_tokens.astype(np.int64)
         self.arrival = workload.arrival_s
+        self.arrival_list = workload.arrival_s.tolist()  # scalar look-ups without numpy overhead
+        self.num_requests = n
+        self._steps_index = np.arange(1024, dtype=np.int64)
         cancel_at = np.zeros(n, np.int64) if cancel_at is None else cancel_at
         self.stop_at = np.where(cancel_at > 0, cancel_at, self.output)
         self.computed = np.zeros(n, np.int64)
@@ -124,8 +127,8 @@ class Engine:
         self.next_arrival = 0
         self.next_deadline = np.inf
         self.now = 0.0
-        self.itl_v: list[np.ndarray] = []
-        self.itl_w: list[np.ndarray] = []
+        self.itl_v: list[np.ndarray] = []  # chunks of inter-token latencies
+        self.itl_w: list[int] = []  # how many requests saw each value of the chunk
         self.mem = np.zeros(len(MEMORY_PARTS))
         self.table_byte_s = 0.0
         self.busy_s = self.running_s = self.in_system_s = 0.0
@@ -159,6 +162,8 @@ class Engine:
 
     # ---- 1. arrivals and timeouts --------------------------------------------------------------
     def _ingest(self) -> None:
+        if self.next_arrival >= self.num_requests or self.arrival_list[self.next_arrival] > self.now:
+            return
         end = int(np.searchsorted(self.arrival, self.now, side="right"))
         for rid in range(self.next_arrival, end):
             total = int(self.prompt[rid] + self.output[rid])
@@ -221,9 +226,12 @@ class Engine:
         preempted = False
         run = self.run_arr
         if len(run):
-            rem = self.prompt[run] + self.generated[run] - self.computed[run]
-            before = np.cumsum(rem) - rem
-            new = np.clip(budget - before, 0, rem)
+            if self.steady and len(run) <= budget:  # every running request decodes one token
+                new = np.ones(len(run), np.int64)
+            else:
+                rem = self.prompt[run] + self.generated[run] - self.computed[run]
+                before = np.cumsum(rem) - rem
+                new = np.minimum(np.maximum(budget - before, 0), rem)
             if self.policy.grow_many(run, self.computed[run] + new):
                 keep = new > 0
                 ids, news = run[keep].tolist(), new[keep].tolist()
@@ -315,7 +323,7 @@ class Engine:
             later = sampled[~first]
             if len(later):
                 self.itl_v.append(self.now - self.last_token[later])
-                self.itl_w.append(np.ones(len(later), np.int64))
+                self.itl_w.append(1)
             self.last_token[sampled] = self.now
             self.generated[sampled] += 1
             self._finish(sampled)
@@ -351,28 +359,39 @@ class Engine:
         n = len(run)
         tokens0 = self.computed[run]
         context0 = int(tokens0.sum()) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
-        until = self.arrival[self.next_arrival] if self.next_arrival < len(self.arrival) else np.inf
+        until = self.arrival_list[self.next_arrival] if self.next_arrival < self.num_requests else np.inf
         until = min(until, self.next_deadline)
-        d = self.st.decode_steps_s(n, (context0 + n * np.arange(k, dtype=np.int64)).astype(np.float64))
-        ends = np.cumsum(np.concatenate([[self.now], d]))  # ends[j + 1] = end of step j, as now += d
+        # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`
+        if until < np.inf:
+            first_s = self.st.decode_steps_s(n, float(context0))
+            k = min(k, int((until - self.now) / first_s) + 2)
+        if k + 1 > len(self._steps_index):
+            self._steps_index = np.arange(max(k + 1, 2 * len(self._steps_index)), dtype=np.int64)
+        steps = self._steps_index
+        d = self.st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64))
+        ends = np.empty(k + 1)
+        ends[0] = self.now
+        ends[1:] = d
+        np.cumsum(ends, out=ends)  # ends[j + 1] = end of step j, summed in the order of now += d
         # step j starts at ends[j]; it belongs to this run only if it starts before `until`
-        k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
-        if k < 2:
-            return False
-        d, ends = d[:k], ends[: k + 1]
-        parts, table_bytes = self.policy.segment_integrals(tokens0, plan, d, self._head())
+        if until < np.inf:
+            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+            if k < 2:
+                return False
+            d, ends = d[:k], ends[: k + 1]
+        parts, table_bytes, new_blocks = self.policy.segment_integrals(tokens0, plan, d, self._head(), steps)
         self.mem += parts
         self.table_byte_s += table_bytes
-        span = float(d.sum())
+        span = float(parts.sum()) / self.policy.capacity_slots  # the parts tile the pool: Σ parts = capacity · Σ d
         self.running_s += span * n
         self.in_system_s += span * (n + len(self.waiting))
         if self.timeline is not None:
             self.timeline.append((self.now, float(ends[-1]), n, len(self.waiting), *(parts / span).tolist()))
         self.itl_v.append(ends[1:] - ends[:-1])  # as step by step: now − last token
-        self.itl_w.append(np.full(k, n, np.int64))
+        self.itl_w.append(n)
         self.computed[run] = tokens0 + k
         self.generated[run] += k
-        self.policy.grow_many(run, tokens0 + k)
+        self.policy.grow_many(run, tokens0 + k, new_blocks)
         self.now = float(ends[-1])
         self.last_token[run] = self.now
         self.busy_s += span
@@ -405,7 +424,7 @@ class Engine:
                 self.progress(self.next_arrival / n)
         self.policy.check_whole()
         itl_v = np.concatenate(self.itl_v) if self.itl_v else np.zeros(0)
-        itl_w = np.concatenate(self.itl_w) if self.itl_w else np.zeros(0, np.int64)
+        itl_w = np.repeat(np.array(self.itl_w, np.int64), [len(v) for v in self.itl_v])
         return RunRecord(
             policy=self.policy.name, workload=self.w, capacity_slots=self.policy.capacity_slots,
             arrival_s=self.arrival, first_token_s=self.first_token, finish_s=self.finish, generated=self.generated,
