@@ -222,6 +222,35 @@ class PagedPolicy:
         parts = np.array([useful, used - useful, 0.0, 0.0, cached, self.capacity_slots * D - used - cached])
         return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN), int(need[-1])
 
+    @property
+    def releases_in_segment(self) -> bool:
+        """Runs of steps may go past finishes: only when block identities cannot matter (no prefix cache)."""
+        return self.prompt_keys is None
+
+    def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
+                       head_rid: int | None) -> tuple[int, np.ndarray, float]:
+        """Decode steps in which requests leave as they finish (request i takes part in steps j < remaining[i]).
+
+        Returns (k: the leading steps whose blocks fit, Σ_{j<k} d_j · parts_j [6], Σ_{j<k} d_j · table bytes_j).
+        Without prefix caching every used block belongs to a running request, so step j fits iff the
+        blocks of the requests alive in it, ceil((t_i + j + 1) / B) each, fit in what they hold + free.
+        """
+        B = self.block_size
+        k = len(d)
+        steps = np.arange(k + 1, dtype=np.int64)
+        held = tokens[:, None] + steps[None, 1:]
+        alive = steps[None, :k] < remaining[:, None]
+        blocks = (-(-held // B) * alive).sum(axis=0)
+        useful = (held * alive).sum(axis=0)
+        limit = self.free_blocks + int(self.held_blocks[rids].sum())
+        over = np.flatnonzero(blocks > limit)
+        k = int(over[0]) if len(over) else k
+        d, blocks, useful = d[:k], blocks[:k], useful[:k]
+        used = blocks * B
+        parts = np.array([float(d @ useful), float(d @ (used - useful)), 0.0, 0.0, 0.0,
+                          float(d @ (self.capacity_slots - used))])
+        return k, parts, float(d @ blocks) * BLOCK_TABLE_ENTRY_BYTES
+
     def check(self) -> None:
         self.pool.check_invariants()
 
@@ -311,6 +340,23 @@ class ReservationPolicy:
         parts = np.array([useful, 0.0, self.alloc.used_slots * D - useful, external * D, 0.0,
                           (self.alloc.free_slots - external) * D])
         return parts, 0.0, 0
+
+    releases_in_segment = True
+
+    def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
+                       head_rid: int | None) -> tuple[int, np.ndarray, float]:
+        """As PagedPolicy.finish_segment; regions never grow, so every step fits; a leaving request's region
+        is free from the step after its last."""
+        k = len(d)
+        steps = np.arange(k + 1, dtype=np.int64)
+        alive = steps[None, :k] < remaining[:, None]
+        useful = ((tokens[:, None] + steps[None, 1:]) * alive).sum(axis=0)
+        other = self.alloc.used_slots - int(self.reserved[rids].sum())  # regions of requests not in this run
+        used = other + (self.reserved[rids][:, None] * alive).sum(axis=0)
+        external = self._external(head_rid)
+        parts = np.array([float(d @ useful), 0.0, float(d @ (used - useful)), external * float(d.sum()), 0.0,
+                          float(d @ (self.capacity_slots - used - external))])
+        return k, parts, 0.0
 
     def check(self) -> None:
         self.alloc.check_invariants()

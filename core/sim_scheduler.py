@@ -350,6 +350,8 @@ class Engine:
             return 0, None
         if self.waiting and self._can_admit_head(self.cfg.max_batched_tokens - n):
             return 0, None
+        if not self.waiting and self.policy.releases_in_segment:
+            return -1, None  # a run through finishes (see _segment_through_finishes)
         k = int(np.min(self.stop_at[run] - self.generated[run]))
         k_memory, plan = self.policy.decode_steps_available(self.computed[run])
         return min(k, k_memory), plan
@@ -401,6 +403,69 @@ class Engine:
         self.steady = True
         return True
 
+    def _segment_through_finishes(self) -> bool:
+        """Decode steps with nobody waiting: requests leave as they finish and the batch shrinks, so the
+        run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
+        more than j tokens to go; its time uses n_j and their context sum S_j, summed in step order."""
+        run = self.run_arr
+        tokens0 = self.computed[run]
+        remaining = self.stop_at[run] - self.generated[run]
+        k = int(remaining.max())
+        until = self.arrival_list[self.next_arrival] if self.next_arrival < self.num_requests else np.inf
+        if until < np.inf:  # no decode step is shorter than the weights' read + overhead
+            floor_s = self.st.step_s(1.0, 0.0, 0.0)
+            k = min(k, int((until - self.now) / floor_s) + 2)
+        order = np.argsort(remaining, kind="stable")
+        by_remaining = remaining[order]
+        context_done = np.concatenate([[0], np.cumsum(tokens0[order] + 1)])
+        steps = np.arange(k, dtype=np.int64)
+        gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
+        alive = len(run) - gone
+        context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
+        d = self.st.step_s(alive.astype(np.float64), context.astype(np.float64), (context + alive).astype(np.float64))
+        ends = np.empty(k + 1)
+        ends[0] = self.now
+        ends[1:] = d
+        np.cumsum(ends, out=ends)
+        if until < np.inf:
+            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+        k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], None)
+        if k < 2:
+            return False
+        d, ends, alive = d[:k], ends[: k + 1], alive[:k]
+        self.mem += parts
+        self.table_byte_s += table_bytes
+        self.running_s += float(d @ alive)
+        self.in_system_s += float(d @ alive)
+        span = float(ends[-1] - ends[0])
+        if self.timeline is not None:
+            self.timeline.append((self.now, float(ends[-1]), len(run), 0, *(parts / float(d.sum())).tolist()))
+        self.itl_v.append(np.repeat(ends[1:] - ends[:-1], alive))
+        self.itl_w.append(1)
+        taken = np.minimum(remaining, k)
+        self.computed[run] = tokens0 + taken
+        self.generated[run] += taken
+        self.last_token[run] = ends[taken]
+        finished = order[: int(np.searchsorted(by_remaining, k, side="right"))]  # in finishing order
+        for i in finished.tolist():
+            rid = int(run[i])
+            self.policy.grow_many(run[i : i + 1], self.computed[run[i : i + 1]])
+            self.now = float(ends[taken[i]])
+            cancelled = self.stop_at[rid] < self.output[rid]
+            self._end(rid, CANCELLED if cancelled else COMPLETED, "cancelled" if cancelled else "finished")
+        self.now = float(ends[-1])
+        if len(finished):
+            gone_ids = set(run[finished].tolist())
+            self.running = [r for r in self.running if r not in gone_ids]
+            self._set_running()
+        ok = self.policy.grow_many(self.run_arr, self.computed[self.run_arr])
+        assert ok, "blocks checked to fit did not"
+        self.busy_s += span
+        self.steps += k
+        self.segments += 1
+        self.steady = True
+        return True
+
     # ---- the loop --------------------------------------------------------------------------------------
     def run(self) -> RunRecord:
         n = len(self.arrival)
@@ -417,7 +482,10 @@ class Engine:
                 self.now = idle_until
                 continue
             k, plan = self._segment_length() if self.cfg.fast_forward else (0, None)
-            if k < 2 or not self._segment(k, plan):
+            if k == -1:
+                if not self._segment_through_finishes():
+                    self._step()
+            elif k < 2 or not self._segment(k, plan):
                 self._step()
             ticks += 1
             if self.progress is not None and ticks % 2000 == 0:
