@@ -166,7 +166,10 @@ class BlockPool:
         self.num_used += len(revived)
         self.useful_tokens += self.block_size * len(revived)
         total = self.blocks_needed(num_tokens)
+        evictions = self._stats["evictions"]
         fresh = self._take(total - len(hits))
+        if self._stats["evictions"] != evictions:
+            found = None  # an evicted entry may have been one of ours: look the hashes up again
         self.fill[fresh] = self.block_size
         if len(fresh):
             self.fill[fresh[-1]] = num_tokens - (total - 1) * self.block_size
@@ -177,7 +180,8 @@ class BlockPool:
         seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
         if len(keys):
             seq.last_hash = int(hashes[-1])
-            self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], found[len(hits) :])
+            rest = None if found is None else found[len(hits) :]
+            self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], rest)
         seq.hit_tokens = len(hits) * self.block_size
         self.seqs[seq_id] = seq
         self.logical_blocks += total

@@ -1,0 +1,188 @@
+"""Sharing scenarios vs closed forms; trace replay vs hand-computed hits and an independent reference."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcalc.core.share import ScenarioSpec, closed_form_physical_blocks, run_scenario
+from kvcalc.core.share_trace import replay, request_block_keys, share_trace, unlimited_capacity
+from kvcalc.core.traces import Trace, read_trace
+
+MOONCAKE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- scenario mode ------------------------------------------------------------------------------------
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 120), st.integers(1, 5), st.integers(1, 40), st.integers(1, 16))
+def test_parallel_matches_the_closed_form(prefix: int, branches: int, gen: int, block: int) -> None:
+    result = run_scenario(ScenarioSpec(prefix, branches, gen, block), check=True)
+    full, rest = divmod(prefix, block)
+    assert result.physical_blocks == full + branches * ceil_div(rest + gen, block)
+    assert result.physical_blocks == closed_form_physical_blocks(prefix, branches, gen, block)
+    assert result.logical_blocks == branches * ceil_div(prefix + gen, block)
+    # every branch but the last to write copies the shared partial block; none when P mod B = 0
+    assert result.cow_copies == (branches - 1 if rest else 0)
+    assert result.peak_blocks == result.physical_blocks  # parallel sampling only ever grows
+    assert result.saved_blocks == result.logical_blocks - result.physical_blocks
+
+
+def test_parallel_worked_examples() -> None:
+    # P = 1000, B = 16: 62 full blocks + 8 tokens; G = 200: each branch ceil(208/16) = 13 own blocks
+    r = run_scenario(ScenarioSpec(1000, 4, 200, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (62 + 4 * 13, 4 * 75, 3)
+    assert r.saved_fraction == pytest.approx(186 / 300)
+    # P mod B = 0: P = 64, B = 16 -> 4 shared blocks; G = 20 -> ceil(20/16) = 2 own blocks each, no copy
+    r = run_scenario(ScenarioSpec(64, 3, 20, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (4 + 3 * 2, 3 * 6, 0)
+    # G = 0: nobody writes, everything stays shared: ceil(70/16) = 5 blocks, 3 tables of 5
+    r = run_scenario(ScenarioSpec(70, 3, 0, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (5, 15, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 5), st.integers(1, 25), st.integers(1, 8), st.integers(0, 10**6))
+def test_beam_keeps_k_beams_and_its_invariants(prefix: int, k: int, gen: int, block: int, seed: int) -> None:
+    spec = ScenarioSpec(prefix, k, gen, block, mode="beam", seed=seed)
+    result = run_scenario(spec, check=True)
+    assert result == run_scenario(spec)  # seeded: reproducible
+    assert result.logical_blocks == k * ceil_div(prefix + gen, block)  # K beams of P + G tokens at the end
+    assert ceil_div(prefix + gen, block) <= result.physical_blocks <= result.logical_blocks
+    assert result.physical_blocks <= result.peak_blocks
+    assert result.forks - (k - 1) == result.dropped_branches  # every dropped beam is replaced by a fork
+
+
+def test_beam_with_one_beam_is_parallel_with_one_branch() -> None:
+    assert run_scenario(ScenarioSpec(37, 1, 50, 8, mode="beam")).physical_blocks == ceil_div(87, 8)
+
+
+def test_bad_scenarios() -> None:
+    with pytest.raises(ValueError, match="branches"):
+        ScenarioSpec(10, 0, 5, 16)
+    with pytest.raises(ValueError, match="mode"):
+        ScenarioSpec(10, 2, 5, 16, mode="greedy")
+    with pytest.raises(ValueError, match="gen"):
+        ScenarioSpec(10, 2, -1, 16)
+
+
+# ---- trace mode ---------------------------------------------------------------------------------------
+def make_trace(requests: list[tuple[int, int, list[int]]]) -> Trace:
+    ids = [h for _, _, hs in requests for h in hs]
+    offsets = np.cumsum([0] + [len(hs) for _, _, hs in requests])
+    return Trace(
+        "mooncake", "test", np.zeros(len(requests)), np.array([p for p, _, _ in requests], np.int64),
+        np.array([o for _, o, _ in requests], np.int64), np.array(ids, np.int64), offsets.astype(np.int64),
+    )
+
+
+def reference_hit_tokens(trace: Trace, block_size: int) -> int:
+    """Unlimited cache as a trie of block keys (hash_id, sub-block) in plain dicts: no pool, no hashing."""
+    per_id = 512 // block_size
+    trie: dict[tuple[int, tuple[int, int]], int] = {}  # (parent node, key) -> node
+    cached: set[int] = set()
+    hits = 0
+    for i in range(len(trace)):
+        p = int(trace.prompt_tokens[i])
+        ids = trace.request_hash_ids(i).tolist()
+        node, nodes = -1, []
+        for j in range(p // block_size):
+            node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
+            nodes.append(node)
+        n = 0
+        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in cached:
+            n += 1
+        hits += n * block_size
+        cached.update(nodes)
+    return hits
+
+
+def test_hand_computed_trace() -> None:
+    trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
+    result = replay(trace, 16, None, prefix_caching=True)
+    # 1: 1000 tokens -> 62 full blocks cached (ids 0: blocks 0-31, id 1: blocks 32-61), no hit
+    # 2: same ids 0, 1: blocks 0-61 hit (block 62 = tokens 992-1007 was never full) -> 62 · 16 = 992
+    # 3: id 0 again: blocks 0-31 hit -> 512; block 32 has id 3: miss
+    assert (result.hit_tokens, result.hit_blocks) == (992 + 512, 62 + 32)
+    assert result.token_hit_rate == pytest.approx(1504 / 2700)
+    # largest request: ceil((1100 + 10) / 16) = 70 blocks
+    assert result.peak_used_blocks == 70 and result.evictions == 0
+    # request 2 caches 62 + 6 more full blocks (1100 // 16 = 68), request 3: 37 - 32 = 5 more: 73
+    assert result.peak_cached_blocks == 73
+    assert replay(trace, 16, None, prefix_caching=False).hit_tokens == 0
+
+
+def test_last_token_is_never_a_hit() -> None:
+    trace = make_trace([(512, 1, [7]), (512, 1, [7])])
+    # 512 tokens = 32 full blocks of 16, but the 512th token is recomputed: 31 blocks hit
+    assert replay(trace, 16, None, True).hit_tokens == 31 * 16
+
+
+def test_lru_eviction_with_a_small_capacity() -> None:
+    trace = make_trace([(64, 0, [1]), (64, 0, [2]), (64, 0, [1])])
+    # B = 16: each request 4 blocks (3 hittable: not the last token's). Capacity 8: request 2 fits beside
+    # request 1's 4 cached blocks; request 3 revives 3 of them (48 tokens) and needs 1 fresh block: the
+    # LRU head is request 1's last block (freed tail first) -> 1 eviction. Capacity 4: request 2 evicts
+    # all of request 1's blocks (4 evictions), then request 3 evicts request 2's (4 more), no hit
+    assert (replay(trace, 16, 8, True).hit_tokens, replay(trace, 16, 8, True).evictions) == (48, 1)
+    assert (replay(trace, 16, 4, True).hit_tokens, replay(trace, 16, 4, True).evictions) == (0, 8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 2000), st.integers(0, 40), st.lists(st.integers(0, 6), max_size=4)),
+             min_size=1, max_size=12),
+    st.sampled_from([1, 4, 16, 64, 512]),
+)
+def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> None:
+    # hash_ids: one per 512 tokens; make id lists the right length by padding with fresh ids
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    result = replay(trace, block_size, None, True)
+    assert result.hit_tokens == reference_hit_tokens(trace, block_size)
+    assert result.evictions == 0 and result.pool_blocks == unlimited_capacity(trace, block_size)
+
+
+def test_trace_errors() -> None:
+    trace = make_trace([(1000, 1, [0])])  # 1000 tokens need 2 hash ids
+    with pytest.raises(ValueError, match="need 2 hash_ids"):
+        replay(trace, 16, None, True)
+    with pytest.raises(ValueError, match="does not divide 512"):
+        share_trace(make_trace([(10, 1, [0])]), 24)
+    with pytest.raises(ValueError, match="smaller than request 1"):
+        share_trace(make_trace([(100, 1, [0])]), 16, capacity_blocks=6)  # needs ceil(101/16) = 7
+    assert request_block_keys(np.array([5, 9]), 600, 256).tolist() == [5 * 2 + 0, 5 * 2 + 1]
+
+
+def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n"
+                    "2023-11-16 18:15:47.0,100,5\n")
+    result = share_trace(read_trace("azure", path), 16)
+    assert not result.has_prefix_ids and result.cached.hit_tokens == 0
+    assert result.cached.peak_used_blocks == ceil_div(105, 16)
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"real trace {MOONCAKE} not present")
+def test_real_mooncake_head_matches_the_reference() -> None:
+    trace = read_trace("mooncake", MOONCAKE).head(300)
+    assert replay(trace, 16, None, True).hit_tokens == reference_hit_tokens(trace, 16)
+
+
+def test_mooncake_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
+             {"timestamp": 5, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert share_trace(read_trace("mooncake", path), 16).cached.hit_tokens == 992
