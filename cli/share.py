@@ -12,7 +12,7 @@ from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_
 from kvcalc.core.dtypes import dtype_bits
 from kvcalc.core.models import ModelSpec, resolve_model
 from kvcalc.core.share import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
-from kvcalc.core.share_trace import ReplayResult, TraceShareResult, check_block_size, share_trace
+from kvcalc.core.share_trace import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
 from kvcalc.core.traces import read_trace
 from kvcalc.core.units import format_bytes, format_count, format_percent, parse_bytes
 
@@ -86,6 +86,7 @@ def command(
     loaded = read_trace(trace[0], trace[1])
     if limit is not None:
         loaded = loaded.head(limit)
+    check_trace(loaded, block, capacity)  # every input error before any progress line
     if not json_flag and fmt is Format.table:
         err_console.print(f"replaying {loaded.description} at block size {block} …", highlight=False)
     emit(_trace_report(share_trace(loaded, block, capacity), spec, dtype, block_bytes, memory), fmt)

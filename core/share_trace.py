@@ -119,10 +119,21 @@ def unlimited_capacity(trace: Trace, block_size: int) -> int:
     return len(trie) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
 
 
-def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool) -> ReplayResult:
-    """Replay every request of `trace` through one BlockPool; see the module docstring."""
+def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:
+    """Every user error a replay could meet, found up front (vectorised) so a replay never fails midway."""
     if trace.has_prefix_ids:
         check_block_size(block_size)
+        _check_key_range(trace, block_size)
+        full_blocks = trace.prompt_tokens // block_size
+        ids_needed = -(-(full_blocks * block_size) // MOONCAKE_BLOCK_TOKENS)
+        ids_given = np.diff(trace.hash_offsets)
+        short = np.flatnonzero(ids_given < ids_needed)
+        if len(short):
+            i = int(short[0])
+            request_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
+                               f"{trace.path} request {i + 1}: ")
+    elif block_size < 1:
+        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
     blocks = request_blocks(trace, block_size)
     largest = int(blocks.max())
     if capacity_blocks is not None and capacity_blocks < largest:
@@ -131,13 +142,17 @@ def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_ca
             f"a capacity of {capacity_blocks:,} blocks is smaller than request {i + 1} of the trace, which needs "
             f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}"
         )
+
+
+def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool) -> ReplayResult:
+    """Replay every request of `trace` through one BlockPool; see the module docstring."""
+    check_trace(trace, block_size, capacity_blocks)
+    largest = int(request_blocks(trace, block_size).max())
     keyed = prefix_caching and trace.has_prefix_ids
     if capacity_blocks is not None:
         pool_blocks = capacity_blocks
     else:
         pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
-    if keyed:
-        _check_key_range(trace, block_size)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
@@ -171,10 +186,6 @@ def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_ca
 
 def share_trace(trace: Trace, block_size: int, capacity_blocks: int | None = None) -> TraceShareResult:
     """The replay with prefix caching and, for contrast, without."""
-    if trace.has_prefix_ids:
-        check_block_size(block_size)
-    elif block_size < 1:
-        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
     cached = replay(trace, block_size, capacity_blocks, prefix_caching=True)
     uncached = replay(trace, block_size, capacity_blocks, prefix_caching=False)
     return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)

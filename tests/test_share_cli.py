@@ -1,0 +1,133 @@
+"""`kvcalc share` through the CLI: the JSON contract, closed forms, and every bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SCENARIO_KEYS = {"logical_blocks", "physical_blocks", "cow_copies", "saved_blocks", "saved_fraction", "peak_blocks"}
+TRACE_KEYS = {"requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "hit_blocks", "peak_used_blocks",
+              "evictions"}
+
+
+def write_mooncake(path: Path, records: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+@pytest.fixture
+def mooncake(tmp_path: Path) -> Path:
+    return write_mooncake(tmp_path / "m.jsonl", [
+        {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
+        {"timestamp": 5, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]},
+        {"timestamp": 9, "input_length": 600, "output_length": 10, "hash_ids": [0, 3]},
+    ])
+
+
+def test_default_scenario(run_cli) -> None:
+    result = run_cli("share", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert set(doc) >= SCENARIO_KEYS
+    # P = 1000, K = 4, G = 200, B = 16: 62 + 4 · ceil((8 + 200)/16) = 62 + 52 = 114; logical 4 · 75 = 300
+    assert (doc["physical_blocks"], doc["logical_blocks"], doc["cow_copies"]) == (114, 300, 3)
+    assert doc["saved_blocks"] == 186 and doc["saved_fraction"] == pytest.approx(0.62)
+    table = run_cli("share")
+    assert table.exit_code == 0 and "closed form" in table.stdout and "114" in table.stdout
+
+
+def test_scenario_with_a_model_gives_bytes(run_cli) -> None:
+    doc = run_cli("share", "--prefix", "64", "--branches", "2", "--gen", "16", "--block", "16",
+                  "--model", "llama-3-8b", "--dtype", "fp16", "--json").json()
+    # Llama-3-8B fp16: 2 · 32 layers · 8 heads · 128 · 2 B = 131072 B per token; a 16-token block 2 MiB
+    assert doc["block_bytes"] == 16 * 131072
+    # 4 shared + 2 · 1 own = 6 physical blocks, 2 · 5 = 10 logical
+    assert (doc["physical_blocks"], doc["logical_blocks"]) == (6, 10)
+    assert doc["saved_bytes"] == 4 * 16 * 131072
+
+
+def test_beam_mode_is_seeded(run_cli) -> None:
+    a = run_cli("share", "--mode", "beam", "--branches", "4", "--gen", "40", "--seed", "3", "--json").json()
+    b = run_cli("share", "--mode", "beam", "--branches", "4", "--gen", "40", "--seed", "3", "--json").json()
+    assert a == b and a["mode"] == "beam" and set(a) >= SCENARIO_KEYS
+    assert a["logical_blocks"] == 4 * -(-1040 // 16)
+
+
+def test_trace_mode_contract(run_cli, mooncake: Path) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "16", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert set(doc) >= TRACE_KEYS and set(doc["without_prefix_caching"]) >= TRACE_KEYS
+    # hand-computed in tests/test_share.py: 992 + 512 hit tokens of 2700, 62 + 32 blocks
+    assert (doc["hit_tokens"], doc["hit_blocks"], doc["prompt_tokens"]) == (1504, 94, 2700)
+    assert doc["token_hit_rate"] == pytest.approx(1504 / 2700)
+    assert doc["without_prefix_caching"]["hit_tokens"] == 0 and doc["capacity_blocks"] is None
+    table = run_cli("share", "--trace", "mooncake", str(mooncake))
+    assert table.exit_code == 0 and "55.70 %" in table.stdout
+
+
+def test_trace_capacity_and_memory(run_cli, mooncake: Path) -> None:
+    doc = run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "70", "--json").json()
+    assert doc["capacity_blocks"] == 70 and doc["evictions"] > 0
+    # 140 MiB / 2 MiB per Llama-3-8B fp16 block of 16 tokens = 70 blocks
+    mem = run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "140MiB", "--model", "llama-3-8b",
+                  "--json").json()
+    assert mem["capacity_blocks"] == 70 and mem["evictions"] == doc["evictions"]
+
+
+def test_azure_trace_says_there_is_no_sharing_information(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n")
+    result = run_cli("share", "--trace", "azure", str(path))
+    assert result.exit_code == 0 and "no sharing information" in result.stdout
+    assert run_cli("share", "--trace", "azure", str(path), "--json").json()["has_prefix_ids"] is False
+
+
+def one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (("--branches", "0"), ("--branches", "at least 1")),
+        (("--prefix", "-5"), ("--prefix",)),
+        (("--gen", "-1"), ("--gen",)),
+        (("--block", "0"), ("--block",)),
+        (("--mode", "greedy"), ("greedy",)),
+        (("--dtype", "fp8"), ("--dtype", "model")),
+        (("--capacity-blocks", "5"), ("--capacity-blocks", "--trace")),
+        (("--model", "nope-7b"), ("nope-7b",)),
+    ],
+)
+def test_bad_scenario_input(run_cli, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+    one_line_error(run_cli("share", *args), *fragments)
+
+
+def test_bad_trace_input(run_cli, tmp_path: Path, mooncake: Path) -> None:
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n{oops\n')
+    one_line_error(run_cli("share", "--trace", "mooncake", str(bad_json)), ":2", "JSON")
+    missing = write_mooncake(tmp_path / "missing.jsonl", [{"timestamp": 0, "output_length": 1, "hash_ids": [0]}])
+    one_line_error(run_cli("share", "--trace", "mooncake", str(missing)), "input_length")
+    negative = write_mooncake(tmp_path / "neg.jsonl", [{"timestamp": 0, "input_length": -4, "output_length": 1,
+                                                        "hash_ids": [0]}])
+    one_line_error(run_cli("share", "--trace", "mooncake", str(negative)), "negative")
+    too_few = write_mooncake(tmp_path / "few.jsonl", [{"timestamp": 0, "input_length": 1000, "output_length": 1,
+                                                       "hash_ids": [0]}])
+    one_line_error(run_cli("share", "--trace", "mooncake", str(too_few)), "hash_ids")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "24"), "24", "divide 512")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "10"),
+                   "smaller than request 2", "70")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "1GiB"), "--model")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "1GiB",
+                           "--capacity-blocks", "100", "--model", "llama-3-8b"), "not both")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--branches", "2"), "--branches")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(tmp_path / "absent.jsonl")), "no such file")
+    one_line_error(run_cli("share", "--trace", "parquet", str(mooncake)), "parquet")
