@@ -295,8 +295,10 @@ def _report(setup, policies, summaries, searches, slo_spec, target) -> Report:
         ["token states of occupied", *(format_percent(summaries[p]["memory"]["useful_of_occupied"]) for p in policies)]
     )
     memory_rows.append(
-        ["block tables (beside the pool)", *(format_percent(summaries[p]["memory"]["block_tables"]) for p in policies)]
+        ["block tables, mean bytes (beside the pool)",
+         *(format_bytes(int(summaries[p]["block_table_bytes_mean"])) for p in policies)]
     )
+
     tables = [
         Table("Latency and throughput (step-time model)", columns, rows),
         Table("KV pool over time (time-averaged share of the pool)", columns, memory_rows),

@@ -146,6 +146,7 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> dict:
         "goodput_rps": float(np.sum(met)) / duration if not slo.is_empty else None,
         "slo_attainment": attainment(record, slo) if not slo.is_empty else None,
         "memory": memory,
+        "block_table_bytes_mean": record.block_table_byte_s / duration,
         "peak_running": record.peak_running,
         "mean_running": record.running_s / duration,
         "generated_tokens": int(record.generated.sum()),

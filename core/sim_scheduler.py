@@ -447,9 +447,10 @@ class Engine:
         self.generated[run] += taken
         self.last_token[run] = ends[taken]
         finished = order[: int(np.searchsorted(by_remaining, k, side="right"))]  # in finishing order
+        if len(finished):  # their last blocks; released in finishing order, each fits (see finish_segment)
+            self.policy.grow_many(run[finished], self.computed[run[finished]], check=False)
         for i in finished.tolist():
             rid = int(run[i])
-            self.policy.grow_many(run[i : i + 1], self.computed[run[i : i + 1]])
             self.now = float(ends[taken[i]])
             cancelled = self.stop_at[rid] < self.output[rid]
             self._end(rid, CANCELLED if cancelled else COMPLETED, "cancelled" if cancelled else "finished")
