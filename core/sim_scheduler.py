@@ -226,16 +226,22 @@ class Engine:
         preempted = False
         run = self.run_arr
         if len(run):
-            if self.steady and len(run) <= budget:  # every running request decodes one token
-                new = np.ones(len(run), np.int64)
+            steady = self.steady and len(run) <= budget  # every running request decodes one token
+            if steady:
+                totals = self.computed[run] + 1
             else:
                 rem = self.prompt[run] + self.generated[run] - self.computed[run]
                 before = np.cumsum(rem) - rem
                 new = np.minimum(np.maximum(budget - before, 0), rem)
-            if self.policy.grow_many(run, self.computed[run] + new):
-                keep = new > 0
-                ids, news = run[keep].tolist(), new[keep].tolist()
-                budget -= int(new.sum())
+                totals = self.computed[run] + new
+            if self.policy.grow_many(run, totals):
+                if steady:
+                    ids, news = run.tolist(), [1] * len(run)
+                    budget -= len(run)
+                else:
+                    keep = new > 0
+                    ids, news = run[keep].tolist(), new[keep].tolist()
+                    budget -= int(new.sum())
             else:
                 budget, swap_bytes, preempted = self._schedule_running_one_by_one(budget, ids, news)
         if not preempted:
