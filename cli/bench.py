@@ -63,14 +63,14 @@ def _report(doc: dict[str, Any]) -> Report:
         columns = ["batch", "context", "block", f"paged {unit}", f"contiguous {unit}", "paged/contig", "bytes",
                    "TB/s", "of copy"]
         if not cpu:
-            columns.append("SDPA µs")
+            columns += ["SDPA µs", "flex paged µs"]
         out = []
         for r in rows:
             line = [r["batch"], r["context"], r["block_size"], f"{r['paged_us']:.1f}", f"{r['contiguous_us']:.1f}",
                     f"{r['paged_over_contiguous']:.3f}", format_bytes(r["bytes"]), f"{r['achieved_tbps']:.3g}",
                     "-" if r["fraction_of_copy"] is None else f"{100 * r['fraction_of_copy']:.1f} %"]
             if not cpu:
-                line.append("-" if r.get("sdpa_us") is None else f"{r['sdpa_us']:.1f}")
+                line += ["-" if r.get(key) is None else f"{r[key]:.1f}" for key in ("sdpa_us", "flex_paged_us")]
             out.append(line)
         return Table(title, columns, out)
 
@@ -108,6 +108,7 @@ def command(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 3,
     splits: Annotated[IntOpt, typer.Option("--splits", help="Force the split-KV count (default: heuristic).")] = None,
     sweep_block: Annotated[bool, typer.Option("--sweep-block", help="Also sweep block sizes 1..256.")] = False,
+    no_flex: Annotated[bool, typer.Option("--no-flex", help="Do not time FlexAttention (saves its compile).")] = False,
     skip_correctness: Annotated[bool, typer.Option("--skip-correctness", help="Skip the correctness grid.")] = False,
     save: Annotated[Path | None, typer.Option("--save", help="Also write the JSON document to this file.")] = None,
     seed: SeedOpt = 0,
@@ -133,7 +134,8 @@ def command(
     config = BenchConfig(
         device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
         block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters,
-        warmup=warmup, sweep_block=sweep_block, correctness=not skip_correctness, num_splits=splits, seed=seed,
+        warmup=warmup, sweep_block=sweep_block, correctness=not skip_correctness, flex=not no_flex, num_splits=splits,
+        seed=seed,
     )
     output_format = resolve_format(json_flag, fmt)
     progress, task = _progress_ticker(total_steps(config), enabled=err_console.is_terminal)

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvcalc.core.errors import CudaUnavailableError
 from kvcalc.cuda_ext.bench import CPU_LABEL, Backend, BenchConfig, run_bench
+from kvcalc.cuda_ext.flex_paged import flex_paged_op
 
 CUDA_LABEL = "CUDA extension (kvcalc.cuda_ext, paged and contiguous decode kernels)"
 
@@ -143,5 +144,5 @@ def run_suite(
     copy_tbps = timer.copy_tbps(iters=config.iters, warmup=config.warmup)
     return run_bench(
         config, CudaBackend(), device=device, device_info=cuda_device_info(device), copy_tbps=copy_tbps, tick=tick,
-        time_op=time_op, extra_timers={"sdpa_us": sdpa_op},
+        time_op=time_op, extra_timers={"sdpa_us": sdpa_op, **({"flex_paged_us": flex_paged_op} if config.flex else {})},
     )

@@ -48,6 +48,7 @@ class BenchConfig:
     warmup: int = 5
     sweep_block: bool = False
     correctness: bool = True
+    flex: bool = True  # time FlexAttention's paged attention where torch has it (compiles on first use)
     num_splits: int | None = None
     seed: int = 0
 
@@ -195,7 +196,7 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         }
     gen = torch.Generator(device=device).manual_seed(config.seed + 1)
 
-    def measure(batch: int, context: int, block_size: int) -> dict[str, Any]:
+    def measure(batch: int, context: int, block_size: int, with_extras: bool) -> dict[str, Any]:
         tick(f"timing batch={batch} context={context} block={block_size}")
         lens = [context] * batch
         x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
@@ -212,16 +213,20 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
             "contiguous_us": contiguous_us, "paged_over_contiguous": paged_us / contiguous_us, "bytes": moved,
             "achieved_tbps": tbps, "fraction_of_copy": tbps / copy_tbps if copy_tbps else None,
         }
-        for name, make in (extra_timers or {}).items():
-            op = make(x)
-            row[name] = time_op(op, None) if op is not None else None
+        for name, make in (extra_timers or {}).items() if with_extras else ():
+            try:  # an optional comparator (SDPA, FlexAttention) must not sink the run: record why it failed
+                op = make(x)
+                row[name] = time_op(op, None) if op is not None else None
+            except Exception as exc:
+                row[name] = None
+                row[name.removesuffix("_us") + "_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return row
 
     for batch, context in config.shapes:
-        doc["timing"].append(measure(batch, context, config.block_size))
+        doc["timing"].append(measure(batch, context, config.block_size, with_extras=True))
     if config.sweep_block:
         batch, context = SWEEP_SHAPE[config.device]
-        doc["block_sweep"] = [measure(batch, context, bs) for bs in SWEEP_BLOCK_SIZES]
+        doc["block_sweep"] = [measure(batch, context, bs, with_extras=False) for bs in SWEEP_BLOCK_SIZES]
     doc["passed"] = all(row["passed"] for row in doc["correctness"])
     return doc
 

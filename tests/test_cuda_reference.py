@@ -4,6 +4,7 @@ input validation, the split heuristic and the byte count, all on the CPU."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 
@@ -193,3 +194,21 @@ def test_bytes_moved_by_hand():
     # K+V 2*20*2*64*2 = 10240; q+out 2*2*4*64*2 = 2048; tables (2 + 1) blocks * 4 = 12; seq_lens 2*4 = 8
     assert bytes_moved([17, 3], 4, 2, 64, 16) == 10240 + 2048 + 12 + 8
     assert math.isclose(bytes_moved([4096] * 64, 32, 8, 128, 16) / 2**30, 1.0, rel_tol=1e-2)
+
+
+def test_flex_paged_comparator_matches_reference_on_cpu():
+    # The FlexAttention comparator of `kvcalc bench` (eager on the CPU): same answer as the reference.
+    from kvcalc.cuda_ext.flex_paged import flex_paged_op
+
+    gen = torch.Generator().manual_seed(0)
+    x = make_inputs([40, 17, 64], 8, 2, 64, 16, torch.float32, "cpu", gen)
+    op = flex_paged_op(x, compile=False)
+    if op is None:
+        pytest.skip(f"torch {torch.__version__} has no FlexAttention paged attention")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eager flex warns that it is unfused
+        out = op().squeeze(2)
+    ref = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    small = make_inputs([5], 8, 2, 64, 8, torch.float32, "cpu", gen)
+    assert flex_paged_op(small, compile=False) is None  # pages below 16 tokens are not supported by flex
