@@ -230,22 +230,21 @@ class PagedPolicy:
         return self.prompt_keys is None
 
     def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
-                       head_rid: int | None) -> tuple[int, np.ndarray, float]:
-        """Decode steps in which requests leave as they finish (request i takes part in steps j < remaining[i]).
+                       useful: np.ndarray) -> tuple[int, np.ndarray, float]:
+        """Decode steps in which requests leave as they finish (request i takes part in steps j < remaining[i];
+        `useful[j]` = Σ over those of t_i + j + 1, the tokens held in step j).
 
         Returns (k: the leading steps whose blocks fit, Σ_{j<k} d_j · parts_j [6], Σ_{j<k} d_j · table bytes_j).
         Without prefix caching every used block belongs to a running request, so step j fits iff the
-        blocks of the requests alive in it, ceil((t_i + j + 1) / B) each, fit in what they hold + free.
+        blocks of the requests alive in it, ceil((t_i + j + 1) / B) each, fit in the pool.
         """
+        assert self.prompt_keys is None, "runs through finishes need a pool without prefix caching"
         B = self.block_size
         k = len(d)
         steps = np.arange(k + 1, dtype=np.int64)
-        held = tokens[:, None] + steps[None, 1:]
         alive = steps[None, :k] < remaining[:, None]
-        blocks = (-(-held // B) * alive).sum(axis=0)
-        useful = (held * alive).sum(axis=0)
-        limit = self.free_blocks + int(self.held_blocks[rids].sum())
-        over = np.flatnonzero(blocks > limit)
+        blocks = (((tokens[:, None] + (steps[None, 1:] + B - 1)) // B) * alive).sum(axis=0)
+        over = np.flatnonzero(blocks > self.pool.num_blocks)
         k = int(over[0]) if len(over) else k
         d, blocks, useful = d[:k], blocks[:k], useful[:k]
         used = blocks * B
@@ -347,18 +346,15 @@ class ReservationPolicy:
     releases_in_segment = True
 
     def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
-                       head_rid: int | None) -> tuple[int, np.ndarray, float]:
+                       useful: np.ndarray) -> tuple[int, np.ndarray, float]:
         """As PagedPolicy.finish_segment; regions never grow, so every step fits; a leaving request's region
-        is free from the step after its last."""
+        is free from the step after its last. Nobody waits in such a run: no external fragmentation."""
         k = len(d)
-        steps = np.arange(k + 1, dtype=np.int64)
-        alive = steps[None, :k] < remaining[:, None]
-        useful = ((tokens[:, None] + steps[None, 1:]) * alive).sum(axis=0)
+        alive = np.arange(k, dtype=np.int64)[None, :] < remaining[:, None]
         other = self.alloc.used_slots - int(self.reserved[rids].sum())  # regions of requests not in this run
-        used = other + (self.reserved[rids][:, None] * alive).sum(axis=0)
-        external = self._external(head_rid)
-        parts = np.array([float(d @ useful), 0.0, float(d @ (used - useful)), external * float(d.sum()), 0.0,
-                          float(d @ (self.capacity_slots - used - external))])
+        used = other + self.reserved[rids] @ alive
+        parts = np.array([float(d @ useful), 0.0, float(d @ (used - useful)), 0.0, 0.0,
+                          float(d @ (self.capacity_slots - used))])
         return k, parts, 0.0
 
     def check(self) -> None:

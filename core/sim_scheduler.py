@@ -362,6 +362,12 @@ class Engine:
         k_memory, plan = self.policy.decode_steps_available(self.computed[run])
         return min(k, k_memory), plan
 
+    def _steps_upto(self, k: int) -> np.ndarray:
+        """0, 1, 2, … (at least k of them), kept between runs."""
+        if k > len(self._steps_index):
+            self._steps_index = np.arange(max(k, 2 * len(self._steps_index)), dtype=np.int64)
+        return self._steps_index
+
     def _segment(self, k: int, plan: np.ndarray | None) -> bool:
         run = self.run_arr
         n = len(run)
@@ -373,9 +379,7 @@ class Engine:
         if until < np.inf:
             first_s = self.st.decode_steps_s(n, float(context0))
             k = min(k, int((until - self.now) / first_s) + 2)
-        if k + 1 > len(self._steps_index):
-            self._steps_index = np.arange(max(k + 1, 2 * len(self._steps_index)), dtype=np.int64)
-        steps = self._steps_index
+        steps = self._steps_upto(k + 1)
         d = self.st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64))
         ends = np.empty(k + 1)
         ends[0] = self.now
@@ -423,19 +427,21 @@ class Engine:
             k = min(k, int((until - self.now) / floor_s) + 2)
         order = np.argsort(remaining, kind="stable")
         by_remaining = remaining[order]
-        context_done = np.concatenate([[0], np.cumsum(tokens0[order] + 1)])
-        steps = np.arange(k, dtype=np.int64)
+        context_done = np.zeros(len(run) + 1, np.int64)
+        np.cumsum(tokens0[order] + 1, out=context_done[1:])
+        steps = self._steps_upto(k)[:k]
         gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
         alive = len(run) - gone
         context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
-        d = self.st.step_s(alive.astype(np.float64), context.astype(np.float64), (context + alive).astype(np.float64))
+        alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
+        d = self.st.step_s(alive_f, context_f, context_f + alive_f)  # ints < 2^53: exact, as one by one
         ends = np.empty(k + 1)
         ends[0] = self.now
         ends[1:] = d
         np.cumsum(ends, out=ends)
         if until < np.inf:
             k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
-        k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], None)
+        k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], context[:k])
         if k < 2:
             return False
         d, ends, alive = d[:k], ends[: k + 1], alive[:k]
