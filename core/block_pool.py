@@ -101,15 +101,15 @@ class BlockPool:
         n = self.num_blocks
         self.state = np.zeros(n, dtype=np.int8)
         self.ref = np.zeros(n, dtype=np.int32)
-        self.version = np.zeros(n, dtype=np.int64)
+        self.version = np.zeros(n, dtype=np.int64)  # int64: a long simulation hands blocks out many times
         self.fill = np.zeros(n, dtype=np.int32)
         self.hashed = np.zeros(n, dtype=bool)
-        self.block_hash = np.zeros(n, dtype=np.uint64)
+        self.block_hash = np.zeros(max(n, 2), dtype=np.uint64)  # >= 2: the index reads [-1], [-2] harmlessly
         self.key = np.zeros(n, dtype=np.int64)
-        self.parent_id = np.full(n, -1, dtype=np.int64)  # -1: the root (block 0 of a chain)
+        self.parent_id = np.full(n, -1, dtype=np.int32)  # -1: the root (block 0 of a chain)
         self.parent_ver = np.zeros(n, dtype=np.int64)  # parent's version, or the extra-key id at the root
         self.queue = FreeBlockQueue(n, self.state)
-        self.index = HashIndex(n if enable_prefix_caching else 1)
+        self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash)
         self.seqs: dict[Hashable, _Seq] = {}
         self._pending: list[np.ndarray] = []
         self._in_step = False
@@ -158,29 +158,30 @@ class BlockPool:
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
         extra_id = self._extra_id(extra_key)
-        revived = hits[self.state[hits] != USED]
-        cached = revived[self.state[revived] == FREE_CACHED]
-        self.queue.revive(cached)
-        self.state[revived] = USED
-        self.ref[hits] += 1
-        self.num_used += len(revived)
-        self.useful_tokens += self.block_size * len(revived)
+        if len(hits):
+            revived = hits[self.state[hits] != USED]
+            cached = revived[self.state[revived] == FREE_CACHED]
+            self.queue.revive(cached)
+            self.state[revived] = USED
+            self.ref[hits] += 1
+            self.num_used += len(revived)
+            self.useful_tokens += self.block_size * len(revived)
         total = self.blocks_needed(num_tokens)
         evictions = self._stats["evictions"]
         fresh = self._take(total - len(hits))
         if self._stats["evictions"] != evictions:
-            found = None  # an evicted entry may have been one of ours: look the hashes up again
+            found = None  # an evicted entry may have been one of ours, or sat on a probe run: look again
         self.fill[fresh] = self.block_size
         if len(fresh):
             self.fill[fresh[-1]] = num_tokens - (total - 1) * self.block_size
-        self.useful_tokens += int(self.fill[fresh].sum())
+        self.useful_tokens += num_tokens - len(hits) * self.block_size  # fresh blocks hold every other token
         table = np.empty(max(total, 4) * 2, dtype=np.int64)
         table[: len(hits)] = hits
         table[len(hits) : total] = fresh
         seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
         if len(keys):
             seq.last_hash = int(hashes[-1])
-            rest = None if found is None else found[len(hits) :]
+            rest = None if found is None else (found[0][len(hits) :], found[1][len(hits) :])
             self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], rest)
         seq.hit_tokens = len(hits) * self.block_size
         self.seqs[seq_id] = seq
@@ -273,9 +274,10 @@ class BlockPool:
             raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
         self._epoch += 1
         table = seq.table[: seq.num_blocks]
-        self.ref[table] -= 1
-        assert np.all(self.ref[table] >= 0), "a reference count went below zero"
-        dropped = table[self.ref[table] == 0][::-1]  # tail first: the tail is the least shareable
+        refs = self.ref[table] - 1
+        self.ref[table] = refs
+        assert not len(refs) or refs.min() >= 0, "a reference count went below zero"
+        dropped = table[refs == 0][::-1]  # tail first: the tail is the least shareable
         self._drop(dropped)
         self.logical_blocks -= seq.num_blocks
         self.logical_tokens -= seq.num_tokens
@@ -361,6 +363,8 @@ class BlockPool:
         return bool(self.ref[block_id] > 1)
 
     def _prompt_blocks_from_queue(self, num_tokens: int, hits: np.ndarray) -> int:
+        if not len(hits):
+            return self.blocks_needed(num_tokens)
         return self.blocks_needed(num_tokens) - len(hits) + int(np.sum(self.state[hits] == FREE_CACHED))
 
     def _append_blocks_from_queue(self, seq: _Seq, num_tokens: int) -> int:
@@ -372,7 +376,7 @@ class BlockPool:
         return new + int(copy)
 
     def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable):
-        """(hit block ids [h], chain hashes uint64 [k], keys int64 [k], index lookups [k]) for a prompt; memoised."""
+        """(hit block ids [h], chain hashes uint64 [k], keys int64 [k], index `find` of the hashes); memoised."""
         if num_tokens < 0:
             raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
         memo = self._memo
@@ -383,7 +387,7 @@ class BlockPool:
             return memo[4]
         empty = np.empty(0, dtype=np.int64)
         if block_keys is None or not self.enable_prefix_caching:
-            result = (empty, np.empty(0, dtype=np.uint64), empty, empty)
+            result = (empty, np.empty(0, dtype=np.uint64), empty, None)
         else:
             keys = self._key_array(block_keys)
             if len(keys) > num_tokens // self.block_size:
@@ -394,7 +398,7 @@ class BlockPool:
             extra_id = self._extra_id(extra_key)
             hashes = chain_hashes(root_hash(extra_id), keys)
             max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-            found, _ = self.index.find(hashes)  # all of them: allocate inserts the misses without a second look
+            found, slots = self.index.find(hashes)  # all of them: allocate inserts the misses without a second look
             cand = found[:max_hit]
             c = np.maximum(cand, 0)
             parent_ok = np.concatenate(([-1], cand[:-1]))
@@ -402,7 +406,7 @@ class BlockPool:
             ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
             ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
             num_hit = int(np.argmin(ok)) if not ok.all() else max_hit
-            result = (cand[:num_hit], hashes, keys, found)
+            result = (cand[:num_hit], hashes, keys, (found, slots))
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
 
@@ -417,7 +421,7 @@ class BlockPool:
             self.index.delete_slots(slots)
             self.hashed[evicted] = False
             self._stats["evictions"] += len(evicted)
-        blocks = np.concatenate([plain, evicted]).astype(np.int64)
+        blocks = np.concatenate([plain, evicted]) if len(evicted) else plain
         self.version[blocks] += 1
         self.ref[blocks] = 1
         self.num_used += n
@@ -436,12 +440,22 @@ class BlockPool:
 
     def _free(self, blocks: np.ndarray) -> None:
         keep = self.hashed[blocks]
-        self.fill[blocks[~keep]] = 0
-        self.queue.push_plain(blocks[~keep])
-        self.queue.push_cached(blocks[keep])
+        if keep.all():
+            self.queue.push_cached(blocks)
+            return
+        plain = blocks[~keep] if keep.any() else blocks
+        self.fill[plain] = 0
+        self.queue.push_plain(plain)
+        if len(plain) < len(blocks):
+            self.queue.push_cached(blocks[keep])
 
     def _register(
-        self, seq: _Seq, first: int, hashes: np.ndarray, keys: np.ndarray, found: np.ndarray | None = None
+        self,
+        seq: _Seq,
+        first: int,
+        hashes: np.ndarray,
+        keys: np.ndarray,
+        found: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """Hash the full blocks table[first : first + len(keys)] of `seq` (written by it, ref 1)."""
         if len(keys) == 0:
@@ -452,10 +466,10 @@ class BlockPool:
         parent_vers = self.version[np.maximum(parent_ids, 0)]
         if first == 0:
             parent_vers[0] = seq.extra_id
-        inserted = self.index.insert(hashes, blocks, found)
+        self.block_hash[blocks] = hashes  # the index reads hashes from here; meaningful only where hashed
+        inserted = self.index.insert(hashes, blocks, *(found or (None, None)))
         b = blocks[inserted]
         self.hashed[b] = True
-        self.block_hash[b] = hashes[inserted]
         self.key[b] = keys[inserted]
         self.parent_id[b] = parent_ids[inserted]
         self.parent_ver[b] = parent_vers[inserted]

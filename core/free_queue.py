@@ -32,11 +32,14 @@ FREE_CACHED = 2  # free, holds a hashed full block, revivable
 PENDING = 3  # ref == 0 but a running step may still read it (deferred free); not reusable yet
 
 
+_NO_BLOCKS = np.empty(0, dtype=np.int32)
+
+
 class FreeBlockQueue:
     """Plain stack + lazily deleted LRU array over block ids 0..num_blocks-1.
 
     state   int8  [num_blocks]  shared with the pool (USED / FREE_PLAIN / FREE_CACHED / PENDING)
-    stamp   int64 [num_blocks]  position of a FREE_CACHED block's live entry in `_lru`
+    stamp   int32 [num_blocks]  position of a FREE_CACHED block's live entry in `_lru`
     """
 
     def __init__(self, num_blocks: int, state: np.ndarray) -> None:
@@ -47,7 +50,7 @@ class FreeBlockQueue:
         self._lru = np.empty(2 * num_blocks + 2, dtype=np.int32)
         self._head = 0  # first position that may hold a live entry
         self._tail = 0  # next position to write
-        self.stamp = np.full(num_blocks, -1, dtype=np.int64)
+        self.stamp = np.full(num_blocks, -1, dtype=np.int32)
         self.num_cached = 0
 
     @property
@@ -70,7 +73,7 @@ class FreeBlockQueue:
         if self._tail + n > len(self._lru):
             self._compact()
         self._lru[self._tail : self._tail + n] = block_ids
-        self.stamp[block_ids] = np.arange(self._tail, self._tail + n)
+        self.stamp[block_ids] = np.arange(self._tail, self._tail + n, dtype=np.int32)
         self._tail += n
         self.num_cached += n
         self._state[block_ids] = FREE_CACHED
@@ -92,7 +95,7 @@ class FreeBlockQueue:
         plain = self._plain[self._plain_top - take_plain : self._plain_top][::-1].copy()
         self._plain_top -= take_plain
         need = n - take_plain
-        evicted = np.empty(0, dtype=np.int32)
+        evicted = _NO_BLOCKS
         if need:
             parts = []
             while need:
@@ -112,7 +115,8 @@ class FreeBlockQueue:
             self.stamp[evicted] = -1
             self.num_cached -= len(evicted)
         self._state[plain] = USED
-        self._state[evicted] = USED
+        if len(evicted):
+            self._state[evicted] = USED
         return plain, evicted
 
     # ---- inspection -----------------------------------------------------------------------------

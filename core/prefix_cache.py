@@ -21,13 +21,15 @@ per-token and no per-block Python loop.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _P = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2^64
 _P_INV = pow(_P, -1, 2**64)
 _EMPTY = -1
 _TOMBSTONE = -2
-_STRAGGLERS = 8  # probe steps go batch-wide until this few keys are left; those finish one at a time
+_STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -38,6 +40,7 @@ def mix64(values: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+@functools.lru_cache(maxsize=1024)
 def root_hash(extra_key_id: int) -> int:
     """h(-1) for a sequence with this (interned) extra key."""
     return int(mix64(np.array([extra_key_id], dtype=np.int64))[0])
@@ -84,16 +87,22 @@ def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
 class HashIndex:
     """Open-addressing (linear probing) map uint64 hash -> block id, vectorised over many hashes.
 
+    The table stores only block ids (int32); a slot's hash is read from the pool's per-block hash array
+    `hash_of` (uint64 [num_blocks]), which the pool fills before inserting. Why: one random memory
+    access per probe instead of two (a block's hash sits next to its chain neighbours', which were
+    allocated together), and 4 bytes a slot instead of 12 — the whole-trace Mooncake replay holds
+    millions of cached blocks.
+
     At most one block per hash: a block whose hash is already taken stays unhashed (see BlockPool).
     Deletions leave tombstones; the table is rebuilt when live entries + tombstones pass 3/4 of it.
     Capacity is a power of two >= 2 x the most entries it can hold (the pool's block count).
     """
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, hash_of: np.ndarray) -> None:
         bits = max(4, int(2 * max_entries - 1).bit_length())
         self._shift = np.uint64(64 - bits)
         self._mask = (1 << bits) - 1
-        self.keys = np.zeros(1 << bits, dtype=np.uint64)
+        self.hash_of = hash_of
         self.vals = np.full(1 << bits, _EMPTY, dtype=np.int32)
         self.num_live = 0
         self._num_tombstones = 0
@@ -101,63 +110,102 @@ class HashIndex:
     def _slots(self, hashes: np.ndarray) -> np.ndarray:
         return (hashes >> self._shift).astype(np.int64)
 
+    def _holds(self, vals: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """bool [n]: the slot holds a live entry for this hash."""
+        # negative vals (empty, tombstone) index from the end: a harmless read, masked out by vals >= 0
+        return (self.hash_of[vals] == hashes) & (vals >= 0)
+
     def find(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(block ids or -1, slot or -1) for each hash in uint64 [n]."""
+        """(block ids or -1, slot) for each hash in uint64 [n].
+
+        The slot is where the hash lives, or — for an absent hash — the first free slot (empty or
+        tombstone) of its probe run: where `insert` would put it, handed over to save a second probe.
+        """
         n = len(hashes)
         found = np.full(n, -1, dtype=np.int64)
-        slots_out = np.full(n, -1, dtype=np.int64)
+        slot_of = np.full(n, -1, dtype=np.int64)
         active = np.arange(n)
         slots = self._slots(hashes)
         while len(active) > _STRAGGLERS:
             vals = self.vals[slots]
-            hit = (vals >= 0) & (self.keys[slots] == hashes[active])
+            hit = self._holds(vals, hashes[active])
             found[active[hit]] = vals[hit]
-            slots_out[active[hit]] = slots[hit]
+            first_free = (vals < 0) & (slot_of[active] < 0)
+            slot_of[active[hit | first_free]] = slots[hit | first_free]
             going = ~hit & (vals != _EMPTY)
             active, slots = active[going], (slots[going] + 1) & self._mask
         # NOTE: a few keys sit at the end of long probe runs; one numpy round per probe step would cost
         # the whole batch the longest run, so the stragglers finish one at a time.
-        keys, vals = self.keys, self.vals
+        hash_of, table = self.hash_of, self.vals
         for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
             h = hashes[i]
-            while (v := int(vals[slot])) != _EMPTY:
-                if v >= 0 and keys[slot] == h:
-                    found[i], slots_out[i] = v, slot
+            while (v := int(table[slot])) != _EMPTY:
+                if v >= 0 and hash_of[v] == h:
+                    found[i], slot_of[i] = v, slot
                     break
+                if v < 0 and slot_of[i] < 0:
+                    slot_of[i] = slot
                 slot = (slot + 1) & self._mask
-        return found, slots_out
+            else:
+                if slot_of[i] < 0:
+                    slot_of[i] = slot
+        return found, slot_of
 
-    def insert(self, hashes: np.ndarray, block_ids: np.ndarray, present: np.ndarray | None = None) -> np.ndarray:
-        """Insert the pairs whose hash is absent (first of equal hashes wins); returns bool [n] inserted.
+    def insert(
+        self,
+        hashes: np.ndarray,
+        block_ids: np.ndarray,
+        present: np.ndarray | None = None,
+        free_slots: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Insert the pairs whose hash is absent (one of equal hashes wins); returns bool [n] inserted.
 
-        `present` (int64 [n], from `find` on the unchanged index) saves looking the hashes up again.
+        `hash_of[block_ids]` must already equal `hashes`. `present, free_slots` — the two arrays of
+        `find` on the index as it still is (deletions since are fine) — save probing again.
         """
-        if present is None:
-            present, _ = self.find(hashes)
-        _, first = np.unique(hashes, return_index=True)
-        todo = np.zeros(len(hashes), dtype=bool)
-        todo[first] = True
-        todo &= present < 0
-        inserted = todo.copy()
-        active = np.flatnonzero(todo)
+        if present is None or free_slots is None:
+            present, free_slots = self.find(hashes)
+        inserted = present < 0
+        table = self.vals
+        # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
+        # batch claims the same slot first (then it probes below, like any other)
+        cand = np.flatnonzero(inserted)
+        _, first = np.unique(free_slots[cand], return_index=True)
+        direct = cand[first]
+        direct_slots = free_slots[direct]
+        self._num_tombstones -= int(np.sum(table[direct_slots] == _TOMBSTONE))
+        table[direct_slots] = block_ids[direct]
+        rest = np.ones(len(cand), dtype=bool)
+        rest[first] = False
+        active = cand[rest]
         slots = self._slots(hashes[active])
         while len(active) > _STRAGGLERS:
-            vals = self.vals[slots]
+            mine = hashes[active]
+            vals = table[slots]
             free = vals < 0
-            # of several new keys aiming at one free slot in this round, the last write wins: mark, read back
-            marks = -3 - np.arange(len(active), dtype=np.int32)
-            self.vals[slots[free]] = marks[free]
-            win = free & (self.vals[slots] == marks)
+            # of several new keys aiming at one free slot in this round, the first takes it
+            cand = np.flatnonzero(free)
+            _, first = np.unique(slots[cand], return_index=True)
+            win = np.zeros(len(active), dtype=bool)
+            win[cand[first]] = True
             self._num_tombstones -= int(np.sum(vals[win] == _TOMBSTONE))
-            self.keys[slots[win]] = hashes[active[win]]
-            self.vals[slots[win]] = block_ids[active[win]]
-            lose = ~win  # taken before or in this round: probe on
-            slots, active = (slots[lose] + 1) & self._mask, active[lose]
+            table[slots[win]] = block_ids[active[win]]
+            rest = np.flatnonzero(~win)
+            # a slot holding our own hash (an equal hash of this batch got there first): a duplicate
+            dup = self._holds(table[slots[rest]], mine[rest])
+            inserted[active[rest[dup]]] = False
+            going = rest[~dup]
+            slots, active = (slots[going] + 1) & self._mask, active[going]
+        hash_of = self.hash_of
         for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
-            while (v := int(self.vals[slot])) >= 0:
+            h = hashes[i]
+            while (v := int(table[slot])) >= 0 and hash_of[v] != h:
                 slot = (slot + 1) & self._mask
+            if v >= 0:
+                inserted[i] = False
+                continue
             self._num_tombstones -= v == _TOMBSTONE
-            self.keys[slot], self.vals[slot] = hashes[i], block_ids[i]
+            table[slot] = block_ids[i]
         self.num_live += int(inserted.sum())
         if self.num_live + self._num_tombstones > 0.75 * len(self.vals):
             self._rebuild()
@@ -169,12 +217,12 @@ class HashIndex:
         self._num_tombstones += len(slots)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        live = self.vals >= 0
-        return self.keys[live], self.vals[live].astype(np.int64)
+        """(hashes uint64 [live], block ids int64 [live])."""
+        vals = self.vals[self.vals >= 0].astype(np.int64)
+        return self.hash_of[vals], vals
 
     def _rebuild(self) -> None:
         keys, vals = self.items()
-        self.keys[:] = 0
         self.vals[:] = _EMPTY
         self.num_live = self._num_tombstones = 0
         self.insert(keys, vals)

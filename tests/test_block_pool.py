@@ -208,22 +208,37 @@ def test_vectorised_chain_hash_equals_the_recurrence(parent: int, keys: list[int
     assert got == chain_hashes_reference(parent, keys)
 
 
+def spread(k: int) -> int:
+    return k * 0x9E3779B97F4A7C15 % 2**64  # spread small keys over the table's slots
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["put", "del"]), st.integers(0, 40)), max_size=200))
-def test_hash_index_matches_a_dict(ops: list[tuple[str, int]]) -> None:
-    index, ref = HashIndex(24), {}
-    for op, k in ops:
-        h = np.array([k * 0x9E3779B97F4A7C15 % 2**64], dtype=np.uint64)  # spread keys over the table
-        if op == "put" and len(ref) < 24:
-            inserted = index.insert(h, np.array([k]))
-            assert bool(inserted[0]) == (k not in ref)
-            ref.setdefault(k, k)
-        elif op == "del" and k in ref:
-            found, slots = index.find(h)
-            index.delete_slots(slots)
-            del ref[k]
-        found, _ = index.find(h)
-        assert int(found[0]) == ref.get(k, -1)
+@given(st.lists(st.tuples(st.sampled_from(["put", "del"]), st.lists(st.integers(0, 40), min_size=1, max_size=12)),
+                max_size=60))
+def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
+    """Batches of inserts (with duplicates inside a batch) and deletes, against a dict."""
+    hash_of = np.zeros(1000, dtype=np.uint64)
+    index, ref = HashIndex(24, hash_of), {}
+    next_block = 0
+    for op, ks in ops:
+        if op == "put" and len(ref) + len(ks) <= 24:
+            blocks = np.arange(next_block, next_block + len(ks))
+            next_block += len(ks)
+            hashes = np.array([spread(k) for k in ks], dtype=np.uint64)
+            hash_of[blocks] = hashes
+            inserted = index.insert(hashes, blocks)
+            for k, b, ok in zip(ks, blocks.tolist(), inserted.tolist(), strict=True):
+                assert ok == (k not in ref)  # absent before, and the only one of its equal hashes to win
+                if ok:
+                    ref[k] = b
+        elif op == "del":
+            for k in set(ks) & set(ref):
+                found, slots = index.find(np.array([spread(k)], dtype=np.uint64))
+                assert int(found[0]) == ref.pop(k)
+                index.delete_slots(slots)
+        everything = list(range(41))
+        found, _ = index.find(np.array([spread(k) for k in everything], dtype=np.uint64))
+        assert found.tolist() == [ref.get(k, -1) for k in everything]
     assert sorted(index.items()[1].tolist()) == sorted(ref.values())
 
 
