@@ -43,7 +43,7 @@ def flex_paged_op(x: dict[str, Any], *, compile: bool = True, scale: float | Non
     physical = paged.convert_logical_block_mask(logical, kv_len=lens)
     k = k_cache.view(1, num_blocks * block_size, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.view(1, num_blocks * block_size, num_kv_heads, head_dim).transpose(1, 2)
-    run = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
+    run = torch.compile(flex_attention) if compile else flex_attention
     q4 = q.unsqueeze(2)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     return lambda: run(q4, k, v, block_mask=physical, scale=scale, enable_gqa=True)

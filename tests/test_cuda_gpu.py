@@ -107,7 +107,7 @@ def test_bad_block_id_is_rejected_before_launch():
 
 def test_bench_cuda_smoke(run_cli):
     result = run_cli("bench", "--device", "cuda", "--batch", "4", "--context", "1024", "--iters", "5",
-                     "--skip-correctness", "--json")
+                     "--skip-correctness", "--no-flex", "--json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert doc["copy_tbps"] > 0 and doc["timing"][0]["paged_us"] > 0

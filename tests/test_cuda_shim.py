@@ -33,17 +33,28 @@ MAGIC = 0x6B766331
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-@pytest.fixture(scope="module")
-def shim_binary(tmp_path_factory) -> Path:
+def build_shim(directory: Path, threads: int) -> Path:
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("g++ is not installed: the CPU shim of the CUDA kernel cannot be built")
-    binary = tmp_path_factory.mktemp("shim") / "shim_main"
-    cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", f"-I{SHIM_DIR}", f"-I{CSRC_DIR}",
-           str(SHIM_DIR / "shim_main.cpp"), "-o", str(binary)]
+    binary = directory / f"shim_main_{threads}"
+    cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror", f"-DSHIM_THREADS={threads}",
+           f"-I{SHIM_DIR}", f"-I{CSRC_DIR}", str(SHIM_DIR / "shim_main.cpp"), "-o", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return binary
+
+
+@pytest.fixture(scope="module")
+def shim_binary(tmp_path_factory) -> Path:
+    """64 threads per CTA: small enough to run many cases quickly."""
+    return build_shim(tmp_path_factory.mktemp("shim"), 64)
+
+
+@pytest.fixture(scope="module")
+def shim_binary_gpu_config(tmp_path_factory) -> Path:
+    """128 threads per CTA, exactly what decode_attention.cu launches."""
+    return build_shim(tmp_path_factory.mktemp("shim128"), 128)
 
 
 def run_shim(binary: Path, tmp_path: Path, q, k, v, seq_lens, block_tables=None, num_splits=1, scale=None):
@@ -173,3 +184,17 @@ def test_shim_more_splits_than_tiles(shim_binary, tmp_path):
     assert not torch.isnan(out).any()
     assert relative_error(out, ref) < TOLERANCE[torch.float16]
     assert torch.count_nonzero(out[1]) == 0
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "group", "block_size", "lengths", "splits"), [
+    (torch.bfloat16, 128, 4, 16, [0, 77, 300], 3),   # the benchmark's 32/8 heads shape, split
+    (torch.float16, 256, 16, 8, [45, 1], 1),         # 4 heads per row (16 heads over 4 rows)
+    (torch.float16, 64, 2, 1, [270], 2),             # table window restaged inside a split
+])
+def test_shim_with_the_gpu_thread_count(shim_binary_gpu_config, tmp_path, dtype, head_dim, group, block_size,
+                                        lengths, splits):
+    q, k, v, tables, lens = make_paged_case(dtype, head_dim, group, block_size, lengths, seed=5)
+    out = run_shim(shim_binary_gpu_config, tmp_path, q, k, v, lens, tables, num_splits=splits)
+    ref = paged_decode_attention_reference(q, k, v, tables, lens)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, ref) < TOLERANCE[dtype]
