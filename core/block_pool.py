@@ -365,7 +365,7 @@ class BlockPool:
     def _prompt_blocks_from_queue(self, num_tokens: int, hits: np.ndarray) -> int:
         if not len(hits):
             return self.blocks_needed(num_tokens)
-        return self.blocks_needed(num_tokens) - len(hits) + int(np.sum(self.state[hits] == FREE_CACHED))
+        return self.blocks_needed(num_tokens) - len(hits) + np.count_nonzero(self.state[hits] == FREE_CACHED)
 
     def _append_blocks_from_queue(self, seq: _Seq, num_tokens: int) -> int:
         if num_tokens <= 0:
@@ -405,7 +405,7 @@ class BlockPool:
             parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
             ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
             ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
-            num_hit = int(np.argmin(ok)) if not ok.all() else max_hit
+            num_hit = int(np.argmin(ok)) if np.count_nonzero(ok) < max_hit else max_hit
             result = (cand[:num_hit], hashes, keys, (found, slots))
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
@@ -440,10 +440,11 @@ class BlockPool:
 
     def _free(self, blocks: np.ndarray) -> None:
         keep = self.hashed[blocks]
-        if keep.all():
+        num_keep = np.count_nonzero(keep)
+        if num_keep == len(blocks):
             self.queue.push_cached(blocks)
             return
-        plain = blocks[~keep] if keep.any() else blocks
+        plain = blocks[~keep] if num_keep else blocks
         self.fill[plain] = 0
         self.queue.push_plain(plain)
         if len(plain) < len(blocks):

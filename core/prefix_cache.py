@@ -29,6 +29,7 @@ _P = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2^64
 _P_INV = pow(_P, -1, 2**64)
 _EMPTY = -1
 _TOMBSTONE = -2
+_MINUS_ONES = np.full(4096, -1, dtype=np.int64)
 _STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
 
 
@@ -122,8 +123,8 @@ class HashIndex:
         tombstone) of its probe run: where `insert` would put it, handed over to save a second probe.
         """
         n = len(hashes)
-        found = np.full(n, -1, dtype=np.int64)
-        slot_of = np.full(n, -1, dtype=np.int64)
+        found = _MINUS_ONES[:n].copy() if n <= len(_MINUS_ONES) else np.full(n, -1, dtype=np.int64)
+        slot_of = found.copy()
         active = np.arange(n)
         slots = self._slots(hashes)
         while len(active) > _STRAGGLERS:
@@ -170,26 +171,23 @@ class HashIndex:
         # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
         # batch claims the same slot first (then it probes below, like any other)
         cand = np.flatnonzero(inserted)
-        _, first = np.unique(free_slots[cand], return_index=True)
-        direct = cand[first]
-        direct_slots = free_slots[direct]
-        self._num_tombstones -= int(np.sum(table[direct_slots] == _TOMBSTONE))
-        table[direct_slots] = block_ids[direct]
-        rest = np.ones(len(cand), dtype=bool)
-        rest[first] = False
-        active = cand[rest]
+        cand_slots = free_slots[cand]
+        was = table[cand_slots]
+        # several keys of this batch may claim one slot: write all, read back, the surviving write wins
+        # (block ids are distinct within a batch)
+        table[cand_slots] = block_ids[cand]
+        won = table[cand_slots] == block_ids[cand]
+        self._num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
+        active = cand[~won]
         slots = self._slots(hashes[active])
         while len(active) > _STRAGGLERS:
             mine = hashes[active]
             vals = table[slots]
             free = vals < 0
             # of several new keys aiming at one free slot in this round, the first takes it
-            cand = np.flatnonzero(free)
-            _, first = np.unique(slots[cand], return_index=True)
-            win = np.zeros(len(active), dtype=bool)
-            win[cand[first]] = True
-            self._num_tombstones -= int(np.sum(vals[win] == _TOMBSTONE))
-            table[slots[win]] = block_ids[active[win]]
+            table[slots[free]] = block_ids[active[free]]  # write all, read back: the surviving write wins
+            win = free & (table[slots] == block_ids[active])
+            self._num_tombstones -= np.count_nonzero(vals[win] == _TOMBSTONE)
             rest = np.flatnonzero(~win)
             # a slot holding our own hash (an equal hash of this batch got there first): a duplicate
             dup = self._holds(table[slots[rest]], mine[rest])
@@ -206,7 +204,7 @@ class HashIndex:
                 continue
             self._num_tombstones -= v == _TOMBSTONE
             table[slot] = block_ids[i]
-        self.num_live += int(inserted.sum())
+        self.num_live += np.count_nonzero(inserted)
         if self.num_live + self._num_tombstones > 0.75 * len(self.vals):
             self._rebuild()
         return inserted

@@ -227,10 +227,13 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
             hashes = np.array([spread(k) for k in ks], dtype=np.uint64)
             hash_of[blocks] = hashes
             inserted = index.insert(hashes, blocks)
-            for k, b, ok in zip(ks, blocks.tolist(), inserted.tolist(), strict=True):
-                assert ok == (k not in ref)  # absent before, and the only one of its equal hashes to win
-                if ok:
-                    ref[k] = b
+            triples = list(zip(ks, blocks.tolist(), inserted.tolist(), strict=True))
+            for k in set(ks):
+                winners = [b for kk, b, ok in triples if kk == k and ok]
+                # absent before: exactly one of its equal hashes in the batch goes in; present: none
+                assert len(winners) == (k not in ref)
+                if winners:
+                    ref[k] = winners[0]
         elif op == "del":
             for k in set(ks) & set(ref):
                 found, slots = index.find(np.array([spread(k)], dtype=np.uint64))
