@@ -125,3 +125,55 @@ def test_abi_rejects_bad_parameters_before_touching_the_device(built):
         rc = lib.kvcalc_decode_paged(null, null, null, null, null, null, null, null, a["dtype"], a["batch"], a["hq"],
                                      a["hkv"], a["d"], a["bs"], a["mb"], 1.0, a["splits"], null)
         assert rc == code
+
+
+FAKE_NVCC = """#!/usr/bin/env python3
+import pathlib, sys, time
+log = pathlib.Path(sys.argv[0]).with_name("calls.txt")
+if "--version" in sys.argv:
+    print("Cuda compilation tools, fake nvcc 0.0")
+    sys.exit(0)
+with open(log, "a") as f:
+    f.write("compile\\n")
+time.sleep(1.0)  # long enough for the second builder to arrive while the first holds the lock
+out = sys.argv[sys.argv.index("-o") + 1]
+pathlib.Path(out).write_bytes(b"not really a library")
+print("ptxas info    : Compiling entry function 'k' for 'sm_90'")
+print("    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+print("ptxas info    : Used 32 registers, used 0 barriers")
+"""
+
+
+def test_concurrent_first_builds_compile_once(monkeypatch, tmp_path):
+    # A fake nvcc counts its compilations: two builders racing for the same key compile once, under the lock.
+    import threading
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    results: list[build.BuildResult] = []
+    threads = [threading.Thread(target=lambda: results.append(build.build_library(["90"], tmp_path / "cache")))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (bin_dir / "calls.txt").read_text() == "compile\n"
+    assert sorted(r.cached for r in results) == [False, True]
+    assert results[0].library_path == results[1].library_path
+    assert results[0].kernels == [build.KernelResources("k", "sm_90", 32, 0, 0, 0)]
+    leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # the temporary output was renamed into place
+
+
+def test_op_library_without_a_gpu_is_cuda_unavailable():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    from kvcalc.cuda_ext import ops
+
+    with pytest.raises(CudaUnavailableError, match="no CUDA device"):
+        ops.library()
