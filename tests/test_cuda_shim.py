@@ -198,3 +198,21 @@ def test_shim_with_the_gpu_thread_count(shim_binary_gpu_config, tmp_path, dtype,
     ref = paged_decode_attention_reference(q, k, v, tables, lens)
     assert not torch.isnan(out).any()
     assert relative_error(out, ref) < TOLERANCE[dtype]
+
+
+def test_shim_rounding_matches_torch_bit_for_bit(shim_binary, tmp_path):
+    # Random magnitudes over the whole fp16 range and beyond, exact ties, subnormals, overflow, signed zero.
+    gen = torch.Generator().manual_seed(0)
+    values = torch.cat([
+        torch.randn(20000, generator=gen) * torch.exp2(torch.randint(-30, 20, (20000,), generator=gen).float()),
+        torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, 2.0**-24, 2.0**-25, 3 * 2.0**-25, 2.0**-14,
+                      1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-8, 1 + 3 * 2.0**-8, float("inf"), float("-inf")]),
+    ])
+    (tmp_path / "in.bin").write_bytes(values.numpy().tobytes())
+    proc = subprocess.run([str(shim_binary), "--convert", str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    bits = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.int16)
+    half_bits, bf16_bits = bits[: len(values)], bits[len(values):]
+    assert torch.equal(half_bits, values.to(torch.float16).view(torch.int16))
+    assert torch.equal(bf16_bits, values.to(torch.bfloat16).view(torch.int16))

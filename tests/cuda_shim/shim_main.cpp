@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "shim.h"
@@ -71,7 +72,22 @@ std::vector<T> take(const std::vector<char>& bytes, size_t& offset, size_t count
 
 }  // namespace
 
+// `shim_main --convert IN OUT`: float32 values in, their fp16 then bf16 16-bit patterns out (checks the
+// shim's rounding against torch's).
+int convert(const char* in_path, const char* out_path) {
+  std::ifstream in(in_path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t offset = 0;
+  const auto values = take<float>(bytes, offset, bytes.size() / 4);
+  std::vector<uint16_t> out;
+  for (float f : values) out.push_back(kvcalc::float_to_half(f));
+  for (float f : values) out.push_back(kvcalc::float_to_bf16(f));
+  std::ofstream(out_path, std::ios::binary).write(reinterpret_cast<const char*>(out.data()), out.size() * 2);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--convert") return convert(argv[2], argv[3]);
   if (argc != 3) {
     std::fprintf(stderr, "usage: shim_main CASE_FILE OUT_FILE\n");
     return 2;
