@@ -335,6 +335,60 @@ class Engine:
             self._finish(sampled)
         self.steady = len(sampled) - self._finished_now == len(self.running)
 
+    def _steady_step(self) -> bool:
+        """The common general step, with less numpy work: every running request decodes one token (steady)
+        and waiting requests may be admitted. The same integers and the same order of updates as `_step`
+        (which `fast_forward=False` uses for every step; tests compare the two). False: take `_step`."""
+        run = self.run_arr
+        n = len(run)
+        if not self.steady or n == 0 or n > self.cfg.max_batched_tokens:
+            return False
+        tokens_run = self.computed[run]
+        if not self.policy.grow_many(run, tokens_run + 1):
+            return False  # memory is short: `_step` preempts
+        admitted: list[int] = []
+        chunks: list[int] = []
+        swap_bytes = self._admit(self.cfg.max_batched_tokens - n, admitted, chunks)
+        context = int(tokens_run.sum()) + n  # decode: Σ (c + 1) positions attended
+        tokens, positions, moved = n, context, context + n
+        starts = [int(self.computed[rid]) for rid in admitted]
+        for start, new in zip(starts, chunks, strict=True):
+            tokens += new
+            positions += start * new + new * (new + 1) // 2
+            moved += start + 2 * new
+        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes))
+        self.computed[run] = tokens_run + 1
+        sampled_admitted = []
+        for rid, start, new in zip(admitted, starts, chunks, strict=True):
+            self.computed[rid] = start + new
+            if start + new == self.prompt[rid] + self.generated[rid]:
+                sampled_admitted.append(rid)
+        self._finished_now = 0
+        parts, table_bytes = self.policy.parts(self.computed[self.run_arr], self._head())
+        self._account(d, parts, table_bytes)
+        self.now += d
+        self.busy_s += d
+        self.steps += 1
+        self.itl_v.append(self.now - self.last_token[run])
+        self.itl_w.append(1)
+        later = [rid for rid in sampled_admitted if not np.isnan(self.first_token[rid])]
+        if later:
+            self.itl_v.append(self.now - self.last_token[later])
+            self.itl_w.append(1)
+        for rid in sampled_admitted:
+            if np.isnan(self.first_token[rid]):
+                self.first_token[rid] = self.now
+        self.last_token[run] = self.now
+        self.generated[run] += 1
+        sampled = run
+        if sampled_admitted:
+            sampled = np.concatenate([run, np.array(sampled_admitted, np.int64)])
+            self.last_token[sampled_admitted] = self.now
+            self.generated[sampled_admitted] += 1
+        self._finish(sampled)
+        self.steady = len(sampled) - self._finished_now == len(self.running)
+        return True
+
     def _finish(self, sampled: np.ndarray) -> None:
         done = sampled[self.generated[sampled] >= self.stop_at[sampled]]
         self._finished_now = len(done)
@@ -496,9 +550,9 @@ class Engine:
                 continue
             k, plan = self._segment_length() if self.cfg.fast_forward else (0, None)
             if k == -1:
-                if not self._segment_through_finishes():
+                if not self._segment_through_finishes() and not self._steady_step():
                     self._step()
-            elif k < 2 or not self._segment(k, plan):
+            elif (k < 2 or not self._segment(k, plan)) and not (self.cfg.fast_forward and self._steady_step()):
                 self._step()
             ticks += 1
             if self.progress is not None and ticks % 2000 == 0:
