@@ -24,11 +24,11 @@ BenchDtypeOpt = Annotated[str, typer.Option("--dtype", help="Precision of the ti
 IntOpt = int | None
 
 
-def _progress_ticker(total: int, enabled: bool) -> Iterator[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress_ticker(total: int, enabled: bool) -> tuple[Any, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console, transient=True, disable=not enabled)
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err_console, transient=True, disable=not enabled)
     return progress, progress.add_task("kvcalc bench", total=total)
 
 
@@ -146,8 +146,9 @@ def command(
 
     @contextlib.contextmanager
     def building() -> Iterator[None]:
-        with err_console.status("building the CUDA extension (nvcc, first use only; about a minute)"):
-            yield
+        # The progress display's spinner turns while nvcc runs (one live display: no separate status).
+        progress.update(task, description="building the CUDA extension (nvcc, first use only; about a minute)")
+        yield
 
     with progress:
         doc = run_suite(config, tick, building)

@@ -233,5 +233,6 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
 
 def total_steps(config: BenchConfig) -> int:
     grid = len(GRID_DTYPES) * len(GRID_HEAD_DIMS) * len(GRID_GROUPS) * len(GRID_BLOCK_SIZES)
-    return (grid if config.correctness else 0) + len(config.shapes) + (
+    copy_ceiling = 1 if config.device == "cuda" else 0
+    return copy_ceiling + (grid if config.correctness else 0) + len(config.shapes) + (
         len(SWEEP_BLOCK_SIZES) if config.sweep_block else 0)
