@@ -113,43 +113,41 @@ class HashIndex:
 
     def _holds(self, vals: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """bool [n]: the slot holds a live entry for this hash."""
-        # negative vals (empty, tombstone) index from the end: a harmless read, masked out by vals >= 0
-        return (self.hash_of[vals] == hashes) & (vals >= 0)
+        return (self.hash_of[vals] == hashes) & (vals >= 0)  # negative vals read harmlessly from the end
 
     def find(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(block ids or -1, slot) for each hash in uint64 [n].
 
-        The slot is where the hash lives, or — for an absent hash — the first free slot (empty or
-        tombstone) of its probe run: where `insert` would put it, handed over to save a second probe.
+        The slot is where the hash lives, or — for an absent hash — the empty slot that ended its probe
+        run: where `insert` may put it (tombstones passed on the way are left for later inserts), handed
+        over to save a second probe.
         """
         n = len(hashes)
         found = _MINUS_ONES[:n].copy() if n <= len(_MINUS_ONES) else np.full(n, -1, dtype=np.int64)
         slot_of = found.copy()
         active = np.arange(n)
         slots = self._slots(hashes)
+        mine = hashes
+        table, hash_of = self.vals, self.hash_of
         while len(active) > _STRAGGLERS:
-            vals = self.vals[slots]
-            hit = self._holds(vals, hashes[active])
+            vals = table[slots]
+            # negative vals (empty, tombstone) index hash_of from the end: a harmless read, masked out
+            hit = (hash_of[vals] == mine) & (vals >= 0)
+            done = hit | (vals == _EMPTY)
             found[active[hit]] = vals[hit]
-            first_free = (vals < 0) & (slot_of[active] < 0)
-            slot_of[active[hit | first_free]] = slots[hit | first_free]
-            going = ~hit & (vals != _EMPTY)
-            active, slots = active[going], (slots[going] + 1) & self._mask
+            slot_of[active[done]] = slots[done]
+            going = ~done
+            active, slots, mine = active[going], (slots[going] + 1) & self._mask, mine[going]
         # NOTE: a few keys sit at the end of long probe runs; one numpy round per probe step would cost
         # the whole batch the longest run, so the stragglers finish one at a time.
-        hash_of, table = self.hash_of, self.vals
         for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
             h = hashes[i]
             while (v := int(table[slot])) != _EMPTY:
                 if v >= 0 and hash_of[v] == h:
-                    found[i], slot_of[i] = v, slot
+                    found[i] = v
                     break
-                if v < 0 and slot_of[i] < 0:
-                    slot_of[i] = slot
                 slot = (slot + 1) & self._mask
-            else:
-                if slot_of[i] < 0:
-                    slot_of[i] = slot
+            slot_of[i] = slot
         return found, slot_of
 
     def insert(
@@ -178,31 +176,26 @@ class HashIndex:
         table[cand_slots] = block_ids[cand]
         won = table[cand_slots] == block_ids[cand]
         self._num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
-        active = cand[~won]
-        slots = self._slots(hashes[active])
-        while len(active) > _STRAGGLERS:
-            mine = hashes[active]
-            vals = table[slots]
-            free = vals < 0
-            # of several new keys aiming at one free slot in this round, the first takes it
-            table[slots[free]] = block_ids[active[free]]  # write all, read back: the surviving write wins
-            win = free & (table[slots] == block_ids[active])
-            self._num_tombstones -= np.count_nonzero(vals[win] == _TOMBSTONE)
-            rest = np.flatnonzero(~win)
-            # a slot holding our own hash (an equal hash of this batch got there first): a duplicate
-            dup = self._holds(table[slots[rest]], mine[rest])
-            inserted[active[rest[dup]]] = False
-            going = rest[~dup]
-            slots, active = (slots[going] + 1) & self._mask, active[going]
+        lost = cand[~won]
+        # an equal hash of this batch took the slot: a duplicate, not inserted
+        dup = self.hash_of[table[free_slots[lost]]] == hashes[lost]
+        inserted[lost[dup]] = False
+        # the few others probe on one at a time: through the whole run (an equal hash placed by this loop
+        # may sit anywhere in it), into its first free slot (tombstone or empty)
         hash_of = self.hash_of
-        for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
-            h = hashes[i]
-            while (v := int(table[slot])) >= 0 and hash_of[v] != h:
+        for i in lost[~dup].tolist():
+            h, slot, first_free = hashes[i], int(self._slots(hashes[i : i + 1])[0]), -1
+            while (v := int(table[slot])) != _EMPTY:
+                if v >= 0 and hash_of[v] == h:
+                    break
+                if v == _TOMBSTONE and first_free < 0:
+                    first_free = slot
                 slot = (slot + 1) & self._mask
-            if v >= 0:
+            if v != _EMPTY:
                 inserted[i] = False
                 continue
-            self._num_tombstones -= v == _TOMBSTONE
+            slot = slot if first_free < 0 else first_free
+            self._num_tombstones -= int(table[slot]) == _TOMBSTONE
             table[slot] = block_ids[i]
         self.num_live += np.count_nonzero(inserted)
         if self.num_live + self._num_tombstones > 0.75 * len(self.vals):

@@ -184,8 +184,30 @@ def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_ca
     )
 
 
+def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) -> ReplayResult:
+    """What `replay(..., prefix_caching=False)` gives, in closed form: requests one at a time share
+    nothing, so no hit, no cached block, no eviction, and the peak is the largest request. Tests check it
+    against the pool; the CLI uses it to save a second pass over a large trace."""
+    check_trace(trace, block_size, capacity_blocks)
+    largest = int(request_blocks(trace, block_size).max())
+    return ReplayResult(
+        prefix_caching=False,
+        block_size=block_size,
+        capacity_blocks=capacity_blocks,
+        pool_blocks=max(capacity_blocks if capacity_blocks is not None else largest, 1),
+        requests=len(trace),
+        prompt_tokens=int(trace.prompt_tokens.sum()),
+        output_tokens=int(trace.output_tokens.sum()),
+        hit_tokens=0,
+        hit_blocks=0,
+        peak_used_blocks=largest,
+        peak_cached_blocks=0,
+        evictions=0,
+    )
+
+
 def share_trace(trace: Trace, block_size: int, capacity_blocks: int | None = None) -> TraceShareResult:
     """The replay with prefix caching and, for contrast, without."""
     cached = replay(trace, block_size, capacity_blocks, prefix_caching=True)
-    uncached = replay(trace, block_size, capacity_blocks, prefix_caching=False)
+    uncached = uncached_replay(trace, block_size, capacity_blocks)
     return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)

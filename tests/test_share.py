@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.share import ScenarioSpec, closed_form_physical_blocks, run_scenario
-from kvcalc.core.share_trace import replay, request_block_keys, share_trace, unlimited_capacity
+from kvcalc.core.share_trace import (
+    replay,
+    request_block_keys,
+    share_trace,
+    uncached_replay,
+    unlimited_capacity,
+)
 from kvcalc.core.traces import Trace, read_trace
 
 MOONCAKE = Path("/work/shared/traces/mooncake_conversation.jsonl")
@@ -152,6 +158,10 @@ def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> Non
     result = replay(trace, block_size, None, True)
     assert result.hit_tokens == reference_hit_tokens(trace, block_size)
     assert result.evictions == 0 and result.pool_blocks == unlimited_capacity(trace, block_size)
+    # the contrast without prefix caching, closed form vs the pool, unlimited and at the smallest capacity
+    largest = max(-(-(p + o) // block_size) for p, o, _ in requests)
+    for capacity in (None, largest):
+        assert uncached_replay(trace, block_size, capacity) == replay(trace, block_size, capacity, False)
 
 
 def test_trace_errors() -> None:
