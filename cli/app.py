@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 runtime failure, 2 bad input (one line `error: …`), 3 CUDA
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -16,6 +17,7 @@ try:  # typer >= 0.22 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
+from kvcalc.cli.commands import COMMANDS
 from kvcalc.core.errors import CudaUnavailableError
 
 EXIT_RUNTIME = 1
@@ -30,10 +32,22 @@ def _fail(message: str, code: int) -> None:
 
 
 class KvcalcGroup(TyperGroup):
-    """Runs the command without click's standalone handling, so that every error becomes one line."""
+    """Loads each command's module on first use, and turns every error into one line.
+
+    NOTE: commands are imported lazily so that `kvcalc size` pays for neither numpy-heavy modules of other
+    commands nor torch; `kvcalc --help` imports them all to show their one-line help.
+    """
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return list(self.commands)  # the order they are registered in, not alphabetical
+        return [name for name, _ in COMMANDS]  # registry order, not alphabetical
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands:
+            module_name = dict(COMMANDS).get(cmd_name)
+            if module_name is None:
+                return None
+            self.commands[cmd_name] = _load_command(cmd_name, module_name)
+        return self.commands[cmd_name]
 
     def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
         extra.pop("standalone_mode", None)
@@ -71,6 +85,8 @@ def _describe(exc: Exception) -> str:
     return str(exc)
 
 
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     cls=KvcalcGroup,
     name="kvcalc",
@@ -78,7 +94,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings=_CONTEXT,
 )
 
 
@@ -97,16 +113,14 @@ def _root(
     """Exact KV-cache accounting and paged-attention benchmarks for LLM serving."""
 
 
-def _register() -> None:
-    """Each command lives in its own module; importing one must never import torch."""
-    from kvcalc.cli import commands
-
-    for name, module_name in commands.COMMANDS:
-        module = __import__(f"kvcalc.cli.{module_name}", fromlist=["command"])
-        app.command(name=name, help=module.command.__doc__)(module.command)
-
-
-_register()
+def _load_command(name: str, module_name: str) -> Any:
+    """The click command for `kvcalc.cli.<module_name>.command`; importing it must never import torch."""
+    module = importlib.import_module(f"kvcalc.cli.{module_name}")
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command(name=name, help=module.command.__doc__, context_settings=_CONTEXT)(module.command)
+    command = typer.main.get_command(single)
+    command.name = name
+    return command
 
 
 def main() -> None:
