@@ -33,12 +33,21 @@ _MINUS_ONES = np.full(4096, -1, dtype=np.int64)
 _STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
 
 
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def mix64(values: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: int64/uint64 [n] -> well-mixed uint64 [n]."""
-    z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    """splitmix64 finaliser: int64/uint64 [n] -> well-mixed uint64 [n]. (uint64 array arithmetic wraps
+    modulo 2^64 silently, which is what a hash wants.)"""
+    z = values.astype(np.uint64)
+    z += _GOLDEN
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
+    return z
 
 
 @functools.lru_cache(maxsize=1024)
@@ -71,9 +80,12 @@ def chain_hashes(parent_hash: int, keys: np.ndarray) -> np.ndarray:
     if n == 0:
         return np.empty(0, dtype=np.uint64)
     pos, neg = _POWERS.get(n + 1)
-    with np.errstate(over="ignore"):
-        scaled = np.cumsum(mix64(keys) * neg[:n], dtype=np.uint64)
-        return pos[:n] * (np.uint64(parent_hash) * np.uint64(_P) + scaled)
+    scaled = mix64(keys)
+    scaled *= neg[:n]
+    scaled = np.cumsum(scaled, dtype=np.uint64)
+    scaled += np.uint64(parent_hash * _P % 2**64)  # Python ints: numpy scalars would warn on overflow
+    scaled *= pos[:n]
+    return scaled
 
 
 def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
