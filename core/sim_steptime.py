@@ -112,6 +112,10 @@ def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str
         raise
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"--calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output") from None
+    device = doc.get("device") if isinstance(doc, dict) else None
+    if isinstance(device, dict) and device.get("type") not in (None, "cuda"):
+        raise ValueError(f"--calibrate {path}: that bench ran on {device.get('type')}, not a GPU; "
+                         "calibrate with a kvcalc bench --json run on the GPU you simulate")
     rows = doc.get("timing") if isinstance(doc, dict) else None
     if not isinstance(rows, list):
         raise ValueError(f"--calibrate {path}: no 'timing' list; give the output of kvcalc bench --json")
@@ -120,11 +124,13 @@ def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str
         raise ValueError(f"--calibrate {path}: no timing entry has achieved_tbps; run kvcalc bench on a GPU")
     tbps = float(np.median(achieved))
     eff = tbps * 1e12 / gpu.bandwidth_bytes_per_s
+    name = device.get("name") if isinstance(device, dict) else None
     if not 0 < eff <= 1:
         raise ValueError(
             f"--calibrate {path}: median achieved {tbps:.3f} TB/s is {eff:.2f} of {gpu.name}'s "
             f"{gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s; was the bench run on another GPU? choose the matching --gpu"
         )
     source = (f"attention efficiency {eff:.3f} = median achieved {tbps:.3f} TB/s over {len(achieved)} bench cases "
-              f"/ {gpu.name} datasheet {gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s ({path.name})")
+              f"/ {gpu.name} datasheet {gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s ({path.name}"
+              + (f", measured on {name})" if name else ")"))
     return eff, source

@@ -127,3 +127,14 @@ def test_trace_without_requests(run_cli, tmp_path):
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
     result = run_cli("sim", "--trace", "azure", str(path))
     assert result.exit_code == 2 and "no requests" in result.stderr
+
+
+def test_calibrate_sets_the_attention_efficiency(run_cli, tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"},
+                                 "timing": [{"achieved_tbps": 2.68}]}))
+    result = run_cli("sim", *SMALL, "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--calibrate", str(bench), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert "attention 0.8," in result.json()["latency_source"]  # 2.68 / 3.35 = 0.8
+    table = run_cli("sim", *SMALL, "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--calibrate", str(bench))
+    assert "median achieved 2.680 TB/s" in table.stdout

@@ -131,6 +131,12 @@ def test_calibrate_from_bench_json(tmp_path):
     path.write_text(json.dumps({"timing": []}))
     with pytest.raises(ValueError, match="achieved_tbps"):
         calibrated_attention_eff(path, get_gpu("H100-SXM"))
+    path.write_text(json.dumps({"device": {"type": "cpu"}, "timing": [{"achieved_tbps": 0.01}]}))
+    with pytest.raises(ValueError, match="not a GPU"):
+        calibrated_attention_eff(path, get_gpu("H100-SXM"))
+    path.write_text(json.dumps({"timing": [{"achieved_tbps": 4.0}]}))  # 4 TB/s > H100's 3.35: another GPU
+    with pytest.raises(ValueError, match="another GPU"):
+        calibrated_attention_eff(path, get_gpu("H100-SXM"))
 
 
 # ---- workloads ------------------------------------------------------------------------------------------------

@@ -28,13 +28,16 @@ def test_azure_conversation_trace_paged_b16_llama3_8b_h100():
     started = time.perf_counter()
     setup = sim_setup.build(sim_setup.Options(trace=("azure", TRACE), model="Llama-3-8B", gpu="H100-SXM", block=16))
     loaded = time.perf_counter()
+    cpu_start = time.process_time()
     record = run_policy(setup.workload, "paged", setup.sim)
     wall = time.perf_counter() - loaded
+    cpu = time.process_time() - cpu_start
     summary = summarize(record, Slo(), setup.plan.kv_bytes_per_token)
     tokens = summary["generated_tokens"]
     print(
         f"\nAzure conv: {len(setup.workload):,} requests, {tokens:,} output tokens, {record.steps:,} steps "
         f"({record.segments:,} fast-forwarded runs); read {loaded - started:.2f} s, simulate {wall:.2f} s "
+        f"(CPU {cpu:.2f} s) "
         f"= {tokens / wall:,.0f} simulated tokens/s; simulated span {record.end_s:,.0f} s"
     )
     assert summary["completed"] + summary["rejected"] == len(setup.workload)
