@@ -30,6 +30,7 @@ Operations, all "check, then change" (a failed operation changes nothing; `can_*
     release(seq, reason)     the one path for finish / cancel / timeout / preemption; a second release
                              of the same sequence raises (double free). Blocks whose ref drops to 0 go
                              to the free side — or, inside `step()`, wait until the step ends.
+    hit_tokens(n, keys)      the hits an allocate would get now, without changing anything.
     usage(), stats()         O(live sequences) accounting; check_invariants() O(pool) for tests.
 
 Content keys: one per *full* block, an exact identity of its tokens — an int64 numpy array (e.g. Mooncake
@@ -38,7 +39,8 @@ interns to exact integer ids. One pool uses one kind. Keys may cover only a lead
 blocks; blocks without a key are never hashed, and the chain stops there. `extra_key` (model, adapter)
 seeds the chain, so different extra keys never share blocks.
 
-API changes (additive only, after the first commit): none yet.
+API changes (additive only, after the first commit):
+    - `hit_tokens(num_tokens, block_keys, extra_key)`: the public prefix look-up (instead of `_probe`).
 """
 
 from __future__ import annotations
@@ -143,6 +145,11 @@ class BlockPool:
         return self.num_blocks - self.num_used - len(self.queue)
 
     # ---- check, then allocate -------------------------------------------------------------------
+    def hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> int:
+        """Prefix-cache hit tokens an `allocate` of this prompt would get now; a pure look-up (memoised,
+        so a following can_allocate / allocate of the same arguments does not look up again)."""
+        return len(self._probe(num_tokens, block_keys, extra_key)[0]) * self.block_size
+
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> bool:
         hits = self._probe(num_tokens, block_keys, extra_key)[0]
         return self._prompt_blocks_from_queue(num_tokens, hits) <= len(self.queue)

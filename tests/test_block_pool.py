@@ -68,6 +68,8 @@ def test_fork_cow_release_revive_evict_step_by_step() -> None:
 
     # "c" = the same 8 first tokens + 1: blocks 0 and 1 are revived (versions unchanged: same content),
     # and one fresh block is popped from the plain stack: 2, whose version goes 1 -> 2
+    assert pool.hit_tokens(9, [(1, 2, 3, 4), (5, 6, 7, 8)]) == 8  # a look-up changes nothing
+    assert pool.free_queue_order() == [2, 3, 4, 5, 1, 0]
     assert pool.allocate("c", 9, [(1, 2, 3, 4), (5, 6, 7, 8)]) == 8
     assert pool.block_table("c").tolist() == [0, 1, 2]
     assert versions(pool, [0, 1, 2]) == [1, 1, 2]
