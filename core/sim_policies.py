@@ -304,6 +304,7 @@ class ReservationPolicy:
 
     def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
                   check: bool = True) -> bool:
+        """Reservations cover the whole request: growth never needs memory (asserted when `check`)."""
         assert not check or np.all(totals <= self.held[rids]), "a request outgrew its reservation"
         return True
 

@@ -512,9 +512,10 @@ class Engine:
         self.computed[run] = tokens0 + taken
         self.generated[run] += taken
         self.last_token[run] = ends[taken]
+        # every request's growth at once (checked step by step in finish_segment); the finished ones then
+        # release in finishing order, so each takes its last blocks from the pool when they are free
+        self.policy.grow_many(run, tokens0 + taken, check=False)
         finished = order[: int(np.searchsorted(by_remaining, k, side="right"))]  # in finishing order
-        if len(finished):  # their last blocks; released in finishing order, each fits (see finish_segment)
-            self.policy.grow_many(run[finished], self.computed[run[finished]], check=False)
         for i in finished.tolist():
             rid = int(run[i])
             self.now = float(ends[taken[i]])
@@ -525,8 +526,6 @@ class Engine:
             gone_ids = set(run[finished].tolist())
             self.running = [r for r in self.running if r not in gone_ids]
             self._set_running()
-        ok = self.policy.grow_many(self.run_arr, self.computed[self.run_arr])
-        assert ok, "blocks checked to fit did not"
         self.busy_s += span
         self.steps += k
         self.segments += 1

@@ -65,10 +65,11 @@ class StepTimeModel:
         flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
         compute = flops * self.compute_s_per_flop
         memory = self.weights_s + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
-        swap = swap_bytes / self.swap_bandwidth_bytes_per_s if swap_bytes else 0.0
         if isinstance(compute, float) and isinstance(memory, float):  # one step: skip numpy's call overhead
-            return max(compute, memory) + self.overhead_s + swap
-        return np.maximum(compute, memory) + self.overhead_s + swap
+            step = max(compute, memory) + self.overhead_s
+        else:
+            step = np.maximum(compute, memory) + self.overhead_s
+        return step + swap_bytes / self.swap_bandwidth_bytes_per_s if swap_bytes else step
 
     def decode_steps_s(self, num_seqs: int, context_sum: np.ndarray | float) -> np.ndarray | float:
         """Decode-only steps: `num_seqs` tokens, each attending its context (Σ = context_sum, the new
