@@ -111,8 +111,8 @@ def command(
 ) -> None:
     """Simulate serving: continuous batching over the KV pool; TTFT, TPOT, E2E, goodput, memory, max rate.
 
-    Latencies come from a roofline step-time model, not a measurement. With no options: OPT-13B on one
-    A100-40GB, 1,000 ShareGPT-like constructed requests (mean prompt 161, output 338) at 1 request/s.
+    Latencies come from a roofline step-time model, not a measurement.
+    Default: OPT-13B on one A100-40GB, 1,000 ShareGPT-like constructed requests at 1 request/s.
     """
     if plot is not None:
         from kvcalc.cli.chart import check_plot_target
