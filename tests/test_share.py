@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,45 @@ def reference_hit_tokens(trace: Trace, block_size: int) -> int:
     return hits
 
 
+def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[int, int]:
+    """(hit tokens, evictions) of a bounded cache modelled directly: an OrderedDict LRU of block-key
+    chains (trie nodes) plus a count of content-free blocks. A request revives its cached prefix, takes
+    content-free blocks first, then evicts the least recently freed; on release its keyed blocks go to
+    the LRU tail last block first, the rest become content-free. No pool, no hashing."""
+    per_id = 512 // block_size
+    trie: dict[tuple[int, tuple[int, int]], int] = {}
+    lru: OrderedDict[int, None] = OrderedDict()
+    plain = capacity
+    hits = evictions = 0
+    for i in range(len(trace)):
+        p, o = int(trace.prompt_tokens[i]), int(trace.output_tokens[i])
+        ids = trace.request_hash_ids(i).tolist()
+        node, nodes = -1, []
+        for j in range(p // block_size):
+            node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
+            nodes.append(node)
+        n = 0
+        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in lru:
+            n += 1
+        for node in nodes[:n]:
+            del lru[node]
+        hits += n * block_size
+        fresh = ceil_div(p + o, block_size) - n
+        from_plain = min(fresh, plain)
+        plain -= from_plain
+        for _ in range(fresh - from_plain):
+            lru.popitem(last=False)
+            evictions += 1
+        # blocks n.. with a key get it unless an equal chain is still cached elsewhere
+        keyed = nodes[:n] + [node for node in nodes[n:] if node not in lru]
+        unkeyed = ceil_div(p + o, block_size) - len(keyed)
+        table_order = [node for node in nodes if node in set(keyed)]
+        for node in reversed(table_order):
+            lru[node] = None
+        plain += unkeyed
+    return hits, evictions
+
+
 def test_hand_computed_trace() -> None:
     trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
     result = replay(trace, 16, None, prefix_caching=True)
@@ -164,6 +204,24 @@ def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> Non
         assert uncached_replay(trace, block_size, capacity) == replay(trace, block_size, capacity, False)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 1500), st.integers(0, 40), st.lists(st.integers(0, 4), max_size=3)),
+             min_size=1, max_size=15),
+    st.sampled_from([16, 64, 128]),
+    st.integers(0, 40),
+)
+def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, extra_capacity: int) -> None:
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+    result = replay(trace, block_size, capacity, True)
+    assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
 def test_trace_errors() -> None:
     trace = make_trace([(1000, 1, [0])])  # 1000 tokens need 2 hash ids
     with pytest.raises(ValueError, match="need 2 hash_ids"):
@@ -188,6 +246,8 @@ def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
 def test_real_mooncake_head_matches_the_reference() -> None:
     trace = read_trace("mooncake", MOONCAKE).head(300)
     assert replay(trace, 16, None, True).hit_tokens == reference_hit_tokens(trace, 16)
+    bounded = replay(trace, 16, 20_000, True)
+    assert (bounded.hit_tokens, bounded.evictions) == reference_lru_replay(trace, 16, 20_000)
 
 
 def test_mooncake_file_round_trip(tmp_path: Path) -> None:
