@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcalc.core.sim_hardware import MemoryPlan
-from kvcalc.core.sim_policies import POLICIES, PagedPolicy, ReservationPolicy, mooncake_prompt_keys
+from kvcalc.core.sim_paged import PagedPolicy, mooncake_prompt_keys
+from kvcalc.core.sim_policies import POLICIES
+from kvcalc.core.sim_reserve import ReservationPolicy
 from kvcalc.core.sim_scheduler import Engine, RunRecord, SchedulerConfig
 from kvcalc.core.sim_steptime import StepTimeModel
 from kvcalc.core.sim_workload import Workload, cancellation_points, length_streams

@@ -8,7 +8,7 @@ import pytest
 from kvcalc.core.models import get_preset
 from kvcalc.core.sim_hardware import get_gpu, plan_memory
 from kvcalc.core.sim_metrics import latencies
-from kvcalc.core.sim_policies import PagedPolicy
+from kvcalc.core.sim_paged import PagedPolicy
 from kvcalc.core.sim_run import SimSetup, run_policy, unlimited
 from kvcalc.core.sim_scheduler import CANCELLED, COMPLETED, TIMED_OUT, SchedulerConfig
 from kvcalc.core.sim_steptime import Efficiencies, StepTimeModel, build_model

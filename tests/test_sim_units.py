@@ -13,7 +13,8 @@ from kvcalc.core.models import get_preset
 from kvcalc.core.sim_alloc import FirstFitAllocator
 from kvcalc.core.sim_hardware import GPU_PRESETS, estimate_num_params, get_gpu, plan_memory
 from kvcalc.core.sim_metrics import Slo, parse_slo
-from kvcalc.core.sim_policies import ReservationPolicy, mooncake_prompt_keys
+from kvcalc.core.sim_paged import mooncake_prompt_keys
+from kvcalc.core.sim_reserve import ReservationPolicy
 from kvcalc.core.sim_steptime import (
     Efficiencies,
     StepTimeModel,
