@@ -115,3 +115,47 @@ def test_help_does_not_import_torch():
     code = "import sys; from kvcalc.cli.app import app; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cuda_shaped_report_renders(capsys, monkeypatch):
+    # The CUDA branch of the harness and of the report, driven on the CPU: the reference stands in for the
+    # kernel, SDPA runs for real, a comparator that raises is recorded, not fatal.
+    import torch
+
+    from kvcalc.cli.bench import _report
+    from kvcalc.cli.output import Format, emit
+    from kvcalc.cuda_ext import bench
+    from kvcalc.cuda_ext.backends import CpuReferenceBackend, sdpa_op
+    from kvcalc.cuda_ext.bench import BenchConfig, run_bench
+    from kvcalc.cuda_ext.timing import cpu_median_us
+
+    monkeypatch.setitem(bench.SWEEP_SHAPE, "cuda", (1, 32))  # not the GPU's 64 x 4K on this CPU
+
+    def broken(x):
+        raise RuntimeError("flex is not here")
+
+    config = BenchConfig(device="cuda", shapes=((2, 48),), iters=1, warmup=0, correctness=False, sweep_block=True)
+    info = {"type": "cuda", "name": "Fake GPU", "driver": "0.0", "cuda": "13.0", "torch": torch.__version__}
+    doc = run_bench(config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=info, copy_tbps=2.0,
+                    tick=lambda _: None, time_op=lambda op, prepare: cpu_median_us(op, iters=1, warmup=0),
+                    extra_timers={"sdpa_us": sdpa_op, "flex_paged_us": broken})
+    (row,) = doc["timing"]
+    assert row["sdpa_us"] > 0 and row["flex_paged_us"] is None
+    assert row["flex_paged_error"] == "RuntimeError: flex is not here"
+    assert row["fraction_of_copy"] == pytest.approx(row["achieved_tbps"] / 2.0)
+    assert "sdpa_us" not in doc["block_sweep"][0]  # comparators run on the main shapes only
+    emit(_report(doc), Format.table)
+    out = capsys.readouterr().out
+    assert "Fake GPU" in out and "SDPA µs" in out and "flex paged µs" in out and "copy ceiling 2.000 TB/s" in out
+
+
+def test_sdpa_comparator_matches_reference_on_cpu():
+    import torch
+
+    from kvcalc.cuda_ext.backends import sdpa_op
+    from kvcalc.cuda_ext.bench import make_inputs
+    from kvcalc.cuda_ext.reference import decode_attention_reference
+
+    x = make_inputs([32, 32], 8, 2, 64, 16, torch.float64, "cpu", torch.Generator().manual_seed(0))
+    out = sdpa_op(x)().squeeze(2)
+    torch.testing.assert_close(out, decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"]))
