@@ -179,8 +179,9 @@ def test_contiguous_validation():
 
 @pytest.mark.parametrize(("batch", "kv_heads", "max_len", "sms", "expected"), [
     (64, 8, 4096, 132, 1),     # 512 CTAs >= 2 per SM: no split
-    (1, 8, 32768, 132, 64),    # ceil(4*132 / 8) = 66, capped by MAX_SPLITS = 64
-    (8, 8, 8192, 132, 9),      # ceil(528 / 64) = 9
+    (1, 8, 32768, 132, 64),    # 4*132 // 8 = 66, capped by MAX_SPLITS = 64
+    (8, 8, 8192, 132, 8),      # 528 // 64 = 8: 512 CTAs, one wave
+    (32, 8, 4096, 132, 2),     # 528 // 256 = 2 (3 would make 768 CTAs, more than one wave of 528)
     (1, 8, 1000, 132, 3),      # capped by 1000 // 256 = 3 slices of >= 256 tokens
     (1, 1, 10**6, 132, 64),    # capped by MAX_SPLITS
     (0, 8, 100, 132, 1),
