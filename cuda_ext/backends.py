@@ -120,7 +120,7 @@ def run_suite(
 
         return run_bench(
             config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=cpu_device_info(), copy_tbps=None,
-            tick=tick, time_op=lambda op, prepare: cpu_median_us(op, iters=config.iters, warmup=config.warmup),
+            tick=tick, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=config.iters, warmup=config.warmup),
         )
     if not torch.cuda.is_available():
         raise CudaUnavailableError(

@@ -201,17 +201,21 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         lens = [context] * batch
         x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
                         torch_dtype(config.dtype), device, gen)
-        backend.paged(x, config.num_splits)  # validated once; the timed launches skip the checks
+        expected = backend.paged(x, config.num_splits).clone()  # validated once; timed launches skip the checks
         timed = dict(x, out=torch.empty_like(x["q"]))  # with `out`: no checks, no allocation per run
         poison = lambda: timed["out"].fill_(float("nan"))  # noqa: E731
         paged_us = time_op(lambda: backend.paged(timed, config.num_splits), poison)
+        # The output was poisoned before the last timed run: it must hold the full, same answer again.
+        outputs_match = bool(torch.equal(timed["out"], expected))
         contiguous_us = time_op(lambda: backend.contiguous(timed, config.num_splits), poison)
+        outputs_match = outputs_match and bool(torch.equal(timed["out"], expected))
         moved = bytes_moved(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size)
         tbps = moved / (paged_us * 1e-6) / 1e12
         row = {
             "batch": batch, "context": context, "block_size": block_size, "paged_us": paged_us,
             "contiguous_us": contiguous_us, "paged_over_contiguous": paged_us / contiguous_us, "bytes": moved,
             "achieved_tbps": tbps, "fraction_of_copy": tbps / copy_tbps if copy_tbps else None,
+            "timed_outputs_match": outputs_match,
         }
         for name, make in (extra_timers or {}).items() if with_extras else ():
             try:  # an optional comparator (SDPA, FlexAttention) must not sink the run: record why it failed
@@ -227,7 +231,9 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
     if config.sweep_block:
         batch, context = SWEEP_SHAPE[config.device]
         doc["block_sweep"] = [measure(batch, context, bs, with_extras=False) for bs in SWEEP_BLOCK_SIZES]
-    doc["passed"] = all(row["passed"] for row in doc["correctness"])
+    timed_rows = doc["timing"] + doc.get("block_sweep", [])
+    doc["passed"] = all(row["passed"] for row in doc["correctness"]) and all(
+        row["timed_outputs_match"] for row in timed_rows)
     return doc
 
 

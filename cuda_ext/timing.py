@@ -52,11 +52,14 @@ class CudaTimer:
         return 2 * COPY_BYTES / (us * 1e-6) / 1e12
 
 
-def cpu_median_us(op: Callable[[], Any], *, iters: int, warmup: int) -> float:
+def cpu_median_us(op: Callable[[], Any], prepare: Callable[[], Any] | None = None, *, iters: int,
+                  warmup: int) -> float:
     for _ in range(warmup):
         op()
     samples = []
     for _ in range(iters):
+        if prepare:
+            prepare()
         start = time.perf_counter()
         op()
         samples.append((time.perf_counter() - start) * 1e6)

@@ -137,7 +137,7 @@ def test_cuda_shaped_report_renders(capsys, monkeypatch):
     config = BenchConfig(device="cuda", shapes=((2, 48),), iters=1, warmup=0, correctness=False, sweep_block=True)
     info = {"type": "cuda", "name": "Fake GPU", "driver": "0.0", "cuda": "13.0", "torch": torch.__version__}
     doc = run_bench(config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=info, copy_tbps=2.0,
-                    tick=lambda _: None, time_op=lambda op, prepare: cpu_median_us(op, iters=1, warmup=0),
+                    tick=lambda _: None, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=1, warmup=0),
                     extra_timers={"sdpa_us": sdpa_op, "flex_paged_us": broken})
     (row,) = doc["timing"]
     assert row["sdpa_us"] > 0 and row["flex_paged_us"] is None
@@ -159,3 +159,22 @@ def test_sdpa_comparator_matches_reference_on_cpu():
     x = make_inputs([32, 32], 8, 2, 64, 16, torch.float64, "cpu", torch.Generator().manual_seed(0))
     out = sdpa_op(x)().squeeze(2)
     torch.testing.assert_close(out, decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"]))
+
+
+def test_an_output_left_unwritten_in_a_timed_run_fails_the_bench():
+    # The output is poisoned (NaN) before every timed run; a kernel that skips writing it must not pass.
+    import torch
+
+    from kvcalc.cuda_ext.backends import CpuReferenceBackend
+    from kvcalc.cuda_ext.bench import BenchConfig, run_bench
+    from kvcalc.cuda_ext.timing import cpu_median_us
+
+    class LazyBackend(CpuReferenceBackend):
+        def paged(self, x, num_splits):
+            return x["out"] if "out" in x else super().paged(x, num_splits)
+
+    config = BenchConfig(device="cpu", shapes=((1, 16),), iters=1, warmup=0, correctness=False)
+    doc = run_bench(config, LazyBackend(), device=torch.device("cpu"), device_info={"type": "cpu"}, copy_tbps=None,
+                    tick=lambda _: None, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=1, warmup=0))
+    assert doc["timing"][0]["timed_outputs_match"] is False
+    assert doc["passed"] is False
