@@ -111,7 +111,8 @@ class BlockPool:
         self.parent_id = np.full(n, -1, dtype=np.int32)  # -1: the root (block 0 of a chain)
         self.parent_ver = np.zeros(n, dtype=np.int64)  # parent's version, or the extra-key id at the root
         self.queue = FreeBlockQueue(n, self.state)
-        self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash)
+        self.block_home = np.zeros(max(n, 2), dtype=np.int32)  # home slot of a hashed block in the index
+        self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home)
         self.seqs: dict[Hashable, _Seq] = {}
         self._pending: list[np.ndarray] = []
         self._in_step = False
@@ -176,8 +177,8 @@ class BlockPool:
         total = self.blocks_needed(num_tokens)
         evictions = self._stats["evictions"]
         fresh = self._take(total - len(hits))
-        if self._stats["evictions"] != evictions:
-            found = None  # an evicted entry may have been one of ours, or sat on a probe run: look again
+        # an evicted entry may have been one of ours, or sat on a probe run: look again
+        evicted = self._stats["evictions"] != evictions
         self.fill[fresh] = self.block_size
         if len(fresh):
             self.fill[fresh[-1]] = num_tokens - (total - 1) * self.block_size
@@ -188,7 +189,8 @@ class BlockPool:
         seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
         if len(keys):
             seq.last_hash = int(hashes[-1])
-            rest = None if found is None else (found[0][len(hits) :], found[1][len(hits) :])
+            homes, present, slots = (a[len(hits) :] for a in found)
+            rest = (homes, None, None) if evicted else (homes, present, slots)
             self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], rest)
         seq.hit_tokens = len(hits) * self.block_size
         self.seqs[seq_id] = seq
@@ -405,7 +407,9 @@ class BlockPool:
             extra_id = self._extra_id(extra_key)
             hashes = chain_hashes(root_hash(extra_id), keys)
             max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-            found, slots = self.index.find(hashes)  # all of them: allocate inserts the misses without a second look
+            positions = np.arange(len(keys))
+            homes = self.index.home_slots(hashes[positions & ~15], positions)
+            found, slots = self.index.find(hashes, homes)  # all of them: allocate inserts misses without a 2nd look
             cand = found[:max_hit]
             c = np.maximum(cand, 0)
             parent_ok = np.concatenate(([-1], cand[:-1]))
@@ -413,7 +417,7 @@ class BlockPool:
             ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
             ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
             num_hit = int(np.argmin(ok)) if np.count_nonzero(ok) < max_hit else max_hit
-            result = (cand[:num_hit], hashes, keys, (found, slots))
+            result = (cand[:num_hit], hashes, keys, (homes, found, slots))
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
 
@@ -423,7 +427,7 @@ class BlockPool:
             return np.empty(0, dtype=np.int64)
         plain, evicted = self.queue.pop(n)
         if len(evicted):
-            found, slots = self.index.find(self.block_hash[evicted])
+            found, slots = self.index.find(self.block_hash[evicted], self.block_home[evicted])
             assert np.array_equal(found, evicted), "an evicted block's hash entry points elsewhere"
             self.index.delete_slots(slots)
             self.hashed[evicted] = False
@@ -463,7 +467,7 @@ class BlockPool:
         first: int,
         hashes: np.ndarray,
         keys: np.ndarray,
-        found: tuple[np.ndarray, np.ndarray] | None = None,
+        found: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None,
     ) -> None:
         """Hash the full blocks table[first : first + len(keys)] of `seq` (written by it, ref 1)."""
         if len(keys) == 0:
@@ -474,8 +478,18 @@ class BlockPool:
         parent_vers = self.version[np.maximum(parent_ids, 0)]
         if first == 0:
             parent_vers[0] = seq.extra_id
-        self.block_hash[blocks] = hashes  # the index reads hashes from here; meaningful only where hashed
-        inserted = self.index.insert(hashes, blocks, *(found or (None, None)))
+        if found is None:  # append: home slots from the hash of each block's line base, maybe earlier
+            positions = first + np.arange(len(keys))
+            base = positions & ~15
+            in_batch = base >= first
+            base_hashes = np.where(
+                in_batch, hashes[np.maximum(base - first, 0)], self.block_hash[seq.table[np.minimum(base, first)]]
+            )
+            found = (self.index.home_slots(base_hashes, positions), None, None)
+        # the index reads hashes and home slots from here; meaningful only where hashed
+        self.block_hash[blocks] = hashes
+        self.block_home[blocks] = found[0]
+        inserted = self.index.insert(hashes, blocks, *found)
         b = blocks[inserted]
         self.hashed[b] = True
         self.key[b] = keys[inserted]

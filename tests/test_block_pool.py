@@ -220,7 +220,13 @@ def spread(k: int) -> int:
 def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     """Batches of inserts (with duplicates inside a batch) and deletes, against a dict."""
     hash_of = np.zeros(1000, dtype=np.uint64)
-    index, ref = HashIndex(24, hash_of), {}
+    home_of = np.zeros(1000, dtype=np.int64)
+    index, ref = HashIndex(24, hash_of, home_of), {}
+
+    def homes(ks: list[int]) -> np.ndarray:
+        # key k plays the block at chain position k % 3 whose line its own hash picks: crowded lines
+        return index.home_slots(np.array([spread(k) for k in ks], dtype=np.uint64), np.array(ks) % 3)
+
     next_block = 0
     for op, ks in ops:
         if op == "put" and len(ref) + len(ks) <= 24:
@@ -228,7 +234,8 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
             next_block += len(ks)
             hashes = np.array([spread(k) for k in ks], dtype=np.uint64)
             hash_of[blocks] = hashes
-            inserted = index.insert(hashes, blocks)
+            home_of[blocks] = homes(ks)
+            inserted = index.insert(hashes, blocks, home_of[blocks])
             triples = list(zip(ks, blocks.tolist(), inserted.tolist(), strict=True))
             for k in set(ks):
                 winners = [b for kk, b, ok in triples if kk == k and ok]
@@ -238,11 +245,12 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
                     ref[k] = winners[0]
         elif op == "del":
             for k in set(ks) & set(ref):
-                found, slots = index.find(np.array([spread(k)], dtype=np.uint64))
-                assert int(found[0]) == ref.pop(k)
+                b = ref.pop(k)
+                found, slots = index.find(hash_of[[b]], home_of[[b]])
+                assert int(found[0]) == b
                 index.delete_slots(slots)
         everything = list(range(41))
-        found, _ = index.find(np.array([spread(k) for k in everything], dtype=np.uint64))
+        found, _ = index.find(np.array([spread(k) for k in everything], dtype=np.uint64), homes(everything))
         assert found.tolist() == [ref.get(k, -1) for k in everything]
     assert sorted(index.items()[1].tolist()) == sorted(ref.values())
 

@@ -244,7 +244,7 @@ def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"real trace {MOONCAKE} not present")
 def test_real_mooncake_head_matches_the_reference() -> None:
-    trace = read_trace("mooncake", MOONCAKE).head(300)
+    trace = read_trace("mooncake", MOONCAKE).head(150)
     assert replay(trace, 16, None, True).hit_tokens == reference_hit_tokens(trace, 16)
     bounded = replay(trace, 16, 20_000, True)
     assert (bounded.hit_tokens, bounded.evictions) == reference_lru_replay(trace, 16, 20_000)
