@@ -237,13 +237,27 @@ class BlockPool:
             self.fill[last] += added
             self.useful_tokens += added
         new_total = self.blocks_needed(old + num_tokens)
-        fresh = self._take(new_total - seq.num_blocks)
+        if new_total > len(seq.table):
+            seq.table = np.concatenate([seq.table, np.empty(2 * new_total, dtype=np.int64)])
+        if new_total - seq.num_blocks == 1 and self.queue.num_plain:
+            # NOTE: the common decode case (one new block, a content-free one free) in scalar steps: the
+            # array path costs a dozen numpy calls, too many once per block boundary of every sequence
+            b = self.queue.pop_plain_one()
+            self.version[b] += 1
+            self.ref[b] = 1
+            self.num_used += 1
+            self._stats["allocated_blocks"] += 1
+            last_fill = old + num_tokens - (new_total - 1) * B
+            self.fill[b] = last_fill
+            self.useful_tokens += last_fill
+            seq.table[seq.num_blocks] = b
+            fresh = ()
+        else:
+            fresh = self._take(new_total - seq.num_blocks)
         if len(fresh):
             self.fill[fresh] = B
             self.fill[fresh[-1]] = old + num_tokens - (new_total - 1) * B
             self.useful_tokens += int(self.fill[fresh].sum())
-            if new_total > len(seq.table):
-                seq.table = np.concatenate([seq.table, np.empty(2 * new_total, dtype=np.int64)])
             seq.table[seq.num_blocks : new_total] = fresh
         self.logical_blocks += new_total - seq.num_blocks
         self.logical_tokens += num_tokens

@@ -85,6 +85,13 @@ class FreeBlockQueue:
         self.num_cached -= len(block_ids)
         self._state[block_ids] = USED
 
+    def pop_plain_one(self) -> int:
+        """One block from the plain stack (the caller checked num_plain > 0), in scalar steps."""
+        self._plain_top -= 1
+        block = int(self._plain[self._plain_top])
+        self._state[block] = USED
+        return block
+
     def pop(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Hand out `n` free blocks: plain ones first, then LRU evictions (oldest first).
 
