@@ -224,7 +224,7 @@ class BlockPool:
         if old % B:
             last = int(seq.table[seq.num_blocks - 1])
             if self._needs_copy(last):
-                dst = int(self._take(1)[0])
+                dst = self._take_one()
                 self.fill[dst] = self.fill[last]
                 self.ref[last] -= 1  # others still hold it (ref was > 1)
                 self.useful_tokens += int(self.fill[dst])
@@ -239,14 +239,8 @@ class BlockPool:
         new_total = self.blocks_needed(old + num_tokens)
         if new_total > len(seq.table):
             seq.table = np.concatenate([seq.table, np.empty(2 * new_total, dtype=np.int64)])
-        if new_total - seq.num_blocks == 1 and self.queue.num_plain:
-            # NOTE: the common decode case (one new block, a content-free one free) in scalar steps: the
-            # array path costs a dozen numpy calls, too many once per block boundary of every sequence
-            b = self.queue.pop_plain_one()
-            self.version[b] += 1
-            self.ref[b] = 1
-            self.num_used += 1
-            self._stats["allocated_blocks"] += 1
+        if new_total - seq.num_blocks == 1:
+            b = self._take_one()
             last_fill = old + num_tokens - (new_total - 1) * B
             self.fill[b] = last_fill
             self.useful_tokens += last_fill
@@ -452,6 +446,18 @@ class BlockPool:
         self.num_used += n
         self._stats["allocated_blocks"] += n
         return blocks
+
+    def _take_one(self) -> int:
+        """`_take(1)`; a content-free block in scalar steps. NOTE: the array path costs a dozen numpy
+        calls, too many for decode, which needs one block per block boundary of every sequence."""
+        if not self.queue.num_plain:
+            return int(self._take(1)[0])
+        block = self.queue.pop_plain_one()
+        self.version[block] += 1
+        self.ref[block] = 1
+        self.num_used += 1
+        self._stats["allocated_blocks"] += 1
+        return block
 
     def _drop(self, blocks: np.ndarray) -> None:
         """Blocks whose ref reached 0: free now, or pending until the step ends."""
