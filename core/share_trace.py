@@ -149,10 +149,10 @@ def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_ca
     check_trace(trace, block_size, capacity_blocks)
     largest = int(request_blocks(trace, block_size).max())
     keyed = prefix_caching and trace.has_prefix_ids
+    # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
+    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
     if capacity_blocks is not None:
-        pool_blocks = capacity_blocks
-    else:
-        pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
+        pool_blocks = min(pool_blocks, capacity_blocks)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
@@ -194,7 +194,7 @@ def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) 
         prefix_caching=False,
         block_size=block_size,
         capacity_blocks=capacity_blocks,
-        pool_blocks=max(capacity_blocks if capacity_blocks is not None else largest, 1),
+        pool_blocks=max(largest if capacity_blocks is None else min(largest, capacity_blocks), 1),
         requests=len(trace),
         prompt_tokens=int(trace.prompt_tokens.sum()),
         output_tokens=int(trace.output_tokens.sum()),

@@ -200,7 +200,7 @@ def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> Non
     assert result.evictions == 0 and result.pool_blocks == unlimited_capacity(trace, block_size)
     # the contrast without prefix caching, closed form vs the pool, unlimited and at the smallest capacity
     largest = max(-(-(p + o) // block_size) for p, o, _ in requests)
-    for capacity in (None, largest):
+    for capacity in (None, largest, 10**12):
         assert uncached_replay(trace, block_size, capacity) == replay(trace, block_size, capacity, False)
 
 
@@ -220,6 +220,14 @@ def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, ext
     capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
     result = replay(trace, block_size, capacity, True)
     assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
+def test_a_huge_capacity_is_the_unlimited_replay() -> None:
+    trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
+    huge = replay(trace, 16, 10**12, True)
+    unlimited = replay(trace, 16, None, True)
+    assert huge.capacity_blocks == 10**12 and huge.pool_blocks == unlimited.pool_blocks
+    assert (huge.hit_tokens, huge.evictions) == (unlimited.hit_tokens, 0)
 
 
 def test_trace_errors() -> None:
