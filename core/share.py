@@ -22,6 +22,8 @@ import numpy as np
 from kvcalc.core.block_pool import BlockPool, ReleaseReason
 
 SCENARIO_MODES = ("parallel", "beam")
+MAX_SCENARIO_BLOCKS = 20_000_000
+MAX_SCENARIO_APPENDS = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,14 @@ class ScenarioSpec:
             raise ValueError(f"--gen must be >= 0 generated tokens, got {self.gen_tokens}")
         if self.block_size < 1:
             raise ValueError(f"--block must be a positive number of tokens, got {self.block_size}")
+        # the pool runs step by step: keep its size and the number of decode appends sensible
+        blocks = self.branches * self.blocks_per_branch
+        if blocks > MAX_SCENARIO_BLOCKS or self.branches * self.gen_tokens > MAX_SCENARIO_APPENDS:
+            raise ValueError(
+                f"scenario too large: {self.branches} branches × ({self.prefix_tokens} + {self.gen_tokens}) tokens is "
+                f"{blocks:,} blocks and {self.branches * self.gen_tokens:,} decode steps; the pool runs step by "
+                f"step, keep it within {MAX_SCENARIO_BLOCKS:,} blocks and {MAX_SCENARIO_APPENDS:,} steps"
+            )
 
     @property
     def blocks_per_branch(self) -> int:

@@ -104,6 +104,7 @@ def one_line_error(result, *fragments: str) -> None:
         (("--dtype", "fp8"), ("--dtype", "model")),
         (("--capacity-blocks", "5"), ("--capacity-blocks", "--trace")),
         (("--model", "nope-7b"), ("nope-7b",)),
+        (("--branches", "100000", "--gen", "100000"), ("scenario too large",)),
     ],
 )
 def test_bad_scenario_input(run_cli, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
