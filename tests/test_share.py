@@ -144,7 +144,8 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
         # blocks n.. with a key get it unless an equal chain is still cached elsewhere
         keyed = nodes[:n] + [node for node in nodes[n:] if node not in lru]
         unkeyed = ceil_div(p + o, block_size) - len(keyed)
-        table_order = [node for node in nodes if node in set(keyed)]
+        keyed_set = set(keyed)
+        table_order = [node for node in nodes if node in keyed_set]
         for node in reversed(table_order):
             lru[node] = None
         plain += unkeyed
