@@ -68,6 +68,10 @@ class ReleaseReason(str, Enum):
     PREEMPTED = "preempted"
 
 
+# the stats counter of each release reason, looked up by member or by value
+_RELEASED = {key: f"released_{r.value}" for r in ReleaseReason for key in (r, r.value)}
+
+
 class PoolExhaustedError(RuntimeError):
     """An allocation that does not fit; ask `can_allocate` / `can_append` first. Nothing was changed."""
 
@@ -291,14 +295,20 @@ class BlockPool:
             raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
         self._epoch += 1
         table = seq.table[: seq.num_blocks]
-        refs = self.ref[table] - 1
+        refs = self.ref[table]
+        refs -= 1
         self.ref[table] = refs
-        assert not len(refs) or refs.min() >= 0, "a reference count went below zero"
-        dropped = table[refs == 0][::-1]  # tail first: the tail is the least shareable
-        self._drop(dropped)
+        if not np.count_nonzero(refs):
+            # the common case, no block shared: all of them drop (every ref is 0, so none went below), and
+            # together they hold exactly the sequence's tokens (each holder agrees on every block's fill)
+            self._drop(table[::-1], seq.num_tokens)  # tail first: the tail is the least shareable
+        else:
+            assert refs.min() >= 0, "a reference count went below zero"
+            self._drop(table[refs == 0][::-1])
         self.logical_blocks -= seq.num_blocks
         self.logical_tokens -= seq.num_tokens
-        self._stats[f"released_{ReleaseReason(reason).value}"] += 1
+        counter = _RELEASED.get(reason) if isinstance(reason, str) else None
+        self._stats[counter or f"released_{ReleaseReason(reason).value}"] += 1
 
     # ---- the deferred-free window ---------------------------------------------------------------
     def begin_step(self) -> None:
@@ -459,10 +469,11 @@ class BlockPool:
         self._stats["allocated_blocks"] += 1
         return block
 
-    def _drop(self, blocks: np.ndarray) -> None:
-        """Blocks whose ref reached 0: free now, or pending until the step ends."""
+    def _drop(self, blocks: np.ndarray, num_tokens: int | None = None) -> None:
+        """Blocks whose ref reached 0 (holding `num_tokens` tokens, when the caller knows): free now, or
+        pending until the step ends."""
         self.num_used -= len(blocks)
-        self.useful_tokens -= int(self.fill[blocks].sum())
+        self.useful_tokens -= int(np.add.reduce(self.fill[blocks])) if num_tokens is None else num_tokens
         if self._in_step:
             self.state[blocks] = PENDING
             self._pending.append(blocks)
@@ -470,6 +481,10 @@ class BlockPool:
             self._free(blocks)
 
     def _free(self, blocks: np.ndarray) -> None:
+        if not self.enable_prefix_caching:  # then nothing is ever hashed
+            self.fill[blocks] = 0
+            self.queue.push_plain(blocks)
+            return
         keep = self.hashed[blocks]
         num_keep = np.count_nonzero(keep)
         if num_keep == len(blocks):
