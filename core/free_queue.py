@@ -32,7 +32,7 @@ FREE_CACHED = 2  # free, holds a hashed full block, revivable
 PENDING = 3  # ref == 0 but a running step may still read it (deferred free); not reusable yet
 
 
-_NO_BLOCKS = np.empty(0, dtype=np.int32)
+_NO_BLOCKS = np.empty(0, dtype=np.intp)
 
 
 class FreeBlockQueue:
@@ -95,11 +95,12 @@ class FreeBlockQueue:
     def pop(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Hand out `n` free blocks: plain ones first, then LRU evictions (oldest first).
 
-        Returns (plain_ids, evicted_ids); the caller checked that len(self) >= n. Both come back in
+        Returns (plain_ids, evicted_ids), intp; the caller checked that len(self) >= n. Both come back in
         state USED; evicted blocks still carry their old hash, which the caller drops.
         """
         take_plain = min(n, self._plain_top)
-        plain = self._plain[self._plain_top - take_plain : self._plain_top][::-1].copy()
+        # intp, not the stack's int32: numpy converts an int32 index array on every use (a few µs a call)
+        plain = self._plain[self._plain_top - take_plain : self._plain_top][::-1].astype(np.intp)
         self._plain_top -= take_plain
         need = n - take_plain
         evicted = _NO_BLOCKS
@@ -108,7 +109,7 @@ class FreeBlockQueue:
             while need:
                 window = max(2 * need, 64)
                 pos = np.arange(self._head, min(self._head + window, self._tail))
-                ids = self._lru[pos]
+                ids = self._lru[pos].astype(np.intp)
                 live = (self._state[ids] == FREE_CACHED) & (self.stamp[ids] == pos)
                 live_pos = pos[live]
                 if len(live_pos) > need:
@@ -118,7 +119,7 @@ class FreeBlockQueue:
                     self._head = int(pos[-1]) + 1
                 parts.append(self._lru[live_pos])
                 need -= len(live_pos)
-            evicted = np.concatenate(parts)
+            evicted = np.concatenate(parts).astype(np.intp, copy=False)
             self.stamp[evicted] = -1
             self.num_cached -= len(evicted)
         self._state[plain] = USED
