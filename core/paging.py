@@ -83,17 +83,14 @@ def check_block_sizes(block_sizes: BlockSizes) -> None:
             raise ValueError(f"--block {block_size} is not a valid block size: give a positive number of tokens")
 
 
-@dataclass(frozen=True)
-class FixedReservation:
-    """Every sequence reserves `max_len` positions up front (pre-paging engines)."""
+class _Positions:
+    """Waste and utilisation (eq. 3) of a scheme that allocates `allocated_tokens` for `useful_tokens`."""
 
-    max_len: int
-    num_seqs: int
     useful_tokens: int
 
     @property
     def allocated_tokens(self) -> int:
-        return self.num_seqs * self.max_len
+        raise NotImplementedError
 
     @property
     def waste_tokens(self) -> int:
@@ -110,7 +107,20 @@ class FixedReservation:
 
 
 @dataclass(frozen=True)
-class PagedAllocation:
+class FixedReservation(_Positions):
+    """Every sequence reserves `max_len` positions up front (pre-paging engines)."""
+
+    max_len: int
+    num_seqs: int
+    useful_tokens: int
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.num_seqs * self.max_len
+
+
+@dataclass(frozen=True)
+class PagedAllocation(_Positions):
     """Blocks of `block_size` positions, allocated on demand: Σ ceil(n/B) blocks in all."""
 
     block_size: int
@@ -122,19 +132,6 @@ class PagedAllocation:
     @property
     def allocated_tokens(self) -> int:
         return self.block_size * self.num_blocks
-
-    @property
-    def waste_tokens(self) -> int:
-        return self.allocated_tokens - self.useful_tokens
-
-    @property
-    def utilization(self) -> Fraction:
-        return Fraction(self.useful_tokens, self.allocated_tokens)
-
-    @property
-    def waste_fraction(self) -> Fraction:
-        """Share of allocated positions that hold no token (1 − U)."""
-        return Fraction(self.waste_tokens, self.allocated_tokens)
 
     @property
     def max_blocks_per_seq(self) -> int:
