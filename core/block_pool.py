@@ -72,6 +72,13 @@ class ReleaseReason(str, Enum):
 _RELEASED = {key: f"released_{r.value}" for r in ReleaseReason for key in (r, r.value)}
 
 
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
+_NO_HASHES = np.empty(0, dtype=np.uint64)
+_NO_HASHES.flags.writeable = False
+_NO_PROBE = (_NO_IDS, _NO_HASHES, _NO_IDS, None)  # `_probe` without keys: nothing to look up, nothing to memoise
+
+
 class PoolExhaustedError(RuntimeError):
     """An allocation that does not fit; ask `can_allocate` / `can_append` first. Nothing was changed."""
 
@@ -84,7 +91,7 @@ class BlockRef:
     version: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seq:
     table: np.ndarray  # int64 [capacity]; table[:num_blocks] is the block table
     num_blocks: int
@@ -166,11 +173,14 @@ class BlockPool:
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
         hits, hashes, keys, found = self._probe(num_tokens, block_keys, extra_key)
-        if self._prompt_blocks_from_queue(num_tokens, hits) > len(self.queue):
+        num_hits = len(hits)
+        total = -(-num_tokens // self.block_size)
+        need = self._prompt_blocks_from_queue(num_tokens, hits) if num_hits else total
+        if need > len(self.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
         extra_id = self._extra_id(extra_key)
-        if len(hits):
+        if num_hits:
             revived = hits[self.state[hits] != USED]
             cached = revived[self.state[revived] == FREE_CACHED]
             self.queue.revive(cached)
@@ -178,18 +188,18 @@ class BlockPool:
             self.ref[hits] += 1
             self.num_used += len(revived)
             self.useful_tokens += self.block_size * len(revived)
-        total = self.blocks_needed(num_tokens)
         evictions = self._stats["evictions"]
-        fresh = self._take(total - len(hits))
+        fresh = self._take(total - num_hits)
         # an evicted entry may have been one of ours, or sat on a probe run: look again
         evicted = self._stats["evictions"] != evictions
-        self.fill[fresh] = self.block_size
         if len(fresh):
+            self.fill[fresh] = self.block_size
             self.fill[fresh[-1]] = num_tokens - (total - 1) * self.block_size
-        self.useful_tokens += num_tokens - len(hits) * self.block_size  # fresh blocks hold every other token
+        self.useful_tokens += num_tokens - num_hits * self.block_size  # fresh blocks hold every other token
         table = np.empty(max(total, 4) * 2, dtype=np.int64)
-        table[: len(hits)] = hits
-        table[len(hits) : total] = fresh
+        if num_hits:
+            table[:num_hits] = hits
+        table[num_hits:total] = fresh
         seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
         if len(keys):
             seq.last_hash = int(hashes[-1])
@@ -217,17 +227,19 @@ class BlockPool:
         seq = self._seq(seq_id)
         if num_tokens < 0:
             raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
-        need = self._append_blocks_from_queue(seq, num_tokens)
-        if need > len(self.queue):
-            raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(self.queue)} free")
         if num_tokens == 0:
             return []
-        self._epoch += 1
         B, old = self.block_size, seq.num_tokens
+        new_total = -(-(old + num_tokens) // B)
+        last = int(seq.table[seq.num_blocks - 1]) if old % B else -1
+        copy = last >= 0 and self._needs_copy(last)  # = _append_blocks_from_queue, keeping what it reads
+        need = new_total - seq.num_blocks + copy
+        if need > len(self.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(self.queue)} free")
+        self._epoch += 1
         copies: list[tuple[int, int]] = []
-        if old % B:
-            last = int(seq.table[seq.num_blocks - 1])
-            if self._needs_copy(last):
+        if last >= 0:
+            if copy:
                 dst = self._take_one()
                 self.fill[dst] = self.fill[last]
                 self.ref[last] -= 1  # others still hold it (ref was > 1)
@@ -240,7 +252,6 @@ class BlockPool:
             added = min(B - old % B, num_tokens)
             self.fill[last] += added
             self.useful_tokens += added
-        new_total = self.blocks_needed(old + num_tokens)
         if new_total > len(seq.table):
             seq.table = np.concatenate([seq.table, np.empty(2 * new_total, dtype=np.int64)])
         if new_total - seq.num_blocks == 1:
@@ -253,9 +264,10 @@ class BlockPool:
         else:
             fresh = self._take(new_total - seq.num_blocks)
         if len(fresh):
+            last_fill = old + num_tokens - (new_total - 1) * B
             self.fill[fresh] = B
-            self.fill[fresh[-1]] = old + num_tokens - (new_total - 1) * B
-            self.useful_tokens += int(self.fill[fresh].sum())
+            self.fill[fresh[-1]] = last_fill
+            self.useful_tokens += (len(fresh) - 1) * B + last_fill
             seq.table[seq.num_blocks : new_total] = fresh
         self.logical_blocks += new_total - seq.num_blocks
         self.logical_tokens += num_tokens
@@ -406,36 +418,34 @@ class BlockPool:
         """(hit block ids [h], chain hashes uint64 [k], keys int64 [k], index `find` of the hashes); memoised."""
         if num_tokens < 0:
             raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
+        if block_keys is None or not self.enable_prefix_caching:
+            return _NO_PROBE
         memo = self._memo
         if memo is not None and memo[0] == self._epoch and memo[1] is block_keys and memo[2:4] == (
             num_tokens,
             extra_key,
         ):
             return memo[4]
-        empty = np.empty(0, dtype=np.int64)
-        if block_keys is None or not self.enable_prefix_caching:
-            result = (empty, np.empty(0, dtype=np.uint64), empty, None)
-        else:
-            keys = self._key_array(block_keys)
-            if len(keys) > num_tokens // self.block_size:
-                raise ValueError(
-                    f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
-                    f"{num_tokens // self.block_size} full blocks of {self.block_size}"
-                )
-            extra_id = self._extra_id(extra_key)
-            hashes = chain_hashes(root_hash(extra_id), keys)
-            max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-            positions = np.arange(len(keys))
-            homes = self.index.home_slots(hashes[positions & ~15], positions)
-            found, slots = self.index.find(hashes, homes)  # all of them: allocate inserts misses without a 2nd look
-            cand = found[:max_hit]
-            c = np.maximum(cand, 0)
-            parent_ok = np.concatenate(([-1], cand[:-1]))
-            parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
-            ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
-            ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
-            num_hit = int(np.argmin(ok)) if np.count_nonzero(ok) < max_hit else max_hit
-            result = (cand[:num_hit], hashes, keys, (homes, found, slots))
+        keys = self._key_array(block_keys)
+        if len(keys) > num_tokens // self.block_size:
+            raise ValueError(
+                f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
+                f"{num_tokens // self.block_size} full blocks of {self.block_size}"
+            )
+        extra_id = self._extra_id(extra_key)
+        hashes = chain_hashes(root_hash(extra_id), keys)
+        max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
+        positions = np.arange(len(keys))
+        homes = self.index.home_slots(hashes[positions & ~15], positions)
+        found, slots = self.index.find(hashes, homes)  # all of them: allocate inserts misses without a 2nd look
+        cand = found[:max_hit]
+        c = np.maximum(cand, 0)
+        parent_ok = np.concatenate(([-1], cand[:-1]))
+        parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
+        ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
+        ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
+        num_hit = int(np.argmin(ok)) if np.count_nonzero(ok) < max_hit else max_hit
+        result = (cand[:num_hit], hashes, keys, (homes, found, slots))
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
 
