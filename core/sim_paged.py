@@ -80,8 +80,7 @@ class PagedPolicy:
         if keys is None:
             return 0
         self._settle_all()
-        hits = self.pool._probe(num_tokens, keys, None)[0]  # NOTE: the pool has no public probe yet
-        return len(hits) * self.block_size
+        return self.pool.hit_tokens(num_tokens, keys)
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         keys = None if from_swap else self._keys(rid)
