@@ -84,7 +84,7 @@ def chain_hashes(parent_hash: int, keys: np.ndarray) -> np.ndarray:
     pos, neg = _POWERS.get(n + 1)
     scaled = mix64(keys)
     scaled *= neg[:n]
-    scaled = np.cumsum(scaled, dtype=np.uint64)
+    np.add.accumulate(scaled, out=scaled)  # the prefix sum in place (uint64 wraps modulo 2^64)
     scaled += np.uint64(parent_hash * _P % 2**64)  # Python ints: numpy scalars would warn on overflow
     scaled *= pos[:n]
     return scaled
@@ -157,7 +157,7 @@ class HashIndex:
         while len(active) > _STRAGGLERS:
             vals = table[slots]
             # negative vals (empty, tombstone) index hash_of from the end: a harmless read, masked out
-            hit = (hash_of[vals] == mine) & (vals >= 0)
+            hit = (hash_of.take(vals) == mine) & (vals >= 0)  # take: no int32 -> intp conversion of vals
             done = hit | (vals == _EMPTY)
             found[active[hit]] = vals[hit]
             slot_of[active[done]] = slots[done]
