@@ -175,14 +175,18 @@ class BlockPool:
         hits, hashes, keys, found = self._probe(num_tokens, block_keys, extra_key)
         num_hits = len(hits)
         total = -(-num_tokens // self.block_size)
-        need = self._prompt_blocks_from_queue(num_tokens, hits) if num_hits else total
+        if num_hits:  # = _prompt_blocks_from_queue, keeping the hits' states for below
+            hit_state = self.state[hits]
+            need = total - num_hits + np.count_nonzero(hit_state == FREE_CACHED)
+        else:
+            need = total
         if need > len(self.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
         extra_id = self._extra_id(extra_key)
         if num_hits:
-            revived = hits[self.state[hits] != USED]
-            cached = revived[self.state[revived] == FREE_CACHED]
+            revived = hits[hit_state != USED]
+            cached = hits[hit_state == FREE_CACHED]  # FREE_CACHED blocks are not USED: a part of `revived`
             self.queue.revive(cached)
             self.state[revived] = USED
             self.ref[hits] += 1
