@@ -443,6 +443,9 @@ class BlockPool:
         homes = self.index.home_slots(hashes[positions & ~15], positions)
         found, slots = self.index.find(hashes, homes)  # all of them: allocate inserts misses without a 2nd look
         cand = found[:max_hit]
+        if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
+            cand = cand[: int(np.argmin(cand >= 0))]
+            max_hit = len(cand)
         c = np.maximum(cand, 0)
         parent_ok = np.concatenate(([-1], cand[:-1]))
         parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
