@@ -240,6 +240,12 @@ class BlockPool:
         need = new_total - seq.num_blocks + copy
         if need > len(self.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(self.queue)} free")
+        keys = None
+        if block_keys is not None and self.enable_prefix_caching and seq.num_hashed == old // B:
+            keys = self._key_array(block_keys)
+            completed = (old + num_tokens) // B - seq.num_hashed
+            if len(keys) > completed:
+                raise ValueError(f"{len(keys)} block keys for {completed} completed blocks")
         self._epoch += 1
         copies: list[tuple[int, int]] = []
         if last >= 0:
@@ -276,16 +282,12 @@ class BlockPool:
         self.logical_blocks += new_total - seq.num_blocks
         self.logical_tokens += num_tokens
         seq.num_blocks, seq.num_tokens = new_total, old + num_tokens
-        if block_keys is not None and self.enable_prefix_caching and seq.num_hashed == old // B:
-            keys = self._key_array(block_keys)
-            if len(keys) > seq.num_tokens // B - seq.num_hashed:
-                raise ValueError(f"{len(keys)} block keys for {seq.num_tokens // B - seq.num_hashed} completed blocks")
+        if keys is not None and len(keys):
             hashes = chain_hashes(seq.last_hash, keys)
-            if len(keys):
-                first = seq.num_hashed
-                seq.num_hashed += len(keys)
-                seq.last_hash = int(hashes[-1])
-                self._register(seq, first, hashes, keys)
+            first = seq.num_hashed
+            seq.num_hashed += len(keys)
+            seq.last_hash = int(hashes[-1])
+            self._register(seq, first, hashes, keys)
         return copies
 
     # ---- fork and release -----------------------------------------------------------------------
@@ -306,6 +308,9 @@ class BlockPool:
 
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         """The one release path (finish, cancel, timeout, preempt). Releasing twice raises ValueError."""
+        counter = _RELEASED.get(reason) if isinstance(reason, str) else None
+        if counter is None:
+            raise ValueError(f"unknown release reason {reason!r}: use a ReleaseReason")
         seq = self.seqs.pop(seq_id, None)
         if seq is None:
             raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
@@ -323,8 +328,7 @@ class BlockPool:
             self._drop(table[refs == 0][::-1])
         self.logical_blocks -= seq.num_blocks
         self.logical_tokens -= seq.num_tokens
-        counter = _RELEASED.get(reason) if isinstance(reason, str) else None
-        self._stats[counter or f"released_{ReleaseReason(reason).value}"] += 1
+        self._stats[counter] += 1
 
     # ---- the deferred-free window ---------------------------------------------------------------
     def begin_step(self) -> None:

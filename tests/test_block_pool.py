@@ -276,3 +276,19 @@ def test_free_queue_is_an_lru_like_an_ordered_dict(ops: list[tuple[str, int]]) -
             assert evicted.tolist() == [ref.popitem(last=False)[0] for _ in range(n)]
         assert queue.order() == list(ref)
         queue.check()
+
+
+def test_failed_release_and_append_change_nothing():
+    """Check, then change: a bad reason or too many block keys raise before the pool is touched."""
+    pool = BlockPool(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    pool.allocate("a", 3)  # 3 tokens in block 0
+    before = (pool.usage(), pool.stats(), pool.block_table("a").tolist(), pool.num_tokens("a"))
+    with pytest.raises(ValueError, match="release reason"):
+        pool.release("a", "vanished")
+    # appending 2 tokens completes 1 block (3 + 2 = 5 tokens: block 0 full), so 2 keys are one too many
+    with pytest.raises(ValueError, match="2 block keys for 1 completed blocks"):
+        pool.append("a", 2, block_keys=[(1, 2, 3, 4), (5, 6, 7, 8)])
+    assert (pool.usage(), pool.stats(), pool.block_table("a").tolist(), pool.num_tokens("a")) == before
+    pool.check_invariants()
+    pool.release("a")
+    pool.check_invariants()
