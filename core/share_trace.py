@@ -109,14 +109,38 @@ def unlimited_capacity(trace: Trace, block_size: int) -> int:
     largest = int(request_blocks(trace, block_size).max())
     if trace.hash_ids is None:
         return largest
-    trie: dict[tuple[int, int], int] = {}
-    offsets = trace.hash_offsets.tolist()
-    ids = trace.hash_ids.tolist()
-    for i in range(len(trace)):
-        node = -1
-        for h in ids[offsets[i] : offsets[i + 1]]:
-            node = trie.setdefault((node, h), len(trie))
-    return len(trie) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
+    return distinct_id_prefixes(trace.hash_ids, trace.hash_offsets) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
+
+
+def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
+    """Distinct non-empty prefixes of the requests' hash-id sequences (the nodes of their trie).
+
+    Vectorised: in lexicographic order, each sequence adds its length minus its longest common prefix
+    with the one before it. Rows are padded with a value below every id, so that a sequence sorts before
+    its extensions and the padding never extends a common prefix past the shorter sequence.
+    """
+    lengths = np.diff(hash_offsets)
+    ids = hash_ids[hash_offsets[0] : hash_offsets[-1]] if len(hash_offsets) else hash_ids[:0]
+    if not len(ids):
+        return 0
+    width = int(lengths.max())
+    if len(lengths) * width > 8 * len(ids) + (1 << 20):  # a padded matrix far larger than the ids: walk a trie
+        trie: dict[tuple[int, int], int] = {}
+        flat, offsets = hash_ids.tolist(), hash_offsets.tolist()
+        for i in range(len(lengths)):
+            node = -1
+            for h in flat[offsets[i] : offsets[i + 1]]:
+                node = trie.setdefault((node, h), len(trie))
+        return len(trie)
+    rows = np.full((len(lengths), width), int(ids.min()) - 1, dtype=np.int64)
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    rows[row_of, np.arange(hash_offsets[0], hash_offsets[-1]) - hash_offsets[row_of]] = ids
+    order = np.lexsort(rows.T[::-1])  # lexsort's last key is the primary one
+    rows, lengths = rows[order], lengths[order]
+    equal = rows[1:] == rows[:-1]
+    common = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
+    common = np.minimum(common, np.minimum(lengths[1:], lengths[:-1]))
+    return int(lengths.sum() - common.sum())
 
 
 def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:

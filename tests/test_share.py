@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.share import ScenarioSpec, closed_form_physical_blocks, run_scenario
 from kvcalc.core.share_trace import (
+    distinct_id_prefixes,
     replay,
     request_block_keys,
     share_trace,
@@ -221,6 +222,23 @@ def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, ext
     capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
     result = replay(trace, block_size, capacity, True)
     assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 3), max_size=6), max_size=12))
+def test_distinct_id_prefixes_counts_the_nodes_of_a_trie(sequences: list[list[int]]) -> None:
+    # the reference: every non-empty prefix as a tuple, in a set (negative ids and empty requests included)
+    prefixes = {tuple(seq[: d + 1]) for seq in sequences for d in range(len(seq))}
+    hash_ids = np.array([h for seq in sequences for h in seq], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([len(seq) for seq in sequences], dtype=np.int64)))
+    assert distinct_id_prefixes(hash_ids, offsets) == len(prefixes)
+
+
+def test_distinct_id_prefixes_worked_example() -> None:
+    # [1,2,3], [1,2], [1,4], [5], [1,2,3]: prefixes 1, 12, 123, 14, 5 -> 5
+    sequences = [[1, 2, 3], [1, 2], [1, 4], [5], [1, 2, 3]]
+    offsets = np.array([0, 3, 5, 7, 8, 11])
+    assert distinct_id_prefixes(np.array([h for seq in sequences for h in seq]), offsets) == 5
 
 
 def test_a_huge_capacity_is_the_unlimited_replay() -> None:
