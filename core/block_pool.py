@@ -208,7 +208,13 @@ class BlockPool:
         if len(keys):
             seq.last_hash = int(hashes[-1])
             homes, present, slots = (a[len(hits) :] for a in found)
-            rest = (homes, None, None) if evicted else (homes, present, slots)
+            if evicted:
+                # the look-up is still right after deletions, except for entries deleted since: an evicted
+                # block's hash is absent now, and its slot (a tombstone now, on the hash's probe run) is a
+                # valid place to insert it again — no second look-up
+                gone = (present >= 0) & ~self.hashed[np.maximum(present, 0)]
+                present = np.where(gone, -1, present)
+            rest = (homes, present, slots)
             self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], rest)
         seq.hit_tokens = len(hits) * self.block_size
         self.seqs[seq_id] = seq
