@@ -29,3 +29,23 @@ def test_python_dash_m_runs():
     proc = subprocess.run([sys.executable, "-m", "kvcalc", "--version"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("kvcalc ")
+
+
+def test_a_command_imports_only_its_own_module():
+    """Commands load lazily: `kvcalc size` never imports the modules of frag, share, sim or bench."""
+    code = (
+        "import sys\n"
+        "from kvcalc.cli.app import main\n"
+        "sys.argv = ['kvcalc', 'size', '--model', 'llama-3-8b', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('kvcalc.cli.'))\n"
+        "print(loaded, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    loaded = proc.stderr.strip().splitlines()[-1]
+    assert "kvcalc.cli.size" in loaded
+    for other in ("kvcalc.cli.frag", "kvcalc.cli.share", "kvcalc.cli.sim", "kvcalc.cli.bench"):
+        assert f"'{other}'" not in loaded
