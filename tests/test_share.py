@@ -92,19 +92,24 @@ def make_trace(requests: list[tuple[int, int, list[int]]]) -> Trace:
     )
 
 
+def _trie_path(trie: dict, ids: list[int], prompt_tokens: int, block_size: int) -> list[int]:
+    """Trie nodes of a prompt's full blocks, keyed (parent node, (hash_id, sub-block)); new nodes added."""
+    per_id = 512 // block_size
+    node, nodes = -1, []
+    for j in range(prompt_tokens // block_size):
+        node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
+        nodes.append(node)
+    return nodes
+
+
 def reference_hit_tokens(trace: Trace, block_size: int) -> int:
     """Unlimited cache as a trie of block keys (hash_id, sub-block) in plain dicts: no pool, no hashing."""
-    per_id = 512 // block_size
     trie: dict[tuple[int, tuple[int, int]], int] = {}  # (parent node, key) -> node
     cached: set[int] = set()
     hits = 0
     for i in range(len(trace)):
         p = int(trace.prompt_tokens[i])
-        ids = trace.request_hash_ids(i).tolist()
-        node, nodes = -1, []
-        for j in range(p // block_size):
-            node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
-            nodes.append(node)
+        nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
         n = 0
         while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in cached:
             n += 1
@@ -118,18 +123,13 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
     chains (trie nodes) plus a count of content-free blocks. A request revives its cached prefix, takes
     content-free blocks first, then evicts the least recently freed; on release its keyed blocks go to
     the LRU tail last block first, the rest become content-free. No pool, no hashing."""
-    per_id = 512 // block_size
     trie: dict[tuple[int, tuple[int, int]], int] = {}
     lru: OrderedDict[int, None] = OrderedDict()
     plain = capacity
     hits = evictions = 0
     for i in range(len(trace)):
         p, o = int(trace.prompt_tokens[i]), int(trace.output_tokens[i])
-        ids = trace.request_hash_ids(i).tolist()
-        node, nodes = -1, []
-        for j in range(p // block_size):
-            node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
-            nodes.append(node)
+        nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
         n = 0
         while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in lru:
             n += 1
