@@ -8,6 +8,7 @@ import numpy as np
 from kvcalc.core.block_pool import BlockPool, ReleaseReason
 from kvcalc.core.sim_hardware import BLOCK_TABLE_ENTRY_BYTES
 from kvcalc.core.sim_policies import UNLIMITED_STEPS, ceil_div
+from kvcalc.core.traces import mooncake_block_keys
 
 
 class PagedPolicy:
@@ -237,20 +238,11 @@ class PagedPolicy:
         assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
 
 
-def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray, block_size: int,
-                         prefix_block_tokens: int = 512) -> list[np.ndarray]:
-    """Per request, the content key of each full B-block of its prompt: hash_id · (512/B) + sub-block.
-
-    Mooncake gives one id per 512-token block (equal ids = equal tokens), so B must divide 512.
-    """
-    if prefix_block_tokens % block_size:
-        raise ValueError(f"--block {block_size} does not divide Mooncake's {prefix_block_tokens}-token hash blocks; "
-                         "use a power of two up to 512")
-    per = prefix_block_tokens // block_size
-    keys = []
-    for i in range(len(prompt)):
-        ids = hash_ids[hash_offsets[i] : hash_offsets[i + 1]]
-        full = min(int(prompt[i]) // block_size, len(ids) * per)  # keys only where hash ids say what is there
-        sub = np.arange(full, dtype=np.int64)
-        keys.append(ids[sub // per] * per + sub % per)
-    return keys
+def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,
+                        block_size: int) -> list[np.ndarray]:
+    """Per request, the content key of each full B-block of its prompt (see traces.mooncake_block_keys)."""
+    return [
+        mooncake_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,
+                            f"request {i + 1}: ")
+        for i in range(len(prompt))
+    ]

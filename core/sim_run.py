@@ -51,7 +51,7 @@ def make_policy(name: str, workload: Workload, setup: SimSetup):
         keys = None
         if setup.prefix_caching and workload.hash_ids is not None and workload.hash_offsets is not None:
             keys = mooncake_prompt_keys(workload.hash_ids, workload.hash_offsets, workload.prompt_tokens,
-                                        setup.block_size, workload.prefix_block_tokens)
+                                        setup.block_size)
         return PagedPolicy(setup.capacity_blocks, setup.block_size, n, keys)
     return ReservationPolicy(name, setup.capacity_blocks * setup.block_size, workload.prompt_tokens,
                              workload.output_tokens, setup.scheduler.max_model_len)

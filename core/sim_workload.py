@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvcalc.core.traces import MOONCAKE_BLOCK_TOKENS, Trace
+from kvcalc.core.traces import RequestArrays, Trace
 
 ARRIVALS = ("poisson", "gamma")
 
 
 @dataclass(frozen=True, eq=False)
-class Workload:
+class Workload(RequestArrays):
     """N requests as parallel arrays, sorted by arrival.
 
     arrival_s      float64 [N]   seconds from the first arrival
@@ -42,7 +42,6 @@ class Workload:
     description: str
     hash_ids: np.ndarray | None = None
     hash_offsets: np.ndarray | None = None
-    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
     notes: tuple[str, ...] = ()
     unit_arrival_s: np.ndarray | None = None  # constructed: the seeded arrivals at mean rate 1/s
 
@@ -52,13 +51,6 @@ class Workload:
             raise ValueError("the workload holds no requests: give a trace with requests or --requests >= 1")
         assert self.arrival_s.shape == (n,) and self.output_tokens.shape == (n,), "workload arrays differ in length"
 
-    def __len__(self) -> int:
-        return int(self.prompt_tokens.shape[0])
-
-    @property
-    def has_prefix_ids(self) -> bool:
-        return self.hash_ids is not None
-
     @property
     def span_s(self) -> float:
         return float(self.arrival_s[-1] - self.arrival_s[0])
@@ -67,11 +59,6 @@ class Workload:
     def mean_rate_per_s(self) -> float:
         """(N − 1) / span: the mean arrival rate (inf when every request arrives at once)."""
         return (len(self) - 1) / self.span_s if self.span_s > 0 else float("inf")
-
-    def request_hash_ids(self, i: int) -> np.ndarray | None:
-        if self.hash_ids is None or self.hash_offsets is None:
-            return None
-        return self.hash_ids[self.hash_offsets[i] : self.hash_offsets[i + 1]]
 
     def at_rate(self, rate_per_s: float) -> Workload:
         """The same requests arriving at mean rate R: a constructed workload's unit-rate arrivals / R, or a

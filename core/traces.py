@@ -20,8 +20,31 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 
 
+class RequestArrays:
+    """What traces and simulation workloads share: N requests as parallel arrays, and for Mooncake the
+    prefix-block ids of each request (flat `hash_ids`, request i's are hash_ids[hash_offsets[i]:hash_offsets[i+1]]).
+    Subclasses are dataclasses with the fields `prompt_tokens`, `hash_ids` and `hash_offsets` and a
+    `description` (a field or a property)."""
+
+    prompt_tokens: np.ndarray
+    hash_ids: np.ndarray | None
+    hash_offsets: np.ndarray | None
+
+    def __len__(self) -> int:
+        return int(self.prompt_tokens.shape[0])
+
+    @property
+    def has_prefix_ids(self) -> bool:
+        return self.hash_ids is not None
+
+    def request_hash_ids(self, i: int) -> np.ndarray:
+        if self.hash_ids is None or self.hash_offsets is None:
+            raise ValueError(f"{self.description} has no prefix ids (hash_ids); use a Mooncake trace")
+        return self.hash_ids[self.hash_offsets[i] : self.hash_offsets[i + 1]]
+
+
 @dataclass(frozen=True, eq=False)
-class Trace:
+class Trace(RequestArrays):
     """Requests of a trace, as parallel arrays of length N (`len(trace)`).
 
     arrival_s      float64 [N]  seconds since the first request of the file
@@ -39,21 +62,9 @@ class Trace:
     hash_ids: np.ndarray | None = None
     hash_offsets: np.ndarray | None = None
 
-    def __len__(self) -> int:
-        return int(self.prompt_tokens.shape[0])
-
-    @property
-    def has_prefix_ids(self) -> bool:
-        return self.hash_ids is not None
-
     @property
     def description(self) -> str:
         return f"real trace: {self.kind} {self.path} ({len(self):,} requests)"
-
-    def request_hash_ids(self, i: int) -> np.ndarray:
-        if self.hash_ids is None or self.hash_offsets is None:
-            raise ValueError(f"the {self.kind} trace {self.path} has no prefix ids (hash_ids); use a Mooncake trace")
-        return self.hash_ids[self.hash_offsets[i] : self.hash_offsets[i + 1]]
 
     def head(self, limit: int) -> Trace:
         """The first `limit` requests (all of them when limit >= N)."""
@@ -66,6 +77,29 @@ class Trace:
         return Trace(
             self.kind, self.path, self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], ids, offsets
         )
+
+
+def mooncake_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, where: str = "") -> np.ndarray:
+    """int64 [prompt_tokens // block_size]: the content key of every full prompt block of one request.
+
+    One Mooncake hash id covers 512 tokens (equal ids = equal content, prefix-chained), so with block size
+    B (B must divide 512) full block j has the key (hash_ids[j // S], j % S), S = 512 / B, encoded exactly
+    as the integer hash_id · S + j % S. A block past the last id's coverage is an error in the trace.
+    """
+    if block_size < 1 or MOONCAKE_BLOCK_TOKENS % block_size:
+        raise ValueError(
+            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
+            "use a divisor such as 8, 16, 32 or 64"
+        )
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    full = prompt_tokens // block_size
+    if full and (full - 1) // per_id >= len(hash_ids):
+        raise ValueError(
+            f"{where}{prompt_tokens} prompt tokens need {-(-prompt_tokens // MOONCAKE_BLOCK_TOKENS)} hash_ids "
+            f"(one per {MOONCAKE_BLOCK_TOKENS} tokens), the request has {len(hash_ids)}"
+        )
+    j = np.arange(full, dtype=np.int64)
+    return hash_ids[j // per_id] * per_id + j % per_id
 
 
 def read_trace(kind: str, path: str | Path) -> Trace:
@@ -82,10 +116,14 @@ def read_trace(kind: str, path: str | Path) -> Trace:
     return trace
 
 
-def _parse_count(text: str, what: str, where: str) -> int:
+def _parse_count(text: str | int | float, what: str, where: str) -> int:
+    """A length from a CSV cell (str) or a JSON value (int; an integral float such as 512.0 is accepted).
+    3.7 or true are errors, never truncated to 3 or read as 1."""
     try:
+        if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+            raise ValueError
         value = int(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{where}: {what} {text!r} is not an integer; fix or remove that line") from None
     if value < 0:
         raise ValueError(f"{where}: {what} is negative ({value}); lengths must be >= 0")
@@ -170,7 +208,7 @@ def read_mooncake(path: Path) -> Trace:
             hashes = record.get("hash_ids")
             if hashes is None:
                 any_ids = False
-            elif not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+            elif not isinstance(hashes, list) or not all(type(h) is int for h in hashes):  # bool is not an id
                 raise ValueError(f"{where}: hash_ids must be a list of integers")
             else:
                 ids.extend(hashes)

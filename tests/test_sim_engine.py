@@ -244,11 +244,12 @@ def test_paged_accounting_matches_the_pool():
 
 
 def test_prefix_cache_hits_skip_prefill():
-    # Two requests share a 2-block prefix (B = 4: keys 7, 8); the second arrives after the first finished.
+    # Two requests share hash id 5 (B = 4: their 2 full blocks have keys 5·128 + 0, 5·128 + 1); the second
+    # arrives after the first finished.
     # Its hit covers 8 of its 10 prompt tokens, so its prefill computes 2 tokens (not 10) — equal step time
     # here, so check the pool's counters and the hit it reported.
     w = Workload(np.array([0.0, 1.0]), np.array([10, 10]), np.array([2, 2]), "real", "t",
-                 hash_ids=np.array([5, 5]), hash_offsets=np.array([0, 1, 2]), prefix_block_tokens=8)
+                 hash_ids=np.array([5, 5]), hash_offsets=np.array([0, 1, 2]))
     s = make_setup(10, 4)
     from kvcalc.core.sim_run import make_policy
     from kvcalc.core.sim_scheduler import Engine

@@ -185,6 +185,9 @@ def test_mooncake_keys():
     assert keys[0].tolist() == [7 * 2 + 0, 7 * 2 + 1]
     with pytest.raises(ValueError, match="does not divide"):
         mooncake_prompt_keys(np.array([7]), np.array([0, 1]), np.array([10]), 48)
+    # 1,100 tokens need ceil(1100 / 512) = 3 hash ids; the request has 2: an error, not a silent cut
+    with pytest.raises(ValueError, match="request 1: 1100 prompt tokens need 3 hash_ids"):
+        mooncake_prompt_keys(np.array([7, 9]), np.array([0, 2]), np.array([1100]), 16)
 
 
 def test_reservation_sizes():
