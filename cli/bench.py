@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt
-from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format, to_json
+from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
 from kvcalc.core.units import format_bytes
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cuda (the extension), cpu (the reference "
@@ -43,43 +43,64 @@ def _pick_device(device: str) -> str:
     return "cpu"
 
 
+def _correctness_table(correctness: list[dict[str, Any]]) -> Table:
+    """One row per (dtype, head dim) over the grid of cases: the worst errors and how many cases passed."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in correctness:
+        groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
+    records = [
+        {"dtype": dtype, "head_dim": dim, "cases": len(rows), "max_rel_err": max(r["rel_err"] for r in rows),
+         "tolerance": rows[0]["tolerance"],
+         "max_paged_vs_contiguous_diff": max(r["paged_vs_contiguous_max_diff"] for r in rows),
+         "passed_cases": sum(r["passed"] for r in rows)}
+        for (dtype, dim), rows in groups.items()
+    ]
+    fields = [
+        Field("dtype", "dtype"),
+        Field("head_dim", "head dim"),
+        Field("cases", "cases"),
+        Field("max_rel_err", "max rel err", "{:.2e}".format),
+        Field("tolerance", "tolerance", "{:.0e}".format),
+        Field("max_paged_vs_contiguous_diff", "paged vs contiguous", "{:.2e}".format),
+        Field("passed_cases"),
+        Field(None, "passed", lambda r: f"{r['passed_cases']}/{r['cases']}"),
+    ]
+    return record_table("Correctness vs float64 reference (groups 1/4/16 x blocks 1/16/256, lengths 0..700)",
+                        fields, records)
+
+
+def _timing_table(title: str, rows: list[dict[str, Any]], cpu: bool) -> Table:
+    """One row per timed shape, as the JSON's rows (µs, bytes, TB/s = 1e12 B/s, fraction of the copy ceiling)."""
+    unit = "CPU µs" if cpu else "µs"
+    fields = [
+        Field("batch", "batch"),
+        Field("context", "context"),
+        Field("block_size", "block"),
+        Field("paged_us", f"paged {unit}", "{:.1f}".format),
+        Field("contiguous_us", f"contiguous {unit}", "{:.1f}".format),
+        Field("paged_over_contiguous", "paged/contig", "{:.3f}".format),
+        Field("bytes", "bytes", format_bytes),
+        Field("achieved_tbps", "TB/s", "{:.3g}".format),
+        Field("fraction_of_copy", "of copy", lambda f: f"{100 * f:.1f} %", missing="-"),
+        Field("timed_outputs_match"),
+    ]
+    if not cpu:
+        fields += [Field(key, label, "{:.1f}".format, missing="-")
+                   for key, label in (("sdpa_us", "SDPA µs"), ("flex_paged_us", "flex paged µs"))]
+    return record_table(title, fields, [{f.key: r.get(f.key) for f in fields} for r in rows])
+
+
 def _report(doc: dict[str, Any]) -> Report:
     cpu = doc["device"]["type"] == "cpu"
     tables = []
     if doc["correctness"]:
-        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for row in doc["correctness"]:
-            groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
-        tables.append(Table(
-            "Correctness vs float64 reference (groups 1/4/16 x blocks 1/16/256, lengths 0..700)",
-            ["dtype", "head dim", "cases", "max rel err", "tolerance", "paged vs contiguous", "passed"],
-            [[dtype, dim, len(rows), f"{max(r['rel_err'] for r in rows):.2e}", f"{rows[0]['tolerance']:.0e}",
-              f"{max(r['paged_vs_contiguous_max_diff'] for r in rows):.2e}",
-              f"{sum(r['passed'] for r in rows)}/{len(rows)}"] for (dtype, dim), rows in groups.items()],
-        ))
-
-    def timing_table(title: str, rows: list[dict[str, Any]]) -> Table:
-        unit = "CPU µs" if cpu else "µs"
-        columns = ["batch", "context", "block", f"paged {unit}", f"contiguous {unit}", "paged/contig", "bytes",
-                   "TB/s", "of copy"]
-        if not cpu:
-            columns += ["SDPA µs", "flex paged µs"]
-        out = []
-        for r in rows:
-            line = [r["batch"], r["context"], r["block_size"], f"{r['paged_us']:.1f}", f"{r['contiguous_us']:.1f}",
-                    f"{r['paged_over_contiguous']:.3f}", format_bytes(r["bytes"]), f"{r['achieved_tbps']:.3g}",
-                    "-" if r["fraction_of_copy"] is None else f"{100 * r['fraction_of_copy']:.1f} %"]
-            if not cpu:
-                line += ["-" if r.get(key) is None else f"{r[key]:.1f}" for key in ("sdpa_us", "flex_paged_us")]
-            out.append(line)
-        return Table(title, columns, out)
-
+        tables.append(_correctness_table(doc["correctness"]))
     config = doc["config"]
     shape = f"{config['dtype']}, head dim {config['head_dim']}, {config['num_q_heads']}/{config['num_kv_heads']} heads"
     if doc["timing"]:
-        tables.append(timing_table(f"Decode timing ({shape})", doc["timing"]))
+        tables.append(_timing_table(f"Decode timing ({shape})", doc["timing"], cpu))
     if doc.get("block_sweep"):
-        tables.append(timing_table(f"Block-size sweep ({shape})", doc["block_sweep"]))
+        tables.append(_timing_table(f"Block-size sweep ({shape})", doc["block_sweep"], cpu))
     notes = [f"implementation: {doc['implementation']}"]
     if cpu:
         notes.append("CPU times are the pure-torch reference implementation on CPU, not a kernel figure.")

@@ -18,7 +18,7 @@ from kvcalc.cli.options import (
     ModelOpt,
     SeedOpt,
 )
-from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
 from kvcalc.core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
 from kvcalc.core.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
@@ -226,48 +226,84 @@ def _header(source: Lengths) -> list[str]:
     ]
 
 
+def _scheme(record: dict[str, Any]) -> str:
+    if record["scheme"] == "fixed":
+        return "fixed" if record.get("max_len") is None else f"fixed, M = {format_count(record['max_len'])}"
+    return f"paged, B = {record['block_size']}"
+
+
 def _token_table(result: FragAnalysis) -> Table:
     fixed = result.fixed
-    columns = ["scheme", "blocks", "useful", "allocated", "waste", "utilisation", "block tables (exact)",
-               "block tables (dense)"]
-    rows: list[list[Any]] = [[
-        f"fixed, M = {format_count(fixed.max_len)}", "—", format_count(fixed.useful_tokens),
-        format_count(fixed.allocated_tokens), format_count(fixed.waste_tokens), format_percent(fixed.utilization),
-        "—", "—",
-    ]]
-    for p in result.paged:
-        rows.append([
-            f"paged, B = {p.block_size}", format_count(p.num_blocks), format_count(p.useful_tokens),
-            format_count(p.allocated_tokens), format_count(p.waste_tokens), format_percent(p.utilization),
-            format_bytes(p.block_table_bytes_exact), format_bytes(p.block_table_bytes_dense),
-        ])
-    return Table("Fixed reservation vs paging (token positions)", columns, rows)
+    records: list[dict[str, Any]] = [{
+        "scheme": "fixed", "max_len": fixed.max_len, "block_size": None, "blocks": None,
+        "useful": fixed.useful_tokens, "allocated": fixed.allocated_tokens, "waste": fixed.waste_tokens,
+        "utilization": float(fixed.utilization), "block_table_bytes_exact": None, "block_table_bytes_dense": None,
+    }]
+    records += [{
+        "scheme": "paged", "max_len": None, "block_size": p.block_size, "blocks": p.num_blocks,
+        "useful": p.useful_tokens, "allocated": p.allocated_tokens, "waste": p.waste_tokens,
+        "utilization": float(p.utilization), "block_table_bytes_exact": p.block_table_bytes_exact,
+        "block_table_bytes_dense": p.block_table_bytes_dense,
+    } for p in result.paged]
+    fields = [
+        Field(None, "scheme", _scheme),
+        Field("scheme"),
+        Field("max_len"),
+        Field("block_size"),
+        Field("blocks", "blocks", format_count),
+        Field("useful", "useful", format_count),
+        Field("allocated", "allocated", format_count),
+        Field("waste", "waste", format_count),
+        Field("utilization", "utilisation", format_percent),
+        Field("block_table_bytes_exact", "block tables (exact)", format_bytes),
+        Field("block_table_bytes_dense", "block tables (dense)", format_bytes),
+    ]
+    return record_table("Fixed reservation vs paging (token positions)", fields, records)
 
 
 def _bytes_table(model: ModelBytes, dtype_name: str) -> Table:
-    columns = ["scheme", "useful KV", "waste (reservation / tail blocks)", "block tables (exact)",
-               "block tables (dense)", "KV allocated"]
+    """KV bytes per scheme; CSV keys as the JSON's: reservation_waste_bytes (fixed), fragmentation_bytes (paged)."""
+    bytes_per_token = model.spec.bytes_per_token(model.dtype_bits)
     fixed = model.fixed
-    rows: list[list[Any]] = [[
-        "fixed", format_bytes(fixed.useful_kv_bytes), format_bytes(fixed.waste_kv_bytes), "—", "—",
-        format_bytes(fixed.allocated_kv_bytes),
-    ]]
-    for kv in model.paged:
-        rows.append([
-            f"paged, B = {kv.block_size}", format_bytes(kv.useful_kv_bytes), format_bytes(kv.waste_kv_bytes),
-            format_bytes(kv.block_table_bytes_exact), format_bytes(kv.block_table_bytes_dense),
-            format_bytes(kv.allocated_kv_bytes),
-        ])
-    per_token = format_bytes(model.spec.bytes_per_token(model.dtype_bits))
-    return Table(f"KV bytes — {model.spec.name}, {dtype_name} ({per_token} per token)", columns, rows)
+    common = {"model": model.spec.name, "dtype": dtype_name, "bytes_per_token": bytes_per_token}
+    records: list[dict[str, Any]] = [{
+        "scheme": "fixed", "block_size": None, "useful_kv_bytes": fixed.useful_kv_bytes,
+        "reservation_waste_bytes": fixed.waste_kv_bytes, "fragmentation_bytes": None,
+        "waste_kv_bytes": fixed.waste_kv_bytes, "block_table_bytes_exact": None, "block_table_bytes_dense": None,
+        "allocated_kv_bytes": fixed.allocated_kv_bytes, **common,
+    }]
+    records += [{
+        "scheme": "paged", "block_size": kv.block_size, "useful_kv_bytes": kv.useful_kv_bytes,
+        "reservation_waste_bytes": None, "fragmentation_bytes": kv.waste_kv_bytes, "waste_kv_bytes": kv.waste_kv_bytes,
+        "block_table_bytes_exact": kv.block_table_bytes_exact, "block_table_bytes_dense": kv.block_table_bytes_dense,
+        "allocated_kv_bytes": kv.allocated_kv_bytes, **common,
+    } for kv in model.paged]
+    fields = [
+        Field(None, "scheme", _scheme),
+        Field("scheme"),
+        Field("block_size"),
+        Field("useful_kv_bytes", "useful KV", format_bytes),
+        Field("reservation_waste_bytes"),
+        Field("fragmentation_bytes"),
+        Field(None, "waste (reservation / tail blocks)", lambda r: format_bytes(r["waste_kv_bytes"])),
+        Field("block_table_bytes_exact", "block tables (exact)", format_bytes),
+        Field("block_table_bytes_dense", "block tables (dense)", format_bytes),
+        Field("allocated_kv_bytes", "KV allocated", format_bytes),
+        Field("model"),
+        Field("dtype"),
+        Field("bytes_per_token"),
+    ]
+    title = f"KV bytes — {model.spec.name}, {dtype_name} ({format_bytes(bytes_per_token)} per token)"
+    return record_table(title, fields, records)
 
 
 def _per_seq_table(rows: PerSequence, max_len: int) -> Table:
-    columns = ["#", "n", f"M − n (M = {format_count(max_len)})"]
+    """One row per sequence; CSV keys as the JSON's per_seq (seq: the 1-based row number)."""
+    records = [{"seq": i, **r} for i, r in enumerate(rows.records(), 1)]
+    fields = [Field("seq", "#"), Field("n", "n"), Field("reservation_waste", f"M − n (M = {format_count(max_len)})")]
     for b in rows.allocated:
-        columns += [f"A_{b}(n)", f"W_{b}(n)"]
-    records = rows.records()
-    return Table("Per sequence (token positions)", columns, [[i, *r.values()] for i, r in enumerate(records, 1)])
+        fields += [Field(f"allocated_b{b}", f"A_{b}(n)"), Field(f"waste_b{b}", f"W_{b}(n)")]
+    return record_table("Per sequence (token positions)", fields, records)
 
 
 def _chart(result: FragAnalysis) -> str:

@@ -2,6 +2,15 @@
 
 Data goes to stdout; logs, progress and warnings go to stderr (`err_console`). Commands build a
 `Report` (a JSON document plus the tables and notes that show it to people) and call `emit`.
+
+Two audiences, two forms of every table. The rich table and markdown are for people: display strings
+("2,560", "248 B", "37.81 %", "—"). CSV is for scripts: each table also carries a `RawTable` whose
+columns are snake_case names that say their unit (the JSON key where the JSON has one: `allocated`,
+`utilization`, `block_table_bytes_exact`, `ttft_p99_s`) and whose cells are the values of the --json
+document (exact int bytes and tokens, fractions 0..1, seconds), empty for "not applicable", true/false for
+flags. Build both forms from one list of records with `record_table` or `quantity_table`, so that they cannot
+drift; a table without a raw form cannot be written as CSV (a TypeError, an internal bug). A CSV of several
+tables separates them with a blank line and a `# title` line before each table.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import io
 import json
 import math
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
@@ -29,14 +39,84 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
+NOT_APPLICABLE = "—"  # the display of a None cell; CSV writes an empty cell
+
+
+@dataclass
+class RawTable:
+    """A table's machine-readable form for --format csv.
+
+    `columns`: snake_case names that say their unit; `rows`: cells that are None (not applicable), bool,
+    int, float (non-finite -> empty, as JSON's null) or a plain identifier/label string.
+    """
+
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+
+
 @dataclass
 class Table:
-    """A titled table; `rows` hold display values (str or numbers), one list per row."""
+    """A titled table; `rows` hold display values (str or numbers), one list per row; `raw` the same
+    quantities as raw values for CSV (required there)."""
 
     title: str
     columns: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     caption: str | None = None
+    raw: RawTable | None = None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One quantity of a table built from records (dicts).
+
+    key: its CSV column and the record's key (None: a display-only cell combining several quantities, which
+    then each have a CSV-only field). label: its display header (None: CSV only). show: the display cell
+    from record[key], or from the whole record when key is None; a None value displays as `missing`.
+    """
+
+    key: str | None
+    label: str | None = None
+    show: Callable[[Any], Any] | None = None
+    missing: str = NOT_APPLICABLE
+
+    def display(self, record: Mapping[str, Any]) -> Any:
+        value = record if self.key is None else record[self.key]
+        if value is None:
+            return self.missing
+        return value if self.show is None else self.show(value)
+
+
+def _raw(fields: Sequence[Field], records: Sequence[Mapping[str, Any]]) -> RawTable:
+    keys = [f.key for f in fields if f.key is not None]
+    return RawTable(keys, [[record[key] for key in keys] for record in records])
+
+
+def record_table(
+    title: str, fields: Sequence[Field], records: Sequence[Mapping[str, Any]], caption: str | None = None
+) -> Table:
+    """One row per record in both forms; display columns are the labelled fields, CSV columns the keyed ones."""
+    shown = [f for f in fields if f.label is not None]
+    rows = [[f.display(record) for f in shown] for record in records]
+    return Table(title, [f.label for f in shown], rows, caption, _raw(fields, records))
+
+
+def quantity_table(
+    title: str, header: Sequence[str], fields: Sequence[Field], records: Sequence[Mapping[str, Any]]
+) -> Table:
+    """People see one row per labelled field and one column per record (`header`: the label column's header,
+    then the records' headers; a `show` may return several cells, e.g. bytes and IEC); CSV is tidy: one row
+    per record, one column per keyed field, so that each column has one unit."""
+    rows = []
+    for f in fields:
+        if f.label is None:
+            continue
+        cells: list[Any] = [f.label]
+        for record in records:
+            cell = f.display(record)
+            cells.extend(cell if isinstance(cell, (list, tuple)) else [cell])
+        rows.append(cells)
+    return Table(title, list(header), rows, raw=_raw(fields, records))
 
 
 @dataclass
@@ -80,26 +160,53 @@ def to_json(doc: dict[str, Any]) -> str:
     return json.dumps(clean(doc), indent=2, default=_json_default)
 
 
+def csv_cell(value: Any) -> str:
+    """A raw value as one CSV cell: empty for None and non-finite floats, true/false, plain numbers."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        value = value.item()
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Fraction):
+        value = float(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"CSV cell {value!r} is a {type(value).__name__}, not None, bool, int, float or str")
+
+
+def _write_csv(table: Table, title_line: bool) -> str:
+    if table.raw is None:
+        raise TypeError(f"table {table.title!r} has no raw form: --format csv writes values, not display strings")
+    buffer = io.StringIO()
+    if title_line:
+        buffer.write(f"# {table.title}\n")
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = table.raw.columns
+    writer.writerow(columns)
+    for row in table.raw.rows:
+        if len(row) != len(columns):
+            raise TypeError(f"table {table.title!r}: a raw row of {len(row)} cells for {len(columns)} columns")
+        writer.writerow([csv_cell(v) for v in row])
+    return buffer.getvalue()
+
+
 def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
     out = console or Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     if fmt is Format.json:
         out.file.write(to_json(report.doc) + "\n")
         return
-    if fmt in (Format.csv, Format.markdown):
+    if fmt is Format.csv:  # every table converted before the first byte is written
+        out.file.write("\n".join(_write_csv(table, title_line=len(report.tables) > 1) for table in report.tables))
+        return
+    if fmt is Format.markdown:
         from tabulate import tabulate
 
         for i, table in enumerate(report.tables):
-            if fmt is Format.csv:
-                buffer = io.StringIO()
-                writer = csv.writer(buffer, lineterminator="\n")
-                if len(report.tables) > 1:
-                    buffer.write(f"# {table.title}\n")
-                writer.writerow(table.columns)
-                writer.writerows(table.rows)
-                out.file.write(buffer.getvalue())
-            else:
-                out.file.write(f"### {table.title}\n\n")
-                out.file.write(tabulate(table.rows, headers=table.columns, tablefmt="github") + "\n")
+            out.file.write(f"### {table.title}\n\n")
+            out.file.write(tabulate(table.rows, headers=table.columns, tablefmt="github") + "\n")
             if i < len(report.tables) - 1:
                 out.file.write("\n")
         return

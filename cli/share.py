@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt
-from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
 from kvcalc.core.dtypes import dtype_bits
 from kvcalc.core.models import ModelSpec, resolve_model
 from kvcalc.core.share import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
@@ -137,21 +137,13 @@ def _scenario_report(
         doc["seed"] = s.seed
         doc["dropped_branches"] = result.dropped_branches
     doc.update(_model_doc(spec, dtype, block_bytes))
-    rows = [
-        ["logical blocks (= without sharing)", format_count(result.logical_blocks)],
-        ["physical blocks", format_count(result.physical_blocks)],
-        ["copy-on-write copies", format_count(result.cow_copies)],
-        ["blocks saved", f"{format_count(result.saved_blocks)} ({format_percent(result.saved_fraction)})"],
-        ["peak blocks during the run", format_count(result.peak_blocks)],
-    ]
     if block_bytes is not None:
         for key, blocks in (("logical_bytes", result.logical_blocks), ("physical_bytes", result.physical_blocks),
                             ("saved_bytes", result.saved_blocks), ("peak_bytes", result.peak_blocks)):
             doc[key] = blocks * block_bytes
-            rows.append([key.replace("_", " "), format_bytes(blocks * block_bytes)])
     title = (f"{s.mode}: {s.branches} branches × ({format_count(s.prefix_tokens)} shared + "
              f"{format_count(s.gen_tokens)} generated tokens), block {s.block_size}")
-    report = Report(doc=doc, tables=[Table(title, ["quantity", "value"], rows)])
+    report = Report(doc=doc, tables=[_scenario_table(title, doc)])
     if s.mode == "parallel" and s.gen_tokens >= 1:
         report.notes.append(
             f"closed form: floor(P/B) + K·ceil((P mod B + G)/B) = "
@@ -163,6 +155,28 @@ def _scenario_report(
         per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
         report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")
     return report
+
+
+def _scenario_table(title: str, doc: dict[str, Any]) -> Table:
+    """The scenario's JSON as one CSV row with every column (seed and dropped branches empty in parallel
+    mode, model and bytes empty without a model); people see the counts and, with a model, the bytes."""
+    with_bytes = doc.get("block_bytes") is not None
+    fields = [
+        *(Field(key) for key in ("mode", "prefix_tokens", "branches", "gen_tokens", "block_size", "seed")),
+        Field("logical_blocks", "logical blocks (= without sharing)", format_count),
+        Field("physical_blocks", "physical blocks", format_count),
+        Field("cow_copies", "copy-on-write copies", format_count),
+        Field("saved_blocks"),
+        Field("saved_fraction"),
+        Field(None, "blocks saved",
+              lambda r: f"{format_count(r['saved_blocks'])} ({format_percent(r['saved_fraction'])})"),
+        Field("peak_blocks", "peak blocks during the run", format_count),
+        *(Field(key) for key in ("forks", "dropped_branches", "model", "dtype", "block_bytes")),
+        *(Field(key, key.replace("_", " ") if with_bytes else None, format_bytes)
+          for key in ("logical_bytes", "physical_bytes", "saved_bytes", "peak_bytes")),
+    ]
+    record = {f.key: doc.get(f.key) for f in fields if f.key is not None}
+    return quantity_table(title, ["quantity", "value"], fields, [record])
 
 
 _TRACE_KEYS = ("requests", "prompt_tokens", "output_tokens", "hit_tokens", "token_hit_rate", "hit_blocks",
@@ -188,21 +202,20 @@ def _trace_report(
     if memory is not None:
         doc["memory_bytes"] = parse_bytes(memory)
     doc.update(_model_doc(spec, dtype, block_bytes))
-    rows = []
-    for label, key, show in (
-        ("requests", "requests", format_count),
-        ("prompt tokens", "prompt_tokens", format_count),
-        ("hit tokens (prefill saved)", "hit_tokens", format_count),
-        ("token hit rate", "token_hit_rate", format_percent),
-        ("hit blocks", "hit_blocks", format_count),
-        ("peak used blocks", "peak_used_blocks", format_count),
-        ("peak cached free blocks", "peak_cached_blocks", format_count),
-        ("LRU evictions", "evictions", format_count),
-    ):
-        rows.append([label, show(getattr(on, key)), show(getattr(off, key))])
+    records = [{"prefix_caching": True, **_replay_doc(on)}, {"prefix_caching": False, **_replay_doc(off)}]
+    for record in records:
+        record.update(block_size=on.block_size, capacity_blocks=on.capacity_blocks)
+    fields = [Field("prefix_caching"), Field("block_size"), Field("capacity_blocks")]
+    shown = {"requests": ("requests", format_count), "prompt_tokens": ("prompt tokens", format_count),
+             "hit_tokens": ("hit tokens (prefill saved)", format_count),
+             "token_hit_rate": ("token hit rate", format_percent), "hit_blocks": ("hit blocks", format_count),
+             "peak_used_blocks": ("peak used blocks", format_count),
+             "peak_cached_blocks": ("peak cached free blocks", format_count),
+             "evictions": ("LRU evictions", format_count)}
+    fields += [Field(key, *shown.get(key, (None, None))) for key in _TRACE_KEYS]
     capacity = "unlimited" if on.capacity_blocks is None else f"{format_count(on.capacity_blocks)} blocks"
-    table = Table(f"prefix-cache replay, block {on.block_size}, capacity {capacity}",
-                  ["quantity", "prefix caching", "no prefix caching"], rows)
+    table = quantity_table(f"prefix-cache replay, block {on.block_size}, capacity {capacity}",
+                           ["quantity", "prefix caching", "no prefix caching"], fields, records)
     report = Report(doc=doc, tables=[table], text=[result.trace_description])
     report.notes.append("requests replay one at a time in arrival order; a finished request's blocks stay "
                         "cached (LRU) until evicted; a hit never covers a prompt's last token.")

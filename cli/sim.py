@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, SeedOpt
-from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.cli.output import (
+    Field,
+    Format,
+    Report,
+    Table,
+    emit,
+    err_console,
+    quantity_table,
+    record_table,
+    resolve_format,
+)
 from kvcalc.core import sim_setup
 from kvcalc.core.sim_metrics import STATS, TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
 from kvcalc.core.sim_policies import MEMORY_PARTS
@@ -225,6 +235,71 @@ def _ms(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value * 1e3:,.1f}"
 
 
+def _policy_record(policy: str, summary: dict) -> dict:
+    """One policy's summary flattened for CSV: ttft_s.p99 -> ttft_p99_s, memory.free -> free (a share of the pool)."""
+    record = {key: value for key, value in summary.items() if not isinstance(value, dict)}
+    record["policy"] = policy
+    for key in _LATENCY_KEYS:
+        record.update({f"{key.removesuffix('_s')}_{stat}_s": summary[key][stat] for stat in STATS})
+    record.update(summary["memory"])
+    return record
+
+
+_LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+_COUNT_LABELS = {"requests": "requests", "completed": "completed", "rejected": "rejected (OOM / too long)",
+                 "timed_out": "timed out", "cancelled": "cancelled", "preemptions": "preemptions"}
+
+
+def _latency_fields(slo_spec) -> list[Field]:
+    """Counts, latency statistics (people: ms; CSV: seconds, as the JSON), throughput, goodput under the SLO."""
+    fields = [Field("policy"), *(Field(key, label, "{:,}".format) for key, label in _COUNT_LABELS.items())]
+    for key, label in zip(_LATENCY_KEYS, ("TTFT", "TPOT", "ITL", "E2E"), strict=True):
+        name = key.removesuffix("_s")
+        fields += [Field(f"{name}_{stat}_s", f"{label} {stat} (ms)", _ms, missing=_ms(None)) for stat in STATS]
+    with_slo = not slo_spec.is_empty
+    fields += [
+        Field("duration_s"),
+        Field("throughput_rps", "throughput (req/s)", "{:.3f}".format),
+        Field("output_tokens_per_s", "output tokens/s", "{:,.0f}".format),
+        Field("generated_tokens"),
+        Field("steps"),
+        Field("mean_running"),
+        Field("peak_running"),
+        Field(None, "mean / peak running", lambda r: f"{r['mean_running']:.1f} / {r['peak_running']}"),
+        Field("goodput_rps", "goodput (req/s)" if with_slo else None, "{:.3f}".format),
+        Field("slo_attainment", "SLO attainment" if with_slo else None, format_percent),
+    ]
+    return fields
+
+
+_MEMORY_FIELDS = [
+    Field("policy"),
+    *(Field(part, part.replace("_", " "), format_percent) for part in MEMORY_PARTS),
+    Field("useful_of_occupied", "token states of occupied", format_percent),
+    Field("block_tables"),
+    Field("block_table_bytes_mean", "block tables, mean bytes (beside the pool)", lambda v: format_bytes(int(v))),
+]
+
+
+def _max_rate_table(searches: dict, slo_spec, target: float) -> Table:
+    records = [
+        {"policy": p, "attainment_target": target, "max_rate_rps": s.max_rate_rps, "bracket_low_rps": s.bracket_rps[0],
+         "bracket_high_rps": s.bracket_rps[1], "runs": len(s.evaluations)}
+        for p, s in searches.items()
+    ]
+    fields = [
+        Field("policy", "policy"),
+        Field("attainment_target"),
+        Field("max_rate_rps", "max rate (req/s)", "{:.3f}".format),
+        Field("bracket_low_rps"),
+        Field("bracket_high_rps"),
+        Field(None, "bracket (req/s)", lambda r: f"{r['bracket_low_rps']:.3f} – {r['bracket_high_rps']:.3f}"),
+        Field("runs", "runs"),
+    ]
+    title = f"Requests supported: highest rate with ≥ {format_percent(target)} meeting {slo_spec.describe()}"
+    return record_table(title, fields, records)
+
+
 def _report(setup, policies, summaries, searches, slo_spec, target) -> Report:
     first = summaries[policies[0]]
     plan = setup.plan
@@ -264,56 +339,13 @@ def _report(setup, policies, summaries, searches, slo_spec, target) -> Report:
             }
             for name, s in searches.items()
         }
-    columns = ["", *policies]
-    rows = [
-        ["requests", *(f"{summaries[p]['requests']:,}" for p in policies)],
-        ["completed", *(f"{summaries[p]['completed']:,}" for p in policies)],
-        ["rejected (OOM / too long)", *(f"{summaries[p]['rejected']:,}" for p in policies)],
-        ["timed out", *(f"{summaries[p]['timed_out']:,}" for p in policies)],
-        ["cancelled", *(f"{summaries[p]['cancelled']:,}" for p in policies)],
-        ["preemptions", *(f"{summaries[p]['preemptions']:,}" for p in policies)],
-    ]
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        for stat in STATS:
-            rows.append([f"{label} {stat} (ms)", *(_ms(summaries[p][key][stat]) for p in policies)])
-    rows += [
-        ["throughput (req/s)", *(f"{summaries[p]['throughput_rps']:.3f}" for p in policies)],
-        ["output tokens/s", *(f"{summaries[p]['output_tokens_per_s']:,.0f}" for p in policies)],
-        [
-            "mean / peak running",
-            *(f"{summaries[p]['mean_running']:.1f} / {summaries[p]['peak_running']}" for p in policies),
-        ],
-    ]
-    if not slo_spec.is_empty:
-        rows.append(["goodput (req/s)", *(f"{summaries[p]['goodput_rps']:.3f}" for p in policies)])
-        rows.append(["SLO attainment", *(format_percent(summaries[p]["slo_attainment"]) for p in policies)])
-    memory_rows = [
-        [part.replace("_", " "), *(format_percent(summaries[p]["memory"][part]) for p in policies)]
-        for part in MEMORY_PARTS
-    ]
-    memory_rows.append(
-        ["token states of occupied", *(format_percent(summaries[p]["memory"]["useful_of_occupied"]) for p in policies)]
-    )
-    memory_rows.append(
-        ["block tables, mean bytes (beside the pool)",
-         *(format_bytes(int(summaries[p]["block_table_bytes_mean"])) for p in policies)]
-    )
-
+    records = [_policy_record(p, summaries[p]) for p in policies]
     tables = [
-        Table("Latency and throughput (step-time model)", columns, rows),
-        Table("KV pool over time (time-averaged share of the pool)", columns, memory_rows),
+        quantity_table("Latency and throughput (step-time model)", ["", *policies], _latency_fields(slo_spec), records),
+        quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies], _MEMORY_FIELDS, records),
     ]
     if searches:
-        tables.append(
-            Table(
-                f"Requests supported: highest rate with ≥ {format_percent(target)} meeting {slo_spec.describe()}",
-                ["policy", "max rate (req/s)", "bracket (req/s)", "runs"],
-                [
-                    [p, f"{s.max_rate_rps:.3f}", f"{s.bracket_rps[0]:.3f} – {s.bracket_rps[1]:.3f}", len(s.evaluations)]
-                    for p, s in searches.items()
-                ],
-            )
-        )
+        tables.append(_max_rate_table(searches, slo_spec, target))
     text = [
         f"workload: {setup.workload.description}",
         f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "

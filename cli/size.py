@@ -16,10 +16,27 @@ from kvcalc.cli.options import (
     LayersOpt,
     ModelOpt,
 )
-from kvcalc.cli.output import Format, Report, Table, emit, err_console, resolve_format
+from kvcalc.cli.output import (
+    Field,
+    Format,
+    Report,
+    Table,
+    emit,
+    err_console,
+    quantity_table,
+    record_table,
+    resolve_format,
+)
 from kvcalc.core.dtypes import DTYPE_BITS, parse_dtype
 from kvcalc.core.models import PRESETS, ModelSpec, resolve_model
-from kvcalc.core.sizing import DEFAULT_BLOCK_SIZE, PRESET_CONTEXTS, SizeResult, compute_size, preset_rows
+from kvcalc.core.sizing import (
+    DEFAULT_BLOCK_SIZE,
+    PRESET_CONTEXTS,
+    Capacity,
+    SizeResult,
+    compute_size,
+    preset_rows,
+)
 from kvcalc.core.units import format_bytes, format_count, parse_bytes
 
 TokensOpt = Annotated[
@@ -82,8 +99,8 @@ def command(
 
 
 def _warnings(result: SizeResult) -> list[str]:
-    max_len = result.spec.max_position_embeddings
-    if max_len is not None and result.tokens > max_len:
+    if _exceeds_max_positions(result.spec, result.tokens):
+        max_len = result.spec.max_position_embeddings
         return [f"--tokens {result.tokens:,} is above {result.spec.name}'s max_position_embeddings {max_len:,}"]
     return []
 
@@ -119,8 +136,68 @@ def _describe(spec: ModelSpec) -> str:
     return f"{spec.name}: {spec.attention.upper()}, {spec.layers} layers, {heads}{window}"
 
 
-def _bytes_cell(num_bytes: int) -> list[Any]:
+def _bytes_cells(num_bytes: int) -> list[Any]:
     return [format_count(num_bytes), format_bytes(num_bytes)]
+
+
+def _exceeds_max_positions(spec: ModelSpec, tokens: int) -> bool | None:
+    """Whether `tokens` is above the model's max_position_embeddings (None: the model does not say)."""
+    return None if spec.max_position_embeddings is None else tokens > spec.max_position_embeddings
+
+
+def _kv_table(r: SizeResult) -> Table:
+    """Equation 1 at every granularity; CSV: one row, the JSON's keys (per-GPU columns also at --tp 1)."""
+    spec = r.spec
+    record = {
+        "model": spec.name, "dtype": r.dtype, "bits_per_scalar": r.bits_per_scalar,
+        "bytes_per_token_per_layer": r.bytes_per_token_per_layer, "bytes_per_token": r.bytes_per_token,
+        "block_size": r.block_size, "bytes_per_block": r.bytes_per_block, "tokens": r.tokens,
+        "exceeds_max_positions": _exceeds_max_positions(spec, r.tokens), "bytes_per_seq": r.bytes_per_seq,
+        "seqs": r.seqs, "total_bytes": r.total_bytes, "tp": r.tp, "kv_heads_per_gpu": r.kv_heads_per_gpu,
+        "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token, "per_gpu_bytes": r.per_gpu_bytes,
+    }
+    split = r.tp > 1
+    fields = [
+        Field("model"),
+        Field("dtype"),
+        Field("bits_per_scalar"),
+        Field("bytes_per_token_per_layer", "per token per layer", _bytes_cells),
+        Field("bytes_per_token", f"per token ({spec.layers} layers)", _bytes_cells),
+        Field("block_size"),
+        Field("bytes_per_block", f"per block ({r.block_size:,} tokens)", _bytes_cells),
+        Field("tokens"),
+        Field("exceeds_max_positions"),
+        Field("bytes_per_seq", f"per sequence ({r.tokens:,} tokens)", _bytes_cells),
+        Field("seqs"),
+        Field("total_bytes", f"all {r.seqs:,} sequence{'' if r.seqs == 1 else 's'}", _bytes_cells),
+        Field("tp"),
+        Field("kv_heads_per_gpu"),
+        Field("per_gpu_bytes_per_token", f"per token per GPU (--tp {r.tp})" if split else None, _bytes_cells),
+        Field("per_gpu_bytes", f"all sequences per GPU (--tp {r.tp})" if split else None, _bytes_cells),
+    ]
+    return quantity_table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], fields, [record])
+
+
+def _capacity_table(r: SizeResult, cap: Capacity) -> Table:
+    where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
+    record = {
+        "memory_bytes": cap.memory_bytes, "per_gpu": cap.per_gpu, "max_tokens": cap.max_tokens, "tokens": r.tokens,
+        "max_seqs": cap.max_seqs, "block_size": cap.block_size, "num_blocks": cap.num_blocks, "seqs": r.seqs,
+        "fits": cap.fits,
+    }
+    fields = [
+        Field("memory_bytes"),
+        Field("per_gpu"),
+        Field("max_tokens", "max tokens (every layer holds every token)", format_count),
+        Field("tokens"),
+        Field("max_seqs", f"max sequences of {r.tokens:,} tokens", format_count),
+        Field("block_size"),
+        Field("num_blocks", f"blocks of {cap.block_size} tokens", format_count),
+        Field("seqs"),
+        Field("fits", f"{r.seqs:,} × {r.tokens:,} tokens fit", lambda fits: "yes" if fits else "no"),
+    ]
+    return quantity_table(f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}", ["quantity", "count"],
+                          fields, [record])
 
 
 def _model_report(r: SizeResult, warnings: list[str]) -> Report:
@@ -145,26 +222,16 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
         "formula": r.formula,
         "warnings": warnings,
     }
-    rows = [
-        ["per token per layer", *_bytes_cell(r.bytes_per_token_per_layer)],
-        [f"per token ({spec.layers} layers)", *_bytes_cell(r.bytes_per_token)],
-        [f"per block ({r.block_size:,} tokens)", *_bytes_cell(r.bytes_per_block)],
-        [f"per sequence ({r.tokens:,} tokens)", *_bytes_cell(r.bytes_per_seq)],
-        [f"all {r.seqs:,} sequence{'' if r.seqs == 1 else 's'}", *_bytes_cell(r.total_bytes)],
-    ]
     notes = [f"Equation 1: {r.formula}"]
     if r.tp > 1:
-        rows.append([f"per token per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes_per_token)])
-        rows.append([f"all sequences per GPU (--tp {r.tp})", *_bytes_cell(r.per_gpu_bytes)])
         notes.append(_tp_note(r))
     if spec.num_sliding_layers and r.tokens > (spec.sliding_window or 0):
         notes.append(f"Sliding-window layers hold at most {spec.sliding_window:,} tokens of a sequence.")
     if not r.exact_bytes:
         notes.append(f"An odd number of int4 scalars leaves half a byte: rounded up ({r.total_bits:,} bits in all).")
-    tables = [Table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], rows)]
+    tables = [_kv_table(r)]
     if r.capacity is not None:
         cap = r.capacity
-        where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
         doc["capacity"] = {
             "memory_bytes": cap.memory_bytes,
             "per_gpu": cap.per_gpu,
@@ -174,16 +241,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "block_size": cap.block_size,
             "fits": cap.fits,
         }
-        tables.append(Table(
-            f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}",
-            ["quantity", "count"],
-            [
-                ["max tokens (every layer holds every token)", format_count(cap.max_tokens)],
-                [f"max sequences of {r.tokens:,} tokens", format_count(cap.max_seqs)],
-                [f"blocks of {cap.block_size} tokens", format_count(cap.num_blocks)],
-                [f"{r.seqs:,} × {r.tokens:,} tokens fit", "yes" if cap.fits else "no"],
-            ],
-        ))
+        tables.append(_capacity_table(r, cap))
         if spec.num_sliding_layers:
             notes.append("max tokens ignores the sliding window (a lower bound); max sequences applies it.")
     notes.append(_UNITS_NOTE)
@@ -205,22 +263,41 @@ def _presets_report(dtype: str, tokens: int | None) -> Report:
     contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
     rows = preset_rows(list(PRESETS.values()), dtype, contexts)
     labels = {n: (f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}") for n in contexts}
-    table_rows = []
-    beyond = False
+    records = []
     for row in rows:
         spec = row.spec
-        cells = []
+        record: dict[str, Any] = {
+            "model": spec.name, "attention": spec.attention, "layers": spec.layers, "kv_heads": spec.kv_heads,
+            "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim, "kv_lora_rank": spec.kv_lora_rank,
+            "qk_rope_head_dim": spec.qk_rope_head_dim, "max_position_embeddings": spec.max_position_embeddings,
+            "bytes_per_token": row.bytes_per_token, "is_mla": spec.is_mla,
+        }
         for n in contexts:
-            mark = ""
-            if spec.max_position_embeddings is not None and n > spec.max_position_embeddings:
-                mark, beyond = " †", True
-            cells.append(format_bytes(row.bytes_per_seq[n]) + mark)
-        table_rows.append([
-            spec.name, spec.attention.upper(), spec.layers,
-            "1 latent" if spec.is_mla else spec.kv_heads,
-            f"{spec.latent_dim} ({spec.kv_lora_rank}+{spec.qk_rope_head_dim})" if spec.is_mla else spec.head_dim,
-            format_count(row.bytes_per_token), format_bytes(row.bytes_per_token), *cells,
-        ])
+            record[f"bytes_per_seq_{n}"] = row.bytes_per_seq[n]
+            record[f"exceeds_max_positions_{n}"] = _exceeds_max_positions(spec, n)
+        records.append(record)
+
+    def seq_cell(n: int) -> Any:
+        return lambda r: format_bytes(r[f"bytes_per_seq_{n}"]) + (" †" if r[f"exceeds_max_positions_{n}"] else "")
+
+    fields = [
+        Field("model", "model"),
+        Field("attention", "attention", str.upper),
+        Field("layers", "layers"),
+        Field("kv_heads"),
+        Field(None, "KV heads", lambda r: "1 latent" if r["is_mla"] else r["kv_heads"]),
+        Field("head_dim"),
+        Field(None, "head dim", lambda r: f"{r['head_dim']} ({r['kv_lora_rank']}+{r['qk_rope_head_dim']})"
+              if r["is_mla"] else r["head_dim"]),
+        Field("kv_lora_rank"),
+        Field("qk_rope_head_dim"),
+        Field("max_position_embeddings"),
+        Field("bytes_per_token", "bytes/token", format_count),
+        Field(None, "per token", lambda r: format_bytes(r["bytes_per_token"])),
+    ]
+    for n in contexts:
+        fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
+                   Field(None, f"seq {labels[n]}", seq_cell(n))]
     doc = {
         "dtype": dtype,
         "bits_per_scalar": DTYPE_BITS[dtype],
@@ -233,11 +310,9 @@ def _presets_report(dtype: str, tokens: int | None) -> Report:
             for row in rows
         ],
     }
-    columns = ["model", "attention", "layers", "KV heads", "head dim", "bytes/token", "per token",
-               *(f"seq {labels[n]}" for n in contexts)]
     notes = [f"KV per sequence at {dtype} ({DTYPE_BITS[dtype]} bits; bf16 is the default), sliding windows applied."]
-    if beyond:
+    if any(r[f"exceeds_max_positions_{n}"] for r in records for n in contexts):
         notes.append("† the context is above the model's max_position_embeddings.")
     notes += [_UNITS_NOTE, "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB]."]
-    return Report(doc=doc, tables=[Table(f"KV cache per token and per sequence ({dtype})", columns, table_rows)],
-                  notes=notes)
+    table = record_table(f"KV cache per token and per sequence ({dtype})", fields, records)
+    return Report(doc=doc, tables=[table], notes=notes)

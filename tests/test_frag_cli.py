@@ -78,8 +78,9 @@ def test_sweep_sizes_chart_and_extra_block(run_cli):
 
 def test_csv_and_markdown_formats(run_cli):
     csv_out = run_cli("frag", "--format", "csv").stdout
-    assert "scheme,blocks,useful,allocated,waste,utilisation" in csv_out
-    assert "97.58 %" in csv_out
+    assert "scheme,max_len,block_size,blocks,useful,allocated,waste,utilization," in csv_out
+    assert "paged,,16,62,968,992,24,0.9758064516129032,248,640" in csv_out  # 968/992; 62 int32 ids = 248 B
+    assert "%" not in csv_out and "—" not in csv_out
     markdown = run_cli("frag", "--format", "markdown").stdout
     assert "### Fixed reservation vs paging" in markdown and "| paged, B = 16" in markdown
 
