@@ -153,8 +153,9 @@ def _kv_table(r: SizeResult) -> Table:
         "bytes_per_token_per_layer": r.bytes_per_token_per_layer, "bytes_per_token": r.bytes_per_token,
         "block_size": r.block_size, "bytes_per_block": r.bytes_per_block, "tokens": r.tokens,
         "exceeds_max_positions": _exceeds_max_positions(spec, r.tokens), "bytes_per_seq": r.bytes_per_seq,
-        "seqs": r.seqs, "total_bytes": r.total_bytes, "tp": r.tp, "kv_heads_per_gpu": r.kv_heads_per_gpu,
-        "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token, "per_gpu_bytes": r.per_gpu_bytes,
+        "seqs": r.seqs, "total_bytes": r.total_bytes, "total_bits": r.total_bits, "tp": r.tp,
+        "kv_heads_per_gpu": r.kv_heads_per_gpu, "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token,
+        "per_gpu_bytes": r.per_gpu_bytes,
     }
     split = r.tp > 1
     fields = [
@@ -170,6 +171,7 @@ def _kv_table(r: SizeResult) -> Table:
         Field("bytes_per_seq", f"per sequence ({r.tokens:,} tokens)", _bytes_cells),
         Field("seqs"),
         Field("total_bytes", f"all {r.seqs:,} sequence{'' if r.seqs == 1 else 's'}", _bytes_cells),
+        Field("total_bits"),
         Field("tp"),
         Field("kv_heads_per_gpu"),
         Field("per_gpu_bytes_per_token", f"per token per GPU (--tp {r.tp})" if split else None, _bytes_cells),
