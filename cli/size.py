@@ -32,7 +32,6 @@ from kvcalc.core.models import PRESETS, ModelSpec, resolve_model
 from kvcalc.core.sizing import (
     DEFAULT_BLOCK_SIZE,
     PRESET_CONTEXTS,
-    Capacity,
     SizeResult,
     compute_size,
     preset_rows,
@@ -145,18 +144,10 @@ def _exceeds_max_positions(spec: ModelSpec, tokens: int) -> bool | None:
     return None if spec.max_position_embeddings is None else tokens > spec.max_position_embeddings
 
 
-def _kv_table(r: SizeResult) -> Table:
-    """Equation 1 at every granularity; CSV: one row, the JSON's keys (per-GPU columns also at --tp 1)."""
+def _kv_table(r: SizeResult, doc: dict[str, Any]) -> Table:
+    """Equation 1 at every granularity; CSV: one row of the JSON's values (per-GPU columns also at --tp 1)."""
     spec = r.spec
-    record = {
-        "model": spec.name, "dtype": r.dtype, "bits_per_scalar": r.bits_per_scalar,
-        "bytes_per_token_per_layer": r.bytes_per_token_per_layer, "bytes_per_token": r.bytes_per_token,
-        "block_size": r.block_size, "bytes_per_block": r.bytes_per_block, "tokens": r.tokens,
-        "exceeds_max_positions": _exceeds_max_positions(spec, r.tokens), "bytes_per_seq": r.bytes_per_seq,
-        "seqs": r.seqs, "total_bytes": r.total_bytes, "total_bits": r.total_bits, "tp": r.tp,
-        "kv_heads_per_gpu": r.kv_heads_per_gpu, "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token,
-        "per_gpu_bytes": r.per_gpu_bytes,
-    }
+    record = {**doc, "model": spec.name, "exceeds_max_positions": _exceeds_max_positions(spec, r.tokens)}
     split = r.tp > 1
     fields = [
         Field("model"),
@@ -180,13 +171,11 @@ def _kv_table(r: SizeResult) -> Table:
     return quantity_table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], fields, [record])
 
 
-def _capacity_table(r: SizeResult, cap: Capacity) -> Table:
+def _capacity_table(r: SizeResult, capacity_doc: dict[str, Any]) -> Table:
+    """What fits; CSV: one row of the JSON's `capacity` values plus the tokens and sequences asked about."""
+    cap = r.capacity
     where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
-    record = {
-        "memory_bytes": cap.memory_bytes, "per_gpu": cap.per_gpu, "max_tokens": cap.max_tokens, "tokens": r.tokens,
-        "max_seqs": cap.max_seqs, "block_size": cap.block_size, "num_blocks": cap.num_blocks, "seqs": r.seqs,
-        "fits": cap.fits,
-    }
+    record = {**capacity_doc, "tokens": r.tokens, "seqs": r.seqs}
     fields = [
         Field("memory_bytes"),
         Field("per_gpu"),
@@ -231,7 +220,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
         notes.append(f"Sliding-window layers hold at most {spec.sliding_window:,} tokens of a sequence.")
     if not r.exact_bytes:
         notes.append(f"An odd number of int4 scalars leaves half a byte: rounded up ({r.total_bits:,} bits in all).")
-    tables = [_kv_table(r)]
+    tables = [_kv_table(r, doc)]
     if r.capacity is not None:
         cap = r.capacity
         doc["capacity"] = {
@@ -243,7 +232,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "block_size": cap.block_size,
             "fits": cap.fits,
         }
-        tables.append(_capacity_table(r, cap))
+        tables.append(_capacity_table(r, doc["capacity"]))
         if spec.num_sliding_layers:
             notes.append("max tokens ignores the sliding window (a lower bound); max sequences applies it.")
     notes.append(_UNITS_NOTE)
