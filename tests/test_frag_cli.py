@@ -260,3 +260,19 @@ def test_config_json_model(run_cli, tmp_path):
     doc = run_cli("frag", "--config", config, "--json").json()
     assert doc["model"]["bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # layers · K,V · KV heads · (64 / 4) · 2 B
     assert doc["paged"][0]["useful_kv_bytes"] == 968 * 256
+
+
+def test_two_kv_cache_groups_double_the_block_tables_everywhere(run_cli):
+    # Gemma-2-9B mixes full and sliding-window layers: one block table per KV-cache group, so B = 16 holds
+    # 2 × 62 int32 ids = 496 B (exact) and 2 × 5 × ceil(512/16) × 4 = 1,280 B (dense) — in the JSON, the
+    # table and its CSV alike.
+    doc = run_cli("frag", "--model", "gemma-2-9b", "--json").json()
+    assert doc["model"]["kv_cache_groups"] == 2
+    b16 = doc["paged"][0]
+    assert (b16["block_table_bytes_exact"], b16["block_table_bytes_dense"]) == (496, 1280)
+    csv_lines = run_cli("frag", "--model", "gemma-2-9b", "--format", "csv").stdout.splitlines()
+    header = csv_lines[1].split(",")
+    row = dict(zip(header, csv_lines[3].split(","), strict=True))
+    assert row["block_size"] == "16" and (row["block_table_bytes_exact"], row["block_table_bytes_dense"]) == (
+        "496", "1280")
+    assert "496 B" in run_cli("frag", "--model", "gemma-2-9b").stdout.split("KV bytes")[0]
