@@ -206,7 +206,10 @@ def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
 
         for i, table in enumerate(report.tables):
             out.file.write(f"### {table.title}\n\n")
-            out.file.write(tabulate(table.rows, headers=table.columns, tablefmt="github") + "\n")
+            # The display strings as they are (no re-parsing "3.00e-03" into 0.003), aligned as the rich table.
+            align = ["left"] + ["right"] * (len(table.columns) - 1)
+            out.file.write(tabulate([[str(v) for v in row] for row in table.rows], headers=table.columns,
+                                    tablefmt="github", disable_numparse=True, colalign=align) + "\n")
             if i < len(report.tables) - 1:
                 out.file.write("\n")
         return

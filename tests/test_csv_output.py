@@ -299,6 +299,14 @@ def test_markdown_and_table_keep_display_strings(run_cli):
 # --- the sink itself ------------------------------------------------------------------------------------------
 
 
+def test_markdown_prints_display_strings_unparsed() -> None:
+    # tabulate would re-read "3.00e-03" as 0.003 and "1,024" as 1024; markdown shows what people see.
+    buffer = io.StringIO()
+    report = Report(doc={}, tables=[Table("t", ["case", "rel err", "tokens"], [["a", "3.00e-03", "1,024"]])])
+    emit(report, Format.markdown, Console(file=buffer))
+    assert "| a      |  3.00e-03 |    1,024 |" in buffer.getvalue()
+
+
 def _csv(report: Report) -> str:
     buffer = io.StringIO()
     emit(report, Format.csv, Console(file=buffer))
