@@ -1,4 +1,4 @@
-"""The KV block pool: physical blocks, per-sequence block tables, prefix cache, fork and copy-on-write.
+"""The KV block pool: per-sequence block tables over physical blocks, prefix cache, fork and copy-on-write.
 
 The data structure (vLLM v1's block pool plus copy-on-write for forks):
 
@@ -19,6 +19,10 @@ The data structure (vLLM v1's block pool plus copy-on-write for forks):
         LRU queue    free, holds a hashed full block          -> revivable by a hit; evicted oldest-first
     (see free_queue for why the LRU is a lazily deleted array rather than an intrusive linked list)
 
+    The per-block arrays, handing blocks out and back, and the prefix cache's look-up and registration
+    are block_store's `BlockStore`; `BlockPool` extends it with sequences: block tables, sharing and the
+    deferred-free window of a step.
+
 Operations, all "check, then change" (a failed operation changes nothing; `can_*` asks first):
 
     allocate(seq, n, keys)   a prompt of n tokens; the longest verified cached prefix of full blocks is
@@ -37,28 +41,35 @@ Content keys: one per *full* block, an exact identity of its tokens — an int64
 `hash_id * (512 // B) + sub`) or a sequence of hashable objects (e.g. tuples of token ids), which the pool
 interns to exact integer ids. One pool uses one kind. Keys may cover only a leading part of the full
 blocks; blocks without a key are never hashed, and the chain stops there. `extra_key` (model, adapter)
-seeds the chain, so different extra keys never share blocks.
+seeds the chain, so different extra keys never share blocks. A replay of many prompts hashes them all at
+once with `hash_prompts(keys, offsets)` and passes `.prompt(i)` (a `HashedKeys`) as block_keys: the same
+look-up, verification and registration, without hashing each prompt again.
 
 API changes (additive only, after the first commit):
     - `hit_tokens(num_tokens, block_keys, extra_key)`: the public prefix look-up (instead of `_probe`).
+    - `hash_prompts(keys, offsets, extra_key)` and `HashedKeys` block keys (batch hashing for replays).
+    - `hashed` is a property (a fresh bool array), computed from `block_slot`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
-from kvcalc.core.free_queue import FREE_CACHED, PENDING, USED, FreeBlockQueue
+from kvcalc.core.block_store import BlockKeys, BlockStore, PoolExhaustedError
+from kvcalc.core.free_queue import FREE_CACHED, PENDING, USED
 from kvcalc.core.pool_accounting import PoolStats, PoolUsage, check_pool_invariants
-from kvcalc.core.prefix_cache import HashIndex, chain_hashes, root_hash
+from kvcalc.core.pool_serve import ServeOneRequest
+from kvcalc.core.prefix_cache import HashedKeys, HashedPrompts, chain_hashes, root_hash
 
-__all__ = ["BlockPool", "BlockRef", "PoolExhaustedError", "PoolStats", "PoolUsage", "ReleaseReason"]
-
-BlockKeys = Sequence[Hashable] | np.ndarray | None
+__all__ = [
+    "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError", "PoolStats",
+    "PoolUsage", "ReleaseReason",
+]
 
 
 class ReleaseReason(str, Enum):
@@ -72,15 +83,12 @@ class ReleaseReason(str, Enum):
 _RELEASED = {key: f"released_{r.value}" for r in ReleaseReason for key in (r, r.value)}
 
 
-_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS = np.empty(0, dtype=np.intp)
 _NO_IDS.flags.writeable = False
 _NO_HASHES = np.empty(0, dtype=np.uint64)
 _NO_HASHES.flags.writeable = False
-_NO_PROBE = (_NO_IDS, _NO_HASHES, _NO_IDS, None)  # `_probe` without keys: nothing to look up, nothing to memoise
-
-
-class PoolExhaustedError(RuntimeError):
-    """An allocation that does not fit; ask `can_allocate` / `can_append` first. Nothing was changed."""
+# `_probe` without keys: nothing to look up, nothing to memoise
+_NO_PROBE = (_NO_IDS, _NO_HASHES, _NO_IDS, _NO_IDS, _NO_IDS, _NO_IDS, 0)
 
 
 @dataclass(frozen=True)
@@ -102,55 +110,18 @@ class _Seq:
     hit_tokens: int = 0
 
 
-class BlockPool:
+class BlockPool(ServeOneRequest, BlockStore):
     """A fixed pool of `num_blocks` blocks of `block_size` token slots. See the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks = int(num_blocks)
-        self.block_size = int(block_size)
-        self.enable_prefix_caching = enable_prefix_caching
-        n = self.num_blocks
-        self.state = np.zeros(n, dtype=np.int8)
-        self.ref = np.zeros(n, dtype=np.int32)
-        self.version = np.zeros(n, dtype=np.int64)  # int64: a long simulation hands blocks out many times
-        self.fill = np.zeros(n, dtype=np.int32)
-        self.hashed = np.zeros(n, dtype=bool)
-        self.block_hash = np.zeros(max(n, 2), dtype=np.uint64)  # >= 2: the index reads [-1], [-2] harmlessly
-        self.key = np.zeros(n, dtype=np.int64)
-        self.parent_id = np.full(n, -1, dtype=np.int32)  # -1: the root (block 0 of a chain)
-        self.parent_ver = np.zeros(n, dtype=np.int64)  # parent's version, or the extra-key id at the root
-        self.queue = FreeBlockQueue(n, self.state)
-        self.block_home = np.zeros(max(n, 2), dtype=np.int32)  # home slot of a hashed block in the index
-        self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home)
+        super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
         self.seqs: dict[Hashable, _Seq] = {}
         self._pending: list[np.ndarray] = []
         self._in_step = False
-        self._key_kind: str | None = None
-        self._interned: dict[Hashable, int] = {}
-        self._extras: dict[Hashable, int] = {None: 0}
         self._epoch = 0  # bumped by every change; keys the can_allocate -> allocate memo
         self._memo: tuple | None = None
-        # running totals so that usage() is O(live sequences)
-        self.num_used = 0
-        self.useful_tokens = 0
         self.logical_blocks = 0
         self.logical_tokens = 0
-        self._stats = {k: 0 for k in PoolStats.counter_names()}
-
-    # ---- sizes ----------------------------------------------------------------------------------
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now: plain free + cached free (evictable)."""
-        return len(self.queue)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        return self.queue.num_cached
 
     @property
     def num_pending_free_blocks(self) -> int:
@@ -172,55 +143,60 @@ class BlockPool:
         """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        hits, hashes, keys, found = self._probe(num_tokens, block_keys, extra_key)
-        num_hits = len(hits)
-        total = -(-num_tokens // self.block_size)
+        hits, hashes, keys, homes, present, slots, extra_id = self._probe(num_tokens, block_keys, extra_key)
+        B, num_hits = self.block_size, len(hits)
+        total = -(-num_tokens // B)
         if num_hits:  # = _prompt_blocks_from_queue, keeping the hits' states for below
-            hit_state = self.state[hits]
-            need = total - num_hits + np.count_nonzero(hit_state == FREE_CACHED)
+            hit_state = self.state.take(hits)
+            num_cached = np.count_nonzero(hit_state == FREE_CACHED)
+            need = total - num_hits + num_cached
         else:
             need = total
         if need > len(self.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
-        extra_id = self._extra_id(extra_key)
+        if block_keys is None:
+            extra_id = self._extra_id(extra_key)
         if num_hits:
-            revived = hits[hit_state != USED]
-            cached = hits[hit_state == FREE_CACHED]  # FREE_CACHED blocks are not USED: a part of `revived`
-            self.queue.revive(cached)
-            self.state[revived] = USED
-            self.ref[hits] += 1
-            self.num_used += len(revived)
-            self.useful_tokens += self.block_size * len(revived)
+            if num_cached == num_hits:  # all of them revived from the cache (ref 0 -> 1)
+                self.queue.revive(hits)
+                self.ref[hits] = 1
+                num_revived = num_hits
+            else:
+                revived = hits[hit_state != USED]
+                self.queue.revive(hits[hit_state == FREE_CACHED])
+                self.state[revived] = USED  # the PENDING ones, too
+                self.ref[hits] += 1
+                num_revived = len(revived)
+            self.num_used += num_revived
+            self.useful_tokens += B * num_revived
         evictions = self._stats["evictions"]
         fresh = self._take(total - num_hits)
-        # an evicted entry may have been one of ours, or sat on a probe run: look again
-        evicted = self._stats["evictions"] != evictions
         if len(fresh):
-            self.fill[fresh] = self.block_size
-            self.fill[fresh[-1]] = num_tokens - (total - 1) * self.block_size
-        self.useful_tokens += num_tokens - num_hits * self.block_size  # fresh blocks hold every other token
+            self.fill[fresh] = B
+            self.fill[fresh[-1]] = num_tokens - (total - 1) * B
+        self.useful_tokens += num_tokens - num_hits * B  # fresh blocks hold every other token
         table = np.empty(max(total, 4) * 2, dtype=np.int64)
         if num_hits:
             table[:num_hits] = hits
         table[num_hits:total] = fresh
-        seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id))
+        seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id), num_hits * B)
         if len(keys):
             seq.last_hash = int(hashes[-1])
-            homes, present, slots = (a[len(hits) :] for a in found)
-            if evicted:
-                # the look-up is still right after deletions, except for entries deleted since: an evicted
-                # block's hash is absent now, and its slot (a tombstone now, on the hash's probe run) is a
-                # valid place to insert it again — no second look-up
-                gone = (present >= 0) & ~self.hashed[np.maximum(present, 0)]
-                present = np.where(gone, -1, present)
-            rest = (homes, present, slots)
-            self._register(seq, len(hits), hashes[len(hits) :], keys[len(hits) :], rest)
-        seq.hit_tokens = len(hits) * self.block_size
+            if num_hits < len(keys):
+                present = present[num_hits:]
+                if self._stats["evictions"] != evictions:
+                    # the look-up is still right after deletions, except for entries deleted since: an evicted
+                    # block's hash is absent now, and its slot (a tombstone now, on the hash's probe run) is a
+                    # valid place to insert it again — no second look-up
+                    gone = (present >= 0) & (self.block_slot.take(np.maximum(present, 0)) < 0)
+                    present = np.where(gone, -1, present)
+                rest = slice(num_hits, None)
+                self._register(table, num_hits, extra_id, hashes[rest], keys[rest], homes[rest], present, slots[rest])
         self.seqs[seq_id] = seq
         self.logical_blocks += total
         self.logical_tokens += num_tokens
-        self._stats["hit_blocks"] += len(hits)
+        self._stats["hit_blocks"] += num_hits
         self._stats["hit_tokens"] += seq.hit_tokens
         self._stats["prompt_tokens"] += num_tokens
         return seq.hit_tokens
@@ -293,7 +269,8 @@ class BlockPool:
             first = seq.num_hashed
             seq.num_hashed += len(keys)
             seq.last_hash = int(hashes[-1])
-            self._register(seq, first, hashes, keys)
+            homes = self._continued_homes(seq.table, first, hashes)
+            self._register(seq.table, first, seq.extra_id, hashes, keys, homes)
         return copies
 
     # ---- fork and release -----------------------------------------------------------------------
@@ -428,8 +405,9 @@ class BlockPool:
         copy = seq.num_tokens % B != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
         return new + int(copy)
 
-    def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable):
-        """(hit block ids [h], chain hashes uint64 [k], keys int64 [k], index `find` of the hashes); memoised."""
+    def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> tuple:
+        """(hit block ids intp [h], then the prompt's chain hashes, keys and home slots [k], the index's
+        `find` of them (present block ids, slots) [k], and the extra-key id); memoised."""
         if num_tokens < 0:
             raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
         if block_keys is None or not self.enable_prefix_caching:
@@ -440,61 +418,21 @@ class BlockPool:
             extra_key,
         ):
             return memo[4]
-        keys = self._key_array(block_keys)
+        keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)
         if len(keys) > num_tokens // self.block_size:
             raise ValueError(
                 f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
                 f"{num_tokens // self.block_size} full blocks of {self.block_size}"
             )
-        extra_id = self._extra_id(extra_key)
-        hashes = chain_hashes(root_hash(extra_id), keys)
         max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-        positions = np.arange(len(keys))
-        homes = self.index.home_slots(hashes[positions & ~15], positions)
-        found, slots = self.index.find(hashes, homes)  # all of them: allocate inserts misses without a 2nd look
-        cand = found[:max_hit]
+        present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
+        cand = present[:max_hit]
         if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
             cand = cand[: int(np.argmin(cand >= 0))]
-            max_hit = len(cand)
-        c = np.maximum(cand, 0)
-        parent_ok = np.concatenate(([-1], cand[:-1]))
-        parent_ver = np.concatenate(([extra_id], self.version[c[:-1]]))
-        ok = (cand >= 0) & (self.key[c] == keys[:max_hit])
-        ok &= (self.parent_id[c] == parent_ok[:max_hit]) & (self.parent_ver[c] == parent_ver[:max_hit])
-        num_hit = int(np.argmin(ok)) if np.count_nonzero(ok) < max_hit else max_hit
-        result = (cand[:num_hit], hashes, keys, (homes, found, slots))
+        num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
+        result = (cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
         self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
         return result
-
-    def _take(self, n: int) -> np.ndarray:
-        """Hand out n free blocks for new content: ref 1, version + 1; evicted cache entries dropped."""
-        if n == 0:
-            return np.empty(0, dtype=np.int64)
-        plain, evicted = self.queue.pop(n)
-        if len(evicted):
-            found, slots = self.index.find(self.block_hash[evicted], self.block_home[evicted])
-            assert np.array_equal(found, evicted), "an evicted block's hash entry points elsewhere"
-            self.index.delete_slots(slots)
-            self.hashed[evicted] = False
-            self._stats["evictions"] += len(evicted)
-        blocks = np.concatenate([plain, evicted]) if len(evicted) else plain
-        self.version[blocks] += 1
-        self.ref[blocks] = 1
-        self.num_used += n
-        self._stats["allocated_blocks"] += n
-        return blocks
-
-    def _take_one(self) -> int:
-        """`_take(1)`; a content-free block in scalar steps. NOTE: the array path costs a dozen numpy
-        calls, too many for decode, which needs one block per block boundary of every sequence."""
-        if not self.queue.num_plain:
-            return int(self._take(1)[0])
-        block = self.queue.pop_plain_one()
-        self.version[block] += 1
-        self.ref[block] = 1
-        self.num_used += 1
-        self._stats["allocated_blocks"] += 1
-        return block
 
     def _drop(self, blocks: np.ndarray, num_tokens: int | None = None) -> None:
         """Blocks whose ref reached 0 (holding `num_tokens` tokens, when the caller knows): free now, or
@@ -506,71 +444,3 @@ class BlockPool:
             self._pending.append(blocks)
         else:
             self._free(blocks)
-
-    def _free(self, blocks: np.ndarray) -> None:
-        if not self.enable_prefix_caching:  # then nothing is ever hashed
-            self.fill[blocks] = 0
-            self.queue.push_plain(blocks)
-            return
-        keep = self.hashed[blocks]
-        num_keep = np.count_nonzero(keep)
-        if num_keep == len(blocks):
-            self.queue.push_cached(blocks)
-            return
-        plain = blocks[~keep] if num_keep else blocks
-        self.fill[plain] = 0
-        self.queue.push_plain(plain)
-        if len(plain) < len(blocks):
-            self.queue.push_cached(blocks[keep])
-
-    def _register(
-        self,
-        seq: _Seq,
-        first: int,
-        hashes: np.ndarray,
-        keys: np.ndarray,
-        found: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None,
-    ) -> None:
-        """Hash the full blocks table[first : first + len(keys)] of `seq` (written by it, ref 1)."""
-        if len(keys) == 0:
-            return
-        blocks = seq.table[first : first + len(keys)]
-        parents = seq.table[max(first - 1, 0) : first + len(keys) - 1]
-        parent_ids = np.concatenate(([-1], parents)) if first == 0 else parents
-        parent_vers = self.version[np.maximum(parent_ids, 0)]
-        if first == 0:
-            parent_vers[0] = seq.extra_id
-        if found is None:  # append: home slots from the hash of each block's line base, maybe earlier
-            positions = first + np.arange(len(keys))
-            base = positions & ~15
-            in_batch = base >= first
-            base_hashes = np.where(
-                in_batch, hashes[np.maximum(base - first, 0)], self.block_hash[seq.table[np.minimum(base, first)]]
-            )
-            found = (self.index.home_slots(base_hashes, positions), None, None)
-        # the index reads hashes and home slots from here; meaningful only where hashed
-        self.block_hash[blocks] = hashes
-        self.block_home[blocks] = found[0]
-        inserted = self.index.insert(hashes, blocks, *found)
-        b = blocks[inserted]
-        self.hashed[b] = True
-        self.key[b] = keys[inserted]
-        self.parent_id[b] = parent_ids[inserted]
-        self.parent_ver[b] = parent_vers[inserted]
-
-    def _key_array(self, block_keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
-        is_int = isinstance(block_keys, np.ndarray)
-        kind = "int" if is_int else "object"
-        if self._key_kind is None:
-            self._key_kind = kind
-        elif self._key_kind != kind:
-            raise ValueError(f"this pool takes {self._key_kind} block keys; do not mix int64 arrays and objects")
-        if is_int:
-            if block_keys.dtype.kind not in "iu":
-                raise ValueError(f"block keys as an array must be integers, got dtype {block_keys.dtype}")
-            return block_keys.astype(np.int64, copy=False)
-        interned = self._interned
-        return np.fromiter((interned.setdefault(k, len(interned)) for k in block_keys), np.int64, len(block_keys))
-
-    def _extra_id(self, extra_key: Hashable) -> int:
-        return self._extras.setdefault(extra_key, len(self._extras))

@@ -120,10 +120,12 @@ def check_pool_invariants(pool: BlockPool) -> None:
     for s in pool.seqs.values():
         implied = np.minimum(B, s.num_tokens - B * np.arange(s.num_blocks))
         assert np.array_equal(pool.fill[s.table[: s.num_blocks]], implied), "a block's fill disagrees with a table"
+    assert np.all(pool.fill[state == FREE_PLAIN] == 0), "a block on the plain free stack still holds tokens"
     assert pool.useful_tokens == int(pool.fill[state == USED].sum()), "useful-token counter is off"
     assert pool.logical_blocks == len(held), "logical-block counter is off"
     assert pool.logical_tokens == sum(s.num_tokens for s in pool.seqs.values()), "logical-token counter is off"
     # hash entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
+    pool.index.check()
     keys, vals = pool.index.items()
     assert pool.index.num_live == len(vals), "hash-index live count is off"
     assert np.all(pool.hashed[vals]) and np.array_equal(pool.block_hash[vals], keys), "a hash entry mismatches"

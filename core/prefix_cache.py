@@ -1,4 +1,4 @@
-"""Prefix-cache hashing: chained block hashes and a vectorised hash -> block index.
+"""Prefix-cache hashing: chained block hashes, for one prompt or a whole batch of prompts at once.
 
 Content model. The pool never sees tokens. The caller gives one *content key* per full block: an integer
 (int64) that identifies the block's tokens exactly — Mooncake replay uses `hash_id * (512 // B) + sub`,
@@ -16,23 +16,26 @@ only a way to find a candidate.
 
 The recurrence is linear, so a whole chain is one vectorised prefix sum (h(i) = P^i · (P·h(-1) +
 Σ_{j<=i} P^-j · mix(key_j)), with P odd hence invertible mod 2^64): O(blocks) numpy work per prompt, no
-per-token and no per-block Python loop.
+per-token and no per-block Python loop. Many prompts at once are one segmented prefix sum
+(`chain_hashes_batch`): a replay hashes a whole trace in a few dozen numpy calls per ~100 k blocks, and the
+pool takes the result (`HashedKeys`) instead of hashing each prompt again. The hash -> block index is in
+hash_index.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from kvcalc.core.hash_index import HashIndex
+
 _P = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2^64
 _P_INV = pow(_P, -1, 2**64)
-_EMPTY = -1
-_TOMBSTONE = -2
-_MINUS_ONES = np.full(4096, -1, dtype=np.int64)
-_LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks share one
-_STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
-_STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
 
 
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -90,6 +93,70 @@ def chain_hashes(parent_hash: int, keys: np.ndarray) -> np.ndarray:
     return scaled
 
 
+def chain_hashes_batch(parent_hash: int, keys: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """uint64 [K]: `chain_hashes(parent_hash, keys[offsets[i]:offsets[i+1]])` for every prompt i, in one pass.
+
+    keys int64 [K] (the prompts' keys end to end), offsets int64 [N+1] with offsets[0] = 0, offsets[N] = K.
+    The prefix sum runs over all prompts; each prompt's chain subtracts the sum before its first key.
+    """
+    total = len(keys)
+    if total == 0:
+        return np.empty(0, dtype=np.uint64)
+    lengths = np.diff(offsets)
+    starts = offsets[:-1]
+    position = np.arange(total, dtype=np.int64)
+    position -= np.repeat(starts, lengths)  # position of each key inside its prompt
+    pos, neg = _POWERS.get(int(lengths.max()) + 1)
+    scaled = mix64(keys)
+    scaled *= neg.take(position)
+    np.add.accumulate(scaled, out=scaled)
+    before = np.zeros(len(lengths), dtype=np.uint64)  # the running sum before each prompt's first key
+    nonempty = lengths > 0
+    first = starts[nonempty]
+    before[nonempty] = np.where(first > 0, scaled[np.maximum(first - 1, 0)], np.uint64(0))
+    before = np.uint64(parent_hash * _P % 2**64) - before  # uint64 wraps: (root · P - sum before) mod 2^64
+    scaled += np.repeat(before, lengths)
+    scaled *= pos.take(position)
+    return scaled
+
+
+@dataclass(frozen=True, eq=False)
+class HashedPrompts:
+    """Block keys of N prompts end to end with their chain hashes and hash-index home slots, as
+    `BlockPool.hash_prompts` computed them: prompt i is [offsets[i], offsets[i+1]) of keys, hashes, homes.
+    `prompt(i)` is what `allocate` takes as block_keys; the pool then looks up without hashing."""
+
+    keys: np.ndarray  # int64 [K]
+    hashes: np.ndarray  # uint64 [K], chained from the extra key's root
+    homes: np.ndarray  # int64 [K], home slots in `index`
+    offsets: np.ndarray  # int64 [N+1]
+    extra_key: Hashable
+    index: HashIndex  # the index (of the pool that hashed them) whose geometry the home slots are for
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def prompt(self, i: int) -> HashedKeys:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return HashedKeys(self.keys[a:b], self.hashes[a:b], self.homes[a:b], self, i, a)
+
+
+@dataclass(frozen=True, eq=False)
+class HashedKeys:
+    """Prompt `number` of a `HashedPrompts` batch: keys int64 [k], hashes uint64 [k], homes int64 [k]
+    (views of the batch's arrays from position `start`)."""
+
+    keys: np.ndarray
+    hashes: np.ndarray
+    homes: np.ndarray
+    batch: HashedPrompts
+    number: int
+    start: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
 def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
     """The same recurrence one block at a time with Python ints (for tests)."""
     out, h = [], parent_hash
@@ -97,149 +164,3 @@ def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
         h = (h * _P + int(mix64(np.array([key], dtype=np.int64))[0])) % 2**64
         out.append(h)
     return out
-
-
-class HashIndex:
-    """Open-addressing map uint64 hash -> block id, vectorised over many hashes.
-
-    The table stores only block ids (int32); a slot's hash is read from the pool's per-block hash array
-    `hash_of` (uint64 [num_blocks]) and its home slot from `home_of`, both filled by the pool before it
-    inserts. 4 bytes a slot instead of 12: the whole-trace Mooncake replay holds millions of blocks.
-
-    Locality: block i of a chain has its home slot in the 16-slot line (one 64-byte cache line) that
-    the hash of block i - i mod 16 picks, at offset (i + that hash) mod 16; probing steps to the next
-    line (+17: odd, so a run visits every slot and never gets stuck in a crowded offset). A prompt's
-    hundreds of look-ups then touch one cache line per 16 blocks instead of one per block: random
-    memory accesses, not arithmetic, are what a look-up costs (about 0.1 µs each without huge pages).
-    The map is from (hash, home): two equal hashes at different chain positions — a 64-bit collision —
-    may both be entries; a hit is verified by the pool anyway.
-
-    At most one block per hash: a block whose hash is already taken stays unhashed (see BlockPool).
-    Deletions leave tombstones; the table is rebuilt when live entries + tombstones pass 3/4 of it.
-    Capacity is a power of two >= 2 x the most entries it can hold (the pool's block count).
-    """
-
-    def __init__(self, max_entries: int, hash_of: np.ndarray, home_of: np.ndarray) -> None:
-        bits = max(5, int(2 * max_entries - 1).bit_length())
-        self._shift = np.uint64(64 - bits)
-        self._mask = (1 << bits) - 1
-        self.hash_of = hash_of
-        self.home_of = home_of
-        self.vals = np.full(1 << bits, _EMPTY, dtype=np.int32)
-        self.num_live = 0
-        self._num_tombstones = 0
-
-    def home_slots(self, base_hashes: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """int64 [n]: home slot of the block at chain `positions` whose line is picked by `base_hashes`
-        (the hashes of the blocks at positions - positions mod 16)."""
-        line = (base_hashes >> self._shift).astype(np.int64)
-        # the offset turns with the base hash, so that short chains spread over all 16 offset classes
-        return (line & ~(_LINE - 1)) | ((positions + line) & (_LINE - 1))
-
-    def _holds(self, vals: np.ndarray, hashes: np.ndarray) -> np.ndarray:
-        """bool [n]: the slot holds a live entry for this hash."""
-        return (self.hash_of[vals] == hashes) & (vals >= 0)  # negative vals read harmlessly from the end
-
-    def find(self, hashes: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(block ids or -1, slot) for each hash in uint64 [n] with home slots int64 [n].
-
-        The slot is where the hash lives, or — for an absent hash — the empty slot that ended its probe
-        run: where `insert` may put it (tombstones passed on the way are left for later inserts), handed
-        over to save a second probe.
-        """
-        n = len(hashes)
-        found = _MINUS_ONES[:n].copy() if n <= len(_MINUS_ONES) else np.full(n, -1, dtype=np.int64)
-        slot_of = found.copy()
-        active = np.arange(n)
-        slots = homes
-        mine = hashes
-        table, hash_of = self.vals, self.hash_of
-        while len(active) > _STRAGGLERS:
-            vals = table[slots]
-            # negative vals (empty, tombstone) index hash_of from the end: a harmless read, masked out
-            hit = (hash_of.take(vals) == mine) & (vals >= 0)  # take: no int32 -> intp conversion of vals
-            done = hit | (vals == _EMPTY)
-            found[active[hit]] = vals[hit]
-            slot_of[active[done]] = slots[done]
-            going = ~done
-            active, slots, mine = active[going], (slots[going] + _STEP) & self._mask, mine[going]
-        # NOTE: a few keys sit at the end of long probe runs; one numpy round per probe step would cost
-        # the whole batch the longest run, so the stragglers finish one at a time.
-        for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
-            h = hashes[i]
-            while (v := int(table[slot])) != _EMPTY:
-                if v >= 0 and hash_of[v] == h:
-                    found[i] = v
-                    break
-                slot = (slot + _STEP) & self._mask
-            slot_of[i] = slot
-        return found, slot_of
-
-    def insert(
-        self,
-        hashes: np.ndarray,
-        block_ids: np.ndarray,
-        homes: np.ndarray,
-        present: np.ndarray | None = None,
-        free_slots: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Insert the pairs whose hash is absent (one of equal hashes wins); returns bool [n] inserted.
-
-        `hash_of[block_ids]` must already equal `hashes`. `present, free_slots` — the two arrays of
-        `find` on the index as it still is (deletions since are fine) — save probing again.
-        """
-        if present is None or free_slots is None:
-            present, free_slots = self.find(hashes, homes)
-        inserted = present < 0
-        table = self.vals
-        # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
-        # batch claims the same slot first (then it probes below, like any other)
-        cand = np.flatnonzero(inserted)
-        cand_slots = free_slots[cand]
-        was = table[cand_slots]
-        # several keys of this batch may claim one slot: write all, read back, the surviving write wins
-        # (block ids are distinct within a batch)
-        table[cand_slots] = block_ids[cand]
-        won = table[cand_slots] == block_ids[cand]
-        self._num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
-        lost = cand[~won]
-        # an equal hash of this batch took the slot: a duplicate, not inserted
-        dup = self.hash_of[table[free_slots[lost]]] == hashes[lost]
-        inserted[lost[dup]] = False
-        # the few others probe on one at a time: through the whole run (an equal hash placed by this loop
-        # may sit anywhere in it), into its first free slot (tombstone or empty)
-        hash_of = self.hash_of
-        for i in lost[~dup].tolist():
-            h, slot, first_free = hashes[i], int(homes[i]), -1
-            while (v := int(table[slot])) != _EMPTY:
-                if v >= 0 and hash_of[v] == h:
-                    break
-                if v == _TOMBSTONE and first_free < 0:
-                    first_free = slot
-                slot = (slot + _STEP) & self._mask
-            if v != _EMPTY:
-                inserted[i] = False
-                continue
-            slot = slot if first_free < 0 else first_free
-            self._num_tombstones -= int(table[slot]) == _TOMBSTONE
-            table[slot] = block_ids[i]
-        self.num_live += np.count_nonzero(inserted)
-        if self.num_live + self._num_tombstones > 0.75 * len(self.vals):
-            self._rebuild()
-        return inserted
-
-    def delete_slots(self, slots: np.ndarray) -> None:
-        self.vals[slots] = _TOMBSTONE
-        self.num_live -= len(slots)
-        self._num_tombstones += len(slots)
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(hashes uint64 [live], block ids int64 [live])."""
-        vals = self.vals[self.vals >= 0].astype(np.int64)
-        return self.hash_of[vals], vals
-
-    def _rebuild(self) -> None:
-        keys, vals = self.items()
-        self.vals[:] = _EMPTY
-        self.num_live = self._num_tombstones = 0
-        self.insert(keys, vals, self.home_of[vals].astype(np.int64))

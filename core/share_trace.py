@@ -14,12 +14,15 @@ block; a block that ends past the last id's coverage is an error in the trace.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvcalc.core.block_pool import BlockPool
 from kvcalc.core.traces import MOONCAKE_BLOCK_TOKENS, Trace
+
+_BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,35 @@ def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> N
         )
 
 
-def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool) -> ReplayResult:
-    """Replay every request of `trace` through one BlockPool; see the module docstring."""
+def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys int64 [K], offsets int64 [n+1]): `request_block_keys` of requests first .. stop - 1 end to end,
+    vectorised (check_trace has made sure that every request has the hash ids its full blocks need)."""
+    assert trace.hash_ids is not None and trace.hash_offsets is not None
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    full = trace.prompt_tokens[first:stop] // block_size
+    offsets = np.zeros(len(full) + 1, dtype=np.int64)
+    np.cumsum(full, out=offsets[1:])
+    j = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], full)  # block index in its request
+    ids = trace.hash_ids[np.repeat(trace.hash_offsets[first:stop], full) + j // per_id]
+    return ids * per_id + j % per_id, offsets
+
+
+def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
+    """[first, stop) request ranges of about _BATCH_BLOCKS prompt blocks each (one request may exceed it)."""
+    ends = np.cumsum(trace.prompt_tokens // block_size)
+    cuts = np.searchsorted(ends, np.arange(_BATCH_BLOCKS, int(ends[-1]), _BATCH_BLOCKS), side="right")
+    bounds = np.unique(np.concatenate(([0], cuts, [len(trace)]))).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def replay(
+    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, batched: bool = True
+) -> ReplayResult:
+    """Replay every request of `trace` through one BlockPool; see the module docstring.
+
+    `batched` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`)
+    instead of one prompt at a time: the same pool operations, the same results (tests compare both).
+    """
     check_trace(trace, block_size, capacity_blocks)
     largest = int(request_blocks(trace, block_size).max())
     keyed = prefix_caching and trace.has_prefix_ids
@@ -181,16 +211,25 @@ def replay(trace: Trace, block_size: int, capacity_blocks: int | None, prefix_ca
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
     peak_used = peak_cached = 0
-    for i in range(len(trace)):
-        keys = None
-        if keyed:
-            where = f"{trace.path} request {i + 1}: "
-            keys = request_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
-        pool.allocate(i, prompts[i], keys)
-        pool.append(i, outputs[i])
-        peak_used = max(peak_used, pool.num_used)
-        pool.release(i)
-        peak_cached = max(peak_cached, pool.num_cached_free_blocks)
+    batches = _key_batches(trace, block_size) if keyed and batched else [(0, len(trace))]
+    for first, stop in batches:
+        hashed = pool.hash_prompts(*trace_block_keys(trace, block_size, first, stop)) if keyed and batched else None
+        for i in range(first, stop):
+            keys = None
+            if hashed is not None:
+                keys = hashed.prompt(i - first)
+            elif keyed:
+                where = f"{trace.path} request {i + 1}: "
+                keys = request_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
+            if batched:
+                used = pool.serve(prompts[i], keys, outputs[i])[1]
+            else:
+                pool.allocate(i, prompts[i], keys)
+                pool.append(i, outputs[i])
+                used = pool.num_used
+                pool.release(i)
+            peak_used = max(peak_used, used)
+            peak_cached = max(peak_cached, pool.num_cached_free_blocks)
     stats = pool.stats()
     return ReplayResult(
         prefix_caching=prefix_caching,

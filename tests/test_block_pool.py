@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core import block_pool as bp
+from kvcalc.core import block_store
 from kvcalc.core.block_pool import BlockPool, PoolExhaustedError, ReleaseReason
 from kvcalc.core.free_queue import FREE_CACHED, FreeBlockQueue
-from kvcalc.core.prefix_cache import HashIndex, chain_hashes, chain_hashes_reference
+from kvcalc.core.hash_index import HashIndex
+from kvcalc.core.prefix_cache import chain_hashes, chain_hashes_reference
 
 
 def refs(pool: BlockPool, blocks: list[int]) -> list[int]:
@@ -115,7 +117,8 @@ def test_extra_keys_never_share() -> None:
 
 def test_a_hash_collision_never_serves_wrong_content(monkeypatch: pytest.MonkeyPatch) -> None:
     # every chain hashes to the same values: lookups find a candidate, verification must reject it
-    monkeypatch.setattr(bp, "chain_hashes", lambda parent, keys: np.arange(len(keys), dtype=np.uint64))
+    for module in (bp, block_store):
+        monkeypatch.setattr(module, "chain_hashes", lambda parent, keys: np.arange(len(keys), dtype=np.uint64))
     pool = BlockPool(8, 2)
     pool.allocate("a", 5, [(1, 2), (3, 4)])
     assert pool.allocate("b", 5, [(9, 9), (3, 4)]) == 0  # block 0 differs: nothing may hit
@@ -221,7 +224,8 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     """Batches of inserts (with duplicates inside a batch) and deletes, against a dict."""
     hash_of = np.zeros(1000, dtype=np.uint64)
     home_of = np.zeros(1000, dtype=np.int64)
-    index, ref = HashIndex(24, hash_of, home_of), {}
+    slot_of = np.full(1000, -1, dtype=np.int32)
+    index, ref = HashIndex(24, hash_of, home_of, slot_of), {}
 
     def homes(ks: list[int]) -> np.ndarray:
         # key k plays the block at chain position k % 3 whose line its own hash picks: crowded lines
@@ -247,11 +251,12 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
             for k in set(ks) & set(ref):
                 b = ref.pop(k)
                 found, slots = index.find(hash_of[[b]], home_of[[b]])
-                assert int(found[0]) == b
-                index.delete_slots(slots)
+                assert int(found[0]) == b and int(slots[0]) == slot_of[b]
+                index.delete(np.array([b]))
         everything = list(range(41))
         found, _ = index.find(np.array([spread(k) for k in everything], dtype=np.uint64), homes(everything))
         assert found.tolist() == [ref.get(k, -1) for k in everything]
+        index.check()
     assert sorted(index.items()[1].tolist()) == sorted(ref.values())
 
 

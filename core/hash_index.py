@@ -1,0 +1,209 @@
+"""The prefix cache's hash -> block index: open addressing, vectorised over a prompt's blocks.
+
+The table stores only block ids (int32); a slot's hash is read from the pool's per-block hash array
+`hash_of` (uint64 [num_blocks]) and its home slot from `home_of`, both filled by the pool before it
+inserts. 4 bytes a slot instead of 12: the whole-trace Mooncake replay holds millions of blocks. The index
+also keeps `slot_of` (int32 [num_blocks], -1 when not indexed): where each indexed block's entry lives,
+so that deleting an evicted block's entry costs no look-up.
+
+Locality: block i of a chain has its home slot in the 16-slot line (one 64-byte cache line) that the hash
+of block i - i mod 16 picks, at offset (i + that hash) mod 16; probing steps to the next line (+17: odd, so
+a run visits every slot and never gets stuck in a crowded offset). A prompt's hundreds of look-ups then
+touch one cache line per 16 blocks instead of one per block: random memory accesses, not arithmetic, are
+what a look-up costs (about 0.1 µs each without huge pages). The map is from (hash, home): two equal hashes
+at different chain positions — a 64-bit collision — may both be entries; a hit is verified by the pool.
+
+At most one block per hash: a block whose hash is already taken stays unindexed (see the pool).
+Deletions leave tombstones, which lengthen probe runs like live entries; the table is rebuilt when
+tombstones pass 1/4 of it, or live entries + tombstones 3/4. Capacity is a power of two >= 2 x the most
+entries it can hold (the pool's block count), and >= 8 x up to _ROOMY_SLOTS: a small pool (a bounded
+replay, where every request evicts) gets a sparse table for little memory — short runs, rare rebuilds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = -1
+_TOMBSTONE = -2
+_MINUS_ONES = np.full(8192, -1, dtype=np.intp)
+_LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks share one
+_STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
+_STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
+_ROOMY_SLOTS = 1 << 18  # 1 MiB of int32 slots
+
+
+class HashIndex:
+    """Open-addressing map uint64 hash -> block id; see the module docstring."""
+
+    def __init__(self, max_entries: int, hash_of: np.ndarray, home_of: np.ndarray, slot_of: np.ndarray) -> None:
+        slots = max(32, 2 * max_entries, min(8 * max_entries, _ROOMY_SLOTS))
+        bits = int(slots - 1).bit_length()
+        self._shift = np.uint64(64 - bits)
+        self._mask = (1 << bits) - 1
+        self.hash_of = hash_of
+        self.home_of = home_of
+        self.slot_of = slot_of
+        self.vals = np.full(1 << bits, _EMPTY, dtype=np.int32)
+        self.num_live = 0
+        self.num_tombstones = 0
+        self.generation = 0  # bumped whenever an entry is deleted or moved (a saved look-up may be stale then)
+
+    def home_slots(self, base_hashes: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """int64 [n]: home slot of the block at chain `positions` whose line is picked by `base_hashes`
+        (the hashes of the blocks at positions - positions mod 16)."""
+        line = (base_hashes >> self._shift).astype(np.int64)
+        # the offset turns with the base hash, so that short chains spread over all 16 offset classes
+        return (line & ~(_LINE - 1)) | ((positions + line) & (_LINE - 1))
+
+    def find(self, hashes: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(block ids intp [n] or -1, slots int64 [n]) for each hash in uint64 [n] with home slots int64 [n].
+
+        The slot is where the hash lives, or — for an absent hash — the empty slot that ended its probe
+        run: where `insert` may put it (tombstones passed on the way are left for later inserts), handed
+        over to save a second probe.
+        """
+        n = len(hashes)
+        table, hash_of = self.vals, self.hash_of
+        # NOTE: the first round runs on every key with as few numpy calls as possible: most keys end at
+        # their home slot (a hit, or an empty slot), and a prompt's look-up is a few dozen calls in all.
+        vals = table.take(homes)
+        # negative vals (empty, tombstone) read hash_of from the end: a harmless read, masked out
+        hit = hash_of.take(vals) == hashes
+        hit &= vals >= 0
+        found = np.where(hit, vals, _MINUS_ONES[:n] if n <= len(_MINUS_ONES) else -1).astype(np.intp, copy=False)
+        going = vals != _EMPTY
+        going ^= hit  # a hit is never empty: this is "neither a hit nor empty"
+        active = np.flatnonzero(going)
+        if not len(active):
+            return found, homes
+        found_slots = homes.copy()
+        slots = (homes[active] + _STEP) & self._mask
+        mine = hashes[active]
+        while len(active) > _STRAGGLERS:
+            vals = table.take(slots)
+            hit = (hash_of.take(vals) == mine) & (vals >= 0)
+            done = hit | (vals == _EMPTY)
+            found[active[hit]] = vals[hit]
+            found_slots[active[done]] = slots[done]
+            going = ~done
+            active, slots, mine = active[going], (slots[going] + _STEP) & self._mask, mine[going]
+        # NOTE: a few keys sit at the end of long probe runs; one numpy round per probe step would cost
+        # the whole batch the longest run, so the stragglers finish one at a time.
+        for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
+            h = hashes[i]
+            while (v := int(table[slot])) != _EMPTY:
+                if v >= 0 and hash_of[v] == h:
+                    found[i] = v
+                    break
+                slot = (slot + _STEP) & self._mask
+            found_slots[i] = slot
+        return found, found_slots
+
+    def insert(
+        self,
+        hashes: np.ndarray,
+        block_ids: np.ndarray,
+        homes: np.ndarray,
+        present: np.ndarray | None = None,
+        free_slots: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Insert the pairs whose hash is absent (one of equal hashes wins); returns bool [n] inserted.
+
+        `hash_of[block_ids]` must already equal `hashes`. `present, free_slots` — the two arrays of
+        `find` on the index as it still is (deletions since are fine: a deleted entry's slot is a valid
+        place to insert its hash again) — save probing again.
+        """
+        if present is None or free_slots is None:
+            present, free_slots = self.find(hashes, homes)
+        inserted = present < 0
+        table = self.vals
+        # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
+        # batch claims the same slot first (then it probes below, like any other)
+        cand = np.flatnonzero(inserted)
+        if len(cand) == len(hashes):
+            cand_slots, cand_blocks = free_slots, block_ids
+        else:
+            cand_slots, cand_blocks = free_slots[cand], block_ids[cand]
+        was = table.take(cand_slots) if self.num_tombstones else None  # without tombstones every slot is empty
+        # several keys of this batch may claim one slot: write all, read back, the surviving write wins
+        # (block ids are distinct within a batch)
+        table[cand_slots] = cand_blocks
+        won = table.take(cand_slots) == cand_blocks
+        num_won = np.count_nonzero(won)
+        if num_won == len(cand):
+            if was is not None:
+                self.num_tombstones -= np.count_nonzero(was == _TOMBSTONE)
+            self.slot_of[cand_blocks] = cand_slots
+        else:
+            if was is not None:
+                self.num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
+            self.slot_of[cand_blocks[won]] = cand_slots[won]
+            self._insert_lost(hashes, block_ids, homes, free_slots, cand[~won], inserted)
+        self.num_live += np.count_nonzero(inserted)
+        if 4 * self.num_tombstones > len(self.vals) or self.num_live + self.num_tombstones > 0.75 * len(self.vals):
+            self._rebuild()
+        return inserted
+
+    def _insert_lost(
+        self, hashes: np.ndarray, block_ids: np.ndarray, homes: np.ndarray, free_slots: np.ndarray,
+        lost: np.ndarray, inserted: np.ndarray,
+    ) -> None:
+        """The keys whose free slot another key of the batch took: duplicates drop out, the rest go on.
+
+        Every probe run through a slot continues the same way from it (one fixed step), so the keys that
+        lost one slot share the rest of their runs: they take the next free slots (empty or tombstone) after
+        it one after another — one walk per contested slot, not one per key.
+        """
+        table, hash_of, mask = self.vals, self.hash_of, self._mask
+        lost_slots = free_slots[lost]
+        dup = hash_of[table[lost_slots]] == hashes[lost]  # an equal hash of this batch took the slot
+        inserted[lost[dup]] = False
+        lost, lost_slots = lost[~dup], lost_slots[~dup]
+        order = np.argsort(lost_slots, kind="stable")
+        last_placed: dict[int, int] = {}  # contested slot -> slot of the last key placed after it
+        placed: dict[int, set[int]] = {}  # contested slot -> hashes placed after it
+        for i, contested in zip(lost[order].tolist(), lost_slots[order].tolist(), strict=True):
+            h = int(hashes[i])
+            seen = placed.setdefault(contested, set())
+            if h in seen:
+                inserted[i] = False
+                continue
+            slot = (last_placed.get(contested, contested) + _STEP) & mask
+            while (v := int(table[slot])) >= 0:
+                slot = (slot + _STEP) & mask
+            self.num_tombstones -= v == _TOMBSTONE
+            table[slot] = block_ids[i]
+            self.slot_of[block_ids[i]] = slot
+            last_placed[contested] = slot
+            seen.add(h)
+
+    def delete(self, block_ids: np.ndarray) -> None:
+        """Drop the entries of these indexed blocks (their slots become tombstones); no look-up."""
+        slots = self.slot_of.take(block_ids)
+        assert np.all(slots >= 0), "deleting a block that is not in the hash index"
+        self.vals[slots] = _TOMBSTONE
+        self.slot_of[block_ids] = -1
+        self.generation += 1
+        self.num_live -= len(block_ids)
+        self.num_tombstones += len(block_ids)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(hashes uint64 [live], block ids int64 [live])."""
+        vals = self.vals[self.vals >= 0].astype(np.int64)
+        return self.hash_of[vals], vals
+
+    def check(self) -> None:
+        """Assert that every entry's slot is recorded in slot_of, and nothing else is."""
+        slots = np.flatnonzero(self.vals >= 0)
+        vals = self.vals[slots]
+        assert np.array_equal(self.slot_of[vals], slots), "a hash entry's slot is not the one recorded for it"
+        assert np.count_nonzero(self.slot_of >= 0) == len(slots), "a block records a slot but has no entry"
+
+    def _rebuild(self) -> None:
+        keys, vals = self.items()
+        self.vals[:] = _EMPTY
+        self.slot_of[vals] = -1
+        self.generation += 1
+        self.num_live = self.num_tombstones = 0
+        self.insert(keys, vals, self.home_of[vals].astype(np.int64))
