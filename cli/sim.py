@@ -9,23 +9,12 @@ from typing import Annotated
 import typer
 
 from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, SeedOpt
-from kvcalc.cli.output import (
-    Field,
-    Format,
-    Report,
-    Table,
-    emit,
-    err_console,
-    quantity_table,
-    record_table,
-    resolve_format,
-)
+from kvcalc.cli.output import Format, emit, err_console, resolve_format
+from kvcalc.cli.sim_report import build_report
 from kvcalc.core import sim_setup
-from kvcalc.core.sim_metrics import STATS, TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
-from kvcalc.core.sim_policies import MEMORY_PARTS
+from kvcalc.core.sim_metrics import TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
 from kvcalc.core.sim_run import parse_policies, run_policy
 from kvcalc.core.sim_search import check_search, max_rate
-from kvcalc.core.units import format_bytes, format_percent
 
 DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"
 DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
@@ -196,7 +185,8 @@ def command(
 
         write_sim_plot(plot, records, setup.workload.description)
         err_console.print(f"wrote {plot}", highlight=False)
-    emit(_report(setup, policies, summaries, searches, slo_spec, target_attainment), resolve_format(json_flag, fmt))
+    report = build_report(setup, policies, summaries, searches, slo_spec, target_attainment)
+    emit(report, resolve_format(json_flag, fmt))
 
 
 def _run_with_progress(setup, name: str, record_timeline: bool):
@@ -229,134 +219,3 @@ def _write_timeline(path: Path, records: dict) -> None:
         for name, record in records.items():
             for row in timeline_rows(record):
                 writer.writerow([name, *row])
-
-
-def _ms(value: float | None) -> str:
-    return "–" if value is None or value != value else f"{value * 1e3:,.1f}"
-
-
-def _policy_record(policy: str, summary: dict) -> dict:
-    """One policy's summary flattened for CSV: ttft_s.p99 -> ttft_p99_s, memory.free -> free (a share of the pool)."""
-    record = {key: value for key, value in summary.items() if not isinstance(value, dict)}
-    record["policy"] = policy
-    for key in _LATENCY_KEYS:
-        record.update({f"{key.removesuffix('_s')}_{stat}_s": summary[key][stat] for stat in STATS})
-    record.update(summary["memory"])
-    return record
-
-
-_LATENCY_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
-_COUNT_LABELS = {"requests": "requests", "completed": "completed", "rejected": "rejected (OOM / too long)",
-                 "timed_out": "timed out", "cancelled": "cancelled", "preemptions": "preemptions"}
-
-
-def _latency_fields(slo_spec) -> list[Field]:
-    """Counts, latency statistics (people: ms; CSV: seconds, as the JSON), throughput, goodput under the SLO."""
-    fields = [Field("policy"), *(Field(key, label, "{:,}".format) for key, label in _COUNT_LABELS.items())]
-    for key, label in zip(_LATENCY_KEYS, ("TTFT", "TPOT", "ITL", "E2E"), strict=True):
-        name = key.removesuffix("_s")
-        fields += [Field(f"{name}_{stat}_s", f"{label} {stat} (ms)", _ms, missing=_ms(None)) for stat in STATS]
-    with_slo = not slo_spec.is_empty
-    fields += [
-        Field("duration_s"),
-        Field("throughput_rps", "throughput (req/s)", "{:.3f}".format),
-        Field("output_tokens_per_s", "output tokens/s", "{:,.0f}".format),
-        Field("generated_tokens"),
-        Field("steps"),
-        Field("mean_running"),
-        Field("peak_running"),
-        Field(None, "mean / peak running", lambda r: f"{r['mean_running']:.1f} / {r['peak_running']}"),
-        Field("goodput_rps", "goodput (req/s)" if with_slo else None, "{:.3f}".format),
-        Field("slo_attainment", "SLO attainment" if with_slo else None, format_percent),
-    ]
-    return fields
-
-
-_MEMORY_FIELDS = [
-    Field("policy"),
-    *(Field(part, part.replace("_", " "), format_percent) for part in MEMORY_PARTS),
-    Field("useful_of_occupied", "token states of occupied", format_percent),
-    Field("block_tables"),
-    Field("block_table_bytes_mean", "block tables, mean bytes (beside the pool)", lambda v: format_bytes(int(v))),
-]
-
-
-def _max_rate_table(searches: dict, slo_spec, target: float) -> Table:
-    records = [
-        {"policy": p, "attainment_target": target, "max_rate_rps": s.max_rate_rps, "bracket_low_rps": s.bracket_rps[0],
-         "bracket_high_rps": s.bracket_rps[1], "runs": len(s.evaluations)}
-        for p, s in searches.items()
-    ]
-    fields = [
-        Field("policy", "policy"),
-        Field("attainment_target"),
-        Field("max_rate_rps", "max rate (req/s)", "{:.3f}".format),
-        Field("bracket_low_rps"),
-        Field("bracket_high_rps"),
-        Field(None, "bracket (req/s)", lambda r: f"{r['bracket_low_rps']:.3f} – {r['bracket_high_rps']:.3f}"),
-        Field("runs", "runs"),
-    ]
-    title = f"Requests supported: highest rate with ≥ {format_percent(target)} meeting {slo_spec.describe()}"
-    return record_table(title, fields, records)
-
-
-def _report(setup, policies, summaries, searches, slo_spec, target) -> Report:
-    first = summaries[policies[0]]
-    plan = setup.plan
-    doc = {
-        **{k: v for k, v in first.items()},
-        "workload": {
-            "kind": setup.workload.kind,
-            "description": setup.workload.description,
-            "requests": len(setup.workload),
-            "mean_rate_rps": setup.workload.mean_rate_per_s,
-        },
-        "latency_source": setup.latency_source,
-        "model": setup.spec.name,
-        "gpu": plan.gpu.name,
-        "tp": plan.tp,
-        "memory_plan": {
-            "weights_bytes": plan.weights_bytes,
-            "workspace_bytes": plan.workspace_bytes,
-            "kv_pool_bytes": plan.pool_bytes,
-            "num_blocks": plan.num_blocks,
-            "block_size": plan.block_size,
-            "capacity_tokens": plan.capacity_tokens,
-            "kv_bytes_per_token": plan.kv_bytes_per_token,
-        },
-        "slo": None
-        if slo_spec.is_empty
-        else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
-        "policies": summaries,
-    }
-    if searches:
-        doc["max_rate_rps"] = {name: s.max_rate_rps for name, s in searches.items()}
-        doc["max_rate_search"] = {
-            name: {
-                "attainment_target": target,
-                "bracket_rps": list(s.bracket_rps),
-                "evaluations": [list(e) for e in s.evaluations],
-            }
-            for name, s in searches.items()
-        }
-    records = [_policy_record(p, summaries[p]) for p in policies]
-    tables = [
-        quantity_table("Latency and throughput (step-time model)", ["", *policies], _latency_fields(slo_spec), records),
-        quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies], _MEMORY_FIELDS, records),
-    ]
-    if searches:
-        tables.append(_max_rate_table(searches, slo_spec, target))
-    text = [
-        f"workload: {setup.workload.description}",
-        f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "
-        f"workspace {format_bytes(plan.workspace_bytes)}, KV pool {format_bytes(plan.pool_bytes)} = "
-        f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
-        f"{format_bytes(plan.kv_bytes_per_token)} per token) per GPU",
-    ]
-    notes = [
-        f"latencies come from the step-time model, not a measurement: {setup.latency_source}",
-        f"workload is {setup.workload.kind}: {setup.workload.description}",
-        *setup.workload.notes,
-        *setup.notes,
-    ]
-    return Report(doc=doc, tables=tables, notes=notes, text=text)
