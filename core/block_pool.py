@@ -19,9 +19,9 @@ The data structure (vLLM v1's block pool plus copy-on-write for forks):
         LRU queue    free, holds a hashed full block          -> revivable by a hit; evicted oldest-first
     (see free_queue for why the LRU is a lazily deleted array rather than an intrusive linked list)
 
-    The per-block arrays, handing blocks out and back, and the prefix cache's look-up and registration
-    are block_store's `BlockStore`; `BlockPool` extends it with sequences: block tables, sharing and the
-    deferred-free window of a step.
+Where it lives: block_store (per-block arrays; handing blocks out and back), prefix_lookup (content keys,
+hashing, verified look-up, registration), block_append (append with copy-on-write, fork), pool_serve (one
+request start to finish in one call), and here: sequences, release, the deferred-free window, reading.
 
 Operations, all "check, then change" (a failed operation changes nothing; `can_*` asks first):
 
@@ -34,6 +34,7 @@ Operations, all "check, then change" (a failed operation changes nothing; `can_*
     release(seq, reason)     the one path for finish / cancel / timeout / preemption; a second release
                              of the same sequence raises (double free). Blocks whose ref drops to 0 go
                              to the free side — or, inside `step()`, wait until the step ends.
+    serve(n, keys, m)        allocate n, append m, release, in one call (a replay's requests, one at a time).
     hit_tokens(n, keys)      the hits an allocate would get now, without changing anything.
     usage(), stats()         O(live sequences) accounting; check_invariants() O(pool) for tests.
 
@@ -47,7 +48,8 @@ look-up, verification and registration, without hashing each prompt again.
 
 API changes (additive only, after the first commit):
     - `hit_tokens(num_tokens, block_keys, extra_key)`: the public prefix look-up (instead of `_probe`).
-    - `hash_prompts(keys, offsets, extra_key)` and `HashedKeys` block keys (batch hashing for replays).
+    - `hash_prompts(keys, offsets, extra_key)` and `HashedKeys` block keys (batch hashing for replays);
+      `serve(num_tokens, block_keys, num_output_tokens, extra_key)`.
     - `hashed` is a property (a fresh bool array), computed from `block_slot`.
 """
 
@@ -60,11 +62,13 @@ from enum import Enum
 
 import numpy as np
 
+from kvcalc.core.block_append import AppendAndFork, SeqTable
 from kvcalc.core.block_store import BlockKeys, BlockStore, PoolExhaustedError
 from kvcalc.core.free_queue import FREE_CACHED, PENDING, USED
 from kvcalc.core.pool_accounting import PoolStats, PoolUsage, check_pool_invariants
 from kvcalc.core.pool_serve import ServeOneRequest
-from kvcalc.core.prefix_cache import HashedKeys, HashedPrompts, chain_hashes, root_hash
+from kvcalc.core.prefix_cache import HashedKeys, HashedPrompts, root_hash
+from kvcalc.core.prefix_lookup import PrefixLookup
 
 __all__ = [
     "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError", "PoolStats",
@@ -83,14 +87,6 @@ class ReleaseReason(str, Enum):
 _RELEASED = {key: f"released_{r.value}" for r in ReleaseReason for key in (r, r.value)}
 
 
-_NO_IDS = np.empty(0, dtype=np.intp)
-_NO_IDS.flags.writeable = False
-_NO_HASHES = np.empty(0, dtype=np.uint64)
-_NO_HASHES.flags.writeable = False
-# `_probe` without keys: nothing to look up, nothing to memoise
-_NO_PROBE = (_NO_IDS, _NO_HASHES, _NO_IDS, _NO_IDS, _NO_IDS, _NO_IDS, 0)
-
-
 @dataclass(frozen=True)
 class BlockRef:
     """A reader's handle on a block's content: stale once the block is handed out for new content."""
@@ -99,27 +95,14 @@ class BlockRef:
     version: int
 
 
-@dataclass(slots=True)
-class _Seq:
-    table: np.ndarray  # int64 [capacity]; table[:num_blocks] is the block table
-    num_blocks: int
-    num_tokens: int
-    extra_id: int
-    num_hashed: int  # leading blocks whose chain hash is known
-    last_hash: int  # hash of block num_hashed - 1 (the root hash when 0)
-    hit_tokens: int = 0
-
-
-class BlockPool(ServeOneRequest, BlockStore):
+class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
     """A fixed pool of `num_blocks` blocks of `block_size` token slots. See the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
         super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-        self.seqs: dict[Hashable, _Seq] = {}
+        self.seqs: dict[Hashable, SeqTable] = {}
         self._pending: list[np.ndarray] = []
         self._in_step = False
-        self._epoch = 0  # bumped by every change; keys the can_allocate -> allocate memo
-        self._memo: tuple | None = None
         self.logical_blocks = 0
         self.logical_tokens = 0
 
@@ -155,8 +138,7 @@ class BlockPool(ServeOneRequest, BlockStore):
         if need > len(self.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
         self._epoch += 1
-        if block_keys is None:
-            extra_id = self._extra_id(extra_key)
+        extra_id = self._extra_id(extra_key)
         if num_hits:
             if num_cached == num_hits:  # all of them revived from the cache (ref 0 -> 1)
                 self.queue.revive(hits)
@@ -180,17 +162,13 @@ class BlockPool(ServeOneRequest, BlockStore):
         if num_hits:
             table[:num_hits] = hits
         table[num_hits:total] = fresh
-        seq = _Seq(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id), num_hits * B)
+        seq = SeqTable(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id), num_hits * B)
         if len(keys):
             seq.last_hash = int(hashes[-1])
             if num_hits < len(keys):
                 present = present[num_hits:]
                 if self._stats["evictions"] != evictions:
-                    # the look-up is still right after deletions, except for entries deleted since: an evicted
-                    # block's hash is absent now, and its slot (a tombstone now, on the hash's probe run) is a
-                    # valid place to insert it again — no second look-up
-                    gone = (present >= 0) & (self.block_slot.take(np.maximum(present, 0)) < 0)
-                    present = np.where(gone, -1, present)
+                    present = self._present_after_evictions(present)
                 rest = slice(num_hits, None)
                 self._register(table, num_hits, extra_id, hashes[rest], keys[rest], homes[rest], present, slots[rest])
         self.seqs[seq_id] = seq
@@ -201,94 +179,7 @@ class BlockPool(ServeOneRequest, BlockStore):
         self._stats["prompt_tokens"] += num_tokens
         return seq.hit_tokens
 
-    # ---- check, then append ---------------------------------------------------------------------
-    def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
-        return self._append_blocks_from_queue(self._seq(seq_id), num_tokens) <= len(self.queue)
-
-    def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
-        """Reserve slots for `num_tokens` more tokens; returns the copy-on-write copies [(src, dst)].
-
-        `block_keys` optionally names the content of the blocks this append completes, in order.
-        """
-        seq = self._seq(seq_id)
-        if num_tokens < 0:
-            raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
-        if num_tokens == 0:
-            return []
-        B, old = self.block_size, seq.num_tokens
-        new_total = -(-(old + num_tokens) // B)
-        last = int(seq.table[seq.num_blocks - 1]) if old % B else -1
-        copy = last >= 0 and self._needs_copy(last)  # = _append_blocks_from_queue, keeping what it reads
-        need = new_total - seq.num_blocks + copy
-        if need > len(self.queue):
-            raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(self.queue)} free")
-        keys = None
-        if block_keys is not None and self.enable_prefix_caching and seq.num_hashed == old // B:
-            keys = self._key_array(block_keys)
-            completed = (old + num_tokens) // B - seq.num_hashed
-            if len(keys) > completed:
-                raise ValueError(f"{len(keys)} block keys for {completed} completed blocks")
-        self._epoch += 1
-        copies: list[tuple[int, int]] = []
-        if last >= 0:
-            if copy:
-                dst = self._take_one()
-                self.fill[dst] = self.fill[last]
-                self.ref[last] -= 1  # others still hold it (ref was > 1)
-                self.useful_tokens += int(self.fill[dst])
-                seq.table[seq.num_blocks - 1] = dst
-                copies.append((last, dst))
-                self._stats["cow_copies"] += 1
-                last = dst
-            assert not self._needs_copy(last), f"writing into block {last} held by {self.ref[last]} tables"
-            added = min(B - old % B, num_tokens)
-            self.fill[last] += added
-            self.useful_tokens += added
-        if new_total > len(seq.table):
-            seq.table = np.concatenate([seq.table, np.empty(2 * new_total, dtype=np.int64)])
-        if new_total - seq.num_blocks == 1:
-            b = self._take_one()
-            last_fill = old + num_tokens - (new_total - 1) * B
-            self.fill[b] = last_fill
-            self.useful_tokens += last_fill
-            seq.table[seq.num_blocks] = b
-            fresh = ()
-        else:
-            fresh = self._take(new_total - seq.num_blocks)
-        if len(fresh):
-            last_fill = old + num_tokens - (new_total - 1) * B
-            self.fill[fresh] = B
-            self.fill[fresh[-1]] = last_fill
-            self.useful_tokens += (len(fresh) - 1) * B + last_fill
-            seq.table[seq.num_blocks : new_total] = fresh
-        self.logical_blocks += new_total - seq.num_blocks
-        self.logical_tokens += num_tokens
-        seq.num_blocks, seq.num_tokens = new_total, old + num_tokens
-        if keys is not None and len(keys):
-            hashes = chain_hashes(seq.last_hash, keys)
-            first = seq.num_hashed
-            seq.num_hashed += len(keys)
-            seq.last_hash = int(hashes[-1])
-            homes = self._continued_homes(seq.table, first, hashes)
-            self._register(seq.table, first, seq.extra_id, hashes, keys, homes)
-        return copies
-
-    # ---- fork and release -----------------------------------------------------------------------
-    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
-        """The child shares every block of the parent (no copy until one of them writes a shared block)."""
-        parent = self._seq(parent_id)
-        if child_id in self.seqs:
-            raise ValueError(f"sequence {child_id!r} already has a block table; pick a new id for the fork")
-        self._epoch += 1
-        table = parent.table.copy()
-        self.ref[table[: parent.num_blocks]] += 1
-        self.seqs[child_id] = _Seq(
-            table, parent.num_blocks, parent.num_tokens, parent.extra_id, parent.num_hashed, parent.last_hash
-        )
-        self.logical_blocks += parent.num_blocks
-        self.logical_tokens += parent.num_tokens
-        self._stats["forks"] += 1
-
+    # ---- release -------------------------------------------------------------------------------
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         """The one release path (finish, cancel, timeout, preempt). Releasing twice raises ValueError."""
         counter = _RELEASED.get(reason) if isinstance(reason, str) else None
@@ -382,57 +273,16 @@ class BlockPool(ServeOneRequest, BlockStore):
         check_pool_invariants(self)
 
     # ---- internals ------------------------------------------------------------------------------
-    def _seq(self, seq_id: Hashable) -> _Seq:
+    def _seq(self, seq_id: Hashable) -> SeqTable:
         seq = self.seqs.get(seq_id)
         if seq is None:
             raise ValueError(f"sequence {seq_id!r} is not live (never allocated, or released)")
         return seq
 
-    def _needs_copy(self, block_id: int) -> bool:
-        """A partially filled last block held by another table must be copied before we write it."""
-        return bool(self.ref[block_id] > 1)
-
     def _prompt_blocks_from_queue(self, num_tokens: int, hits: np.ndarray) -> int:
         if not len(hits):
             return self.blocks_needed(num_tokens)
         return self.blocks_needed(num_tokens) - len(hits) + np.count_nonzero(self.state[hits] == FREE_CACHED)
-
-    def _append_blocks_from_queue(self, seq: _Seq, num_tokens: int) -> int:
-        if num_tokens <= 0:
-            return 0
-        B = self.block_size
-        new = self.blocks_needed(seq.num_tokens + num_tokens) - seq.num_blocks
-        copy = seq.num_tokens % B != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
-        return new + int(copy)
-
-    def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> tuple:
-        """(hit block ids intp [h], then the prompt's chain hashes, keys and home slots [k], the index's
-        `find` of them (present block ids, slots) [k], and the extra-key id); memoised."""
-        if num_tokens < 0:
-            raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
-        if block_keys is None or not self.enable_prefix_caching:
-            return _NO_PROBE
-        memo = self._memo
-        if memo is not None and memo[0] == self._epoch and memo[1] is block_keys and memo[2:4] == (
-            num_tokens,
-            extra_key,
-        ):
-            return memo[4]
-        keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)
-        if len(keys) > num_tokens // self.block_size:
-            raise ValueError(
-                f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
-                f"{num_tokens // self.block_size} full blocks of {self.block_size}"
-            )
-        max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-        present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
-        cand = present[:max_hit]
-        if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
-            cand = cand[: int(np.argmin(cand >= 0))]
-        num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
-        result = (cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
-        self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
-        return result
 
     def _drop(self, blocks: np.ndarray, num_tokens: int | None = None) -> None:
         """Blocks whose ref reached 0 (holding `num_tokens` tokens, when the caller knows): free now, or

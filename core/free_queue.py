@@ -40,15 +40,16 @@ class FreeBlockQueue:
 
     state   int8  [num_blocks]  shared with the pool (USED / FREE_PLAIN / FREE_CACHED / PENDING)
     stamp   int32 [num_blocks]  position of a FREE_CACHED block's live entry in `_lru`
-    _plain  intp  [num_blocks]  the plain stack (top at _plain_top - 1)
+    _plain  int32 [num_blocks]  the plain stack (top at _plain_top - 1)
     """
 
     def __init__(self, num_blocks: int, state: np.ndarray) -> None:
         self._state = state
         state[:] = FREE_PLAIN
-        # pop from the end: block 0 first. intp, not int32: popped ids index the pool's per-block arrays, and
-        # numpy converts an int32 index array on every use (a few µs a call)
-        self._plain = np.arange(num_blocks - 1, -1, -1, dtype=np.intp)
+        # pop from the end: block 0 first. Stored as int32 (half the memory of a multi-million-block pool),
+        # handed out as intp: popped ids index the pool's per-block arrays, and numpy converts an int32 index
+        # array on every use (a few µs a call) — the pop copies anyway
+        self._plain = np.arange(num_blocks - 1, -1, -1, dtype=np.int32)
         self._plain_top = num_blocks
         self._lru = np.empty(2 * num_blocks + 2, dtype=np.int32)
         self._head = 0  # first position that may hold a live entry
@@ -102,7 +103,7 @@ class FreeBlockQueue:
         state USED; evicted blocks still carry their old hash, which the caller drops.
         """
         take_plain = min(n, self._plain_top)
-        plain = self._plain[self._plain_top - take_plain : self._plain_top][::-1].copy()
+        plain = self._plain[self._plain_top - take_plain : self._plain_top][::-1].astype(np.intp)
         self._plain_top -= take_plain
         need = n - take_plain
         evicted = _NO_BLOCKS

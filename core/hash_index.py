@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-_EMPTY = -1
-_TOMBSTONE = -2
+EMPTY = -1  # a slot never used since the last rebuild: a probe run ends here
+_TOMBSTONE = -2  # a deleted entry: probe runs go on past it
 _MINUS_ONES = np.full(8192, -1, dtype=np.intp)
 _LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks share one
 _STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
@@ -44,7 +44,7 @@ class HashIndex:
         self.hash_of = hash_of
         self.home_of = home_of
         self.slot_of = slot_of
-        self.vals = np.full(1 << bits, _EMPTY, dtype=np.int32)
+        self.vals = np.full(1 << bits, EMPTY, dtype=np.int32)
         self.num_live = 0
         self.num_tombstones = 0
         self.generation = 0  # bumped whenever an entry is deleted or moved (a saved look-up may be stale then)
@@ -72,7 +72,7 @@ class HashIndex:
         hit = hash_of.take(vals) == hashes
         hit &= vals >= 0
         found = np.where(hit, vals, _MINUS_ONES[:n] if n <= len(_MINUS_ONES) else -1).astype(np.intp, copy=False)
-        going = vals != _EMPTY
+        going = vals != EMPTY
         going ^= hit  # a hit is never empty: this is "neither a hit nor empty"
         active = np.flatnonzero(going)
         if not len(active):
@@ -83,7 +83,7 @@ class HashIndex:
         while len(active) > _STRAGGLERS:
             vals = table.take(slots)
             hit = (hash_of.take(vals) == mine) & (vals >= 0)
-            done = hit | (vals == _EMPTY)
+            done = hit | (vals == EMPTY)
             found[active[hit]] = vals[hit]
             found_slots[active[done]] = slots[done]
             going = ~done
@@ -92,7 +92,7 @@ class HashIndex:
         # the whole batch the longest run, so the stragglers finish one at a time.
         for i, slot in zip(active.tolist(), slots.tolist(), strict=True):
             h = hashes[i]
-            while (v := int(table[slot])) != _EMPTY:
+            while (v := int(table[slot])) != EMPTY:
                 if v >= 0 and hash_of[v] == h:
                     found[i] = v
                     break
@@ -202,7 +202,7 @@ class HashIndex:
 
     def _rebuild(self) -> None:
         keys, vals = self.items()
-        self.vals[:] = _EMPTY
+        self.vals[:] = EMPTY
         self.slot_of[vals] = -1
         self.generation += 1
         self.num_live = self.num_tombstones = 0

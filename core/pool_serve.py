@@ -75,9 +75,8 @@ class ServeOneRequest:
         to_cache, to_drop = cached_hits[::-1], fresh[::-1]  # release order: the table reversed
         if len(keys) > num_hits:
             present = present[num_hits:]
-            if evicted:  # see allocate: an evicted entry is absent now, its slot free for its hash again
-                gone = (present >= 0) & (self.block_slot.take(np.maximum(present, 0)) < 0)
-                present = np.where(gone, -1, present)
+            if evicted:
+                present = self._present_after_evictions(present)
             table = np.concatenate((hits, fresh)) if num_hits else fresh
             rest = slice(num_hits, None)
             inserted = self._register(table, num_hits, extra_id, hashes[rest], keys[rest], homes[rest], present,

@@ -193,12 +193,13 @@ def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
 
 
 def replay(
-    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, batched: bool = True
+    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True
 ) -> ReplayResult:
     """Replay every request of `trace` through one BlockPool; see the module docstring.
 
-    `batched` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`)
-    instead of one prompt at a time: the same pool operations, the same results (tests compare both).
+    `fast` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`) and
+    runs each request with the pool's fused `serve`; otherwise each prompt is hashed on its own and runs
+    through allocate, append and release. The same pool changes, the same results (tests compare both).
     """
     check_trace(trace, block_size, capacity_blocks)
     largest = int(request_blocks(trace, block_size).max())
@@ -211,9 +212,9 @@ def replay(
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
     peak_used = peak_cached = 0
-    batches = _key_batches(trace, block_size) if keyed and batched else [(0, len(trace))]
+    batches = _key_batches(trace, block_size) if keyed and fast else [(0, len(trace))]
     for first, stop in batches:
-        hashed = pool.hash_prompts(*trace_block_keys(trace, block_size, first, stop)) if keyed and batched else None
+        hashed = pool.hash_prompts(*trace_block_keys(trace, block_size, first, stop)) if keyed and fast else None
         for i in range(first, stop):
             keys = None
             if hashed is not None:
@@ -221,7 +222,7 @@ def replay(
             elif keyed:
                 where = f"{trace.path} request {i + 1}: "
                 keys = request_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
-            if batched:
+            if fast:
                 used = pool.serve(prompts[i], keys, outputs[i])[1]
             else:
                 pool.allocate(i, prompts[i], keys)

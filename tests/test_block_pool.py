@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core import block_pool as bp
-from kvcalc.core import block_store
+from kvcalc.core import block_append, prefix_lookup
 from kvcalc.core.block_pool import BlockPool, PoolExhaustedError, ReleaseReason
 from kvcalc.core.free_queue import FREE_CACHED, FreeBlockQueue
 from kvcalc.core.hash_index import HashIndex
-from kvcalc.core.prefix_cache import chain_hashes, chain_hashes_reference
+from kvcalc.core.prefix_cache import chain_hashes, chain_hashes_batch, chain_hashes_reference
 
 
 def refs(pool: BlockPool, blocks: list[int]) -> list[int]:
@@ -117,7 +116,7 @@ def test_extra_keys_never_share() -> None:
 
 def test_a_hash_collision_never_serves_wrong_content(monkeypatch: pytest.MonkeyPatch) -> None:
     # every chain hashes to the same values: lookups find a candidate, verification must reject it
-    for module in (bp, block_store):
+    for module in (prefix_lookup, block_append):
         monkeypatch.setattr(module, "chain_hashes", lambda parent, keys: np.arange(len(keys), dtype=np.uint64))
     pool = BlockPool(8, 2)
     pool.allocate("a", 5, [(1, 2), (3, 4)])
@@ -297,3 +296,143 @@ def test_failed_release_and_append_change_nothing():
     pool.check_invariants()
     pool.release("a")
     pool.check_invariants()
+
+
+# ---- the fused whole-request path (serve, batch hashing) vs allocate / append / release ---------------
+def pool_state(pool: BlockPool) -> dict:
+    """Everything a pool holds, for exact comparisons: per-block arrays (content fields where they mean
+    something: hashed blocks), the index table itself, free-queue order, counters."""
+    hashed = pool.hashed
+    return {
+        "state": pool.state.tolist(), "ref": pool.ref.tolist(), "version": pool.version.tolist(),
+        "fill": pool.fill.tolist(), "slot": pool.block_slot.tolist(),
+        "hash": pool.block_hash[: pool.num_blocks][hashed].tolist(), "key": pool.key[hashed].tolist(),
+        "parent": list(zip(pool.parent_id[hashed].tolist(), pool.parent_ver[hashed].tolist(), strict=True)),
+        "index": pool.index.vals.tolist(), "queue": pool.free_queue_order(), "stats": pool.stats(),
+        "usage": pool.usage(),
+    }
+
+
+def prompt_keys(raw: list[tuple[int, int, int, int, int]], block_size: int) -> list[np.ndarray]:
+    """Keys of each request: a prefix of an earlier request's keys (shared content), then keys of its own
+    from a small alphabet (equal keys after different prefixes: equal content, different chains), covering
+    all of its full blocks or all but a few."""
+    out: list[np.ndarray] = []
+    for n, (tokens, _, share_from, share_len, uncovered) in enumerate(raw):
+        full = tokens // block_size
+        shared = out[share_from % len(out)][:share_len].tolist() if out else []
+        own = [(7 * n + j) % 5 for j in range(full)]
+        out.append(np.array((shared + own)[: max(full - uncovered, 0)], dtype=np.int64))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 70), st.integers(0, 20), st.integers(0, 30), st.integers(0, 18),
+                       st.sampled_from([0, 0, 0, 1, 3])), min_size=1, max_size=45),
+    st.sampled_from([1, 2, 4]),
+    st.one_of(st.none(), st.integers(0, 12)),
+    st.integers(0, 40),
+    st.sampled_from([None, "model-b"]),
+)
+def test_serve_with_batch_hashing_equals_allocate_append_release(
+    raw: list, block_size: int, extra_capacity: int | None, holder_tokens: int, extra_key: str | None
+) -> None:
+    """The replay's fast path (one `serve` per request, keys hashed for all requests at once, index
+    look-ups shared by 32 prompts) against the general path (allocate, append, release, each prompt hashed
+    on its own), with a live sequence holding some cached blocks (hits on used blocks) and a capacity from
+    the smallest possible (an eviction on nearly every request) to none (no eviction): identical pools
+    after every request, down to the index table's slots."""
+    keys = prompt_keys(raw, block_size)
+    largest = max(-(-(t + o) // block_size) for t, o, *_ in raw)
+    holder = -(-holder_tokens // block_size)
+    num_blocks = holder + largest + (extra_capacity if extra_capacity is not None else sum(len(k) for k in keys))
+    num_blocks = max(num_blocks, 1)
+    fast, general = BlockPool(num_blocks, block_size), BlockPool(num_blocks, block_size)
+    holder_keys = keys[0][: holder_tokens // block_size]
+    for pool in (fast, general):
+        pool.allocate("holder", holder_tokens, holder_keys.copy(), extra_key)
+    offsets = np.concatenate(([0], np.cumsum([len(k) for k in keys])))
+    batch = fast.hash_prompts(np.concatenate(keys), offsets, extra_key)
+    for i, (tokens, output, *_) in enumerate(raw):
+        hit_tokens, used = fast.serve(tokens, batch.prompt(i), output, extra_key)
+        assert general.allocate(i, tokens, keys[i], extra_key) == hit_tokens
+        general.append(i, output)
+        assert general.num_used == used
+        general.release(i)
+        fast.check_invariants()
+        assert pool_state(fast) == pool_state(general)
+    for pool in (fast, general):
+        pool.release("holder")
+    assert pool_state(fast) == pool_state(general)
+
+
+def test_serve_checks_then_changes() -> None:
+    pool = BlockPool(6, 4)
+    pool.allocate("live", 9)  # 3 blocks
+    before = pool_state(pool)
+    with pytest.raises(PoolExhaustedError):
+        pool.serve(8, None, 5)  # ceil(13 / 4) = 4 blocks, 3 free
+    with pytest.raises(ValueError, match="negative"):
+        pool.serve(8, None, -1)
+    with pool.step(), pytest.raises(ValueError, match="outside a step"):
+        pool.serve(4, None, 0)
+    assert pool_state(pool) == before
+    # 12 tokens: 3 full blocks with keys, then 0 output tokens; the last one is never a hit
+    assert pool.serve(12, [(1,), (2,), (3,)], 0) == (0, 3 + 3)
+    assert pool.serve(12, [(1,), (2,), (3,)], 0) == (8, 3 + 3)  # 2 blocks hit, 1 fresh
+    pool.check_invariants()
+
+
+def test_hashed_keys_belong_to_their_pool() -> None:
+    a, b = BlockPool(8, 2), BlockPool(8, 2)
+    batch = a.hash_prompts(np.array([1, 2, 3], dtype=np.int64), np.array([0, 2, 3]))
+    assert len(batch) == 2 and len(batch.prompt(0)) == 2
+    with pytest.raises(ValueError, match="another pool"):
+        b.allocate("x", 4, batch.prompt(0))
+    with pytest.raises(ValueError, match="extra key"):
+        a.allocate("x", 4, batch.prompt(0), extra_key="lora")
+    with pytest.raises(ValueError, match="offsets"):
+        a.hash_prompts(np.array([1, 2, 3], dtype=np.int64), np.array([0, 2]))
+    assert a.allocate("x", 4, batch.prompt(0)) == 0 and a.allocate("y", 4, batch.prompt(0)) == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20), max_size=8))
+def test_batch_chain_hashes_equal_one_prompt_at_a_time(parent: int, prompts: list[list[int]]) -> None:
+    keys = np.array([k for p in prompts for k in p], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([len(p) for p in prompts]))).astype(np.int64)
+    got = chain_hashes_batch(parent, keys, offsets).tolist()
+    assert got == [h for p in prompts for h in chain_hashes_reference(parent, p)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "del"]), st.lists(st.integers(0, 60), min_size=1, max_size=20)),
+                max_size=40))
+def test_hash_index_with_every_key_on_one_probe_run(ops: list[tuple[str, list[int]]]) -> None:
+    """The crowded case: all keys share a home slot, so a batch's absent keys all claim one free slot and
+    all but one go on along the run (the shared-run placement), between tombstones; against a dict."""
+    hash_of = np.zeros(4000, dtype=np.uint64)
+    home_of = np.zeros(4000, dtype=np.int32)
+    slot_of = np.full(4000, -1, dtype=np.int32)
+    index, ref, next_block = HashIndex(40, hash_of, home_of, slot_of), {}, 0
+    for op, ks in ops:
+        if op == "put" and len(ref) + len(ks) <= 40:
+            blocks = np.arange(next_block, next_block + len(ks))
+            next_block += len(ks)
+            hash_of[blocks] = [spread(k) for k in ks]
+            home_of[blocks] = 5
+            inserted = index.insert(hash_of[blocks], blocks, home_of[blocks].astype(np.int64))
+            triples = list(zip(ks, blocks.tolist(), inserted.tolist(), strict=True))
+            for k in set(ks):
+                winners = [b for kk, b, ok in triples if kk == k and ok]
+                assert len(winners) == (k not in ref)  # absent: one of its equal copies goes in; present: none
+                if winners:
+                    ref[k] = winners[0]
+        elif op == "del":
+            gone = sorted(set(ks) & set(ref))
+            index.delete(np.array([ref.pop(k) for k in gone], dtype=np.intp))
+        index.check()
+        probe = list(range(61))
+        found, _ = index.find(np.array([spread(k) for k in probe], dtype=np.uint64), np.full(61, 5, dtype=np.int64))
+        assert found.tolist() == [ref.get(k, -1) for k in probe]

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcalc.core import share_trace as share_trace_module
 from kvcalc.core.share import ScenarioSpec, closed_form_physical_blocks, run_scenario
 from kvcalc.core.share_trace import (
     distinct_id_prefixes,
@@ -224,6 +225,37 @@ def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, ext
     assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 1500), st.integers(0, 40), st.lists(st.integers(0, 4), max_size=3)),
+             min_size=1, max_size=40),
+    st.sampled_from([8, 16, 64]),
+    st.one_of(st.none(), st.integers(0, 30)),
+    st.sampled_from([3, 50, 1 << 17]),
+)
+def test_fast_replay_equals_the_general_replay(raw: list, block_size: int, extra_capacity: int | None,
+                                               batch_blocks: int) -> None:
+    """The replay's fast path (keys hashed a batch at a time, one fused `serve` per request) against the
+    general one (each prompt hashed on its own; allocate, append, release): every number equal, with and
+    without evictions, with key batches from a few blocks (many batches, requests split across none) up."""
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    capacity = None
+    if extra_capacity is not None:
+        capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(share_trace_module, "_BATCH_BLOCKS", batch_blocks)
+        fast = replay(trace, block_size, capacity, True)
+    assert fast == replay(trace, block_size, capacity, True, fast=False)
+    if capacity is None:
+        assert fast.hit_tokens == reference_hit_tokens(trace, block_size)
+    else:
+        assert (fast.hit_tokens, fast.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(-3, 3), max_size=6), max_size=12))
 def test_distinct_id_prefixes_counts_the_nodes_of_a_trie(sequences: list[list[int]]) -> None:
@@ -275,6 +307,7 @@ def test_real_mooncake_head_matches_the_reference() -> None:
     assert replay(trace, 16, None, True).hit_tokens == reference_hit_tokens(trace, 16)
     bounded = replay(trace, 16, 20_000, True)
     assert (bounded.hit_tokens, bounded.evictions) == reference_lru_replay(trace, 16, 20_000)
+    assert bounded == replay(trace, 16, 20_000, True, fast=False)
 
 
 def test_mooncake_file_round_trip(tmp_path: Path) -> None:
