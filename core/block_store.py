@@ -1,6 +1,6 @@
-"""The physical side of the block pool: per-block state, handing blocks out and taking them back, and the
-prefix cache (content keys, verified look-up, registration of full blocks) — what vLLM v1 calls its block
-pool. `BlockPool` (block_pool) adds sequences and their block tables on top.
+"""The physical side of the block pool: per-block state, the free queue and the hash index, handing blocks
+out and taking them back — what vLLM v1 calls its block pool. prefix_lookup adds the prefix cache's look-up
+and registration over these arrays; `BlockPool` (block_pool) adds sequences and their block tables.
 
 Per-block arrays, all indexed by block id:
 

@@ -114,24 +114,37 @@ class HashIndex:
         `find` on the index as it still is (deletions since are fine: a deleted entry's slot is a valid
         place to insert its hash again) — save probing again.
         """
+        inserted = self.insert_absent(hashes, block_ids, homes, present, free_slots)
+        return np.ones(len(hashes), dtype=bool) if inserted is None else inserted
+
+    def insert_absent(
+        self,
+        hashes: np.ndarray,
+        block_ids: np.ndarray,
+        homes: np.ndarray,
+        present: np.ndarray | None = None,
+        free_slots: np.ndarray | None = None,
+    ) -> np.ndarray | None:
+        """`insert`, but None instead of the mask when every pair went in (a replay's common case)."""
         if present is None or free_slots is None:
             present, free_slots = self.find(hashes, homes)
-        inserted = present < 0
+        n = len(hashes)
         table = self.vals
         # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
-        # batch claims the same slot first (then it probes below, like any other)
-        cand = np.flatnonzero(inserted)
-        if len(cand) == len(hashes):
+        # batch claims the same slot first (then it goes on along the run, see _insert_lost)
+        if n and present.max() < 0:  # all of them absent
+            inserted, cand = None, None
             cand_slots, cand_blocks = free_slots, block_ids
         else:
+            inserted = present < 0
+            cand = np.flatnonzero(inserted)
             cand_slots, cand_blocks = free_slots[cand], block_ids[cand]
         was = table.take(cand_slots) if self.num_tombstones else None  # without tombstones every slot is empty
         # several keys of this batch may claim one slot: write all, read back, the surviving write wins
         # (block ids are distinct within a batch)
         table[cand_slots] = cand_blocks
         won = table.take(cand_slots) == cand_blocks
-        num_won = np.count_nonzero(won)
-        if num_won == len(cand):
+        if np.count_nonzero(won) == len(cand_blocks):
             if was is not None:
                 self.num_tombstones -= np.count_nonzero(was == _TOMBSTONE)
             self.slot_of[cand_blocks] = cand_slots
@@ -139,11 +152,13 @@ class HashIndex:
             if was is not None:
                 self.num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
             self.slot_of[cand_blocks[won]] = cand_slots[won]
+            if inserted is None:
+                inserted, cand = np.ones(n, dtype=bool), np.arange(n)
             self._insert_lost(hashes, block_ids, homes, free_slots, cand[~won], inserted)
-        self.num_live += np.count_nonzero(inserted)
+        self.num_live += n if inserted is None else np.count_nonzero(inserted)
         if 4 * self.num_tombstones > len(self.vals) or self.num_live + self.num_tombstones > 0.75 * len(self.vals):
             self._rebuild()
-        return inserted
+        return None if inserted is None or inserted.all() else inserted
 
     def _insert_lost(
         self, hashes: np.ndarray, block_ids: np.ndarray, homes: np.ndarray, free_slots: np.ndarray,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -141,10 +141,9 @@ class HashedPrompts:
         return HashedKeys(self.keys[a:b], self.hashes[a:b], self.homes[a:b], self, i, a)
 
 
-@dataclass(frozen=True, eq=False)
-class HashedKeys:
+class HashedKeys(NamedTuple):
     """Prompt `number` of a `HashedPrompts` batch: keys int64 [k], hashes uint64 [k], homes int64 [k]
-    (views of the batch's arrays from position `start`)."""
+    (views of the batch's arrays from position `start`). A named tuple: a replay makes one per request."""
 
     keys: np.ndarray
     hashes: np.ndarray
@@ -153,7 +152,7 @@ class HashedKeys:
     number: int
     start: int
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # the prompt's blocks with a key, as for any other block keys
         return len(self.keys)
 
 

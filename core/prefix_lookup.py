@@ -92,6 +92,8 @@ class PrefixLookup:
         return self.index.home_slots(base_hashes, positions)
 
     def _key_array(self: BlockPool, block_keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
+        if isinstance(block_keys, HashedKeys):
+            raise ValueError("keys from hash_prompts are a prompt's: give them to allocate, serve or hit_tokens")
         is_int = isinstance(block_keys, np.ndarray)
         kind = "int" if is_int else "object"
         if self._key_kind is None:
@@ -190,15 +192,14 @@ class PrefixLookup:
             parent_vers[0] = extra_id
         self.block_hash[blocks] = hashes
         self.block_home[blocks] = homes
-        inserted = self.index.insert(hashes, blocks, homes, present, slots)
-        partial = np.count_nonzero(inserted) < count
-        if partial:  # an equal chain is cached in another block: keep that one
+        inserted = self.index.insert_absent(hashes, blocks, homes, present, slots)
+        if inserted is not None:  # an equal chain is cached in another block: keep that one
             blocks, keys = blocks[inserted], keys[inserted]
             parent_ids, parent_vers = parent_ids[inserted], parent_vers[inserted]
         self.key[blocks] = keys
         self.parent_id[blocks] = parent_ids
         self.parent_ver[blocks] = parent_vers
-        return inserted if partial else None
+        return inserted
 
     def _probe(self: BlockPool, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> tuple:
         """(hit block ids intp [h], then the prompt's chain hashes, keys and home slots [k], the index's

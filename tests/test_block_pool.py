@@ -395,6 +395,8 @@ def test_hashed_keys_belong_to_their_pool() -> None:
     with pytest.raises(ValueError, match="offsets"):
         a.hash_prompts(np.array([1, 2, 3], dtype=np.int64), np.array([0, 2]))
     assert a.allocate("x", 4, batch.prompt(0)) == 0 and a.allocate("y", 4, batch.prompt(0)) == 2
+    with pytest.raises(ValueError, match="a prompt's"):
+        a.append("x", 4, batch.prompt(1))
 
 
 @settings(max_examples=100, deadline=None)
