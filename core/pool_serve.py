@@ -59,7 +59,9 @@ class ServeOneRequest:
         prompt_blocks = -(-num_tokens // B)
         total = -(-(num_tokens + num_output_tokens) // B)
         cached_hits, num_cached = hits, 0
-        if num_hits:
+        if num_hits and not self.num_used:  # no block in use (no live sequence): every hit is cached free
+            num_cached = num_hits
+        elif num_hits:
             cached = self.state.take(hits) == FREE_CACHED
             num_cached = np.count_nonzero(cached)
             if num_cached < num_hits:
