@@ -26,6 +26,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table as RichTable
 
@@ -193,6 +194,39 @@ def _write_csv(table: Table, title_line: bool) -> str:
     return buffer.getvalue()
 
 
+def _rich_table(table: Table) -> tuple[RichTable, int]:
+    """The rich table, and the width it needs so that no cell is cut: every column at least as wide as its
+    widest cell and its header's longest word (headers wrap between words)."""
+    cells = [[str(v) for v in row] for row in table.rows]
+    rich_table = RichTable(title=table.title, caption=table.caption, title_justify="left")
+    widths = []
+    for j, column in enumerate(table.columns):
+        width = max([cell_len(row[j]) for row in cells if j < len(row)] + [cell_len(w) for w in column.split()] + [1])
+        widths.append(width)
+        rich_table.add_column(column, justify="left" if j == 0 else "right", min_width=width)
+    for row in cells:
+        rich_table.add_row(*row)
+    return rich_table, sum(widths) + 3 * len(widths) + 1  # "│ " before each cell, " " after, "│" at the end
+
+
+def _markdown(report: Report) -> str:
+    """The report for people as markdown: its text lines, the tables (github style), a chart as a code block,
+    and the notes — which say where figures come from, so they travel with the tables."""
+    from tabulate import tabulate
+
+    parts = [line + "\n" for line in report.text]
+    for table in report.tables:
+        # The display strings as they are (no re-parsing "3.00e-03" into 0.003), aligned as the rich table.
+        align = ["left"] + ["right"] * (len(table.columns) - 1)
+        body = tabulate([[str(v) for v in row] for row in table.rows], headers=table.columns, tablefmt="github",
+                        disable_numparse=True, colalign=align)
+        parts.append(f"### {table.title}\n\n{body}\n" + (f"\n{table.caption}\n" if table.caption else ""))
+    parts += [f"```\n{block.rstrip()}\n```\n" for block in report.footer]
+    if report.notes:
+        parts.append("".join(f"* {note}\n" for note in report.notes))
+    return "\n".join(parts)
+
+
 def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
     out = console or Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     if fmt is Format.json:
@@ -202,26 +236,15 @@ def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
         out.file.write("\n".join(_write_csv(table, title_line=len(report.tables) > 1) for table in report.tables))
         return
     if fmt is Format.markdown:
-        from tabulate import tabulate
-
-        for i, table in enumerate(report.tables):
-            out.file.write(f"### {table.title}\n\n")
-            # The display strings as they are (no re-parsing "3.00e-03" into 0.003), aligned as the rich table.
-            align = ["left"] + ["right"] * (len(table.columns) - 1)
-            out.file.write(tabulate([[str(v) for v in row] for row in table.rows], headers=table.columns,
-                                    tablefmt="github", disable_numparse=True, colalign=align) + "\n")
-            if i < len(report.tables) - 1:
-                out.file.write("\n")
+        out.file.write(_markdown(report))
         return
     for line in report.text:
         out.print(line, highlight=False)
     for table in report.tables:
-        rich_table = RichTable(title=table.title, caption=table.caption, title_justify="left")
-        for j, column in enumerate(table.columns):
-            rich_table.add_column(column, justify="left" if j == 0 else "right")
-        for row in table.rows:
-            rich_table.add_row(*(str(v) for v in row))
-        out.print(rich_table)
+        rich_table, needed = _rich_table(table)
+        # Never crop a number: a table that needs more than the terminal's width prints wider (the terminal
+        # wraps or scrolls) instead of cutting "6,417,027,318" to "6,417,0…".
+        out.print(rich_table, width=max(out.width, needed), crop=False)
     for block in report.footer:
         out.print(block, highlight=False, markup=False)
     for note in report.notes:

@@ -299,6 +299,21 @@ def test_markdown_and_table_keep_display_strings(run_cli):
 # --- the sink itself ------------------------------------------------------------------------------------------
 
 
+@given(st.lists(st.integers(min_value=0, max_value=10**30), min_size=1, max_size=8),
+       st.integers(min_value=20, max_value=200))
+def test_the_rich_table_never_cuts_a_number(values: list[int], width: int) -> None:
+    # A terminal narrower than the table: rich would shrink columns and print "6,417,0…"; every cell must
+    # appear whole on one line, whatever the width.
+    cells = [f"{v:,}" for v in values]
+    buffer = io.StringIO()
+    table = Table("big", ["scheme", *(f"column number {i}" for i in range(len(cells)))], [["fixed, M = 512", *cells]])
+    emit(Report(doc={}, tables=[table]), Format.table, Console(file=buffer, width=width))
+    text = buffer.getvalue()
+    assert "…" not in text
+    row = next(line for line in text.splitlines() if "fixed, M = 512" in line)
+    assert [c.strip() for c in row.strip("│").split("│")] == ["fixed, M = 512", *cells]
+
+
 def test_markdown_prints_display_strings_unparsed() -> None:
     # tabulate would re-read "3.00e-03" as 0.003 and "1,024" as 1024; markdown shows what people see.
     buffer = io.StringIO()
