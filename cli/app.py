@@ -49,9 +49,13 @@ class KvcalcGroup(TyperGroup):
             self.commands[cmd_name] = _load_command(cmd_name, module_name)
         return self.commands[cmd_name]
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        return [_no_flag_metavar(param) for param in super().get_params(ctx)]
+
     def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
         extra.pop("standalone_mode", None)
         try:
+            _check_one_format(list(sys.argv[1:] if args is None else args))
             result = super().main(args=args, prog_name=prog_name or "kvcalc", standalone_mode=False, **extra)
         except click_exc.UsageError as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # bare `kvcalc`: help on stdout, exit 0
@@ -72,6 +76,18 @@ class KvcalcGroup(TyperGroup):
         except BrokenPipeError:
             sys.exit(0)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _check_one_format(args: list[str]) -> None:
+    """`--json` with `--format csv|markdown` asks for two formats: refuse before any work is done (the
+    commands check it again when they print)."""
+    if "--json" not in args:
+        return
+    for i, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith("--format=") else (
+            args[i + 1] if arg == "--format" and i + 1 < len(args) else None)
+        if value is not None and value.lower() in ("csv", "markdown"):
+            raise ValueError(f"--json and --format {value} ask for two formats: give one of them")
 
 
 def _describe(exc: Exception) -> str:
@@ -117,10 +133,23 @@ def _load_command(name: str, module_name: str) -> Any:
     """The click command for `kvcalc.cli.<module_name>.command`; importing it must never import torch."""
     module = importlib.import_module(f"kvcalc.cli.{module_name}")
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command(name=name, help=module.command.__doc__, context_settings=_CONTEXT)(module.command)
+    doc = module.command.__doc__ or ""
+    short_help = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line in the list
+    single.command(name=name, help=doc, short_help=short_help, context_settings=_CONTEXT)(module.command)
     command = typer.main.get_command(single)
     command.name = name
+    for param in command.params:
+        _no_flag_metavar(param)
+    get_help_option = command.get_help_option
+    command.get_help_option = lambda ctx: _no_flag_metavar(get_help_option(ctx))  # type: ignore[method-assign]
     return command
+
+
+def _no_flag_metavar(param: Any) -> Any:
+    """A flag takes no value: typer's help would show `--json <bool>`, which reads as `--json true`."""
+    if param is not None and getattr(param, "is_flag", False):
+        param.display_type_rich = lambda ctx: None
+    return param
 
 
 def main() -> None:

@@ -135,6 +135,9 @@ class Report:
 
 
 def resolve_format(json_flag: bool, fmt: Format) -> Format:
+    """`--json` is `--format json`; with `--format csv` or `markdown` as well it asks for two formats."""
+    if json_flag and fmt in (Format.csv, Format.markdown):
+        raise ValueError(f"--json and --format {fmt.value} ask for two formats: give one of them")
     return Format.json if json_flag else fmt
 
 

@@ -49,3 +49,26 @@ def test_a_command_imports_only_its_own_module():
     assert "kvcalc.cli.size" in loaded
     for other in ("kvcalc.cli.frag", "kvcalc.cli.share", "kvcalc.cli.sim", "kvcalc.cli.bench"):
         assert f"'{other}'" not in loaded
+
+
+def test_flags_show_no_value_in_help(run_cli):
+    # typer prints `--json <bool>` by default, which reads as if `--json true` were the way to use it.
+    for args in (("--help",), ("size", "--help"), ("frag", "--help"), ("sim", "--help")):
+        result = run_cli(*args)
+        assert result.exit_code == 0 and "<bool>" not in result.stdout, args
+    assert "<int>" in run_cli("size", "--help").stdout  # options that take a value still say which
+
+
+def test_the_command_list_shows_each_summary_on_joined_lines(run_cli):
+    # frag's docstring wraps its first paragraph; the list reflows it instead of keeping the hard breaks.
+    text = " ".join(line.strip("│ ") for line in run_cli("--help").stdout.splitlines())
+    assert "utilisation, block-table bytes, and KV bytes" in " ".join(text.split())
+
+
+def test_json_with_another_format_is_refused_before_any_work(run_cli):
+    for args in (("size", "--json", "--format", "csv"), ("frag", "--format=markdown", "--json"),
+                 ("sim", "--json", "--format", "CSV")):
+        result = run_cli(*args)
+        assert result.exit_code == 2 and result.stdout == "", args
+        assert result.stderr.startswith("error: --json and --format") and result.stderr.count("\n") == 1
+    assert run_cli("size", "--json", "--format", "json").exit_code == 0
