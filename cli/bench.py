@@ -124,7 +124,9 @@ def command(
     kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads.")] = 8,
     batch: Annotated[IntOpt, typer.Option("--batch", help="Time only this batch size.")] = None,
     context: Annotated[IntOpt, typer.Option("--context", help="Time only this context length (tokens).")] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block (power of two).")] = 16,
+    block_size: Annotated[
+        int, typer.Option("--block", "--block-size", "-b", help="Tokens per KV block (power of two).")
+    ] = 16,
     iters: Annotated[IntOpt, typer.Option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 3,
     splits: Annotated[IntOpt, typer.Option("--splits", help="Force the split-KV count (default: heuristic).")] = None,

@@ -59,15 +59,20 @@ class BenchConfig:
             raise ValueError(f"--dtype {self.dtype!r} is not supported by the kernel; use fp16 or bf16")
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"--head-dim {self.head_dim} is not supported; use 64, 128 or 256")
-        if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads or not 1 <= self.group <= 16:
-            raise ValueError(f"--q-heads {self.num_q_heads} must be --kv-heads {self.num_kv_heads} times 1..16")
+        if self.num_kv_heads < 1:
+            raise ValueError(f"--kv-heads {self.num_kv_heads} must be at least 1")
+        if self.num_q_heads < 1 or self.num_q_heads % self.num_kv_heads or not 1 <= self.group <= 16:
+            raise ValueError(f"--q-heads {self.num_q_heads} must be 1 to 16 times --kv-heads {self.num_kv_heads} "
+                             "(the kernel's GQA group sizes)")
         if not 1 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"--block-size {self.block_size} must be a power of two in 1..256")
+            raise ValueError(f"--block {self.block_size} must be a power of two in 1..256")
         for batch, context in self.shapes:
             if batch < 1 or context < 1:
                 raise ValueError(f"--batch {batch} and --context {context} must both be at least 1")
-        if self.iters < 1 or self.warmup < 0:
-            raise ValueError(f"--iters {self.iters} must be >= 1 and --warmup {self.warmup} >= 0")
+        if self.iters < 1:
+            raise ValueError(f"--iters {self.iters} must be at least 1 (timed runs; the median is reported)")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup {self.warmup} must be 0 or more")
         if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
             raise ValueError(f"--splits {self.num_splits} must lie in 1..1024")
 
