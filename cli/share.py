@@ -110,9 +110,23 @@ def _capacity(capacity_blocks: int | None, memory: str | None, spec: ModelSpec |
 
 
 def _model_doc(spec: ModelSpec | None, dtype: str | None, block_bytes: int | None) -> dict[str, Any]:
+    """The model part of the JSON; `bytes_upper_bound` is true for a model with sliding-window layers (see
+    _window_note)."""
     if spec is None:
         return {}
-    return {"model": spec.name, "dtype": dtype or DEFAULT_DTYPE, "block_bytes": block_bytes}
+    return {"model": spec.name, "dtype": dtype or DEFAULT_DTYPE, "block_bytes": block_bytes,
+            "bytes_upper_bound": spec.num_sliding_layers > 0}
+
+
+def _window_note(spec: ModelSpec | None) -> list[str]:
+    """The pool keeps every layer's KV for every block of a sequence. A sliding-window layer needs only the
+    blocks of its last `window` tokens, so for such a model every byte figure here is an upper bound."""
+    if spec is None or not spec.num_sliding_layers:
+        return []
+    return [f"{spec.name}: {spec.num_sliding_layers} of {spec.layers} layers keep only the last "
+            f"{format_count(spec.sliding_window)} tokens, but the pool holds every layer for every block: bytes "
+            "are an upper bound (an engine that frees blocks outside the window holds less; kvcalc size and frag "
+            "apply the window)"]
 
 
 def _scenario_report(
@@ -154,6 +168,7 @@ def _scenario_report(
     if spec is not None:
         per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
         report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")
+    report.notes += _window_note(spec)
     return report
 
 
@@ -171,7 +186,7 @@ def _scenario_table(title: str, doc: dict[str, Any]) -> Table:
         Field(None, "blocks saved",
               lambda r: f"{format_count(r['saved_blocks'])} ({format_percent(r['saved_fraction'])})"),
         Field("peak_blocks", "peak blocks during the run", format_count),
-        *(Field(key) for key in ("forks", "dropped_branches", "model", "dtype", "block_bytes")),
+        *(Field(key) for key in ("forks", "dropped_branches", "model", "dtype", "block_bytes", "bytes_upper_bound")),
         *(Field(key, key.replace("_", " ") if with_bytes else None, format_bytes)
           for key in ("logical_bytes", "physical_bytes", "saved_bytes", "peak_bytes")),
     ]
@@ -225,4 +240,5 @@ def _trace_report(
     if block_bytes is not None and spec is not None:
         report.notes.append(f"{spec.name}, {dtype or DEFAULT_DTYPE}: {format_bytes(block_bytes)} per block; "
                             f"prefill saved {format_bytes(on.hit_tokens * block_bytes // on.block_size)} of KV writes")
+    report.notes += _window_note(spec)
     return report

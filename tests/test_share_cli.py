@@ -132,3 +132,16 @@ def test_bad_trace_input(run_cli, tmp_path: Path, mooncake: Path) -> None:
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--branches", "2"), "--branches")
     one_line_error(run_cli("share", "--trace", "mooncake", str(tmp_path / "absent.jsonl")), "no such file")
     one_line_error(run_cli("share", "--trace", "parquet", str(mooncake)), "parquet")
+
+
+def test_sliding_window_model_bytes_are_flagged_as_an_upper_bound(run_cli):
+    # Mistral-7B-v0.1: every layer keeps only 4,096 tokens, but the pool holds every layer for every block;
+    # 2 MiB per block = 32 layers · 8 KV heads · 128 · 2 (K, V) · 2 B · 16 tokens = 2,097,152 B.
+    doc = run_cli("share", "--prefix", "8000", "--branches", "2", "--gen", "100", "--model", "mistral-7b-v0.1",
+                  "--json").json()
+    assert doc["block_bytes"] == 2_097_152 and doc["bytes_upper_bound"] is True
+    result = run_cli("share", "--prefix", "8000", "--branches", "2", "--gen", "100", "--model", "mistral-7b-v0.1")
+    assert "bytes are an upper bound" in result.stdout
+    doc = run_cli("share", "--model", "llama-3-8b", "--json").json()
+    assert doc["bytes_upper_bound"] is False
+    assert "upper bound" not in run_cli("share", "--model", "llama-3-8b").stdout
