@@ -17,6 +17,7 @@ from kvcalc.cli.options import (
     LayersOpt,
     ModelOpt,
     SeedOpt,
+    int_option,
 )
 from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
@@ -66,19 +67,19 @@ def command(
         ),
     ] = None,
     count: Annotated[
-        int | None, typer.Option("--count", help=f"With --dist: sample size (default {DEFAULT_SAMPLE_COUNT:,}).")
+        int | None, int_option("--count", help=f"With --dist: sample size (default {DEFAULT_SAMPLE_COUNT:,}).")
     ] = None,
     seed: SeedOpt = None,
     block: Annotated[
         list[int] | None,
-        typer.Option("--block", "-b", help="Block size in tokens; repeat for several (default: 16 and 32)."),
+        int_option("--block", "-b", help="Block size in tokens; repeat for several (default: 16 and 32)."),
     ] = None,
     sweep: Annotated[
         bool, typer.Option("--sweep", help="Block sizes 1, 2, 4 … 256 (plus any --block) and a chart of waste.")
     ] = False,
     max_len: Annotated[
         int | None,
-        typer.Option(
+        int_option(
             "--max-len", help="Fixed reservation M per sequence (default: the smallest power of two >= the longest)."
         ),
     ] = None,

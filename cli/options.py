@@ -1,13 +1,47 @@
-"""Options shared by several commands, declared once as `Annotated` aliases."""
+"""Options shared by several commands, declared once as `Annotated` aliases.
+
+Integer counts go through `integer(flag)`: besides what `int()` reads (`4096`, `1_000_000`) it takes exact
+scientific spellings (`1e12`), and a non-integer is refused in one line that names the option and the value
+(`error: --tokens 'abc' is not an integer: …`) instead of pydantic's wording.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import UsageError
+
 from kvcalc.cli.output import Format
+from kvcalc.core.units import parse_int
+
+
+def integer(flag: str) -> Callable[[Any], int]:
+    """A typer `parser=` for an integer option `flag`: exact integers only, one-line error otherwise.
+
+    It raises a usage error (not ValueError, which pydantic would rewrap as "Value error, …"); the root app
+    prints it as `error: …` with exit 2.
+    """
+
+    def parse(value: Any) -> int:
+        try:
+            return parse_int(value, flag)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    return parse
+
+
+def int_option(*param_decls: str, help: str) -> Any:
+    """`typer.Option` for an integer count that accepts `1e12` and `1_000_000` (see `integer`)."""
+    return typer.Option(*param_decls, parser=integer(param_decls[0]), metavar="<int>", help=help)
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 FormatOpt = Annotated[
@@ -20,7 +54,7 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="A Hugging Face config.json, read offline.")
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV precision: fp32, fp16, bf16, fp8, int8, int4.")]
-LayersOpt = Annotated[int | None, typer.Option("--layers", help="Number of layers (overrides the model's).")]
-KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="Number of KV heads (overrides the model's).")]
-HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension (overrides the model's).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for constructed samples (runs are reproducible).")]
+LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers (overrides the model's).")]
+KvHeadsOpt = Annotated[int | None, int_option("--kv-heads", help="Number of KV heads (overrides the model's).")]
+HeadDimOpt = Annotated[int | None, int_option("--head-dim", help="Head dimension (overrides the model's).")]
+SeedOpt = Annotated[int, int_option("--seed", help="Seed for constructed samples (runs are reproducible).")]

@@ -15,6 +15,7 @@ from kvcalc.cli.options import (
     KvHeadsOpt,
     LayersOpt,
     ModelOpt,
+    int_option,
 )
 from kvcalc.cli.output import (
     Field,
@@ -39,13 +40,13 @@ from kvcalc.core.sizing import (
 from kvcalc.core.units import format_bytes, format_count, parse_bytes
 
 TokensOpt = Annotated[
-    int | None, typer.Option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
+    int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
 ]
-SeqsOpt = Annotated[int | None, typer.Option("--seqs", "-s", help="Number of sequences (default: 1).")]
+SeqsOpt = Annotated[int | None, int_option("--seqs", "-s", help="Number of sequences (default: 1).")]
 BlockOpt = Annotated[
-    int | None, typer.Option("--block", "-b", help=f"Block size in tokens (default: {DEFAULT_BLOCK_SIZE}).")
+    int | None, int_option("--block", "-b", help=f"Block size in tokens (default: {DEFAULT_BLOCK_SIZE}).")
 ]
-TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel GPUs that split the KV heads (default: 1).")]
+TpOpt = Annotated[int | None, int_option("--tp", help="Tensor-parallel GPUs that split the KV heads (default: 1).")]
 MemoryOpt = Annotated[
     str | None, typer.Option("--memory", help="KV budget (per GPU with --tp), e.g. 80GiB, 80GB, 80e9.")
 ]

@@ -1,7 +1,13 @@
 """Byte sizes in and out: exact integers inside, IEC units (KiB = 2^10 bytes) for people.
 
-Inputs accept IEC (`80GiB`), SI (`80GB` = 80·10^9) and plain numbers (`80e9`, `1073741824`). A size that is
-not a whole number of bytes is an error, never rounded.
+Inputs accept IEC (`80GiB`, any case: `80gib`), SI (`80GB` = 80·10^9) and plain numbers (`80e9`,
+`1073741824`). A size that is not a whole number of bytes is an error, never rounded. An upper-case SI
+prefix with a lower-case `b` (`80Gb`, `80Mb`) is how vendors write bits, so it is refused rather than read
+as bytes; an all-lower-case unit (`80gb`, `80gib`) is read case-insensitively, as bytes.
+
+Output never goes through float: `format_bytes` rounds the exact value, so 10^40 bytes print as
+`8,271,806,125,530,276.75 YiB`: below 1024 YiB the mantissa is under 1024 (no separator needed); past YiB,
+the last IEC unit, it grows and gets thousands separators.
 """
 
 from __future__ import annotations
@@ -9,10 +15,12 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-_IEC = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}
-_SI = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15}
+_IEC_NAMES = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+_IEC = {name.upper(): 1024**k for k, name in enumerate(_IEC_NAMES)} | {"": 1}
+_SI = {f"{prefix}B": 1000**k for k, prefix in enumerate("KMGTPEZY", 1)}
 _UNITS = {**_IEC, **_SI}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+MAX_EXPONENT = 1000  # |e| above this is refused: 10^1000 bytes is no memory, and 1e999999999 would hang
 
 
 def parse_bytes(text: str | int) -> int:
@@ -21,13 +29,24 @@ def parse_bytes(text: str | int) -> int:
         value = text
     else:
         match = _SIZE_RE.match(str(text))
-        unit = match.group(2).upper() if match else ""
-        if match is None or unit not in _UNITS:
+        unit = match.group(3) if match else ""
+        if match is None or unit.upper() not in _UNITS:
             raise ValueError(
                 f"cannot read the memory size {text!r}: write a number with an optional unit, "
                 "e.g. 80GiB (2^30), 80GB (10^9), 80e9 or 1073741824"
             )
-        exact = Fraction(match.group(1)) * _UNITS[unit]
+        if unit.endswith("b") and unit != unit.lower() and "i" not in unit.lower():
+            number = match.group(0).strip()[: -len(unit)].strip()
+            raise ValueError(
+                f"the memory size {text!r} is in bits (a lower-case b): did you mean {number}{unit[:-1].upper()}B "
+                "(bytes)? Sizes are bytes: B, KB/MB/GB (10^3, 10^6, 10^9) or KiB/MiB/GiB (2^10, 2^20, 2^30)"
+            )
+        mantissa, exponent = match.group(1), int(match.group(2) or 0)
+        if abs(exponent) > MAX_EXPONENT:
+            raise ValueError(
+                f"the memory size {text!r} has an exponent beyond ±{MAX_EXPONENT}: give a realistic size, e.g. 80GiB"
+            )
+        exact = Fraction(mantissa) * Fraction(10) ** exponent * _UNITS[unit.upper()]
         if exact.denominator != 1:
             raise ValueError(f"the memory size {text!r} is not a whole number of bytes: give whole bytes")
         value = int(exact)
@@ -37,17 +56,26 @@ def parse_bytes(text: str | int) -> int:
 
 
 def format_bytes(num_bytes: int | float | Fraction, digits: int = 2) -> str:
-    """IEC units for people: 819200 -> '800.00 KiB'. Exact integers below 1 KiB print as 'N B'."""
+    """IEC units for people: 819200 -> '800.00 KiB'. Exact integers below 1 KiB print as 'N B'.
+
+    The unit is the largest whose mantissa is >= 1 after rounding to `digits` decimals (so 1023.999 MiB
+    prints as '1.00 GiB', never '1024.00 MiB'); the rounding is exact (Fraction, half to even), so any
+    integer formats, however large.
+    """
     value = Fraction(num_bytes)
     sign = "-" if value < 0 else ""
     value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            break
-        value /= 1024
-    if unit == "B" and value.denominator == 1:
+    if value < 1024 and value.denominator == 1:
         return f"{sign}{int(value)} B"
-    return f"{sign}{float(value):.{digits}f} {unit}"
+    scale = 10**digits
+    for power, unit in enumerate(_IEC_NAMES):
+        scaled = round(value * scale / 1024**power)  # the mantissa in units of 10^-digits, rounded exactly
+        if scaled < 1024 * scale or unit == _IEC_NAMES[-1]:
+            break
+    whole, fraction = divmod(scaled, scale)
+    decimals = f".{fraction:0{digits}d}" if digits > 0 else ""
+    grouped = f"{whole:,}" if whole >= 1024 else str(whole)  # only past YiB
+    return f"{sign}{grouped}{decimals} {unit}"
 
 
 def format_percent(fraction: float | Fraction) -> str:
@@ -58,3 +86,37 @@ def format_percent(fraction: float | Fraction) -> str:
 def format_count(value: int) -> str:
     """Thousands separators for integers: 145000000 -> '145,000,000'."""
     return f"{value:,}"
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """`plural(1, "layer")` -> '1 layer'; `plural(2, "layer")` -> '2 layers' (thousands separators)."""
+    return f"{count:,} {noun if count == 1 else (plural_noun or noun + 's')}"
+
+
+_INT_RE = re.compile(r"^([+-]?)([0-9]+(?:_[0-9]+)*)?(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$")
+
+
+def parse_int(text: str | int, flag: str) -> int:
+    """An exact integer from a count as people type it: `4096`, `+4096`, `1_000_000`, `1e12`, `1.5e3`, `12.0`.
+
+    Anything that is not exactly an integer (`abc`, `12.5`, `1e-3`) raises ValueError naming `flag` and the text.
+    Python's own `int()` spellings are tried first, so every spelling accepted before stays accepted.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    stripped = str(text).strip()
+    try:
+        return int(stripped)
+    except ValueError:
+        pass
+    match = _INT_RE.match(stripped)
+    problem = "is not an integer"
+    if match is not None and (match.group(2) or match.group(3)):
+        sign, whole, decimals, exponent = match.groups()
+        if abs(int(exponent or 0)) > MAX_EXPONENT:
+            problem = f"has an exponent beyond ±{MAX_EXPONENT}"
+        else:
+            exact = Fraction(f"{whole or 0}.{decimals or 0}".replace("_", "")) * Fraction(10) ** int(exponent or 0)
+            if exact.denominator == 1:
+                return -int(exact) if sign == "-" else int(exact)
+    raise ValueError(f"{flag} {str(text)!r} {problem}: write a whole number, e.g. 4096, 1_000_000 or 1e12")

@@ -1,0 +1,124 @@
+"""core/units.py: exact byte formatting for any integer, byte and integer parsing (hand-computed values)."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcalc.core.units import format_bytes, parse_bytes, parse_int, plural
+
+_IEC_POWER = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6, "ZiB": 7, "YiB": 8}
+
+
+@pytest.mark.parametrize(
+    ("num_bytes", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (819_200, "800.00 KiB"),  # 819,200 / 1024 = 800
+        (1008 * 2**20, "1008.00 MiB"),  # below 1024 of a unit: stays in the unit (IEC), no separator
+        (2**30 - 1, "1.00 GiB"),  # 1023.999999 MiB rounds to 1024.00 MiB, so it is shown as 1.00 GiB
+        (2**60, "1.00 EiB"),  # was '1024.00 PiB' (PiB was the last unit)
+        # QA: 1,310,720,000,000,000,000,000,000 B = 131,072 B/token · 10^12 tokens · 10^7 seqs; / 2^70 = 1110.22 ZiB
+        # -> 1.084... YiB (/ 2^80): 1.31072e24 / 1.2089258e24 = 1.0842
+        (131_072 * 10**19, "1.08 YiB"),
+        # 10^40 / 2^80 = 8,271,806,125,530,276.748...: past YiB the mantissa gets separators
+        (10**40, "8,271,806,125,530,276.75 YiB"),
+        (-2048, "-2.00 KiB"),
+        (Fraction(5, 2), "2.50 B"),  # half bytes (int4) show their fraction
+        (1152, "1.12 KiB"),  # 1152 / 1024 = 1.125: half to even, as float formatting did
+    ],
+)
+def test_format_bytes_hand_values(num_bytes, text):
+    assert format_bytes(num_bytes) == text
+
+
+def _read_back(text: str) -> tuple[Fraction, Fraction]:
+    """The value a displayed size stands for, and half its last digit (its precision)."""
+    number, unit = text.split(" ")
+    unit_bytes = Fraction(1024) ** _IEC_POWER[unit]
+    decimals = len(number.partition(".")[2])
+    return Fraction(number.replace(",", "")) * unit_bytes, Fraction(1, 2 * 10**decimals) * unit_bytes
+
+
+@given(st.integers(min_value=0, max_value=10**40))
+def test_format_bytes_any_int_round_trips_within_shown_precision(num_bytes):
+    text = format_bytes(num_bytes)
+    assert re.fullmatch(r"[0-9,]+(\.[0-9]{2})? [KMGTPEZY]?i?B", text), text
+    shown, half_digit = _read_back(text)
+    assert abs(shown - num_bytes) <= half_digit
+    if not text.endswith("YiB"):
+        assert 1 <= Fraction(text.split(" ")[0]) < 1024 or num_bytes < 1024  # the largest fitting unit
+        assert "," not in text
+
+
+@pytest.mark.parametrize(
+    ("text", "num_bytes"),
+    [
+        ("80GiB", 80 * 2**30),
+        ("80gib", 80 * 2**30),
+        ("80GIB", 80 * 2**30),
+        ("80 GiB", 80 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("80gb", 80 * 10**9),  # all lower case: read case-insensitively, as before
+        ("80e9", 80 * 10**9),
+        ("1073741824", 2**30),
+        ("1EiB", 2**60),
+        ("2YB", 2 * 10**24),
+        ("1e400", 10**400),  # exact: a Python int, never a float
+    ],
+)
+def test_parse_bytes_accepts(text, num_bytes):
+    assert parse_bytes(text) == num_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("80Gb", "'80Gb' is in bits (a lower-case b): did you mean 80GB (bytes)?"),
+        ("80Mb", "did you mean 80MB (bytes)?"),
+        ("80 Kb", "did you mean 80KB (bytes)?"),
+        ("1e5000", "'1e5000' has an exponent beyond ±1000"),
+        ("1e-5000", "has an exponent beyond"),
+        ("inf", "cannot read the memory size 'inf'"),
+        ("nan", "cannot read the memory size 'nan'"),
+        ("1.5B", "not a whole number of bytes"),
+        ("80G", "cannot read the memory size '80G'"),
+    ],
+)
+def test_parse_bytes_refuses(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4096", 4096), (" 12 ", 12), ("+12", 12), ("1_000_000", 10**6), ("12.0", 12), ("1e12", 10**12),
+     ("1.5e3", 1500), ("-5", -5), ("100e-2", 1), ("1e400", 10**400)],
+)
+def test_parse_int_exact_spellings(text, value):
+    assert parse_int(text, "--tokens") == value
+
+
+@pytest.mark.parametrize("text", ["abc", "12.5", "1e-3", "", "0x10", "1__0", "_1", "1e", ".", "inf"])
+def test_parse_int_refuses_non_integers(text):
+    with pytest.raises(ValueError, match=re.escape(f"--tokens {text!r} is not an integer")):
+        parse_int(text, "--tokens")
+
+
+@given(st.integers(min_value=-(10**30), max_value=10**30))
+def test_parse_int_reads_python_and_scientific_forms(value):
+    assert parse_int(str(value), "--n") == value
+    assert parse_int(f"{value:_}", "--n") == value
+    assert parse_int(f"{value}e0", "--n") == value
+    assert parse_int(f"{value}0e-1", "--n") == value  # value·10 · 10^-1
+
+
+def test_plural():
+    assert [plural(1, "layer"), plural(2, "layer"), plural(1_000, "KV head"), plural(0, "length")] == [
+        "1 layer", "2 layers", "1,000 KV heads", "0 lengths"]
