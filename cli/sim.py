@@ -12,35 +12,48 @@ from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHead
 from kvcalc.cli.output import Format, emit, err_console, resolve_format
 from kvcalc.cli.sim_report import build_report
 from kvcalc.core import sim_setup
+from kvcalc.core.sim_checks import MAX_REQUESTS
 from kvcalc.core.sim_metrics import TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
-from kvcalc.core.sim_run import parse_policies, run_policy
-from kvcalc.core.sim_search import check_search, max_rate
-
-DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"
-DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
+from kvcalc.core.sim_run import choose_policies, run_policy
+from kvcalc.core.sim_search import check_attainment, check_search, max_rate
+from kvcalc.core.sim_setup import DEFAULT_OUTPUT_DIST, DEFAULT_PROMPT_DIST
 
 
 def command(
     trace: Annotated[
         tuple[str, Path] | None,
-        typer.Option("--trace", metavar="KIND FILE", help="A real trace: 'azure F' or 'mooncake F' (prefix ids)."),
+        typer.Option("--trace", metavar="KIND FILE",
+                     help="A trace file: 'azure F' or 'mooncake F' (prefix ids); its own arrivals and lengths."),
     ] = None,
     time_scale: Annotated[
-        float, typer.Option("--time-scale", help="Trace arrivals x times faster (0.5 = slower).")
+        float, typer.Option("--time-scale", help="With --trace: arrivals x times faster (0.5 = slower).")
     ] = 1.0,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N requests of the trace.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="With --trace: only its first N requests.")
+    ] = None,
     rate: Annotated[
-        float, typer.Option("--rate", help="Constructed: mean arrival rate, requests/s (inf = all at 0).")
-    ] = 1.0,
-    arrival: Annotated[str, typer.Option("--arrival", help="Constructed arrivals: poisson or gamma.")] = "poisson",
-    burstiness: Annotated[float, typer.Option("--burstiness", help="Gamma shape b (1 = Poisson, < 1 burstier).")] = 1.0,
-    requests: Annotated[int, typer.Option("--requests", help="Constructed: number of requests.")] = 1000,
+        str | None, typer.Option("--rate", metavar="REQ/S",
+                                 help="Constructed (no --trace): mean arrival rate, requests/s; inf = all at time 0 "
+                                      "(an offline batch) [1].")
+    ] = None,
+    arrival: Annotated[
+        str | None, typer.Option("--arrival", help="Constructed: poisson or gamma arrivals [poisson].")
+    ] = None,
+    burstiness: Annotated[
+        float | None, typer.Option("--burstiness", help="With --arrival gamma: shape b (1 = Poisson, < 1 burstier).")
+    ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option("--requests", help=f"Constructed: number of requests, at most {MAX_REQUESTS:,} [1000]."),
+    ] = None,
     prompt_dist: Annotated[
-        str, typer.Option("--prompt-dist", help="Constructed prompt lengths (as frag --dist).")
-    ] = DEFAULT_PROMPT_DIST,
+        str | None,
+        typer.Option("--prompt-dist", help=f"Constructed prompt lengths (as frag --dist) [{DEFAULT_PROMPT_DIST}]."),
+    ] = None,
     output_dist: Annotated[
-        str, typer.Option("--output-dist", help="Constructed output lengths (as frag --dist).")
-    ] = DEFAULT_OUTPUT_DIST,
+        str | None,
+        typer.Option("--output-dist", help=f"Constructed output lengths (as frag --dist) [{DEFAULT_OUTPUT_DIST}]."),
+    ] = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
     layers: LayersOpt = None,
@@ -58,23 +71,29 @@ def command(
     ] = None,
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Custom GPU: memory, e.g. 80GiB.")] = None,
     bandwidth: Annotated[str | None, typer.Option("--bandwidth", help="Custom GPU: HBM bytes/s, e.g. 3.35e12.")] = None,
-    flops: Annotated[float | None, typer.Option("--flops", help="Custom GPU: dense bf16 FLOP/s, e.g. 989e12.")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs per replica.")] = 1,
+    flops: Annotated[
+        float | None, typer.Option("--flops", help="Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).")
+    ] = None,
+    tp: Annotated[
+        int, typer.Option("--tp", help="Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of "
+                                       "them (as kvcalc size).")
+    ] = 1,
     memory_utilization: Annotated[float, typer.Option("--memory-utilization", help="Share of GPU memory used.")] = 0.9,
     workspace_bytes: Annotated[
         str | None, typer.Option("--workspace-bytes", help="Activation workspace (overrides the estimate).")
     ] = None,
     block: Annotated[int, typer.Option("--block", "-b", help="Paged: block size in tokens.")] = 16,
     policy: Annotated[
-        str, typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle.")
-    ] = "paged",
+        str | None, typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle [paged].")
+    ] = None,
     compare: Annotated[
-        str | None, typer.Option("--compare", help="Several policies side by side, comma-separated.")
+        str | None, typer.Option("--compare", help="Instead of --policy: several distinct policies side by side, "
+                                                   "comma-separated.")
     ] = None,
     max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Token budget per step.")] = 8192,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="Most running requests.")] = 256,
     max_model_len: Annotated[
-        int | None, typer.Option("--max-model-len", help="Longest request [the model's max].")
+        int | None, typer.Option("--max-model-len", help="Longest request, prompt + output [the model's max].")
     ] = None,
     preempt: Annotated[str, typer.Option("--preempt", help="recompute or swap.")] = "recompute",
     swap_bandwidth: Annotated[
@@ -84,23 +103,27 @@ def command(
         float, typer.Option("--cancel-fraction", help="Share of requests cancelled midway.")
     ] = 0.0,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Drop requests without a first token after s.")
+        float | None, typer.Option("--timeout", help="Drop requests without a first token after s seconds "
+                                                     "(inf = no timeout, the default).")
     ] = None,
     seed: SeedOpt = 0,
     compute_eff: Annotated[float, typer.Option("--compute-eff", help="Share of peak FLOP/s reached.")] = 0.6,
     weight_eff: Annotated[float, typer.Option("--weight-eff", help="Share of bandwidth when reading weights.")] = 0.8,
     attn_eff: Annotated[float, typer.Option("--attn-eff", help="Share of bandwidth when reading KV.")] = 0.8,
-    step_overhead_ms: Annotated[float, typer.Option("--step-overhead-ms", help="Fixed time per step.")] = 0.5,
+    step_overhead_ms: Annotated[float, typer.Option("--step-overhead-ms", help="Fixed time per step, ms.")] = 0.5,
     calibrate: Annotated[
         Path | None, typer.Option("--calibrate", help="kvcalc bench --json output: sets --attn-eff.")
     ] = None,
-    slo: Annotated[str | None, typer.Option("--slo", help="Targets, e.g. ttft=2,tpot=100ms,e2e=60 (seconds).")] = None,
+    slo: Annotated[
+        str | None, typer.Option("--slo", help="Targets, each once, e.g. ttft=2,tpot=100ms,e2e=60 (seconds).")
+    ] = None,
     find_max_rate: Annotated[
         bool, typer.Option("--max-rate", help="Search each policy's highest rate under --slo.")
     ] = False,
     target_attainment: Annotated[
-        float, typer.Option("--attainment", help="Share of requests that must meet the SLO.")
-    ] = 0.9,
+        float | None, typer.Option("--attainment", help="With --max-rate: share of requests that must meet the SLO "
+                                                        "[0.9].")
+    ] = None,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Ignore Mooncake prefix ids.")] = False,
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="Simulate every step one by one.")] = False,
     timeline: Annotated[Path | None, typer.Option("--timeline", help="Write the memory/queue timeline as CSV.")] = None,
@@ -117,8 +140,9 @@ def command(
         from kvcalc.cli.chart import check_plot_target
 
         check_plot_target(plot)
-    policies = parse_policies(compare or policy)
+    policies = choose_policies(policy, compare)
     slo_spec = parse_slo(slo)
+    target_attainment = check_attainment(find_max_rate, target_attainment)
     if find_max_rate:
         check_search(slo_spec, target_attainment)
     setup = sim_setup.build(
@@ -183,7 +207,7 @@ def command(
     if plot is not None:
         from kvcalc.cli.sim_plot import write_sim_plot
 
-        write_sim_plot(plot, records, setup.workload.description)
+        write_sim_plot(plot, records, f"{setup.workload.kind} workload: {setup.workload.description}")
         err_console.print(f"wrote {plot}", highlight=False)
     report = build_report(setup, policies, summaries, searches, slo_spec, target_attainment)
     emit(report, resolve_format(json_flag, fmt))

@@ -125,7 +125,7 @@ def build_report(setup, policies, summaries, searches, slo_spec, target) -> Repo
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
     text = [
-        f"workload: {setup.workload.description}",
+        f"workload ({setup.workload.kind}): {setup.workload.description}",
         f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "
         f"workspace {format_bytes(plan.workspace_bytes)}, KV pool {format_bytes(plan.pool_bytes)} = "
         f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcalc.core.models import ModelSpec
+from kvcalc.core.sizing import kv_heads_per_gpu
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         GpuSpec("H200", 143_771 * 2**20, 4.8e12, 989.5e12, "NVIDIA H200 datasheet, SXM 141GB"),
     )
 }
+# The pool keeps ~60 bytes of numpy state per block (core/block_store.py); 2^24 blocks is ~1 GiB of host
+# memory. A larger pool (a tiny model on a huge custom GPU, or --block 1) is refused, not allocated.
+MAX_POOL_BLOCKS = 2**24
 BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as vLLM's block tables
 ACTIVATION_BYTES = 2  # bf16/fp16 activations
 LOGIT_BYTES = 4  # fp32 logits for sampling
@@ -124,13 +128,17 @@ class MemoryPlan:
         return self.num_blocks * self.block_size
 
 
+def _count(n: int) -> str:
+    """Thousands separators, or three significant digits for counts too long to read."""
+    return f"{n:,}" if n < 10**15 else f"{float(n):.3g}"
+
+
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, kv_dtype_bits: int, tp: int) -> int:
-    """KV bytes of one token on one GPU: KV heads are split over tp (replicated when tp > kv heads); MLA
-    latents are replicated on every GPU."""
-    per_token_bits = spec.layers * spec.scalars_per_token_per_layer * kv_dtype_bits
-    if not spec.is_mla:
-        heads_per_gpu = -(-spec.kv_heads // tp)
-        per_token_bits = per_token_bits * heads_per_gpu // spec.kv_heads
+    """KV bytes of one token on one GPU, by `kvcalc size`'s rule (core.sizing.kv_heads_per_gpu): tp divides
+    the KV heads, or is a multiple of them (one head per GPU, replicated); anything else is a ValueError.
+    MLA latents are replicated on every GPU."""
+    heads_per_gpu = kv_heads_per_gpu(spec, tp)
+    per_token_bits = spec.layers * spec.scalars_per_token_per_layer * kv_dtype_bits * heads_per_gpu // spec.kv_heads
     return -(-per_token_bits // 8)
 
 
@@ -182,5 +190,11 @@ def plan_memory(
             f"{spec.name} on {gpu.name} x{tp}: weights ({plan.weights_bytes / gib:.2f} GiB) and workspace "
             f"({plan.workspace_bytes / gib:.2f} GiB) leave no room for one KV block ({short / gib:.2f} GiB short); "
             "use a larger GPU, more --tp or a smaller --max-batched-tokens"
+        )
+    if plan.num_blocks > MAX_POOL_BLOCKS:
+        raise ValueError(
+            f"{spec.name} on {gpu.name} x{tp}: the KV pool would hold {_count(plan.num_blocks)} blocks of "
+            f"{block_size}, "
+            f"above the simulator's limit of {MAX_POOL_BLOCKS:,}; use a larger --block or less --gpu-memory"
         )
     return plan

@@ -66,8 +66,10 @@ def parse_slo(text: str | None) -> Slo:
             value = float(number)
         except ValueError:
             raise ValueError(f"--slo {text!r}: {number!r} is not a number") from None
-        if not value > 0:
-            raise ValueError(f"--slo {text!r}: {key} must be a positive time, got {number}")
+        if not value > 0 or not np.isfinite(value):
+            raise ValueError(f"--slo {text!r}: {key} must be a positive finite time, got {number}")
+        if key in values:
+            raise ValueError(f"--slo {text!r}: {key} is given twice; give each target once")
         values[key] = value / 1000 if unit == "ms" else value
     return Slo(values.get("ttft"), values.get("tpot"), values.get("e2e"))
 

@@ -37,12 +37,33 @@ class SimSetup:
         return cls(plan.num_blocks, plan.block_size, steptime, scheduler, **kw)
 
 
-def parse_policies(text: str) -> list[str]:
-    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+def parse_policies(text: str, flag: str = "--policy") -> list[str]:
+    """Comma-separated policy names -> a list; unknown, empty or repeated names are errors (never dropped)."""
+    names = [p.strip().lower() for p in text.split(",")]
+    if not text.strip() or any(not p for p in names):
+        raise ValueError(f"{flag} {text!r} has an empty name: list policies from {', '.join(POLICIES)}, "
+                         "separated by single commas")
     bad = [p for p in names if p not in POLICIES]
-    if bad or not names:
-        raise ValueError(f"unknown policy {', '.join(bad) or repr(text)}: choose from {', '.join(POLICIES)}")
-    return list(dict.fromkeys(names))
+    if bad:
+        raise ValueError(f"unknown policy {', '.join(bad)}: choose from {', '.join(POLICIES)}")
+    repeated = sorted({p for p in names if names.count(p) > 1})
+    if repeated:
+        raise ValueError(f"{flag} {text!r} names {', '.join(repeated)} twice; list each policy once")
+    return names
+
+
+def choose_policies(policy: str | None, compare: str | None) -> list[str]:
+    """`--policy` (one) or `--compare` (several); both at once is refused, since which one wins would be a
+    guess: list every policy to run in --compare."""
+    if policy is not None and compare is not None:
+        raise ValueError(f"give --policy {policy} or --compare {compare}, not both: "
+                         "list every policy to run in --compare")
+    if compare is not None:
+        return parse_policies(compare, "--compare")
+    names = parse_policies("paged" if policy is None else policy)
+    if len(names) > 1:
+        raise ValueError(f"--policy {policy!r} names several policies; use --compare {policy}")
+    return names
 
 
 def make_policy(name: str, workload: Workload, setup: SimSetup):

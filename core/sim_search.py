@@ -32,6 +32,17 @@ class RateSearch:
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
 
 
+DEFAULT_ATTAINMENT = 0.9
+
+
+def check_attainment(find_max_rate: bool, target: float | None) -> float:
+    """`--attainment` only means something to the max-rate search; given without it, it is refused."""
+    if target is not None and not find_max_rate:
+        raise ValueError(f"--attainment {target:g} applies to --max-rate (the share of requests the search "
+                         "requires to meet the SLO); add --max-rate or drop --attainment")
+    return DEFAULT_ATTAINMENT if target is None else target
+
+
 def check_search(slo: Slo, target: float) -> None:
     """Fail before any simulation when the search cannot be run."""
     if slo.is_empty:

@@ -5,6 +5,7 @@ Every option is checked here (ValueError naming the value and the fix), so the c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,15 +14,19 @@ import numpy as np
 from kvcalc.core.distributions import LengthDistribution
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
 from kvcalc.core.models import ModelSpec, get_preset, resolve_model
+from kvcalc.core.sim_checks import byte_count, check_mode_options, check_requests, finite_float
 from kvcalc.core.sim_hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
 from kvcalc.core.sim_run import SimSetup
 from kvcalc.core.sim_scheduler import SchedulerConfig
 from kvcalc.core.sim_steptime import Efficiencies, build_model, calibrated_attention_eff
 from kvcalc.core.sim_workload import Workload, constructed, from_trace, length_streams
 from kvcalc.core.traces import read_trace
-from kvcalc.core.units import parse_bytes
 
 DEFAULT_MODEL = "OPT-13B"
+DEFAULT_RATE = 1.0
+DEFAULT_REQUESTS = 1000
+DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"  # ShareGPT-like (vLLM paper, Fig. 11)
+DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
 DEFAULT_GPU = "A100-40GB"
 FALLBACK_MAX_MODEL_LEN = 8192
 
@@ -31,12 +36,13 @@ class Options:
     trace: tuple[str, Path] | None = None
     time_scale: float = 1.0
     limit: int | None = None
-    rate: float = 1.0
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    requests: int = 1000
-    prompt_dist: str = "lognormal:mean=161,sigma=1.0"
-    output_dist: str = "lognormal:mean=338,sigma=1.0"
+    # Constructed workload; None = not given (the defaults below apply), so that a trace run can refuse them.
+    rate: float | str | None = None
+    arrival: str | None = None
+    burstiness: float | None = None
+    requests: int | None = None
+    prompt_dist: str | None = None
+    output_dist: str | None = None
     model: str | None = None
     config: Path | None = None
     layers: int | None = None
@@ -81,18 +87,32 @@ class Setup:
 
 
 def _workload(o: Options) -> Workload:
+    given = {"--rate": o.rate is not None, "--requests": o.requests is not None,
+             "--prompt-dist": o.prompt_dist is not None, "--output-dist": o.output_dist is not None,
+             "--arrival": o.arrival is not None, "--burstiness": o.burstiness is not None}
+    check_mode_options(trace=o.trace is not None, given=given, limit=o.limit is not None,
+                       time_scale=o.time_scale != 1.0)
     if o.trace is not None:
         kind, path = o.trace
-        return from_trace(read_trace(kind, path), o.time_scale, o.limit)
-    if not o.rate > 0:
+        return from_trace(read_trace(kind, path), finite_float("--time-scale", o.time_scale), o.limit)
+    arrival = (o.arrival or "poisson").strip().lower()
+    if o.burstiness is not None and arrival != "gamma":
+        raise ValueError(f"--burstiness {o.burstiness:g} applies to --arrival gamma (Poisson arrivals have none); "
+                         "add --arrival gamma or drop --burstiness")
+    rate = DEFAULT_RATE if o.rate is None else finite_float(
+        "--rate", o.rate, allow_inf=True, inf_meaning="every request at time 0 (an offline batch)")
+    if not rate > 0:
         raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {o.rate}")
+    requests = DEFAULT_REQUESTS if o.requests is None else o.requests
+    check_requests(requests)
+    burstiness = 1.0 if o.burstiness is None else finite_float("--burstiness", o.burstiness)
     prompt_rng, output_rng, _ = length_streams(o.seed)
-    prompt_dist = LengthDistribution.parse(o.prompt_dist)
-    output_dist = LengthDistribution.parse(o.output_dist)
-    prompts = prompt_dist.sample(o.requests, prompt_rng) if o.requests >= 1 else np.zeros(0, np.int64)
-    outputs = output_dist.sample(o.requests, output_rng) if o.requests >= 1 else np.zeros(0, np.int64)
+    prompt_dist = LengthDistribution.parse(o.prompt_dist or DEFAULT_PROMPT_DIST)
+    output_dist = LengthDistribution.parse(o.output_dist or DEFAULT_OUTPUT_DIST)
+    prompts = prompt_dist.sample(requests, prompt_rng) if requests >= 1 else np.zeros(0, np.int64)
+    outputs = output_dist.sample(requests, output_rng) if requests >= 1 else np.zeros(0, np.int64)
     lengths_text = f"prompts {prompt_dist.describe()}, outputs {output_dist.describe()}"
-    return constructed(o.requests, o.rate, prompts, outputs, arrival=o.arrival, burstiness=o.burstiness,
+    return constructed(requests, rate, prompts, outputs, arrival=arrival, burstiness=burstiness,
                        seed=o.seed, lengths_text=lengths_text)
 
 
@@ -103,28 +123,31 @@ def _gpu(o: Options):
             raise ValueError("give either --gpu or --gpu-memory/--bandwidth/--flops, not both")
         if any(v is None for v in custom):
             raise ValueError("a custom GPU needs --gpu-memory, --bandwidth and --flops together")
-        return custom_gpu(parse_bytes(o.gpu_memory), float(parse_bytes(o.bandwidth)), float(o.flops))
-    return get_gpu(o.gpu or DEFAULT_GPU)
+        bandwidth = float(byte_count("--bandwidth", o.bandwidth, "bytes/s"))
+        return custom_gpu(byte_count("--gpu-memory", o.gpu_memory), bandwidth, finite_float("--flops", o.flops))
+    return get_gpu(DEFAULT_GPU if o.gpu is None else o.gpu)
 
 
 def build(o: Options) -> Setup:
-    if o.trace is None and o.time_scale != 1.0:
-        raise ValueError("--time-scale applies to --trace; for a constructed workload change --rate")
     spec = resolve_model(o.model, o.config, o.layers, o.kv_heads, o.head_dim) or get_preset(DEFAULT_MODEL)
     gpu = _gpu(o)
     kv_bits = dtype_bits(parse_dtype(o.dtype))
     weight_bits = dtype_bits(parse_dtype(o.weight_dtype))
-    max_model_len = o.max_model_len or spec.max_position_embeddings or FALLBACK_MAX_MODEL_LEN
     notes: list[str] = []
-    if not (o.max_model_len or spec.max_position_embeddings):
+    if o.max_model_len is not None:
+        max_model_len = o.max_model_len
+    elif spec.max_position_embeddings is not None:
+        max_model_len = spec.max_position_embeddings
+    else:
+        max_model_len = FALLBACK_MAX_MODEL_LEN
         notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
     if max_model_len < 1:
         raise ValueError(f"--max-model-len must be at least 1, got {max_model_len}")
     plan = plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block, tp=o.tp, memory_utilization=o.memory_utilization,
         weight_bytes_per_param=weight_bits / 8,
-        weights_bytes=parse_bytes(o.weights_bytes) if o.weights_bytes is not None else None,
-        workspace_bytes=parse_bytes(o.workspace_bytes) if o.workspace_bytes is not None else None,
+        weights_bytes=byte_count("--weights-bytes", o.weights_bytes) if o.weights_bytes is not None else None,
+        workspace_bytes=byte_count("--workspace-bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
         max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs,
     )
     attn_eff = o.attn_eff
@@ -133,10 +156,15 @@ def build(o: Options) -> Setup:
     if o.calibrate is not None:
         attn_eff, calibration = calibrated_attention_eff(o.calibrate, gpu)
         notes.append(calibration)
-    eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, o.step_overhead_ms / 1e3)
-    steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=float(parse_bytes(o.swap_bandwidth)))
+    overhead_s = finite_float("--step-overhead-ms", o.step_overhead_ms) / 1e3
+    eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_s)
+    swap_bandwidth = float(byte_count("--swap-bandwidth", o.swap_bandwidth, "bytes/s"))
+    steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth)
+    timeout = None
+    if o.timeout is not None:
+        timeout = finite_float("--timeout", o.timeout, allow_inf=True, inf_meaning="no timeout (the default)")
     scheduler = SchedulerConfig(o.max_batched_tokens, o.max_seqs, max_model_len, o.preempt.strip().lower(),
-                                o.timeout, o.fast_forward)
+                                None if timeout == math.inf else timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
         raise ValueError(f"--cancel-fraction must be between 0 and 1, got {o.cancel_fraction}")
     workload = _workload(o)

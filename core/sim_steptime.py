@@ -28,6 +28,8 @@ import numpy as np
 from kvcalc.core.models import ModelSpec
 from kvcalc.core.sim_hardware import GpuSpec, MemoryPlan, active_params
 
+SANE_STEP_S = 86_400.0  # one engine step longer than a day means the GPU figures are wrong
+
 
 @dataclass(frozen=True)
 class Efficiencies:
@@ -41,8 +43,8 @@ class Efficiencies:
                             ("--attn-eff", self.attention)):
             if not 0 < value <= 1:
                 raise ValueError(f"{what} must be in (0, 1], got {value}")
-        if self.overhead_s < 0:
-            raise ValueError(f"--step-overhead-ms must be >= 0, got {self.overhead_s * 1e3}")
+        if not 0 <= self.overhead_s < SANE_STEP_S:
+            raise ValueError(f"--step-overhead-ms must be >= 0 and finite, got {self.overhead_s * 1e3}")
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
         raise ValueError(f"--swap-bandwidth must be positive, got {swap_bandwidth_bytes_per_s}")
     gpu: GpuSpec = plan.gpu
     tp = plan.tp
-    return StepTimeModel(
+    model = StepTimeModel(
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
         kv_bytes_per_token=plan.kv_bytes_per_token,
@@ -99,6 +101,15 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
         overhead_s=eff.overhead_s,
         swap_bandwidth_bytes_per_s=swap_bandwidth_bytes_per_s,
     )
+    # Figures that are positive and finite can still be absurd (--flops 1e-300): a full 8,192-token prefill
+    # step that overflows, or takes more than a day, would turn every time sum into inf/nan. Refuse them.
+    probe_s = model.step_s(8192.0, float(prefill_positions(np.array(0.0), np.array(8192.0))), 8192.0)
+    if not np.isfinite(probe_s) or probe_s > SANE_STEP_S:
+        raise ValueError(
+            f"{gpu.name} GPU figures (memory {gpu.memory_bytes:g} B, bandwidth {gpu.bandwidth_bytes_per_s:g} B/s, "
+            f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real --bandwidth/--flops"
+        )
+    return model
 
 
 def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str]:

@@ -22,6 +22,16 @@ import numpy as np
 from kvcalc.core.traces import RequestArrays, Trace
 
 ARRIVALS = ("poisson", "gamma")
+# Arrivals spread over more than ~31 years come from a mistyped rate (--rate 1e-300) and would overflow the
+# simulator's time integrals (time × token slots); refused with the option to change.
+MAX_SPAN_S = 1e9
+
+
+def _check_span(arrival_s: np.ndarray, option: str) -> None:
+    span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) else 0.0
+    if not span <= MAX_SPAN_S:
+        raise ValueError(f"{option}: the arrivals would span {span:g} s, more than {MAX_SPAN_S:g} s (31 years); "
+                         f"give a larger {option.split()[0]}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,7 +42,7 @@ class Workload(RequestArrays):
     prompt_tokens  int64   [N]   >= 1
     output_tokens  int64   [N]   >= 1 (a prefill always samples one token)
     hash_ids / hash_offsets      Mooncake prefix-block ids (one per 512 tokens), or None
-    kind           "real" or "constructed"
+    kind           "real" or "constructed"; `description` says what, without repeating the kind
     """
 
     arrival_s: np.ndarray
@@ -75,10 +85,16 @@ class Workload(RequestArrays):
                        description=f"{self.description}, arrivals rescaled to {rate_per_s:g}/s")
 
 
+def count_text(count: int, noun: str) -> str:
+    """'1 request', '2,000 requests'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def _at_least_one(values: np.ndarray, what: str, notes: list[str]) -> np.ndarray:
     zeros = int(np.count_nonzero(values < 1))
     if zeros:
-        notes.append(f"{zeros:,} requests with {what} 0 were simulated as {what} 1")
+        verb = "was" if zeros == 1 else "were"
+        notes.append(f"{count_text(zeros, 'request')} with {what} 0 {verb} simulated as {what} 1")
         values = np.maximum(values, 1)
     return values.astype(np.int64)
 
@@ -97,14 +113,16 @@ def from_trace(trace: Trace, time_scale: float = 1.0, limit: int | None = None) 
         hash_offsets = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
         hash_ids = np.concatenate(pieces) if pieces else hash_ids[:0]
     arrival = trace.arrival_s[order]
-    arrival = (arrival - arrival[0]) / time_scale
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        arrival = (arrival - arrival[0]) / time_scale
+    _check_span(arrival, f"--time-scale {time_scale:g}")
     scale_text = "" if time_scale == 1 else f", arrivals x{time_scale:g} faster"
     return Workload(
         arrival_s=arrival,
         prompt_tokens=_at_least_one(trace.prompt_tokens[order], "prompt length", notes),
         output_tokens=_at_least_one(trace.output_tokens[order], "output length", notes),
         kind="real",
-        description=f"real trace: {trace.kind} {trace.path} ({len(arrival):,} requests{scale_text})",
+        description=f"{trace.kind} trace {trace.path} ({count_text(len(arrival), 'request')}{scale_text})",
         hash_ids=hash_ids,
         hash_offsets=hash_offsets,
         notes=tuple(notes),
@@ -145,7 +163,9 @@ def constructed(
         raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {rate_per_s}")
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
     unit = unit_rate_arrivals(count, arrival, burstiness, rng)
-    arrival_s = np.zeros(count) if np.isinf(rate_per_s) else unit / rate_per_s
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        arrival_s = np.zeros(count) if np.isinf(rate_per_s) else unit / rate_per_s
+    _check_span(arrival_s, f"--rate {rate_per_s:g}")
     notes: list[str] = []
     kind_text = "Poisson" if arrival.strip().lower() == "poisson" or burstiness == 1 else f"gamma b={burstiness:g}"
     return Workload(
@@ -153,7 +173,7 @@ def constructed(
         prompt_tokens=_at_least_one(np.asarray(prompt_tokens), "prompt length", notes),
         output_tokens=_at_least_one(np.asarray(output_tokens), "output length", notes),
         kind="constructed",
-        description=f"constructed: {count:,} requests, {kind_text} arrivals at {rate_per_s:g}/s, seed {seed}"
+        description=f"{count_text(count, 'request')}, {kind_text} arrivals at {rate_per_s:g}/s, seed {seed}"
         + (f", {lengths_text}" if lengths_text else ""),
         notes=tuple(notes),
         unit_arrival_s=unit,
