@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcalc.core.block_pool import BlockPool
-from kvcalc.core.traces import MOONCAKE_BLOCK_TOKENS, Trace
+from kvcalc.core.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 
@@ -72,19 +72,6 @@ def check_block_size(block_size: int) -> None:
             f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
             "use a divisor such as 8, 16, 32 or 64"
         )
-
-
-def request_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, where: str = "") -> np.ndarray:
-    """int64 [prompt_tokens // block_size]: key of every full prompt block (see the module docstring)."""
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
-    full = prompt_tokens // block_size
-    if full and (full - 1) // per_id >= len(hash_ids):
-        raise ValueError(
-            f"{where}{prompt_tokens} prompt tokens need {-(-prompt_tokens // MOONCAKE_BLOCK_TOKENS)} hash_ids "
-            f"(one per {MOONCAKE_BLOCK_TOKENS} tokens), the request has {len(hash_ids)}"
-        )
-    j = np.arange(full, dtype=np.int64)
-    return hash_ids[j // per_id] * per_id + j % per_id
 
 
 def _check_key_range(trace: Trace, block_size: int) -> None:
@@ -157,7 +144,7 @@ def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> N
         short = np.flatnonzero(ids_given < ids_needed)
         if len(short):
             i = int(short[0])
-            request_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
+            mooncake_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
                                f"{trace.path} request {i + 1}: ")
     elif block_size < 1:
         raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
@@ -172,7 +159,7 @@ def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> N
 
 
 def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """(keys int64 [K], offsets int64 [n+1]): `request_block_keys` of requests first .. stop - 1 end to end,
+    """(keys int64 [K], offsets int64 [n+1]): `mooncake_block_keys` of requests first .. stop - 1 end to end,
     vectorised (check_trace has made sure that every request has the hash ids its full blocks need)."""
     assert trace.hash_ids is not None and trace.hash_offsets is not None
     per_id = MOONCAKE_BLOCK_TOKENS // block_size
@@ -221,7 +208,7 @@ def replay(
                 keys = hashed.prompt(i - first)
             elif keyed:
                 where = f"{trace.path} request {i + 1}: "
-                keys = request_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
+                keys = mooncake_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
             if fast:
                 used = pool.serve(prompts[i], keys, outputs[i])[1]
             else:

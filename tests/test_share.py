@@ -16,12 +16,11 @@ from kvcalc.core.share import ScenarioSpec, closed_form_physical_blocks, run_sce
 from kvcalc.core.share_trace import (
     distinct_id_prefixes,
     replay,
-    request_block_keys,
     share_trace,
     uncached_replay,
     unlimited_capacity,
 )
-from kvcalc.core.traces import Trace, read_trace
+from kvcalc.core.traces import Trace, mooncake_block_keys, read_trace
 
 MOONCAKE = Path("/work/shared/traces/mooncake_conversation.jsonl")
 
@@ -122,8 +121,10 @@ def reference_hit_tokens(trace: Trace, block_size: int) -> int:
 def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[int, int]:
     """(hit tokens, evictions) of a bounded cache modelled directly: an OrderedDict LRU of block-key
     chains (trie nodes) plus a count of content-free blocks. A request revives its cached prefix, takes
-    content-free blocks first, then evicts the least recently freed; on release its keyed blocks go to
-    the LRU tail last block first, the rest become content-free. No pool, no hashing."""
+    content-free blocks first, then evicts the least recently freed — for its prompt, whose full blocks
+    then get their keys (unless an equal chain is still cached), then for its output (which may evict that
+    equal chain: the request's copy stays keyless all the same); on release its keyed blocks go to the LRU
+    tail last block first, the rest become content-free. No pool, no hashing."""
     trie: dict[tuple[int, tuple[int, int]], int] = {}
     lru: OrderedDict[int, None] = OrderedDict()
     plain = capacity
@@ -137,14 +138,19 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
         for node in nodes[:n]:
             del lru[node]
         hits += n * block_size
-        fresh = ceil_div(p + o, block_size) - n
-        from_plain = min(fresh, plain)
-        plain -= from_plain
-        for _ in range(fresh - from_plain):
-            lru.popitem(last=False)
-            evictions += 1
+
+        def take(count: int) -> None:
+            nonlocal plain, evictions
+            from_plain = min(count, plain)
+            plain -= from_plain
+            for _ in range(count - from_plain):
+                lru.popitem(last=False)
+                evictions += 1
+
+        take(ceil_div(p, block_size) - n)
         # blocks n.. with a key get it unless an equal chain is still cached elsewhere
         keyed = nodes[:n] + [node for node in nodes[n:] if node not in lru]
+        take(ceil_div(p + o, block_size) - ceil_div(p, block_size))
         unkeyed = ceil_div(p + o, block_size) - len(keyed)
         keyed_set = set(keyed)
         table_order = [node for node in nodes if node in keyed_set]
@@ -173,6 +179,16 @@ def test_last_token_is_never_a_hit() -> None:
     trace = make_trace([(512, 1, [7]), (512, 1, [7])])
     # 512 tokens = 32 full blocks of 16, but the 512th token is recomputed: 31 blocks hit
     assert replay(trace, 16, None, True).hit_tokens == 31 * 16
+
+
+def test_an_output_eviction_comes_after_the_prompt_is_cached() -> None:
+    # B = 16, capacity 37. 1: ids [0, 1000], 537 + 40 tokens = 37 blocks, 33 full ones cached. 2: 528 fresh
+    # tokens = 33 blocks: 29 evictions of 1's blocks 32..4. 3: id 0, 48 + 1 tokens: blocks 0, 1 hit, block 2
+    # is fresh (evicting 1's block 3) while 1's equal block 2 is still cached, so it stays keyless; the
+    # output's block then evicts 1's block 2. 4: 2 blocks from the 2 keyless ones: no eviction. 31 in all
+    trace = make_trace([(537, 40, [0, 1000]), (528, 0, [1010, 1011]), (48, 1, [0]), (1, 16, [1030])])
+    assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 31)
+    assert reference_lru_replay(trace, 16, 37) == (32, 31)
 
 
 def test_lru_eviction_with_a_small_capacity() -> None:
@@ -289,7 +305,7 @@ def test_trace_errors() -> None:
         share_trace(make_trace([(10, 1, [0])]), 24)
     with pytest.raises(ValueError, match="smaller than request 1"):
         share_trace(make_trace([(100, 1, [0])]), 16, capacity_blocks=6)  # needs ceil(101/16) = 7
-    assert request_block_keys(np.array([5, 9]), 600, 256).tolist() == [5 * 2 + 0, 5 * 2 + 1]
+    assert mooncake_block_keys(np.array([5, 9]), 600, 256).tolist() == [5 * 2 + 0, 5 * 2 + 1]
 
 
 def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
