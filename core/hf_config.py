@@ -16,7 +16,9 @@ What is read, and which spelling wins:
   (the spec gets kv_heads 1: the latent is the one cached "head", as vLLM counts it);
 * multimodal models keep the language model's fields under `text_config`;
 * `layer_types` entries "linear_attention" / "mamba" (Qwen3-Next, hybrids) keep no KV cache and are not
-  counted as KV layers.
+  counted as KV layers;
+* MoE (for `sim`'s weight reads): routed experts `n_routed_experts` (DeepSeek), `num_local_experts`
+  (Mixtral) or `num_experts` (Qwen-MoE), and `num_experts_per_tok`; both or neither.
 
 A missing field raises ValueError naming the field and the file; so does a file that is not JSON.
 """
@@ -48,6 +50,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
         "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"
     ),
     "intermediate_size": ("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner"),
+    "num_experts": ("n_routed_experts", "num_local_experts", "num_experts"),
 }
 
 
@@ -128,8 +131,22 @@ def spec_from_config(
         num_sliding_layers=num_sliding,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim if kv_lora_rank is not None else None,
+        **_experts(config, source),
         source=source,
     )
+
+
+def _experts(config: Mapping[str, Any], source: str) -> dict[str, int | None]:
+    """{num_experts, experts_per_token} of a MoE config, both None for a dense one."""
+    experts = _optional_int(config, "num_experts", source)
+    per_token = _optional_int(config, "num_experts_per_tok", source)
+    if (experts is None) != (per_token is None):
+        missing = "num_experts_per_tok" if per_token is None else "n_routed_experts / num_local_experts"
+        raise ValueError(f"{source}: a MoE config needs both the expert count and num_experts_per_tok "
+                         f"(missing {missing}); add it to the file")
+    if experts is not None and per_token > experts:  # type: ignore[operator]
+        raise ValueError(f"{source}: num_experts_per_tok {per_token} exceeds the {experts} experts; fix the file")
+    return {"num_experts": experts, "experts_per_token": per_token}
 
 
 def _model_name(config: Mapping[str, Any], path: Path) -> str:

@@ -26,6 +26,9 @@ class ModelSpec:
     token passes through (MoE: shared weights plus the routed experts; for FLOPs), counted like
     `num_params` (input embedding included); None when every parameter is active.
     `max_position_embeddings` is None when the config does not say (commands that need it say so).
+    MoE: `num_experts` routed experts per MoE layer, `experts_per_token` of them per token (config.json
+    `n_routed_experts` or `num_local_experts` or `num_experts`, and `num_experts_per_tok`); shared experts are
+    always active and counted in `num_active_params`, not here. None for dense models.
     """
 
     name: str
@@ -43,6 +46,8 @@ class ModelSpec:
     num_sliding_layers: int = 0
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -50,7 +55,8 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
-        for field in ("max_position_embeddings", "intermediate_size", "vocab_size", "num_params", "num_active_params"):
+        for field in ("max_position_embeddings", "intermediate_size", "vocab_size", "num_params", "num_active_params",
+                      "num_experts", "experts_per_token"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"model {self.name!r}: {field} must be a positive integer or None, got {value!r}")
@@ -64,6 +70,13 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: sliding layers need a positive sliding_window")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive, got {self.sliding_window}")
+        if (self.num_experts is None) != (self.experts_per_token is None):
+            raise ValueError(f"model {self.name!r}: MoE needs both num_experts and experts_per_token")
+        if self.num_experts is not None and self.experts_per_token > self.num_experts:  # type: ignore[operator]
+            raise ValueError(
+                f"model {self.name!r}: experts_per_token {self.experts_per_token} exceeds "
+                f"num_experts {self.num_experts}"
+            )
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
             raise ValueError(f"model {self.name!r}: MLA needs both kv_lora_rank and qk_rope_head_dim")
         if not self.is_mla and self.num_attention_heads % self.kv_heads:
@@ -192,13 +205,15 @@ _preset(ModelSpec(
     sliding_window=4096, num_sliding_layers=32, source="mistralai/Mistral-7B-v0.1 config.json",
 ))
 # mistralai/Mixtral-8x7B-v0.1: 32 layers, 32 heads, 8 KV heads, hidden 4096 (head_dim 128), 8 experts of
-# intermediate 14336, 2 per token, vocab 32000, max_position_embeddings 32768, sliding_window null (no
-# window; the first release said 4096, Mistral corrected it). Params 46,702,792,704 (46.7B); active
+# intermediate 14336, 2 per token (num_local_experts 8, num_experts_per_tok 2), vocab 32000,
+# max_position_embeddings 32768, sliding_window null (no window; the first release said 4096, Mistral
+# corrected it). Params 46,702,792,704 (46.7B); active
 # 12,879,925,248 (12.9B: attention, 2 experts, router, norms, embeddings and lm_head).
 _preset(ModelSpec(
     name="Mixtral-8x7B", layers=32, num_attention_heads=32, kv_heads=8, head_dim=128, hidden_size=4096,
     intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768, num_params=46_702_792_704,
-    num_active_params=12_879_925_248, source="mistralai/Mixtral-8x7B-v0.1 config.json",
+    num_active_params=12_879_925_248, num_experts=8, experts_per_token=2,
+    source="mistralai/Mixtral-8x7B-v0.1 config.json",
 ))
 # Qwen/Qwen2.5-7B: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128), intermediate 18944, vocab
 # 152064, max_position_embeddings 131072, sliding_window 131072 with use_sliding_window false (no window).
@@ -246,8 +261,9 @@ _preset(ModelSpec(
     sliding_window=4096, num_sliding_layers=21, source="google/gemma-2-9b config.json",
 ))
 # deepseek-ai/DeepSeek-V3: 61 layers (first 3 dense, intermediate 18432; then MoE: 256 routed experts of
-# 2048 + 1 shared, 8 per token), 128 heads, MLA with kv_lora_rank 512 + qk_rope_head_dim 64 (576 cached
-# scalars per token per layer), qk_nope_head_dim 128 (q/k heads are 192 wide), hidden 7168, vocab 129280,
+# 2048 + 1 shared, 8 per token: n_routed_experts 256, n_shared_experts 1, num_experts_per_tok 8), 128 heads,
+# MLA with kv_lora_rank 512 + qk_rope_head_dim 64 (576 cached scalars per token per layer), qk_nope_head_dim
+# 128 (q/k heads are 192 wide), hidden 7168, vocab 129280,
 # max_position_embeddings 163840. The config's num_key_value_heads 128 is not the cache: like vLLM we
 # count one cached "head" (the latent). Params 671,026,419,200 (671B, without the 14B multi-token-prediction
 # module that the 685B checkpoint adds); active 37,552,297,472 (counted like num_params, i.e. with the
@@ -255,7 +271,7 @@ _preset(ModelSpec(
 _preset(ModelSpec(
     name="DeepSeek-V3", layers=61, num_attention_heads=128, kv_heads=1, head_dim=192, hidden_size=7168,
     intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840, num_params=671_026_419_200,
-    num_active_params=37_552_297_472, kv_lora_rank=512, qk_rope_head_dim=64,
+    num_active_params=37_552_297_472, kv_lora_rank=512, qk_rope_head_dim=64, num_experts=256, experts_per_token=8,
     source="deepseek-ai/DeepSeek-V3 config.json",
 ))
 

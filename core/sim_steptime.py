@@ -9,6 +9,17 @@ a causal prefill chunk of m tokens after s cached ones attends to s·m + m(m+1)/
 Bytes = the weights once per step + the KV read (every context token each step) and written (the new
 tokens). Tensor-parallel communication is not modelled.
 
+MoE weights: a step reads the dense part (attention, shared experts, router, embeddings) and only the routed
+experts that its T tokens touch. With E routed experts per layer, k per token, and p_e = (total − active) /
+(E − k) parameters per expert (summed over the MoE layers), dense = active − k · p_e, and, ASSUMING UNIFORM
+ROUTING (each token picks k distinct experts uniformly at random, independently of the other tokens), the
+expected number of distinct experts a layer touches is E · (1 − (1 − k/E)^T). So
+
+    weights read = (dense + p_e · E · (1 − (1 − k/E)^T)) / total  × the weights on one GPU
+
+which is `active` at T = 1 and tends to every weight as T grows. Real routers are skewed (hot experts), so
+real steps touch fewer experts than this: the model is an upper bound on the expert reads for a given T.
+
 Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
 bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
 decode reaches ~80 % of HBM bandwidth; FlashInfer's decode attention ~88 % and vLLM's paged kernel 83–85 %
@@ -59,6 +70,18 @@ class StepTimeModel:
     kv_s_per_byte: float
     overhead_s: float
     swap_bandwidth_bytes_per_s: float
+    moe_dense_share: float = 1.0  # MoE: dense params / all params (1 for a dense model)
+    moe_expert_share: float = 0.0  # MoE: params of one routed expert (all MoE layers) / all params
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0
+
+    def weights_read_share(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Share of the weights that a step of `tokens` tokens reads: 1 for a dense model; for MoE the dense
+        part plus the expected distinct experts under uniform routing, E · (1 − (1 − k/E)^T) (module docstring)."""
+        if not self.num_experts:
+            return 1.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return self.moe_dense_share + self.moe_expert_share * self.num_experts * (1.0 - miss**tokens)
 
     def step_s(self, tokens: np.ndarray | float, attn_positions: np.ndarray | float,
                kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0) -> np.ndarray | float:
@@ -66,7 +89,8 @@ class StepTimeModel:
         `kv_tokens_moved` KV tokens (read + written)."""
         flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
         compute = flops * self.compute_s_per_flop
-        memory = self.weights_s + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
+        weights = self.weights_s if not self.num_experts else self.weights_s * self.weights_read_share(tokens)
+        memory = weights + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
         if isinstance(compute, float) and isinstance(memory, float):  # one step: skip numpy's call overhead
             step = max(compute, memory) + self.overhead_s
         else:
@@ -92,6 +116,7 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
     gpu: GpuSpec = plan.gpu
     tp = plan.tp
     model = StepTimeModel(
+        **moe_shares(spec),
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
         kv_bytes_per_token=plan.kv_bytes_per_token,
@@ -110,6 +135,18 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
             f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real --bandwidth/--flops"
         )
     return model
+
+
+def moe_shares(spec: ModelSpec) -> dict[str, float | int]:
+    """The MoE fields of StepTimeModel for `spec` ({} for a dense model, or a MoE model without both
+    parameter counts: then every step reads every weight, the worst case)."""
+    experts, per_token = spec.num_experts, spec.experts_per_token
+    if not experts or not per_token or not spec.num_params or not spec.num_active_params or per_token == experts:
+        return {}
+    per_expert = (spec.num_params - spec.num_active_params) / (experts - per_token)
+    dense = spec.num_active_params - per_token * per_expert
+    return {"moe_dense_share": dense / spec.num_params, "moe_expert_share": per_expert / spec.num_params,
+            "num_experts": experts, "experts_per_token": per_token}
 
 
 def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str]:

@@ -235,3 +235,18 @@ def test_linear_attention_layers_keep_no_kv(tmp_path):
     assert spec.bytes_per_token(16) == 2 * 12 * 2 * 256 * 2
     with pytest.raises(ValueError, match="no entry of layer_types is an attention layer"):
         load_config(write(tmp_path, {**config, "layer_types": ["mamba"] * 48}, folder="none"))
+
+
+def test_moe_expert_counts_are_read(tmp_path):
+    # DeepSeek-V3 spells them n_routed_experts / num_experts_per_tok, Mixtral num_local_experts.
+    deepseek = load_config(write(tmp_path, {**DEEPSEEK_V3, "n_routed_experts": 256, "n_shared_experts": 1,
+                                            "num_experts_per_tok": 8}, folder="ds"))
+    assert (deepseek.num_experts, deepseek.experts_per_token) == (256, 8)
+    mixtral = load_config(write(tmp_path, {**LLAMA_3_8B, "num_local_experts": 8, "num_experts_per_tok": 2},
+                                folder="mx"))
+    assert (mixtral.num_experts, mixtral.experts_per_token) == (8, 2)
+    assert load_config(write(tmp_path, LLAMA_3_8B, folder="dense")).num_experts is None
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        load_config(write(tmp_path, {**LLAMA_3_8B, "num_local_experts": 8}, folder="half"))
+    with pytest.raises(ValueError, match="exceeds"):
+        load_config(write(tmp_path, {**LLAMA_3_8B, "num_local_experts": 2, "num_experts_per_tok": 4}, folder="bad"))

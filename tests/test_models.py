@@ -180,3 +180,10 @@ def test_spec_validation_messages():
     with pytest.raises(ValueError, match="both kv_lora_rank and qk_rope_head_dim"):
         ModelSpec(name="x", layers=1, num_attention_heads=1, kv_heads=1, head_dim=1, hidden_size=1,
                   max_position_embeddings=None, kv_lora_rank=4)
+
+
+def test_moe_presets_carry_their_expert_counts():
+    # config.json: DeepSeek-V3 n_routed_experts 256, num_experts_per_tok 8; Mixtral num_local_experts 8, top 2.
+    assert (get_preset("DeepSeek-V3").num_experts, get_preset("DeepSeek-V3").experts_per_token) == (256, 8)
+    assert (get_preset("Mixtral-8x7B").num_experts, get_preset("Mixtral-8x7B").experts_per_token) == (8, 2)
+    assert all(s.num_experts is None for s in PRESETS.values() if s.num_active_params is None)
