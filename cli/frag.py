@@ -19,7 +19,17 @@ from kvcalc.cli.options import (
     SeedOpt,
     int_option,
 )
-from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format
+from kvcalc.cli.output import (
+    Field,
+    Format,
+    RawTable,
+    Report,
+    Table,
+    emit,
+    err_console,
+    record_table,
+    resolve_format,
+)
 from kvcalc.core.dtypes import dtype_bits, parse_dtype
 from kvcalc.core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
 from kvcalc.core.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
@@ -28,6 +38,7 @@ from kvcalc.core.paging import PerSequence
 from kvcalc.core.units import format_bytes, format_count, format_percent
 
 PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
+PER_SEQ_TABLE_MAX = 10_000  # a per-sequence table for people (rich, markdown) has at most this many rows
 DEFAULT_DTYPE = "fp16"
 
 
@@ -84,7 +95,12 @@ def command(
         ),
     ] = None,
     per_seq: Annotated[
-        bool, typer.Option("--per-seq", help=f"Per-sequence rows even for more than {PER_SEQ_LIMIT} lengths.")
+        bool,
+        typer.Option(
+            "--per-seq",
+            help=f"Per-sequence rows even for more than {PER_SEQ_LIMIT} lengths (a table: up to "
+            f"{PER_SEQ_TABLE_MAX:,} rows; --json and --format csv: any number).",
+        ),
     ] = False,
     model: ModelOpt = None,
     config: ConfigOpt = None,
@@ -106,7 +122,13 @@ def command(
     201, 511 with blocks 16 and 32, M = 512)."""
     if plot is not None:
         check_plot_target(plot)
+    out_format = resolve_format(json_flag, fmt)
     source = load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed)
+    if per_seq and source.count > PER_SEQ_TABLE_MAX and out_format in (Format.table, Format.markdown):
+        raise ValueError(
+            f"--per-seq with {format_count(source.count)} lengths: a table shows at most "
+            f"{format_count(PER_SEQ_TABLE_MAX)} rows; use --json or --format csv for every row, or drop --per-seq"
+        )
     block_sizes = block_sizes_for(block, sweep)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
@@ -140,7 +162,7 @@ def command(
                 f"last {format_count(model_spec.sliding_window)} tokens"
             )
         report.notes.append(note + ".")
-    emit(report, resolve_format(json_flag, fmt))
+    emit(report, out_format)
     if plot is not None:
         fixed = result.fixed
         write_waste_plot(
@@ -303,12 +325,17 @@ def _bytes_table(model: ModelBytes, dtype_name: str) -> Table:
 
 
 def _per_seq_table(rows: PerSequence, max_len: int) -> Table:
-    """One row per sequence; CSV keys as the JSON's per_seq (seq: the 1-based row number)."""
-    records = [{"seq": i, **r} for i, r in enumerate(rows.records(), 1)]
-    fields = [Field("seq", "#"), Field("n", "n"), Field("reservation_waste", f"M − n (M = {format_count(max_len)})")]
+    """One row per sequence; CSV keys as the JSON's per_seq (seq: the 1-based row number).
+
+    Every cell is a plain int, so the display and the CSV share one list of row tuples built column-wise
+    (a dict and a display string per row cost seconds at 10^6 rows).
+    """
+    columns = rows.columns()
+    labels = ["#", "n", f"M − n (M = {format_count(max_len)})"]
     for b in rows.allocated:
-        fields += [Field(f"allocated_b{b}", f"A_{b}(n)"), Field(f"waste_b{b}", f"W_{b}(n)")]
-    return record_table("Per sequence (token positions)", fields, records)
+        labels += [f"A_{b}(n)", f"W_{b}(n)"]
+    data: list[Any] = list(zip(range(1, rows.tokens.size + 1), *rows.rows_by_column(), strict=True))
+    return Table("Per sequence (token positions)", labels, data, raw=RawTable(["seq", *columns], data))
 
 
 def _chart(result: FragAnalysis) -> str:

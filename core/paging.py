@@ -173,14 +173,26 @@ class PerSequence:
     allocated: dict[int, np.ndarray]
     waste: dict[int, np.ndarray]
 
-    def records(self) -> list[dict[str, int]]:
-        """One dict per sequence: n, reservation_waste, then allocated_bB and waste_bB for each block size."""
+    def columns(self) -> dict[str, np.ndarray]:
+        """n, reservation_waste, then allocated_bB and waste_bB for each block size: int64 [N] each."""
         columns = {"n": self.tokens, "reservation_waste": self.reservation_waste}
         for b in self.allocated:
             columns[f"allocated_b{b}"] = self.allocated[b]
             columns[f"waste_b{b}"] = self.waste[b]
-        lists = {key: values.tolist() for key, values in columns.items()}
-        return [dict(zip(lists, values, strict=True)) for values in zip(*lists.values(), strict=True)]
+        return columns
+
+    def rows_by_column(self) -> list[list[int]]:
+        """`columns()` as lists of Python ints (one tolist per column, no per-row work)."""
+        return [values.tolist() for values in self.columns().values()]
+
+    def rows(self) -> list[tuple[int, ...]]:
+        """One tuple of Python ints per sequence, in the order of `columns()`."""
+        return list(zip(*self.rows_by_column(), strict=True))
+
+    def records(self) -> list[dict[str, int]]:
+        """One dict per sequence, keyed as `columns()` (the --json per_seq entries)."""
+        keys = tuple(self.columns())
+        return [dict(zip(keys, row, strict=True)) for row in self.rows()]
 
 
 def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> PerSequence:
