@@ -102,6 +102,11 @@ def build_report(setup, policies, summaries, searches, slo_spec, target) -> Repo
             "capacity_tokens": plan.capacity_tokens,
             "kv_bytes_per_token": plan.kv_bytes_per_token,
         },
+        "sliding_window": None if not setup.spec.num_sliding_layers else {
+            "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
+            "layers": setup.spec.layers, "modelled": False,
+        },
+        "moe_weight_reads": "uniform_routing_expectation" if setup.sim.steptime.num_experts else None,
         "slo": None
         if slo_spec.is_empty
         else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},

@@ -18,7 +18,7 @@ from kvcalc.core.sim_checks import byte_count, check_mode_options, check_request
 from kvcalc.core.sim_hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
 from kvcalc.core.sim_run import SimSetup
 from kvcalc.core.sim_scheduler import SchedulerConfig
-from kvcalc.core.sim_steptime import Efficiencies, build_model, calibrated_attention_eff
+from kvcalc.core.sim_steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from kvcalc.core.sim_workload import Workload, constructed, from_trace, length_streams
 from kvcalc.core.traces import read_trace
 
@@ -174,4 +174,25 @@ def build(o: Options) -> Setup:
         if 512 % o.block:
             raise ValueError(f"--block {o.block} does not divide Mooncake's 512-token hash blocks; use a power of two")
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
+    notes += model_notes(spec, steptime)
     return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes))
+
+
+def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
+    """What the simulation does not model, or models with an assumption, for this model (said, never silent)."""
+    notes = []
+    if spec.num_sliding_layers:
+        notes.append(
+            f"sliding windows are not modelled: {spec.name} keeps at most {spec.sliding_window:,} tokens in "
+            f"{spec.num_sliding_layers} of {spec.layers} layers, but the pool stores and every step reads every "
+            "token of every layer, so past the window KV capacity is a lower bound and KV read time an upper bound"
+        )
+    if steptime.num_experts:
+        notes.append(
+            f"MoE weight reads: dense part + the experts a step's T tokens touch, {steptime.num_experts}·(1 − (1 − "
+            f"{steptime.experts_per_token}/{steptime.num_experts})^T) per layer, assuming uniform routing"
+        )
+    elif spec.num_experts:
+        notes.append(f"{spec.name} is MoE but has no active-parameter count: every step reads every weight "
+                     "(a worst case)")
+    return notes

@@ -79,3 +79,19 @@ def test_moe_fields_are_checked():
         dataclasses.replace(get_preset("Mixtral-8x7B"), experts_per_token=None)
     with pytest.raises(ValueError, match="exceeds num_experts"):
         dataclasses.replace(get_preset("Mixtral-8x7B"), experts_per_token=9)
+
+
+def test_the_report_says_what_is_assumed_or_not_modelled(run_cli):
+    small = ("--requests", "3", "--rate", "4", "--gpu", "H200")
+    mistral = run_cli("sim", *small, "--model", "Mistral-7B-v0.1", "--json")
+    assert mistral.exit_code == 0, mistral.stderr
+    assert mistral.json()["sliding_window"] == {"window_tokens": 4096, "sliding_layers": 32, "layers": 32,
+                                                "modelled": False}
+    table = run_cli("sim", *small, "--model", "Gemma-2-9B")
+    assert "sliding windows are not modelled: Gemma-2-9B keeps at most 4,096 tokens in 21 of 42 layers" in table.stdout
+    mixtral = run_cli("sim", *small, "--model", "Mixtral-8x7B", "--json")
+    assert mixtral.exit_code == 0, mixtral.stderr
+    doc = mixtral.json()
+    assert doc["moe_weight_reads"] == "uniform_routing_expectation" and doc["sliding_window"] is None
+    dense = run_cli("sim", *small, "--model", "Llama-3-8B", "--json").json()
+    assert dense["moe_weight_reads"] is None and dense["sliding_window"] is None
