@@ -258,3 +258,30 @@ def test_prefix_cache_hits_skip_prefill():
     record = Engine(w, policy, s.steptime, s.scheduler).run()
     assert np.all(record.status == COMPLETED)
     assert policy.pool.stats().hit_tokens == 8
+
+
+def test_swap_in_needs_blocks_for_every_swapped_token():
+    # pool of 4 blocks of 4; request 0 holds 8 tokens = 2 blocks, 2 free. Request 1 swapped out at 8 tokens
+    # comes back with 9: ceil(9 / 4) = 3 fresh blocks > 2 free (its 8 tokens are not prefix-cache hits).
+    policy = PagedPolicy(4, 4, 2)
+    assert policy.admit(0, 0, 8)
+    assert not policy.can_admit(1, 8, 9, from_swap=True)
+    assert not policy.admit(1, 8, 9, from_swap=True)
+    assert policy.can_admit(1, 8, 8, from_swap=True)  # 2 blocks: fits
+    policy.release(0, "finished")
+    policy.check_whole()
+
+
+@pytest.mark.parametrize("seed", [19, 20])
+def test_swap_and_recompute_preempt_alike_when_time_does_not_differ(seed):
+    # With every step the same length, swap moving 0 bytes, and a token budget that never binds, a swapped
+    # request and a recomputed one need the same blocks at the same steps (swap-in: its tokens + 1; recompute:
+    # its whole prefix again, in one chunk), so the two schedules, and their preemptions, are identical.
+    # Before the swap-in fit check counted every token, swap preempted ~3x more (QA finding 19).
+    w = random_workload(100, float("inf"), seed=seed, mean_prompt=100, mean_output=200)
+    runs = [run_policy(w, "paged", make_setup(120, 16, constant_steptime(kv_bytes_per_token=0), preempt=p,
+                                              max_model_len=1100, max_batched_tokens=10**6))
+            for p in ("recompute", "swap")]
+    assert runs[0].preemptions.sum() > 0
+    assert np.array_equal(runs[0].preemptions, runs[1].preemptions)
+    assert np.array_equal(runs[0].finish_s, runs[1].finish_s)
