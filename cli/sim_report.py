@@ -104,7 +104,7 @@ def build_report(setup, policies, summaries, searches, slo_spec, target) -> Repo
         },
         "sliding_window": None if not setup.spec.num_sliding_layers else {
             "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
-            "layers": setup.spec.layers, "modelled": False,
+            "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": False,
         },
         "moe_weight_reads": "uniform_routing_expectation" if setup.sim.steptime.num_experts else None,
         "slo": None

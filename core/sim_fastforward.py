@@ -47,7 +47,11 @@ class FastForward:
             tokens += new
             positions += start * new + new * (new + 1) // 2
             moved += start + 2 * new
-        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes))
+        excess = (0.0, 0.0)
+        if self.st.sliding_share:
+            excess = self.st.chunk_excess(np.concatenate([tokens_run, np.array(starts, np.int64)]),
+                                          np.concatenate([np.ones(n, np.int64), np.array(chunks, np.int64)]))
+        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes, *excess))
         self.computed[run] = tokens_run + 1
         sampled_admitted = []
         for rid, start, new in zip(admitted, starts, chunks, strict=True):
@@ -101,6 +105,13 @@ class FastForward:
             self._steps_index = np.arange(max(k, 2 * len(self._steps_index)), dtype=np.int64)
         return self._steps_index
 
+    def _excess(self, tokens: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray | float:
+        """Sliding-window excess of k decode steps from requests holding `tokens` (their context in step j is
+        tokens + 1 + j); 0.0 without a window."""
+        if not self.st.sliding_share:
+            return 0.0
+        return self.st.decode_excess(tokens + 1, k, alive_steps)
+
     def _segment(self, k: int, plan: np.ndarray | None) -> bool:
         run = self.run_arr
         n = len(run)
@@ -110,10 +121,10 @@ class FastForward:
         until = min(until, self.next_deadline)
         # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`
         if until < np.inf:
-            first_s = self.st.decode_steps_s(n, float(context0))
+            first_s = self.st.decode_steps_s(n, float(context0), float(np.sum(self._excess(tokens0, 1))))
             k = min(k, int((until - self.now) / first_s) + 2)
         steps = self._steps_upto(k + 1)
-        d = self.st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64))
+        d = self.st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64), self._excess(tokens0, k))
         ends = np.empty(k + 1)
         ends[0] = self.now
         ends[1:] = d
@@ -167,7 +178,8 @@ class FastForward:
         alive = len(run) - gone
         context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
         alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
-        d = self.st.step_s(alive_f, context_f, context_f + alive_f)  # ints < 2^53: exact, as one by one
+        excess = self._excess(tokens0, k, remaining)
+        d = self.st.step_s(alive_f, context_f, context_f + alive_f, 0.0, excess, excess)  # ints < 2^53: exact
         ends = np.empty(k + 1)
         ends[0] = self.now
         ends[1:] = d

@@ -314,7 +314,8 @@ class Engine(FastForward):
         tokens = int(new.sum())
         positions = int((start * new + new * (new + 1) // 2).sum())
         moved = int((start + new).sum()) + tokens
-        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes))
+        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes,
+                                 *self.st.chunk_excess(start, new)))
         self.computed[ids] = start + new
         sampled = ids[self.computed[ids] == self.prompt[ids] + self.generated[ids]]
         run = self.run_arr

@@ -183,9 +183,9 @@ def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
     notes = []
     if spec.num_sliding_layers:
         notes.append(
-            f"sliding windows are not modelled: {spec.name} keeps at most {spec.sliding_window:,} tokens in "
-            f"{spec.num_sliding_layers} of {spec.layers} layers, but the pool stores and every step reads every "
-            "token of every layer, so past the window KV capacity is a lower bound and KV read time an upper bound"
+            f"sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers: applied "
+            "to the attention FLOPs and KV reads of each step, not to the pool, which stores every token of every "
+            "layer (no hybrid allocator), so past the window the KV capacity is a lower bound"
         )
     if steptime.num_experts:
         notes.append(

@@ -20,6 +20,15 @@ expected number of distinct experts a layer touches is E · (1 − (1 − k/E)^T
 which is `active` at T = 1 and tends to every weight as T grows. Real routers are skewed (hot experts), so
 real steps touch fewer experts than this: the model is an upper bound on the expert reads for a given T.
 
+Sliding windows (Mistral, Gemma-2/3): a sliding layer's query at position q attends and reads at most the
+last W positions, so a fraction `sliding_share` = sliding layers / layers of the attention FLOPs and KV
+reads is cut by the tokens beyond the window ("excess"): for a chunk of m tokens after s cached ones,
+
+    excess positions = Σ_{q=s+1}^{s+m} max(q − W, 0)      excess reads = max(s + 1 − W, 0)
+
+(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0)). The KV pool is NOT windowed: it
+stores every token of every layer (see kvcalc sim's notes), so only the time side applies the window.
+
 Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
 bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
 decode reaches ~80 % of HBM bandwidth; FlashInfer's decode attention ~88 % and vLLM's paged kernel 83–85 %
@@ -74,6 +83,8 @@ class StepTimeModel:
     moe_expert_share: float = 0.0  # MoE: params of one routed expert (all MoE layers) / all params
     num_experts: int = 0  # routed experts per MoE layer (0: dense)
     experts_per_token: int = 0
+    window_tokens: int = 0  # sliding window W (0: no sliding layer)
+    sliding_share: float = 0.0  # sliding layers / layers
 
     def weights_read_share(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Share of the weights that a step of `tokens` tokens reads: 1 for a dense model; for MoE the dense
@@ -84,9 +95,15 @@ class StepTimeModel:
         return self.moe_dense_share + self.moe_expert_share * self.num_experts * (1.0 - miss**tokens)
 
     def step_s(self, tokens: np.ndarray | float, attn_positions: np.ndarray | float,
-               kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0) -> np.ndarray | float:
+               kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0,
+               excess_positions: np.ndarray | float = 0.0, excess_reads: np.ndarray | float = 0.0,
+               ) -> np.ndarray | float:
         """Step time for `tokens` computed tokens attending `attn_positions` positions, moving
-        `kv_tokens_moved` KV tokens (read + written)."""
+        `kv_tokens_moved` KV tokens (read + written), all counted as if every layer held every token;
+        `excess_*` (see the module docstring) are what sliding layers skip."""
+        if self.sliding_share:
+            attn_positions = attn_positions - self.sliding_share * excess_positions
+            kv_tokens_moved = kv_tokens_moved - self.sliding_share * excess_reads
         flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
         compute = flops * self.compute_s_per_flop
         weights = self.weights_s if not self.num_experts else self.weights_s * self.weights_read_share(tokens)
@@ -97,10 +114,37 @@ class StepTimeModel:
             step = np.maximum(compute, memory) + self.overhead_s
         return step + swap_bytes / self.swap_bandwidth_bytes_per_s if swap_bytes else step
 
-    def decode_steps_s(self, num_seqs: int, context_sum: np.ndarray | float) -> np.ndarray | float:
+    def decode_steps_s(self, num_seqs: int, context_sum: np.ndarray | float,
+                       excess: np.ndarray | float = 0.0) -> np.ndarray | float:
         """Decode-only steps: `num_seqs` tokens, each attending its context (Σ = context_sum, the new
-        token included) and writing one KV token."""
-        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs))
+        token included) and writing one KV token; `excess` = Σ max(context − W, 0) (sliding windows)."""
+        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess)
+
+    def chunk_excess(self, start: np.ndarray, count: np.ndarray) -> tuple[float, float]:
+        """(excess positions, excess reads) summed over chunks of `count` tokens after `start` cached ones
+        [m] int64 (module docstring); (0, 0) without a window. Exact integers, returned as floats."""
+        if not self.sliding_share:
+            return 0.0, 0.0
+        w = self.window_tokens
+        first = np.maximum(start + 1, w + 1) - w  # first query beyond the window, minus W
+        last = start + count - w
+        n = np.maximum(last - first + 1, 0)
+        positions = int(((first + last) * n // 2).sum())  # Σ u for u = first .. last (n terms; 0 when n = 0)
+        reads = int(np.maximum(start + 1 - w, 0).sum())
+        return float(positions), float(reads)
+
+    def decode_excess(self, contexts: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray:
+        """Σ_i max(contexts[i] + j − W, 0) for decode steps j = 0 .. k−1 [k] float64, over the requests still
+        running in step j (j < alive_steps[i]; all when None). Difference arrays: request i adds the line
+        (contexts[i] − W) + j for j in [max(W − contexts[i], 0), alive_steps[i])."""
+        w = self.window_tokens
+        lo = np.maximum(w - contexts, 0)
+        hi = np.full(len(contexts), k, np.int64) if alive_steps is None else np.minimum(alive_steps, k)
+        keep = lo < hi
+        lo, hi, offset = lo[keep], hi[keep], (contexts - w)[keep].astype(np.float64)
+        const = np.bincount(lo, offset, k + 1) - np.bincount(hi, offset, k + 1)
+        slope = np.bincount(lo, minlength=k + 1) - np.bincount(hi, minlength=k + 1)
+        return (np.cumsum(const) + np.cumsum(slope) * np.arange(k + 1))[:k]
 
 
 def prefill_positions(start: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -117,6 +161,8 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
     tp = plan.tp
     model = StepTimeModel(
         **moe_shares(spec),
+        window_tokens=spec.sliding_window if spec.num_sliding_layers else 0,
+        sliding_share=spec.num_sliding_layers / spec.layers,
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
         kv_bytes_per_token=plan.kv_bytes_per_token,

@@ -86,9 +86,10 @@ def test_the_report_says_what_is_assumed_or_not_modelled(run_cli):
     mistral = run_cli("sim", *small, "--model", "Mistral-7B-v0.1", "--json")
     assert mistral.exit_code == 0, mistral.stderr
     assert mistral.json()["sliding_window"] == {"window_tokens": 4096, "sliding_layers": 32, "layers": 32,
-                                                "modelled": False}
+                                                "attention_modelled": True, "pool_modelled": False}
     table = run_cli("sim", *small, "--model", "Gemma-2-9B")
-    assert "sliding windows are not modelled: Gemma-2-9B keeps at most 4,096 tokens in 21 of 42 layers" in table.stdout
+    assert "sliding window 4,096 on 21 of 42 layers: applied to the attention FLOPs and KV reads" in table.stdout
+    assert "not to the pool" in table.stdout
     mixtral = run_cli("sim", *small, "--model", "Mixtral-8x7B", "--json")
     assert mixtral.exit_code == 0, mixtral.stderr
     doc = mixtral.json()
