@@ -35,7 +35,7 @@ from kvcalc.core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
 from kvcalc.core.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
 from kvcalc.core.models import resolve_model
 from kvcalc.core.paging import PerSequence
-from kvcalc.core.units import format_bytes, format_count, format_percent
+from kvcalc.core.units import format_bytes, format_count, format_percent, plural
 
 PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
 PER_SEQ_TABLE_MAX = 10_000  # a per-sequence table for people (rich, markdown) has at most this many rows
@@ -162,12 +162,17 @@ def command(
                 f"last {format_count(model_spec.sliding_window)} tokens"
             )
         report.notes.append(note + ".")
+        if model_spec.num_sliding_layers:
+            report.notes.append(
+                "The token-position table (and the per-sequence rows) ignore sliding windows: every layer holds "
+                "every position; the KV bytes table applies them."
+            )
     emit(report, out_format)
     if plot is not None:
         fixed = result.fixed
         write_waste_plot(
             plot,
-            f"{source.kind} lengths, {format_count(source.count)} sequences — fixed reservation to "
+            f"{source.kind} lengths, {plural(source.count, 'sequence')} — fixed reservation to "
             f"M = {format_count(fixed.max_len)} wastes {format_count(fixed.waste_tokens)} positions "
             f"({format_percent(fixed.waste_fraction)})",
             result.block_sizes,
@@ -244,7 +249,7 @@ def _document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[st
 def _header(source: Lengths) -> list[str]:
     return [
         f"Lengths — {source.description}",
-        f"{format_count(source.count)} sequences, {format_count(source.total)} tokens; min {format_count(source.min)}, "
+        f"{plural(source.count, 'sequence')}, {plural(source.total, 'token')}; min {format_count(source.min)}, "
         f"max {format_count(source.max)}, mean {float(source.mean):,.2f}",
     ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Annotated, Any
 
 import typer
@@ -35,9 +36,10 @@ from kvcalc.core.sizing import (
     PRESET_CONTEXTS,
     SizeResult,
     compute_size,
+    model_layers,
     preset_rows,
 )
-from kvcalc.core.units import format_bytes, format_count, parse_bytes
+from kvcalc.core.units import format_bytes, format_count, parse_bytes, plural
 
 TokensOpt = Annotated[
     int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
@@ -71,7 +73,7 @@ def command(
 ) -> None:
     """KV-cache bytes (equation 1) per token, block, sequence, batch and GPU; what fits in a memory budget.
 
-    Without a model: every built-in preset's KV per token and per sequence at 4K, 32K and 128K tokens.
+    Without a model: every built-in preset's KV per token and per sequence at 4,096, 32,768 and 131,072 tokens.
     The default precision is bf16 (16 bits, the same bytes as fp16).
     """
     dtype = parse_dtype(dtype)
@@ -129,15 +131,26 @@ def _describe(spec: ModelSpec) -> str:
     if spec.is_mla:
         heads = f"one latent of {spec.kv_lora_rank}+{spec.qk_rope_head_dim} per layer"
     else:
-        heads = f"{spec.kv_heads} KV heads × {spec.head_dim} dim"
+        heads = f"{plural(spec.kv_heads, 'KV head')} × {spec.head_dim} dim"
     window = ""
     if spec.num_sliding_layers:
         window = f", sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers"
-    return f"{spec.name}: {spec.attention.upper()}, {spec.layers} layers, {heads}{window}"
+    all_layers = model_layers(spec)
+    if all_layers > spec.layers:  # a hybrid: linear-attention / state-space layers keep no KV
+        no_kv = all_layers - spec.layers
+        layers = f"{spec.layers} of {all_layers} layers keep KV ({no_kv} linear attention or state-space)"
+    else:
+        layers = plural(spec.layers, "layer")
+    return f"{spec.name}: {spec.attention.upper()}, {layers}, {heads}{window}"
 
 
-def _bytes_cells(num_bytes: int) -> list[Any]:
-    return [format_count(num_bytes), format_bytes(num_bytes)]
+_EIGHTHS_OF_A_BYTE = {1: ".125", 2: ".25", 3: ".375", 4: ".5", 5: ".625", 6: ".75", 7: ".875"}
+
+
+def _bits_cells(bits: int) -> list[Any]:
+    """Exact bytes from bits: '7.5' and '7.50 B' for 60 bits (int4 can leave half a byte), never rounded up."""
+    whole, eighths = divmod(bits, 8)
+    return [format_count(whole) + _EIGHTHS_OF_A_BYTE.get(eighths, ""), format_bytes(Fraction(bits, 8))]
 
 
 def _exceeds_max_positions(spec: ModelSpec, tokens: int) -> bool | None:
@@ -150,24 +163,41 @@ def _kv_table(r: SizeResult, doc: dict[str, Any]) -> Table:
     spec = r.spec
     record = {**doc, "model": spec.name, "exceeds_max_positions": _exceeds_max_positions(spec, r.tokens)}
     split = r.tp > 1
+    def exact(bits_key: str) -> Any:  # the display of a byte count: exact, from its bits
+        return lambda record: _bits_cells(record[bits_key])
+
     fields = [
         Field("model"),
         Field("dtype"),
         Field("bits_per_scalar"),
-        Field("bytes_per_token_per_layer", "per token per layer", _bytes_cells),
-        Field("bytes_per_token", f"per token ({spec.layers} layers)", _bytes_cells),
+        Field("bytes_per_token_per_layer"),
+        Field("bits_per_token_per_layer"),
+        Field(None, "per token per layer", exact("bits_per_token_per_layer")),
+        Field("bytes_per_token"),
+        Field("bits_per_token"),
+        Field(None, f"per token ({plural(spec.layers, 'layer')})", exact("bits_per_token")),
         Field("block_size"),
-        Field("bytes_per_block", f"per block ({r.block_size:,} tokens)", _bytes_cells),
+        Field("bytes_per_block"),
+        Field("bits_per_block"),
+        Field(None, f"per block ({plural(r.block_size, 'token')})", exact("bits_per_block")),
         Field("tokens"),
         Field("exceeds_max_positions"),
-        Field("bytes_per_seq", f"per sequence ({r.tokens:,} tokens)", _bytes_cells),
+        Field("bytes_per_seq"),
+        Field("bits_per_seq"),
+        Field(None, f"per sequence ({plural(r.tokens, 'token')})", exact("bits_per_seq")),
         Field("seqs"),
-        Field("total_bytes", f"all {r.seqs:,} sequence{'' if r.seqs == 1 else 's'}", _bytes_cells),
+        Field("total_bytes"),
         Field("total_bits"),
+        Field(None, f"all {plural(r.seqs, 'sequence')}", exact("total_bits")),
+        Field("bytes_rounded_up"),
         Field("tp"),
         Field("kv_heads_per_gpu"),
-        Field("per_gpu_bytes_per_token", f"per token per GPU (--tp {r.tp})" if split else None, _bytes_cells),
-        Field("per_gpu_bytes", f"all sequences per GPU (--tp {r.tp})" if split else None, _bytes_cells),
+        Field("per_gpu_bytes_per_token"),
+        Field("per_gpu_bits_per_token"),
+        Field(None, f"per token per GPU (--tp {r.tp})" if split else None, exact("per_gpu_bits_per_token")),
+        Field("per_gpu_bytes"),
+        Field("per_gpu_bits"),
+        Field(None, f"all sequences per GPU (--tp {r.tp})" if split else None, exact("per_gpu_bits")),
     ]
     return quantity_table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], fields, [record])
 
@@ -181,12 +211,13 @@ def _capacity_table(r: SizeResult, capacity_doc: dict[str, Any]) -> Table:
         Field("memory_bytes"),
         Field("per_gpu"),
         Field("max_tokens", "max tokens (every layer holds every token)", format_count),
+        Field("max_tokens_is_lower_bound"),
         Field("tokens"),
-        Field("max_seqs", f"max sequences of {r.tokens:,} tokens", format_count),
+        Field("max_seqs", f"max sequences of {plural(r.tokens, 'token')}", format_count),
         Field("block_size"),
-        Field("num_blocks", f"blocks of {cap.block_size} tokens", format_count),
+        Field("num_blocks", f"blocks of {plural(cap.block_size, 'token')}", format_count),
         Field("seqs"),
-        Field("fits", f"{r.seqs:,} × {r.tokens:,} tokens fit", lambda fits: "yes" if fits else "no"),
+        Field("fits", f"{r.seqs:,} × {plural(r.tokens, 'token')} fit", lambda fits: "yes" if fits else "no"),
     ]
     return quantity_table(f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}", ["quantity", "count"],
                           fields, [record])
@@ -211,6 +242,13 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
         "per_gpu_bytes": r.per_gpu_bytes,
         "per_gpu_bytes_per_token": r.per_gpu_bytes_per_token,
         "total_bits": r.total_bits,
+        "bits_per_token_per_layer": r.bits_per_token_per_layer,
+        "bits_per_token": r.bits_per_token,
+        "bits_per_block": r.bits_per_block,
+        "bits_per_seq": r.bits_per_seq,
+        "per_gpu_bits_per_token": r.per_gpu_bits_per_token,
+        "per_gpu_bits": r.per_gpu_bits,
+        "bytes_rounded_up": not r.exact_bytes,
         "formula": r.formula,
         "warnings": warnings,
     }
@@ -220,7 +258,8 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
     if spec.num_sliding_layers and r.tokens > (spec.sliding_window or 0):
         notes.append(f"Sliding-window layers hold at most {spec.sliding_window:,} tokens of a sequence.")
     if not r.exact_bytes:
-        notes.append(f"An odd number of int4 scalars leaves half a byte: rounded up ({r.total_bits:,} bits in all).")
+        notes.append("An odd number of int4 scalars leaves half a byte: the table shows exact bytes; the JSON's "
+                     "*_bytes are rounded up to whole bytes (bytes_rounded_up: true) and its *_bits are exact.")
     tables = [_kv_table(r, doc)]
     if r.capacity is not None:
         cap = r.capacity
@@ -228,6 +267,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "memory_bytes": cap.memory_bytes,
             "per_gpu": cap.per_gpu,
             "max_tokens": cap.max_tokens,
+            "max_tokens_is_lower_bound": bool(spec.num_sliding_layers),  # windows not applied to max_tokens
             "max_seqs": cap.max_seqs,
             "num_blocks": cap.num_blocks,
             "block_size": cap.block_size,
@@ -246,7 +286,7 @@ def _tp_note(r: SizeResult) -> str:
     if spec.is_mla:
         return f"--tp {r.tp}: the MLA latent is not split by heads; every GPU holds all of it."
     if r.replicas_per_head > 1:
-        return (f"--tp {r.tp} > {spec.kv_heads} KV heads: each GPU holds 1 head, each head is replicated on "
+        return (f"--tp {r.tp} > {plural(spec.kv_heads, 'KV head')}: each GPU holds 1 head, each head is replicated on "
                 f"{r.replicas_per_head} GPUs.")
     return f"--tp {r.tp}: each GPU holds {r.kv_heads_per_gpu} of the {spec.kv_heads} KV heads."
 
@@ -254,7 +294,6 @@ def _tp_note(r: SizeResult) -> str:
 def _presets_report(dtype: str, tokens: int | None) -> Report:
     contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
     rows = preset_rows(list(PRESETS.values()), dtype, contexts)
-    labels = {n: (f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}") for n in contexts}
     records = []
     for row in rows:
         spec = row.spec
@@ -289,7 +328,7 @@ def _presets_report(dtype: str, tokens: int | None) -> Report:
     ]
     for n in contexts:
         fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
-                   Field(None, f"seq {labels[n]}", seq_cell(n))]
+                   Field(None, f"seq of {n:,} tokens", seq_cell(n))]
     doc = {
         "dtype": dtype,
         "bits_per_scalar": DTYPE_BITS[dtype],

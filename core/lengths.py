@@ -23,6 +23,7 @@ import numpy as np
 from kvcalc.core.distributions import LengthDistribution
 from kvcalc.core.paging import MAX_LENGTH, exact_sum
 from kvcalc.core.traces import read_trace
+from kvcalc.core.units import plural
 
 __all__ = [
     "DEFAULT_SAMPLE_COUNT",
@@ -149,7 +150,7 @@ def read_lengths_file(path: str | Path, column: str | None = None) -> Lengths:
     else:
         values = _read_lines(path)
     what = f"column {column} of {path}" if column else str(path)
-    return Lengths(values, "user", f"lengths file {what} ({values.size:,} lengths)")
+    return Lengths(values, "user", f"lengths file {what} ({plural(values.size, 'length')})")
 
 
 def _not_text(path: Path) -> ValueError:
@@ -335,13 +336,14 @@ def lengths_from_trace(kind: str, path: str | Path, phase: str = "total") -> Len
     columns = "ContextTokens + GeneratedTokens" if kind == "azure" else "input_length + output_length"
     if phase == "prompt":
         columns = columns.split(" + ")[0]
-    return Lengths(tokens, "real", f"{trace.kind} trace {trace.path}, {len(trace):,} requests, {what} ({columns})")
+    description = f"{trace.kind} trace {trace.path}, {plural(len(trace), 'request')}, {what} ({columns})"
+    return Lengths(tokens, "real", description)
 
 
 def sample_lengths(dist: LengthDistribution, count: int, seed: int) -> Lengths:
     """A constructed, seeded sample; the source line names the distribution and the seed."""
     tokens = dist.sample(count, np.random.default_rng(seed))
-    return Lengths(tokens, "constructed", f"{count:,} samples of {dist.describe()}, seed {seed}")
+    return Lengths(tokens, "constructed", f"{plural(count, 'sample')} of {dist.describe()}, seed {seed}")
 
 
 DEFAULT_SAMPLE_COUNT = 10_000

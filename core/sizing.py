@@ -24,11 +24,13 @@ Capacity for a KV budget (per GPU when tp > 1):
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from kvcalc.core.dtypes import DTYPE_BITS, parse_dtype
 from kvcalc.core.models import ModelSpec
-from kvcalc.core.units import format_bytes
+from kvcalc.core.units import format_bytes, plural
 
 PRESET_CONTEXTS: tuple[int, ...] = (4096, 32768, 131072)  # 4K, 32K, 128K: the no-argument table's columns
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default page size in tokens
@@ -37,6 +39,19 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's default page size in tokens
 def bits_to_bytes(bits: int) -> int:
     """Whole bytes that hold `bits` (rounded up: only an odd count of int4 scalars leaves half a byte)."""
     return -(-bits // 8)
+
+
+_NO_KV_LAYERS_RE = re.compile(r"\((\d+) of (\d+) layers keep no KV cache\)")
+
+
+def model_layers(spec: ModelSpec) -> int:
+    """All layers of the model, KV-less ones included (`spec.layers` counts only the layers that keep KV).
+
+    NOTE: ModelSpec has no field for it; core/hf_config.py records hybrids (linear attention, state-space
+    layers) in `source` as "(6 of 8 layers keep no KV cache)", which is read back here.
+    """
+    match = _NO_KV_LAYERS_RE.search(spec.source)
+    return int(match.group(2)) if match else spec.layers
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
@@ -103,6 +118,10 @@ class SizeResult:
         return self.spec.layers * self.bits_per_token_per_layer
 
     @property
+    def bits_per_block(self) -> int:
+        return self.bits_per_token * self.block_size
+
+    @property
     def bits_per_seq(self) -> int:
         return self.spec.kv_bits(self.tokens, self.bits_per_scalar)
 
@@ -152,7 +171,7 @@ class SizeResult:
 
     @property
     def bytes_per_block(self) -> int:
-        return bits_to_bytes(self.bits_per_token * self.block_size)
+        return bits_to_bytes(self.bits_per_block)
 
     @property
     def bytes_per_seq(self) -> int:
@@ -172,8 +191,11 @@ class SizeResult:
 
     @property
     def exact_bytes(self) -> bool:
-        """False when some count is a half byte (odd int4 scalar count) and was rounded up."""
-        return all(bits % 8 == 0 for bits in (self.bits_per_token_per_layer, self.total_bits, self.per_gpu_bits))
+        """False when some `*_bytes` count is a half byte (odd int4 scalar count) and was rounded up."""
+        return all(bits % 8 == 0 for bits in (
+            self.bits_per_token_per_layer, self.bits_per_token, self.bits_per_block, self.bits_per_seq,
+            self.total_bits, self.per_gpu_bits_per_token, self.per_gpu_bits,
+        ))
 
     @property
     def formula(self) -> str:
@@ -186,21 +208,22 @@ def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, to
     if spec.num_sliding_layers and spec.sliding_window is not None and tokens > spec.sliding_window:
         parts = []
         if spec.num_global_layers:
-            parts.append(f"{spec.num_global_layers} layers · {tokens:,} tokens")
-        parts.append(f"{spec.num_sliding_layers} sliding layers · {spec.sliding_window:,} window tokens")
+            parts.append(f"{plural(spec.num_global_layers, 'layer')} · {plural(tokens, 'token')}")
+        parts.append(f"{plural(spec.num_sliding_layers, 'sliding layer')} · "
+                     f"{plural(spec.sliding_window, 'window token')}")
         layer_tokens = "(" + " + ".join(parts) + ")"
     else:
-        layer_tokens = f"{spec.layers} layers · {tokens:,} tokens"
+        layer_tokens = f"{plural(spec.layers, 'layer')} · {plural(tokens, 'token')}"
     if spec.is_mla:
         per_layer = f"({spec.kv_lora_rank} + {spec.qk_rope_head_dim}) latent"
         terms = [layer_tokens, per_layer]
     else:
-        terms = ["2", layer_tokens, f"{spec.kv_heads} KV heads", f"{spec.head_dim} dim"]
+        terms = ["2", layer_tokens, plural(spec.kv_heads, "KV head"), f"{spec.head_dim} dim"]
     scalar_bytes = bits_per_scalar / 8
     terms.append(f"{scalar_bytes:g} B")
     if seqs != 1:
         terms.append(f"{seqs:,} seqs")
-    return " · ".join(terms) + f" = {format_bytes(bits_to_bytes(total_bits))}"
+    return " · ".join(terms) + f" = {format_bytes(Fraction(total_bits, 8))}"  # exact, half bytes included
 
 
 def compute_size(

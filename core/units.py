@@ -6,8 +6,9 @@ prefix with a lower-case `b` (`80Gb`, `80Mb`) is how vendors write bits, so it i
 as bytes; an all-lower-case unit (`80gb`, `80gib`) is read case-insensitively, as bytes.
 
 Output never goes through float: `format_bytes` rounds the exact value, so 10^40 bytes print as
-`8,271,806,125,530,276.75 YiB`: below 1024 YiB the mantissa is under 1024 (no separator needed); past YiB,
-the last IEC unit, it grows and gets thousands separators.
+`8.272e+15 YiB`: below 1024 YiB the mantissa is under 1024 (no separator needed); past YiB, the last IEC
+unit, it grows: thousands separators up to a million YiB (`1,048,576.00 YiB`), then scientific notation
+with four significant digits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _IEC = {name.upper(): 1024**k for k, name in enumerate(_IEC_NAMES)} | {"": 1}
 _SI = {f"{prefix}B": 1000**k for k, prefix in enumerate("KMGTPEZY", 1)}
 _UNITS = {**_IEC, **_SI}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_SCIENTIFIC_FROM = 10**6  # YiB mantissas from a million on print as 8.272e+15 YiB
 MAX_EXPONENT = 1000  # |e| above this is refused: 10^1000 bytes is no memory, and 1e999999999 would hang
 
 
@@ -73,6 +75,12 @@ def format_bytes(num_bytes: int | float | Fraction, digits: int = 2) -> str:
         if scaled < 1024 * scale or unit == _IEC_NAMES[-1]:
             break
     whole, fraction = divmod(scaled, scale)
+    if whole >= _SCIENTIFIC_FROM:  # only past YiB: 4 significant digits, exact rounding
+        exponent = len(str(whole)) - 1
+        mantissa = round(value / 1024**power / Fraction(10) ** exponent * 1000)
+        if mantissa >= 10_000:  # 9.9996 rounded up to 10.000
+            exponent, mantissa = exponent + 1, round(Fraction(mantissa, 10))
+        return f"{sign}{mantissa // 1000}.{mantissa % 1000:03d}e+{exponent:02d} {unit}"
     decimals = f".{fraction:0{digits}d}" if digits > 0 else ""
     grouped = f"{whole:,}" if whole >= 1024 else str(whole)  # only past YiB
     return f"{sign}{grouped}{decimals} {unit}"

@@ -276,3 +276,53 @@ def test_two_kv_cache_groups_double_the_block_tables_everywhere(run_cli):
     assert row["block_size"] == "16" and (row["block_table_bytes_exact"], row["block_table_bytes_dense"]) == (
         "496", "1280")
     assert "496 B" in run_cli("frag", "--model", "gemma-2-9b").stdout.split("KV bytes")[0]
+
+
+# --- QA fixes: error texts, large per-sequence output, wording -------------------------------------------
+
+
+def test_binary_lengths_file_names_the_file(run_cli, tmp_path):
+    path = tmp_path / "bin.txt"
+    path.write_bytes(b"\xff\xd8\xff\xe0 not text")
+    _assert_bad_input(run_cli("frag", "--lengths-file", str(path)), f"{path}: not a text file (not UTF-8)")
+
+
+def test_plot_into_a_missing_directory_says_so(run_cli, tmp_path):
+    target = tmp_path / "nonexist" / "x.png"
+    _assert_bad_input(run_cli("frag", "--plot", str(target)), f"the directory {target.parent} does not exist")
+
+
+def test_integer_options_accept_exact_scientific_spellings(run_cli):
+    # 1.6e1 = 16, 5.12e2 = 512: the worked example (Σ A_16 = 992, fixed 5 · 512 = 2,560)
+    doc = run_cli("frag", "--block", "1.6e1", "--max-len", "5.12e2", "--json").json()
+    assert (doc["paged"][0]["allocated"], doc["fixed"]["allocated"]) == (992, 2560)
+    _assert_bad_input(run_cli("frag", "--block", "16.5"), "--block '16.5' is not an integer")
+
+
+def test_per_seq_table_is_refused_above_10000_rows(run_cli):
+    args = ("frag", "--dist", "uniform:low=1,high=64", "--count", "10001", "--per-seq")
+    _assert_bad_input(run_cli(*args), "--per-seq with 10,001 lengths", "at most 10,000 rows", "--json")
+    _assert_bad_input(run_cli(*args, "--format", "markdown"), "at most 10,000 rows")
+    doc = run_cli(*args, "--json").json()
+    assert len(doc["per_seq"]) == 10_001
+    row = doc["per_seq"][0]  # A_16(n) = 16 · ceil(n / 16), W = A − n, M − n with M = 64 (next power of two >= 64)
+    n = row["n"]
+    a16, a32 = -(-n // 16) * 16, -(-n // 32) * 32
+    assert row == {"n": n, "reservation_waste": 64 - n, "allocated_b16": a16, "waste_b16": a16 - n,
+                   "allocated_b32": a32, "waste_b32": a32 - n}
+    csv_lines = run_cli(*args, "--format", "csv").stdout.splitlines()
+    per_seq_at = csv_lines.index("# Per sequence (token positions)")
+    assert csv_lines[per_seq_at + 1] == "seq,n,reservation_waste,allocated_b16,waste_b16,allocated_b32,waste_b32"
+    assert csv_lines[per_seq_at + 2] == ",".join(str(v) for v in (1, *row.values()))
+    assert len(csv_lines) - per_seq_at - 2 == 10_001
+
+
+def test_one_length_is_singular(run_cli):
+    out = run_cli("frag", "--lengths", "5").stdout
+    assert "1 sequence, 5 tokens;" in out and "1 sequences" not in out
+
+
+def test_sliding_window_model_notes_which_table_applies_the_window(run_cli):
+    out = run_cli("frag", "--model", "mistral-7b-v0.1", "--lengths", "5000").stdout
+    assert "The token-position table (and the per-sequence rows) ignore sliding windows" in " ".join(out.split())
+    assert "ignore sliding windows" not in run_cli("frag", "--model", "llama-3-8b", "--lengths", "5000").stdout

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.lengths import (
     LengthDistribution,
@@ -339,3 +341,59 @@ def test_load_lengths_picks_one_source():
         load_lengths(lengths="5", dist="uniform:high=4")
     with pytest.raises(ValueError, match="--seed applies only to --dist"):
         load_lengths(lengths="5", seed=3)
+
+
+# --- text files: the numpy fast path and the line-by-line path agree --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("37\r\n91\r\n\r\n128\r\n", [37, 91, 128]),  # CRLF and a blank CRLF line
+        ("  37\t\n91 \n", [37, 91]),  # blanks around a number
+        ("007\n5\n", [7, 5]),  # leading zeros: the line-by-line path (digits ≠ the values' digits)
+        ("+5\n6\n", [5, 6]),  # a sign: the line-by-line path, as int() reads it
+        ("999999999999999999\n", [999_999_999_999_999_999]),  # 18 digits: the fast path's largest
+        ("4611686018427387904\n", [2**62]),  # 19 digits: the line-by-line path; 2^62 is the largest length
+    ],
+)
+def test_lines_file_spellings(tmp_path, content, expected):
+    path = tmp_path / "lengths.txt"
+    path.write_bytes(content.encode())
+    assert read_lengths_file(path).tokens.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("37\n91 128\n", r"lengths.txt:2: '91 128' is not an integer"),  # two numbers on a line, fast-path bytes
+        ("37\n\n\n0\n", r"lengths.txt:4: length 0 is not positive"),  # the fast path names the line, not the item
+        ("1\r\n\r\n0\r\n", r"lengths.txt:3: length 0 is not positive"),
+        ("5\n4611686018427387905\n", r"lengths.txt:2: length 4611686018427387905 is too large"),  # 2^62 + 1
+    ],
+)
+def test_lines_file_fast_path_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "lengths.txt"
+    path.write_bytes(content.encode())
+    with pytest.raises(ValueError, match=message):
+        read_lengths_file(path)
+
+
+@pytest.mark.parametrize("name", ["bin.txt", "bin.csv", "bin.json"])
+def test_binary_file_is_not_a_text_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"\xff\xfe\x00\x01 37\n")
+    with pytest.raises(ValueError, match=rf"{name}: not a text file \(not UTF-8\)"):
+        read_lengths_file(path, column="n" if name.endswith(".csv") else None)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=2**62), min_size=1, max_size=30),
+    st.lists(st.sampled_from(["\n", "\r\n", "\n\n", " \n", "\t\n", "\n  "]), min_size=30, max_size=30),
+)
+@settings(max_examples=60, deadline=None)
+def test_lines_file_reads_what_was_written(tmp_path_factory, values, separators):
+    # The reference is the list itself: any mix of line endings and blanks reads back to the same numbers.
+    path = tmp_path_factory.mktemp("lines") / "lengths.txt"
+    path.write_bytes("".join(f"{v}{sep}" for v, sep in zip(values, separators, strict=False)).encode())
+    assert read_lengths_file(path).tokens.tolist() == values

@@ -145,3 +145,77 @@ def test_bad_config_files(run_cli, tmp_path):
     broken.write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 256}))
     result = run_cli("size", "--config", str(broken))
     assert result.exit_code == 2 and "missing the field 'num_hidden_layers'" in result.stderr
+
+
+# --- QA fixes: huge numbers, integer spellings, exact half bytes, wording ---------------------------------
+
+
+def test_huge_memory_formats_without_overflow(run_cli):
+    result = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400")
+    assert result.exit_code == 0, result.stderr
+    # 10^400 / 2^80 ≈ 8.272e+375 YiB (10^400 / 1.2089258e24 = 8.2718e375)
+    assert "What fits in 8.272e+375 YiB of KV" in result.stdout
+    doc = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400", "--json").json()
+    assert doc["capacity"]["max_tokens"] == 10**400 // 131_072  # 2 · 32 · 8 · 128 · 2 B per token
+
+
+def test_huge_total_in_yib(run_cli):
+    # 131,072 B · 10^12 tokens · 10^7 seqs = 1.31072e24 B; / 2^80 (1.2089e24) = 1.08 YiB (was 1164153218.27 PiB)
+    out = run_cli("size", "-m", "llama-3-8b", "--tokens", "1e12", "--seqs", "1e7").stdout
+    assert "│ 1,310,720,000,000,000,000,000,000 │   1.08 YiB │" in out and "1164153218" not in out
+    assert "116.42 PiB" in out  # one sequence: 131,072 · 10^12 B / 2^50 = 116.415 PiB
+
+
+def test_integer_spellings(run_cli):
+    doc = run_cli("size", "-m", "llama-3-8b", "--tokens", "1e12", "--seqs", "1_000", "--json").json()
+    assert (doc["tokens"], doc["seqs"]) == (10**12, 1000)
+    assert doc["total_bytes"] == 131_072 * 10**15  # 131,072 B per token · 10^12 tokens · 10^3 seqs
+
+
+def _write_config(tmp_path, name, config):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_int4_half_bytes_are_shown_exactly(run_cli, tmp_path):
+    # MLA latent 3 + 2 = 5 scalars, 1 layer, int4: 20 bits = 2.5 B per token; 3 tokens: 60 bits = 7.5 B.
+    config = _write_config(tmp_path, "mla.json", {
+        "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 4, "head_dim": 4,
+        "kv_lora_rank": 3, "qk_rope_head_dim": 2})
+    result = run_cli("size", "--config", config, "--tokens", "3", "--dtype", "int4")
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in result.stdout.splitlines() if line.startswith("│")}
+    assert rows["per token per layer"] == ["2.5", "2.50 B"]
+    assert rows["per sequence (3 tokens)"] == ["7.5", "7.50 B"]
+    assert rows["per block (16 tokens)"] == ["40", "40 B"]  # 16 · 20 bits = 320 bits, whole
+    assert "= 7.50 B" in result.stdout and "rounded up to whole bytes" in " ".join(result.stdout.split())
+    doc = run_cli("size", "--config", config, "--tokens", "3", "--dtype", "int4", "--json").json()
+    assert (doc["bits_per_token_per_layer"], doc["bits_per_seq"], doc["total_bits"]) == (20, 60, 60)
+    assert (doc["bytes_per_token_per_layer"], doc["bytes_per_seq"]) == (3, 8) and doc["bytes_rounded_up"] is True
+    assert run_cli("size", "-m", "llama-3-8b", "--json").json()["bytes_rounded_up"] is False
+
+
+def test_hybrid_config_says_which_layers_keep_kv(run_cli, tmp_path):
+    kinds = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    config = _write_config(tmp_path, "hybrid.json", {
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 1024,
+        "head_dim": 256, "max_position_embeddings": 4096, "layer_types": kinds})
+    out = run_cli("size", "--config", config, "--tokens", "1").stdout
+    assert "MQA, 2 of 8 layers keep KV (6 linear attention or state-space), 1 KV head × 256 dim" in out
+    # 2 (K, V) · 2 layers · 1 token · 1 head · 256 · 2 B = 2,048 B
+    assert "2 · 2 layers · 1 token · 1 KV head · 256 dim · 2 B = 2.00 KiB" in out
+    assert "per token (2 layers)" in out and "per sequence (1 token)" in out and "1 KV heads" not in out
+
+
+def test_sliding_window_capacity_flags_max_tokens_as_a_lower_bound(run_cli):
+    mistral = run_cli("size", "-m", "mistral-7b-v0.1", "--memory", "80GiB", "--json").json()["capacity"]
+    llama = run_cli("size", "-m", "llama-3-8b", "--memory", "80GiB", "--json").json()["capacity"]
+    assert mistral["max_tokens_is_lower_bound"] is True and llama["max_tokens_is_lower_bound"] is False
+
+
+def test_preset_columns_name_their_token_counts(run_cli):
+    out = " ".join(run_cli("size").stdout.split())
+    for label in ("seq of 4,096 tokens", "seq of 32,768 tokens", "seq of 131,072 tokens"):
+        assert all(word in out for word in label.split()), label
+    assert "seq 4K" not in out

@@ -50,6 +50,7 @@ def test_int4_half_byte_is_rounded_up_and_flagged():
                      max_position_embeddings=None, kv_lora_rank=2, qk_rope_head_dim=1)
     r = compute_size(spec, "int4", tokens=1)
     assert r.total_bits == 12 and r.total_bytes == 2 and not r.exact_bytes
+    assert r.formula.endswith("· 0.5 B = 1.50 B")  # the formula shows the exact 12 bits = 1.5 B, not 2 B
 
 
 def test_huge_inputs_are_exact():

@@ -27,8 +27,9 @@ _IEC_POWER = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6
         # QA: 1,310,720,000,000,000,000,000,000 B = 131,072 B/token · 10^12 tokens · 10^7 seqs; / 2^70 = 1110.22 ZiB
         # -> 1.084... YiB (/ 2^80): 1.31072e24 / 1.2089258e24 = 1.0842
         (131_072 * 10**19, "1.08 YiB"),
-        # 10^40 / 2^80 = 8,271,806,125,530,276.748...: past YiB the mantissa gets separators
-        (10**40, "8,271,806,125,530,276.75 YiB"),
+        (999_999 * 2**80, "999,999.00 YiB"),  # past YiB the mantissa gets separators, up to a million
+        # 10^40 / 2^80 = 8,271,806,125,530,276.748... YiB: from a million YiB on, four significant digits
+        (10**40, "8.272e+15 YiB"),
         (-2048, "-2.00 KiB"),
         (Fraction(5, 2), "2.50 B"),  # half bytes (int4) show their fraction
         (1152, "1.12 KiB"),  # 1152 / 1024 = 1.125: half to even, as float formatting did
@@ -42,14 +43,16 @@ def _read_back(text: str) -> tuple[Fraction, Fraction]:
     """The value a displayed size stands for, and half its last digit (its precision)."""
     number, unit = text.split(" ")
     unit_bytes = Fraction(1024) ** _IEC_POWER[unit]
-    decimals = len(number.partition(".")[2])
-    return Fraction(number.replace(",", "")) * unit_bytes, Fraction(1, 2 * 10**decimals) * unit_bytes
+    mantissa, _, exponent = number.partition("e")
+    scale = Fraction(10) ** int(exponent or 0)
+    decimals = len(mantissa.partition(".")[2])
+    return Fraction(mantissa.replace(",", "")) * scale * unit_bytes, Fraction(1, 2 * 10**decimals) * scale * unit_bytes
 
 
 @given(st.integers(min_value=0, max_value=10**40))
 def test_format_bytes_any_int_round_trips_within_shown_precision(num_bytes):
     text = format_bytes(num_bytes)
-    assert re.fullmatch(r"[0-9,]+(\.[0-9]{2})? [KMGTPEZY]?i?B", text), text
+    assert re.fullmatch(r"[0-9,]+(\.[0-9]{2})? [KMGTPEZY]?i?B|[1-9]\.[0-9]{3}e\+[0-9]{2} YiB", text), text
     shown, half_digit = _read_back(text)
     assert abs(shown - num_bytes) <= half_digit
     if not text.endswith("YiB"):
