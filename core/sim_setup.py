@@ -95,7 +95,7 @@ def _workload(o: Options) -> Workload:
     if o.trace is not None:
         kind, path = o.trace
         return from_trace(read_trace(kind, path), finite_float("--time-scale", o.time_scale), o.limit)
-    arrival = (o.arrival or "poisson").strip().lower()
+    arrival = ("poisson" if o.arrival is None else o.arrival).strip().lower()
     if o.burstiness is not None and arrival != "gamma":
         raise ValueError(f"--burstiness {o.burstiness:g} applies to --arrival gamma (Poisson arrivals have none); "
                          "add --arrival gamma or drop --burstiness")
@@ -107,8 +107,8 @@ def _workload(o: Options) -> Workload:
     check_requests(requests)
     burstiness = 1.0 if o.burstiness is None else finite_float("--burstiness", o.burstiness)
     prompt_rng, output_rng, _ = length_streams(o.seed)
-    prompt_dist = LengthDistribution.parse(o.prompt_dist or DEFAULT_PROMPT_DIST)
-    output_dist = LengthDistribution.parse(o.output_dist or DEFAULT_OUTPUT_DIST)
+    prompt_dist = LengthDistribution.parse(DEFAULT_PROMPT_DIST if o.prompt_dist is None else o.prompt_dist)
+    output_dist = LengthDistribution.parse(DEFAULT_OUTPUT_DIST if o.output_dist is None else o.output_dist)
     prompts = prompt_dist.sample(requests, prompt_rng) if requests >= 1 else np.zeros(0, np.int64)
     outputs = output_dist.sample(requests, output_rng) if requests >= 1 else np.zeros(0, np.int64)
     lengths_text = f"prompts {prompt_dist.describe()}, outputs {output_dist.describe()}"

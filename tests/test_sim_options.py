@@ -137,3 +137,13 @@ def test_workload_kind_is_said_once_and_counts_agree_in_number(run_cli, azure):
     trace = run_cli("sim", "--trace", "azure", azure)
     assert "workload is real: azure trace" in trace.stdout and "real trace" not in trace.stdout
     assert "(4 requests)" in trace.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--arrival", ""), "--arrival ''"),
+    (("--prompt-dist", ""), "unknown distribution ''"),
+    (("--output-dist", ""), "unknown distribution ''"),
+    (("--gpu", ""), "unknown GPU ''"),
+])
+def test_an_empty_value_is_an_error_not_the_default(run_cli, args, needle):
+    assert needle in one_error_line(run_cli("sim", *TINY, *args))
