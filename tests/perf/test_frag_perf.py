@@ -4,12 +4,18 @@
    measured in this run (median of several, interleaved), ratio printed; the goal is within 2x.
 2. The whole Azure conversation trace (19,366 requests) through `frag --sweep`: reading plus compute,
    and the whole command in-process; the goal is well under a second of compute.
+3. A text lengths file of 10 million lines: kvcalc's reader (numpy on the raw bytes) vs the same lengths
+   from .npy and vs reading the lines into Python strings first (what the reader did before), with the
+   peak memory each allocates (tracemalloc); the goal is at least 5x faster than the lines reference.
+4. --per-seq over 10^6 lengths for --json / --format csv: the per-sequence records and table, and the
+   JSON text, timed separately (the JSON encoder is the output sink's).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -99,3 +105,63 @@ def test_azure_conversation_trace_sweep_well_under_a_second(run_cli):
     )
     assert tokens.size == 19_366
     assert read_compute_s < 1.0
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    """(seconds, its result) — one run."""
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def _peak_mib(fn: Callable[[], object]) -> float:
+    """Peak MiB allocated while `fn` runs (tracemalloc sees numpy's buffers; it slows Python objects, so
+    this is a separate run from the timed one)."""
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return peak
+
+
+def test_text_lengths_file_of_ten_million_lines(tmp_path):
+    from kvcalc.core.lengths import read_lengths_file
+
+    tokens = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8").sample(NUM_LENGTHS, np.random.default_rng(0))
+    text_path, npy_path = tmp_path / "lengths.txt", tmp_path / "lengths.npy"
+    np.savetxt(text_path, tokens, fmt="%d")
+    np.save(npy_path, tokens)
+
+    def lines_reference() -> np.ndarray:  # the previous reader's core: a Python str per line, then numpy
+        lines = [s.strip() for s in text_path.read_text().splitlines()]
+        return np.array([s for s in lines if s]).astype(np.int64)
+
+    kvcalc_s, lengths = _timed(lambda: read_lengths_file(text_path))
+    npy_s, _ = _timed(lambda: read_lengths_file(npy_path))
+    lines_s, reference = _timed(lines_reference)
+    assert np.array_equal(lengths.tokens, tokens) and np.array_equal(reference, tokens)  # same numbers first
+    kvcalc_mib = _peak_mib(lambda: read_lengths_file(text_path))
+    npy_mib = _peak_mib(lambda: read_lengths_file(npy_path))
+    print(
+        f"\ntext lengths file, {NUM_LENGTHS:,} lines ({text_path.stat().st_size / 2**20:.0f} MiB): "
+        f"kvcalc {kvcalc_s:.2f} s, peak {kvcalc_mib:.0f} MiB allocated; the same lengths from .npy {npy_s:.2f} s, "
+        f"{npy_mib:.0f} MiB; lines into Python strings first {lines_s:.2f} s ({lines_s / kvcalc_s:.1f}x kvcalc's)"
+    )
+    assert lines_s / kvcalc_s >= 5
+
+
+def test_per_seq_json_and_csv_over_a_million_lengths():
+    from kvcalc.cli.frag import _per_seq_table
+    from kvcalc.cli.output import to_json
+
+    tokens = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8").sample(1_000_000, np.random.default_rng(0))
+    result = analyse(tokens, [16, 32], per_sequence=True)
+    rows = result.per_sequence
+    records_s, records = _timed(rows.records)
+    table_s, table = _timed(lambda: _per_seq_table(rows, result.fixed.max_len))
+    json_s, _ = _timed(lambda: to_json({"per_seq": records}))
+    assert records[0]["n"] == int(tokens[0]) and table.raw.rows[-1][1] == int(tokens[-1])
+    print(
+        f"\n--per-seq over {tokens.size:,} lengths: records (the JSON's per_seq) {records_s:.2f} s, "
+        f"table rows (display and CSV) {table_s:.2f} s, JSON text of the records {json_s:.2f} s"
+    )
