@@ -328,7 +328,7 @@ def _presets_report(dtype: str, tokens: int | None) -> Report:
     ]
     for n in contexts:
         fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
-                   Field(None, f"seq of {n:,} tokens", seq_cell(n))]
+                   Field(None, f"{n:,} tokens", seq_cell(n))]
     doc = {
         "dtype": dtype,
         "bits_per_scalar": DTYPE_BITS[dtype],
