@@ -166,6 +166,8 @@ def to_json(doc: dict[str, Any]) -> str:
 
 def csv_cell(value: Any) -> str:
     """A raw value as one CSV cell: empty for None and non-finite floats, true/false, plain numbers."""
+    if type(value) is int or type(value) is str:  # the common cells first (a million-row table)
+        return str(value)
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
         value = value.item()
     if value is None:
