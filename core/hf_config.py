@@ -131,6 +131,7 @@ def spec_from_config(
         num_sliding_layers=num_sliding,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope_head_dim if kv_lora_rank is not None else None,
+        num_kv_free_layers=all_layers - layers,
         **_experts(config, source),
         source=source,
     )

@@ -29,6 +29,7 @@ class ModelSpec:
     MoE: `num_experts` routed experts per MoE layer, `experts_per_token` of them per token (config.json
     `n_routed_experts` or `num_local_experts` or `num_experts`, and `num_experts_per_tok`); shared experts are
     always active and counted in `num_active_params`, not here. None for dense models.
+    `layers` counts the layers that keep KV; a hybrid's other layers are `num_kv_free_layers`.
     """
 
     name: str
@@ -48,6 +49,7 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None
     num_experts: int | None = None
     experts_per_token: int | None = None
+    num_kv_free_layers: int = 0  # hybrids: layers that keep no KV cache (linear attention, state space)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -62,6 +64,8 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: {field} must be a positive integer or None, got {value!r}")
         if (self.num_active_params or 0) > (self.num_params or self.num_active_params or 0):
             raise ValueError(f"model {self.name!r}: num_active_params exceeds num_params")
+        if not isinstance(self.num_kv_free_layers, int) or self.num_kv_free_layers < 0:
+            raise ValueError(f"model {self.name!r}: num_kv_free_layers must be >= 0, got {self.num_kv_free_layers!r}")
         if not 0 <= self.num_sliding_layers <= self.layers:
             raise ValueError(
                 f"model {self.name!r}: num_sliding_layers={self.num_sliding_layers} is outside 0..{self.layers}"

@@ -24,7 +24,6 @@ Capacity for a KV budget (per GPU when tp > 1):
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -41,17 +40,11 @@ def bits_to_bytes(bits: int) -> int:
     return -(-bits // 8)
 
 
-_NO_KV_LAYERS_RE = re.compile(r"\((\d+) of (\d+) layers keep no KV cache\)")
 
 
 def model_layers(spec: ModelSpec) -> int:
-    """All layers of the model, KV-less ones included (`spec.layers` counts only the layers that keep KV).
-
-    NOTE: ModelSpec has no field for it; core/hf_config.py records hybrids (linear attention, state-space
-    layers) in `source` as "(6 of 8 layers keep no KV cache)", which is read back here.
-    """
-    match = _NO_KV_LAYERS_RE.search(spec.source)
-    return int(match.group(2)) if match else spec.layers
+    """All layers of the model, KV-less ones included (`spec.layers` counts only the layers that keep KV)."""
+    return spec.layers + spec.num_kv_free_layers
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:

@@ -231,7 +231,10 @@ def test_linear_attention_layers_keep_no_kv(tmp_path):
               "num_key_value_heads": 2, "num_hidden_layers": 48,
               "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
     spec = load_config(write(tmp_path, config))
-    assert spec.layers == 12 and "36 of 48 layers keep no KV cache" in spec.source
+    assert spec.layers == 12 and spec.num_kv_free_layers == 36 and "36 of 48 layers keep no KV cache" in spec.source
+    from kvcalc.core.sizing import model_layers
+
+    assert model_layers(spec) == 48  # 12 that keep KV + 36 that do not
     assert spec.bytes_per_token(16) == 2 * 12 * 2 * 256 * 2
     with pytest.raises(ValueError, match="no entry of layer_types is an attention layer"):
         load_config(write(tmp_path, {**config, "layer_types": ["mamba"] * 48}, folder="none"))
