@@ -237,6 +237,9 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         batch, context = SWEEP_SHAPE[config.device]
         doc["block_sweep"] = [measure(batch, context, bs, with_extras=False) for bs in SWEEP_BLOCK_SIZES]
     timed_rows = doc["timing"] + doc.get("block_sweep", [])
+    # `passed`: every check that ran passed; `correctness_checked` says whether the reference grid was one of
+    # them (--skip-correctness leaves only the timed outputs compared with their own first run).
+    doc["correctness_checked"] = config.correctness
     doc["passed"] = all(row["passed"] for row in doc["correctness"]) and all(
         row["timed_outputs_match"] for row in timed_rows)
     return doc

@@ -57,6 +57,8 @@ def test_cpu_table_output_is_labelled(run_cli):
     assert result.exit_code == 0, result.stderr
     assert "reference implementation on CPU" in result.stdout
     assert "paged CPU µs" in result.stdout
+    # no reference grid ran: the output must not claim that checks passed
+    assert "all checks passed" not in result.stdout and "not checked against the reference" in result.stdout
 
 
 def test_sweep_block_and_save(run_cli, tmp_path):
@@ -65,6 +67,7 @@ def test_sweep_block_and_save(run_cli, tmp_path):
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert [row["block_size"] for row in doc["block_sweep"]] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert doc["correctness"] == [] and doc["correctness_checked"] is False
     assert json.loads(target.read_text()) == doc
 
 
