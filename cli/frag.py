@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -246,11 +247,19 @@ def _document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[st
     return doc
 
 
+def _two_decimals(value: Fraction) -> str:
+    """An exact mean with two decimals and thousands separators, never through a float (a mean of 3·10^18-token
+    lengths has more digits than a double holds)."""
+    hundredths = round(value * 100)
+    sign = "-" if hundredths < 0 else ""
+    return f"{sign}{abs(hundredths) // 100:,}.{abs(hundredths) % 100:02d}"
+
+
 def _header(source: Lengths) -> list[str]:
     return [
         f"Lengths — {source.description}",
         f"{plural(source.count, 'sequence')}, {plural(source.total, 'token')}; min {format_count(source.min)}, "
-        f"max {format_count(source.max)}, mean {float(source.mean):,.2f}",
+        f"max {format_count(source.max)}, mean {_two_decimals(source.mean)}",
     ]
 
 

@@ -326,3 +326,12 @@ def test_sliding_window_model_notes_which_table_applies_the_window(run_cli):
     out = run_cli("frag", "--model", "mistral-7b-v0.1", "--lengths", "5000").stdout
     assert "The token-position table (and the per-sequence rows) ignore sliding windows" in " ".join(out.split())
     assert "ignore sliding windows" not in run_cli("frag", "--model", "llama-3-8b", "--lengths", "5000").stdout
+
+
+def test_the_mean_is_exact_past_a_double(run_cli, tmp_path):
+    # (5 + 3·10^18 + 4·10^18) / 3 = 7,000,000,000,000,000,005 / 3 = 2,333,333,333,333,333,335 exactly; a float
+    # would print ...504.
+    path = tmp_path / "big.txt"
+    path.write_text("5\n3000000000000000000\n4000000000000000000\n")
+    assert "mean 2,333,333,333,333,333,335.00" in run_cli("frag", "--lengths-file", str(path)).stdout
+    assert "mean 193.60" in run_cli("frag").stdout  # 968 / 5
