@@ -5,7 +5,8 @@
 #
 # Installs kvcalc (editable, no dependency downloads), builds the extension for this GPU's architecture
 # (ptxas report kept), runs `pytest -m cuda`, compute-sanitizer memcheck and racecheck on a small case,
-# and `kvcalc bench --device cuda --json`. Everything goes under $OUT; a short table is printed last.
+# `kvcalc bench --device cuda --json` and, while time is left, examples/gpu_diag.py (diag.json).
+# Everything goes under $OUT; a short table is printed last.
 # A step that fails is recorded and the script goes on; the exit status is 1 if any step failed.
 set -uo pipefail
 
@@ -88,6 +89,12 @@ else
 fi
 
 step bench 150 kvcalc bench --device cuda --sweep-block --json --save "$OUT/bench.json"
+# Diagnostics for tuning (group / split / layout sweeps: memory- or issue-bound?), only while time is left.
+if [ "$SECONDS" -lt 290 ]; then
+  step diag 60 python3 examples/gpu_diag.py "$OUT" --budget-s 40
+else
+  echo "diag         skipped (time budget)" >>"$STATUS"
+fi
 
 cat "$OUT/environment.txt"
 cat "$STATUS"
@@ -107,6 +114,9 @@ for r in doc["timing"] + doc.get("block_sweep", []):
     print(f"{r['batch']:5d} {r['context']:6d} {r['block_size']:4d} {r['paged_us']:9.1f} {r['contiguous_us']:9.1f} "
           f"{r['paged_over_contiguous']:6.3f} {r['achieved_tbps']:6.3f} {100 * r['fraction_of_copy']:5.1f}% {sdpa}")
 EOF
+fi
+if [ -s "$OUT/diag.json" ]; then
+  tail -n 20 "$OUT/diag.log"
 fi
 echo "total: ${SECONDS}s; logs in $OUT"
 exit "$FAILED"
