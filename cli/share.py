@@ -14,7 +14,7 @@ from kvcalc.core.models import ModelSpec, resolve_model
 from kvcalc.core.share import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
 from kvcalc.core.share_trace import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
 from kvcalc.core.traces import read_trace
-from kvcalc.core.units import format_bytes, format_count, format_percent, parse_bytes
+from kvcalc.core.units import format_bytes, format_count, format_percent, parse_bytes, plural
 
 DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
 DEFAULT_DTYPE = "fp16"
@@ -155,7 +155,7 @@ def _scenario_report(
         for key, blocks in (("logical_bytes", result.logical_blocks), ("physical_bytes", result.physical_blocks),
                             ("saved_bytes", result.saved_blocks), ("peak_bytes", result.peak_blocks)):
             doc[key] = blocks * block_bytes
-    title = (f"{s.mode}: {s.branches} branches × ({format_count(s.prefix_tokens)} shared + "
+    title = (f"{s.mode}: {plural(s.branches, 'branch', 'branches')} × ({format_count(s.prefix_tokens)} shared + "
              f"{format_count(s.gen_tokens)} generated tokens), block {s.block_size}")
     report = Report(doc=doc, tables=[_scenario_table(title, doc)])
     if s.mode == "parallel" and s.gen_tokens >= 1:
@@ -164,7 +164,7 @@ def _scenario_report(
             f"{closed_form_physical_blocks(s.prefix_tokens, s.branches, s.gen_tokens, s.block_size)} physical blocks"
         )
     if s.mode == "beam":
-        report.notes.append(f"beam selection seeded with {s.seed}; {result.dropped_branches} beams dropped")
+        report.notes.append(f"beam selection seeded with {s.seed}; {plural(result.dropped_branches, 'beam')} dropped")
     if spec is not None:
         per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
         report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")

@@ -34,25 +34,27 @@ def command(
     rate: Annotated[
         str | None, typer.Option("--rate", metavar="REQ/S",
                                  help="Constructed (no --trace): mean arrival rate, requests/s; inf = all at time 0 "
-                                      "(an offline batch) [1].")
+                                      "(an offline batch; default: 1).")
     ] = None,
     arrival: Annotated[
-        str | None, typer.Option("--arrival", help="Constructed: poisson or gamma arrivals [poisson].")
+        str | None, typer.Option("--arrival", help="Constructed: poisson or gamma arrivals (default: poisson).")
     ] = None,
     burstiness: Annotated[
         float | None, typer.Option("--burstiness", help="With --arrival gamma: shape b (1 = Poisson, < 1 burstier).")
     ] = None,
     requests: Annotated[
         int | None,
-        typer.Option("--requests", help=f"Constructed: number of requests, at most {MAX_REQUESTS:,} [1000]."),
+        typer.Option("--requests", help=f"Constructed: number of requests, at most {MAX_REQUESTS:,} (default: 1,000)."),
     ] = None,
     prompt_dist: Annotated[
         str | None,
-        typer.Option("--prompt-dist", help=f"Constructed prompt lengths (as frag --dist) [{DEFAULT_PROMPT_DIST}]."),
+        typer.Option("--prompt-dist",
+                     help=f"Constructed prompt lengths (as frag --dist; default: {DEFAULT_PROMPT_DIST})."),
     ] = None,
     output_dist: Annotated[
         str | None,
-        typer.Option("--output-dist", help=f"Constructed output lengths (as frag --dist) [{DEFAULT_OUTPUT_DIST}]."),
+        typer.Option("--output-dist",
+                     help=f"Constructed output lengths (as frag --dist; default: {DEFAULT_OUTPUT_DIST})."),
     ] = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
@@ -67,7 +69,7 @@ def command(
         str | None, typer.Option("--weights-bytes", help="Weights per replica, e.g. 26GB (overrides).")
     ] = None,
     gpu: Annotated[
-        str | None, typer.Option("--gpu", help="A100-40GB, A100-80GB, H100-SXM or H200 [A100-40GB].")
+        str | None, typer.Option("--gpu", help="A100-40GB, A100-80GB, H100-SXM or H200 (default: A100-40GB).")
     ] = None,
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Custom GPU: memory, e.g. 80GiB.")] = None,
     bandwidth: Annotated[str | None, typer.Option("--bandwidth", help="Custom GPU: HBM bytes/s, e.g. 3.35e12.")] = None,
@@ -84,7 +86,8 @@ def command(
     ] = None,
     block: Annotated[int, typer.Option("--block", "-b", help="Paged: block size in tokens.")] = 16,
     policy: Annotated[
-        str | None, typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle [paged].")
+        str | None,
+        typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle (default: paged)."),
     ] = None,
     compare: Annotated[
         str | None, typer.Option("--compare", help="Instead of --policy: several distinct policies side by side, "
@@ -93,7 +96,9 @@ def command(
     max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Token budget per step.")] = 8192,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="Most running requests.")] = 256,
     max_model_len: Annotated[
-        int | None, typer.Option("--max-model-len", help="Longest request, prompt + output [the model's max].")
+        int | None,
+        typer.Option("--max-model-len",
+                     help="Longest request, prompt + output tokens (default: the model's max_position_embeddings)."),
     ] = None,
     preempt: Annotated[str, typer.Option("--preempt", help="recompute or swap.")] = "recompute",
     swap_bandwidth: Annotated[
@@ -122,7 +127,7 @@ def command(
     ] = False,
     target_attainment: Annotated[
         float | None, typer.Option("--attainment", help="With --max-rate: share of requests that must meet the SLO "
-                                                        "[0.9].")
+                                                        "(default: 0.9).")
     ] = None,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Ignore Mooncake prefix ids.")] = False,
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="Simulate every step one by one.")] = False,

@@ -145,3 +145,12 @@ def test_sliding_window_model_bytes_are_flagged_as_an_upper_bound(run_cli):
     doc = run_cli("share", "--model", "llama-3-8b", "--json").json()
     assert doc["bytes_upper_bound"] is False
     assert "upper bound" not in run_cli("share", "--model", "llama-3-8b").stdout
+
+
+def test_one_branch_and_one_dropped_beam_are_singular(run_cli) -> None:
+    # QA2 #9: "1 branches" -> "1 branch"; more than one stays plural
+    one = run_cli("share", "--branches", "1")
+    assert one.exit_code == 0, one.stderr
+    assert "parallel: 1 branch × (1,000 shared + 200 generated tokens)" in one.stdout
+    two = run_cli("share", "--branches", "2")
+    assert "parallel: 2 branches ×" in two.stdout

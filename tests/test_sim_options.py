@@ -147,3 +147,16 @@ def test_workload_kind_is_said_once_and_counts_agree_in_number(run_cli, azure):
 ])
 def test_an_empty_value_is_an_error_not_the_default(run_cli, args, needle):
     assert needle in one_error_line(run_cli("sim", *TINY, *args))
+
+
+def test_help_shows_every_default_written_in_the_text(run_cli, monkeypatch):
+    # QA2 #9: "[poisson]" / "[the model's max]" were eaten as rich markup ("prompt + output ."); now "(default: …)"
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough that rich folds no help text
+    result = run_cli("sim", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for needle in ("prompt + output tokens (default: the model's max_position_embeddings)",
+                   "arrivals (default: poisson)", "reserve-oracle (default: paged)", "(default: A100-40GB)",
+                   "at most 1,000,000 (default: 1,000)"):
+        assert needle in text
+    assert " ." not in text
