@@ -140,8 +140,12 @@ def read_azure(path: Path) -> Trace:
         header = [h.strip() for h in header]
         missing = [c for c in _AZURE_COLUMNS if c not in header]
         if missing:
+            if header and header[0].startswith("{"):
+                raise ValueError(f"{path} is JSON lines, not an Azure CSV: read it with --trace mooncake {path}")
+            shown = ", ".join(header)
+            shown = shown if len(shown) <= 120 else shown[:117] + "..."
             raise ValueError(
-                f"{path}: no column {', '.join(missing)} in the header (it has {', '.join(header)}); "
+                f"{path}: no column {', '.join(missing)} in the header (it has {shown}); "
                 f"an Azure trace has {', '.join(_AZURE_COLUMNS)}"
             )
         i_time, i_ctx, i_gen = (header.index(c) for c in _AZURE_COLUMNS)
@@ -190,6 +194,10 @@ def read_mooncake(path: Path) -> Trace:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
+                if line_no == 1 and all(c in line for c in _AZURE_COLUMNS):
+                    raise ValueError(
+                        f"{path} is an Azure CSV, not JSON lines: read it with --trace azure {path}"
+                    ) from None
                 raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object per line, found {type(record).__name__}")

@@ -120,3 +120,20 @@ def test_unknown_kind_and_missing_file(tmp_path: Path) -> None:
         read_trace("sharegpt", tmp_path / "x")
     with pytest.raises(FileNotFoundError):
         read_trace("azure", tmp_path / "missing.csv")
+
+
+def test_a_trace_of_the_other_format_says_which_kind_to_use(tmp_path: Path) -> None:
+    record = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": list(range(500))}
+    mooncake = _mooncake(tmp_path, record)
+    with pytest.raises(ValueError, match="is JSON lines, not an Azure CSV: read it with --trace mooncake") as info:
+        read_trace("azure", mooncake)
+    assert len(str(info.value)) < 200  # not the whole first line with its 500 ids
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n")
+    with pytest.raises(ValueError, match="is an Azure CSV, not JSON lines: read it with --trace azure"):
+        read_trace("mooncake", azure)
+    odd = tmp_path / "odd.csv"
+    odd.write_text(",".join(f"column_{i}" for i in range(100)) + "\n1\n")
+    with pytest.raises(ValueError, match=r"\.\.\.\); an Azure trace has") as info:
+        read_trace("azure", odd)
+    assert len(str(info.value)) < 300
