@@ -127,7 +127,7 @@ def test_a_trace_of_the_other_format_says_which_kind_to_use(tmp_path: Path) -> N
     mooncake = _mooncake(tmp_path, record)
     with pytest.raises(ValueError, match="is JSON lines, not an Azure CSV: read it with --trace mooncake") as info:
         read_trace("azure", mooncake)
-    assert len(str(info.value)) < 200  # not the whole first line with its 500 ids
+    assert "hash_ids" not in str(info.value)  # not the whole first line with its 500 ids
     azure = tmp_path / "a.csv"
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n")
     with pytest.raises(ValueError, match="is an Azure CSV, not JSON lines: read it with --trace azure"):
@@ -136,4 +136,4 @@ def test_a_trace_of_the_other_format_says_which_kind_to_use(tmp_path: Path) -> N
     odd.write_text(",".join(f"column_{i}" for i in range(100)) + "\n1\n")
     with pytest.raises(ValueError, match=r"\.\.\.\); an Azure trace has") as info:
         read_trace("azure", odd)
-    assert len(str(info.value)) < 300
+    assert "column_99" not in str(info.value)
