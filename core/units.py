@@ -1,9 +1,9 @@
 """Byte sizes in and out: exact integers inside, IEC units (KiB = 2^10 bytes) for people.
 
 Inputs accept IEC (`80GiB`, any case: `80gib`), SI (`80GB` = 80·10^9) and plain numbers (`80e9`,
-`1073741824`). A size that is not a whole number of bytes is an error, never rounded. An upper-case SI
-prefix with a lower-case `b` (`80Gb`, `80Mb`) is how vendors write bits, so it is refused rather than read
-as bytes; an all-lower-case unit (`80gb`, `80gib`) is read case-insensitively, as bytes.
+`1073741824`). A size that is not a whole number of bytes is an error, never rounded. An upper-case
+prefix with a lower-case `b` (`80Gb`, `80Mb`, `80Gib`) is how bits are written, so it is refused rather than
+read as bytes; an all-lower-case unit (`80gb`, `80gib`, `80b`) is read case-insensitively, as bytes.
 
 Output never goes through float: `format_bytes` rounds the exact value, so 10^40 bytes print as
 `8.272e+15 YiB`: below 1024 YiB the mantissa is under 1024 (no separator needed); past YiB, the last IEC
@@ -37,12 +37,8 @@ def parse_bytes(text: str | int) -> int:
                 f"cannot read the memory size {text!r}: write a number with an optional unit, "
                 "e.g. 80GiB (2^30), 80GB (10^9), 80e9 or 1073741824"
             )
-        if unit.endswith("b") and unit != unit.lower() and "i" not in unit.lower():
-            number = match.group(0).strip()[: -len(unit)].strip()
-            raise ValueError(
-                f"the memory size {text!r} is in bits (a lower-case b): did you mean {number}{unit[:-1].upper()}B "
-                "(bytes)? Sizes are bytes: B, KB/MB/GB (10^3, 10^6, 10^9) or KiB/MiB/GiB (2^10, 2^20, 2^30)"
-            )
+        if len(unit) > 1 and unit[0].isupper() and unit.endswith("b"):
+            raise ValueError(_bits_message(text, match.group(0).strip()[: -len(unit)].strip(), unit))
         mantissa, exponent = match.group(1), int(match.group(2) or 0)
         if abs(exponent) > MAX_EXPONENT:
             raise ValueError(
@@ -55,6 +51,16 @@ def parse_bytes(text: str | int) -> int:
     if value <= 0:
         raise ValueError(f"the memory size {text!r} must be positive")
     return value
+
+
+def _bits_message(text: str, number: str, unit: str) -> str:
+    """Why `80Gb` (or `80Gib`) is refused: a capital prefix with a lower-case `b` is how bits are written."""
+    prefix = unit[0].upper()
+    power = "KMGTPEZY".index(prefix) + 1
+    si, iec = f"{prefix}B = 10^{3 * power} bytes", f"{prefix}iB = 2^{10 * power} bytes"
+    meant = f"{number}{prefix}iB" if unit[1:2].lower() == "i" else f"{number}{prefix}B"
+    return (f"{text!r} is how bits are written ({unit}: a capital prefix and a lower-case b): did you mean {meant} "
+            f"(bytes)? Sizes are bytes ({si}, {iec}); all lower case ({number}{unit.lower()}) is read as bytes")
 
 
 def format_bytes(num_bytes: int | float | Fraction, digits: int = 2) -> str:

@@ -160,3 +160,13 @@ def test_help_shows_every_default_written_in_the_text(run_cli, monkeypatch):
                    "at most 1,000,000 (default: 1,000)"):
         assert needle in text
     assert " ." not in text
+
+
+def test_bits_spelling_is_refused_and_lower_case_is_bytes(run_cli):
+    # QA2 #6: "25Gb" (capital prefix, lower-case b) is bits -> refused; "25gb" is read as 25·10^9 bytes/s
+    line = one_error_line(run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25Gb"))
+    assert "'25Gb' is how bits are written" in line and "did you mean 25GB (bytes)?" in line
+    lower = run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25gb", "--json")
+    upper = run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25GB", "--json")
+    assert lower.exit_code == 0, lower.stderr
+    assert lower.json() == upper.json()

@@ -68,7 +68,11 @@ def test_format_bytes_any_int_round_trips_within_shown_precision(num_bytes):
         ("80GIB", 80 * 2**30),
         ("80 GiB", 80 * 2**30),
         ("80GB", 80 * 10**9),
-        ("80gb", 80 * 10**9),  # all lower case: read case-insensitively, as before
+        ("80gb", 80 * 10**9),  # all lower case: read case-insensitively, as bytes
+        ("80kb", 80 * 10**3),
+        ("80tb", 80 * 10**12),
+        ("80b", 80),
+        ("80kB", 80 * 10**3),  # the SI spelling of kilobyte: lower-case k, capital B
         ("80e9", 80 * 10**9),
         ("1073741824", 2**30),
         ("1EiB", 2**60),
@@ -83,9 +87,13 @@ def test_parse_bytes_accepts(text, num_bytes):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("80Gb", "'80Gb' is in bits (a lower-case b): did you mean 80GB (bytes)?"),
+        ("80Gb", "'80Gb' is how bits are written (Gb: a capital prefix and a lower-case b): did you mean 80GB "
+                 "(bytes)? Sizes are bytes (GB = 10^9 bytes, GiB = 2^30 bytes); all lower case (80gb) is read as "
+                 "bytes"),
         ("80Mb", "did you mean 80MB (bytes)?"),
-        ("80 Kb", "did you mean 80KB (bytes)?"),
+        ("80 Kb", "did you mean 80KB (bytes)? Sizes are bytes (KB = 10^3 bytes, KiB = 2^10 bytes)"),
+        ("80Tb", "(TB = 10^12 bytes, TiB = 2^40 bytes); all lower case (80tb) is read as bytes"),
+        ("80Gib", "'80Gib' is how bits are written (Gib: a capital prefix and a lower-case b): did you mean 80GiB"),
         ("1e5000", "'1e5000' has an exponent beyond ±1000"),
         ("1e-5000", "has an exponent beyond"),
         ("inf", "cannot read the memory size 'inf'"),
