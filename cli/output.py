@@ -144,24 +144,60 @@ def resolve_format(json_flag: bool, fmt: Format) -> Format:
 def _json_default(value: Any) -> Any:
     if isinstance(value, Fraction):
         return float(value)
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def to_json(doc: dict[str, Any]) -> str:
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        return value
+def _clean(value: Any) -> Any:
+    """Plain Python values, non-finite floats as null (JSON has no NaN or Infinity)."""
+    if isinstance(value, Fraction) or hasattr(value, "tolist"):
+        value = _json_default(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
 
-    return json.dumps(clean(doc), indent=2, default=_json_default)
+
+_STRICT = json.JSONEncoder(allow_nan=False, default=_json_default, separators=(", ", ": "))
+LONG_LIST = 1000  # longer lists print one compact element per line (the C encoder; indent=2 is pure Python)
+
+
+def _key(key: Any) -> str:
+    return key if isinstance(key, str) else next(iter(json.loads(json.dumps({key: None}))))
+
+
+def _compact(value: Any) -> str:
+    try:
+        return _STRICT.encode(value)
+    except ValueError:  # a NaN or an infinity somewhere inside: clean this element only
+        return _STRICT.encode(_clean(value))
+
+
+def _encode(value: Any, level: int) -> str:
+    """json.dumps(indent=2) of the cleaned value, except that a list longer than LONG_LIST prints one
+    compact element per line: a million per-sequence rows take seconds, not half a minute."""
+    if isinstance(value, Fraction) or hasattr(value, "tolist"):
+        value = _json_default(value)
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = (f"{inner}{json.dumps(_key(k))}: {_encode(v, level + 1)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        encode = _compact if len(value) > LONG_LIST else (lambda v: _encode(v, level + 1))
+        return "[\n" + ",\n".join(inner + encode(v) for v in value) + "\n" + pad + "]"
+    return json.dumps(_clean(value))
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return _encode(doc, 0)
 
 
 def csv_cell(value: Any) -> str:

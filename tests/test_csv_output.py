@@ -24,7 +24,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from kvcalc.cli.output import Field, Format, RawTable, Report, Table, csv_cell, emit, quantity_table, record_table
+from kvcalc.cli.output import (
+    LONG_LIST,
+    Field,
+    Format,
+    RawTable,
+    Report,
+    Table,
+    csv_cell,
+    emit,
+    quantity_table,
+    record_table,
+    to_json,
+)
 
 INT = re.compile(r"-?\d+")
 FLOAT = re.compile(r"-?\d+\.\d+(e[-+]\d+)?|-?\d+e[-+]\d+")
@@ -373,3 +385,41 @@ def test_record_and_quantity_tables_build_both_forms_from_one_record():
     assert (both.columns, both.rows) == (["quantity", "bytes", "IEC"], [["all", "1,024", "1 KiB"]])
     assert both.raw == RawTable(["total_bytes", "tp"], [[1024, 2]])
     assert math.isclose(cell_value("5.620047204906951e-05"), 5.620047204906951e-05)
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70), st.floats(),
+                       st.text(max_size=5))
+_json_doc = st.recursive(_json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                             st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                         max_leaves=20)
+
+
+def _reference_json(doc: Any) -> str:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(doc), indent=2)
+
+
+@given(st.dictionaries(st.text(max_size=6), _json_doc, max_size=5))
+def test_to_json_is_json_dumps_indent_2_for_ordinary_documents(doc: dict) -> None:
+    # The README's JSON examples and scripts see exactly what json.dumps(indent=2) prints, NaN/inf as null.
+    assert to_json(doc) == _reference_json(doc)
+
+
+def test_to_json_prints_long_lists_one_compact_element_per_line() -> None:
+    rows = [{"n": i, "waste": float("nan") if i == 7 else i / 2, "ids": np.arange(2)} for i in range(LONG_LIST + 1)]
+    doc = {"count": np.int64(LONG_LIST + 1), "mean": Fraction(1, 3), "per_seq": rows}
+    text = to_json(doc)
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[1] == '  "count": 1001,' and lines[3] == '  "per_seq": ['
+    assert lines[4] == '    {"n": 0, "waste": 0.0, "ids": [0, 1]},'
+    assert '    {"n": 7, "waste": null, "ids": [0, 1]},' in lines  # NaN -> null inside a compact element
+    parsed = json.loads(text)
+    assert parsed["mean"] == 1 / 3 and len(parsed["per_seq"]) == LONG_LIST + 1 and parsed["per_seq"][7]["waste"] is None
