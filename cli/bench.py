@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt
+from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt, int_option
 from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
 from kvcalc.core.units import format_bytes
 
@@ -125,17 +125,17 @@ def _report(doc: dict[str, Any]) -> Report:
 def command(
     device: DeviceOpt = "auto",
     dtype: BenchDtypeOpt = "bf16",
-    head_dim: Annotated[int, typer.Option("--head-dim", help="Head dimension: 64, 128 or 256.")] = 128,
-    q_heads: Annotated[int, typer.Option("--q-heads", help="Query heads (a multiple of --kv-heads).")] = 32,
-    kv_heads: Annotated[int, typer.Option("--kv-heads", help="KV heads.")] = 8,
-    batch: Annotated[IntOpt, typer.Option("--batch", help="Time only this batch size.")] = None,
-    context: Annotated[IntOpt, typer.Option("--context", help="Time only this context length (tokens).")] = None,
+    head_dim: Annotated[int, int_option("--head-dim", help="Head dimension: 64, 128 or 256.")] = 128,
+    q_heads: Annotated[int, int_option("--q-heads", help="Query heads (a multiple of --kv-heads).")] = 32,
+    kv_heads: Annotated[int, int_option("--kv-heads", help="KV heads.")] = 8,
+    batch: Annotated[IntOpt, int_option("--batch", help="Time only this batch size.")] = None,
+    context: Annotated[IntOpt, int_option("--context", help="Time only this context length (tokens).")] = None,
     block_size: Annotated[
-        int, typer.Option("--block", "--block-size", "-b", help="Tokens per KV block (power of two).")
+        int, int_option("--block", "--block-size", "-b", help="Tokens per KV block (power of two).")
     ] = 16,
-    iters: Annotated[IntOpt, typer.Option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 3,
-    splits: Annotated[IntOpt, typer.Option("--splits", help="Force the split-KV count (default: heuristic).")] = None,
+    iters: Annotated[IntOpt, int_option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")] = None,
+    warmup: Annotated[int, int_option("--warmup", help="Untimed runs before timing.")] = 3,
+    splits: Annotated[IntOpt, int_option("--splits", help="Force the split-KV count (default: heuristic).")] = None,
     sweep_block: Annotated[bool, typer.Option("--sweep-block", help="Also sweep block sizes 1..256.")] = False,
     no_flex: Annotated[bool, typer.Option("--no-flex", help="Do not time FlexAttention (saves its compile).")] = False,
     skip_correctness: Annotated[bool, typer.Option("--skip-correctness", help="Skip the correctness grid.")] = False,

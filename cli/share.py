@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt
+from kvcalc.cli.options import (
+    ConfigOpt,
+    FormatOpt,
+    HeadDimOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    int_option,
+)
 from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
 from kvcalc.core.dtypes import dtype_bits
 from kvcalc.core.models import ModelSpec, resolve_model
@@ -21,21 +30,21 @@ DEFAULT_DTYPE = "fp16"
 
 
 def command(
-    prefix: Annotated[int | None, typer.Option("--prefix", help="Prompt tokens shared by all branches.")] = None,
-    branches: Annotated[int | None, typer.Option("--branches", help="Branches K (samples or beams).")] = None,
-    gen: Annotated[int | None, typer.Option("--gen", help="Tokens each branch generates.")] = None,
+    prefix: Annotated[int | None, int_option("--prefix", help="Prompt tokens shared by all branches.")] = None,
+    branches: Annotated[int | None, int_option("--branches", help="Branches K (samples or beams).")] = None,
+    gen: Annotated[int | None, int_option("--gen", help="Tokens each branch generates.")] = None,
     mode: Annotated[
         str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Beam mode: seed of the beam selection.")] = None,
-    block: Annotated[int, typer.Option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
+    seed: Annotated[int | None, int_option("--seed", help="Beam mode: seed of the beam selection.")] = None,
+    block: Annotated[int, int_option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
     trace: Annotated[
         tuple[str, Path] | None,
         typer.Option("--trace", metavar="KIND FILE", help="Replay a real trace: 'mooncake F' (or 'azure F')."),
     ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="With --trace: only the first N requests.")] = None,
+    limit: Annotated[int | None, int_option("--limit", help="With --trace: only the first N requests.")] = None,
     capacity_blocks: Annotated[
-        int | None, typer.Option("--capacity-blocks", help="With --trace: pool size in blocks (default unlimited).")
+        int | None, int_option("--capacity-blocks", help="With --trace: pool size in blocks (default unlimited).")
     ] = None,
     memory: Annotated[
         str | None, typer.Option("--memory", help="With --trace and a model: KV memory for the pool, e.g. 40GiB.")

@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from kvcalc.cli.options import ConfigOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, SeedOpt
+from kvcalc.cli.options import (
+    ConfigOpt,
+    FormatOpt,
+    HeadDimOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeedOpt,
+    int_option,
+)
 from kvcalc.cli.output import Format, emit, err_console, resolve_format
 from kvcalc.cli.sim_report import build_report
 from kvcalc.core import sim_setup
@@ -29,7 +39,7 @@ def command(
         float, typer.Option("--time-scale", help="With --trace: arrivals x times faster (0.5 = slower).")
     ] = 1.0,
     limit: Annotated[
-        int | None, typer.Option("--limit", help="With --trace: only its first N requests.")
+        int | None, int_option("--limit", help="With --trace: only its first N requests.")
     ] = None,
     rate: Annotated[
         str | None, typer.Option("--rate", metavar="REQ/S",
@@ -44,7 +54,7 @@ def command(
     ] = None,
     requests: Annotated[
         int | None,
-        typer.Option("--requests", help=f"Constructed: number of requests, at most {MAX_REQUESTS:,} (default: 1,000)."),
+        int_option("--requests", help=f"Constructed: number of requests, at most {MAX_REQUESTS:,} (default: 1,000)."),
     ] = None,
     prompt_dist: Annotated[
         str | None,
@@ -77,14 +87,14 @@ def command(
         float | None, typer.Option("--flops", help="Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).")
     ] = None,
     tp: Annotated[
-        int, typer.Option("--tp", help="Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of "
+        int, int_option("--tp", help="Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of "
                                        "them (as kvcalc size).")
     ] = 1,
     memory_utilization: Annotated[float, typer.Option("--memory-utilization", help="Share of GPU memory used.")] = 0.9,
     workspace_bytes: Annotated[
         str | None, typer.Option("--workspace-bytes", help="Activation workspace (overrides the estimate).")
     ] = None,
-    block: Annotated[int, typer.Option("--block", "-b", help="Paged: block size in tokens.")] = 16,
+    block: Annotated[int, int_option("--block", "-b", help="Paged: block size in tokens.")] = 16,
     policy: Annotated[
         str | None,
         typer.Option("--policy", help="paged, reserve-max, reserve-pow2 or reserve-oracle (default: paged)."),
@@ -93,11 +103,11 @@ def command(
         str | None, typer.Option("--compare", help="Instead of --policy: several distinct policies side by side, "
                                                    "comma-separated.")
     ] = None,
-    max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Token budget per step.")] = 8192,
-    max_seqs: Annotated[int, typer.Option("--max-seqs", help="Most running requests.")] = 256,
+    max_batched_tokens: Annotated[int, int_option("--max-batched-tokens", help="Token budget per step.")] = 8192,
+    max_seqs: Annotated[int, int_option("--max-seqs", help="Most running requests.")] = 256,
     max_model_len: Annotated[
         int | None,
-        typer.Option("--max-model-len",
+        int_option("--max-model-len",
                      help="Longest request, prompt + output tokens (default: the model's max_position_embeddings)."),
     ] = None,
     preempt: Annotated[str, typer.Option("--preempt", help="recompute or swap.")] = "recompute",

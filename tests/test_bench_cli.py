@@ -185,3 +185,24 @@ def test_an_output_left_unwritten_in_a_timed_run_fails_the_bench():
                     tick=lambda _: None, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=1, warmup=0))
     assert doc["timing"][0]["timed_outputs_match"] is False
     assert doc["passed"] is False
+
+
+@pytest.mark.parametrize("flag", ["--head-dim", "--q-heads", "--kv-heads", "--batch", "--context", "--block",
+                                  "--block-size", "--iters", "--warmup", "--splits", "--seed"])
+def test_every_integer_option_says_not_an_integer_the_same_way(run_cli, flag):
+    # QA2 #5: the wording of size/frag, not pydantic's "Input should be a valid integer"
+    result = run_cli("bench", "--device", "cpu", flag, "abc")
+    assert result.exit_code == 2
+    named = "--block" if flag == "--block-size" else flag  # the alias is reported under the option's name
+    assert result.stderr.startswith(f"error: {named} 'abc' is not an integer: write a whole number")
+    assert result.stderr.count("\n") == 1
+
+
+def test_integer_spellings_are_read_exactly(run_cli):
+    # 3e1 = 30, 1_0 = 10, 1e0 = 1: the timed shape and config say the plain values
+    result = run_cli("bench", "--device", "cpu", "--batch", "1e0", "--context", "3e1", "--iters", "1.0",
+                     "--warmup", "0e3", "--block", "1_6", "--skip-correctness", "--no-flex", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert (doc["timing"][0]["batch"], doc["timing"][0]["context"], doc["timing"][0]["block_size"]) == (1, 30, 16)
+    assert (doc["config"]["iters"], doc["config"]["warmup"]) == (1, 0)

@@ -154,3 +154,26 @@ def test_one_branch_and_one_dropped_beam_are_singular(run_cli) -> None:
     assert "parallel: 1 branch × (1,000 shared + 200 generated tokens)" in one.stdout
     two = run_cli("share", "--branches", "2")
     assert "parallel: 2 branches ×" in two.stdout
+
+
+@pytest.mark.parametrize("flag", ["--prefix", "--branches", "--gen", "--seed", "--block", "--limit",
+                                  "--capacity-blocks", "--layers"])
+def test_every_integer_option_says_not_an_integer_the_same_way(run_cli, flag) -> None:
+    # QA2 #5: the wording of size/frag, not pydantic's "Input should be a valid integer"
+    result = run_cli("share", flag, "abc")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {flag} 'abc' is not an integer: write a whole number")
+    assert result.stderr.count("\n") == 1
+
+
+def test_integer_spellings_are_read_exactly(run_cli, mooncake) -> None:
+    # 1e3 = 1000, 4.0 = 4, 2_00 = 200, 1.6e1 = 16: the same document as the plain spellings
+    plain = run_cli("share", "--prefix", "1000", "--branches", "4", "--gen", "200", "--block", "16", "--json")
+    spelled = run_cli("share", "--prefix", "1e3", "--branches", "4.0", "--gen", "2_00", "--block", "1.6e1", "--json")
+    assert spelled.exit_code == 0, spelled.stderr
+    assert spelled.json() == plain.json()
+    trace = ("--trace", "mooncake", str(mooncake))
+    plain = run_cli("share", *trace, "--limit", "2", "--capacity-blocks", "100", "--json")
+    spelled = run_cli("share", *trace, "--limit", "2e0", "--capacity-blocks", "1e2", "--json")
+    assert spelled.exit_code == 0, spelled.stderr
+    assert spelled.json() == plain.json() and plain.json()["requests"] == 2

@@ -138,3 +138,24 @@ def test_calibrate_sets_the_attention_efficiency(run_cli, tmp_path):
     assert "attention 0.8," in result.json()["latency_source"]  # 2.68 / 3.35 = 0.8
     table = run_cli("sim", *SMALL, "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--calibrate", str(bench))
     assert "median achieved 2.680 TB/s" in table.stdout
+
+
+@pytest.mark.parametrize("flag", ["--limit", "--requests", "--tp", "--block", "--max-batched-tokens", "--max-seqs",
+                                  "--max-model-len", "--seed", "--kv-heads"])
+def test_every_integer_option_says_not_an_integer_the_same_way(run_cli, flag):
+    # QA2 #5: the wording of size/frag, not pydantic's "Input should be a valid integer"
+    result = run_cli("sim", flag, "abc")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {flag} 'abc' is not an integer: write a whole number")
+    assert result.stderr.count("\n") == 1
+
+
+def test_integer_spellings_are_read_exactly(run_cli):
+    # 1e1 = 10 requests, 8.192e3 = 8192, 2.56e2 = 256, 1_6 = 16, 2e3 = 2000: same document as the plain values
+    common = ("--rate", "4", "--json")
+    plain = run_cli("sim", "--requests", "10", "--max-batched-tokens", "8192", "--max-seqs", "256", "--block", "16",
+                    "--max-model-len", "2000", *common)
+    spelled = run_cli("sim", "--requests", "1e1", "--max-batched-tokens", "8.192e3", "--max-seqs", "2.56e2",
+                      "--block", "1_6", "--max-model-len", "2e3", *common)
+    assert spelled.exit_code == 0, spelled.stderr
+    assert spelled.json() == plain.json() and plain.json()["requests"] == 10
