@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt, int_option
+from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt, check_output_path, int_option
 from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
 from kvcalc.core.units import format_bytes
 
@@ -148,6 +148,8 @@ def command(
     --device cpu runs the reference implementations at small sizes."""
     if device not in ("auto", "cuda", "cpu"):
         raise ValueError(f"--device {device!r} is not one of auto, cuda, cpu")
+    if save is not None:
+        check_output_path("--save", save)  # before a run of minutes
     try:
         import torch  # noqa: F401
     except ImportError:

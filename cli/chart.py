@@ -39,11 +39,9 @@ def check_plot_target(path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL_HINT}") from None
-    if not path.parent.is_dir():
-        problem = "is not a directory" if path.parent.exists() else "does not exist"
-        raise ValueError(
-            f"--plot {path}: the directory {path.parent} {problem}; create it or write the figure elsewhere"
-        )
+    from kvcalc.cli.options import check_output_path
+
+    check_output_path("--plot", path, "the figure")
 
 
 def write_waste_plot(

@@ -38,6 +38,16 @@ def integer(flag: str) -> Callable[[Any], int]:
     return parse
 
 
+def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
+    """Fail before any work when `flag`'s output file cannot be created: its directory is missing, is not a
+    directory, or the path is itself a directory. Raises ValueError (one `error:` line, exit 2)."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory: give a file name inside it")
+    if not path.parent.is_dir():
+        problem = "is not a directory" if path.parent.exists() else "does not exist"
+        raise ValueError(f"{flag} {path}: the directory {path.parent} {problem}; create it or write {what} elsewhere")
+
+
 def int_option(*param_decls: str, help: str) -> Any:
     """`typer.Option` for an integer count that accepts `1e12` and `1_000_000` (see `integer`)."""
     return typer.Option(*param_decls, parser=integer(param_decls[0]), metavar="<int>", help=help)

@@ -17,6 +17,7 @@ from kvcalc.cli.options import (
     LayersOpt,
     ModelOpt,
     SeedOpt,
+    check_output_path,
     int_option,
 )
 from kvcalc.cli.output import Format, emit, err_console, resolve_format
@@ -155,6 +156,8 @@ def command(
         from kvcalc.cli.chart import check_plot_target
 
         check_plot_target(plot)
+    if timeline is not None:
+        check_output_path("--timeline", timeline)
     policies = choose_policies(policy, compare)
     slo_spec = parse_slo(slo)
     target_attainment = check_attainment(find_max_rate, target_attainment)

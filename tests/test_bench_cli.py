@@ -206,3 +206,12 @@ def test_integer_spellings_are_read_exactly(run_cli):
     doc = result.json()
     assert (doc["timing"][0]["batch"], doc["timing"][0]["context"], doc["timing"][0]["block_size"]) == (1, 30, 16)
     assert (doc["config"]["iters"], doc["config"]["warmup"]) == (1, 0)
+
+
+def test_save_into_a_missing_directory_is_refused_before_the_run(run_cli, tmp_path):
+    # QA2 #7: the directory is named (as frag --plot), not "no such file"; checked before any timing
+    target = tmp_path / "missing" / "b.json"
+    result = run_cli("bench", *SMALL, "--save", str(target))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (f"error: --save {target}: the directory {target.parent} does not exist; "
+                             "create it or write the file elsewhere\n")

@@ -159,3 +159,14 @@ def test_integer_spellings_are_read_exactly(run_cli):
                       "--block", "1_6", "--max-model-len", "2e3", *common)
     assert spelled.exit_code == 0, spelled.stderr
     assert spelled.json() == plain.json() and plain.json()["requests"] == 10
+
+
+def test_timeline_into_a_missing_directory_is_refused_before_the_run(run_cli, tmp_path):
+    # QA2 #7: the directory is named (as frag --plot), not "no such file"; nothing runs first
+    target = tmp_path / "missing" / "t.csv"
+    result = run_cli("sim", "--requests", "3", "--timeline", str(target))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (f"error: --timeline {target}: the directory {target.parent} does not exist; "
+                             "create it or write the file elsewhere\n")
+    directory = run_cli("sim", "--requests", "3", "--timeline", str(tmp_path))
+    assert directory.exit_code == 2 and f"--timeline {tmp_path} is a directory" in directory.stderr
