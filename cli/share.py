@@ -30,13 +30,22 @@ DEFAULT_DTYPE = "fp16"
 
 
 def command(
-    prefix: Annotated[int | None, int_option("--prefix", help="Prompt tokens shared by all branches.")] = None,
-    branches: Annotated[int | None, int_option("--branches", help="Branches K (samples or beams).")] = None,
-    gen: Annotated[int | None, int_option("--gen", help="Tokens each branch generates.")] = None,
+    prefix: Annotated[
+        int | None,
+        int_option("--prefix", help=f"Prompt tokens shared by all branches (default: {DEFAULTS['prefix']:,})."),
+    ] = None,
+    branches: Annotated[
+        int | None, int_option("--branches", help=f"Branches K (samples or beams; default: {DEFAULTS['branches']}).")
+    ] = None,
+    gen: Annotated[
+        int | None, int_option("--gen", help=f"Tokens each branch generates (default: {DEFAULTS['gen']}).")
+    ] = None,
     mode: Annotated[
         str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
     ] = None,
-    seed: Annotated[int | None, int_option("--seed", help="Beam mode: seed of the beam selection.")] = None,
+    seed: Annotated[
+        int | None, int_option("--seed", help="With --mode beam: seed of the beam selection (default: 0).")
+    ] = None,
     block: Annotated[int, int_option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
     trace: Annotated[
         tuple[str, Path] | None,
@@ -85,6 +94,10 @@ def command(
             mode=(mode or DEFAULTS["mode"]).strip().lower(),
             seed=0 if seed is None else seed,
         )
+        if seed is not None and scenario.mode != "beam":
+            # parallel branches draw nothing at random: a seed there would be accepted and change nothing
+            raise ValueError(f"--seed applies to --mode beam ({scenario.mode} mode draws nothing at random): "
+                             "add --mode beam or drop --seed")
         emit(_scenario_report(run_scenario(scenario), spec, dtype, block_bytes), fmt)
         return
     if scenario_given:

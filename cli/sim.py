@@ -16,7 +16,6 @@ from kvcalc.cli.options import (
     KvHeadsOpt,
     LayersOpt,
     ModelOpt,
-    SeedOpt,
     check_output_path,
     int_option,
 )
@@ -113,8 +112,11 @@ def command(
     ] = None,
     preempt: Annotated[str, typer.Option("--preempt", help="recompute or swap.")] = "recompute",
     swap_bandwidth: Annotated[
-        str, typer.Option("--swap-bandwidth", help="Swap bytes/s (host link), e.g. 25GB.")
-    ] = "25GB",
+        str | None,
+        typer.Option("--swap-bandwidth",
+                     help="With --preempt swap: swap bytes/s over the host link "
+                          f"(default: {sim_setup.Options.swap_bandwidth})."),
+    ] = None,
     cancel_fraction: Annotated[
         float, typer.Option("--cancel-fraction", help="Share of requests cancelled midway.")
     ] = 0.0,
@@ -122,7 +124,11 @@ def command(
         float | None, typer.Option("--timeout", help="Drop requests without a first token after s seconds "
                                                      "(inf = no timeout, the default).")
     ] = None,
-    seed: SeedOpt = 0,
+    seed: Annotated[
+        int | None,
+        int_option("--seed", help="Seed of the constructed samples and of --cancel-fraction's picks (default: "
+                                  f"{sim_setup.Options.seed}); runs are reproducible."),
+    ] = None,
     compute_eff: Annotated[float, typer.Option("--compute-eff", help="Share of peak FLOP/s reached.")] = 0.6,
     weight_eff: Annotated[float, typer.Option("--weight-eff", help="Share of bandwidth when reading weights.")] = 0.8,
     attn_eff: Annotated[float, typer.Option("--attn-eff", help="Share of bandwidth when reading KV.")] = 0.8,
@@ -158,6 +164,7 @@ def command(
         check_plot_target(plot)
     if timeline is not None:
         check_output_path("--timeline", timeline)
+    _check_ignored(preempt, swap_bandwidth, trace, seed, cancel_fraction)
     policies = choose_policies(policy, compare)
     slo_spec = parse_slo(slo)
     target_attainment = check_attainment(find_max_rate, target_attainment)
@@ -194,10 +201,10 @@ def command(
             max_seqs=max_seqs,
             max_model_len=max_model_len,
             preempt=preempt,
-            swap_bandwidth=swap_bandwidth,
+            swap_bandwidth=sim_setup.Options.swap_bandwidth if swap_bandwidth is None else swap_bandwidth,
             cancel_fraction=cancel_fraction,
             timeout=timeout,
-            seed=seed,
+            seed=sim_setup.Options.seed if seed is None else seed,
             compute_eff=compute_eff,
             weight_eff=weight_eff,
             attn_eff=attn_eff,
@@ -229,6 +236,16 @@ def command(
         err_console.print(f"wrote {plot}", highlight=False)
     report = build_report(setup, policies, summaries, searches, slo_spec, target_attainment)
     emit(report, resolve_format(json_flag, fmt))
+
+
+def _check_ignored(preempt: str, swap_bandwidth: str | None, trace, seed: int | None, cancel_fraction: float) -> None:
+    """Refuse options that were given but would change nothing (the defaults are None so a given value shows)."""
+    if swap_bandwidth is not None and preempt.strip().lower() != "swap":
+        raise ValueError(f"--swap-bandwidth applies to --preempt swap (--preempt {preempt} never swaps): "
+                         "add --preempt swap or drop --swap-bandwidth")
+    if seed is not None and trace is not None and cancel_fraction == 0:
+        raise ValueError("--seed with --trace only picks the cancelled requests, and there are none: the trace "
+                         "fixes arrivals and lengths; add --cancel-fraction or drop --seed")
 
 
 def _run_with_progress(setup, name: str, record_timeline: bool):

@@ -177,3 +177,18 @@ def test_integer_spellings_are_read_exactly(run_cli, mooncake) -> None:
     spelled = run_cli("share", *trace, "--limit", "2e0", "--capacity-blocks", "1e2", "--json")
     assert spelled.exit_code == 0, spelled.stderr
     assert spelled.json() == plain.json() and plain.json()["requests"] == 2
+
+
+@pytest.mark.parametrize("args", [("--seed", "5"), ("--seed", "0"), ("--seed", "5", "--mode", "parallel")])
+def test_seed_in_parallel_mode_is_refused(run_cli, args) -> None:
+    # QA2 #4: parallel branches draw nothing at random; a seed there changed nothing without a word
+    result = run_cli("share", *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --seed applies to --mode beam") and result.stderr.count("\n") == 1
+
+
+def test_seed_in_beam_mode_still_works(run_cli) -> None:
+    a = run_cli("share", "--mode", "beam", "--seed", "5", "--json")
+    assert a.exit_code == 0, a.stderr
+    assert a.json()["seed"] == 5
+    assert run_cli("share", "--mode", "beam", "--json").json()["seed"] == 0  # the default seed

@@ -61,8 +61,8 @@ CUSTOM = ("--gpu-memory", "80GiB", "--bandwidth", "1e12", "--flops", "1e15")
     (("--rate", "nan"), "--rate nan"),
     (("--rate", "1e-300"), "--rate 1e-300"),
     (("--slo", "ttft=1e400"), "--slo"),
-    (("--swap-bandwidth", "0"), "--swap-bandwidth 0: must be a positive number of bytes/s"),
-    (("--swap-bandwidth", "1e400"), "--swap-bandwidth 1e400"),
+    (("--preempt", "swap", "--swap-bandwidth", "0"), "--swap-bandwidth 0: must be a positive number of bytes/s"),
+    (("--preempt", "swap", "--swap-bandwidth", "1e400"), "--swap-bandwidth 1e400"),
     (("--weights-bytes", "1e400"), "--weights-bytes 1e400"),
     (("--workspace-bytes", "1e400"), "--workspace-bytes 1e400"),
     (("--arrival", "gamma", "--burstiness", "inf"), "--burstiness"),
@@ -170,3 +170,40 @@ def test_bits_spelling_is_refused_and_lower_case_is_bytes(run_cli):
     upper = run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25GB", "--json")
     assert lower.exit_code == 0, lower.stderr
     assert lower.json() == upper.json()
+
+
+# ---- QA2 #4: options given explicitly that would change nothing ------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    ("--swap-bandwidth", "1KB"),
+    ("--swap-bandwidth", "25GB"),  # the default value, given explicitly, is still ignored without swapping
+    ("--swap-bandwidth", "1KB", "--preempt", "recompute"),
+])
+def test_swap_bandwidth_without_swapping_is_refused(run_cli, args):
+    assert "--swap-bandwidth applies to --preempt swap" in one_error_line(run_cli("sim", *TINY, *args))
+
+
+def test_swap_bandwidth_with_swapping_and_the_default_are_the_same_run(run_cli):
+    # the default swap bandwidth is 25GB: giving it explicitly with --preempt swap changes nothing
+    explicit = run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25GB", "--json")
+    default = run_cli("sim", *TINY, "--preempt", "swap", "--json")
+    assert explicit.exit_code == 0, explicit.stderr
+    assert explicit.json() == default.json()
+
+
+def test_seed_with_a_trace_needs_cancellations(run_cli, azure):
+    # a trace fixes arrivals and lengths; the seed only picks the cancelled requests
+    line = one_error_line(run_cli("sim", "--trace", "azure", azure, "--seed", "3"))
+    assert "--seed with --trace only picks the cancelled requests" in line
+    line = one_error_line(run_cli("sim", "--trace", "azure", azure, "--seed", "0"))  # the default, given: refused
+    assert "add --cancel-fraction or drop --seed" in line
+    with_cancel = run_cli("sim", "--trace", "azure", azure, "--seed", "3", "--cancel-fraction", "0.5", "--json")
+    assert with_cancel.exit_code == 0, with_cancel.stderr
+    # 4 requests, cancel fraction 0.5: 2 cancelled
+    assert with_cancel.json()["cancelled"] == 2
+
+
+def test_seed_of_constructed_samples_defaults_to_zero(run_cli):
+    explicit = run_cli("sim", *TINY, "--seed", "0", "--json")
+    default = run_cli("sim", *TINY, "--json")
+    assert explicit.json() == default.json()
+    assert run_cli("sim", *TINY, "--seed", "1", "--json").json() != default.json()
