@@ -335,3 +335,18 @@ def test_the_mean_is_exact_past_a_double(run_cli, tmp_path):
     path.write_text("5\n3000000000000000000\n4000000000000000000\n")
     assert "mean 2,333,333,333,333,333,335.00" in run_cli("frag", "--lengths-file", str(path)).stdout
     assert "mean 193.60" in run_cli("frag").stdout  # 968 / 5
+
+
+def test_sweep_adds_the_given_block_sizes(run_cli):
+    # QA2 #4 (frag --sweep --block): --sweep is the union of 1, 2, 4 … 256 and every --block (as its help says),
+    # so --block is not ignored: 24 adds a row; 32 is already in the sweep, so the rows are the sweep's
+    sweep = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+    def sizes(*args):
+        result = run_cli("frag", "--lengths", "5", "--sweep", *args, "--json")
+        assert result.exit_code == 0, result.stderr
+        return [p["block_size"] for p in result.json()["paged"]]
+
+    assert sizes() == sweep
+    assert sizes("--block", "24") == sorted([*sweep, 24])
+    assert sizes("--block", "32") == sweep
