@@ -349,7 +349,9 @@ def _per_seq_table(rows: PerSequence, max_len: int) -> Table:
     for b in rows.allocated:
         labels += [f"A_{b}(n)", f"W_{b}(n)"]
     data: list[Any] = list(zip(range(1, rows.tokens.size + 1), *rows.rows_by_column(), strict=True))
-    return Table("Per sequence (token positions)", labels, data, raw=RawTable(["seq", *columns], data))
+    # People see thousands separators; only a table of at most PER_SEQ_TABLE_MAX rows is ever shown to them.
+    shown = [[format_count(v) for v in row] for row in data] if len(data) <= PER_SEQ_TABLE_MAX else data
+    return Table("Per sequence (token positions)", labels, shown, raw=RawTable(["seq", *columns], data))
 
 
 def _chart(result: FragAnalysis) -> str:

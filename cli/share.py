@@ -131,19 +131,26 @@ def _capacity(capacity_blocks: int | None, memory: str | None, spec: ModelSpec |
     return blocks
 
 
-def _model_doc(spec: ModelSpec | None, dtype: str | None, block_bytes: int | None) -> dict[str, Any]:
-    """The model part of the JSON; `bytes_upper_bound` is true for a model with sliding-window layers (see
-    _window_note)."""
+def _beyond_window(spec: ModelSpec | None, longest_tokens: int) -> bool:
+    """True when a sliding-window layer would drop blocks: some sequence is longer than the window."""
+    return spec is not None and spec.num_sliding_layers > 0 and longest_tokens > (spec.sliding_window or 0)
+
+
+def _model_doc(spec: ModelSpec | None, dtype: str | None, block_bytes: int | None,
+               longest_tokens: int) -> dict[str, Any]:
+    """The model part of the JSON; `bytes_upper_bound` is true when a sequence outgrows a sliding window
+    (see _window_note)."""
     if spec is None:
         return {}
     return {"model": spec.name, "dtype": dtype or DEFAULT_DTYPE, "block_bytes": block_bytes,
-            "bytes_upper_bound": spec.num_sliding_layers > 0}
+            "bytes_upper_bound": _beyond_window(spec, longest_tokens)}
 
 
-def _window_note(spec: ModelSpec | None) -> list[str]:
+def _window_note(spec: ModelSpec | None, longest_tokens: int) -> list[str]:
     """The pool keeps every layer's KV for every block of a sequence. A sliding-window layer needs only the
-    blocks of its last `window` tokens, so for such a model every byte figure here is an upper bound."""
-    if spec is None or not spec.num_sliding_layers:
+    blocks of its last `window` tokens, so once a sequence is longer than the window every byte figure here
+    is an upper bound."""
+    if spec is None or not _beyond_window(spec, longest_tokens):
         return []
     return [f"{spec.name}: {spec.num_sliding_layers} of {spec.layers} layers keep only the last "
             f"{format_count(spec.sliding_window)} tokens, but the pool holds every layer for every block: bytes "
@@ -172,7 +179,8 @@ def _scenario_report(
     if s.mode == "beam":
         doc["seed"] = s.seed
         doc["dropped_branches"] = result.dropped_branches
-    doc.update(_model_doc(spec, dtype, block_bytes))
+    longest = s.prefix_tokens + s.gen_tokens
+    doc.update(_model_doc(spec, dtype, block_bytes, longest))
     if block_bytes is not None:
         for key, blocks in (("logical_bytes", result.logical_blocks), ("physical_bytes", result.physical_blocks),
                             ("saved_bytes", result.saved_blocks), ("peak_bytes", result.peak_blocks)):
@@ -190,7 +198,7 @@ def _scenario_report(
     if spec is not None:
         per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
         report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")
-    report.notes += _window_note(spec)
+    report.notes += _window_note(spec, longest)
     return report
 
 
@@ -238,7 +246,8 @@ def _trace_report(
     }
     if memory is not None:
         doc["memory_bytes"] = parse_bytes(memory)
-    doc.update(_model_doc(spec, dtype, block_bytes))
+    longest = on.peak_used_blocks * on.block_size  # one request at a time: the largest request's block span
+    doc.update(_model_doc(spec, dtype, block_bytes, longest))
     records = [{"prefix_caching": True, **_replay_doc(on)}, {"prefix_caching": False, **_replay_doc(off)}]
     for record in records:
         record.update(block_size=on.block_size, capacity_blocks=on.capacity_blocks)
@@ -262,5 +271,5 @@ def _trace_report(
     if block_bytes is not None and spec is not None:
         report.notes.append(f"{spec.name}, {dtype or DEFAULT_DTYPE}: {format_bytes(block_bytes)} per block; "
                             f"prefill saved {format_bytes(on.hit_tokens * block_bytes // on.block_size)} of KV writes")
-    report.notes += _window_note(spec)
+    report.notes += _window_note(spec, longest)
     return report

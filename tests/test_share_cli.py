@@ -142,6 +142,13 @@ def test_sliding_window_model_bytes_are_flagged_as_an_upper_bound(run_cli):
     assert doc["block_bytes"] == 2_097_152 and doc["bytes_upper_bound"] is True
     result = run_cli("share", "--prefix", "8000", "--branches", "2", "--gen", "100", "--model", "mistral-7b-v0.1")
     assert "bytes are an upper bound" in result.stdout
+    # 100 + 10 tokens stay inside the 4,096-token window: the bytes are exact; 4,000 + 100 = 4,100 > 4,096.
+    doc = run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "100", "--gen", "10", "--json").json()
+    assert doc["bytes_upper_bound"] is False
+    assert run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "4000", "--gen", "100",
+                   "--json").json()["bytes_upper_bound"] is True
+    assert run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "4000", "--gen", "96",
+                   "--json").json()["bytes_upper_bound"] is False
     doc = run_cli("share", "--model", "llama-3-8b", "--json").json()
     assert doc["bytes_upper_bound"] is False
     assert "upper bound" not in run_cli("share", "--model", "llama-3-8b").stdout
