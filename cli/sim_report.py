@@ -46,8 +46,13 @@ def _latency_fields(slo_spec) -> list[Field]:
         Field(None, "mean / peak running", lambda r: f"{r['mean_running']:.1f} / {r['peak_running']}"),
         Field("goodput_rps", "goodput (req/s)" if with_slo else None, "{:.3f}".format),
         Field("slo_attainment", "SLO attainment" if with_slo else None, format_percent),
+        # CSV only: what the notes say to people travels with the numbers (see _CAVEAT_KEYS)
+        *(Field(key) for key in _CAVEAT_KEYS),
     ]
     return fields
+
+
+_CAVEAT_KEYS = ("latency_source", "workload_kind", "sliding_window_pool_modelled", "moe_weight_reads")
 
 
 _MEMORY_FIELDS = [
@@ -123,6 +128,11 @@ def build_report(setup, policies, summaries, searches, slo_spec, target) -> Repo
             for name, s in searches.items()
         }
     records = [_policy_record(p, summaries[p]) for p in policies]
+    caveats = {"latency_source": "step_time_model", "workload_kind": setup.workload.kind,
+               "sliding_window_pool_modelled": False if setup.spec.num_sliding_layers else None,
+               "moe_weight_reads": doc["moe_weight_reads"]}
+    for record in records:
+        record.update(caveats)
     tables = [
         quantity_table("Latency and throughput (step-time model)", ["", *policies], _latency_fields(slo_spec), records),
         quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies], _MEMORY_FIELDS, records),

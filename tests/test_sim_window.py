@@ -61,3 +61,16 @@ def test_fast_forward_equals_step_by_step_with_a_window(blocks, preempt):
     assert_same_run(*runs)
     plain = run_policy(w, "paged", make_setup(blocks, 16, opt13b_steptime(), seed=5, preempt=preempt))
     assert runs[0].end_s < plain.end_s  # reading less KV makes the same work finish sooner
+
+
+def test_csv_carries_the_caveats_of_the_notes(run_cli):
+    # People read "latencies come from the step-time model" and the window note; a script reading CSV gets
+    # them as columns.
+    lines = run_cli("sim", "--requests", "5", "--model", "mistral-7b-v0.1", "--gpu", "H100-SXM",
+                    "--format", "csv").stdout.splitlines()
+    row = dict(zip(lines[1].split(","), lines[2].split(","), strict=True))
+    assert row["latency_source"] == "step_time_model" and row["workload_kind"] == "constructed"
+    assert row["sliding_window_pool_modelled"] == "false" and row["moe_weight_reads"] == ""
+    lines = run_cli("sim", "--requests", "5", "--format", "csv").stdout.splitlines()
+    row = dict(zip(lines[1].split(","), lines[2].split(","), strict=True))
+    assert row["sliding_window_pool_modelled"] == ""  # OPT-13B has no sliding window
