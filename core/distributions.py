@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvcalc.core.units import parse_int
+
 _MAX_ZIPF_SUPPORT = 10**7  # the inverse-CDF table is max float64s
 _MAX_EXACT_FLOAT = 2**53  # a sampled float above this is no longer an exact integer
 _MAX_RESAMPLE_ROUNDS = 1000
@@ -161,7 +163,7 @@ class LengthDistribution:
 
 def _parse_number(text: str, key: str, name: str, integer: bool) -> float | int:
     try:
-        value: float | int = int(text) if integer else float(text)
+        value: float | int = parse_int(text, key) if integer else float(text)  # 1e3 = 1000, as for every count
     except ValueError:
         kind = "an integer" if integer else "a number"
         raise ValueError(f"{name}: {key}={text!r} is not {kind}") from None

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kvcalc.core.paging import MAX_LENGTH
+from kvcalc.core.units import parse_int
 
 __all__ = ["ints_from_text", "read_lengths_array", "validated"]
 
@@ -38,14 +39,18 @@ def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = ""
         return np.array(items).astype(np.int64) if items else np.zeros(0, np.int64)
     except (ValueError, OverflowError):
         pass
-    for i, text in enumerate(items):
+    values = []
+    for i, text in enumerate(items):  # exact spellings as every integer option reads them: 1e3, 1_000, 4096.0
         try:
-            value = int(text)
+            value = parse_int(text, "length")
         except ValueError:
             raise ValueError(f"{where(i)}: {text!r} is not an integer length{hint}") from None
-        if value > 2**62:
+        if value > MAX_LENGTH:
             raise ValueError(f"{where(i)}: length {value} is too large (lengths must be <= 2^62)")
-    raise AssertionError("unreachable: numpy rejected the items but int() accepted every one")
+        if value < -MAX_LENGTH:  # would not fit int64; smaller negatives are named by the range check
+            raise ValueError(f"{where(i)}: length {value} is not positive; every sequence holds at least 1 token")
+        values.append(value)
+    return np.array(values, dtype=np.int64)
 
 
 def read_lengths_array(path: Path, column: str | None = None) -> np.ndarray:
