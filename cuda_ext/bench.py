@@ -119,12 +119,13 @@ def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: 
     }
 
 
-def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int | None,
                 elem_bytes: int = 2) -> int:
+    """Unique bytes one decode step must move; `block_size` None: the contiguous layout (no block tables)."""
     kv = 2 * sum(lens) * num_kv_heads * head_dim * elem_bytes
     q_and_out = 2 * len(lens) * num_q_heads * head_dim * elem_bytes
-    tables = 4 * sum(math.ceil(n / block_size) for n in lens) + 4 * len(lens)
-    return kv + q_and_out + tables
+    tables = 4 * sum(math.ceil(n / block_size) for n in lens) if block_size is not None else 0
+    return kv + q_and_out + tables + 4 * len(lens)  # + seq_lens
 
 
 class Backend:

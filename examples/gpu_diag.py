@@ -58,9 +58,7 @@ def main() -> int:
             x = make_inputs([context] * batch, q_heads, 8, 128, 16, torch.bfloat16, device, gen)
             x["out"] = torch.empty_like(x["q"])
             us = timer.median_us(lambda: _launch(ops, x, splits, paged), iters=args.iters, warmup=3)
-            moved = bytes_moved([context] * batch, q_heads, 8, 128, 16)
-            if not paged:  # no block tables to read: K, V, q, out and seq_lens only
-                moved -= 4 * batch * -(-context // 16)
+            moved = bytes_moved([context] * batch, q_heads, 8, 128, 16 if paged else None)
             tbps = moved / (us * 1e-6) / 1e12
             row.update(us=us, bytes=moved, tbps=tbps, fraction_of_copy=tbps / copy_tbps)
         except Exception as exc:  # record and go on: a diagnostic must not sink the session's run

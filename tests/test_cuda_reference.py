@@ -194,6 +194,7 @@ def test_bytes_moved_by_hand():
     # lengths 17 and 3, 2 KV heads, 4 q heads, d 64, block 16, 2-byte elements:
     # K+V 2*20*2*64*2 = 10240; q+out 2*2*4*64*2 = 2048; tables (2 + 1) blocks * 4 = 12; seq_lens 2*4 = 8
     assert bytes_moved([17, 3], 4, 2, 64, 16) == 10240 + 2048 + 12 + 8
+    assert bytes_moved([17, 3], 4, 2, 64, None) == 10240 + 2048 + 8  # contiguous: no block-table entries
     assert math.isclose(bytes_moved([4096] * 64, 32, 8, 128, 16) / 2**30, 1.0, rel_tol=1e-2)
 
 
