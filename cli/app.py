@@ -83,11 +83,13 @@ def _check_one_format(args: list[str]) -> None:
     commands check it again when they print)."""
     if "--json" not in args:
         return
+    from kvcalc.cli.output import check_one_format
+
     for i, arg in enumerate(args):
         value = arg.partition("=")[2] if arg.startswith("--format=") else (
             args[i + 1] if arg == "--format" and i + 1 < len(args) else None)
-        if value is not None and value.lower() in ("csv", "markdown"):
-            raise ValueError(f"--json and --format {value} ask for two formats: give one of them")
+        if value is not None:
+            check_one_format(True, value)
 
 
 def _describe(exc: Exception) -> str:

@@ -134,10 +134,16 @@ class Report:
     footer: list[str] = field(default_factory=list)
 
 
+def check_one_format(json_flag: bool, fmt: str) -> None:
+    """`--json` with `--format csv` or `markdown` asks for two formats (`table` is the default, so it cannot
+    be told from no --format at all)."""
+    if json_flag and fmt.lower() in (Format.csv.value, Format.markdown.value):
+        raise ValueError(f"--json and --format {fmt} ask for two formats: give one of them")
+
+
 def resolve_format(json_flag: bool, fmt: Format) -> Format:
-    """`--json` is `--format json`; with `--format csv` or `markdown` as well it asks for two formats."""
-    if json_flag and fmt in (Format.csv, Format.markdown):
-        raise ValueError(f"--json and --format {fmt.value} ask for two formats: give one of them")
+    """`--json` is `--format json`."""
+    check_one_format(json_flag, fmt.value)
     return Format.json if json_flag else fmt
 
 
@@ -149,10 +155,14 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def _plain(value: Any) -> Any:
+    """Fractions and numpy values as the Python values JSON knows; anything else as it is."""
+    return _json_default(value) if isinstance(value, Fraction) or hasattr(value, "tolist") else value
+
+
 def _clean(value: Any) -> Any:
     """Plain Python values, non-finite floats as null (JSON has no NaN or Infinity)."""
-    if isinstance(value, Fraction) or hasattr(value, "tolist"):
-        value = _json_default(value)
+    value = _plain(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -180,8 +190,7 @@ def _compact(value: Any) -> str:
 def _encode(value: Any, level: int) -> str:
     """json.dumps(indent=2) of the cleaned value, except that a list longer than LONG_LIST prints one
     compact element per line: a million per-sequence rows take seconds, not half a minute."""
-    if isinstance(value, Fraction) or hasattr(value, "tolist"):
-        value = _json_default(value)
+    value = _plain(value)
     pad, inner = "  " * level, "  " * (level + 1)
     if isinstance(value, dict):
         if not value:

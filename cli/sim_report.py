@@ -128,8 +128,9 @@ def build_report(setup, policies, summaries, searches, slo_spec, target) -> Repo
             for name, s in searches.items()
         }
     records = [_policy_record(p, summaries[p]) for p in policies]
+    window = doc["sliding_window"]
     caveats = {"latency_source": "step_time_model", "workload_kind": setup.workload.kind,
-               "sliding_window_pool_modelled": False if setup.spec.num_sliding_layers else None,
+               "sliding_window_pool_modelled": window["pool_modelled"] if window else None,
                "moe_weight_reads": doc["moe_weight_reads"]}
     for record in records:
         record.update(caveats)
