@@ -85,14 +85,19 @@ def _check_heads(num_q_heads: int, num_kv_heads: int) -> None:
         )
 
 
+def _check_kv(k_name: str, k: Any, v_name: str, v: Any, q: Any, require_cuda: bool) -> None:
+    """K and V: 4-d, q's dtype and device, contiguous, and the same shape."""
+    for name, t in ((k_name, k), (v_name, v)):
+        _check_tensor(name, t, q.dtype, 4, q.device, require_cuda)
+    if k.shape != v.shape:
+        raise ValueError(f"{k_name} {tuple(k.shape)} and {v_name} {tuple(v.shape)} differ in shape")
+
+
 def validate_paged(q, k_cache, v_cache, block_tables, seq_lens, *, require_cuda: bool = True) -> None:
     """Every check the paged op makes before it launches (reads block_tables and seq_lens on the host)."""
     torch = _torch()
     batch, num_q_heads, head_dim = _check_q(q, require_cuda)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, t, q.dtype, 4, q.device, require_cuda)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+    _check_kv("k_cache", k_cache, "v_cache", v_cache, q, require_cuda)
     num_blocks, block_size, num_kv_heads, kv_dim = k_cache.shape
     if kv_dim != head_dim:
         raise ValueError(f"k_cache head_dim {kv_dim} differs from q's {head_dim}")
@@ -126,10 +131,7 @@ def validate_paged(q, k_cache, v_cache, block_tables, seq_lens, *, require_cuda:
 def validate_contiguous(q, k, v, seq_lens, *, require_cuda: bool = True) -> None:
     torch = _torch()
     batch, num_q_heads, head_dim = _check_q(q, require_cuda)
-    for name, t in (("k", k), ("v", v)):
-        _check_tensor(name, t, q.dtype, 4, q.device, require_cuda)
-    if k.shape != v.shape:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+    _check_kv("k", k, "v", v, q, require_cuda)
     if k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(f"k has shape {tuple(k.shape)}, expected [{batch}, max_len, num_kv_heads, {head_dim}]")
     _check_heads(num_q_heads, k.shape[2])
