@@ -81,7 +81,13 @@ def paged_decode_attention_reference(
     scale: float | None = None,
     compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Paged decode attention: gathers K and V through the block table, then the contiguous reference."""
-    k = gather_paged_kv(k_cache, block_tables, seq_lens)
-    v = gather_paged_kv(v_cache, block_tables, seq_lens)
+    """Paged decode attention: gathers K and V through the block table, then the contiguous reference.
+
+    NOTE: the gather spans the table's whole capacity (max_blocks_per_seq x block_size), the T of the
+    contiguous layout, so both references reduce over the same shapes in the same order and agree bit for
+    bit on any CPU. Gathering only to the longest length changes T, and with it how BLAS/ATen split the
+    float32 sums (differences of 1e-6..1e-4 seen on other CPUs)."""
+    capacity = block_tables.shape[1] * k_cache.shape[1]
+    k = gather_paged_kv(k_cache, block_tables, seq_lens, capacity)
+    v = gather_paged_kv(v_cache, block_tables, seq_lens, capacity)
     return decode_attention_reference(q, k, v, seq_lens, scale, compute_dtype)
