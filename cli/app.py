@@ -17,8 +17,8 @@ try:  # typer >= 0.22 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
-from kvcalc.cli.commands import COMMANDS
-from kvcalc.core.errors import CudaUnavailableError
+from ..core.errors import CudaUnavailableError
+from .commands import COMMANDS
 
 EXIT_RUNTIME = 1
 EXIT_BAD_INPUT = 2
@@ -83,7 +83,7 @@ def _check_one_format(args: list[str]) -> None:
     commands check it again when they print)."""
     if "--json" not in args:
         return
-    from kvcalc.cli.output import check_one_format
+    from .output import check_one_format
 
     for i, arg in enumerate(args):
         value = arg.partition("=")[2] if arg.startswith("--format=") else (
@@ -118,7 +118,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from kvcalc import __version__
+        from .. import __version__
 
         typer.echo(f"kvcalc {__version__}")
         raise typer.Exit()

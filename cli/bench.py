@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import FormatOpt, JsonOpt, SeedOpt, check_output_path, int_option
-from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
-from kvcalc.core.units import format_bytes
+from ..core.units import format_bytes
+from .options import FormatOpt, JsonOpt, SeedOpt, check_output_path, int_option
+from .output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cuda (the extension), cpu (the reference "
                                         "implementations at small sizes) or auto (cuda if a GPU is visible).")]
@@ -155,8 +155,8 @@ def command(
         import torch  # noqa: F401
     except ImportError:
         raise ValueError("kvcalc bench needs torch: pip install 'kvcalc[bench]'") from None
-    from kvcalc.cuda_ext.backends import run_suite
-    from kvcalc.cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
+    from ..cuda_ext.backends import run_suite
+    from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
 
     device = _pick_device(device)
     shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES

@@ -39,7 +39,7 @@ def check_plot_target(path: Path) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ValueError(f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL_HINT}") from None
-    from kvcalc.cli.options import check_output_path
+    from .options import check_output_path
 
     check_output_path("--plot", path, "the figure")
 

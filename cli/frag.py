@@ -8,8 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.chart import bar_chart, check_plot_target, write_waste_plot
-from kvcalc.cli.options import (
+from ..core.dtypes import dtype_bits, parse_dtype
+from ..core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
+from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
+from ..core.paging import PerSequence
+from ..core.spec.models import resolve_model
+from ..core.units import format_bytes, format_count, format_percent, plural
+from .chart import bar_chart, check_plot_target, write_waste_plot
+from .options import (
     ConfigOpt,
     FormatOpt,
     HeadDimOpt,
@@ -20,7 +26,7 @@ from kvcalc.cli.options import (
     SeedOpt,
     int_option,
 )
-from kvcalc.cli.output import (
+from .output import (
     Field,
     Format,
     RawTable,
@@ -31,12 +37,6 @@ from kvcalc.cli.output import (
     record_table,
     resolve_format,
 )
-from kvcalc.core.dtypes import dtype_bits, parse_dtype
-from kvcalc.core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
-from kvcalc.core.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
-from kvcalc.core.models import resolve_model
-from kvcalc.core.paging import PerSequence
-from kvcalc.core.units import format_bytes, format_count, format_percent, plural
 
 PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
 PER_SEQ_TABLE_MAX = 10_000  # a per-sequence table for people (rich, markdown) has at most this many rows

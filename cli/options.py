@@ -18,8 +18,8 @@ try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
 except ImportError:  # pragma: no cover
     from click.exceptions import UsageError
 
-from kvcalc.cli.output import Format
-from kvcalc.core.units import parse_int
+from ..core.units import parse_int
+from .output import Format
 
 
 def integer(flag: str) -> Callable[[Any], int]:

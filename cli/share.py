@@ -7,7 +7,13 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import (
+from ..core.dtypes import dtype_bits
+from ..core.inputs.traces import read_trace
+from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
+from ..core.share.replay import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
+from ..core.spec.models import ModelSpec, resolve_model
+from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
+from .options import (
     ConfigOpt,
     FormatOpt,
     HeadDimOpt,
@@ -17,13 +23,7 @@ from kvcalc.cli.options import (
     ModelOpt,
     int_option,
 )
-from kvcalc.cli.output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
-from kvcalc.core.dtypes import dtype_bits
-from kvcalc.core.models import ModelSpec, resolve_model
-from kvcalc.core.share import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
-from kvcalc.core.share_trace import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
-from kvcalc.core.traces import read_trace
-from kvcalc.core.units import format_bytes, format_count, format_percent, parse_bytes, plural
+from .output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
 
 DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
 DEFAULT_DTYPE = "fp16"

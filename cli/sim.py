@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from kvcalc.cli.options import (
+from ..core.sim import setup as sim_setup
+from ..core.sim.checks import MAX_REQUESTS
+from ..core.sim.metrics import TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
+from ..core.sim.run import choose_policies, run_policy
+from ..core.sim.search import check_attainment, check_search, max_rate
+from ..core.sim.setup import DEFAULT_OUTPUT_DIST, DEFAULT_PROMPT_DIST
+from .options import (
     ConfigOpt,
     FormatOpt,
     HeadDimOpt,
@@ -19,14 +25,8 @@ from kvcalc.cli.options import (
     check_output_path,
     int_option,
 )
-from kvcalc.cli.output import Format, emit, err_console, resolve_format
-from kvcalc.cli.sim_report import build_report
-from kvcalc.core import sim_setup
-from kvcalc.core.sim_checks import MAX_REQUESTS
-from kvcalc.core.sim_metrics import TIMELINE_COLUMNS, parse_slo, summarize, timeline_rows
-from kvcalc.core.sim_run import choose_policies, run_policy
-from kvcalc.core.sim_search import check_attainment, check_search, max_rate
-from kvcalc.core.sim_setup import DEFAULT_OUTPUT_DIST, DEFAULT_PROMPT_DIST
+from .output import Format, emit, err_console, resolve_format
+from .sim_report import build_report
 
 
 def command(
@@ -159,7 +159,7 @@ def command(
     Default: OPT-13B on one A100-40GB, 1,000 ShareGPT-like constructed requests at 1 request/s.
     """
     if plot is not None:
-        from kvcalc.cli.chart import check_plot_target
+        from .chart import check_plot_target
 
         check_plot_target(plot)
     if timeline is not None:
@@ -230,7 +230,7 @@ def command(
         _write_timeline(timeline, records)
         err_console.print(f"wrote {timeline}", highlight=False)
     if plot is not None:
-        from kvcalc.cli.sim_plot import write_sim_plot
+        from .sim_plot import write_sim_plot
 
         write_sim_plot(plot, records, f"{setup.workload.kind} workload: {setup.workload.description}")
         err_console.print(f"wrote {plot}", highlight=False)

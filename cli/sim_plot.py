@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcalc.core.sim_metrics import latencies
-from kvcalc.core.sim_policies import MEMORY_PARTS
+from ..core.sim.metrics import latencies
+from ..core.sim.policies import MEMORY_PARTS
 
 _COLORS = ("#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#dddddd")
 

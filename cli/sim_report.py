@@ -3,10 +3,10 @@ one record per policy)."""
 
 from __future__ import annotations
 
-from kvcalc.cli.output import Field, Report, Table, quantity_table, record_table
-from kvcalc.core.sim_metrics import STATS
-from kvcalc.core.sim_policies import MEMORY_PARTS
-from kvcalc.core.units import format_bytes, format_percent
+from ..core.sim.metrics import STATS
+from ..core.sim.policies import MEMORY_PARTS
+from ..core.units import format_bytes, format_percent
+from .output import Field, Report, Table, quantity_table, record_table
 
 
 def _ms(value: float | None) -> str:

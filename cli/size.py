@@ -7,7 +7,18 @@ from typing import Annotated, Any
 
 import typer
 
-from kvcalc.cli.options import (
+from ..core.dtypes import DTYPE_BITS, parse_dtype
+from ..core.spec.models import PRESETS, ModelSpec, resolve_model
+from ..core.spec.sizing import (
+    DEFAULT_BLOCK_SIZE,
+    PRESET_CONTEXTS,
+    SizeResult,
+    compute_size,
+    model_layers,
+    preset_rows,
+)
+from ..core.units import format_bytes, format_count, parse_bytes, plural
+from .options import (
     ConfigOpt,
     DtypeOpt,
     FormatOpt,
@@ -18,7 +29,7 @@ from kvcalc.cli.options import (
     ModelOpt,
     int_option,
 )
-from kvcalc.cli.output import (
+from .output import (
     Field,
     Format,
     Report,
@@ -29,17 +40,6 @@ from kvcalc.cli.output import (
     record_table,
     resolve_format,
 )
-from kvcalc.core.dtypes import DTYPE_BITS, parse_dtype
-from kvcalc.core.models import PRESETS, ModelSpec, resolve_model
-from kvcalc.core.sizing import (
-    DEFAULT_BLOCK_SIZE,
-    PRESET_CONTEXTS,
-    SizeResult,
-    compute_size,
-    model_layers,
-    preset_rows,
-)
-from kvcalc.core.units import format_bytes, format_count, parse_bytes, plural
 
 TokensOpt = Annotated[
     int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcalc.core import paging
-from kvcalc.core.models import ModelSpec
+from . import paging
+from .spec.models import ModelSpec
 
 DEFAULT_BLOCK_SIZES = (16, 32)  # vLLM's default block size and the next one, as in the worked example
 

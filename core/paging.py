@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from kvcalc.core.models import ModelSpec
+from .spec.models import ModelSpec
 
 BLOCK_TABLE_ENTRY_BYTES = 4  # int32 block ids, as vLLM and FlashInfer use
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256

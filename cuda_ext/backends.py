@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from kvcalc.core.errors import CudaUnavailableError
-from kvcalc.cuda_ext.bench import CPU_LABEL, Backend, BenchConfig, run_bench
-from kvcalc.cuda_ext.flex_paged import flex_paged_op
+from ..core.errors import CudaUnavailableError
+from .bench import CPU_LABEL, Backend, BenchConfig, run_bench
+from .flex_paged import flex_paged_op
 
 CUDA_LABEL = "CUDA extension (kvcalc.cuda_ext, paged and contiguous decode kernels)"
 
@@ -36,7 +36,7 @@ class CpuReferenceBackend(Backend):
     def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
         import torch
 
-        from kvcalc.cuda_ext.reference import paged_decode_attention_reference
+        from .reference import paged_decode_attention_reference
 
         out = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"],
                                                compute_dtype=torch.float32)
@@ -45,7 +45,7 @@ class CpuReferenceBackend(Backend):
     def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
         import torch
 
-        from kvcalc.cuda_ext.reference import decode_attention_reference
+        from .reference import decode_attention_reference
 
         out = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"], compute_dtype=torch.float32)
         return _into(x, out.to(x["q"].dtype))
@@ -57,13 +57,13 @@ class CudaBackend(Backend):
     label = CUDA_LABEL
 
     def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
-        from kvcalc.cuda_ext.ops import paged_decode_attention
+        from .ops import paged_decode_attention
 
         return paged_decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"],
                                       num_splits=num_splits, out=x.get("out"), validate="out" not in x)
 
     def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
-        from kvcalc.cuda_ext.ops import contiguous_decode_attention
+        from .ops import contiguous_decode_attention
 
         return contiguous_decode_attention(x["q"], x["k"], x["v"], x["seq_lens"], num_splits=num_splits,
                                            out=x.get("out"), validate="out" not in x)
@@ -91,7 +91,7 @@ def _nvidia_driver() -> str | None:
 def cuda_device_info(device: Any) -> dict[str, Any]:
     import torch
 
-    from kvcalc.cuda_ext.build import find_nvcc, nvcc_version
+    from .build import find_nvcc, nvcc_version
 
     props = torch.cuda.get_device_properties(device)
     return {
@@ -116,7 +116,7 @@ def run_suite(
     import torch
 
     if config.device == "cpu":
-        from kvcalc.cuda_ext.timing import cpu_median_us
+        from .timing import cpu_median_us
 
         return run_bench(
             config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=cpu_device_info(), copy_tbps=None,
@@ -127,9 +127,9 @@ def run_suite(
             f"--device cuda needs a CUDA GPU, but torch {torch.__version__} sees none "
             f"({'built without CUDA' if torch.version.cuda is None else 'no device or driver'}); use --device cpu"
         )
-    from kvcalc.cuda_ext import ops
-    from kvcalc.cuda_ext.build import find_nvcc
-    from kvcalc.cuda_ext.timing import CudaTimer
+    from . import ops
+    from .build import find_nvcc
+    from .timing import CudaTimer
 
     find_nvcc()
     device = torch.device("cuda", torch.cuda.current_device())

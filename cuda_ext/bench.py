@@ -94,7 +94,7 @@ def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: 
     max_len = the table capacity."""
     import torch
 
-    from kvcalc.cuda_ext.reference import gather_paged_kv
+    from .reference import gather_paged_kv
 
     batch = len(lens)
     blocks = [math.ceil(n / block_size) for n in lens]
@@ -144,7 +144,7 @@ def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[s
     """Every dtype x head dim x group x block size, with ragged lengths: 0, 1, mid-block, several blocks."""
     import torch
 
-    from kvcalc.cuda_ext.reference import decode_attention_reference
+    from .reference import decode_attention_reference
 
     gen = torch.Generator(device=device).manual_seed(seed)
     rows = []

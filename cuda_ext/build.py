@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcalc.core.errors import CudaUnavailableError
+from ..core.errors import CudaUnavailableError
 
 CSRC_DIR = Path(__file__).parent / "csrc"
 SOURCES = ("decode_attention.cu", "decode_attention.cuh", "decode_params.h", "intrinsics_cuda.cuh")

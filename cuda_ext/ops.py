@@ -20,7 +20,7 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from kvcalc.core.errors import CudaUnavailableError
+from ..core.errors import CudaUnavailableError
 
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 16
@@ -155,7 +155,7 @@ def library() -> ctypes.CDLL:
         raise CudaUnavailableError(
             f"no CUDA device is available to torch {torch.__version__} (built with {built_with}); use --device cpu"
         )
-    from kvcalc.cuda_ext.build import build_library, load_library, require_device
+    from .build import build_library, load_library, require_device
 
     major, minor = torch.cuda.get_device_capability()
     lib = load_library(build_library([f"{major}{minor}"]).library_path)

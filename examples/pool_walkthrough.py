@@ -10,7 +10,7 @@ cache. `check_invariants()` runs after every operation.
 
 from __future__ import annotations
 
-from kvcalc.core.block_pool import BlockPool, ReleaseReason
+from kvcalc.core.pool.block_pool import BlockPool, ReleaseReason
 
 BLOCK_SIZE = 4
 PROMPT = list(range(100, 110))  # 10 token ids: blocks [100..103], [104..107] are full, [108, 109] is partial

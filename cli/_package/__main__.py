@@ -1,3 +1,3 @@
-from kvcalc.cli.app import main
+from .cli.app import main
 
 main()

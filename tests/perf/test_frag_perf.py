@@ -24,7 +24,7 @@ import pytest
 
 from kvcalc.core import paging
 from kvcalc.core.frag import analyse
-from kvcalc.core.lengths import LengthDistribution, lengths_from_trace
+from kvcalc.core.inputs.lengths import LengthDistribution, lengths_from_trace
 
 pytestmark = pytest.mark.perf
 
@@ -125,7 +125,7 @@ def _peak_mib(fn: Callable[[], object]) -> float:
 
 
 def test_text_lengths_file_of_ten_million_lines(tmp_path):
-    from kvcalc.core.lengths import read_lengths_file
+    from kvcalc.core.inputs.lengths import read_lengths_file
 
     tokens = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8").sample(NUM_LENGTHS, np.random.default_rng(0))
     text_path, npy_path = tmp_path / "lengths.txt", tmp_path / "lengths.npy"

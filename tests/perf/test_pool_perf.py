@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcalc.core.block_pool import BlockPool
+from kvcalc.core.pool.block_pool import BlockPool
 
 pytestmark = pytest.mark.perf
-MOONCAKE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
 
 
 def best_of(runs: int, fn) -> float:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvcalc.core.share_trace import replay
-from kvcalc.core.traces import read_trace
+from kvcalc.core.inputs.traces import read_trace
+from kvcalc.core.share.replay import replay
 
 pytestmark = pytest.mark.perf
-MOONCAKE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
 BOUNDED_BLOCKS = 20_480  # 40 GiB / (2 · 32 layers · 8 KV heads · 128 dims · 2 bytes · 16 tokens = 2 MiB)
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcalc.core import sim_setup
-from kvcalc.core.sim_metrics import Slo, summarize
-from kvcalc.core.sim_run import run_policy
+from kvcalc.core.sim import setup as sim_setup
+from kvcalc.core.sim.metrics import Slo, summarize
+from kvcalc.core.sim.run import run_policy
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023_conv.csv"
 

@@ -1,0 +1,1 @@
+"""Inputs: sequence lengths (lists, files, distributions) and request traces."""

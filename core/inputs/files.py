@@ -1,0 +1,232 @@
+"""Reading sequence lengths from files and text: one integer per line, a CSV column, a JSON list, .npy.
+
+Every reader returns a validated int64 array (each length in 1..2^62) or raises ValueError naming the file
+and the line or item. core/lengths.py wraps the arrays into `Lengths` with their provenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..paging import MAX_LENGTH
+from ..units import parse_int
+
+__all__ = ["ints_from_text", "read_lengths_array", "validated"]
+
+
+def validated(values: np.ndarray, where: Callable[[int], str] | None, what: str) -> np.ndarray:
+    """Check that every length is in 1..MAX_LENGTH; `where(i)` locates item i (0-based) in error messages."""
+    if values.size == 0:
+        raise ValueError(f"{what} holds no lengths: give at least one positive integer")
+    problem = None
+    if int(values.min()) < 1:
+        bad, problem = values < 1, "is not positive; every sequence holds at least 1 token"
+    elif int(values.max()) > MAX_LENGTH:
+        bad, problem = values > MAX_LENGTH, "is too large (lengths must be <= 2^62)"
+    if problem is not None:
+        i = int(np.argmax(bad))
+        place = where(i) if where is not None else f"{what}, item {i + 1}"
+        raise ValueError(f"{place}: length {int(values[i])} {problem}")
+    return values
+
+
+def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = "") -> np.ndarray:
+    """Parse integer strings; the fast path is vectorised, the slow one finds and names the first bad item."""
+    try:
+        return np.array(items).astype(np.int64) if items else np.zeros(0, np.int64)
+    except (ValueError, OverflowError):
+        pass
+    values = []
+    for i, text in enumerate(items):  # exact spellings as every integer option reads them: 1e3, 1_000, 4096.0
+        try:
+            value = parse_int(text, "length")
+        except ValueError:
+            raise ValueError(f"{where(i)}: {text!r} is not an integer length{hint}") from None
+        if value > MAX_LENGTH:
+            raise ValueError(f"{where(i)}: length {value} is too large (lengths must be <= 2^62)")
+        if value < -MAX_LENGTH:  # would not fit int64; smaller negatives are named by the range check
+            raise ValueError(f"{where(i)}: length {value} is not positive; every sequence holds at least 1 token")
+        values.append(value)
+    return np.array(values, dtype=np.int64)
+
+
+def read_lengths_array(path: Path, column: str | None = None) -> np.ndarray:
+    """int64 [N] from a lengths file, validated: one integer per line; a CSV column (`column` given); a JSON
+    list (.json); a NumPy array (.npy). `path` must be an existing file."""
+    if column is not None:
+        return _read_csv_column(path, column)
+    if path.suffix.lower() == ".npy":
+        return _read_npy(path)
+    if path.suffix.lower() == ".json":
+        return _read_json(path)
+    return _read_lines(path)
+
+
+def _not_text(path: Path) -> ValueError:
+    return ValueError(
+        f"{path}: not a text file (not UTF-8); give one integer per line, a CSV with --column, "
+        "a JSON list (.json) or a NumPy array (.npy)"
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise _not_text(path) from None
+
+
+_PLAIN_BYTES = np.zeros(256, dtype=bool)  # what the fast path of _read_lines accepts: digits and whitespace
+_PLAIN_BYTES[[ord(c) for c in "0123456789 \t\r\n"]] = True
+_FAST_MAX_DIGITS = 18  # 10^18 - 1 < 2^62 = MAX_LENGTH: no overflow, no range surprise in the fast parser
+
+
+def _read_lines(path: Path) -> np.ndarray:
+    """One integer per line (blank lines skipped, spaces around a number allowed).
+
+    The common file — only digits and whitespace, one number per line, at most 18 digits, no leading
+    zeros — is parsed by numpy on the raw bytes (10^7 lines in about a second, no Python object per line).
+    Anything else (signs, commas, bad lines, non-ASCII) takes the line-by-line path, which names the first
+    bad line; the fast path also reads the lines only to name a bad value.
+    """
+    data = path.read_bytes()
+    tokens = _parse_plain_lines(data)
+    if tokens is None:
+        items, where, hint = _split_lines(data, path)
+        tokens = ints_from_text(items, where, hint)
+        return validated(tokens, where, str(path))
+    return validated(tokens, lambda i: _split_lines(data, path)[1](i), str(path))
+
+
+def _split_lines(data: bytes, path: Path) -> tuple[list[str], Callable[[int], str], str]:
+    """The non-blank lines (stripped), a function naming item i as `path:line`, and a hint for CSV files."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _not_text(path) from None
+    numbered = [(i, s.strip()) for i, s in enumerate(text.splitlines(), 1)]
+    numbered = [(i, s) for i, s in numbered if s]
+    if not numbered:
+        raise ValueError(f"{path} is empty: write one positive integer per line")
+
+    def where(i: int) -> str:
+        return f"{path}:{numbered[i][0]}"
+
+    hint = ""
+    if "," in numbered[0][1]:
+        hint = f"; for a CSV give --column NAME (the first line has {numbered[0][1]})"
+    return [s for _, s in numbered], where, hint
+
+
+def _parse_plain_lines(data: bytes) -> np.ndarray | None:
+    """int64 [N] from lines of plain decimal digits, or None when `data` needs the line-by-line path.
+
+    numpy's text parser reads whitespace-separated integers; the checks around it make that the same as
+    one integer per line: only digits and whitespace, never two numbers on a line (digits, blanks, digits),
+    and as many digits in the file as the parsed values have (no overflow, no leading zeros, nothing skipped).
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if not _PLAIN_BYTES[raw].all():
+        return None
+    num_digits = np.count_nonzero(raw - np.uint8(ord("0")) < 10)  # uint8 wraps below '0'
+    if num_digits == 0:
+        return None
+    blanks = np.flatnonzero((raw == ord(" ")) | (raw == ord("\t")))
+    if blanks.size:
+        run_starts = blanks[np.r_[True, np.diff(blanks) > 1]]
+        run_ends = blanks[np.r_[np.diff(blanks) > 1, True]] + 1
+        inside = (run_starts > 0) & (run_ends < raw.size)
+        before, after = raw[run_starts[inside] - 1], raw[run_ends[inside]]
+        if np.any((before - np.uint8(ord("0")) < 10) & (after - np.uint8(ord("0")) < 10)):
+            return None  # "37 91" on one line
+    tokens = np.fromstring(data, dtype=np.int64, sep=" ")  # text mode: any whitespace separates
+    digits_of_values = tokens.size
+    for k in range(1, _FAST_MAX_DIGITS + 1):
+        longer = np.count_nonzero(tokens >= 10**k)
+        if longer == 0:
+            break
+        digits_of_values += longer
+    if digits_of_values != num_digits or np.any(tokens >= 10**_FAST_MAX_DIGITS):
+        return None
+    return tokens
+
+
+def _read_csv_column(path: Path, column: str) -> np.ndarray:
+
+    try:
+        return _read_csv_rows(path, column)
+    except UnicodeDecodeError:
+        raise _not_text(path) from None
+
+
+def _read_csv_rows(path: Path, column: str) -> np.ndarray:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = [h.strip() for h in next(reader, [])]
+        if not header:
+            raise ValueError(f"{path} is empty: a CSV needs a header line with the column {column}")
+        if column not in header:
+            raise ValueError(
+                f"{path} has no column {column!r}: its columns are {', '.join(header)}; pick one with --column"
+            )
+        index = header.index(column)
+        items: list[str] = []
+        line_numbers: list[int] = []
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) <= index:
+                raise ValueError(f"{path}:{reader.line_num} (column {column}): the row has {len(row)} cells, "
+                                 f"fewer than the header's {len(header)}")
+            items.append(row[index].strip())
+            line_numbers.append(reader.line_num)
+    if not items:
+        raise ValueError(f"{path} has a header but no rows: give at least one length")
+
+    def where(i: int) -> str:
+        return f"{path}:{line_numbers[i]} (column {column})"
+
+    return validated(ints_from_text(items, where), where, str(path))
+
+
+def _read_json(path: Path) -> np.ndarray:
+    import json
+
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): write a list [37, 91]") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a list: write a list like [37, 91, 128]")
+    if not data:
+        raise ValueError(f"{path} is an empty list: give at least one length")
+    for i, value in enumerate(data):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{path}, item {i + 1}: {value!r} is not an integer length")
+        if value > 2**62:
+            raise ValueError(f"{path}, item {i + 1}: length {value} is too large (lengths must be <= 2^62)")
+    return validated(np.array(data, dtype=np.int64), None, str(path))
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not a readable .npy array ({exc}); save it with numpy.save") from None
+    if array.ndim != 1:
+        raise ValueError(f"{path} holds an array of shape {array.shape}: give a 1-D array of lengths")
+    if array.dtype.kind == "f":
+        fractional = np.flatnonzero(~np.isfinite(array) | (array != np.floor(array)) | (np.abs(array) > 2**53))
+        if fractional.size:
+            i = int(fractional[0])
+            raise ValueError(f"{path}, item {i + 1}: {array[i].item()!r} is not an integer length")
+    elif array.dtype.kind not in "iu":
+        raise ValueError(f"{path} holds {array.dtype} values: give integer lengths")
+    elif array.dtype.kind == "u" and array.size and int(array.max()) > 2**62:
+        raise ValueError(f"{path}: a length above 2^62 is too large")
+    return validated(np.asarray(array, dtype=np.int64), None, str(path))

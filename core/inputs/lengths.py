@@ -1,0 +1,182 @@
+"""Sequence lengths for equations 2–3: given, read from a file or a real trace, or sampled.
+
+Every source yields one `Lengths`: an int64 array of token counts (each >= 1) and a `source` line that says
+whether the lengths are real (a trace, and which file), user-supplied (a list or a file of unknown
+provenance) or constructed (a distribution with its parameters and seed). DESIGN.md asks that real and
+constructed lengths are never confused; the `kind` field carries that.
+
+Constructed samples come from a `LengthDistribution` (core/distributions.py, re-exported here), written
+as a spec string such as `lognormal:mean=161,sigma=1.0`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..paging import exact_sum
+from ..units import plural
+from .distributions import LengthDistribution
+from .files import ints_from_text, read_lengths_array, validated
+from .traces import read_trace
+
+__all__ = [
+    "DEFAULT_SAMPLE_COUNT",
+    "PHASES",
+    "WORKED_EXAMPLE_TOKENS",
+    "LengthDistribution",
+    "Lengths",
+    "lengths_from_trace",
+    "load_lengths",
+    "parse_lengths_list",
+    "read_lengths_file",
+    "sample_lengths",
+    "worked_example",
+]
+
+LengthKind = Literal["real", "user", "constructed"]
+WORKED_EXAMPLE_TOKENS = (37, 91, 128, 201, 511)  # DESIGN.md's worked example (968 useful positions)
+PHASES = ("total", "prompt")
+
+
+@dataclass(frozen=True, eq=False)
+class Lengths:
+    """Sequence lengths: `tokens` int64 [N], N >= 1, each >= 1; `kind` real | user | constructed.
+
+    The statistics are computed once (each is a pass over up to 10^7 lengths).
+    """
+
+    tokens: np.ndarray
+    kind: LengthKind
+    source: str
+
+    def __post_init__(self) -> None:
+        assert self.tokens.dtype == np.int64 and self.tokens.ndim == 1, "lengths must be a 1-D int64 array"
+        assert self.tokens.size >= 1 and self.min >= 1, "loaders validate before building Lengths"
+
+    @property
+    def count(self) -> int:
+        return int(self.tokens.size)
+
+    @cached_property
+    def total(self) -> int:
+        """Σ n, exact (see paging.exact_sum for why int64 alone is not enough)."""
+        return exact_sum(self.tokens, bound=self.max)
+
+    @cached_property
+    def min(self) -> int:
+        return int(self.tokens.min())
+
+    @cached_property
+    def max(self) -> int:
+        return int(self.tokens.max())
+
+    @property
+    def mean(self) -> Fraction:
+        return Fraction(self.total, self.count)
+
+    @property
+    def description(self) -> str:
+        """`real: azure trace …` — the kind first, so nobody mistakes a sample for a trace."""
+        return f"{self.kind}: {self.source}"
+
+
+def worked_example() -> Lengths:
+    tokens = np.array(WORKED_EXAMPLE_TOKENS, dtype=np.int64)
+    return Lengths(tokens, "constructed", "the worked example of DESIGN.md (37, 91, 128, 201, 511)")
+
+
+def parse_lengths_list(text: str) -> Lengths:
+    """`"37,91,128"` -> Lengths; errors name the item (1-based)."""
+    items = [s.strip() for s in text.split(",")]
+    if any(not s for s in items):
+        raise ValueError(f"--lengths {text!r} has an empty item: write integers separated by commas, e.g. 37,91,128")
+
+    def where(i: int) -> str:
+        return f"--lengths item {i + 1}"
+
+    values = validated(ints_from_text(items, where), where, "--lengths")
+    return Lengths(values, "user", f"--lengths ({values.size:,} given on the command line)")
+
+
+def read_lengths_file(path: str | Path, column: str | None = None) -> Lengths:
+    """One integer per line; a CSV column (`column` given); a JSON list (.json); a NumPy array (.npy)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    values = read_lengths_array(path, column)
+    what = f"column {column} of {path}" if column else str(path)
+    return Lengths(values, "user", f"lengths file {what} ({plural(values.size, 'length')})")
+
+
+def lengths_from_trace(kind: str, path: str | Path, phase: str = "total") -> Lengths:
+    """Real lengths: prompt + output per request (`total`), or the prompt alone (`prompt`)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown --phase {phase!r}: choose total (prompt + output) or prompt")
+    trace = read_trace(kind, path)
+    tokens = trace.prompt_tokens + trace.output_tokens if phase == "total" else trace.prompt_tokens.copy()
+    what = "prompt + output" if phase == "total" else "prompt only"
+    bad = np.flatnonzero(tokens < 1)
+    if bad.size:
+        raise ValueError(
+            f"{trace.path}, request {int(bad[0]) + 1} (file order): length 0 ({what}); "
+            "every sequence must hold at least 1 token"
+        )
+    columns = "ContextTokens + GeneratedTokens" if kind == "azure" else "input_length + output_length"
+    if phase == "prompt":
+        columns = columns.split(" + ")[0]
+    description = f"{trace.kind} trace {trace.path}, {plural(len(trace), 'request')}, {what} ({columns})"
+    return Lengths(tokens, "real", description)
+
+
+def sample_lengths(dist: LengthDistribution, count: int, seed: int) -> Lengths:
+    """A constructed, seeded sample; the source line names the distribution and the seed."""
+    tokens = dist.sample(count, np.random.default_rng(seed))
+    return Lengths(tokens, "constructed", f"{plural(count, 'sample')} of {dist.describe()}, seed {seed}")
+
+
+DEFAULT_SAMPLE_COUNT = 10_000
+
+
+def load_lengths(
+    lengths: str | None = None,
+    lengths_file: str | Path | None = None,
+    column: str | None = None,
+    trace: tuple[str, str | Path] | None = None,
+    phase: str | None = None,
+    dist: str | None = None,
+    count: int | None = None,
+    seed: int | None = None,
+) -> Lengths:
+    """The one source the options name (`kvcalc frag`'s); none: the worked example.
+
+    Two sources, or an option that belongs to a source not given (e.g. --seed without --dist), is an
+    error rather than something silently ignored.
+    """
+    sources = {"--lengths": lengths, "--lengths-file": lengths_file, "--trace": trace, "--dist": dist}
+    given = [name for name, value in sources.items() if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one source of lengths, not {' and '.join(given)}")
+    for option, value, owner, present in (
+        ("--column", column, "--lengths-file", lengths_file),
+        ("--phase", phase, "--trace", trace),
+        ("--count", count, "--dist", dist),
+        ("--seed", seed, "--dist", dist),
+    ):
+        if value is not None and present is None:
+            raise ValueError(f"{option} applies only to {owner}: add {owner} or drop {option}")
+    if lengths is not None:
+        return parse_lengths_list(lengths)
+    if lengths_file is not None:
+        return read_lengths_file(lengths_file, column)
+    if trace is not None:
+        return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
+    if dist is not None:
+        sample_count = DEFAULT_SAMPLE_COUNT if count is None else count
+        return sample_lengths(LengthDistribution.parse(dist), sample_count, 0 if seed is None else seed)
+    return worked_example()

@@ -1,0 +1,1 @@
+"""The KV block pool: block tables, prefix cache, fork and copy-on-write, reclamation."""

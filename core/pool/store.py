@@ -1,0 +1,150 @@
+"""The physical side of the block pool: per-block state, the free queue and the hash index, handing blocks
+out and taking them back — what vLLM v1 calls its block pool. prefix_lookup adds the prefix cache's look-up
+and registration over these arrays; `BlockPool` (block_pool) adds sequences and their block tables.
+
+Per-block arrays, all indexed by block id:
+
+    state       int8    USED / FREE_PLAIN / FREE_CACHED / PENDING (see free_queue)
+    ref         int32   live block tables holding the block
+    version     int64   raised each time the block is handed out for new content
+    fill        int32   tokens written in it
+    block_slot  int32   slot of its hash-index entry, -1 when not indexed (`hashed` = block_slot >= 0)
+    block_hash  uint64  its chain hash        } meaningful while indexed; the index reads them
+    block_home  int32   that hash's home slot }
+    key         int64   its content key                     } what a hit is verified against: the same key,
+    parent_id   int32   the block it was chained after      } chained after the block just matched (with
+    parent_ver  int64   that block's version then           } the same version), or after the root
+
+A full block is registered (indexed) when the sequence that wrote it gives its content key; at most one
+block per hash, so a block whose chain is already cached elsewhere stays unindexed (and goes back to the
+plain free stack when freed). Evicting a cached block drops its entry through `block_slot`, no look-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from .accounting import PoolStats
+from .free_queue import FreeBlockQueue
+from .hash_index import HashIndex
+from .prefix_cache import HashedKeys
+
+BlockKeys = Sequence[Hashable] | np.ndarray | HashedKeys | None
+
+_NO_BLOCKS = np.empty(0, dtype=np.intp)
+_NO_BLOCKS.flags.writeable = False
+
+
+class PoolExhaustedError(RuntimeError):
+    """An allocation that does not fit; ask `can_allocate` / `can_append` first. Nothing was changed."""
+
+
+class BlockStore:
+    """`num_blocks` physical blocks of `block_size` token slots; see the module docstring."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.enable_prefix_caching = enable_prefix_caching
+        n = self.num_blocks
+        self.state = np.zeros(n, dtype=np.int8)
+        self.ref = np.zeros(n, dtype=np.int32)
+        self.version = np.zeros(n, dtype=np.int64)  # int64: a long simulation hands blocks out many times
+        self.fill = np.zeros(n, dtype=np.int32)
+        self.block_slot = np.full(n, -1, dtype=np.int32)
+        self.block_hash = np.zeros(max(n, 2), dtype=np.uint64)  # >= 2: the index reads [-1], [-2] harmlessly
+        self.block_home = np.zeros(max(n, 2), dtype=np.int32)
+        # zeros, not -1: like the hash, these are read only for indexed blocks, which wrote them
+        self.key = np.zeros(n, dtype=np.int64)
+        self.parent_id = np.zeros(n, dtype=np.int32)
+        self.parent_ver = np.zeros(n, dtype=np.int64)
+        self.queue = FreeBlockQueue(n, self.state)
+        self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home, self.block_slot)
+        self._key_kind: str | None = None
+        self._interned: dict[Hashable, int] = {}
+        self._extras: dict[Hashable, int] = {None: 0}
+        self._lookahead: tuple | None = None  # see PrefixLookup._find
+        self._epoch = 0  # bumped by every change; keys the can_allocate -> allocate memo
+        self._memo: tuple | None = None
+        # running totals so that usage() is O(live sequences)
+        self.num_used = 0
+        self.useful_tokens = 0
+        self._stats = {k: 0 for k in PoolStats.counter_names()}
+
+    # ---- sizes ----------------------------------------------------------------------------------
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: plain free + cached free (evictable)."""
+        return len(self.queue)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self.queue.num_cached
+
+    @property
+    def hashed(self) -> np.ndarray:
+        """bool [num_blocks] (a fresh array): the block holds a prefix-cache entry."""
+        return self.block_slot >= 0
+
+    # ---- handing out and taking back ------------------------------------------------------------
+    def _hand_out(self, n: int) -> tuple[np.ndarray, int]:
+        """Pop n free blocks for new content (version + 1, state USED; evicted cache entries dropped):
+        (block ids intp [n], evictions among them). Reference counts are the caller's."""
+        if n == 0:
+            return _NO_BLOCKS, 0
+        plain, evicted = self.queue.pop(n)
+        if len(evicted):
+            self.index.delete(evicted)
+            self._stats["evictions"] += len(evicted)
+            blocks = np.concatenate([plain, evicted])
+        else:
+            blocks = plain
+        versions = self.version.take(blocks)
+        versions += 1
+        self.version[blocks] = versions
+        self._stats["allocated_blocks"] += n
+        return blocks, len(evicted)
+
+    def _take(self, n: int) -> np.ndarray:
+        """Hand out n free blocks for new content to one table: ref 1, version + 1."""
+        blocks = self._hand_out(n)[0]
+        self.ref[blocks] = 1
+        self.num_used += n
+        return blocks
+
+    def _take_one(self) -> int:
+        """`_take(1)`; a content-free block in scalar steps. NOTE: the array path costs a dozen numpy
+        calls, too many for decode, which needs one block per block boundary of every sequence."""
+        if not self.queue.num_plain:
+            return int(self._take(1)[0])
+        block = self.queue.pop_plain_one()
+        self.version[block] += 1
+        self.ref[block] = 1
+        self.num_used += 1
+        self._stats["allocated_blocks"] += 1
+        return block
+
+    def _free(self, blocks: np.ndarray) -> None:
+        """Blocks with ref 0 go to the free side: indexed ones to the LRU cache (in this order), the rest to
+        the plain stack with their content dropped."""
+        if not self.enable_prefix_caching:  # then nothing is ever indexed
+            self.fill[blocks] = 0
+            self.queue.push_plain(blocks)
+            return
+        keep = self.block_slot.take(blocks) >= 0
+        num_keep = np.count_nonzero(keep)
+        if num_keep == len(blocks):
+            self.queue.push_cached(blocks)
+            return
+        plain = blocks[~keep] if num_keep else blocks
+        self.fill[plain] = 0
+        self.queue.push_plain(plain)
+        if num_keep:
+            self.queue.push_cached(blocks[keep])

@@ -1,0 +1,1 @@
+"""Prefix sharing and copy-on-write scenarios, and prefix-cache replay of a trace."""

@@ -1,0 +1,264 @@
+"""Prefix-cache replay of a real trace through the block pool.
+
+Requests replay one at a time in arrival (file) order: the prompt is allocated — its longest cached
+prefix of full blocks is revived from the cache instead of recomputed — the output is appended, then the
+request finishes and its blocks go to the LRU cache. Capacity is unlimited (no eviction ever), or a
+number of blocks (then LRU evictions happen and are counted). The same replay without prefix caching
+is the contrast.
+
+Content keys for Mooncake: one hash id covers 512 tokens (equal ids = equal content, prefix-chained), so
+with block size B (B must divide 512) full block j of a request has the key (hash_ids[j // S], j % S),
+S = 512 / B, encoded exactly as the integer hash_id · S + j % S. The last id may cover a partial 512-token
+block; a block that ends past the last id's coverage is an error in the trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
+from ..pool.block_pool import BlockPool
+
+_BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One replay of a trace (with or without prefix caching)."""
+
+    prefix_caching: bool
+    block_size: int
+    capacity_blocks: int | None  # None: unlimited
+    pool_blocks: int  # blocks the pool was created with
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    hit_tokens: int
+    hit_blocks: int
+    peak_used_blocks: int  # one request at a time: the largest request's blocks
+    peak_cached_blocks: int  # most free blocks holding a cache entry at once: the cache's footprint
+    evictions: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def prefill_tokens_saved(self) -> int:
+        """Prompt tokens whose KV is reused instead of recomputed."""
+        return self.hit_tokens
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.prompt_tokens - self.hit_tokens
+
+
+@dataclass(frozen=True)
+class TraceShareResult:
+    trace_description: str
+    has_prefix_ids: bool
+    cached: ReplayResult
+    uncached: ReplayResult
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size < 1:
+        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    if MOONCAKE_BLOCK_TOKENS % block_size:
+        raise ValueError(
+            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
+            "use a divisor such as 8, 16, 32 or 64"
+        )
+
+
+def _check_key_range(trace: Trace, block_size: int) -> None:
+    if trace.hash_ids is None or not len(trace.hash_ids):
+        return
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    limit = (2**63 - 1) // per_id - 1
+    if int(np.abs(trace.hash_ids).max()) > limit:
+        raise ValueError(
+            f"{trace.path}: hash_ids larger than {limit:,} cannot be keyed exactly at block size {block_size}"
+        )
+
+
+def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
+    """int64 [N]: blocks each request holds at the end (prompt + output)."""
+    return -(-(trace.prompt_tokens + trace.output_tokens) // block_size)
+
+
+def unlimited_capacity(trace: Trace, block_size: int) -> int:
+    """Blocks that guarantee no eviction: every distinct cacheable block, plus the largest request.
+
+    A cached block has a distinct key chain, and a full block's chain is fixed by its request's hash-id
+    prefix up to it plus its index inside that id: at most (distinct hash-id prefixes) x 512/B chains.
+    """
+    largest = int(request_blocks(trace, block_size).max())
+    if trace.hash_ids is None:
+        return largest
+    return distinct_id_prefixes(trace.hash_ids, trace.hash_offsets) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
+
+
+def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
+    """Distinct non-empty prefixes of the requests' hash-id sequences (the nodes of their trie).
+
+    Vectorised: in lexicographic order, each sequence adds its length minus its longest common prefix
+    with the one before it. Rows are padded with a value below every id, so that a sequence sorts before
+    its extensions and the padding never extends a common prefix past the shorter sequence.
+    """
+    lengths = np.diff(hash_offsets)
+    ids = hash_ids[hash_offsets[0] : hash_offsets[-1]] if len(hash_offsets) else hash_ids[:0]
+    if not len(ids):
+        return 0
+    width = int(lengths.max())
+    if len(lengths) * width > 8 * len(ids) + (1 << 20):  # a padded matrix far larger than the ids: walk a trie
+        trie: dict[tuple[int, int], int] = {}
+        flat, offsets = hash_ids.tolist(), hash_offsets.tolist()
+        for i in range(len(lengths)):
+            node = -1
+            for h in flat[offsets[i] : offsets[i + 1]]:
+                node = trie.setdefault((node, h), len(trie))
+        return len(trie)
+    rows = np.full((len(lengths), width), int(ids.min()) - 1, dtype=np.int64)
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    rows[row_of, np.arange(hash_offsets[0], hash_offsets[-1]) - hash_offsets[row_of]] = ids
+    order = np.lexsort(rows.T[::-1])  # lexsort's last key is the primary one
+    rows, lengths = rows[order], lengths[order]
+    equal = rows[1:] == rows[:-1]
+    common = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
+    common = np.minimum(common, np.minimum(lengths[1:], lengths[:-1]))
+    return int(lengths.sum() - common.sum())
+
+
+def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:
+    """Every user error a replay could meet, found up front (vectorised) so a replay never fails midway."""
+    if trace.has_prefix_ids:
+        check_block_size(block_size)
+        _check_key_range(trace, block_size)
+        full_blocks = trace.prompt_tokens // block_size
+        ids_needed = -(-(full_blocks * block_size) // MOONCAKE_BLOCK_TOKENS)
+        ids_given = np.diff(trace.hash_offsets)
+        short = np.flatnonzero(ids_given < ids_needed)
+        if len(short):
+            i = int(short[0])
+            mooncake_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
+                               f"{trace.path} request {i + 1}: ")
+    elif block_size < 1:
+        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    blocks = request_blocks(trace, block_size)
+    largest = int(blocks.max())
+    if capacity_blocks is not None and capacity_blocks < largest:
+        i = int(blocks.argmax())
+        raise ValueError(
+            f"a capacity of {capacity_blocks:,} blocks is smaller than request {i + 1} of the trace, which needs "
+            f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}"
+        )
+
+
+def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys int64 [K], offsets int64 [n+1]): `mooncake_block_keys` of requests first .. stop - 1 end to end,
+    vectorised (check_trace has made sure that every request has the hash ids its full blocks need)."""
+    assert trace.hash_ids is not None and trace.hash_offsets is not None
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    full = trace.prompt_tokens[first:stop] // block_size
+    offsets = np.zeros(len(full) + 1, dtype=np.int64)
+    np.cumsum(full, out=offsets[1:])
+    j = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], full)  # block index in its request
+    ids = trace.hash_ids[np.repeat(trace.hash_offsets[first:stop], full) + j // per_id]
+    return ids * per_id + j % per_id, offsets
+
+
+def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
+    """[first, stop) request ranges of about _BATCH_BLOCKS prompt blocks each (one request may exceed it)."""
+    ends = np.cumsum(trace.prompt_tokens // block_size)
+    cuts = np.searchsorted(ends, np.arange(_BATCH_BLOCKS, int(ends[-1]), _BATCH_BLOCKS), side="right")
+    bounds = np.unique(np.concatenate(([0], cuts, [len(trace)]))).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def replay(
+    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True
+) -> ReplayResult:
+    """Replay every request of `trace` through one BlockPool; see the module docstring.
+
+    `fast` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`) and
+    runs each request with the pool's fused `serve`; otherwise each prompt is hashed on its own and runs
+    through allocate, append and release. The same pool changes, the same results (tests compare both).
+    """
+    check_trace(trace, block_size, capacity_blocks)
+    largest = int(request_blocks(trace, block_size).max())
+    keyed = prefix_caching and trace.has_prefix_ids
+    # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
+    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
+    if capacity_blocks is not None:
+        pool_blocks = min(pool_blocks, capacity_blocks)
+    pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
+    prompts = trace.prompt_tokens.tolist()
+    outputs = trace.output_tokens.tolist()
+    peak_used = peak_cached = 0
+    batches = _key_batches(trace, block_size) if keyed and fast else [(0, len(trace))]
+    for first, stop in batches:
+        hashed = pool.hash_prompts(*trace_block_keys(trace, block_size, first, stop)) if keyed and fast else None
+        for i in range(first, stop):
+            keys = None
+            if hashed is not None:
+                keys = hashed.prompt(i - first)
+            elif keyed:
+                where = f"{trace.path} request {i + 1}: "
+                keys = mooncake_block_keys(trace.request_hash_ids(i), prompts[i], block_size, where)
+            if fast:
+                used = pool.serve(prompts[i], keys, outputs[i])[1]
+            else:
+                pool.allocate(i, prompts[i], keys)
+                pool.append(i, outputs[i])
+                used = pool.num_used
+                pool.release(i)
+            peak_used = max(peak_used, used)
+            peak_cached = max(peak_cached, pool.num_cached_free_blocks)
+    stats = pool.stats()
+    return ReplayResult(
+        prefix_caching=prefix_caching,
+        block_size=block_size,
+        capacity_blocks=capacity_blocks,
+        pool_blocks=pool_blocks,
+        requests=len(trace),
+        prompt_tokens=int(trace.prompt_tokens.sum()),
+        output_tokens=int(trace.output_tokens.sum()),
+        hit_tokens=stats.hit_tokens,
+        hit_blocks=stats.hit_blocks,
+        peak_used_blocks=peak_used,
+        peak_cached_blocks=peak_cached,
+        evictions=stats.evictions,
+    )
+
+
+def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) -> ReplayResult:
+    """What `replay(..., prefix_caching=False)` gives, in closed form: requests one at a time share
+    nothing, so no hit, no cached block, no eviction, and the peak is the largest request. Tests check it
+    against the pool; the CLI uses it to save a second pass over a large trace."""
+    check_trace(trace, block_size, capacity_blocks)
+    largest = int(request_blocks(trace, block_size).max())
+    return ReplayResult(
+        prefix_caching=False,
+        block_size=block_size,
+        capacity_blocks=capacity_blocks,
+        pool_blocks=max(largest if capacity_blocks is None else min(largest, capacity_blocks), 1),
+        requests=len(trace),
+        prompt_tokens=int(trace.prompt_tokens.sum()),
+        output_tokens=int(trace.output_tokens.sum()),
+        hit_tokens=0,
+        hit_blocks=0,
+        peak_used_blocks=largest,
+        peak_cached_blocks=0,
+        evictions=0,
+    )
+
+
+def share_trace(trace: Trace, block_size: int, capacity_blocks: int | None = None) -> TraceShareResult:
+    """The replay with prefix caching and, for contrast, without."""
+    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True)
+    uncached = uncached_replay(trace, block_size, capacity_blocks)
+    return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)

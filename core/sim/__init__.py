@@ -1,0 +1,1 @@
+"""Continuous-batching simulation over the block pool: scheduler, policies, step time, metrics."""

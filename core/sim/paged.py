@@ -1,0 +1,252 @@
+"""The `paged` memory policy: the real block pool (core.block_pool), block size B, prefix caching from
+Mooncake hash_ids. See core/sim_policies.py for the interface the scheduler uses."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..inputs.traces import mooncake_block_keys
+from ..pool.block_pool import BlockPool, ReleaseReason
+from .hardware import BLOCK_TABLE_ENTRY_BYTES
+from .policies import UNLIMITED_STEPS, ceil_div
+
+
+class PagedPolicy:
+    """Paging on the real BlockPool.
+
+    Admission allocates through the pool (prefix-cache hits included) and every release goes through
+    the pool's one release path. Decode growth is batched: when a request crosses into a new block the
+    policy records the block as owed (`owed_blocks`) and subtracts all owed blocks from the pool's free
+    count in every check, so decisions are exactly those of taking the block at once; the owed blocks
+    are taken from the pool in one `append` per request before anything whose outcome depends on which
+    blocks are free — that request's release, and, with prefix caching on, any allocation or cache
+    look-up (the LRU eviction order then matches block-at-once taking). Without this, a decode step
+    would cost one pool call per boundary crossing: 256 k calls for the Azure conversation trace.
+    """
+
+    name = "paged"
+
+    def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | None = None) -> None:
+        self.block_size = block_size
+        self.capacity_slots = num_blocks * block_size
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prompt_keys is not None)
+        self.prompt_keys = prompt_keys  # per request: int64 content keys of its prompt's full blocks, or None
+        self.pool_tokens = np.zeros(num_requests, dtype=np.int64)  # tokens the pool has been told of
+        self.held_tokens = np.zeros(num_requests, dtype=np.int64)  # tokens with room reserved for them
+        self.held_blocks = np.zeros(num_requests, dtype=np.int64)  # = ceil(held_tokens / B) while live
+        self.owed_blocks = 0  # Σ over live requests of held_blocks − the blocks the pool has given them
+        self.owing: set[int] = set()
+
+    # ---- free blocks, counting what is owed ---------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.num_free_blocks - self.owed_blocks
+
+    def _settle(self, rid: int) -> None:
+        """Take the blocks `rid` owes from the pool (one append of every token since the last one)."""
+        old, total = int(self.pool_tokens[rid]), int(self.held_tokens[rid])
+        if old == total:
+            self.owing.discard(rid)
+            return
+        before = self.pool.num_free_blocks
+        keys = self._keys(rid)
+        block_keys = None
+        if keys is not None and old // self.block_size < len(keys):
+            block_keys = keys[old // self.block_size : min(total // self.block_size, len(keys))]
+        copies = self.pool.append(rid, total - old, block_keys)
+        assert not copies, f"request {rid}: a private tail block needed copy-on-write {copies}"
+        self.owed_blocks -= before - self.pool.num_free_blocks
+        self.pool_tokens[rid] = total
+        self.owing.discard(rid)
+
+    def _settle_all(self) -> None:
+        for rid in sorted(self.owing):
+            self._settle(rid)
+        assert self.owed_blocks == 0, f"{self.owed_blocks} blocks still owed after settling"
+
+    # ---- admission ---------------------------------------------------------------------------------
+    def never_fits(self, rid: int, total_tokens: int) -> bool:
+        """A request whose whole KV (prompt + output − 1 tokens) exceeds the pool can never run."""
+        return ceil_div(max(total_tokens - 1, 1), self.block_size) > self.pool.num_blocks
+
+    def reservation_slots(self, rid: int) -> int:
+        return 0
+
+    def _keys(self, rid: int) -> np.ndarray | None:
+        return None if self.prompt_keys is None else self.prompt_keys[rid]
+
+    def hit_tokens(self, rid: int, num_tokens: int) -> int:
+        """Prefix-cache hit of an admission of `num_tokens` to compute (0 without hash ids); a pure look-up."""
+        keys = self._keys(rid)
+        if keys is None:
+            return 0
+        self._settle_all()
+        return self.pool.hit_tokens(num_tokens, keys)
+
+    def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        keys = None if from_swap else self._keys(rid)
+        if keys is None:
+            # NOTE: without a prefix cache nothing is a hit; in particular KV swapped back in (`from_swap`,
+            # start_tokens = the swapped tokens) needs fresh blocks for every token, start included. Counting
+            # its start as held let a swap-in take blocks owed to running requests, whose next growth then
+            # preempted it again at once (QA finding 19: ~3x the preemptions of recompute).
+            return int(ceil_div(total_tokens, self.block_size)) <= self.free_blocks
+        self._settle_all()
+        return self.pool.can_allocate(total_tokens, keys[: total_tokens // self.block_size])
+
+    def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        """Blocks for `total_tokens`, of which `start_tokens` are prefix-cache hits (a multiple of B) or,
+        `from_swap`, KV swapped back in from the host (fresh blocks, no cache look-up)."""
+        if not self.can_admit(rid, start_tokens, total_tokens, from_swap):
+            return False
+        keys = None if from_swap else self._keys(rid)
+        hit = self.pool.allocate(rid, total_tokens, None if keys is None else keys[: total_tokens // self.block_size])
+        assert hit == (0 if from_swap else start_tokens), f"request {rid}: pool hit {hit}, probe said {start_tokens}"
+        self.pool_tokens[rid] = self.held_tokens[rid] = total_tokens
+        self.held_blocks[rid] = ceil_div(total_tokens, self.block_size)
+        return True
+
+    # ---- growth --------------------------------------------------------------------------------------
+    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
+                  check: bool = True) -> bool:
+        """Room for `totals[i]` tokens for every request, or (False) no change at all. `new_blocks`, when
+        the caller knows it (a fast-forwarded run), saves recounting; `check=False` when the caller has
+        checked the fit step by step (requests that finished inside a fast-forwarded run)."""
+        blocks = -(-totals // self.block_size)
+        if new_blocks is None:
+            new_blocks = int((blocks - self.held_blocks[rids]).sum())
+            if check and new_blocks > self.free_blocks:
+                return False
+        self.held_tokens[rids] = totals
+        if new_blocks:
+            self.held_blocks[rids] = blocks
+            self.owed_blocks += new_blocks
+            self.owing.update(rids.tolist())  # settling skips those whose pool count is current
+        return True
+
+    def grow(self, rid: int, total: int) -> bool:
+        return self.grow_many(np.array([rid]), np.array([total]))
+
+    def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """(the most decode steps the free blocks cover, a plan for `segment_integrals`).
+
+        Request i, holding t_i tokens, needs a new block in step j iff (t_i + j) % B == 0, so the blocks
+        needed by the first s steps repeat with period B: need(s) = (s // B)·n + cum[s % B], where cum
+        is the running count of requests by their first boundary step.
+        """
+        n, B = len(tokens), self.block_size
+        if n == 0:
+            return UNLIMITED_STEPS, None
+        cum = np.zeros(B + 1, dtype=np.int64)
+        np.cumsum(np.bincount((-tokens) % B, minlength=B), out=cum[1:])
+        periods, rest = divmod(self.free_blocks, n)
+        return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
+
+    # ---- release ---------------------------------------------------------------------------------------
+    def release(self, rid: int, reason: str) -> None:
+        if self.prompt_keys is not None:
+            self._settle_all()
+        elif rid in self.owing or self.pool_tokens[rid] != self.held_tokens[rid]:
+            self._settle(rid)
+        self.pool.release(rid, ReleaseReason(reason))
+        self.pool_tokens[rid] = self.held_tokens[rid] = self.held_blocks[rid] = 0
+
+    def sync(self) -> None:
+        """Tell the pool every token and block it has not heard of (tests compare its accounting)."""
+        for rid in self.pool.seqs:
+            if self.pool_tokens[rid] != self.held_tokens[rid]:
+                self.owing.add(rid)
+        self._settle_all()
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def _state(self) -> tuple[int, int, int]:
+        """(used, plain free, cached free) blocks of the pool, with the owed blocks not yet taken."""
+        pool = self.pool
+        cached = pool.num_cached_free_blocks
+        return pool.num_used, pool.num_free_blocks - cached, cached
+
+    def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
+        """(slots per MEMORY_PARTS [6], block-table bytes) now, running requests holding `tokens` [n]."""
+        B = self.block_size
+        table = int(ceil_div(tokens, B).sum()) if len(tokens) else 0
+        tail = table * B - int(tokens.sum())
+        used0, plain0, cached0 = self._state()
+        used = (used0 + self.owed_blocks) * B  # owed blocks come off the plain stack first, then the LRU
+        cached = (cached0 - max(self.owed_blocks - plain0, 0)) * B
+        parts = np.array([used - tail, tail, 0, 0, cached, self.capacity_slots - used - cached], dtype=np.int64)
+        return parts, table * BLOCK_TABLE_ENTRY_BYTES
+
+    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray, d: np.ndarray, head_rid: int | None,
+                          plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
+        """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j, new blocks) over k = len(d) decode steps
+        from `tokens`; `plan_steps` = 0, 1, 2, … (at least k + 1 of them).
+
+        Step j (s = j + 1) holds tokens + s per request and has taken need(s) more blocks:
+            used = used0 + owed + need(s)      tail = (table0 + need(s))·B − (T0 + n·s)
+            useful = used·B − tail             cached = cached0 − max(owed + need(s) − plain0, 0)
+        so each integral is a combination of Σd, Σd·s, Σd·need(s) and Σd·evicted(s).
+        """
+        B, n, k = self.block_size, len(tokens), len(d)
+        s = plan_steps[1 : k + 1]
+        need = (s // B) * n + plan[s % B]
+        table0 = int(ceil_div(tokens, B).sum())
+        t0 = int(tokens.sum())
+        used0, plain0, cached0 = self._state()
+        used0 += self.owed_blocks
+        D, DS, DN = float(d.sum()), float(d @ s), float(d @ need)
+        DE = 0.0
+        if cached0 and self.owed_blocks + int(need[-1]) > plain0:
+            DE = float(d @ np.maximum(self.owed_blocks + need - plain0, 0))
+        used = used0 * B * D + B * DN
+        useful = ((used0 - table0) * B + t0) * D + n * DS
+        cached = cached0 * B * D - B * DE
+        parts = np.array([useful, used - useful, 0.0, 0.0, cached, self.capacity_slots * D - used - cached])
+        return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN), int(need[-1])
+
+    @property
+    def releases_in_segment(self) -> bool:
+        """Runs of steps may go past finishes: only when block identities cannot matter (no prefix cache)."""
+        return self.prompt_keys is None
+
+    def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
+                       useful: np.ndarray) -> tuple[int, np.ndarray, float]:
+        """Decode steps in which requests leave as they finish (request i takes part in steps j < remaining[i];
+        `useful[j]` = Σ over those of t_i + j + 1, the tokens held in step j).
+
+        Returns (k: the leading steps whose blocks fit, Σ_{j<k} d_j · parts_j [6], Σ_{j<k} d_j · table bytes_j).
+        Without prefix caching every used block belongs to a running request, so step j fits iff the
+        blocks of the requests alive in it, ceil((t_i + j + 1) / B) each, fit in the pool.
+        """
+        assert self.prompt_keys is None, "runs through finishes need a pool without prefix caching"
+        B = self.block_size
+        k = len(d)
+        steps = np.arange(k + 1, dtype=np.int64)
+        alive = steps[None, :k] < remaining[:, None]
+        blocks = (((tokens[:, None] + (steps[None, 1:] + B - 1)) // B) * alive).sum(axis=0)
+        over = np.flatnonzero(blocks > self.pool.num_blocks)
+        k = int(over[0]) if len(over) else k
+        d, blocks, useful = d[:k], blocks[:k], useful[:k]
+        used = blocks * B
+        parts = np.array([float(d @ useful), float(d @ (used - useful)), 0.0, 0.0, 0.0,
+                          float(d @ (self.capacity_slots - used))])
+        return k, parts, float(d @ blocks) * BLOCK_TABLE_ENTRY_BYTES
+
+    def check(self) -> None:
+        self.pool.check_invariants()
+
+    def check_whole(self) -> None:
+        """After the run: every block free, no sequence live, nothing owed, invariants hold."""
+        self.pool.check_invariants()
+        assert not self.pool.seqs, f"{len(self.pool.seqs)} sequences still hold blocks after the run"
+        assert self.owed_blocks == 0 and not self.owing, f"{self.owed_blocks} blocks still owed after the run"
+        assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
+
+
+def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,
+                        block_size: int) -> list[np.ndarray]:
+    """Per request, the content key of each full B-block of its prompt (see traces.mooncake_block_keys)."""
+    return [
+        mooncake_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,
+                            f"request {i + 1}: ")
+        for i in range(len(prompt))
+    ]

@@ -1,0 +1,231 @@
+"""The roofline step-time model: how long one engine step takes on the simulated GPU(s).
+
+    t = max(FLOPs / (tp · peak · compute_eff),  weights / (tp · bw · weight_eff) + KV / (tp · bw · attn_eff))
+        + overhead + swap bytes / swap bandwidth
+
+FLOPs = 2 · active params · (prefill + decode tokens) + attention FLOPs, where one query token that
+attends to c context tokens costs 4 · layers · heads · head_dim · c (QKᵀ and PV, a multiply-add each);
+a causal prefill chunk of m tokens after s cached ones attends to s·m + m(m+1)/2 positions.
+Bytes = the weights once per step + the KV read (every context token each step) and written (the new
+tokens). Tensor-parallel communication is not modelled.
+
+MoE weights: a step reads the dense part (attention, shared experts, router, embeddings) and only the routed
+experts that its T tokens touch. With E routed experts per layer, k per token, and p_e = (total − active) /
+(E − k) parameters per expert (summed over the MoE layers), dense = active − k · p_e, and, ASSUMING UNIFORM
+ROUTING (each token picks k distinct experts uniformly at random, independently of the other tokens), the
+expected number of distinct experts a layer touches is E · (1 − (1 − k/E)^T). So
+
+    weights read = (dense + p_e · E · (1 − (1 − k/E)^T)) / total  × the weights on one GPU
+
+which is `active` at T = 1 and tends to every weight as T grows. Real routers are skewed (hot experts), so
+real steps touch fewer experts than this: the model is an upper bound on the expert reads for a given T.
+
+Sliding windows (Mistral, Gemma-2/3): a sliding layer's query at position q attends and reads at most the
+last W positions, so a fraction `sliding_share` = sliding layers / layers of the attention FLOPs and KV
+reads is cut by the tokens beyond the window ("excess"): for a chunk of m tokens after s cached ones,
+
+    excess positions = Σ_{q=s+1}^{s+m} max(q − W, 0)      excess reads = max(s + 1 − W, 0)
+
+(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0)). The KV pool is NOT windowed: it
+stores every token of every layer (see kvcalc sim's notes), so only the time side applies the window.
+
+Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
+bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
+decode reaches ~80 % of HBM bandwidth; FlashInfer's decode attention ~88 % and vLLM's paged kernel 83–85 %
+at large batch × context (DESIGN.md, "Measuring"); 0.5 ms covers scheduling and launch overhead with CUDA
+graphs. `--calibrate bench.json` replaces attn_eff by the median measured `achieved_tbps` of a `kvcalc
+bench` run divided by this GPU's datasheet bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..spec.models import ModelSpec
+from .hardware import GpuSpec, MemoryPlan, active_params
+
+SANE_STEP_S = 86_400.0  # one engine step longer than a day means the GPU figures are wrong
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    compute: float = 0.6
+    weights: float = 0.8
+    attention: float = 0.8
+    overhead_s: float = 0.5e-3
+
+    def __post_init__(self) -> None:
+        for what, value in (("--compute-eff", self.compute), ("--weight-eff", self.weights),
+                            ("--attn-eff", self.attention)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{what} must be in (0, 1], got {value}")
+        if not 0 <= self.overhead_s < SANE_STEP_S:
+            raise ValueError(f"--step-overhead-ms must be >= 0 and finite, got {self.overhead_s * 1e3}")
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Coefficients of the roofline for one replica; every method is vectorised over numpy arrays."""
+
+    flops_per_token: float  # 2 · active params
+    attn_flops_per_position: float  # 4 · layers · heads · head_dim
+    kv_bytes_per_token: int  # per GPU
+    compute_s_per_flop: float
+    weights_s: float
+    kv_s_per_byte: float
+    overhead_s: float
+    swap_bandwidth_bytes_per_s: float
+    moe_dense_share: float = 1.0  # MoE: dense params / all params (1 for a dense model)
+    moe_expert_share: float = 0.0  # MoE: params of one routed expert (all MoE layers) / all params
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0
+    window_tokens: int = 0  # sliding window W (0: no sliding layer)
+    sliding_share: float = 0.0  # sliding layers / layers
+
+    def weights_read_share(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Share of the weights that a step of `tokens` tokens reads: 1 for a dense model; for MoE the dense
+        part plus the expected distinct experts under uniform routing, E · (1 − (1 − k/E)^T) (module docstring)."""
+        if not self.num_experts:
+            return 1.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return self.moe_dense_share + self.moe_expert_share * self.num_experts * (1.0 - miss**tokens)
+
+    def step_s(self, tokens: np.ndarray | float, attn_positions: np.ndarray | float,
+               kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0,
+               excess_positions: np.ndarray | float = 0.0, excess_reads: np.ndarray | float = 0.0,
+               ) -> np.ndarray | float:
+        """Step time for `tokens` computed tokens attending `attn_positions` positions, moving
+        `kv_tokens_moved` KV tokens (read + written), all counted as if every layer held every token;
+        `excess_*` (see the module docstring) are what sliding layers skip."""
+        if self.sliding_share:
+            attn_positions = attn_positions - self.sliding_share * excess_positions
+            kv_tokens_moved = kv_tokens_moved - self.sliding_share * excess_reads
+        flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
+        compute = flops * self.compute_s_per_flop
+        weights = self.weights_s if not self.num_experts else self.weights_s * self.weights_read_share(tokens)
+        memory = weights + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
+        if isinstance(compute, float) and isinstance(memory, float):  # one step: skip numpy's call overhead
+            step = max(compute, memory) + self.overhead_s
+        else:
+            step = np.maximum(compute, memory) + self.overhead_s
+        return step + swap_bytes / self.swap_bandwidth_bytes_per_s if swap_bytes else step
+
+    def decode_steps_s(self, num_seqs: int, context_sum: np.ndarray | float,
+                       excess: np.ndarray | float = 0.0) -> np.ndarray | float:
+        """Decode-only steps: `num_seqs` tokens, each attending its context (Σ = context_sum, the new
+        token included) and writing one KV token; `excess` = Σ max(context − W, 0) (sliding windows)."""
+        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess)
+
+    def chunk_excess(self, start: np.ndarray, count: np.ndarray) -> tuple[float, float]:
+        """(excess positions, excess reads) summed over chunks of `count` tokens after `start` cached ones
+        [m] int64 (module docstring); (0, 0) without a window. Exact integers, returned as floats."""
+        if not self.sliding_share:
+            return 0.0, 0.0
+        w = self.window_tokens
+        first = np.maximum(start + 1, w + 1) - w  # first query beyond the window, minus W
+        last = start + count - w
+        n = np.maximum(last - first + 1, 0)
+        positions = int(((first + last) * n // 2).sum())  # Σ u for u = first .. last (n terms; 0 when n = 0)
+        reads = int(np.maximum(start + 1 - w, 0).sum())
+        return float(positions), float(reads)
+
+    def decode_excess(self, contexts: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray:
+        """Σ_i max(contexts[i] + j − W, 0) for decode steps j = 0 .. k−1 [k] float64, over the requests still
+        running in step j (j < alive_steps[i]; all when None). Difference arrays: request i adds the line
+        (contexts[i] − W) + j for j in [max(W − contexts[i], 0), alive_steps[i])."""
+        w = self.window_tokens
+        lo = np.maximum(w - contexts, 0)
+        hi = np.full(len(contexts), k, np.int64) if alive_steps is None else np.minimum(alive_steps, k)
+        keep = lo < hi
+        lo, hi, offset = lo[keep], hi[keep], (contexts - w)[keep].astype(np.float64)
+        const = np.bincount(lo, offset, k + 1) - np.bincount(hi, offset, k + 1)
+        slope = np.bincount(lo, minlength=k + 1) - np.bincount(hi, minlength=k + 1)
+        return (np.cumsum(const) + np.cumsum(slope) * np.arange(k + 1))[:k]
+
+
+def prefill_positions(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Positions attended by causal chunks of `count` tokens after `start` cached ones: s·m + m(m+1)/2."""
+    return start * count + count * (count + 1) / 2
+
+
+def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_bandwidth_bytes_per_s: float = 25e9,
+                weight_bytes_total: int | None = None) -> StepTimeModel:
+    """The step-time model of `spec` served with `plan` (tp GPUs share FLOPs and bytes evenly)."""
+    if not swap_bandwidth_bytes_per_s > 0:
+        raise ValueError(f"--swap-bandwidth must be positive, got {swap_bandwidth_bytes_per_s}")
+    gpu: GpuSpec = plan.gpu
+    tp = plan.tp
+    model = StepTimeModel(
+        **moe_shares(spec),
+        window_tokens=spec.sliding_window if spec.num_sliding_layers else 0,
+        sliding_share=spec.num_sliding_layers / spec.layers,
+        flops_per_token=2.0 * active_params(spec),
+        attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
+        kv_bytes_per_token=plan.kv_bytes_per_token,
+        compute_s_per_flop=1.0 / (tp * gpu.peak_flops * eff.compute),
+        weights_s=plan.weights_bytes / (gpu.bandwidth_bytes_per_s * eff.weights),
+        kv_s_per_byte=1.0 / (gpu.bandwidth_bytes_per_s * eff.attention),
+        overhead_s=eff.overhead_s,
+        swap_bandwidth_bytes_per_s=swap_bandwidth_bytes_per_s,
+    )
+    # Figures that are positive and finite can still be absurd (--flops 1e-300): a full 8,192-token prefill
+    # step that overflows, or takes more than a day, would turn every time sum into inf/nan. Refuse them.
+    probe_s = model.step_s(8192.0, float(prefill_positions(np.array(0.0), np.array(8192.0))), 8192.0)
+    if not np.isfinite(probe_s) or probe_s > SANE_STEP_S:
+        raise ValueError(
+            f"{gpu.name} GPU figures (memory {gpu.memory_bytes:g} B, bandwidth {gpu.bandwidth_bytes_per_s:g} B/s, "
+            f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real --bandwidth/--flops"
+        )
+    return model
+
+
+def moe_shares(spec: ModelSpec) -> dict[str, float | int]:
+    """The MoE fields of StepTimeModel for `spec` ({} for a dense model, or a MoE model without both
+    parameter counts: then every step reads every weight, the worst case)."""
+    experts, per_token = spec.num_experts, spec.experts_per_token
+    if not experts or not per_token or not spec.num_params or not spec.num_active_params or per_token == experts:
+        return {}
+    per_expert = (spec.num_params - spec.num_active_params) / (experts - per_token)
+    dense = spec.num_active_params - per_token * per_expert
+    return {"moe_dense_share": dense / spec.num_params, "moe_expert_share": per_expert / spec.num_params,
+            "num_experts": experts, "experts_per_token": per_token}
+
+
+def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str]:
+    """Attention efficiency from a `kvcalc bench --json` result: median achieved_tbps / datasheet bandwidth.
+
+    Returns (efficiency, a sentence saying where it came from).
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output") from None
+    device = doc.get("device") if isinstance(doc, dict) else None
+    if isinstance(device, dict) and device.get("type") not in (None, "cuda"):
+        raise ValueError(f"--calibrate {path}: that bench ran on {device.get('type')}, not a GPU; "
+                         "calibrate with a kvcalc bench --json run on the GPU you simulate")
+    rows = doc.get("timing") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"--calibrate {path}: no 'timing' list; give the output of kvcalc bench --json")
+    achieved = [float(r["achieved_tbps"]) for r in rows if isinstance(r, dict) and r.get("achieved_tbps")]
+    if not achieved:
+        raise ValueError(f"--calibrate {path}: no timing entry has achieved_tbps; run kvcalc bench on a GPU")
+    tbps = float(np.median(achieved))
+    eff = tbps * 1e12 / gpu.bandwidth_bytes_per_s
+    name = device.get("name") if isinstance(device, dict) else None
+    if not 0 < eff <= 1:
+        raise ValueError(
+            f"--calibrate {path}: median achieved {tbps:.3f} TB/s is {eff:.2f} of {gpu.name}'s "
+            f"{gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s; was the bench run on another GPU? choose the matching --gpu"
+        )
+    source = (f"attention efficiency {eff:.3f} = median achieved {tbps:.3f} TB/s over {len(achieved)} bench cases "
+              f"/ {gpu.name} datasheet {gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s ({path.name}"
+              + (f", measured on {name})" if name else ")"))
+    return eff, source

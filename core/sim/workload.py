@@ -1,0 +1,204 @@
+"""Workloads for `kvcalc sim`: when each request arrives and how long its prompt and output are.
+
+Two kinds, never mixed and always labelled:
+
+* real — a trace file (Azure LLM inference 2023, Mooncake FAST'25) with its own arrival times, optionally
+  sped up or slowed down (`time_scale`) and cut to its first `limit` requests;
+* constructed — seeded arrivals at a mean rate R, either Poisson or gamma with burstiness b, exactly as
+  vLLM's `benchmark_serving.py` draws them (inter-arrival ~ Gamma(shape=b, scale=1/(R·b)); b = 1 is
+  Poisson), and lengths from the same distributions `kvcalc frag --dist` offers.
+
+A constructed workload keeps its lengths when only the rate changes: arrivals are drawn at unit rate and
+divided by R (Gamma(b, 1/(R·b)) = Gamma(b, 1/b) / R), and arrivals, prompts, outputs and cancellation
+points come from independent child streams of one seed. The max-rate search relies on this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..inputs.traces import RequestArrays, Trace
+
+ARRIVALS = ("poisson", "gamma")
+# Arrivals spread over more than ~31 years come from a mistyped rate (--rate 1e-300) and would overflow the
+# simulator's time integrals (time × token slots); refused with the option to change.
+MAX_SPAN_S = 1e9
+
+
+def _check_span(arrival_s: np.ndarray, option: str) -> None:
+    span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) else 0.0
+    if not span <= MAX_SPAN_S:
+        raise ValueError(f"{option}: the arrivals would span {span:g} s, more than {MAX_SPAN_S:g} s (31 years); "
+                         f"give a larger {option.split()[0]}")
+
+
+@dataclass(frozen=True, eq=False)
+class Workload(RequestArrays):
+    """N requests as parallel arrays, sorted by arrival.
+
+    arrival_s      float64 [N]   seconds from the first arrival
+    prompt_tokens  int64   [N]   >= 1
+    output_tokens  int64   [N]   >= 1 (a prefill always samples one token)
+    hash_ids / hash_offsets      Mooncake prefix-block ids (one per 512 tokens), or None
+    kind           "real" or "constructed"; `description` says what, without repeating the kind
+    """
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    kind: str
+    description: str
+    hash_ids: np.ndarray | None = None
+    hash_offsets: np.ndarray | None = None
+    notes: tuple[str, ...] = ()
+    unit_arrival_s: np.ndarray | None = None  # constructed: the seeded arrivals at mean rate 1/s
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_tokens)
+        if n == 0:
+            raise ValueError("the workload holds no requests: give a trace with requests or --requests >= 1")
+        assert self.arrival_s.shape == (n,) and self.output_tokens.shape == (n,), "workload arrays differ in length"
+
+    @property
+    def span_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0])
+
+    @property
+    def mean_rate_per_s(self) -> float:
+        """(N − 1) / span: the mean arrival rate (inf when every request arrives at once)."""
+        return (len(self) - 1) / self.span_s if self.span_s > 0 else float("inf")
+
+    def at_rate(self, rate_per_s: float) -> Workload:
+        """The same requests arriving at mean rate R: a constructed workload's unit-rate arrivals / R, or a
+        trace's own times rescaled so that (N − 1) / span = R."""
+        if not rate_per_s > 0 or not np.isfinite(rate_per_s):
+            raise ValueError(f"rate must be a positive finite number, got {rate_per_s}")
+        if self.unit_arrival_s is not None:
+            base = self.unit_arrival_s
+        elif self.span_s > 0:
+            base = self.arrival_s * self.mean_rate_per_s
+        else:
+            raise ValueError("every request arrives at once: there is no arrival pattern to rescale")
+        return replace(self, arrival_s=base / rate_per_s,
+                       description=f"{self.description}, arrivals rescaled to {rate_per_s:g}/s")
+
+
+def count_text(count: int, noun: str) -> str:
+    """'1 request', '2,000 requests'."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def _at_least_one(values: np.ndarray, what: str, notes: list[str]) -> np.ndarray:
+    zeros = int(np.count_nonzero(values < 1))
+    if zeros:
+        verb = "was" if zeros == 1 else "were"
+        notes.append(f"{count_text(zeros, 'request')} with {what} 0 {verb} simulated as {what} 1")
+        values = np.maximum(values, 1)
+    return values.astype(np.int64)
+
+
+def from_trace(trace: Trace, time_scale: float = 1.0, limit: int | None = None) -> Workload:
+    """A real workload from a trace; `time_scale` x > 1 speeds arrivals up x-fold (times divided by x)."""
+    if not time_scale > 0 or not np.isfinite(time_scale):
+        raise ValueError(f"--time-scale must be a positive number (2 = twice as fast), got {time_scale}")
+    if limit is not None:
+        trace = trace.head(limit)
+    order = np.argsort(trace.arrival_s, kind="stable")
+    notes: list[str] = []
+    hash_ids, hash_offsets = trace.hash_ids, trace.hash_offsets
+    if hash_ids is not None and hash_offsets is not None and not np.array_equal(order, np.arange(len(order))):
+        pieces = [trace.request_hash_ids(int(i)) for i in order]
+        hash_offsets = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+        hash_ids = np.concatenate(pieces) if pieces else hash_ids[:0]
+    arrival = trace.arrival_s[order]
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        arrival = (arrival - arrival[0]) / time_scale
+    _check_span(arrival, f"--time-scale {time_scale:g}")
+    scale_text = "" if time_scale == 1 else f", arrivals x{time_scale:g} faster"
+    return Workload(
+        arrival_s=arrival,
+        prompt_tokens=_at_least_one(trace.prompt_tokens[order], "prompt length", notes),
+        output_tokens=_at_least_one(trace.output_tokens[order], "output length", notes),
+        kind="real",
+        description=f"{trace.kind} trace {trace.path} ({count_text(len(arrival), 'request')}{scale_text})",
+        hash_ids=hash_ids,
+        hash_offsets=hash_offsets,
+        notes=tuple(notes),
+    )
+
+
+def unit_rate_arrivals(count: int, arrival: str, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times at mean rate 1/s: first at 0, then cumulative Gamma(b, 1/b) gaps (b = 1: Poisson)."""
+    arrival = arrival.strip().lower()
+    if arrival not in ARRIVALS:
+        raise ValueError(f"unknown --arrival {arrival!r}: choose poisson or gamma")
+    if arrival == "poisson":
+        burstiness = 1.0
+    if not burstiness > 0 or not np.isfinite(burstiness):
+        raise ValueError(f"--burstiness must be a positive number (1 = Poisson, < 1 burstier), got {burstiness}")
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=max(count - 1, 0))
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def constructed(
+    count: int,
+    rate_per_s: float,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    *,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    lengths_text: str = "",
+) -> Workload:
+    """Seeded constructed workload; `prompt_tokens`/`output_tokens` are the sampled lengths [count].
+
+    rate_per_s = inf sends every request at time 0 (an offline batch, as vLLM's --request-rate inf).
+    """
+    if count < 1:
+        raise ValueError(f"--requests must be at least 1, got {count}")
+    if not rate_per_s > 0:
+        raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {rate_per_s}")
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+    unit = unit_rate_arrivals(count, arrival, burstiness, rng)
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        arrival_s = np.zeros(count) if np.isinf(rate_per_s) else unit / rate_per_s
+    _check_span(arrival_s, f"--rate {rate_per_s:g}")
+    notes: list[str] = []
+    kind_text = "Poisson" if arrival.strip().lower() == "poisson" or burstiness == 1 else f"gamma b={burstiness:g}"
+    return Workload(
+        arrival_s=arrival_s,
+        prompt_tokens=_at_least_one(np.asarray(prompt_tokens), "prompt length", notes),
+        output_tokens=_at_least_one(np.asarray(output_tokens), "output length", notes),
+        kind="constructed",
+        description=f"{count_text(count, 'request')}, {kind_text} arrivals at {rate_per_s:g}/s, seed {seed}"
+        + (f", {lengths_text}" if lengths_text else ""),
+        notes=tuple(notes),
+        unit_arrival_s=unit,
+    )
+
+
+def length_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    """Independent generators for prompt lengths, output lengths and cancellation points of one seed."""
+    children = np.random.SeedSequence(seed).spawn(4)[1:]
+    return tuple(np.random.default_rng(c) for c in children)  # type: ignore[return-value]
+
+
+def cancellation_points(
+    output_tokens: np.ndarray, fraction: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Per request, the output count at which it is cancelled, or 0 for never [N] int64.
+
+    A `fraction` of the requests that can stop early (output >= 2) is drawn; each stops after a uniform
+    number of tokens in 1 .. output − 1, so it has a first token and a partial output.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"--cancel-fraction must be between 0 and 1, got {fraction}")
+    n = len(output_tokens)
+    cancel_at = np.zeros(n, dtype=np.int64)
+    eligible = np.flatnonzero(output_tokens >= 2)
+    chosen = rng.permutation(eligible)[: round(fraction * len(eligible))]
+    cancel_at[chosen] = rng.integers(1, output_tokens[chosen])
+    return cancel_at

@@ -1,0 +1,1 @@
+"""Model KV specs: presets, config.json reading, equation 1 and capacity."""

@@ -1,0 +1,220 @@
+"""`kvcalc size` through the CLI: exit codes, the --json contract, formats and every bad input."""
+
+import json
+
+import pytest
+
+from kvcalc.core.spec.models import PRESETS
+
+GIB = 2**30
+
+
+def test_no_arguments_lists_every_preset(run_cli):
+    result = run_cli("size")
+    assert result.exit_code == 0, result.stderr
+    for spec in PRESETS.values():
+        assert spec.name in result.stdout
+    assert "800.00 KiB" in result.stdout  # OPT-13B per token at bf16
+
+
+def test_no_arguments_json_contract(run_cli):
+    doc = run_cli("size", "--json").json()
+    models = {m["name"]: m for m in doc["models"]}
+    assert set(models) == {spec.name for spec in PRESETS.values()}
+    assert models["OPT-13B"]["bytes_per_token"] == 819_200 and models["Llama-3-8B"]["bytes_per_token"] == 131_072
+    assert doc["dtype"] == "bf16" and doc["bits_per_scalar"] == 16
+    # Mistral at 128K holds its 4096-token window: 4096 · 128 KiB = 512 MiB.
+    assert models["Mistral-7B-v0.1"]["bytes_per_seq"]["131072"] == 512 * 2**20
+
+
+def test_no_arguments_with_dtype_and_tokens(run_cli):
+    doc = run_cli("size", "--dtype", "int4", "--tokens", "1000", "--json").json()
+    llama = next(m for m in doc["models"] if m["name"] == "Llama-3-8B")
+    assert llama["bytes_per_token"] == 32_768 and llama["bytes_per_seq"]["1000"] == 32_768_000
+
+
+def test_model_json_contract(run_cli):
+    result = run_cli("size", "--model", "llama-3-8b", "--tokens", "8192", "--seqs", "32", "--memory", "80GiB",
+                     "--json")
+    assert result.exit_code == 0 and result.stderr == ""
+    doc = result.json()
+    assert doc["model"] == {**doc["model"], "name": "Llama-3-8B", "layers": 32, "kv_heads": 8, "head_dim": 128,
+                            "attention": "gqa", "sliding_window": None}
+    assert (doc["dtype"], doc["bits_per_scalar"], doc["bytes_per_token"]) == ("bf16", 16, 131_072)
+    assert (doc["tokens"], doc["seqs"], doc["tp"]) == (8192, 32, 1)
+    assert doc["bytes_per_seq"] == GIB and doc["total_bytes"] == doc["per_gpu_bytes"] == 32 * GIB
+    assert doc["capacity"] == {**doc["capacity"], "memory_bytes": 80 * GIB, "max_tokens": 655_360,
+                               "max_seqs": 80, "num_blocks": 40_960}
+
+
+def test_json_is_one_document(run_cli):
+    stdout = run_cli("size", "-m", "gemma-2-9b", "--json").stdout
+    assert json.loads(stdout)["model"]["sliding_window"] == 4096
+    assert stdout.strip().startswith("{") and stdout.strip().endswith("}")
+
+
+def test_tp_json(run_cli):
+    doc = run_cli("size", "--tp", "8", "--model", "llama-3-70b", "--tokens", "8192", "--json").json()
+    # 2 · 80 · 8192 · 8 · 128 · 2 = 2.5 GiB in all; each of 8 GPUs holds 1 head: 320 MiB.
+    assert doc["total_bytes"] == 5 * GIB // 2 and doc["per_gpu_bytes"] == 320 * 2**20
+    assert doc["kv_heads_per_gpu"] == 1
+
+
+def test_mla_json_describes_the_latent(run_cli):
+    doc = run_cli("size", "-m", "deepseek-v3", "--tokens", "1000", "--tp", "8", "--json").json()
+    assert doc["model"]["attention"] == "mla" and doc["model"]["kv_heads"] == 1 and doc["model"]["head_dim"] == 576
+    assert doc["bytes_per_seq"] == doc["per_gpu_bytes"] == 61 * 1000 * 576 * 2
+
+
+def test_human_output_has_formula_and_capacity(run_cli):
+    result = run_cli("size", "--model", "llama-3-8b", "--tokens", "8192", "--seqs", "32", "--memory", "80GiB")
+    assert result.exit_code == 0
+    assert "2 · 32 layers · 8,192 tokens · 8 KV heads · 128 dim · 2 B · 32 seqs = 32.00 GiB" in result.stdout
+    assert "34,359,738,368" in result.stdout and "655,360" in result.stdout
+
+
+def test_tp_budget_is_per_gpu(run_cli):
+    result = run_cli("size", "--model", "llama-3-70b", "--tp", "8", "--memory", "80GiB")
+    assert "per GPU" in result.stdout and "each GPU holds 1 of the 8 KV heads" in result.stdout
+
+
+def test_explicit_dims_and_config(run_cli, tmp_path):
+    doc = run_cli("size", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "10", "--json").json()
+    assert doc["model"]["name"] == "custom" and doc["bytes_per_seq"] == 10 * 131_072
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256,
+                                  "max_position_embeddings": 100}))
+    doc = run_cli("size", "--config", str(config), "--json").json()
+    assert doc["tokens"] == 100 and doc["bytes_per_token"] == 2 * 2 * 4 * 64 * 2
+
+
+@pytest.mark.parametrize("fmt", ["csv", "markdown"])
+def test_csv_and_markdown(run_cli, fmt):
+    result = run_cli("size", "-m", "falcon-7b", "--tokens", "2048", "--format", fmt)
+    # 2048 · 8 KiB: a display string for people (markdown), the exact integer for scripts (csv)
+    assert result.exit_code == 0 and ("16,777,216" if fmt == "markdown" else ",16777216,") in result.stdout
+
+
+def test_huge_inputs_exact(run_cli):
+    doc = run_cli("size", "-m", "llama-3-8b", "--tokens", str(10**12), "--seqs", str(10**7), "--json").json()
+    assert doc["total_bytes"] == 131_072 * 10**19
+    assert "max_position_embeddings" in doc["warnings"][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llama-3"], "unknown model 'llama-3': did you mean Llama-3-8B"),
+        (["--model", "llama-3-8b", "--dtype", "fp7"], "unknown dtype 'fp7': choose one of"),
+        (["--model", "llama-3-8b", "--memory", "80 gigs"], "cannot read the memory size '80 gigs'"),
+        (["--model", "llama-3-8b", "--memory", "0"], "must be positive"),
+        (["--config", "/nonexistent/config.json"], "/nonexistent/config.json: no such file"),
+        (["--model", "llama-3-8b", "--tp", "3"], "--tp 3 does not divide the 8 KV heads"),
+        (["--model", "llama-3-8b", "--tp", "12"], "not a multiple of 8"),
+        (["--model", "llama-3-8b", "--tp", "0"], "--tp must be a positive number"),
+        (["--model", "llama-3-8b", "--tokens", "0"], "--tokens must be a positive integer"),
+        (["--model", "llama-3-8b", "--seqs", "-3"], "--seqs must be a positive integer"),
+        (["--model", "llama-3-8b", "--block", "0"], "--block must be a positive integer"),
+        (["--model", "llama-3-8b", "--tokens", "abc"], "--tokens 'abc' is not an integer"),
+        (["--model", "llama-3-8b", "--tokens", "12.5"], "--tokens '12.5' is not an integer"),
+        (["--model", "llama-3-8b", "--seqs", "1e-3"], "--seqs '1e-3' is not an integer"),
+        (["--model", "llama-3-8b", "--tp", "two"], "--tp 'two' is not an integer"),
+        (["--model", "llama-3-8b", "--memory", "80Gb"], "did you mean 80GB (bytes)?"),
+        (["--model", "llama-3-8b", "--memory", "80Mb"], "did you mean 80MB (bytes)?"),
+        (["--model", "llama-3-8b", "--memory", "1e5000"], "has an exponent beyond"),
+        (["--model", "llama-3-8b", "--config", "c.json"], "either --model or --config"),
+        (["--layers", "32"], "need --layers, --kv-heads and --head-dim together"),
+        (["--layers", "2", "--kv-heads", "2", "--head-dim", "2"], "give --tokens N"),
+        (["--memory", "80GiB"], "--memory needs a model"),
+        (["--model", "llama-3-8b", "--kv-heads", "5"], "not a multiple of 5 KV heads"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(run_cli, args, message):
+    result = run_cli("size", *args)
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_bad_config_files(run_cli, tmp_path):
+    broken = tmp_path / "config.json"
+    broken.write_text("{oops")
+    result = run_cli("size", "--config", str(broken))
+    assert result.exit_code == 2 and f"{broken}: not valid JSON" in result.stderr
+    broken.write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 256}))
+    result = run_cli("size", "--config", str(broken))
+    assert result.exit_code == 2 and "missing the field 'num_hidden_layers'" in result.stderr
+
+
+# --- QA fixes: huge numbers, integer spellings, exact half bytes, wording ---------------------------------
+
+
+def test_huge_memory_formats_without_overflow(run_cli):
+    result = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400")
+    assert result.exit_code == 0, result.stderr
+    # 10^400 / 2^80 ≈ 8.272e+375 YiB (10^400 / 1.2089258e24 = 8.2718e375)
+    assert "What fits in 8.272e+375 YiB of KV" in result.stdout
+    doc = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400", "--json").json()
+    assert doc["capacity"]["max_tokens"] == 10**400 // 131_072  # 2 · 32 · 8 · 128 · 2 B per token
+
+
+def test_huge_total_in_yib(run_cli):
+    # 131,072 B · 10^12 tokens · 10^7 seqs = 1.31072e24 B; / 2^80 (1.2089e24) = 1.08 YiB (was 1164153218.27 PiB)
+    out = run_cli("size", "-m", "llama-3-8b", "--tokens", "1e12", "--seqs", "1e7").stdout
+    assert "│ 1,310,720,000,000,000,000,000,000 │   1.08 YiB │" in out and "1164153218" not in out
+    assert "116.42 PiB" in out  # one sequence: 131,072 · 10^12 B / 2^50 = 116.415 PiB
+
+
+def test_integer_spellings(run_cli):
+    doc = run_cli("size", "-m", "llama-3-8b", "--tokens", "1e12", "--seqs", "1_000", "--json").json()
+    assert (doc["tokens"], doc["seqs"]) == (10**12, 1000)
+    assert doc["total_bytes"] == 131_072 * 10**15  # 131,072 B per token · 10^12 tokens · 10^3 seqs
+
+
+def _write_config(tmp_path, name, config):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_int4_half_bytes_are_shown_exactly(run_cli, tmp_path):
+    # MLA latent 3 + 2 = 5 scalars, 1 layer, int4: 20 bits = 2.5 B per token; 3 tokens: 60 bits = 7.5 B.
+    config = _write_config(tmp_path, "mla.json", {
+        "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 4, "head_dim": 4,
+        "kv_lora_rank": 3, "qk_rope_head_dim": 2})
+    result = run_cli("size", "--config", config, "--tokens", "3", "--dtype", "int4")
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in result.stdout.splitlines() if line.startswith("│")}
+    assert rows["per token per layer"] == ["2.5", "2.50 B"]
+    assert rows["per sequence (3 tokens)"] == ["7.5", "7.50 B"]
+    assert rows["per block (16 tokens)"] == ["40", "40 B"]  # 16 · 20 bits = 320 bits, whole
+    assert "= 7.50 B" in result.stdout and "rounded up to whole bytes" in " ".join(result.stdout.split())
+    doc = run_cli("size", "--config", config, "--tokens", "3", "--dtype", "int4", "--json").json()
+    assert (doc["bits_per_token_per_layer"], doc["bits_per_seq"], doc["total_bits"]) == (20, 60, 60)
+    assert (doc["bytes_per_token_per_layer"], doc["bytes_per_seq"]) == (3, 8) and doc["bytes_rounded_up"] is True
+    assert run_cli("size", "-m", "llama-3-8b", "--json").json()["bytes_rounded_up"] is False
+
+
+def test_hybrid_config_says_which_layers_keep_kv(run_cli, tmp_path):
+    kinds = ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    config = _write_config(tmp_path, "hybrid.json", {
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 1024,
+        "head_dim": 256, "max_position_embeddings": 4096, "layer_types": kinds})
+    out = run_cli("size", "--config", config, "--tokens", "1").stdout
+    assert "MQA, 2 of 8 layers keep KV (6 linear attention or state-space), 1 KV head × 256 dim" in out
+    # 2 (K, V) · 2 layers · 1 token · 1 head · 256 · 2 B = 2,048 B
+    assert "2 · 2 layers · 1 token · 1 KV head · 256 dim · 2 B = 2.00 KiB" in out
+    assert "per token (2 layers)" in out and "per sequence (1 token)" in out and "1 KV heads" not in out
+
+
+def test_sliding_window_capacity_flags_max_tokens_as_a_lower_bound(run_cli):
+    mistral = run_cli("size", "-m", "mistral-7b-v0.1", "--memory", "80GiB", "--json").json()["capacity"]
+    llama = run_cli("size", "-m", "llama-3-8b", "--memory", "80GiB", "--json").json()["capacity"]
+    assert mistral["max_tokens_is_lower_bound"] is True and llama["max_tokens_is_lower_bound"] is False
+
+
+def test_preset_columns_name_their_token_counts(run_cli):
+    header = next(line for line in run_cli("size").stdout.splitlines() if "bytes/token" in line)
+    cells = [cell.strip() for cell in header.split("┃")]
+    assert cells[-4:-1] == ["4,096 tokens", "32,768 tokens", "131,072 tokens"]  # 4K, 32K, 128K were ambiguous

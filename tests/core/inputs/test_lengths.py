@@ -1,0 +1,414 @@
+"""Length sources (core/lengths.py): lists, files, traces and seeded distributions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcalc.core.inputs.lengths import (
+    LengthDistribution,
+    lengths_from_trace,
+    parse_lengths_list,
+    read_lengths_file,
+    sample_lengths,
+    worked_example,
+)
+
+N_SAMPLES = 200_000
+
+
+def _assert_mean_close(sample: np.ndarray, mean: float, sd: float) -> None:
+    """The sample mean lies within 5 standard errors (sd / sqrt(n)) of the exact mean: fails ~1 in 1.7 million."""
+    tolerance = 5 * sd / math.sqrt(sample.size)
+    assert abs(sample.mean() - mean) < tolerance, (sample.mean(), mean, tolerance)
+
+
+# --- given lists and files -----------------------------------------------------------------------------
+
+
+def test_worked_example_is_constructed():
+    example = worked_example()
+    assert example.tokens.tolist() == [37, 91, 128, 201, 511]
+    assert (example.count, example.total, example.min, example.max) == (5, 968, 37, 511)
+    assert example.kind == "constructed" and example.description.startswith("constructed: ")
+
+
+def test_parse_list():
+    lengths = parse_lengths_list(" 37, 91 ,128")
+    assert lengths.tokens.tolist() == [37, 91, 128] and lengths.tokens.dtype == np.int64
+    assert lengths.kind == "user" and float(lengths.mean) == pytest.approx((37 + 91 + 128) / 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("37,0,5", r"--lengths item 2: length 0 is not positive"),
+        ("37,-4", r"--lengths item 2: length -4 is not positive"),
+        ("37,91.5", r"--lengths item 2: '91.5' is not an integer"),
+        ("37,abc,1", r"--lengths item 2: 'abc' is not an integer"),
+        ("37,,1", r"has an empty item"),
+        ("1,99999999999999999999", r"item 2: length 99999999999999999999 is too large"),
+        ("1,4611686018427387905", r"item 2: length 4611686018427387905 is too large"),  # 2^62 + 1 fits int64
+    ],
+)
+def test_parse_list_bad_items(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_lengths_list(text)
+
+
+def test_lines_file_skips_blank_lines(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("37\n\n91\n 128 \n")
+    lengths = read_lengths_file(path)
+    assert lengths.tokens.tolist() == [37, 91, 128]
+    assert lengths.kind == "user" and str(path) in lengths.source
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("37\n91\nabc\n", r"lengths.txt:3: 'abc' is not an integer"),
+        ("37\n\n4.5\n", r"lengths.txt:3: '4.5' is not an integer"),
+        ("37\n0\n", r"lengths.txt:2: length 0 is not positive"),
+        ("37\n-2\n", r"lengths.txt:2: length -2 is not positive"),
+        ("", r"is empty"),
+        ("\n \n", r"is empty"),
+        ("a,b\n1,2\n", r"for a CSV give --column NAME"),
+    ],
+)
+def test_lines_file_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "lengths.txt"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_lengths_file(path)
+
+
+def test_csv_column(tmp_path):
+    path = tmp_path / "requests.csv"
+    path.write_text("id,prompt,output\n1,37,5\n2,91,7\n\n3,128,1\n")
+    lengths = read_lengths_file(path, column="prompt")
+    assert lengths.tokens.tolist() == [37, 91, 128]
+    assert "column prompt" in lengths.source
+
+
+def test_csv_errors(tmp_path):
+    path = tmp_path / "requests.csv"
+    path.write_text("id,prompt\n1,37\n2,x\n")
+    with pytest.raises(ValueError, match=r"no column 'tokens': its columns are id, prompt"):
+        read_lengths_file(path, column="tokens")
+    with pytest.raises(ValueError, match=r"requests.csv:3 \(column prompt\): 'x' is not an integer"):
+        read_lengths_file(path, column="prompt")
+    path.write_text("id,prompt\n")
+    with pytest.raises(ValueError, match="header but no rows"):
+        read_lengths_file(path, column="prompt")
+    path.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        read_lengths_file(path, column="prompt")
+
+
+def test_json_list(tmp_path):
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps([37, 91, 128]))
+    assert read_lengths_file(path).tokens.tolist() == [37, 91, 128]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[37, 9.5]", r"item 2: 9.5 is not an integer"),
+        ("[37, true]", r"item 2: True is not an integer"),
+        ("[37, 0]", r"item 2: length 0 is not positive"),
+        ("[]", "empty list"),
+        ('{"a": 1}', "not a list"),
+        ("[37,", "not valid JSON"),
+    ],
+)
+def test_json_errors(tmp_path, content, message):
+    path = tmp_path / "lengths.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_lengths_file(path)
+
+
+def test_npy(tmp_path):
+    path = tmp_path / "lengths.npy"
+    np.save(path, np.array([37, 91, 128], dtype=np.int32))
+    assert read_lengths_file(path).tokens.tolist() == [37, 91, 128]
+    np.save(path, np.array([37.0, 91.0]))  # whole floats are integers
+    assert read_lengths_file(path).tokens.tolist() == [37, 91]
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (np.array([37.0, 91.5]), r"item 2: .*91.5 is not an integer"),
+        (np.array([[1, 2], [3, 4]]), r"shape \(2, 2\)"),
+        (np.array([5, 0, 3]), r"item 2: length 0 is not positive"),
+        (np.array([], dtype=np.int64), "holds no lengths"),
+        (np.array(["a"]), "give integer lengths"),
+    ],
+)
+def test_npy_errors(tmp_path, array, message):
+    path = tmp_path / "lengths.npy"
+    np.save(path, array)
+    with pytest.raises(ValueError, match=message):
+        read_lengths_file(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_lengths_file(tmp_path / "nope.txt")
+
+
+# --- real traces ---------------------------------------------------------------------------------------
+
+
+def test_azure_trace_total_and_prompt(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    total = lengths_from_trace("azure", path)
+    assert total.tokens.tolist() == [374 + 44, 396 + 109]
+    assert total.kind == "real" and total.description.startswith("real: azure trace")
+    assert "ContextTokens + GeneratedTokens" in total.source
+    prompt = lengths_from_trace("azure", path, phase="prompt")
+    assert prompt.tokens.tolist() == [374, 396] and "prompt only" in prompt.source
+
+
+def test_mooncake_trace(tmp_path):
+    path = tmp_path / "mooncake.jsonl"
+    records = [
+        {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1]},
+        {"timestamp": 5, "input_length": 7322, "output_length": 490, "hash_ids": [0, 2]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert lengths_from_trace("mooncake", path).tokens.tolist() == [6758 + 500, 7322 + 490]
+    assert lengths_from_trace("mooncake", path, "prompt").tokens.tolist() == [6758, 7322]
+
+
+def test_trace_with_an_empty_prompt_names_the_request(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n2023-11-16 18:15:47,0,3\n")
+    assert lengths_from_trace("azure", path).tokens.tolist() == [6, 3]
+    with pytest.raises(ValueError, match=r"request 2 \(file order\): length 0 \(prompt only\)"):
+        lengths_from_trace("azure", path, "prompt")
+
+
+def test_trace_bad_phase(tmp_path):
+    with pytest.raises(ValueError, match="unknown --phase 'output'"):
+        lengths_from_trace("azure", tmp_path / "x.csv", "output")
+
+
+# --- distributions -------------------------------------------------------------------------------------
+
+
+def test_parse_describe_round_trip():
+    dist = LengthDistribution.parse(" LogNormal : mean=161 , sigma=1.0 ")
+    assert dist.name == "lognormal" and dist.param("mean") == 161 and dist.param("sigma") == 1.0
+    assert dist.describe() == "lognormal(mean=161, sigma=1)"
+    assert LengthDistribution.parse(dist.spec) == dist
+    assert LengthDistribution.parse("uniform:high=9").describe() == "uniform(low=1, high=9)"  # low defaults to 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("gamma:mean=3", "unknown distribution 'gamma'"),
+        ("lognormal", "exactly one of mean or median"),
+        ("lognormal:mean=5,median=5", "exactly one of mean or median"),
+        ("lognormal:mean=5,scale=2", "unknown parameter 'scale=2' for lognormal"),
+        ("lognormal:mean", "unknown parameter 'mean' for lognormal"),
+        ("lognormal:mean=abc", "mean='abc' is not a number"),
+        ("lognormal:mean=nan", "must be finite"),
+        ("lognormal:mean=-3", "mean=-3 is out of range"),
+        ("lognormal:mean=100,sigma=0", "sigma=0 is out of range"),
+        ("uniform:low=5,high=2", "high=2 is out of range"),
+        ("uniform:low=0,high=2", "low=0 is out of range"),
+        ("uniform:high=2.5", "high='2.5' is not an integer"),
+        ("exponential", "exponential needs mean"),
+        ("exponential:mean=0.5", "mean=0.5 is out of range"),
+        ("zipf:a=1.2", "zipf needs max"),
+        ("zipf:a=1,max=100", "a=1 is out of range"),
+        ("zipf:a=2,max=100000000", "max=100000000 is out of range"),
+    ],
+)
+def test_parse_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        LengthDistribution.parse(spec)
+
+
+@pytest.mark.parametrize(
+    "spec", ["lognormal:mean=161,sigma=1.0", "uniform:low=3,high=9", "exponential:mean=50", "zipf:a=1.5,max=64"]
+)
+def test_seeded_samples_are_reproducible_int64_and_positive(spec):
+    dist = LengthDistribution.parse(spec)
+    first = dist.sample(1000, np.random.default_rng(7))
+    assert first.dtype == np.int64 and first.shape == (1000,) and first.min() >= 1
+    assert np.array_equal(first, dist.sample(1000, np.random.default_rng(7)))
+    assert not np.array_equal(first, dist.sample(1000, np.random.default_rng(8)))
+    lengths = sample_lengths(dist, 1000, seed=7)
+    assert np.array_equal(lengths.tokens, first)
+    assert lengths.kind == "constructed" and "seed 7" in lengths.source and dist.describe() in lengths.source
+
+
+def test_uniform_mean_and_bounds():
+    sample = LengthDistribution.parse("uniform:low=3,high=9").sample(N_SAMPLES, np.random.default_rng(1))
+    assert sample.min() == 3 and sample.max() == 9  # both ends inclusive (and reached at this size)
+    # discrete uniform on 3..9: mean 6, variance ((9 − 3 + 1)^2 − 1) / 12 = 4
+    _assert_mean_close(sample, 6.0, 2.0)
+
+
+def test_exponential_is_geometric_with_the_given_mean():
+    sample = LengthDistribution.parse("exponential:mean=50").sample(N_SAMPLES, np.random.default_rng(2))
+    p = 1 / 50  # geometric on 1, 2, …: mean 1/p = 50, variance (1 − p) / p^2 = 2450
+    assert sample.min() >= 1
+    _assert_mean_close(sample, 50.0, math.sqrt((1 - p) / p**2))
+
+
+def test_exponential_truncated_by_resampling():
+    sample = LengthDistribution.parse("exponential:mean=50,max=60").sample(N_SAMPLES, np.random.default_rng(3))
+    assert sample.min() >= 1 and sample.max() == 60
+    p = 1 / 50  # the geometric conditioned on k <= 60: exact mean and sd from the pmf
+    pmf = np.array([(1 - p) ** (k - 1) * p for k in range(1, 61)])
+    pmf /= pmf.sum()
+    support = np.arange(1, 61)
+    mean = float((support * pmf).sum())
+    _assert_mean_close(sample, mean, math.sqrt(float((support**2 * pmf).sum()) - mean**2))
+
+
+def test_lognormal_mean_of_ceiled_lengths():
+    mean_x, sigma = 100.0, 0.5
+    mu = math.log(mean_x) - sigma**2 / 2
+    sample = LengthDistribution.parse(f"lognormal:mean={mean_x},sigma={sigma}").sample(
+        N_SAMPLES, np.random.default_rng(4)
+    )
+    # E[ceil X] = Σ_{k >= 0} P(X > k), with P(X > k) = erfc((ln k − mu) / (sigma √2)) / 2 for k >= 1
+    expected = 1 + sum(0.5 * math.erfc((math.log(k) - mu) / (sigma * math.sqrt(2))) for k in range(1, 20_000))
+    assert mean_x < expected < mean_x + 1  # ceil adds less than one token on average
+    sd_x = mean_x * math.sqrt(math.exp(sigma**2) - 1)  # sd of the lognormal; ceil adds at most 0.5 to it
+    _assert_mean_close(sample, expected, sd_x + 0.5)
+
+
+def test_lognormal_by_median():
+    sample = LengthDistribution.parse("lognormal:median=200,sigma=0.7").sample(N_SAMPLES, np.random.default_rng(5))
+    assert np.median(sample) == pytest.approx(200, rel=0.02)  # ceil keeps the median at 200 (an integer)
+
+
+def test_lognormal_truncated_by_max():
+    sample = LengthDistribution.parse("lognormal:mean=1000,sigma=1.5,max=2000").sample(
+        50_000, np.random.default_rng(6)
+    )
+    assert sample.min() >= 1 and sample.max() <= 2000
+
+
+def test_zipf_exact_mean_and_bounds():
+    a, upper = 1.5, 1000
+    sample = LengthDistribution.parse(f"zipf:a={a},max={upper}").sample(N_SAMPLES, np.random.default_rng(9))
+    assert sample.min() == 1 and sample.max() <= upper
+    # P(k) = k^-a / H, H = Σ_{k=1}^{max} k^-a
+    weights = [k**-a for k in range(1, upper + 1)]
+    norm = sum(weights)
+    mean = sum(k * w for k, w in zip(range(1, upper + 1), weights, strict=True)) / norm
+    second = sum(k * k * w for k, w in zip(range(1, upper + 1), weights, strict=True)) / norm
+    _assert_mean_close(sample, mean, math.sqrt(second - mean**2))
+    assert abs((sample == 1).mean() - 1 / norm) < 5 * math.sqrt((1 / norm) * (1 - 1 / norm) / N_SAMPLES)
+
+
+@pytest.mark.parametrize("count", [0, -5])
+def test_count_must_be_positive(count):
+    with pytest.raises(ValueError, match="--count must be a positive"):
+        LengthDistribution.parse("uniform:high=5").sample(count, np.random.default_rng(0))
+
+
+def test_load_lengths_picks_one_source():
+    from kvcalc.core.inputs.lengths import load_lengths
+
+    assert load_lengths().tokens.tolist() == [37, 91, 128, 201, 511]
+    assert load_lengths(lengths="5,6").tokens.tolist() == [5, 6]
+    sample = load_lengths(dist="uniform:high=4", count=10, seed=1)
+    assert sample.count == 10 and "seed 1" in sample.source
+    default = load_lengths(dist="uniform:high=4")
+    assert default.count == 10_000 and "seed 0" in default.source
+    with pytest.raises(ValueError, match="give one source of lengths, not --lengths and --dist"):
+        load_lengths(lengths="5", dist="uniform:high=4")
+    with pytest.raises(ValueError, match="--seed applies only to --dist"):
+        load_lengths(lengths="5", seed=3)
+
+
+# --- text files: the numpy fast path and the line-by-line path agree --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("37\r\n91\r\n\r\n128\r\n", [37, 91, 128]),  # CRLF and a blank CRLF line
+        ("  37\t\n91 \n", [37, 91]),  # blanks around a number
+        ("007\n5\n", [7, 5]),  # leading zeros: the line-by-line path (digits ≠ the values' digits)
+        ("+5\n6\n", [5, 6]),  # a sign: the line-by-line path, as int() reads it
+        ("999999999999999999\n", [999_999_999_999_999_999]),  # 18 digits: the fast path's largest
+        ("4611686018427387904\n", [2**62]),  # 19 digits: the line-by-line path; 2^62 is the largest length
+    ],
+)
+def test_lines_file_spellings(tmp_path, content, expected):
+    path = tmp_path / "lengths.txt"
+    path.write_bytes(content.encode())
+    assert read_lengths_file(path).tokens.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("37\n91 128\n", r"lengths.txt:2: '91 128' is not an integer"),  # two numbers on a line, fast-path bytes
+        ("37\n\n\n0\n", r"lengths.txt:4: length 0 is not positive"),  # the fast path names the line, not the item
+        ("1\r\n\r\n0\r\n", r"lengths.txt:3: length 0 is not positive"),
+        ("5\n4611686018427387905\n", r"lengths.txt:2: length 4611686018427387905 is too large"),  # 2^62 + 1
+    ],
+)
+def test_lines_file_fast_path_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "lengths.txt"
+    path.write_bytes(content.encode())
+    with pytest.raises(ValueError, match=message):
+        read_lengths_file(path)
+
+
+@pytest.mark.parametrize("name", ["bin.txt", "bin.csv", "bin.json"])
+def test_binary_file_is_not_a_text_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"\xff\xfe\x00\x01 37\n")
+    with pytest.raises(ValueError, match=rf"{name}: not a text file \(not UTF-8\)"):
+        read_lengths_file(path, column="n" if name.endswith(".csv") else None)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=2**62), min_size=1, max_size=30),
+    st.lists(st.sampled_from(["\n", "\r\n", "\n\n", " \n", "\t\n", "\n  "]), min_size=30, max_size=30),
+)
+@settings(max_examples=60, deadline=None)
+def test_lines_file_reads_what_was_written(tmp_path_factory, values, separators):
+    # The reference is the list itself: any mix of line endings and blanks reads back to the same numbers.
+    path = tmp_path_factory.mktemp("lines") / "lengths.txt"
+    path.write_bytes("".join(f"{v}{sep}" for v, sep in zip(values, separators, strict=False)).encode())
+    assert read_lengths_file(path).tokens.tolist() == values
+
+
+def test_lengths_read_exact_integer_spellings_like_every_count():
+    # 1e3 = 1000, 2_000 = 2000, 4096.0 = 4096 (as --max-len and every integer option read them); 1.5 is not a length
+    from kvcalc.core.inputs.distributions import LengthDistribution
+    from kvcalc.core.inputs.files import ints_from_text
+
+    items = ["1e3", "2_000", "4096.0", "37"]
+    assert ints_from_text(items, lambda i: f"item {i + 1}").tolist() == [1000, 2000, 4096, 37]
+    with pytest.raises(ValueError, match=r"item 2: '1\.5' is not an integer length"):
+        ints_from_text(["1", "1.5"], lambda i: f"item {i + 1}")
+    with pytest.raises(ValueError, match=r"item 1: length -100000000000000000000 is not positive"):
+        ints_from_text(["-1e20"], lambda i: f"item {i + 1}")
+    dist = LengthDistribution.parse("uniform:low=1e2,high=1_000")
+    assert (dist.param("low"), dist.param("high")) == (100, 1000)

@@ -1,0 +1,334 @@
+"""Sharing scenarios vs closed forms; trace replay vs hand-computed hits and an independent reference."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcalc.core.inputs.traces import Trace, mooncake_block_keys, read_trace
+from kvcalc.core.share import replay as share_trace_module
+from kvcalc.core.share.forks import ScenarioSpec, closed_form_physical_blocks, run_scenario
+from kvcalc.core.share.replay import (
+    distinct_id_prefixes,
+    replay,
+    share_trace,
+    uncached_replay,
+    unlimited_capacity,
+)
+
+MOONCAKE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- scenario mode ------------------------------------------------------------------------------------
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 120), st.integers(1, 5), st.integers(1, 40), st.integers(1, 16))
+def test_parallel_matches_the_closed_form(prefix: int, branches: int, gen: int, block: int) -> None:
+    result = run_scenario(ScenarioSpec(prefix, branches, gen, block), check=True)
+    full, rest = divmod(prefix, block)
+    assert result.physical_blocks == full + branches * ceil_div(rest + gen, block)
+    assert result.physical_blocks == closed_form_physical_blocks(prefix, branches, gen, block)
+    assert result.logical_blocks == branches * ceil_div(prefix + gen, block)
+    # every branch but the last to write copies the shared partial block; none when P mod B = 0
+    assert result.cow_copies == (branches - 1 if rest else 0)
+    assert result.peak_blocks == result.physical_blocks  # parallel sampling only ever grows
+    assert result.saved_blocks == result.logical_blocks - result.physical_blocks
+
+
+def test_parallel_worked_examples() -> None:
+    # P = 1000, B = 16: 62 full blocks + 8 tokens; G = 200: each branch ceil(208/16) = 13 own blocks
+    r = run_scenario(ScenarioSpec(1000, 4, 200, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (62 + 4 * 13, 4 * 75, 3)
+    assert r.saved_fraction == pytest.approx(186 / 300)
+    # P mod B = 0: P = 64, B = 16 -> 4 shared blocks; G = 20 -> ceil(20/16) = 2 own blocks each, no copy
+    r = run_scenario(ScenarioSpec(64, 3, 20, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (4 + 3 * 2, 3 * 6, 0)
+    # G = 0: nobody writes, everything stays shared: ceil(70/16) = 5 blocks, 3 tables of 5
+    r = run_scenario(ScenarioSpec(70, 3, 0, 16))
+    assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (5, 15, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 5), st.integers(1, 25), st.integers(1, 8), st.integers(0, 10**6))
+def test_beam_keeps_k_beams_and_its_invariants(prefix: int, k: int, gen: int, block: int, seed: int) -> None:
+    spec = ScenarioSpec(prefix, k, gen, block, mode="beam", seed=seed)
+    result = run_scenario(spec, check=True)
+    assert result == run_scenario(spec)  # seeded: reproducible
+    assert result.logical_blocks == k * ceil_div(prefix + gen, block)  # K beams of P + G tokens at the end
+    assert ceil_div(prefix + gen, block) <= result.physical_blocks <= result.logical_blocks
+    assert result.physical_blocks <= result.peak_blocks
+    assert result.forks - (k - 1) == result.dropped_branches  # every dropped beam is replaced by a fork
+
+
+def test_beam_with_one_beam_is_parallel_with_one_branch() -> None:
+    assert run_scenario(ScenarioSpec(37, 1, 50, 8, mode="beam")).physical_blocks == ceil_div(87, 8)
+
+
+def test_bad_scenarios() -> None:
+    with pytest.raises(ValueError, match="branches"):
+        ScenarioSpec(10, 0, 5, 16)
+    with pytest.raises(ValueError, match="mode"):
+        ScenarioSpec(10, 2, 5, 16, mode="greedy")
+    with pytest.raises(ValueError, match="gen"):
+        ScenarioSpec(10, 2, -1, 16)
+
+
+# ---- trace mode ---------------------------------------------------------------------------------------
+def make_trace(requests: list[tuple[int, int, list[int]]]) -> Trace:
+    ids = [h for _, _, hs in requests for h in hs]
+    offsets = np.cumsum([0] + [len(hs) for _, _, hs in requests])
+    return Trace(
+        "mooncake", "test", np.zeros(len(requests)), np.array([p for p, _, _ in requests], np.int64),
+        np.array([o for _, o, _ in requests], np.int64), np.array(ids, np.int64), offsets.astype(np.int64),
+    )
+
+
+def _trie_path(trie: dict, ids: list[int], prompt_tokens: int, block_size: int) -> list[int]:
+    """Trie nodes of a prompt's full blocks, keyed (parent node, (hash_id, sub-block)); new nodes added."""
+    per_id = 512 // block_size
+    node, nodes = -1, []
+    for j in range(prompt_tokens // block_size):
+        node = trie.setdefault((node, (ids[j // per_id], j % per_id)), len(trie))
+        nodes.append(node)
+    return nodes
+
+
+def reference_hit_tokens(trace: Trace, block_size: int) -> int:
+    """Unlimited cache as a trie of block keys (hash_id, sub-block) in plain dicts: no pool, no hashing."""
+    trie: dict[tuple[int, tuple[int, int]], int] = {}  # (parent node, key) -> node
+    cached: set[int] = set()
+    hits = 0
+    for i in range(len(trace)):
+        p = int(trace.prompt_tokens[i])
+        nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
+        n = 0
+        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in cached:
+            n += 1
+        hits += n * block_size
+        cached.update(nodes)
+    return hits
+
+
+def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[int, int]:
+    """(hit tokens, evictions) of a bounded cache modelled directly: an OrderedDict LRU of block-key
+    chains (trie nodes) plus a count of content-free blocks. A request revives its cached prefix, takes
+    content-free blocks first, then evicts the least recently freed — for its prompt, whose full blocks
+    then get their keys (unless an equal chain is still cached), then for its output (which may evict that
+    equal chain: the request's copy stays keyless all the same); on release its keyed blocks go to the LRU
+    tail last block first, the rest become content-free. No pool, no hashing."""
+    trie: dict[tuple[int, tuple[int, int]], int] = {}
+    lru: OrderedDict[int, None] = OrderedDict()
+    plain = capacity
+    hits = evictions = 0
+    for i in range(len(trace)):
+        p, o = int(trace.prompt_tokens[i]), int(trace.output_tokens[i])
+        nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
+        n = 0
+        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in lru:
+            n += 1
+        for node in nodes[:n]:
+            del lru[node]
+        hits += n * block_size
+
+        def take(count: int) -> None:
+            nonlocal plain, evictions
+            from_plain = min(count, plain)
+            plain -= from_plain
+            for _ in range(count - from_plain):
+                lru.popitem(last=False)
+                evictions += 1
+
+        take(ceil_div(p, block_size) - n)
+        # blocks n.. with a key get it unless an equal chain is still cached elsewhere
+        keyed = nodes[:n] + [node for node in nodes[n:] if node not in lru]
+        take(ceil_div(p + o, block_size) - ceil_div(p, block_size))
+        unkeyed = ceil_div(p + o, block_size) - len(keyed)
+        keyed_set = set(keyed)
+        table_order = [node for node in nodes if node in keyed_set]
+        for node in reversed(table_order):
+            lru[node] = None
+        plain += unkeyed
+    return hits, evictions
+
+
+def test_hand_computed_trace() -> None:
+    trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
+    result = replay(trace, 16, None, prefix_caching=True)
+    # 1: 1000 tokens -> 62 full blocks cached (ids 0: blocks 0-31, id 1: blocks 32-61), no hit
+    # 2: same ids 0, 1: blocks 0-61 hit (block 62 = tokens 992-1007 was never full) -> 62 · 16 = 992
+    # 3: id 0 again: blocks 0-31 hit -> 512; block 32 has id 3: miss
+    assert (result.hit_tokens, result.hit_blocks) == (992 + 512, 62 + 32)
+    assert result.token_hit_rate == pytest.approx(1504 / 2700)
+    # largest request: ceil((1100 + 10) / 16) = 70 blocks
+    assert result.peak_used_blocks == 70 and result.evictions == 0
+    # request 2 caches 62 + 6 more full blocks (1100 // 16 = 68), request 3: 37 - 32 = 5 more: 73
+    assert result.peak_cached_blocks == 73
+    assert replay(trace, 16, None, prefix_caching=False).hit_tokens == 0
+
+
+def test_last_token_is_never_a_hit() -> None:
+    trace = make_trace([(512, 1, [7]), (512, 1, [7])])
+    # 512 tokens = 32 full blocks of 16, but the 512th token is recomputed: 31 blocks hit
+    assert replay(trace, 16, None, True).hit_tokens == 31 * 16
+
+
+def test_an_output_eviction_comes_after_the_prompt_is_cached() -> None:
+    # B = 16, capacity 37. 1: ids [0, 1000], 537 + 40 tokens = 37 blocks, 33 full ones cached. 2: 528 fresh
+    # tokens = 33 blocks: 29 evictions of 1's blocks 32..4. 3: id 0, 48 + 1 tokens: blocks 0, 1 hit, block 2
+    # is fresh (evicting 1's block 3) while 1's equal block 2 is still cached, so it stays keyless; the
+    # output's block then evicts 1's block 2. 4: 2 blocks from the 2 keyless ones: no eviction. 31 in all
+    trace = make_trace([(537, 40, [0, 1000]), (528, 0, [1010, 1011]), (48, 1, [0]), (1, 16, [1030])])
+    assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 31)
+    assert reference_lru_replay(trace, 16, 37) == (32, 31)
+
+
+def test_lru_eviction_with_a_small_capacity() -> None:
+    trace = make_trace([(64, 0, [1]), (64, 0, [2]), (64, 0, [1])])
+    # B = 16: each request 4 blocks (3 hittable: not the last token's). Capacity 8: request 2 fits beside
+    # request 1's 4 cached blocks; request 3 revives 3 of them (48 tokens) and needs 1 fresh block: the
+    # LRU head is request 1's last block (freed tail first) -> 1 eviction. Capacity 4: request 2 evicts
+    # all of request 1's blocks (4 evictions), then request 3 evicts request 2's (4 more), no hit
+    assert (replay(trace, 16, 8, True).hit_tokens, replay(trace, 16, 8, True).evictions) == (48, 1)
+    assert (replay(trace, 16, 4, True).hit_tokens, replay(trace, 16, 4, True).evictions) == (0, 8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 2000), st.integers(0, 40), st.lists(st.integers(0, 6), max_size=4)),
+             min_size=1, max_size=12),
+    st.sampled_from([1, 4, 16, 64, 512]),
+)
+def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> None:
+    # hash_ids: one per 512 tokens; make id lists the right length by padding with fresh ids
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    result = replay(trace, block_size, None, True)
+    assert result.hit_tokens == reference_hit_tokens(trace, block_size)
+    assert result.evictions == 0 and result.pool_blocks == unlimited_capacity(trace, block_size)
+    # the contrast without prefix caching, closed form vs the pool, unlimited and at the smallest capacity
+    largest = max(-(-(p + o) // block_size) for p, o, _ in requests)
+    for capacity in (None, largest, 10**12):
+        assert uncached_replay(trace, block_size, capacity) == replay(trace, block_size, capacity, False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 1500), st.integers(0, 40), st.lists(st.integers(0, 4), max_size=3)),
+             min_size=1, max_size=15),
+    st.sampled_from([16, 64, 128]),
+    st.integers(0, 40),
+)
+def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, extra_capacity: int) -> None:
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+    result = replay(trace, block_size, capacity, True)
+    assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 1500), st.integers(0, 40), st.lists(st.integers(0, 4), max_size=3)),
+             min_size=1, max_size=40),
+    st.sampled_from([8, 16, 64]),
+    st.one_of(st.none(), st.integers(0, 30)),
+    st.sampled_from([3, 50, 1 << 17]),
+)
+def test_fast_replay_equals_the_general_replay(raw: list, block_size: int, extra_capacity: int | None,
+                                               batch_blocks: int) -> None:
+    """The replay's fast path (keys hashed a batch at a time, one fused `serve` per request) against the
+    general one (each prompt hashed on its own; allocate, append, release): every number equal, with and
+    without evictions, with key batches from a few blocks (many batches, requests split across none) up."""
+    requests = []
+    for k, (p, o, ids) in enumerate(raw):
+        need = ceil_div(p, 512)
+        requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
+    trace = make_trace(requests)
+    capacity = None
+    if extra_capacity is not None:
+        capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(share_trace_module, "_BATCH_BLOCKS", batch_blocks)
+        fast = replay(trace, block_size, capacity, True)
+    assert fast == replay(trace, block_size, capacity, True, fast=False)
+    if capacity is None:
+        assert fast.hit_tokens == reference_hit_tokens(trace, block_size)
+    else:
+        assert (fast.hit_tokens, fast.evictions) == reference_lru_replay(trace, block_size, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 3), max_size=6), max_size=12))
+def test_distinct_id_prefixes_counts_the_nodes_of_a_trie(sequences: list[list[int]]) -> None:
+    # the reference: every non-empty prefix as a tuple, in a set (negative ids and empty requests included)
+    prefixes = {tuple(seq[: d + 1]) for seq in sequences for d in range(len(seq))}
+    hash_ids = np.array([h for seq in sequences for h in seq], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum([len(seq) for seq in sequences], dtype=np.int64)))
+    assert distinct_id_prefixes(hash_ids, offsets) == len(prefixes)
+
+
+def test_distinct_id_prefixes_worked_example() -> None:
+    # [1,2,3], [1,2], [1,4], [5], [1,2,3]: prefixes 1, 12, 123, 14, 5 -> 5
+    sequences = [[1, 2, 3], [1, 2], [1, 4], [5], [1, 2, 3]]
+    offsets = np.array([0, 3, 5, 7, 8, 11])
+    assert distinct_id_prefixes(np.array([h for seq in sequences for h in seq]), offsets) == 5
+
+
+def test_a_huge_capacity_is_the_unlimited_replay() -> None:
+    trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
+    huge = replay(trace, 16, 10**12, True)
+    unlimited = replay(trace, 16, None, True)
+    assert huge.capacity_blocks == 10**12 and huge.pool_blocks == unlimited.pool_blocks
+    assert (huge.hit_tokens, huge.evictions) == (unlimited.hit_tokens, 0)
+
+
+def test_trace_errors() -> None:
+    trace = make_trace([(1000, 1, [0])])  # 1000 tokens need 2 hash ids
+    with pytest.raises(ValueError, match="need 2 hash_ids"):
+        replay(trace, 16, None, True)
+    with pytest.raises(ValueError, match="does not divide 512"):
+        share_trace(make_trace([(10, 1, [0])]), 24)
+    with pytest.raises(ValueError, match="smaller than request 1"):
+        share_trace(make_trace([(100, 1, [0])]), 16, capacity_blocks=6)  # needs ceil(101/16) = 7
+    assert mooncake_block_keys(np.array([5, 9]), 600, 256).tolist() == [5 * 2 + 0, 5 * 2 + 1]
+
+
+def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n"
+                    "2023-11-16 18:15:47.0,100,5\n")
+    result = share_trace(read_trace("azure", path), 16)
+    assert not result.has_prefix_ids and result.cached.hit_tokens == 0
+    assert result.cached.peak_used_blocks == ceil_div(105, 16)
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"real trace {MOONCAKE} not present")
+def test_real_mooncake_head_matches_the_reference() -> None:
+    trace = read_trace("mooncake", MOONCAKE).head(150)
+    assert replay(trace, 16, None, True).hit_tokens == reference_hit_tokens(trace, 16)
+    bounded = replay(trace, 16, 20_000, True)
+    assert (bounded.hit_tokens, bounded.evictions) == reference_lru_replay(trace, 16, 20_000)
+    assert bounded == replay(trace, 16, 20_000, True, fast=False)
+
+
+def test_mooncake_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
+             {"timestamp": 5, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert share_trace(read_trace("mooncake", path), 16).cached.hit_tokens == 992
