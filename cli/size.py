@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DTYPE_BITS, parse_dtype
 from ..core.spec.models import PRESETS, ModelSpec, resolve_model
 from ..core.spec.sizing import (
-    DEFAULT_BLOCK_SIZE,
     PRESET_CONTEXTS,
     SizeResult,
     compute_size,

@@ -21,9 +21,9 @@ from fractions import Fraction
 
 import numpy as np
 
+from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from .spec.models import ModelSpec
 
-BLOCK_TABLE_ENTRY_BYTES = 4  # int32 block ids, as vLLM and FlashInfer use
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
 MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
 _INT64_MAX = np.iinfo(np.int64).max
@@ -45,7 +45,7 @@ def exact_sum(values: np.ndarray, bound: int | None = None) -> int:
     return sum(int(values[i : i + chunk].sum(dtype=np.int64)) for i in range(0, values.size, chunk))
 
 
-def ceil_div(values: np.ndarray, divisor: int, out: np.ndarray | None = None) -> np.ndarray:
+def ceil_div_array(values: np.ndarray, divisor: int, out: np.ndarray | None = None) -> np.ndarray:
     """ceil(values / divisor) elementwise for values in 0..MAX_LENGTH; `out` may be reused as scratch."""
     out = np.add(values, divisor - 1, out=out)
     if divisor & (divisor - 1) == 0:  # a power of two: a shift is several times faster than a division
@@ -135,7 +135,7 @@ class PagedAllocation(_Positions):
 
     @property
     def max_blocks_per_seq(self) -> int:
-        return -(-self.max_len // self.block_size)
+        return ceil_div(self.max_len, self.block_size)
 
     @property
     def block_table_bytes_exact(self) -> int:
@@ -158,8 +158,11 @@ def paged_allocations(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int)
     check_block_sizes(block_sizes)
     useful = exact_sum(tokens, bound=longest)
     scratch = np.empty_like(tokens)
-    return [  # ceil(n/B) <= n, so the longest length bounds every block count too
-        PagedAllocation(b, int(tokens.size), max_len, useful, exact_sum(ceil_div(tokens, b, out=scratch), longest))
+    # ceil(n/B) <= n, so the longest length bounds every block count too
+    return [
+        PagedAllocation(
+            b, int(tokens.size), max_len, useful, exact_sum(ceil_div_array(tokens, b, out=scratch), longest)
+        )
         for b in block_sizes
     ]
 
@@ -198,7 +201,7 @@ class PerSequence:
 def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> PerSequence:
     check_lengths(tokens, max_len)
     check_block_sizes(block_sizes)
-    allocated = {b: ceil_div(tokens, b) * b for b in block_sizes}
+    allocated = {b: ceil_div_array(tokens, b) * b for b in block_sizes}
     return PerSequence(tokens, max_len - tokens, allocated, {b: a - tokens for b, a in allocated.items()})
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..blocks import ceil_div
+
 TRACE_KINDS = ("azure", "mooncake")
 MOONCAKE_BLOCK_TOKENS = 512  # tokens covered by one Mooncake hash id
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -79,6 +81,15 @@ class Trace(RequestArrays):
         )
 
 
+def check_mooncake_block_size(block_size: int) -> None:
+    """Mooncake's content keys exist per 512-token hash id, so a block must tile one id exactly."""
+    if block_size < 1 or MOONCAKE_BLOCK_TOKENS % block_size:
+        raise ValueError(
+            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
+            "use a divisor such as 8, 16, 32 or 64"
+        )
+
+
 def mooncake_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, where: str = "") -> np.ndarray:
     """int64 [prompt_tokens // block_size]: the content key of every full prompt block of one request.
 
@@ -86,16 +97,12 @@ def mooncake_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: in
     B (B must divide 512) full block j has the key (hash_ids[j // S], j % S), S = 512 / B, encoded exactly
     as the integer hash_id · S + j % S. A block past the last id's coverage is an error in the trace.
     """
-    if block_size < 1 or MOONCAKE_BLOCK_TOKENS % block_size:
-        raise ValueError(
-            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
-            "use a divisor such as 8, 16, 32 or 64"
-        )
+    check_mooncake_block_size(block_size)
     per_id = MOONCAKE_BLOCK_TOKENS // block_size
     full = prompt_tokens // block_size
     if full and (full - 1) // per_id >= len(hash_ids):
         raise ValueError(
-            f"{where}{prompt_tokens} prompt tokens need {-(-prompt_tokens // MOONCAKE_BLOCK_TOKENS)} hash_ids "
+            f"{where}{prompt_tokens} prompt tokens need {ceil_div(prompt_tokens, MOONCAKE_BLOCK_TOKENS)} hash_ids "
             f"(one per {MOONCAKE_BLOCK_TOKENS} tokens), the request has {len(hash_ids)}"
         )
     j = np.arange(full, dtype=np.int64)

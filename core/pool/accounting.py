@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from .free_queue import FREE_CACHED, FREE_PLAIN, PENDING, USED
 
 if TYPE_CHECKING:
     from .block_pool import BlockPool
 
-BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as paged-attention kernels take
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .prefix_cache import chain_hashes
 from .store import PoolExhaustedError
 
@@ -59,7 +60,7 @@ class AppendAndFork:
         if num_tokens == 0:
             return []
         B, old = self.block_size, seq.num_tokens
-        new_total = -(-(old + num_tokens) // B)
+        new_total = ceil_div(old + num_tokens, B)
         last = int(seq.table[seq.num_blocks - 1]) if old % B else -1
         copy = last >= 0 and self._needs_copy(last)  # = _append_blocks_from_queue, keeping what it reads
         need = new_total - seq.num_blocks + copy

@@ -62,6 +62,7 @@ from enum import Enum
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .accounting import PoolStats, PoolUsage, check_pool_invariants
 from .append import AppendAndFork, SeqTable
 from .free_queue import FREE_CACHED, PENDING, USED
@@ -128,7 +129,7 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
         hits, hashes, keys, homes, present, slots, extra_id = self._probe(num_tokens, block_keys, extra_key)
         B, num_hits = self.block_size, len(hits)
-        total = -(-num_tokens // B)
+        total = ceil_div(num_tokens, B)
         if num_hits:  # = _prompt_blocks_from_queue, keeping the hits' states for below
             hit_state = self.state.take(hits)
             num_cached = np.count_nonzero(hit_state == FREE_CACHED)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .free_queue import FREE_CACHED
 from .store import PoolExhaustedError
 
@@ -56,8 +57,8 @@ class ServeOneRequest:
             raise ValueError(f"cannot append a negative number of tokens ({num_output_tokens})")
         hits, hashes, keys, homes, present, slots, extra_id = self._probe(num_tokens, block_keys, extra_key)
         B, num_hits = self.block_size, len(hits)
-        prompt_blocks = -(-num_tokens // B)
-        total = -(-(num_tokens + num_output_tokens) // B)
+        prompt_blocks = ceil_div(num_tokens, B)
+        total = ceil_div(num_tokens + num_output_tokens, B)
         cached_hits, num_cached = hits, 0
         if num_hits and not self.num_used:  # no block in use (no live sequence): every hit is cached free
             num_cached = num_hits

@@ -26,6 +26,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .accounting import PoolStats
 from .free_queue import FreeBlockQueue
 from .hash_index import HashIndex
@@ -77,7 +78,7 @@ class BlockStore:
 
     # ---- sizes ----------------------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     @property
     def num_free_blocks(self) -> int:

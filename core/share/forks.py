@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..blocks import ceil_div
 from ..pool.block_pool import BlockPool, ReleaseReason
 
 SCENARIO_MODES = ("parallel", "beam")
@@ -57,7 +58,7 @@ class ScenarioSpec:
 
     @property
     def blocks_per_branch(self) -> int:
-        return -(-(self.prefix_tokens + self.gen_tokens) // self.block_size)
+        return ceil_div(self.prefix_tokens + self.gen_tokens, self.block_size)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class ScenarioResult:
 def closed_form_physical_blocks(prefix_tokens: int, branches: int, gen_tokens: int, block_size: int) -> int:
     """Parallel mode once every branch has written (gen_tokens >= 1); see the module docstring."""
     full, rest = divmod(prefix_tokens, block_size)
-    return full + branches * -(-(rest + gen_tokens) // block_size)
+    return full + branches * ceil_div(rest + gen_tokens, block_size)
 
 
 def run_scenario(spec: ScenarioSpec, *, check: bool = False) -> ScenarioResult:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
+from ..blocks import ceil_div
+from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, check_mooncake_block_size, mooncake_block_keys
 from ..pool.block_pool import BlockPool
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
@@ -67,11 +68,7 @@ class TraceShareResult:
 def check_block_size(block_size: int) -> None:
     if block_size < 1:
         raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
-    if MOONCAKE_BLOCK_TOKENS % block_size:
-        raise ValueError(
-            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
-            "use a divisor such as 8, 16, 32 or 64"
-        )
+    check_mooncake_block_size(block_size)
 
 
 def _check_key_range(trace: Trace, block_size: int) -> None:
@@ -87,7 +84,7 @@ def _check_key_range(trace: Trace, block_size: int) -> None:
 
 def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
     """int64 [N]: blocks each request holds at the end (prompt + output)."""
-    return -(-(trace.prompt_tokens + trace.output_tokens) // block_size)
+    return ceil_div(trace.prompt_tokens + trace.output_tokens, block_size)
 
 
 def unlimited_capacity(trace: Trace, block_size: int) -> int:
@@ -139,7 +136,7 @@ def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> N
         check_block_size(block_size)
         _check_key_range(trace, block_size)
         full_blocks = trace.prompt_tokens // block_size
-        ids_needed = -(-(full_blocks * block_size) // MOONCAKE_BLOCK_TOKENS)
+        ids_needed = ceil_div(full_blocks * block_size, MOONCAKE_BLOCK_TOKENS)
         ids_given = np.diff(trace.hash_offsets)
         short = np.flatnonzero(ids_given < ids_needed)
         if len(short):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..blocks import ceil_div
 from ..spec.models import ModelSpec
 from ..spec.sizing import kv_heads_per_gpu
 
@@ -50,7 +51,6 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 # The pool keeps ~60 bytes of numpy state per block (core/block_store.py); 2^24 blocks is ~1 GiB of host
 # memory. A larger pool (a tiny model on a huge custom GPU, or --block 1) is refused, not allocated.
 MAX_POOL_BLOCKS = 2**24
-BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as vLLM's block tables
 ACTIVATION_BYTES = 2  # bf16/fp16 activations
 LOGIT_BYTES = 4  # fp32 logits for sampling
 
@@ -139,7 +139,7 @@ def kv_bytes_per_token_per_gpu(spec: ModelSpec, kv_dtype_bits: int, tp: int) -> 
     MLA latents are replicated on every GPU."""
     heads_per_gpu = kv_heads_per_gpu(spec, tp)
     per_token_bits = spec.layers * spec.scalars_per_token_per_layer * kv_dtype_bits * heads_per_gpu // spec.kv_heads
-    return -(-per_token_bits // 8)
+    return ceil_div(per_token_bits, 8)
 
 
 def plan_memory(
@@ -173,7 +173,7 @@ def plan_memory(
         per_token = (2 * intermediate + 4 * spec.hidden_size) * ACTIVATION_BYTES
         workspace_bytes = max_batched_tokens * per_token // tp + max_seqs * (spec.vocab_size or 0) * LOGIT_BYTES
     plan = MemoryPlan(
-        gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=-(-weights_bytes // tp),
+        gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=ceil_div(weights_bytes, tp),
         workspace_bytes=int(workspace_bytes), kv_bytes_per_token=kv_bytes_per_token_per_gpu(spec, kv_dtype_bits, tp),
         block_size=block_size,
     )

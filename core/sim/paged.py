@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from ..inputs.traces import mooncake_block_keys
 from ..pool.block_pool import BlockPool, ReleaseReason
-from .hardware import BLOCK_TABLE_ENTRY_BYTES
-from .policies import UNLIMITED_STEPS, ceil_div
+from .policies import UNLIMITED_STEPS
 
 
 class PagedPolicy:
@@ -112,7 +112,7 @@ class PagedPolicy:
         """Room for `totals[i]` tokens for every request, or (False) no change at all. `new_blocks`, when
         the caller knows it (a fast-forwarded run), saves recounting; `check=False` when the caller has
         checked the fit step by step (requests that finished inside a fast-forwarded run)."""
-        blocks = -(-totals // self.block_size)
+        blocks = ceil_div(totals, self.block_size)
         if new_blocks is None:
             new_blocks = int((blocks - self.held_blocks[rids]).sum())
             if check and new_blocks > self.free_blocks:

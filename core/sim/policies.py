@@ -28,13 +28,7 @@ are reported beside them. The scheduler samples them every step.
 
 from __future__ import annotations
 
-import numpy as np
-
 POLICIES = ("paged", "reserve-max", "reserve-pow2", "reserve-oracle")
 MEMORY_PARTS = ("useful", "tail_fragmentation", "reservation_waste", "external_fragmentation", "cached_free", "free")
 UNLIMITED_STEPS = 1 << 62
 
-
-def ceil_div(a: np.ndarray | int, b: int) -> np.ndarray | int:
-    """⌈a / b⌉ for non-negative integers (arrays or ints), exactly."""
-    return -(-a // b)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .hardware import MemoryPlan
 from .paged import PagedPolicy, mooncake_prompt_keys
 from .policies import POLICIES
@@ -92,6 +93,6 @@ def run_policy(workload: Workload, name: str, setup: SimSetup, *, record_timelin
 def unlimited(setup: SimSetup, workload: Workload) -> SimSetup:
     """The same setup with a pool large enough that no policy ever waits for memory (tests, ablations)."""
     need = int(np.sum(workload.prompt_tokens + workload.output_tokens)) + setup.scheduler.max_model_len
-    blocks = -(-max(need, setup.scheduler.max_model_len * len(workload)) // setup.block_size) + 1
+    blocks = ceil_div(max(need, setup.scheduler.max_model_len * len(workload)), setup.block_size) + 1
     return SimSetup(blocks, setup.block_size, setup.steptime, setup.scheduler, setup.cancel_fraction, setup.seed,
                     setup.prefix_caching)

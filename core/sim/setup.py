@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import dtype_bits, parse_dtype
 from ..inputs.distributions import LengthDistribution
-from ..inputs.traces import read_trace
+from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..spec.models import ModelSpec, get_preset, resolve_model
 from .checks import byte_count, check_mode_options, check_requests, finite_float
 from .hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
@@ -58,7 +59,7 @@ class Options:
     tp: int = 1
     memory_utilization: float = 0.9
     workspace_bytes: str | None = None
-    block: int = 16
+    block: int = DEFAULT_BLOCK_SIZE
     max_batched_tokens: int = 8192
     max_seqs: int = 256
     max_model_len: int | None = None
@@ -171,8 +172,7 @@ def build(o: Options) -> Setup:
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=o.seed,
                              prefix_caching=o.prefix_caching)
     if workload.has_prefix_ids and o.prefix_caching:
-        if 512 % o.block:
-            raise ValueError(f"--block {o.block} does not divide Mooncake's 512-token hash blocks; use a power of two")
+        check_mooncake_block_size(o.block)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
     notes += model_notes(spec, steptime)
     return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes))

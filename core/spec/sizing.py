@@ -27,17 +27,17 @@ import dataclasses
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ..blocks import DEFAULT_BLOCK_SIZE, ceil_div
 from ..dtypes import DTYPE_BITS, parse_dtype
 from ..units import format_bytes, plural
 from .models import ModelSpec
 
 PRESET_CONTEXTS: tuple[int, ...] = (4096, 32768, 131072)  # 4K, 32K, 128K: the no-argument table's columns
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default page size in tokens
 
 
 def bits_to_bytes(bits: int) -> int:
     """Whole bytes that hold `bits` (rounded up: only an odd count of int4 scalars leaves half a byte)."""
-    return -(-bits // 8)
+    return ceil_div(bits, 8)
 
 
 

@@ -1,0 +1,19 @@
+"""Block arithmetic every part shares: ceiling division, block-table entries and the default block size.
+
+Kept free of numpy so that `kvcalc size` starts without it; `ceil_div` works on ints and numpy arrays alike
+(for the vectorised hot path over millions of lengths see `paging.ceil_div_array`).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default page size
+BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as vLLM's and FlashInfer's kernels take
+
+T = TypeVar("T")
+
+
+def ceil_div(numerator: T, divisor: int) -> T:
+    """ceil(numerator / divisor), exact for Python ints of any size and elementwise for integer arrays."""
+    return -(-numerator // divisor)  # type: ignore[operator]
