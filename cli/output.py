@@ -3,6 +3,9 @@
 Data goes to stdout; logs, progress and warnings go to stderr (`err_console`). Commands build a
 `Report` (a JSON document plus the tables and notes that show it to people) and call `emit`.
 
+rich is imported only when something is drawn (a table, a line on `err_console`): its ~30 ms of imports
+would otherwise be a large part of `kvcalc size --json`'s start-up, which prints plain JSON.
+
 Two audiences, two forms of every table. The rich table and markdown are for people: display strings
 ("2,560", "248 B", "37.81 %", "—"). CSV is for scripts: each table also carries a `RawTable` whose
 columns are snake_case names that say their unit (the JSON key where the JSON has one: `allocated`,
@@ -24,13 +27,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.cells import cell_len
-from rich.console import Console
-from rich.table import Table as RichTable
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table as RichTable
 
-err_console = Console(stderr=True)
+
+class _StderrConsole:
+    """rich's Console on stderr, made on first use (an attribute of it read, a method called)."""
+
+    def __init__(self) -> None:
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True)
+        return getattr(self._console, name)
+
+
+err_console: Any = _StderrConsole()
 
 
 class Format(str, Enum):
@@ -247,6 +265,9 @@ def _write_csv(table: Table, title_line: bool) -> str:
 def _rich_table(table: Table) -> tuple[RichTable, int]:
     """The rich table, and the width it needs so that no cell is cut: every column at least as wide as its
     widest cell and its header's longest word (headers wrap between words)."""
+    from rich.cells import cell_len
+    from rich.table import Table as RichTable
+
     cells = [[str(v) for v in row] for row in table.rows]
     rich_table = RichTable(title=table.title, caption=table.caption, title_justify="left")
     widths = []
@@ -278,16 +299,22 @@ def _markdown(report: Report) -> str:
 
 
 def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
-    out = console or Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    """Writes the report to stdout (or to `console`'s file) in `fmt`; only the table format loads rich."""
+    stream = console.file if console is not None else sys.stdout
     if fmt is Format.json:
-        out.file.write(to_json(report.doc) + "\n")
+        stream.write(to_json(report.doc) + "\n")
         return
     if fmt is Format.csv:  # every table converted before the first byte is written
-        out.file.write("\n".join(_write_csv(table, title_line=len(report.tables) > 1) for table in report.tables))
+        stream.write("\n".join(_write_csv(table, title_line=len(report.tables) > 1) for table in report.tables))
         return
     if fmt is Format.markdown:
-        out.file.write(_markdown(report))
+        stream.write(_markdown(report))
         return
+    if console is None:
+        from rich.console import Console
+
+        console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    out = console
     for line in report.text:
         out.print(line, highlight=False)
     for table in report.tables:
