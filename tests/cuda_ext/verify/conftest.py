@@ -100,6 +100,21 @@ def decode_paged(
                 tokens[i].append(token)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These tests run thousands of tiny ops: on a shared 2-core machine, torch's second intra-op thread
+    spins and waits more than it works (measured: 46 s with 2 threads, 18 s with 1, under load)."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def harness() -> SimpleNamespace:
     """The helpers above, for tests (conftest modules cannot be imported under --import-mode=importlib)."""
