@@ -1,4 +1,4 @@
-"""Equations 2 and 3 of DESIGN.md over many sequences at once: fixed reservation vs paging.
+"""Equations 2 and 3 over many sequences at once: fixed reservation vs paging.
 
     A_B(n) = B · ceil(n / B)        positions allocated to a sequence of n tokens in blocks of B
     W_B(n) = A_B(n) − n             tail-block waste (0 <= W_B(n) < B)

@@ -1,20 +1,26 @@
 """Reading sequence lengths from files and text: one integer per line, a CSV column, a JSON list, .npy.
 
 Every reader returns a validated int64 array (each length in 1..2^62) or raises ValueError naming the file
-and the line or item. core/lengths.py wraps the arrays into `Lengths` with their provenance.
+and the line or item. core/lengths.py wraps the arrays into `Lengths` with their provenance. The input is
+a path, `-` (standard input) or a binary stream (see sources.py).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import PurePath
 
 import numpy as np
 
 from ..paging import MAX_LENGTH
 from ..units import parse_int
+from .sources import InputSource, decode_text, read_source
 
-__all__ = ["ints_from_text", "read_lengths_array", "validated"]
+__all__ = ["LENGTHS_FORMATS", "ints_from_text", "read_lengths_array", "validated"]
+
+LENGTHS_FORMATS = "one integer per line, a CSV with --column, a JSON list (.json) or a NumPy array (.npy)"
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 def validated(values: np.ndarray, where: Callable[[int], str] | None, what: str) -> np.ndarray:
@@ -53,30 +59,23 @@ def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = ""
     return np.array(values, dtype=np.int64)
 
 
-def read_lengths_array(path: Path, column: str | None = None) -> np.ndarray:
+def read_lengths_array(source: InputSource, column: str | None = None) -> np.ndarray:
     """int64 [N] from a lengths file, validated: one integer per line; a CSV column (`column` given); a JSON
-    list (.json); a NumPy array (.npy). `path` must be an existing file."""
+    list; a NumPy array. A .json or .npy name, or content that starts as one (a `[`, the .npy magic), picks
+    JSON or NumPy, so standard input (`-`) can carry every format."""
+    name, data = read_source(source, f"lengths: {LENGTHS_FORMATS}")
+    suffix = PurePath(name).suffix.lower()
     if column is not None:
-        return _read_csv_column(path, column)
-    if path.suffix.lower() == ".npy":
-        return _read_npy(path)
-    if path.suffix.lower() == ".json":
-        return _read_json(path)
-    return _read_lines(path)
+        return _read_csv_column(_text(data, name), name, column)
+    if suffix == ".npy" or data.startswith(_NPY_MAGIC):
+        return _read_npy(data, name)
+    if suffix == ".json" or data.lstrip()[:1] == b"[":
+        return _read_json(_text(data, name), name)
+    return _read_lines(data, name)
 
 
-def _not_text(path: Path) -> ValueError:
-    return ValueError(
-        f"{path}: not a text file (not UTF-8); give one integer per line, a CSV with --column, "
-        "a JSON list (.json) or a NumPy array (.npy)"
-    )
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise _not_text(path) from None
+def _text(data: bytes, name: str) -> str:
+    return decode_text(data, name, f"lengths: {LENGTHS_FORMATS}")
 
 
 _PLAIN_BYTES = np.zeros(256, dtype=bool)  # what the fast path of _read_lines accepts: digits and whitespace
@@ -84,7 +83,7 @@ _PLAIN_BYTES[[ord(c) for c in "0123456789 \t\r\n"]] = True
 _FAST_MAX_DIGITS = 18  # 10^18 - 1 < 2^62 = MAX_LENGTH: no overflow, no range surprise in the fast parser
 
 
-def _read_lines(path: Path) -> np.ndarray:
+def _read_lines(data: bytes, name: str) -> np.ndarray:
     """One integer per line (blank lines skipped, spaces around a number allowed).
 
     The common file — only digits and whitespace, one number per line, at most 18 digits, no leading
@@ -92,28 +91,23 @@ def _read_lines(path: Path) -> np.ndarray:
     Anything else (signs, commas, bad lines, non-ASCII) takes the line-by-line path, which names the first
     bad line; the fast path also reads the lines only to name a bad value.
     """
-    data = path.read_bytes()
     tokens = _parse_plain_lines(data)
     if tokens is None:
-        items, where, hint = _split_lines(data, path)
+        items, where, hint = _split_lines(data, name)
         tokens = ints_from_text(items, where, hint)
-        return validated(tokens, where, str(path))
-    return validated(tokens, lambda i: _split_lines(data, path)[1](i), str(path))
+        return validated(tokens, where, name)
+    return validated(tokens, lambda i: _split_lines(data, name)[1](i), name)
 
 
-def _split_lines(data: bytes, path: Path) -> tuple[list[str], Callable[[int], str], str]:
-    """The non-blank lines (stripped), a function naming item i as `path:line`, and a hint for CSV files."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _not_text(path) from None
-    numbered = [(i, s.strip()) for i, s in enumerate(text.splitlines(), 1)]
+def _split_lines(data: bytes, name: str) -> tuple[list[str], Callable[[int], str], str]:
+    """The non-blank lines (stripped), a function naming item i as `name:line`, and a hint for CSV files."""
+    numbered = [(i, s.strip()) for i, s in enumerate(_text(data, name).splitlines(), 1)]
     numbered = [(i, s) for i, s in numbered if s]
     if not numbered:
-        raise ValueError(f"{path} is empty: write one positive integer per line")
+        raise ValueError(f"{name} is empty: write one positive integer per line")
 
     def where(i: int) -> str:
-        return f"{path}:{numbered[i][0]}"
+        return f"{name}:{numbered[i][0]}"
 
     hint = ""
     if "," in numbered[0][1]:
@@ -154,79 +148,75 @@ def _parse_plain_lines(data: bytes) -> np.ndarray | None:
     return tokens
 
 
-def _read_csv_column(path: Path, column: str) -> np.ndarray:
-
-    try:
-        return _read_csv_rows(path, column)
-    except UnicodeDecodeError:
-        raise _not_text(path) from None
-
-
-def _read_csv_rows(path: Path, column: str) -> np.ndarray:
+def _read_csv_column(text: str, name: str, column: str) -> np.ndarray:
     import csv
 
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = [h.strip() for h in next(reader, [])]
-        if not header:
-            raise ValueError(f"{path} is empty: a CSV needs a header line with the column {column}")
-        if column not in header:
-            raise ValueError(
-                f"{path} has no column {column!r}: its columns are {', '.join(header)}; pick one with --column"
-            )
-        index = header.index(column)
-        items: list[str] = []
-        line_numbers: list[int] = []
-        for row in reader:
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) <= index:
-                raise ValueError(f"{path}:{reader.line_num} (column {column}): the row has {len(row)} cells, "
-                                 f"fewer than the header's {len(header)}")
-            items.append(row[index].strip())
-            line_numbers.append(reader.line_num)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = [h.strip() for h in next(reader, [])]
+    if not header:
+        raise ValueError(f"{name} is empty: a CSV needs a header line with the column {column}")
+    if column not in header:
+        raise ValueError(
+            f"{name} has no column {column!r}: its columns are {', '.join(header)}; pick one with --column"
+        )
+    index = header.index(column)
+    items: list[str] = []
+    line_numbers: list[int] = []
+    for row in reader:
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) <= index:
+            raise ValueError(f"{name}:{reader.line_num} (column {column}): the row has {len(row)} cells, "
+                             f"fewer than the header's {len(header)}")
+        items.append(row[index].strip())
+        line_numbers.append(reader.line_num)
     if not items:
-        raise ValueError(f"{path} has a header but no rows: give at least one length")
+        raise ValueError(f"{name} has a header but no rows: give at least one length")
 
     def where(i: int) -> str:
-        return f"{path}:{line_numbers[i]} (column {column})"
+        return f"{name}:{line_numbers[i]} (column {column})"
 
-    return validated(ints_from_text(items, where), where, str(path))
+    return validated(ints_from_text(items, where), where, name)
 
 
-def _read_json(path: Path) -> np.ndarray:
+def _read_json(text: str, name: str) -> np.ndarray:
     import json
 
     try:
-        data = json.loads(_read_text(path))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): write a list [37, 91]") from None
+        raise ValueError(f"{name} is not valid JSON ({exc.msg}, line {exc.lineno}): write a list [37, 91]") from None
     if not isinstance(data, list):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a list: write a list like [37, 91, 128]")
+        raise ValueError(f"{name} holds a JSON {type(data).__name__}, not a list: write a list like [37, 91, 128]")
     if not data:
-        raise ValueError(f"{path} is an empty list: give at least one length")
+        raise ValueError(f"{name} is an empty list: give at least one length")
     for i, value in enumerate(data):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{path}, item {i + 1}: {value!r} is not an integer length")
-        if value > 2**62:
-            raise ValueError(f"{path}, item {i + 1}: length {value} is too large (lengths must be <= 2^62)")
-    return validated(np.array(data, dtype=np.int64), None, str(path))
+            raise ValueError(f"{name}, item {i + 1}: {value!r} is not an integer length")
+        if value > MAX_LENGTH:
+            raise ValueError(f"{name}, item {i + 1}: length {value} is too large (lengths must be <= 2^62)")
+        if value < 1:  # before int64 conversion, which a very negative value would overflow
+            raise ValueError(f"{name}, item {i + 1}: length {value} is not positive; every sequence holds at least "
+                             "1 token")
+    return validated(np.array(data, dtype=np.int64), None, name)
 
 
-def _read_npy(path: Path) -> np.ndarray:
+def _read_npy(data: bytes, name: str) -> np.ndarray:
     try:
-        array = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not a readable .npy array ({exc}); save it with numpy.save") from None
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, EOFError, OSError) as exc:
+        raise ValueError(f"{name} is not a readable .npy array ({exc}); save it with numpy.save") from None
+    if not isinstance(array, np.ndarray):  # np.load reads an .npz archive as a mapping of arrays
+        raise ValueError(f"{name} is an .npz archive, not an .npy array: save one array with numpy.save")
     if array.ndim != 1:
-        raise ValueError(f"{path} holds an array of shape {array.shape}: give a 1-D array of lengths")
+        raise ValueError(f"{name} holds an array of shape {array.shape}: give a 1-D array of lengths")
     if array.dtype.kind == "f":
         fractional = np.flatnonzero(~np.isfinite(array) | (array != np.floor(array)) | (np.abs(array) > 2**53))
         if fractional.size:
             i = int(fractional[0])
-            raise ValueError(f"{path}, item {i + 1}: {array[i].item()!r} is not an integer length")
+            raise ValueError(f"{name}, item {i + 1}: {array[i].item()!r} is not an integer length")
     elif array.dtype.kind not in "iu":
-        raise ValueError(f"{path} holds {array.dtype} values: give integer lengths")
+        raise ValueError(f"{name} holds {array.dtype} values: give integer lengths")
     elif array.dtype.kind == "u" and array.size and int(array.max()) > 2**62:
-        raise ValueError(f"{path}: a length above 2^62 is too large")
-    return validated(np.asarray(array, dtype=np.int64), None, str(path))
+        raise ValueError(f"{name}: a length above 2^62 is too large")
+    return validated(np.asarray(array, dtype=np.int64), None, name)

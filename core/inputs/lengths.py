@@ -2,8 +2,8 @@
 
 Every source yields one `Lengths`: an int64 array of token counts (each >= 1) and a `source` line that says
 whether the lengths are real (a trace, and which file), user-supplied (a list or a file of unknown
-provenance) or constructed (a distribution with its parameters and seed). DESIGN.md asks that real and
-constructed lengths are never confused; the `kind` field carries that.
+provenance) or constructed (a distribution with its parameters and seed). Real and constructed lengths
+must never be confused; the `kind` field carries that.
 
 Constructed samples come from a `LengthDistribution` (core/distributions.py, re-exported here), written
 as a spec string such as `lognormal:mean=161,sigma=1.0`.
@@ -14,15 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from ..paging import exact_sum
+from ..paging import MAX_LENGTH, exact_sum
 from ..units import plural
 from .distributions import LengthDistribution
 from .files import ints_from_text, read_lengths_array, validated
+from .sources import InputSource, source_name
 from .traces import read_trace
 
 __all__ = [
@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 LengthKind = Literal["real", "user", "constructed"]
-WORKED_EXAMPLE_TOKENS = (37, 91, 128, 201, 511)  # DESIGN.md's worked example (968 useful positions)
+# The worked example `kvcalc frag` shows by default: 968 useful positions; fixed reservation to 512
+# allocates 2,560, pages of 16 allocate 992 and pages of 32 allocate 1,024.
+WORKED_EXAMPLE_TOKENS = (37, 91, 128, 201, 511)
 PHASES = ("total", "prompt")
 
 
@@ -88,7 +90,7 @@ class Lengths:
 
 def worked_example() -> Lengths:
     tokens = np.array(WORKED_EXAMPLE_TOKENS, dtype=np.int64)
-    return Lengths(tokens, "constructed", "the worked example of DESIGN.md (37, 91, 128, 201, 511)")
+    return Lengths(tokens, "constructed", "the built-in worked example (37, 91, 128, 201, 511)")
 
 
 def parse_lengths_list(text: str) -> Lengths:
@@ -104,23 +106,30 @@ def parse_lengths_list(text: str) -> Lengths:
     return Lengths(values, "user", f"--lengths ({values.size:,} given on the command line)")
 
 
-def read_lengths_file(path: str | Path, column: str | None = None) -> Lengths:
-    """One integer per line; a CSV column (`column` given); a JSON list (.json); a NumPy array (.npy)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(2, "No such file", str(path))
-    values = read_lengths_array(path, column)
-    what = f"column {column} of {path}" if column else str(path)
+def read_lengths_file(source: InputSource, column: str | None = None) -> Lengths:
+    """One integer per line; a CSV column (`column` given); a JSON list (.json); a NumPy array (.npy).
+    `source` is a path, `-` (standard input) or a binary stream."""
+    values = read_lengths_array(source, column)
+    name = source_name(source)
+    what = f"column {column} of {name}" if column else name
     return Lengths(values, "user", f"lengths file {what} ({plural(values.size, 'length')})")
 
 
-def lengths_from_trace(kind: str, path: str | Path, phase: str = "total") -> Lengths:
+def lengths_from_trace(kind: str, source: InputSource, phase: str = "total") -> Lengths:
     """Real lengths: prompt + output per request (`total`), or the prompt alone (`prompt`)."""
     if phase not in PHASES:
         raise ValueError(f"unknown --phase {phase!r}: choose total (prompt + output) or prompt")
-    trace = read_trace(kind, path)
-    tokens = trace.prompt_tokens + trace.output_tokens if phase == "total" else trace.prompt_tokens.copy()
+    trace = read_trace(kind, source)
     what = "prompt + output" if phase == "total" else "prompt only"
+    if phase == "total":
+        # each part is at most 2^62, so the sum fits int64; a sum past 2^62 is refused like any length
+        tokens = trace.prompt_tokens + trace.output_tokens
+        bad = np.flatnonzero(tokens > MAX_LENGTH)
+        if bad.size:
+            raise ValueError(f"{trace.path}, request {int(bad[0]) + 1} (file order): length {int(tokens[bad[0]])} "
+                             f"({what}) is too large (lengths must be <= 2^62); use --phase prompt or fix the trace")
+    else:
+        tokens = trace.prompt_tokens.copy()
     bad = np.flatnonzero(tokens < 1)
     if bad.size:
         raise ValueError(
@@ -145,9 +154,9 @@ DEFAULT_SAMPLE_COUNT = 10_000
 
 def load_lengths(
     lengths: str | None = None,
-    lengths_file: str | Path | None = None,
+    lengths_file: InputSource | None = None,
     column: str | None = None,
-    trace: tuple[str, str | Path] | None = None,
+    trace: tuple[str, InputSource] | None = None,
     phase: str | None = None,
     dist: str | None = None,
     count: int | None = None,

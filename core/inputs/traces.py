@@ -3,23 +3,25 @@
 Both become one `Trace`: arrival times in seconds from the first request, prompt and output lengths,
 and — for Mooncake — the prefix-block ids (`hash_ids`, one per 512-token block; equal ids = equal
 content). Requests keep file order. Every problem in a file is a ValueError naming the line and the fix.
+A trace comes from a path, `-` (standard input) or a binary stream (see sources.py).
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..blocks import ceil_div
+from .sources import InputSource, decode_text, read_source
+from .trace_formats import read_azure, read_mooncake
 
 TRACE_KINDS = ("azure", "mooncake")
 MOONCAKE_BLOCK_TOKENS = 512  # tokens covered by one Mooncake hash id
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+_EXPECTED = {
+    "azure": "an Azure trace: a CSV with the columns TIMESTAMP, ContextTokens, GeneratedTokens",
+    "mooncake": "a Mooncake trace: JSON lines with timestamp, input_length, output_length, hash_ids",
+}
 
 
 class RequestArrays:
@@ -109,130 +111,16 @@ def mooncake_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: in
     return hash_ids[j // per_id] * per_id + j % per_id
 
 
-def read_trace(kind: str, path: str | Path) -> Trace:
-    """Read a trace file of `kind` ('azure' or 'mooncake')."""
+def read_trace(kind: str, source: InputSource) -> Trace:
+    """Read a trace of `kind` ('azure' or 'mooncake') from a path, `-` (standard input) or a binary stream."""
     kind = kind.strip().lower()
     if kind not in TRACE_KINDS:
         raise ValueError(f"unknown trace kind {kind!r}: choose one of {', '.join(TRACE_KINDS)}")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(2, "No such file", str(path))
-    trace = read_azure(path) if kind == "azure" else read_mooncake(path)
+    expected = _EXPECTED[kind]
+    name, data = read_source(source, expected)
+    text = decode_text(data, name, expected)
+    columns = read_azure(text, name) if kind == "azure" else read_mooncake(text, name)
+    trace = Trace(kind, name, *columns)
     if len(trace) == 0:
-        raise ValueError(f"the {kind} trace {path} holds no requests: give a file with at least one request")
+        raise ValueError(f"the {kind} trace {name} holds no requests: give a file with at least one request")
     return trace
-
-
-def _parse_count(text: str | int | float, what: str, where: str) -> int:
-    """A length from a CSV cell (str) or a JSON value (int; an integral float such as 512.0 is accepted).
-    3.7 or true are errors, never truncated to 3 or read as 1."""
-    try:
-        if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
-            raise ValueError
-        value = int(text)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{where}: {what} {text!r} is not an integer; fix or remove that line") from None
-    if value < 0:
-        raise ValueError(f"{where}: {what} is negative ({value}); lengths must be >= 0")
-    return value
-
-
-def read_azure(path: Path) -> Trace:
-    """Azure LLM inference trace 2023: CSV with TIMESTAMP, ContextTokens, GeneratedTokens."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path} is empty: an Azure trace starts with the header {','.join(_AZURE_COLUMNS)}")
-        header = [h.strip() for h in header]
-        missing = [c for c in _AZURE_COLUMNS if c not in header]
-        if missing:
-            if header and header[0].startswith("{"):
-                raise ValueError(f"{path} is JSON lines, not an Azure CSV: read it with --trace mooncake {path}")
-            shown = ", ".join(header)
-            shown = shown if len(shown) <= 120 else shown[:117] + "..."
-            raise ValueError(
-                f"{path}: no column {', '.join(missing)} in the header (it has {shown}); "
-                f"an Azure trace has {', '.join(_AZURE_COLUMNS)}"
-            )
-        i_time, i_ctx, i_gen = (header.index(c) for c in _AZURE_COLUMNS)
-        stamps: list[str] = []
-        prompts: list[int] = []
-        outputs: list[int] = []
-        for line_no, row in enumerate(reader, start=2):
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            where = f"{path}:{line_no}"
-            if len(row) < len(header):
-                raise ValueError(f"{where}: expected {len(header)} columns, found {len(row)}")
-            stamps.append(row[i_time].strip())
-            prompts.append(_parse_count(row[i_ctx], "ContextTokens", where))
-            outputs.append(_parse_count(row[i_gen], "GeneratedTokens", where))
-    try:
-        times = np.array(stamps, dtype="datetime64[ns]")
-    except ValueError:
-        bad = next(s for s in stamps if not _is_timestamp(s))
-        raise ValueError(f"{path}: TIMESTAMP {bad!r} is not a date and time like 2023-11-16 18:15:46.6805900") from None
-    arrival_s = (times - times.min()).astype(np.int64) / 1e9 if len(times) else np.zeros(0)
-    return Trace("azure", str(path), arrival_s, np.array(prompts, np.int64), np.array(outputs, np.int64))
-
-
-def _is_timestamp(text: str) -> bool:
-    try:
-        np.datetime64(text, "ns")
-    except ValueError:
-        return False
-    return True
-
-
-def read_mooncake(path: Path) -> Trace:
-    """Mooncake trace: JSON lines with timestamp (ms), input_length, output_length, hash_ids."""
-    arrivals: list[float] = []
-    prompts: list[int] = []
-    outputs: list[int] = []
-    ids: list[int] = []
-    offsets = [0]
-    any_ids = True
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if line_no == 1 and all(c in line for c in _AZURE_COLUMNS):
-                    raise ValueError(
-                        f"{path} is an Azure CSV, not JSON lines: read it with --trace azure {path}"
-                    ) from None
-                raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object per line, found {type(record).__name__}")
-            missing = [f for f in _MOONCAKE_FIELDS if f not in record]
-            if missing:
-                raise ValueError(
-                    f"{where}: missing field {', '.join(missing)}; a Mooncake line has "
-                    "timestamp, input_length, output_length and hash_ids"
-                )
-            try:
-                arrivals.append(float(record["timestamp"]) / 1000.0)
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: timestamp {record['timestamp']!r} is not a number of ms") from None
-            prompts.append(_parse_count(record["input_length"], "input_length", where))
-            outputs.append(_parse_count(record["output_length"], "output_length", where))
-            hashes = record.get("hash_ids")
-            if hashes is None:
-                any_ids = False
-            elif not isinstance(hashes, list) or not all(type(h) is int for h in hashes):  # bool is not an id
-                raise ValueError(f"{where}: hash_ids must be a list of integers")
-            else:
-                ids.extend(hashes)
-            offsets.append(len(ids))
-    arrival = np.array(arrivals, dtype=np.float64)
-    if len(arrival):
-        arrival -= arrival.min()
-    hash_ids = np.array(ids, dtype=np.int64) if any_ids else None
-    hash_offsets = np.array(offsets, dtype=np.int64) if any_ids else None
-    return Trace(
-        "mooncake", str(path), arrival, np.array(prompts, np.int64), np.array(outputs, np.int64), hash_ids, hash_offsets
-    )

@@ -137,3 +137,121 @@ def test_a_trace_of_the_other_format_says_which_kind_to_use(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"\.\.\.\); an Azure trace has") as info:
         read_trace("azure", odd)
     assert "column_99" not in str(info.value)
+
+
+# --- every field of a Mooncake line, every bad type: the file, the line and the value ------------------
+
+_GOOD = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("hash_ids", [1, 2**70], "hash_ids holds 1180591620717411303424, which is past 2^63 - 1"),  # was OverflowError
+        ("hash_ids", [1, 2**63], "hash_ids holds 9223372036854775808, which is past 2^63 - 1"),
+        ("hash_ids", [3, -1], "hash_ids holds -1, which is negative"),
+        ("hash_ids", [1.0], "hash_ids holds 1.0; hash_ids must be a list of integers"),
+        ("hash_ids", ["7"], "hash_ids holds '7'; hash_ids must be a list of integers"),
+        ("hash_ids", [False], "hash_ids holds False"),
+        ("hash_ids", [[1]], "hash_ids holds [1]"),
+        ("hash_ids", "1,2", "hash_ids '1,2' must be a list of integers"),
+        ("hash_ids", 5, "hash_ids 5 must be a list"),
+        ("hash_ids", {"a": 1}, "hash_ids {'a': 1} must be a list"),
+        ("timestamp", float("nan"), "timestamp nan is not finite"),
+        ("timestamp", float("inf"), "timestamp inf is not finite"),
+        ("timestamp", float("-inf"), "timestamp -inf is not finite"),
+        ("timestamp", "NaN", "timestamp 'NaN' is not finite"),
+        ("timestamp", -5, "timestamp -5 is negative"),
+        ("timestamp", -0.5, "timestamp -0.5 is negative"),
+        ("timestamp", 2**60, "timestamp 1152921504606846976 is past 2^53 ms"),
+        ("timestamp", 10**400, "is past 2^53 ms"),  # an int too large for a float: still the file and line
+        ("timestamp", True, "timestamp True is not a number of ms"),
+        ("timestamp", None, "timestamp None is not a number of ms"),
+        ("timestamp", [1], "timestamp [1] is not a number of ms"),
+        ("timestamp", {"ms": 1}, "timestamp {'ms': 1} is not a number of ms"),
+        ("input_length", 2**70, "input_length 1180591620717411303424 is too large (lengths must be <= 2^62)"),
+        ("input_length", None, "input_length None is not an integer"),
+        ("input_length", [1], "input_length [1] is not an integer"),
+        ("input_length", "abc", "input_length 'abc' is not an integer"),
+        ("input_length", float("nan"), "input_length nan is not an integer"),
+        ("output_length", 2**63, "output_length 9223372036854775808 is too large"),
+        ("output_length", {"n": 1}, "output_length {'n': 1} is not an integer"),
+        ("output_length", False, "output_length False is not an integer"),
+        ("output_length", -1, "output_length is negative (-1)"),
+    ],
+    ids=lambda v: repr(v)[:30],
+)
+def test_every_bad_field_names_file_line_and_value(tmp_path: Path, field: str, value: object, message: str) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(_GOOD) + "\n" + json.dumps(dict(_GOOD, **{field: value})) + "\n")
+    with pytest.raises(ValueError) as info:
+        read_trace("mooncake", path)
+    assert f"{path}:2: " in str(info.value) and message in str(info.value), str(info.value)
+
+
+def test_a_long_bad_value_is_cut_short(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, dict(_GOOD, hash_ids="x" * 10_000))
+    with pytest.raises(ValueError, match=r"hash_ids 'x+\.\.\. must be a list") as info:
+        read_trace("mooncake", path)
+    assert len(str(info.value)) < 200
+
+
+def test_out_of_order_and_zero_timestamps_are_fine(tmp_path: Path) -> None:
+    # arrival order is the replays' business; the reader keeps file order, relative to the earliest (2.0 s)
+    path = _mooncake(tmp_path, dict(_GOOD, timestamp=5000), dict(_GOOD, timestamp=2000.5), dict(_GOOD, timestamp=2000))
+    assert np.allclose(read_trace("mooncake", path).arrival_s, [3.0, 0.0005, 0.0], rtol=0, atol=1e-12)
+
+
+def test_largest_hash_id_is_read_exactly(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, dict(_GOOD, hash_ids=[0, 2**63 - 1]))
+    assert read_trace("mooncake", path).hash_ids.tolist() == [0, 2**63 - 1]
+
+
+@pytest.mark.parametrize(
+    ("stamp", "message"),
+    [
+        ("NaT", "TIMESTAMP 'NaT' is not a time"),  # numpy reads it as not-a-time: NaN of datetimes
+        ("", "TIMESTAMP '' is not a time"),
+        ("3000-01-01 00:00:00", "is outside the years 1678–2261"),  # numpy's ns clock would wrap it to 1830
+        ("1600-01-01 00:00:00", "is outside the years 1678–2261"),
+        ("5", "TIMESTAMP '5' is outside the years"),  # the year 5
+        ("yesterday", "TIMESTAMP 'yesterday' is not a date and time"),
+    ],
+)
+def test_azure_bad_timestamps_name_the_line(tmp_path: Path, stamp: str, message: str) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n{stamp},5,1\n")
+    with pytest.raises(ValueError, match=message) as info:
+        read_trace("azure", path)
+    assert f"{path}:3: " in str(info.value)
+
+
+def test_azure_huge_count_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,{2**70},1\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: ContextTokens {2**70} is too large"):
+        read_trace("azure", path)
+
+
+@pytest.mark.parametrize("kind", ["azure", "mooncake"])
+@pytest.mark.parametrize("data", [b"\xff\xd8\xff\xe0\x00\x10JFIF", b"\x93NUMPY\x01\x00v\x00{'descr': '<i8'}"])
+def test_binary_trace_names_the_file_and_the_format(tmp_path: Path, kind: str, data: bytes) -> None:
+    path = tmp_path / "trace.bin"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as info:
+        read_trace(kind, path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: not a text file") and "codec" not in text
+    expected = "a CSV with the columns TIMESTAMP" if kind == "azure" else "JSON lines with timestamp"
+    assert expected in text
+
+
+def test_azure_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_bytes("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n".encode())
+    assert read_trace("azure", path).prompt_tokens.tolist() == [5]
+
+
+def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"{tmp_path} is a directory, not a file: .*a Mooncake trace"):
+        read_trace("mooncake", tmp_path)
