@@ -19,9 +19,16 @@ The data structure (vLLM v1's block pool plus copy-on-write for forks):
         LRU queue    free, holds a hashed full block          -> revivable by a hit; evicted oldest-first
     (see free_queue for why the LRU is a lazily deleted array rather than an intrusive linked list)
 
-Where it lives: block_store (per-block arrays; handing blocks out and back), prefix_lookup (content keys,
-hashing, verified look-up, registration), block_append (append with copy-on-write, fork), pool_serve (one
-request start to finish in one call), and here: sequences, release, the deferred-free window, reading.
+`BlockPool` holds the parts and calls them:
+
+    store    BlockStore (store): the per-block arrays, the free queue and the hash index; hands blocks
+             out, shares and takes them back
+    prefix   PrefixIndex (prefix_lookup): content keys, chain hashes, the verified look-up of a prompt's
+             cached prefix, the registration of full blocks
+    seqs     the live sequences (SeqTable, append): block table, tokens, how far hashed
+
+Every public operation is a method here, so this module is longer than the parts it calls: what the pool
+does can be read in one class, and how the store and the prefix index do their part in theirs.
 
 Operations, all "check, then change" (a failed operation changes nothing; `can_*` asks first):
 
@@ -34,7 +41,8 @@ Operations, all "check, then change" (a failed operation changes nothing; `can_*
     release(seq, reason)     the one path for finish / cancel / timeout / preemption; a second release
                              of the same sequence raises (double free). Blocks whose ref drops to 0 go
                              to the free side — or, inside `step()`, wait until the step ends.
-    serve(n, keys, m)        allocate n, append m, release, in one call (a replay's requests, one at a time).
+    serve(n, keys, m)        allocate n, append m, release, in one call (a replay's requests, one at a time;
+                             see serve).
     hit_tokens(n, keys)      the hits an allocate would get now, without changing anything.
     usage(), stats()         O(live sequences) accounting; check_invariants() O(pool) for tests.
 
@@ -45,12 +53,6 @@ blocks; blocks without a key are never hashed, and the chain stops there. `extra
 seeds the chain, so different extra keys never share blocks. A replay of many prompts hashes them all at
 once with `hash_prompts(keys, offsets)` and passes `.prompt(i)` (a `HashedKeys`) as block_keys: the same
 look-up, verification and registration, without hashing each prompt again.
-
-API changes (additive only, after the first commit):
-    - `hit_tokens(num_tokens, block_keys, extra_key)`: the public prefix look-up (instead of `_probe`).
-    - `hash_prompts(keys, offsets, extra_key)` and `HashedKeys` block keys (batch hashing for replays);
-      `serve(num_tokens, block_keys, num_output_tokens, extra_key)`.
-    - `hashed` is a property (a fresh bool array), computed from `block_slot`.
 """
 
 from __future__ import annotations
@@ -58,17 +60,17 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 
 from ..blocks import ceil_div
-from .accounting import PoolStats, PoolUsage, check_pool_invariants
-from .append import AppendAndFork, SeqTable
-from .free_queue import FREE_CACHED, PENDING, USED
+from .accounting import PoolStats, PoolUsage, ReleaseReason
+from .append import SeqTable, write_tokens
+from .free_queue import FREE_CACHED
+from .invariants import check_pool_invariants
 from .prefix_cache import HashedKeys, HashedPrompts, root_hash
-from .prefix_lookup import PrefixLookup
-from .serve import ServeOneRequest
+from .prefix_lookup import NO_PROBE, PrefixIndex, Probe
+from .serve import serve_request
 from .store import BlockKeys, BlockStore, PoolExhaustedError
 
 __all__ = [
@@ -76,16 +78,8 @@ __all__ = [
     "PoolUsage", "ReleaseReason",
 ]
 
-
-class ReleaseReason(str, Enum):
-    FINISHED = "finished"
-    CANCELLED = "cancelled"
-    TIMED_OUT = "timed_out"
-    PREEMPTED = "preempted"
-
-
 # the stats counter of each release reason, looked up by member or by value
-_RELEASED = {key: f"released_{r.value}" for r in ReleaseReason for key in (r, r.value)}
+_RELEASED = {key: r.counter for r in ReleaseReason for key in (r, r.value)}
 
 
 @dataclass(frozen=True)
@@ -96,30 +90,46 @@ class BlockRef:
     version: int
 
 
-class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
+class BlockPool:
     """A fixed pool of `num_blocks` blocks of `block_size` token slots. See the module docstring."""
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
-        super().__init__(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.prefix = PrefixIndex(self.store)
+        self.num_blocks = self.store.num_blocks
+        self.block_size = self.store.block_size
         self.seqs: dict[Hashable, SeqTable] = {}
-        self._pending: list[np.ndarray] = []
-        self._in_step = False
-        self.logical_blocks = 0
+        self.logical_blocks = 0  # Σ over live sequences of their table lengths
         self.logical_tokens = 0
+        self._in_step = False
+        self._epoch = 0  # bumped by every change; keys the memo of the last look-up (can_allocate -> allocate)
+        self._memo: tuple | None = None
 
     @property
-    def num_pending_free_blocks(self) -> int:
-        return self.num_blocks - self.num_used - len(self.queue)
+    def num_used(self) -> int:
+        return self.store.num_used
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: plain free + cached free (evictable)."""
+        return len(self.store.queue)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self.store.queue.num_cached
 
     # ---- check, then allocate -------------------------------------------------------------------
     def hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> int:
         """Prefix-cache hit tokens an `allocate` of this prompt would get now; a pure look-up (memoised,
         so a following can_allocate / allocate of the same arguments does not look up again)."""
-        return len(self._probe(num_tokens, block_keys, extra_key)[0]) * self.block_size
+        return len(self._probe(num_tokens, block_keys, extra_key).hits) * self.block_size
 
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> bool:
-        hits = self._probe(num_tokens, block_keys, extra_key)[0]
-        return self._prompt_blocks_from_queue(num_tokens, hits) <= len(self.queue)
+        hits = self._probe(num_tokens, block_keys, extra_key).hits
+        need = self.store.blocks_needed(num_tokens)
+        if len(hits):
+            need += np.count_nonzero(self.store.state[hits] == FREE_CACHED) - len(hits)
+        return need <= len(self.store.queue)
 
     def allocate(
         self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None
@@ -127,58 +137,94 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
         """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        hits, hashes, keys, homes, present, slots, extra_id = self._probe(num_tokens, block_keys, extra_key)
+        probe = self._probe(num_tokens, block_keys, extra_key)
+        store, hits = self.store, probe.hits
         B, num_hits = self.block_size, len(hits)
         total = ceil_div(num_tokens, B)
-        if num_hits:  # = _prompt_blocks_from_queue, keeping the hits' states for below
-            hit_state = self.state.take(hits)
+        need = total
+        if num_hits:  # cached hits come off the free queue; hits held by others or pending do not
+            hit_state = store.state.take(hits)
             num_cached = np.count_nonzero(hit_state == FREE_CACHED)
-            need = total - num_hits + num_cached
-        else:
-            need = total
-        if need > len(self.queue):
-            raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(self.queue)} free blocks")
+            need += num_cached - num_hits
+        if need > len(store.queue):
+            raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(store.queue)} free blocks")
         self._epoch += 1
-        extra_id = self._extra_id(extra_key)
+        extra_id = self.prefix.extra_id(extra_key)
         if num_hits:
-            if num_cached == num_hits:  # all of them revived from the cache (ref 0 -> 1)
-                self.queue.revive(hits)
-                self.ref[hits] = 1
-                num_revived = num_hits
-            else:
-                revived = hits[hit_state != USED]
-                self.queue.revive(hits[hit_state == FREE_CACHED])
-                self.state[revived] = USED  # the PENDING ones, too
-                self.ref[hits] += 1
-                num_revived = len(revived)
-            self.num_used += num_revived
-            self.useful_tokens += B * num_revived
-        evictions = self._stats["evictions"]
-        fresh = self._take(total - num_hits)
-        if len(fresh):
-            self.fill[fresh] = B
-            self.fill[fresh[-1]] = num_tokens - (total - 1) * B
-        self.useful_tokens += num_tokens - num_hits * B  # fresh blocks hold every other token
+            store.share(hits, hit_state, num_cached)
+        evictions = store.counters["evictions"]
+        fresh = store.take(total - num_hits, num_tokens - num_hits * B)
         table = np.empty(max(total, 4) * 2, dtype=np.int64)
         if num_hits:
             table[:num_hits] = hits
         table[num_hits:total] = fresh
-        seq = SeqTable(table, total, num_tokens, extra_id, len(keys), root_hash(extra_id), num_hits * B)
-        if len(keys):
-            seq.last_hash = int(hashes[-1])
-            if num_hits < len(keys):
-                present = present[num_hits:]
-                if self._stats["evictions"] != evictions:
-                    present = self._present_after_evictions(present)
-                rest = slice(num_hits, None)
-                self._register(table, num_hits, extra_id, hashes[rest], keys[rest], homes[rest], present, slots[rest])
+        seq = SeqTable(table, total, num_tokens, extra_id, len(probe.keys), root_hash(extra_id), num_hits * B)
+        if len(probe.keys):
+            seq.last_hash = int(probe.hashes[-1])
+            if num_hits < len(probe.keys):
+                self.prefix.register_prompt(table, probe, store.counters["evictions"] != evictions)
         self.seqs[seq_id] = seq
         self.logical_blocks += total
         self.logical_tokens += num_tokens
-        self._stats["hit_blocks"] += num_hits
-        self._stats["hit_tokens"] += seq.hit_tokens
-        self._stats["prompt_tokens"] += num_tokens
+        counters = store.counters
+        counters["hit_blocks"] += num_hits
+        counters["hit_tokens"] += seq.hit_tokens
+        counters["prompt_tokens"] += num_tokens
         return seq.hit_tokens
+
+    # ---- check, then grow -----------------------------------------------------------------------
+    def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
+        seq = self._seq(seq_id)
+        if num_tokens <= 0:
+            return True
+        return self._append_plan(seq, num_tokens)[0] <= len(self.store.queue)
+
+    def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
+        """Reserve slots for `num_tokens` more tokens; returns the copy-on-write copies [(src, dst)] (see append).
+
+        `block_keys` optionally names the content of the blocks this append completes, in order: they are
+        registered in the prefix cache, chained after the sequence's last hashed block.
+        """
+        seq = self._seq(seq_id)
+        if num_tokens < 0:
+            raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
+        if num_tokens == 0:
+            return []
+        store, B, old = self.store, self.block_size, seq.num_tokens
+        need, copy = self._append_plan(seq, num_tokens)
+        if need > len(store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(store.queue)} free")
+        keys = None
+        if block_keys is not None and store.enable_prefix_caching and seq.num_hashed == old // B:
+            keys = self.prefix.key_array(block_keys)
+            completed = (old + num_tokens) // B - seq.num_hashed
+            if len(keys) > completed:
+                raise ValueError(f"{len(keys)} block keys for {completed} completed blocks")
+        self._epoch += 1
+        old_blocks = seq.num_blocks
+        copies = write_tokens(store, seq, num_tokens, copy)
+        self.logical_blocks += seq.num_blocks - old_blocks
+        self.logical_tokens += num_tokens
+        if keys is not None and len(keys):
+            seq.last_hash = self.prefix.register_continuation(seq.table, seq.num_hashed, seq.extra_id,
+                                                              seq.last_hash, keys)
+            seq.num_hashed += len(keys)
+        return copies
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """The child shares every block of the parent (no copy until one of them writes a shared block)."""
+        parent = self._seq(parent_id)
+        if child_id in self.seqs:
+            raise ValueError(f"sequence {child_id!r} already has a block table; pick a new id for the fork")
+        self._epoch += 1
+        table = parent.table.copy()
+        self.store.ref[table[: parent.num_blocks]] += 1
+        self.seqs[child_id] = SeqTable(
+            table, parent.num_blocks, parent.num_tokens, parent.extra_id, parent.num_hashed, parent.last_hash
+        )
+        self.logical_blocks += parent.num_blocks
+        self.logical_tokens += parent.num_tokens
+        self.store.counters["forks"] += 1
 
     # ---- release -------------------------------------------------------------------------------
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
@@ -190,20 +236,38 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
         if seq is None:
             raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
         self._epoch += 1
+        store = self.store
         table = seq.table[: seq.num_blocks]
-        refs = self.ref[table]
+        refs = store.ref[table]
         refs -= 1
-        self.ref[table] = refs
+        store.ref[table] = refs
         if not np.count_nonzero(refs):
             # the common case, no block shared: all of them drop (every ref is 0, so none went below), and
             # together they hold exactly the sequence's tokens (each holder agrees on every block's fill)
-            self._drop(table[::-1], seq.num_tokens)  # tail first: the tail is the least shareable
+            store.drop(table[::-1], seq.num_tokens, defer=self._in_step)  # tail first: the least shareable
         else:
             assert refs.min() >= 0, "a reference count went below zero"
-            self._drop(table[refs == 0][::-1])
+            store.drop(table[refs == 0][::-1], defer=self._in_step)
         self.logical_blocks -= seq.num_blocks
         self.logical_tokens -= seq.num_tokens
-        self._stats[counter] += 1
+        store.counters[counter] += 1
+
+    def serve(
+        self, num_tokens: int, block_keys: BlockKeys = None, num_output_tokens: int = 0, extra_key: Hashable = None
+    ) -> tuple[int, int]:
+        """allocate + append + release of one request; returns (hit tokens, blocks in use while it ran)."""
+        if self._in_step:
+            raise ValueError("serve runs a request start to finish: call it outside a step")
+        if num_output_tokens < 0:
+            raise ValueError(f"cannot append a negative number of tokens ({num_output_tokens})")
+        result = serve_request(self.store, self.prefix, self._probe(num_tokens, block_keys, extra_key), num_tokens,
+                               num_output_tokens)
+        self._epoch += 1
+        return result
+
+    def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
+        """Many prompts' keys hashed at once, for `allocate`, `serve` or `hit_tokens` (see PrefixIndex)."""
+        return self.prefix.hash_prompts(block_keys, offsets, extra_key)
 
     # ---- the deferred-free window ---------------------------------------------------------------
     def begin_step(self) -> None:
@@ -217,9 +281,7 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
             raise ValueError("end_step without begin_step")
         self._in_step = False
         self._epoch += 1
-        for chunk in self._pending:
-            self._free(chunk[self.state[chunk] == PENDING])
-        self._pending.clear()
+        self.store.free_pending()
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -231,8 +293,7 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
 
     # ---- reading --------------------------------------------------------------------------------
     def block_table(self, seq_id: Hashable) -> np.ndarray:
-        seq = self._seq(seq_id)
-        return seq.table[: seq.num_blocks].copy()
+        return self._seq(seq_id).blocks.copy()
 
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._seq(seq_id).num_tokens
@@ -241,37 +302,40 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
         return seq_id in self.seqs
 
     def block_ref(self, block_id: int) -> BlockRef:
-        return BlockRef(int(block_id), int(self.version[block_id]))
+        return BlockRef(int(block_id), int(self.store.version[block_id]))
 
     def is_current(self, ref: BlockRef) -> bool:
         """True while the block still holds the content the reference was taken on."""
-        return int(self.version[ref.block_id]) == ref.version
+        return int(self.store.version[ref.block_id]) == ref.version
 
     def free_queue_order(self) -> list[int]:
-        return self.queue.order()
+        return self.store.queue.order()
 
     def usage(self) -> PoolUsage:
-        max_table = max((s.num_blocks for s in self.seqs.values()), default=0)
+        store = self.store
         return PoolUsage(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
-            used_blocks=self.num_used,
-            cached_free_blocks=self.queue.num_cached,
-            free_blocks=len(self.queue),
-            pending_free_blocks=self.num_pending_free_blocks,
+            used_blocks=store.num_used,
+            cached_free_blocks=store.queue.num_cached,
+            free_blocks=len(store.queue),
+            pending_free_blocks=store.num_pending_blocks,
             num_seqs=len(self.seqs),
             logical_blocks=self.logical_blocks,
             logical_tokens=self.logical_tokens,
-            useful_tokens=self.useful_tokens,
-            max_table_blocks=max_table,
+            useful_tokens=store.useful_tokens,
+            max_table_blocks=max((s.num_blocks for s in self.seqs.values()), default=0),
         )
 
     def stats(self) -> PoolStats:
-        return PoolStats(**self._stats)
+        return PoolStats(**self.store.counters)
 
     def check_invariants(self) -> None:
-        """Assert every invariant of DESIGN.md "Block pool semantics"; O(pool + table entries)."""
-        check_pool_invariants(self)
+        """Assert every invariant the pool promises (see invariants); O(pool + table entries)."""
+        check_pool_invariants(
+            self.store, [(s.blocks, s.num_tokens) for s in self.seqs.values()], in_step=self._in_step,
+            logical_blocks=self.logical_blocks, logical_tokens=self.logical_tokens,
+        )
 
     # ---- internals ------------------------------------------------------------------------------
     def _seq(self, seq_id: Hashable) -> SeqTable:
@@ -280,18 +344,29 @@ class BlockPool(AppendAndFork, ServeOneRequest, PrefixLookup, BlockStore):
             raise ValueError(f"sequence {seq_id!r} is not live (never allocated, or released)")
         return seq
 
-    def _prompt_blocks_from_queue(self, num_tokens: int, hits: np.ndarray) -> int:
-        if not len(hits):
-            return self.blocks_needed(num_tokens)
-        return self.blocks_needed(num_tokens) - len(hits) + np.count_nonzero(self.state[hits] == FREE_CACHED)
+    def _append_plan(self, seq: SeqTable, num_tokens: int) -> tuple[int, bool]:
+        """(free blocks an append of `num_tokens` >= 1 takes, whether it copies the last block first: a
+        partially filled last block is written into, so it is copied when shared)."""
+        B = self.block_size
+        copy = seq.num_tokens % B != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
+        return ceil_div(seq.num_tokens + num_tokens, B) - seq.num_blocks + copy, copy
 
-    def _drop(self, blocks: np.ndarray, num_tokens: int | None = None) -> None:
-        """Blocks whose ref reached 0 (holding `num_tokens` tokens, when the caller knows): free now, or
-        pending until the step ends."""
-        self.num_used -= len(blocks)
-        self.useful_tokens -= int(np.add.reduce(self.fill[blocks])) if num_tokens is None else num_tokens
-        if self._in_step:
-            self.state[blocks] = PENDING
-            self._pending.append(blocks)
-        else:
-            self._free(blocks)
+    def _needs_copy(self, block_id: int) -> bool:
+        """Another table holds this block too: writing into it must copy it first."""
+        return bool(self.store.ref[block_id] > 1)
+
+    def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> Probe:
+        """The prefix index's look-up of a prompt, memoised until the pool next changes."""
+        if num_tokens < 0:
+            raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
+        if block_keys is None or not self.store.enable_prefix_caching:
+            return NO_PROBE
+        memo = self._memo
+        if memo is not None and memo[0] == self._epoch and memo[1] is block_keys and memo[2:4] == (
+            num_tokens,
+            extra_key,
+        ):
+            return memo[4]
+        result = self.prefix.probe(num_tokens, block_keys, extra_key)
+        self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
+        return result

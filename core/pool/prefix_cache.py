@@ -155,11 +155,3 @@ class HashedKeys(NamedTuple):
     def __len__(self) -> int:  # the prompt's blocks with a key, as for any other block keys
         return len(self.keys)
 
-
-def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
-    """The same recurrence one block at a time with Python ints (for tests)."""
-    out, h = [], parent_hash
-    for key in keys:
-        h = (h * _P + int(mix64(np.array([key], dtype=np.int64))[0])) % 2**64
-        out.append(h)
-    return out

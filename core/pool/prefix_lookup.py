@@ -1,6 +1,6 @@
-"""The prefix cache's side of the block pool: content keys, their chain hashes, the verified look-up of a
-prompt's cached prefix, and the registration of full blocks (a mixin of `BlockPool`, over the per-block
-arrays of block_store).
+"""The prefix cache's logic over the block store: content keys, their chain hashes, the verified look-up of
+a prompt's cached prefix, and the registration of full blocks. `BlockPool` holds one `PrefixIndex` next to
+its `BlockStore` and calls it.
 
     keys        one int64 per full block (object keys are interned to exact ids; one kind per pool)
     hashes      chained from the extra key's root (prefix_cache), with home slots in the hash index
@@ -18,16 +18,13 @@ are checked per prompt against the index as it is (see `_find`).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
 from .hash_index import EMPTY
 from .prefix_cache import HashedKeys, HashedPrompts, chain_hashes, chain_hashes_batch, root_hash
-
-if TYPE_CHECKING:
-    from .block_pool import BlockPool
-    from .store import BlockKeys
+from .store import BlockKeys, BlockStore
 
 _ROOT = np.array([-1], dtype=np.intp)
 _LOOKAHEAD_PROMPTS = 32  # prompts of a hashed batch looked up at once (see _find)
@@ -35,17 +32,36 @@ _NO_IDS = np.empty(0, dtype=np.intp)
 _NO_IDS.flags.writeable = False
 _NO_HASHES = np.empty(0, dtype=np.uint64)
 _NO_HASHES.flags.writeable = False
-# `_probe` without keys: nothing to look up, nothing to memoise
-_NO_PROBE = (_NO_IDS, _NO_HASHES, _NO_IDS, _NO_IDS, _NO_IDS, _NO_IDS, 0)
 
 
-class PrefixLookup:
-    """Content keys, hashing, look-up and registration of `BlockPool` (see the module docstring)."""
+class Probe(NamedTuple):
+    """A prompt's look-up: its verified hits, and what registering its other full blocks needs."""
+
+    hits: np.ndarray  # intp [h]: the cached blocks of the prompt's first h full blocks
+    hashes: np.ndarray  # uint64 [k]: chain hashes of the prompt's k keyed blocks
+    keys: np.ndarray  # int64 [k]
+    homes: np.ndarray  # int64 [k]: home slots in the hash index
+    present: np.ndarray  # intp [k]: the block indexed under each hash, or -1 (the index's `find`)
+    slots: np.ndarray  # int64 [k]: where each hash lives, or the free slot that ended its probe run
+    extra_id: int
+
+
+NO_PROBE = Probe(_NO_IDS, _NO_HASHES, _NO_IDS, _NO_IDS, _NO_IDS, _NO_IDS, 0)  # a prompt without keys
+
+
+class PrefixIndex:
+    """Content keys, hashing, look-up and registration over a `BlockStore` (see the module docstring)."""
+
+    def __init__(self, store: BlockStore) -> None:
+        self.store = store
+        self.index = store.index
+        self._key_kind: str | None = None  # "int" or "object", fixed by the first keys seen
+        self._interned: dict[Hashable, int] = {}
+        self._extras: dict[Hashable, int] = {None: 0}
+        self._lookahead: tuple | None = None  # see _find
 
     # ---- content keys and their hashes ----------------------------------------------------------
-    def hash_prompts(
-        self: BlockPool, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None
-    ) -> HashedPrompts:
+    def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
         """Chain hashes and home slots of many prompts' block keys at once (vectorised over all of them).
 
         block_keys int64 [K]: the prompts' keys end to end; offsets int64 [N+1]: prompt i's keys are
@@ -53,45 +69,19 @@ class PrefixLookup:
         """
         if not isinstance(block_keys, np.ndarray):
             raise ValueError("hash_prompts takes block keys as one int64 array (object keys: pass them per prompt)")
-        keys = self._key_array(block_keys)
+        keys = self.key_array(block_keys)
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.diff(offsets)
         if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(keys) or np.any(lengths < 0):
             raise ValueError(f"offsets must rise from 0 to {len(keys)} (the number of keys), one more than prompts")
-        hashes = chain_hashes_batch(root_hash(self._extra_id(extra_key)), keys, offsets)
+        hashes = chain_hashes_batch(root_hash(self.extra_id(extra_key)), keys, offsets)
         position = np.arange(len(keys), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
         line_base = np.arange(len(keys), dtype=np.int64) - (position & 15)  # see HashIndex: one line per 16
         homes = self.index.home_slots(hashes[line_base], position)
         return HashedPrompts(keys, hashes, homes, offsets, extra_key, self.index)
 
-    def _prompt_hashes(
-        self: BlockPool, block_keys: BlockKeys, extra_key: Hashable
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """(keys int64 [k], chain hashes uint64 [k], home slots int64 [k], extra-key id) of a prompt."""
-        extra_id = self._extra_id(extra_key)
-        if isinstance(block_keys, HashedKeys):
-            batch = block_keys.batch
-            if batch.index is not self.index:
-                raise ValueError("these hashed keys were computed by another pool: use this pool's hash_prompts")
-            if batch.extra_key != extra_key:
-                raise ValueError(f"keys hashed for extra key {batch.extra_key!r}, allocated with {extra_key!r}")
-            return block_keys.keys, block_keys.hashes, block_keys.homes, extra_id
-        keys = self._key_array(block_keys)
-        hashes = chain_hashes(root_hash(extra_id), keys)
-        positions = np.arange(len(keys))
-        return keys, hashes, self.index.home_slots(hashes[positions & ~15], positions), extra_id
-
-    def _continued_homes(self: BlockPool, table: np.ndarray, first: int, hashes: np.ndarray) -> np.ndarray:
-        """int64 [k]: home slots of blocks first .. first + k - 1 of a table whose blocks before `first`
-        hold their chain hashes; a line's base block may be one of those earlier blocks."""
-        positions = first + np.arange(len(hashes))
-        base = positions & ~15
-        in_batch = base >= first
-        earlier = self.block_hash[table[np.minimum(base, first)]]
-        base_hashes = np.where(in_batch, hashes[np.maximum(base - first, 0)], earlier)
-        return self.index.home_slots(base_hashes, positions)
-
-    def _key_array(self: BlockPool, block_keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
+    def key_array(self, block_keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
+        """int64 [k]: the keys as exact integers (an int array as it is, object keys interned)."""
         if isinstance(block_keys, HashedKeys):
             raise ValueError("keys from hash_prompts are a prompt's: give them to allocate, serve or hit_tokens")
         is_int = isinstance(block_keys, np.ndarray)
@@ -107,13 +97,45 @@ class PrefixLookup:
         interned = self._interned
         return np.fromiter((interned.setdefault(k, len(interned)) for k in block_keys), np.int64, len(block_keys))
 
-    def _extra_id(self: BlockPool, extra_key: Hashable) -> int:
+    def extra_id(self, extra_key: Hashable) -> int:
         return self._extras.setdefault(extra_key, len(self._extras))
 
-    # ---- prefix look-up and registration --------------------------------------------------------
-    def _find(
-        self: BlockPool, hashes: np.ndarray, homes: np.ndarray, block_keys: BlockKeys
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _prompt_hashes(
+        self, block_keys: BlockKeys, extra_key: Hashable
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(keys int64 [k], chain hashes uint64 [k], home slots int64 [k], extra-key id) of a prompt."""
+        extra_id = self.extra_id(extra_key)
+        if isinstance(block_keys, HashedKeys):
+            batch = block_keys.batch
+            if batch.index is not self.index:
+                raise ValueError("these hashed keys were computed by another pool: use this pool's hash_prompts")
+            if batch.extra_key != extra_key:
+                raise ValueError(f"keys hashed for extra key {batch.extra_key!r}, allocated with {extra_key!r}")
+            return block_keys.keys, block_keys.hashes, block_keys.homes, extra_id
+        keys = self.key_array(block_keys)
+        hashes = chain_hashes(root_hash(extra_id), keys)
+        positions = np.arange(len(keys))
+        return keys, hashes, self.index.home_slots(hashes[positions & ~15], positions), extra_id
+
+    # ---- prefix look-up -------------------------------------------------------------------------
+    def probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> Probe:
+        """The look-up of a prompt of `num_tokens` whose first full blocks have `block_keys` (not None)."""
+        B = self.store.block_size
+        keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)
+        if len(keys) > num_tokens // B:
+            raise ValueError(
+                f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
+                f"{num_tokens // B} full blocks of {B}"
+            )
+        max_hit = min(len(keys), max(num_tokens - 1, 0) // B)
+        present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
+        cand = present[:max_hit]
+        if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
+            cand = cand[: int(np.argmin(cand >= 0))]
+        num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
+        return Probe(cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
+
+    def _find(self, hashes: np.ndarray, homes: np.ndarray, block_keys: BlockKeys) -> tuple[np.ndarray, np.ndarray]:
         """The index's `find` of a prompt's hashes: (present block ids intp [k] or -1, slots int64 [k]).
 
         For a prompt of a hashed batch, the look-up runs for the next _LOOKAHEAD_PROMPTS prompts at once (a
@@ -145,28 +167,54 @@ class PrefixLookup:
             present[redo], slots[redo] = index.find(hashes[redo], homes[redo])
         return present, slots
 
-    def _verified_hits(self: BlockPool, cand: np.ndarray, keys: np.ndarray, extra_id: int) -> int:
+    def _verified_hits(self, cand: np.ndarray, keys: np.ndarray, extra_id: int) -> int:
         """How many leading candidates (block ids intp [m], all indexed) hold the prompt's content: the
         same key, chained after the candidate before (the same block at the same version) or the root."""
-        m = len(cand)
-        ok = self.key.take(cand) == keys[:m]
-        parent_ids, parent_vers = self.parent_id.take(cand), self.parent_ver.take(cand)
+        store, m = self.store, len(cand)
+        ok = store.key.take(cand) == keys[:m]
+        parent_ids, parent_vers = store.parent_id.take(cand), store.parent_ver.take(cand)
         ok[0] &= (parent_ids[0] == -1) & (parent_vers[0] == extra_id)
         if m > 1:
             prev = cand[:-1]
             ok[1:] &= parent_ids[1:] == prev
-            ok[1:] &= parent_vers[1:] == self.version.take(prev)
+            ok[1:] &= parent_vers[1:] == store.version.take(prev)
         return int(np.argmin(ok)) if np.count_nonzero(ok) < m else m
 
-    def _present_after_evictions(self: BlockPool, present: np.ndarray) -> np.ndarray:
+    # ---- registration ---------------------------------------------------------------------------
+    def register_prompt(self, table: np.ndarray, probe: Probe, evicted: bool) -> np.ndarray | None:
+        """Index the prompt's keyed blocks past its hits, table[len(hits) : len(keys)] (just handed out);
+        `evicted`: blocks were evicted since the probe. Returns which were indexed (bool), None when all."""
+        num_hits = len(probe.hits)
+        present = probe.present[num_hits:]
+        if evicted:
+            present = self._present_after_evictions(present)
+        rest = slice(num_hits, None)
+        return self._register(table, num_hits, probe.extra_id, probe.hashes[rest], probe.keys[rest],
+                              probe.homes[rest], present, probe.slots[rest])
+
+    def register_continuation(
+        self, table: np.ndarray, first: int, extra_id: int, parent_hash: int, keys: np.ndarray
+    ) -> int:
+        """Index the full blocks table[first : first + len(keys)] that an append completed, chained after
+        block first - 1 (whose hash is `parent_hash`); returns the last block's hash."""
+        hashes = chain_hashes(parent_hash, keys)
+        positions = first + np.arange(len(hashes))
+        base = positions & ~15  # a line's base block may be one of the blocks before `first`
+        in_batch = base >= first
+        earlier = self.store.block_hash[table[np.minimum(base, first)]]
+        base_hashes = np.where(in_batch, hashes[np.maximum(base - first, 0)], earlier)
+        self._register(table, first, extra_id, hashes, keys, self.index.home_slots(base_hashes, positions))
+        return int(hashes[-1])
+
+    def _present_after_evictions(self, present: np.ndarray) -> np.ndarray:
         """A look-up's present block ids [k] (or -1), made right again after evictions since it ran: an
         evicted block's hash is absent now, and its slot (a tombstone on the hash's probe run) is a valid
         place to insert the hash again — no second look-up. Nothing else changes on a deletion."""
-        gone = (present >= 0) & (self.block_slot.take(np.maximum(present, 0)) < 0)
+        gone = (present >= 0) & (self.store.block_slot.take(np.maximum(present, 0)) < 0)
         return np.where(gone, -1, present)
 
     def _register(
-        self: BlockPool,
+        self,
         table: np.ndarray,
         first: int,
         extra_id: int,
@@ -181,51 +229,22 @@ class PrefixLookup:
 
         `present, slots`: the index's `find` of these hashes, when the caller has it (saves a probe).
         """
-        count = len(keys)
+        store, count = self.store, len(keys)
         blocks = table[first : first + count]
         if first:
             parent_ids = table[first - 1 : first + count - 1]
-            parent_vers = self.version.take(parent_ids)
+            parent_vers = store.version.take(parent_ids)
         else:
             parent_ids = np.concatenate((_ROOT, table[: count - 1]))
-            parent_vers = self.version.take(parent_ids)  # [0] reads the last block, replaced:
+            parent_vers = store.version.take(parent_ids)  # [0] reads the last block, replaced:
             parent_vers[0] = extra_id
-        self.block_hash[blocks] = hashes
-        self.block_home[blocks] = homes
+        store.block_hash[blocks] = hashes
+        store.block_home[blocks] = homes
         inserted = self.index.insert_absent(hashes, blocks, homes, present, slots)
         if inserted is not None:  # an equal chain is cached in another block: keep that one
             blocks, keys = blocks[inserted], keys[inserted]
             parent_ids, parent_vers = parent_ids[inserted], parent_vers[inserted]
-        self.key[blocks] = keys
-        self.parent_id[blocks] = parent_ids
-        self.parent_ver[blocks] = parent_vers
+        store.key[blocks] = keys
+        store.parent_id[blocks] = parent_ids
+        store.parent_ver[blocks] = parent_vers
         return inserted
-
-    def _probe(self: BlockPool, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> tuple:
-        """(hit block ids intp [h], then the prompt's chain hashes, keys and home slots [k], the index's
-        `find` of them (present block ids, slots) [k], and the extra-key id); memoised."""
-        if num_tokens < 0:
-            raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
-        if block_keys is None or not self.enable_prefix_caching:
-            return _NO_PROBE
-        memo = self._memo
-        if memo is not None and memo[0] == self._epoch and memo[1] is block_keys and memo[2:4] == (
-            num_tokens,
-            extra_key,
-        ):
-            return memo[4]
-        keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)
-        if len(keys) > num_tokens // self.block_size:
-            raise ValueError(
-                f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
-                f"{num_tokens // self.block_size} full blocks of {self.block_size}"
-            )
-        max_hit = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
-        present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
-        cand = present[:max_hit]
-        if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
-            cand = cand[: int(np.argmin(cand >= 0))]
-        num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
-        result = (cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
-        self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
-        return result

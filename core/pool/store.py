@@ -1,6 +1,6 @@
 """The physical side of the block pool: per-block state, the free queue and the hash index, handing blocks
-out and taking them back — what vLLM v1 calls its block pool. prefix_lookup adds the prefix cache's look-up
-and registration over these arrays; `BlockPool` (block_pool) adds sequences and their block tables.
+out and taking them back — what vLLM v1 calls its block pool. `BlockPool` (block_pool) holds one, with a
+`PrefixIndex` (prefix_lookup) that looks up and registers content over these arrays.
 
 Per-block arrays, all indexed by block id:
 
@@ -18,6 +18,9 @@ Per-block arrays, all indexed by block id:
 A full block is registered (indexed) when the sequence that wrote it gives its content key; at most one
 block per hash, so a block whose chain is already cached elsewhere stays unindexed (and goes back to the
 plain free stack when freed). Evicting a cached block drops its entry through `block_slot`, no look-up.
+
+Blocks whose ref drops to 0 during a step (`drop(..., defer=True)`) are PENDING — a running step may still
+read them — and become free when the step ends (`free_pending`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from ..blocks import ceil_div
 from .accounting import PoolStats
-from .free_queue import FreeBlockQueue
+from .free_queue import FREE_CACHED, PENDING, USED, FreeBlockQueue
 from .hash_index import HashIndex
 from .prefix_cache import HashedKeys
 
@@ -47,7 +50,10 @@ class BlockStore:
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a pool needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"a pool needs num_blocks >= 1 and block_size >= 1, got num_blocks {num_blocks}, "
+                f"block_size {block_size}"
+            )
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
         self.enable_prefix_caching = enable_prefix_caching
@@ -65,37 +71,28 @@ class BlockStore:
         self.parent_ver = np.zeros(n, dtype=np.int64)
         self.queue = FreeBlockQueue(n, self.state)
         self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home, self.block_slot)
-        self._key_kind: str | None = None
-        self._interned: dict[Hashable, int] = {}
-        self._extras: dict[Hashable, int] = {None: 0}
-        self._lookahead: tuple | None = None  # see PrefixLookup._find
-        self._epoch = 0  # bumped by every change; keys the can_allocate -> allocate memo
-        self._memo: tuple | None = None
-        # running totals so that usage() is O(live sequences)
+        self.pending: list[np.ndarray] = []  # blocks dropped during the running step, in drop order
+        # running totals so that the pool's usage() is O(live sequences)
         self.num_used = 0
         self.useful_tokens = 0
-        self._stats = {k: 0 for k in PoolStats.counter_names()}
+        # PoolStats by name: the store counts hand-outs and evictions, the pool what happens to sequences
+        self.counters = dict.fromkeys(PoolStats.counter_names(), 0)
 
     # ---- sizes ----------------------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now: plain free + cached free (evictable)."""
-        return len(self.queue)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        return self.queue.num_cached
+    def num_pending_blocks(self) -> int:
+        return self.num_blocks - self.num_used - len(self.queue)
 
     @property
     def hashed(self) -> np.ndarray:
         """bool [num_blocks] (a fresh array): the block holds a prefix-cache entry."""
         return self.block_slot >= 0
 
-    # ---- handing out and taking back ------------------------------------------------------------
-    def _hand_out(self, n: int) -> tuple[np.ndarray, int]:
+    # ---- handing out ----------------------------------------------------------------------------
+    def hand_out(self, n: int) -> tuple[np.ndarray, int]:
         """Pop n free blocks for new content (version + 1, state USED; evicted cache entries dropped):
         (block ids intp [n], evictions among them). Reference counts are the caller's."""
         if n == 0:
@@ -103,36 +100,78 @@ class BlockStore:
         plain, evicted = self.queue.pop(n)
         if len(evicted):
             self.index.delete(evicted)
-            self._stats["evictions"] += len(evicted)
+            self.counters["evictions"] += len(evicted)
             blocks = np.concatenate([plain, evicted])
         else:
             blocks = plain
         versions = self.version.take(blocks)
         versions += 1
         self.version[blocks] = versions
-        self._stats["allocated_blocks"] += n
+        self.counters["allocated_blocks"] += n
         return blocks, len(evicted)
 
-    def _take(self, n: int) -> np.ndarray:
-        """Hand out n free blocks for new content to one table: ref 1, version + 1."""
-        blocks = self._hand_out(n)[0]
+    def take(self, n: int, num_tokens: int) -> np.ndarray:
+        """Hand out n free blocks for new content to one table (ref 1), holding `num_tokens` tokens: every
+        block full but the last, which holds the rest."""
+        blocks = self.hand_out(n)[0]
         self.ref[blocks] = 1
         self.num_used += n
+        if n:
+            self.fill[blocks] = self.block_size
+            self.fill[blocks[-1]] = num_tokens - (n - 1) * self.block_size
+        self.useful_tokens += num_tokens
         return blocks
 
-    def _take_one(self) -> int:
-        """`_take(1)`; a content-free block in scalar steps. NOTE: the array path costs a dozen numpy
-        calls, too many for decode, which needs one block per block boundary of every sequence."""
+    def take_one(self, num_tokens: int) -> int:
+        """`take(1, num_tokens)` in scalar steps. NOTE: the array path costs a dozen numpy calls, too many
+        for decode, which needs one block per block boundary of every sequence."""
         if not self.queue.num_plain:
-            return int(self._take(1)[0])
+            return int(self.take(1, num_tokens)[0])
         block = self.queue.pop_plain_one()
         self.version[block] += 1
         self.ref[block] = 1
+        self.fill[block] = num_tokens
         self.num_used += 1
-        self._stats["allocated_blocks"] += 1
+        self.useful_tokens += num_tokens
+        self.counters["allocated_blocks"] += 1
         return block
 
-    def _free(self, blocks: np.ndarray) -> None:
+    def share(self, blocks: np.ndarray, state: np.ndarray, num_cached: int) -> None:
+        """One more table holds these blocks (a prompt's cache hits; `state` their states, of which
+        `num_cached` are FREE_CACHED): cached and pending ones are in use again (ref 0 -> 1), the cached ones
+        leave the LRU; used ones get ref + 1."""
+        if num_cached == len(blocks):  # the common case: all of them revived from the cache
+            self.queue.revive(blocks)
+            self.ref[blocks] = 1
+            num_revived = len(blocks)
+        else:
+            revived = blocks[state != USED]
+            self.queue.revive(blocks[state == FREE_CACHED])
+            self.state[revived] = USED  # the PENDING ones, too
+            self.ref[blocks] += 1
+            num_revived = len(revived)
+        self.num_used += num_revived
+        self.useful_tokens += self.block_size * num_revived
+
+    # ---- taking back ----------------------------------------------------------------------------
+    def drop(self, blocks: np.ndarray, num_tokens: int | None = None, *, defer: bool = False) -> None:
+        """Blocks whose ref reached 0 (holding `num_tokens` tokens, when the caller knows): free now, or,
+        `defer`, pending until `free_pending` (a running step may read them)."""
+        self.num_used -= len(blocks)
+        self.useful_tokens -= int(np.add.reduce(self.fill[blocks])) if num_tokens is None else num_tokens
+        if defer:
+            self.state[blocks] = PENDING
+            self.pending.append(blocks)
+        else:
+            self.free(blocks)
+
+    def free_pending(self) -> None:
+        """The step ended: the pending blocks that no hit revived meanwhile become free, in drop order."""
+        for chunk in self.pending:
+            self.free(chunk[self.state[chunk] == PENDING])
+        self.pending.clear()
+
+    def free(self, blocks: np.ndarray) -> None:
         """Blocks with ref 0 go to the free side: indexed ones to the LRU cache (in this order), the rest to
         the plain stack with their content dropped."""
         if not self.enable_prefix_caching:  # then nothing is ever indexed

@@ -9,20 +9,38 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core.pool import append as block_append
 from kvcalc.core.pool import prefix_lookup
 from kvcalc.core.pool.block_pool import BlockPool, PoolExhaustedError, ReleaseReason
 from kvcalc.core.pool.free_queue import FREE_CACHED, FreeBlockQueue
 from kvcalc.core.pool.hash_index import HashIndex
-from kvcalc.core.pool.prefix_cache import chain_hashes, chain_hashes_batch, chain_hashes_reference
+from kvcalc.core.pool.prefix_cache import chain_hashes, chain_hashes_batch
 
+_MASK64 = 2**64 - 1
+_CHAIN_P = 0x9E3779B97F4A7C15  # the recurrence's multiplier (prefix_cache)
+
+
+def splitmix64(value: int) -> int:
+    """The splitmix64 finaliser on one Python int (an int64 key is taken modulo 2^64, as numpy's cast does)."""
+    z = (value + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def chain_hashes_reference(parent_hash: int, keys: list[int]) -> list[int]:
+    """h(i) = h(i-1)·P + mix(keys[i]) mod 2^64 one block at a time with Python ints, no numpy."""
+    out, h = [], parent_hash
+    for key in keys:
+        h = (h * _CHAIN_P + splitmix64(key & _MASK64)) & _MASK64
+        out.append(h)
+    return out
 
 def refs(pool: BlockPool, blocks: list[int]) -> list[int]:
-    return [int(pool.ref[b]) for b in blocks]
+    return [int(pool.store.ref[b]) for b in blocks]
 
 
 def versions(pool: BlockPool, blocks: list[int]) -> list[int]:
-    return [int(pool.version[b]) for b in blocks]
+    return [int(pool.store.version[b]) for b in blocks]
 
 
 def test_fork_cow_release_revive_evict_step_by_step() -> None:
@@ -43,7 +61,7 @@ def test_fork_cow_release_revive_evict_step_by_step() -> None:
     # "b" writes token 7 into block 1 (6 % 4 = 2 slots used, ref 2) -> copy-on-write into block 2
     assert pool.append("b", 1) == [(1, 2)]
     assert pool.block_table("b").tolist() == [0, 2]
-    assert refs(pool, [0, 1, 2]) == [2, 1, 1] and int(pool.version[2]) == 1
+    assert refs(pool, [0, 1, 2]) == [2, 1, 1] and int(pool.store.version[2]) == 1
     assert pool.free_queue_order() == [3, 4, 5]
 
     # "a" now owns block 1 alone: 2 tokens fill it in place (6 + 2 = 8), no copy; block 1 becomes keyed
@@ -83,7 +101,7 @@ def test_fork_cow_release_revive_evict_step_by_step() -> None:
     # "d" needs 5 blocks: the 4 plain ones, then 1 eviction of the LRU head, block 1 (version 1 -> 2)
     pool.allocate("d", 20)
     assert pool.block_table("d").tolist() == [2, 3, 4, 5, 1]
-    assert int(pool.version[1]) == 2 and not pool.hashed[1]
+    assert int(pool.store.version[1]) == 2 and not pool.store.hashed[1]
     assert pool.stats().evictions == 1 and pool.free_queue_order() == [0]
     pool.release("d", ReleaseReason.TIMED_OUT)
     # "c" again: only block 0 survives in the cache -> 4 hit tokens
@@ -117,8 +135,7 @@ def test_extra_keys_never_share() -> None:
 
 def test_a_hash_collision_never_serves_wrong_content(monkeypatch: pytest.MonkeyPatch) -> None:
     # every chain hashes to the same values: lookups find a candidate, verification must reject it
-    for module in (prefix_lookup, block_append):
-        monkeypatch.setattr(module, "chain_hashes", lambda parent, keys: np.arange(len(keys), dtype=np.uint64))
+    monkeypatch.setattr(prefix_lookup, "chain_hashes", lambda parent, keys: np.arange(len(keys), dtype=np.uint64))
     pool = BlockPool(8, 2)
     pool.allocate("a", 5, [(1, 2), (3, 4)])
     assert pool.allocate("b", 5, [(9, 9), (3, 4)]) == 0  # block 0 differs: nothing may hit
@@ -148,14 +165,14 @@ def test_double_free_and_bad_calls_raise() -> None:
 def test_a_failed_allocation_changes_nothing() -> None:
     pool = BlockPool(3, 4)
     pool.allocate("a", 8)
-    before = (pool.usage(), pool.free_queue_order(), pool.version.copy())
+    before = (pool.usage(), pool.free_queue_order(), pool.store.version.copy())
     assert not pool.can_allocate(5)  # ceil(5/4) = 2 blocks > 1 free
     with pytest.raises(PoolExhaustedError):
         pool.allocate("b", 5)
     assert not pool.can_append("a", 5)  # 8 + 5 = 13 tokens -> 4 blocks, 2 more needed, 1 free
     with pytest.raises(PoolExhaustedError):
         pool.append("a", 5)
-    assert (pool.usage(), pool.free_queue_order()) == before[:2] and np.array_equal(pool.version, before[2])
+    assert (pool.usage(), pool.free_queue_order()) == before[:2] and np.array_equal(pool.store.version, before[2])
     assert not pool.has_seq("b")
     pool.check_invariants()
 
@@ -303,13 +320,14 @@ def test_failed_release_and_append_change_nothing():
 def pool_state(pool: BlockPool) -> dict:
     """Everything a pool holds, for exact comparisons: per-block arrays (content fields where they mean
     something: hashed blocks), the index table itself, free-queue order, counters."""
-    hashed = pool.hashed
+    store = pool.store
+    hashed = store.hashed
     return {
-        "state": pool.state.tolist(), "ref": pool.ref.tolist(), "version": pool.version.tolist(),
-        "fill": pool.fill.tolist(), "slot": pool.block_slot.tolist(),
-        "hash": pool.block_hash[: pool.num_blocks][hashed].tolist(), "key": pool.key[hashed].tolist(),
-        "parent": list(zip(pool.parent_id[hashed].tolist(), pool.parent_ver[hashed].tolist(), strict=True)),
-        "index": pool.index.vals.tolist(), "queue": pool.free_queue_order(), "stats": pool.stats(),
+        "state": store.state.tolist(), "ref": store.ref.tolist(), "version": store.version.tolist(),
+        "fill": store.fill.tolist(), "slot": store.block_slot.tolist(),
+        "hash": store.block_hash[: pool.num_blocks][hashed].tolist(), "key": store.key[hashed].tolist(),
+        "parent": list(zip(store.parent_id[hashed].tolist(), store.parent_ver[hashed].tolist(), strict=True)),
+        "index": store.index.vals.tolist(), "queue": pool.free_queue_order(), "stats": pool.stats(),
         "usage": pool.usage(),
     }
 

@@ -144,7 +144,7 @@ class PoolMachine(RuleBasedStateMachine):
             return
         if self.pool._in_step:  # a running step may still read this sequence's blocks
             table = self.pool.block_table(seq).tolist()
-            self.readers.append((self.store.read(seq), [(b, int(self.pool.version[b])) for b in table]))
+            self.readers.append((self.store.read(seq), [(b, int(self.pool.store.version[b])) for b in table]))
         self.store.release(seq, reason)
         with pytest.raises(ValueError, match="double free"):
             self.pool.release(seq, reason)
@@ -164,7 +164,8 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.check_invariants()
             self.store.check()
             for content, refs in self.readers:  # deferred free: nothing a step may read was reused
-                assert all(self.pool.is_current(self.pool.block_ref(b)) and v == self.pool.version[b] for b, v in refs)
+                version = self.pool.store.version
+                assert all(self.pool.is_current(self.pool.block_ref(b)) and v == version[b] for b, v in refs)
                 B = self.pool.block_size
                 assert [int(self.store.slots[refs[p // B][0], p % B]) for p in range(len(content))] == content
 
@@ -220,7 +221,7 @@ class ForgetsForkReferences(BlockPool):
 
     def fork(self, parent_id: object, child_id: object) -> None:
         super().fork(parent_id, child_id)
-        self.ref[self.block_table(child_id)] -= 1
+        self.store.ref[self.block_table(child_id)] -= 1
 
 
 class SkipsCopyOnWrite(BlockPool):
