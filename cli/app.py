@@ -1,6 +1,11 @@
 """The root `kvcalc` app: one module per command, errors mapped to exit codes in one place.
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (one line `error: …`), 3 CUDA unavailable.
+
+Core errors name the parameters of core functions (kvcalc.core.errors.ParameterError); users typed flags.
+`PARAMETER_FLAGS` maps, per command, each core parameter name to the flag that sets it; a command's own
+option names need no entry (`block_size` of `kvcalc bench` is its `--block`), they are read from the
+command. `flag_message` rewrites an error with them, so that every message names the flag the user typed.
 """
 
 from __future__ import annotations
@@ -17,12 +22,21 @@ try:  # typer >= 0.22 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 
-from ..core.errors import CudaUnavailableError
+from ..core.errors import CudaUnavailableError, ParameterError
 from .commands import COMMANDS
 
 EXIT_RUNTIME = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_CUDA = 3
+
+# command -> {core parameter: flag}, for the core parameters whose names differ from the command's options.
+PARAMETER_FLAGS: dict[str, dict[str, str]] = {
+    "size": {"block_size": "--block", "num_tokens": "--tokens", "num_seqs": "--seqs", "memory_bytes": "--memory"},
+    "frag": {"block_size": "--block", "block_sizes": "--block"},
+    "share": {"block_size": "--block"},
+    "sim": {"block_size": "--block"},
+    "bench": {"num_q_heads": "--q-heads", "num_kv_heads": "--kv-heads", "num_splits": "--splits"},
+}
 
 
 def _fail(message: str, code: int) -> None:
@@ -69,6 +83,8 @@ class KvcalcGroup(TyperGroup):
             _fail("aborted", EXIT_RUNTIME)
         except CudaUnavailableError as exc:
             _fail(str(exc), EXIT_NO_CUDA)
+        except ParameterError as exc:
+            _fail(flag_message(exc, self._flags(list(sys.argv[1:] if args is None else args))), EXIT_BAD_INPUT)
         except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             _fail(_describe(exc), EXIT_BAD_INPUT)
         except click_exc.ClickException as exc:
@@ -76,6 +92,29 @@ class KvcalcGroup(TyperGroup):
         except BrokenPipeError:
             sys.exit(0)
         sys.exit(result if isinstance(result, int) else 0)
+
+    def _flags(self, args: list[str]) -> dict[str, str]:
+        """{parameter: flag} of the command in `args` (the first word; the root's options take no value):
+        its own options' names, then PARAMETER_FLAGS."""
+        name = next((arg for arg in args if not arg.startswith("-")), None)
+        command = self.commands.get(name) if name is not None else None
+        flags = {}
+        for param in getattr(command, "params", ()):
+            long_flags = [opt for opt in param.opts if opt.startswith("--")]
+            if param.name and long_flags:
+                flags[param.name] = long_flags[0]
+        return flags | PARAMETER_FLAGS.get(name or "", {})
+
+
+def flag_message(exc: ParameterError, flags: dict[str, str]) -> str:
+    """The error's message with each parameter it names, as a whole word, written as its flag."""
+    import re
+
+    message = str(exc)
+    for param in exc.params:
+        if param in flags:
+            message = re.sub(rf"(?<![\w-]){re.escape(param)}(?![\w-])", flags[param], message)
+    return message
 
 
 def _check_one_format(args: list[str]) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from .errors import ParameterError
+
+# Every command's --dtype defaults to this: the precision current models ship their weights and KV in.
+DEFAULT_DTYPE = "bf16"
+
 DTYPE_BITS: dict[str, int] = {
     "fp32": 32,
     "fp16": 16,
@@ -23,14 +28,16 @@ _ALIASES = {
 }
 
 
-def parse_dtype(name: str) -> str:
-    """Canonical dtype name ('bfloat16' -> 'bf16'); an unknown name raises ValueError listing the choices."""
+def parse_dtype(name: str, param: str = "dtype") -> str:
+    """Canonical dtype name ('bfloat16' -> 'bf16'); an unknown name raises a ParameterError naming `param`
+    (the caller's parameter that holds it, e.g. "weight_dtype") and listing the choices."""
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in DTYPE_BITS:
-        raise ValueError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPE_BITS)}")
+        raise ParameterError(f"{param} {name!r} is not a known precision: choose one of {', '.join(DTYPE_BITS)}",
+                             param)
     return key
 
 
-def dtype_bits(name: str) -> int:
-    return DTYPE_BITS[parse_dtype(name)]
+def dtype_bits(name: str, param: str = "dtype") -> int:
+    return DTYPE_BITS[parse_dtype(name, param)]

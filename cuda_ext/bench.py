@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.errors import ParameterError
+
 CUDA_SHAPES = ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048), (256, 1024))
 CPU_SHAPES = ((1, 2048), (4, 512), (8, 256))
 SWEEP_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -54,27 +56,31 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
-            raise ValueError(f"--device {self.device!r} is not one of cuda, cpu")
+            raise ParameterError(f"device {self.device!r} is not one of cuda, cpu", "device")
         if self.dtype not in TOLERANCE:
-            raise ValueError(f"--dtype {self.dtype!r} is not supported by the kernel; use fp16 or bf16")
+            raise ParameterError(f"dtype {self.dtype!r} is not supported by the kernel; use fp16 or bf16", "dtype")
         if self.head_dim not in (64, 128, 256):
-            raise ValueError(f"--head-dim {self.head_dim} is not supported; use 64, 128 or 256")
+            raise ParameterError(f"head_dim {self.head_dim} is not supported; use 64, 128 or 256", "head_dim")
         if self.num_kv_heads < 1:
-            raise ValueError(f"--kv-heads {self.num_kv_heads} must be at least 1")
+            raise ParameterError(f"num_kv_heads {self.num_kv_heads} must be at least 1", "num_kv_heads")
         if self.num_q_heads < 1 or self.num_q_heads % self.num_kv_heads or not 1 <= self.group <= 16:
-            raise ValueError(f"--q-heads {self.num_q_heads} must be 1 to 16 times --kv-heads {self.num_kv_heads} "
-                             "(the kernel's GQA group sizes)")
+            raise ParameterError(f"num_q_heads {self.num_q_heads} must be 1 to 16 times num_kv_heads "
+                                 f"{self.num_kv_heads} (the kernel's GQA group sizes)", "num_q_heads", "num_kv_heads")
         if not 1 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"--block {self.block_size} must be a power of two in 1..256")
+            raise ParameterError(f"block_size {self.block_size} must be a power of two in 1..256", "block_size")
         for batch, context in self.shapes:
             if batch < 1 or context < 1:
-                raise ValueError(f"--batch {batch} and --context {context} must both be at least 1")
+                raise ParameterError(f"batch {batch} and context {context} must both be at least 1", "batch",
+                                     "context")
         if self.iters < 1:
-            raise ValueError(f"--iters {self.iters} must be at least 1 (timed runs; the median is reported)")
+            raise ParameterError(f"iters {self.iters} must be at least 1 (timed runs; the median is reported)",
+                                 "iters")
         if self.warmup < 0:
-            raise ValueError(f"--warmup {self.warmup} must be 0 or more")
+            raise ParameterError(f"warmup {self.warmup} must be 0 or more", "warmup")
         if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
-            raise ValueError(f"--splits {self.num_splits} must lie in 1..1024")
+            raise ParameterError(f"num_splits {self.num_splits} must lie in 1..1024", "num_splits")
+        if self.seed < 0:
+            raise ParameterError(f"seed {self.seed} must be 0 or more", "seed")
 
     @property
     def group(self) -> int:

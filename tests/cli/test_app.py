@@ -72,3 +72,45 @@ def test_json_with_another_format_is_refused_before_any_work(run_cli):
         assert result.exit_code == 2 and result.stdout == "", args
         assert result.stderr.startswith("error: --json and --format") and result.stderr.count("\n") == 1
     assert run_cli("size", "--json", "--format", "json").exit_code == 0
+
+
+def test_a_parameter_error_names_parameters_in_core_and_flags_in_the_cli(run_cli):
+    import pytest
+
+    from kvcalc.core.errors import ParameterError
+    from kvcalc.cuda_ext.bench import BenchConfig
+
+    # Core (a library): the dataclass's own field names.
+    with pytest.raises(ParameterError, match=r"^num_q_heads 12 must be 1 to 16 times num_kv_heads 8 ") as caught:
+        BenchConfig(device="cpu", num_q_heads=12, num_kv_heads=8)
+    assert caught.value.params == ("num_q_heads", "num_kv_heads") and caught.value.param == "num_q_heads"
+    # The CLI: the same error with the flags the user typed (PARAMETER_FLAGS for the two head counts).
+    result = run_cli("bench", "--device", "cpu", "--q-heads", "12", "--kv-heads", "8")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --q-heads 12 must be 1 to 16 times --kv-heads 8 ")
+
+
+def test_flag_message_rewrites_only_the_named_parameters_as_whole_words():
+    from kvcalc.cli.app import flag_message
+    from kvcalc.core.errors import ParameterError
+
+    exc = ParameterError("block_size 12 is not a power of two (block_sizes and tp 2 are fine)", "block_size")
+    flags = {"block_size": "--block", "block_sizes": "--blocks", "tp": "--tp"}
+    # tp is not named by the error, block_sizes is another word: both stay
+    assert flag_message(exc, flags) == "--block 12 is not a power of two (block_sizes and tp 2 are fine)"
+    assert flag_message(ParameterError("tp 3 does not divide 8", "tp"), {}) == "tp 3 does not divide 8"
+
+
+def test_a_parameter_error_without_a_parameter_is_a_bug():
+    import pytest
+
+    from kvcalc.core.errors import ParameterError
+
+    with pytest.raises(TypeError):
+        ParameterError("something is wrong")
+
+
+def test_the_default_dtype_is_one_constant():
+    from kvcalc.core.dtypes import DEFAULT_DTYPE, parse_dtype
+
+    assert DEFAULT_DTYPE == "bf16" == parse_dtype(DEFAULT_DTYPE)

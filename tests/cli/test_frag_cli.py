@@ -203,7 +203,7 @@ def _file(tmp_path, name: str, content: str) -> str:
         (("--phase", "prompt"), ("--phase applies only to --trace",)),
         (("--dtype", "fp8"), ("--dtype applies to KV bytes",)),
         (("--model", "llama-9"), ("unknown model 'llama-9'",)),
-        (("--model", "llama-3-8b", "--dtype", "fp7"), ("unknown dtype 'fp7'",)),
+        (("--model", "llama-3-8b", "--dtype", "fp7"), ("--dtype 'fp7' is not a known precision",)),
         (("--plot", "waste.txt"), (".png or .svg",)),
         (("--block", "x"), ("--block",)),
         (("--lengths-file", "/nonexistent/lengths.txt"), ("/nonexistent/lengths.txt", "no such file")),

@@ -105,7 +105,7 @@ def test_huge_inputs_exact(run_cli):
     ("args", "message"),
     [
         (["--model", "llama-3"], "unknown model 'llama-3': did you mean Llama-3-8B"),
-        (["--model", "llama-3-8b", "--dtype", "fp7"], "unknown dtype 'fp7': choose one of"),
+        (["--model", "llama-3-8b", "--dtype", "fp7"], "--dtype 'fp7' is not a known precision: choose one of"),
         (["--model", "llama-3-8b", "--memory", "80 gigs"], "cannot read the memory size '80 gigs'"),
         (["--model", "llama-3-8b", "--memory", "0"], "must be positive"),
         (["--config", "/nonexistent/config.json"], "/nonexistent/config.json: no such file"),
