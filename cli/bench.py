@@ -2,7 +2,8 @@
 
 torch is imported only inside the command body (and kvcalc.cuda_ext), so `kvcalc --help` and the
 other commands never load it. Exit codes: 0 all correctness checks passed, 1 a check failed, 2 bad
-input or torch missing (`pip install 'kvcalc[bench]'`), 3 CUDA asked for but no GPU or no nvcc.
+input, a run too large for the memory there is, or torch missing (the message says how to install it),
+3 CUDA asked for but no GPU, no nvcc or no torch.
 """
 
 from __future__ import annotations
@@ -14,22 +15,31 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.dtypes import DEFAULT_DTYPE
+from ..core.errors import CudaUnavailableError
 from ..core.units import format_bytes
 from .options import FormatOpt, JsonOpt, SeedOpt, check_output_path, int_option
 from .output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
+from .progress import progress_bar
 
 DeviceOpt = Annotated[str, typer.Option("--device", help="cuda (the extension), cpu (the reference "
                                         "implementations at small sizes) or auto (cuda if a GPU is visible).")]
 BenchDtypeOpt = Annotated[str, typer.Option("--dtype", help="Precision of the timed runs: bf16 or fp16.")]
 IntOpt = int | None
+BENCH_INSTALL = "pip install 'kvcalc[bench]'"
+CPU_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
 
-def _progress_ticker(total: int, enabled: bool) -> tuple[Any, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err_console, transient=True, disable=not enabled)
-    return progress, progress.add_task("kvcalc bench", total=total)
+def _require_torch(device: str) -> None:
+    """torch is the bench extra: its absence is an install step to name (exit 3 where CUDA was asked for)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if device == "cuda":
+            raise CudaUnavailableError(f"--device cuda needs PyTorch with CUDA, which is not installed: "
+                                       f"{BENCH_INSTALL}") from None
+        raise ValueError(f"kvcalc bench needs PyTorch, which is not installed: {BENCH_INSTALL} (on a machine "
+                         f"without a GPU, first the CPU build: {CPU_TORCH_INSTALL})") from None
 
 
 def _pick_device(device: str) -> str:
@@ -125,7 +135,7 @@ def _report(doc: dict[str, Any]) -> Report:
 
 def command(
     device: DeviceOpt = "auto",
-    dtype: BenchDtypeOpt = "bf16",
+    dtype: BenchDtypeOpt = DEFAULT_DTYPE,
     head_dim: Annotated[int, int_option("--head-dim", help="Head dimension: 64, 128 or 256.")] = 128,
     q_heads: Annotated[int, int_option("--q-heads", help="Query heads (a multiple of --kv-heads).")] = 32,
     kv_heads: Annotated[int, int_option("--kv-heads", help="KV heads.")] = 8,
@@ -151,10 +161,7 @@ def command(
         raise ValueError(f"--device {device!r} is not one of auto, cuda, cpu")
     if save is not None:
         check_output_path("--save", save)  # before a run of minutes
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ValueError("kvcalc bench needs torch: pip install 'kvcalc[bench]'") from None
+    _require_torch(device)
     from ..cuda_ext.backends import run_suite
     from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
 
@@ -170,19 +177,17 @@ def command(
         seed=seed,
     )
     output_format = resolve_format(json_flag, fmt)
-    progress, task = _progress_ticker(total_steps(config), enabled=err_console.is_terminal)
+    with progress_bar("kvcalc bench", total_steps(config)) as advance:
 
-    def tick(description: str) -> None:
-        progress.update(task, description=description)
-        progress.advance(task)
+        def tick(description: str) -> None:
+            advance(1, description=description)
 
-    @contextlib.contextmanager
-    def building() -> Iterator[None]:
-        # The progress display's spinner turns while nvcc runs (one live display: no separate status).
-        progress.update(task, description="building the CUDA extension (nvcc, first use only; about a minute)")
-        yield
+        @contextlib.contextmanager
+        def building() -> Iterator[None]:
+            # The bar's spinner turns while nvcc runs (one live display: no separate status).
+            advance(0, description="building the CUDA extension (nvcc, first use only; about a minute)")
+            yield
 
-    with progress:
         doc = run_suite(config, tick, building)
     if save is not None:
         save.write_text(to_json(doc) + "\n")

@@ -3,6 +3,10 @@
 Integer counts go through `integer(flag)`: besides what `int()` reads (`4096`, `1_000_000`) it takes exact
 scientific spellings (`1e12`), and a non-integer is refused in one line that names the option and the value
 (`error: --tokens 'abc' is not an integer: …`) instead of pydantic's wording.
+
+`--seed` is one option for every command (`SeedOpt`, or `seed_option(help)` where a command words its help
+itself): a whole number in 0..2**63-1, which numpy's and torch's generators all take; a negative one is
+refused here, naming --seed, before any work.
 """
 
 from __future__ import annotations
@@ -38,6 +42,22 @@ def integer(flag: str) -> Callable[[Any], int]:
     return parse
 
 
+MAX_SEED = 2**63 - 1
+
+
+def _parse_seed(value: Any) -> int:
+    seed = integer("--seed")(value)
+    if not 0 <= seed <= MAX_SEED:
+        problem = "is negative" if seed < 0 else "is too large"
+        raise UsageError(f"--seed {seed} {problem}: give a whole number from 0 to 2**63-1 (e.g. --seed 0)")
+    return seed
+
+
+def seed_option(help: str) -> Any:
+    """`typer.Option("--seed")` with this help; see the module docstring for what it accepts."""
+    return typer.Option("--seed", parser=_parse_seed, metavar="<int>", help=help)
+
+
 def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
     """Fail before any work when `flag`'s output file cannot be created: its directory is missing, is not a
     directory, or the path is itself a directory. Raises ValueError (one `error:` line, exit 2)."""
@@ -67,4 +87,4 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV precision: fp32, fp16
 LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers (overrides the model's).")]
 KvHeadsOpt = Annotated[int | None, int_option("--kv-heads", help="Number of KV heads (overrides the model's).")]
 HeadDimOpt = Annotated[int | None, int_option("--head-dim", help="Head dimension (overrides the model's).")]
-SeedOpt = Annotated[int, int_option("--seed", help="Seed for constructed samples (runs are reproducible).")]
+SeedOpt = Annotated[int | None, seed_option("Seed for constructed samples (runs are reproducible).")]

@@ -8,7 +8,8 @@ units done") and know nothing of terminals; the CLI passes the `advance` that th
 
 The bar is drawn only when stderr is a terminal (a log file or a pipe gets nothing), always on stderr, and
 is transient (it clears itself), so stdout keeps exactly the data — one JSON document with --json. rich is
-imported only when a bar is drawn.
+imported only when a bar is drawn. `advance(0, description="…")` only changes the text beside the bar
+(what is running now), for work whose steps differ (kvcalc bench).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
-def _noop(units: int = 1) -> None:
+def _noop(units: int = 1, description: str | None = None) -> None:
     return None
 
 
 @contextmanager
 def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(units=1)`; `total` None draws a spinner with a count instead of a bar."""
+    """Yields `advance(units=1, description=None)`; `total` None draws a spinner with a count instead of a bar."""
     if not (enabled and sys.stderr.isatty()):
         yield _noop
         return
@@ -36,7 +37,7 @@ def progress_bar(description: str, total: int | None, *, enabled: bool = True) -
     with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
 
-        def advance(units: int = 1) -> None:
-            bar.advance(task, units)
+        def advance(units: int = 1, description: str | None = None) -> None:
+            bar.update(task, advance=units, description=description)  # None keeps the text
 
         yield advance

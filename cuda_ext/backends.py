@@ -1,8 +1,9 @@
 """The two back ends of `kvcalc bench` and the entry point that wires one to the harness (bench.py).
 
 `run_suite(config, tick, building)` checks what the device needs (GPU, nvcc) and raises
-CudaUnavailableError before doing any work; `building` is a context manager factory that the CLI uses
-to show a spinner while the extension compiles on first use.
+CudaUnavailableError, and refuses a run whose memory does not fit (ParameterError), before doing any
+work; `building` is a context manager factory that the CLI uses to show a spinner while the extension
+compiles on first use.
 """
 
 from __future__ import annotations
@@ -115,9 +116,12 @@ def run_suite(
 ) -> dict[str, Any]:
     import torch
 
+    from .memory import check_run_fits
+
     if config.device == "cpu":
         from .timing import cpu_median_us
 
+        check_run_fits(config)
         return run_bench(
             config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=cpu_device_info(), copy_tbps=None,
             tick=tick, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=config.iters, warmup=config.warmup),
@@ -133,6 +137,9 @@ def run_suite(
 
     find_nvcc()
     device = torch.device("cuda", torch.cuda.current_device())
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    check_run_fits(config, (free_bytes, "free on the GPU, torch.cuda.mem_get_info"),
+                   torch.cuda.get_device_properties(device).multi_processor_count)
     with building():
         ops.library()
     timer = CudaTimer(device)

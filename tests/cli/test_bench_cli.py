@@ -99,6 +99,9 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
     (("--device", "cpu", "--iters", "0"), "--iters 0"),
     (("--device", "cpu", "--splits", "0"), "--splits 0"),
     (("--device", "cpu", "--batch", "two"), "--batch"),
+    (("--device", "cpu", "--seed", "-1"), "--seed -1 is negative: give a whole number from 0 to 2**63-1"),
+    (("--device", "cpu", "--seed", "2**64"), "--seed '2**64' is not an integer"),
+    (("--device", "cpu", "--seed", "1e19"), "--seed 10000000000000000000 is too large"),
 ])
 def test_bad_input_is_one_line_exit_2(run_cli, args, message):
     result = run_cli("bench", *args)
@@ -107,15 +110,28 @@ def test_bad_input_is_one_line_exit_2(run_cli, args, message):
     assert message in result.stderr
 
 
-def test_without_torch_says_how_to_install(tmp_path):
-    # A stub module that fails to import stands in for a missing torch.
-    (tmp_path / "torch").mkdir()
+def _bench_without_torch(tmp_path, *args):
+    # A stub module that fails to import stands in for a missing torch (a venv of the quick start's first step).
+    (tmp_path / "torch").mkdir(exist_ok=True)
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
     code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from kvcalc.cli.app import main; main()"
-    proc = subprocess.run([sys.executable, "-c", code, "bench", "--device", "cpu"], capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: kvcalc bench needs torch: pip install 'kvcalc[bench]'"
+    return subprocess.run([sys.executable, "-c", code, "bench", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("args", [("--device", "cpu"), ()])
+def test_without_torch_says_how_to_install(tmp_path, args):
+    proc = _bench_without_torch(tmp_path, *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: kvcalc bench needs PyTorch, which is not installed: pip install 'kvcalc[bench]' "
+                           "(on a machine without a GPU, first the CPU build: pip install torch --index-url "
+                           "https://download.pytorch.org/whl/cpu)\n")
+
+
+def test_cuda_without_torch_is_exit_3_with_the_install_line(tmp_path):
+    proc = _bench_without_torch(tmp_path, "--device", "cuda")
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert proc.stderr == ("error: --device cuda needs PyTorch with CUDA, which is not installed: "
+                           "pip install 'kvcalc[bench]'\n")
 
 
 def test_help_does_not_import_torch():
