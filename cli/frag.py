@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.dtypes import dtype_bits, parse_dtype
-from ..core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for
+from ..core.dtypes import DEFAULT_DTYPE, dtype_bits, parse_dtype
+from ..core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for, check_memory
 from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
 from ..core.paging import PerSequence
 from ..core.spec.models import resolve_model
@@ -37,10 +37,11 @@ from .output import (
     record_table,
     resolve_format,
 )
+from .progress import progress_bar
 
 PER_SEQ_LIMIT = 50  # per-sequence rows are shown up to this many lengths (or with --per-seq)
 PER_SEQ_TABLE_MAX = 10_000  # a per-sequence table for people (rich, markdown) has at most this many rows
-DEFAULT_DTYPE = "fp16"
+PROGRESS_FROM = 5_000_000  # lengths from which drawing or paging them takes a second or more: show a bar
 
 
 def command(
@@ -107,7 +108,8 @@ def command(
     config: ConfigOpt = None,
     dtype: Annotated[
         str | None,
-        typer.Option("--dtype", help="With a model: KV precision fp32, fp16, bf16, fp8, int8, int4 (default fp16)."),
+        typer.Option("--dtype", help=f"With a model: KV precision fp32, fp16, bf16, fp8, int8, int4 (default "
+                     f"{DEFAULT_DTYPE})."),
     ] = None,
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
@@ -124,23 +126,27 @@ def command(
     if plot is not None:
         check_plot_target(plot)
     out_format = resolve_format(json_flag, fmt)
-    source = load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed)
-    if per_seq and source.count > PER_SEQ_TABLE_MAX and out_format in (Format.table, Format.markdown):
-        raise ValueError(
-            f"--per-seq with {format_count(source.count)} lengths: a table shows at most "
-            f"{format_count(PER_SEQ_TABLE_MAX)} rows; use --json or --format csv for every row, or drop --per-seq"
-        )
     block_sizes = block_sizes_for(block, sweep)
+    drawn = 0
+    if dist is not None:  # the one source whose size an option sets: refuse what cannot fit before drawing it
+        drawn = DEFAULT_SAMPLE_COUNT if count is None else count
+        if drawn >= 1:
+            _check_per_seq_rows(drawn, per_seq, out_format)
+            check_memory(drawn, len(block_sizes), per_seq or drawn <= PER_SEQ_LIMIT, lengths_held=False)
+    with progress_bar("drawing lengths", total=drawn, enabled=drawn >= PROGRESS_FROM) as advance:
+        source = load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed, progress=advance)
+    _check_per_seq_rows(source.count, per_seq, out_format)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
     dtype_name = parse_dtype(dtype or DEFAULT_DTYPE)
-    result = analyse(
-        source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
-        spec=spec, dtype_bits=dtype_bits(dtype_name),
-    )
+    with progress_bar("paging", total=source.count, enabled=source.count >= PROGRESS_FROM) as advance:
+        result = analyse(
+            source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
+            spec=spec, dtype_bits=dtype_bits(dtype_name), progress=advance,
+        )
 
     report = Report(doc=_document(source, result, dtype_name), text=_header(source))
     report.tables.append(_token_table(result))
@@ -181,6 +187,14 @@ def command(
             [float(p.utilization) for p in result.paged],
         )
         err_console.print(f"wrote {plot}", highlight=False)
+
+
+def _check_per_seq_rows(num_lengths: int, per_seq: bool, out_format: Format) -> None:
+    if per_seq and num_lengths > PER_SEQ_TABLE_MAX and out_format in (Format.table, Format.markdown):
+        raise ValueError(
+            f"--per-seq with {format_count(num_lengths)} lengths: a table shows at most "
+            f"{format_count(PER_SEQ_TABLE_MAX)} rows; use --json or --format csv for every row, or drop --per-seq"
+        )
 
 
 def _document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str, Any]:

@@ -11,22 +11,25 @@ Python ints (10^7 lengths of 10^12 tokens stay exact). Every block size costs on
 
 Block tables hold one int32 block id per logical block. Two conventions: exact (Σ ceil(n/B) entries,
 what the sequences use) and dense (N × ceil(M/B) entries, the [num_seqs, max_blocks] tensor engines
-allocate up front).
+allocate up front). KV bytes for a model, which follow from these positions, are in paged_bytes.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
-from .spec.models import ModelSpec
 
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
 MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
 _INT64_MAX = np.iinfo(np.int64).max
+PASS_CHUNK = 1 << 18  # lengths per step of a chunked pass: 2 MiB of int64, small enough to stay in cache
+HISTOGRAM_CHUNK = 1 << 20  # lengths per bincount: large enough that the table's zeroing costs little
+HISTOGRAM_MAX_LENGTH = 1 << 22  # the length table of block_counts_by_histogram stays within 32 MiB
 BlockSizes = list[int] | tuple[int, ...]
 
 
@@ -152,19 +155,63 @@ def fixed_reservation(tokens: np.ndarray, max_len: int) -> FixedReservation:
     return FixedReservation(max_len, int(tokens.size), exact_sum(tokens, bound=longest))
 
 
-def paged_allocations(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> list[PagedAllocation]:
-    """Equations 2–3 for each block size, one vectorised pass each (one scratch buffer for all)."""
+def paged_allocations(
+    tokens: np.ndarray, block_sizes: BlockSizes, max_len: int, progress: Callable[[int], None] | None = None
+) -> list[PagedAllocation]:
+    """Equations 2–3 for each block size (see `fixed_and_paged`)."""
+    return fixed_and_paged(tokens, block_sizes, max_len, progress)[1]
+
+
+def fixed_and_paged(
+    tokens: np.ndarray, block_sizes: BlockSizes, max_len: int, progress: Callable[[int], None] | None = None
+) -> tuple[FixedReservation, list[PagedAllocation]]:
+    """Fixed reservation and paging with each block size, from one validation and one paging pass (a
+    histogram of the lengths or a chunked pass, whichever is faster; both exact and equal).
+    `progress(n)`: n more lengths done (all block sizes)."""
     longest = check_lengths(tokens, max_len)
     check_block_sizes(block_sizes)
-    useful = exact_sum(tokens, bound=longest)
-    scratch = np.empty_like(tokens)
-    # ceil(n/B) <= n, so the longest length bounds every block count too
-    return [
-        PagedAllocation(
-            b, int(tokens.size), max_len, useful, exact_sum(ceil_div_array(tokens, b, out=scratch), longest)
-        )
-        for b in block_sizes
-    ]
+    num_seqs, useful = int(tokens.size), exact_sum(tokens, bound=longest)
+    if len(block_sizes) >= 2 and longest < min(HISTOGRAM_MAX_LENGTH, tokens.size):
+        num_blocks = block_counts_by_histogram(tokens, block_sizes, longest, progress)
+    else:
+        num_blocks = block_counts_by_passes(tokens, block_sizes, longest, progress)
+    paged = [PagedAllocation(b, num_seqs, max_len, useful, n) for b, n in zip(block_sizes, num_blocks, strict=True)]
+    return FixedReservation(max_len, num_seqs, useful), paged
+
+
+def block_counts_by_passes(
+    tokens: np.ndarray, block_sizes: BlockSizes, longest: int, progress: Callable[[int], None] | None = None
+) -> list[int]:
+    """Σ ceil(n/B) for each block size: every block size reads a chunk of lengths while it is in cache
+    (about 3 ns a length per block size)."""
+    num_blocks = [0] * len(block_sizes)
+    scratch = np.empty(min(tokens.size, PASS_CHUNK), dtype=np.int64)
+    for start in range(0, tokens.size, PASS_CHUNK):
+        chunk = tokens[start : start + PASS_CHUNK]
+        out = scratch[: chunk.size]
+        for i, b in enumerate(block_sizes):
+            # ceil(n/B) <= n, so the longest length bounds every block count too
+            num_blocks[i] += exact_sum(ceil_div_array(chunk, b, out=out), longest)
+        if progress is not None:
+            progress(chunk.size)
+    return num_blocks
+
+
+def block_counts_by_histogram(
+    tokens: np.ndarray, block_sizes: BlockSizes, longest: int, progress: Callable[[int], None] | None = None
+) -> list[int]:
+    """The same sums as Σ_k ceil(k/B) · count(k) over a table of how many sequences have each length k:
+    one pass over the lengths (about 5 ns each) for all block sizes, then O(longest) per block size — the
+    faster way from two block sizes on when the lengths are short next to their number."""
+    counts = np.zeros(longest + 1, dtype=np.int64)
+    for start in range(0, tokens.size, HISTOGRAM_CHUNK):
+        chunk = tokens[start : start + HISTOGRAM_CHUNK]
+        counts += np.bincount(chunk, minlength=longest + 1)
+        if progress is not None:
+            progress(chunk.size)
+    k = np.arange(longest + 1, dtype=np.int64)
+    # each product is at most k · count(k), so their sum is at most Σ n: exact_sum keeps it exact anyway
+    return [exact_sum(ceil_div_array(k, b) * counts) for b in block_sizes]
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,76 +250,3 @@ def per_sequence(tokens: np.ndarray, block_sizes: BlockSizes, max_len: int) -> P
     check_block_sizes(block_sizes)
     allocated = {b: ceil_div_array(tokens, b) * b for b in block_sizes}
     return PerSequence(tokens, max_len - tokens, allocated, {b: a - tokens for b, a in allocated.items()})
-
-
-# --- Bytes for a model -------------------------------------------------------------------------------------
-# A paged engine allocates one block per B token positions in every full-attention layer, so those layers
-# hold A_B(n) positions. A sliding-window layer only keeps the last h = min(n, window) positions
-# [n − h, n): the blocks that still hold one of them are blocks floor((n − h)/B) … ceil(n/B) − 1, i.e.
-# ceil(n/B) − floor(max(n − window, 0)/B) blocks (engines such as vLLM free the rest); fixed reservation
-# gives such a layer a ring buffer of min(M, window). Block ids address a block in every layer of a
-# KV-cache group, so each sequence has one block table per group: one group, or two when a model mixes
-# full and sliding-window layers (vLLM's hybrid allocator keeps a table per group).
-
-
-@dataclass(frozen=True)
-class KvBytes:
-    """KV bytes of one scheme for a model; `block_size` None means fixed reservation."""
-
-    block_size: int | None
-    useful_kv_bytes: int
-    allocated_kv_bytes: int
-    block_table_bytes_exact: int = 0
-    block_table_bytes_dense: int = 0
-
-    @property
-    def waste_kv_bytes(self) -> int:
-        """Tail-block fragmentation (paged) or reservation waste (fixed)."""
-        return self.allocated_kv_bytes - self.useful_kv_bytes
-
-
-def _layer_positions_to_bytes(layer_positions: int, spec: ModelSpec, dtype_bits: int) -> int:
-    bits = layer_positions * spec.scalars_per_token_per_layer * dtype_bits
-    if bits % 8:
-        raise ValueError(f"{spec.name} at {dtype_bits}-bit leaves a fraction of a byte: pick a wider --dtype")
-    return bits // 8
-
-
-def kv_cache_groups(spec: ModelSpec) -> int:
-    """Block tables per sequence: 2 for models that mix full and sliding-window layers, else 1."""
-    return 2 if 0 < spec.num_sliding_layers < spec.layers else 1
-
-
-def useful_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int) -> int:
-    """Σ over sequences of equation 1 (sliding-window layers hold at most `window` tokens)."""
-    positions = spec.num_global_layers * exact_sum(tokens)
-    if spec.num_sliding_layers:
-        held = np.minimum(tokens, spec.sliding_window)
-        positions += spec.num_sliding_layers * exact_sum(held)
-    return _layer_positions_to_bytes(positions, spec, dtype_bits)
-
-
-def fixed_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, fixed: FixedReservation) -> KvBytes:
-    per_seq = spec.num_global_layers * fixed.max_len
-    if spec.num_sliding_layers:
-        per_seq += spec.num_sliding_layers * min(fixed.max_len, spec.sliding_window)
-    allocated = _layer_positions_to_bytes(fixed.num_seqs * per_seq, spec, dtype_bits)
-    return KvBytes(None, useful_kv_bytes(tokens, spec, dtype_bits), allocated)
-
-
-def paged_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, paged: PagedAllocation) -> KvBytes:
-    """Bytes for one block size; `paged` is the token-level result for the same `tokens`."""
-    b = paged.block_size
-    positions = spec.num_global_layers * paged.allocated_tokens
-    if spec.num_sliding_layers:
-        beyond = np.maximum(tokens - spec.sliding_window, 0)  # positions that fell out of the window
-        freed_blocks = exact_sum(np.floor_divide(beyond, b, out=beyond))
-        positions += spec.num_sliding_layers * b * (paged.num_blocks - freed_blocks)
-    groups = kv_cache_groups(spec)
-    return KvBytes(
-        b,
-        useful_kv_bytes(tokens, spec, dtype_bits),
-        _layer_positions_to_bytes(positions, spec, dtype_bits),
-        groups * paged.block_table_bytes_exact,
-        groups * paged.block_table_bytes_dense,
-    )

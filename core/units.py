@@ -102,6 +102,16 @@ def format_count(value: int) -> str:
     return f"{value:,}"
 
 
+def format_count_short(value: int) -> str:
+    """`format_count` up to 10^15, then four significant digits (`1.000e+400`), exact: for messages that
+    echo a count someone typed as 1e400."""
+    if abs(value) < 10**15:
+        return f"{value:,}"
+    from decimal import Decimal  # only here: `kvcalc size` starts without it
+
+    return f"{Decimal(value):.3e}"
+
+
 def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
     """`plural(1, "layer")` -> '1 layer'; `plural(2, "layer")` -> '2 layers' (thousands separators)."""
     return f"{count:,} {noun if count == 1 else (plural_noun or noun + 's')}"

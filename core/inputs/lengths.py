@@ -11,6 +11,7 @@ as a spec string such as `lognormal:mean=161,sigma=1.0`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -143,9 +144,14 @@ def lengths_from_trace(kind: str, source: InputSource, phase: str = "total") -> 
     return Lengths(tokens, "real", description)
 
 
-def sample_lengths(dist: LengthDistribution, count: int, seed: int) -> Lengths:
-    """A constructed, seeded sample; the source line names the distribution and the seed."""
-    tokens = dist.sample(count, np.random.default_rng(seed))
+def sample_lengths(
+    dist: LengthDistribution, count: int, seed: int, progress: Callable[[int], None] | None = None
+) -> Lengths:
+    """A constructed, seeded sample; the source line names the distribution and the seed. `progress(n)`:
+    n more lengths drawn."""
+    if seed < 0:  # numpy's own message ("expected non-negative integer") names neither the option nor the fix
+        raise ValueError(f"--seed {seed} is negative: give a whole number from 0 to 2**63-1 (e.g. --seed 0)")
+    tokens = dist.sample(count, np.random.default_rng(seed), progress)
     return Lengths(tokens, "constructed", f"{plural(count, 'sample')} of {dist.describe()}, seed {seed}")
 
 
@@ -161,11 +167,13 @@ def load_lengths(
     dist: str | None = None,
     count: int | None = None,
     seed: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Lengths:
     """The one source the options name (`kvcalc frag`'s); none: the worked example.
 
     Two sources, or an option that belongs to a source not given (e.g. --seed without --dist), is an
-    error rather than something silently ignored.
+    error rather than something silently ignored. `progress(n)` counts lengths drawn from --dist (the
+    only source that can take long: --count 1e9 is about a minute).
     """
     sources = {"--lengths": lengths, "--lengths-file": lengths_file, "--trace": trace, "--dist": dist}
     given = [name for name, value in sources.items() if value is not None]
@@ -187,5 +195,5 @@ def load_lengths(
         return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
     if dist is not None:
         sample_count = DEFAULT_SAMPLE_COUNT if count is None else count
-        return sample_lengths(LengthDistribution.parse(dist), sample_count, 0 if seed is None else seed)
+        return sample_lengths(LengthDistribution.parse(dist), sample_count, 0 if seed is None else seed, progress)
     return worked_example()

@@ -350,3 +350,78 @@ def test_sweep_adds_the_given_block_sizes(run_cli):
     assert sizes() == sweep
     assert sizes("--block", "24") == sorted([*sweep, 24])
     assert sizes("--block", "32") == sweep
+
+
+# --- large work: refused with the figure before allocating, a progress bar on stderr only ---------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (("--dist", "lognormal:mean=100", "--seed", "-1"), ("--seed -1 is negative", "e.g. --seed 0")),
+        (("--dist", "uniform:low=1,high=1e30"), ("high=1e30 is out of range", "<= 2^62")),
+        (("--dist", "lognormal:mean=100,mean=200"), ("mean is given twice (mean=100 and mean=200): give it once",)),
+        (("--dist", "exponential:mean=1e300"), ("mean=1e300 is out of range", "<= 2^53")),
+        (("--dist", "lognormal:mean=100", "--count", "1e400"), ("1.000e+400 lengths (8 bytes each) would take",
+                                                                "lower --count")),
+        # 10^13 lengths · 8 B = 72.76 TiB: more than any machine these tests run on
+        (("--dist", "lognormal:mean=100", "--count", "1e13"), ("would take 72.76 TiB of memory", "lower --count")),
+    ],
+)
+def test_large_or_bad_samples_are_one_line(run_cli, args, fragments):
+    _assert_bad_input(run_cli("frag", *args), *fragments)
+
+
+def test_memory_is_checked_before_drawing(run_cli, monkeypatch):
+    from kvcalc.core import host_memory
+    from kvcalc.core.inputs import distributions
+
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**30)
+    monkeypatch.setattr(distributions.LengthDistribution, "_fill", lambda *a: pytest.fail("drew before the check"))
+    # 2·10^8 lengths · 8 B = 1.49 GiB > 1 GiB
+    _assert_bad_input(run_cli("frag", "--dist", "uniform:high=9", "--count", "2e8"),
+                      "200,000,000 lengths (8 bytes each) would take 1.49 GiB of memory; this machine has 1.00 GiB "
+                      "available: lower --count")
+    # per-sequence rows: 10^6 · (8 B of lengths + (3 + 2·2) values · 308 B) = 2.156e9 B = 2.02 GiB, refused
+    # before the lengths are drawn
+    _assert_bad_input(run_cli("frag", "--dist", "uniform:high=9", "--count", "1e6", "--per-seq", "--json"),
+                      "1,000,000 lengths with per-sequence rows would take 2.02 GiB", "drop --per-seq")
+
+
+def test_per_seq_rows_of_a_file_are_checked_too(run_cli, monkeypatch, tmp_path):
+    from kvcalc.core import host_memory
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n" * 100)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 1000)  # 100 rows need 100 · 7 · 308 B
+    _assert_bad_input(run_cli("frag", "--lengths-file", str(path), "--per-seq", "--json"),
+                      "100 lengths with per-sequence rows would take 210.55 KiB")
+
+
+def test_progress_bar_goes_to_a_terminal_on_stderr_and_never_to_stdout(tmp_path):
+    """A real terminal on stderr (a pty), stdout a pipe: the bar is drawn there and --json stays one document."""
+    import os
+    import pty
+    import subprocess
+
+    from kvcalc.cli.frag import PROGRESS_FROM
+
+    leader, follower = pty.openpty()
+    command = ["frag", "--dist", "uniform:low=1,high=2048", "--count", str(PROGRESS_FROM), "--json"]
+    proc = subprocess.run([sys.executable, "-c", "from kvcalc.cli.app import main; main()", *command],
+                          stdout=subprocess.PIPE, stderr=follower, timeout=120, check=False)
+    os.close(follower)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the pty is closed once everything is read
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    doc = json.loads(proc.stdout)
+    assert doc["lengths"]["count"] == PROGRESS_FROM
+    assert b"drawing lengths" in drawn or b"paging" in drawn, drawn[:300]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core import paging
+from kvcalc.core import paged_bytes, paging
 from kvcalc.core.spec.models import ModelSpec, get_preset
 from kvcalc.core.units import format_percent
 
@@ -172,18 +172,18 @@ def test_model_bytes_full_attention_by_hand():
     spec = get_preset("llama-3-8b")  # 32 layers · 2 · 8 KV heads · 128 · 2 B = 131072 B per token at fp16
     fixed = paging.fixed_reservation(WORKED, 512)
     b16, _ = paging.paged_allocations(WORKED, [16, 32], 512)
-    kv = paging.paged_kv_bytes(WORKED, spec, 16, b16)
+    kv = paged_bytes.paged_kv_bytes(WORKED, spec, 16, b16)
     assert kv.useful_kv_bytes == 968 * 131072
     assert kv.allocated_kv_bytes == 992 * 131072 and kv.waste_kv_bytes == 24 * 131072
     assert (kv.block_table_bytes_exact, kv.block_table_bytes_dense) == (248, 640)  # one KV-cache group
-    fixed_kv = paging.fixed_kv_bytes(WORKED, spec, 16, fixed)
+    fixed_kv = paged_bytes.fixed_kv_bytes(WORKED, spec, 16, fixed)
     assert fixed_kv.allocated_kv_bytes == 2560 * 131072 and fixed_kv.waste_kv_bytes == 1592 * 131072
 
 
 def test_model_bytes_sliding_window_by_hand():
     tokens = np.array([25], dtype=np.int64)
     (b4,) = paging.paged_allocations(tokens, [4], 32)
-    kv = paging.paged_kv_bytes(tokens, TOY_HYBRID, 16, b4)  # fp16: 8 scalars · 2 B = 16 B per layer-position
+    kv = paged_bytes.paged_kv_bytes(tokens, TOY_HYBRID, 16, b4)  # fp16: 8 scalars · 2 B = 16 B per layer-position
     # useful: full layers 2 · 25 + sliding layers 2 · min(25, 10) = 70 layer-positions -> 1120 B
     assert kv.useful_kv_bytes == 70 * 16
     # full layers: 2 · A_4(25) = 2 · 28 = 56. Sliding: the last 10 positions are 15..24, in blocks
@@ -191,7 +191,7 @@ def test_model_bytes_sliding_window_by_hand():
     assert kv.allocated_kv_bytes == 88 * 16
     # two KV-cache groups (full, sliding): exact 2 · 7 entries · 4 B = 56 B; dense 2 · 8 · 4 B = 64 B
     assert (kv.block_table_bytes_exact, kv.block_table_bytes_dense) == (56, 64)
-    fixed_kv = paging.fixed_kv_bytes(tokens, TOY_HYBRID, 16, paging.fixed_reservation(tokens, 32))
+    fixed_kv = paged_bytes.fixed_kv_bytes(tokens, TOY_HYBRID, 16, paging.fixed_reservation(tokens, 32))
     assert fixed_kv.allocated_kv_bytes == (2 * 32 + 2 * 10) * 16  # sliding layers reserve a ring of 10
 
 
@@ -204,7 +204,7 @@ def test_sliding_blocks_against_position_by_position_reference(lengths, block_si
     )
     tokens = np.array(lengths, dtype=np.int64)
     (paged,) = paging.paged_allocations(tokens, [block_size], 128)
-    kv = paging.paged_kv_bytes(tokens, spec, 8, paged)  # 8 scalars per position, int8: 8 B
+    kv = paged_bytes.paged_kv_bytes(tokens, spec, 8, paged)  # 8 scalars per position, int8: 8 B
     # reference: the set of blocks that hold at least one of the last min(n, window) positions
     blocks = sum(len({p // block_size for p in range(max(n - window, 0), n)}) for n in lengths)
     assert kv.allocated_kv_bytes == blocks * block_size * 8
@@ -226,3 +226,58 @@ def test_analyse_and_block_sizes():
     }
     assert result.model_bytes is not None and result.model_bytes.paged[1].allocated_kv_bytes == 1024 * 131072
     assert analyse(WORKED, [16]).model_bytes is None and analyse(WORKED, [16]).per_sequence is None
+
+
+# --- the two ways of counting blocks, chunked passes, progress ---------------------------------------------
+
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=200), st.lists(st.integers(1, 300), min_size=1, max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_histogram_and_passes_give_the_plain_python_sums(lengths, block_sizes):
+    tokens = np.array(lengths, dtype=np.int64)
+    reference = [sum(-(-n // b) for n in lengths) for b in block_sizes]  # Σ ceil(n/B), Python ints
+    longest = max(lengths)
+    assert paging.block_counts_by_histogram(tokens, block_sizes, longest) == reference
+    assert paging.block_counts_by_passes(tokens, block_sizes, longest) == reference
+
+
+def test_chunked_passes_cover_every_length_and_report_progress(monkeypatch):
+    monkeypatch.setattr(paging, "PASS_CHUNK", 7)  # 100 lengths in 15 chunks, the last one of 2
+    monkeypatch.setattr(paging, "HISTOGRAM_CHUNK", 9)
+    tokens = np.arange(1, 101, dtype=np.int64)
+    # Σ ceil(n/B) over 1..100: B = 1: 5050; B = 3: 3·(1 + … + 33) + 34 = 1717; B = 16: 16·(1 + … + 6) + 4·7 = 364
+    reference = [5050, 1717, 364]
+    for count in (paging.block_counts_by_passes, paging.block_counts_by_histogram):
+        done: list[int] = []
+        assert count(tokens, [1, 3, 16], 100, done.append) == reference
+        assert sum(done) == 100 and len(done) == (15 if count is paging.block_counts_by_passes else 12)
+
+
+def test_analyse_reports_progress_over_every_length():
+    from kvcalc.core.frag import analyse
+
+    tokens = np.tile(np.array([37, 91, 128, 201, 511], dtype=np.int64), 100_000)  # 500,000: two chunks
+    done: list[int] = []
+    result = analyse(tokens, [16, 32], progress=done.append)
+    assert sum(done) == tokens.size
+    assert [p.allocated_tokens for p in result.paged] == [992 * 100_000, 1024 * 100_000]  # the worked example
+
+
+def test_sliding_window_bytes_in_chunks(monkeypatch):
+    monkeypatch.setattr(paged_bytes, "PASS_CHUNK", 3)  # up to 20 lengths: several chunks, a short last one
+    test_sliding_blocks_against_position_by_position_reference()
+
+
+def test_per_sequence_rows_that_cannot_fit_are_refused_before_allocating(monkeypatch):
+    from kvcalc.core import host_memory
+    from kvcalc.core.frag import analyse, memory_needed
+
+    # 5 rows × (3 + 2·2) values × (8 + 300) bytes = 10,780 bytes
+    assert memory_needed(5, 2, per_sequence=True, lengths_held=True) == 10_780
+    assert memory_needed(5, 2, per_sequence=False, lengths_held=False) == 40  # the lengths alone
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 10_779)
+    with pytest.raises(ValueError) as info:
+        analyse(WORKED, [16, 32], per_sequence=True)
+    assert str(info.value) == ("5 lengths with per-sequence rows would take 10.53 KiB of memory; this machine has "
+                               "10.53 KiB available: drop --per-seq or give fewer lengths")
+    assert analyse(WORKED, [16, 32]).paged[0].allocated_tokens == 992  # without rows: nothing to refuse

@@ -133,3 +133,12 @@ def test_parse_int_reads_python_and_scientific_forms(value):
 def test_plural():
     assert [plural(1, "layer"), plural(2, "layer"), plural(1_000, "KV head"), plural(0, "length")] == [
         "1 layer", "2 layers", "1,000 KV heads", "0 lengths"]
+
+
+def test_format_count_short():
+    from kvcalc.core.units import format_count_short
+
+    assert format_count_short(999_999_999_999_999) == "999,999,999,999,999"
+    assert format_count_short(10**15) == "1.000e+15"
+    assert format_count_short(10**400) == "1.000e+400"  # exact: a float would overflow
+    assert format_count_short(123_456_789 * 10**30) == "1.235e+38"  # 1.23456789 rounds half-even to 1.235

@@ -412,3 +412,119 @@ def test_lengths_read_exact_integer_spellings_like_every_count():
         ints_from_text(["-1e20"], lambda i: f"item {i + 1}")
     dist = LengthDistribution.parse("uniform:low=1e2,high=1_000")
     assert (dist.param("low"), dist.param("high")) == (100, 1000)
+
+
+# --- parameter validation: duplicates, bounds, every family ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("lognormal:mean=100,mean=200", "lognormal: mean is given twice (mean=100 and mean=200): give it once"),
+        ("uniform:high=5,high=5", "uniform: high is given twice"),
+        ("zipf:a=2,max=5,a=3", "zipf: a is given twice"),
+        # the largest allowed value is named (was numpy's "high is out of bounds for int64")
+        ("uniform:low=1,high=1e30", "uniform: high=1e30 is out of range: uniform needs high >= 1 and <= 2^62 "
+                                    "(= 4,611,686,018,427,387,904, the longest length kvcalc holds)"),
+        ("uniform:low=1e19,high=1e19", "low=1e19 is out of range"),
+        ("uniform:low=9,high=4", "uniform: high=4 is out of range: it must be >= low=9"),
+        ("lognormal:mean=1e308", "mean=1e308 is out of range: lognormal needs mean > 0 and <= 2^53"),
+        ("lognormal:median=1e20", "median=1e20 is out of range"),
+        ("lognormal:median=0", "median=0 is out of range: lognormal needs median > 0"),
+        ("lognormal:mean=100,sigma=5.5", "sigma=5.5 is out of range: lognormal needs sigma > 0 and <= 5"),
+        ("lognormal:mean=100,sigma=-1", "sigma=-1 is out of range"),
+        ("lognormal:mean=100,max=0", "max=0 is out of range: lognormal needs max >= 1"),
+        ("lognormal:mean=100,max=1e17", "max=1e17 is out of range"),
+        ("lognormal:mean=100,sigma=inf", "sigma='inf' must be finite"),
+        ("lognormal:median=-inf", "median='-inf' must be finite"),
+        ("exponential:mean=1e300", "exponential: mean=1e300 is out of range: exponential needs mean >= 1 and <= 2^53"),
+        ("exponential:mean=nan", "mean='nan' must be finite"),
+        ("exponential:mean=5,max=-1", "max=-1 is out of range"),
+        ("zipf:a=0.5,max=10", "a=0.5 is out of range: zipf needs a > 1"),
+        ("zipf:a=nan,max=10", "a='nan' must be finite"),
+        ("zipf:a=2,max=0", "max=0 is out of range: zipf needs max >= 1 and <= 10,000,000"),
+        ("zipf:a=2,max=1.5", "max='1.5' is not an integer"),
+        ("uniform:low=1,hi=5", "unknown parameter 'hi=5' for uniform: it takes low, high"),
+        ("uniform:low=1", "uniform needs high"),
+        ("zipf:max=10", "zipf needs a"),
+    ],
+)
+def test_parameter_errors_name_the_parameter_and_the_allowed_range(spec, message):
+    with pytest.raises(ValueError) as info:
+        LengthDistribution.parse(spec)
+    assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "spec", ["uniform:low=1,high=4611686018427387904", "lognormal:mean=9007199254740992,sigma=0.1",
+             "exponential:mean=9007199254740992", "zipf:a=1e300,max=10000000"],
+)
+def test_the_largest_allowed_values_are_accepted(spec):
+    dist = LengthDistribution.parse(spec)
+    if dist.name in ("uniform", "zipf"):  # drawn exactly: every length in range
+        sample = dist.sample(100, np.random.default_rng(0))
+        assert sample.min() >= 1 and sample.max() <= (2**62 if dist.name == "uniform" else 10**7)
+
+
+@pytest.mark.parametrize("spec", ["lognormal:mean=9007199254740992,sigma=3", "exponential:mean=9007199254740992"])
+def test_draws_past_two_to_the_53_are_refused_not_rounded(spec):
+    # mean 2^53: some draws exceed 2^53, where a float no longer holds every integer (exponential saturated
+    # at int64's largest value before, and then frag's --max-len went past 2^62)
+    with pytest.raises(ValueError, match="draws lengths above 2\\^53; lower mean or sigma, or give max="):
+        LengthDistribution.parse(spec).sample(1000, np.random.default_rng(0))
+
+
+# --- sampling in chunks: the same lengths a single draw gives, progress, memory -------------------------
+
+
+@pytest.mark.parametrize("spec", ["lognormal:mean=161,sigma=1.0", "uniform:low=3,high=9", "exponential:mean=50",
+                                  "zipf:a=1.5,max=64", "lognormal:mean=1000,sigma=1.5,max=2000"])
+def test_a_sample_up_to_one_chunk_is_the_single_numpy_draw(spec):
+    """The reference: numpy's own generator called once for all the lengths, as the sampler did before
+    it drew in chunks (seeded samples, and every output computed from them, are unchanged)."""
+    dist = LengthDistribution.parse(spec)
+    count, rng = 5000, np.random.default_rng(11)
+    if dist.name == "uniform":
+        expected = rng.integers(3, 9, size=count, endpoint=True, dtype=np.int64)
+    elif dist.name == "zipf":
+        weights = np.arange(1, 65, dtype=np.float64) ** -1.5
+        cdf = np.cumsum(weights) / weights.sum()
+        cdf[-1] = 1.0
+        expected = np.searchsorted(cdf, rng.random(count), side="right") + 1
+    elif dist.name == "exponential":
+        expected = rng.geometric(1 / 50, size=count)
+    else:
+        sigma = dist.param("sigma")
+        mu = math.log(dist.param("mean")) - sigma**2 / 2
+        expected = np.ceil(rng.lognormal(mu, sigma, size=count))
+        upper = dist.param("max")
+        while upper is not None and (bad := np.flatnonzero(expected > upper)).size:
+            expected[bad] = np.ceil(rng.lognormal(mu, sigma, size=bad.size))
+    assert np.array_equal(dist.sample(count, np.random.default_rng(11)), expected.astype(np.int64))
+
+
+def test_chunks_cover_the_sample_and_report_progress(monkeypatch):
+    from kvcalc.core.inputs import distributions
+
+    monkeypatch.setattr(distributions, "SAMPLE_CHUNK", 64)
+    done: list[int] = []
+    dist = LengthDistribution.parse("lognormal:mean=100,sigma=1,max=300")
+    sample = dist.sample(1000, np.random.default_rng(3), done.append)  # 15 chunks of 64, one of 40
+    assert done == [64] * 15 + [40] and sample.size == 1000 and sample.min() >= 1 and sample.max() <= 300
+    assert np.array_equal(sample, dist.sample(1000, np.random.default_rng(3)))  # still reproducible
+
+
+def test_a_sample_that_cannot_fit_is_refused_before_drawing(monkeypatch):
+    from kvcalc.core import host_memory
+
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 7_999)
+    dist = LengthDistribution.parse("uniform:high=5")
+    with pytest.raises(ValueError, match=r"^1,000 lengths \(8 bytes each\) would take 7.81 KiB of memory; this "
+                                         r"machine has 7.81 KiB available: lower --count$"):
+        dist.sample(1000, np.random.default_rng(0))
+    assert dist.sample(999, np.random.default_rng(0)).size == 999  # 7,992 bytes fit
+
+
+def test_negative_seed_names_the_option():
+    with pytest.raises(ValueError, match=r"--seed -1 is negative: give a whole number from 0 to 2\*\*63-1"):
+        sample_lengths(LengthDistribution.parse("uniform:high=5"), 10, seed=-1)
