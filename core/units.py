@@ -1,7 +1,8 @@
 """Byte sizes in and out: exact integers inside, IEC units (KiB = 2^10 bytes) for people.
 
 Inputs accept IEC (`80GiB`, any case: `80gib`), SI (`80GB` = 80·10^9) and plain numbers (`80e9`,
-`1073741824`). A size that is not a whole number of bytes is an error, never rounded. An upper-case
+`1073741824`), from 1 byte to 1024 YiB (2^90). A size that is not a whole number of bytes is an error,
+never rounded; so are inf, nan, negative sizes and sizes past 1024 YiB (`1e400` is a typo, not a machine). An upper-case
 prefix with a lower-case `b` (`80Gb`, `80Mb`, `80Gib`) is how bits are written, so it is refused rather than
 read as bytes; an all-lower-case unit (`80gb`, `80gib`, `80b`) is read case-insensitively, as bytes.
 
@@ -23,6 +24,7 @@ _UNITS = {**_IEC, **_SI}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
 _SCIENTIFIC_FROM = 10**6  # YiB mantissas from a million on print as 8.272e+15 YiB
 MAX_EXPONENT = 1000  # |e| above this is refused: 10^1000 bytes is no memory, and 1e999999999 would hang
+MAX_BYTES = 2**90  # 1024 YiB (YiB is the largest IEC unit): a byte size above it is a typo (1e400), not a machine
 
 
 def parse_bytes(text: str | int) -> int:
@@ -32,6 +34,8 @@ def parse_bytes(text: str | int) -> int:
     else:
         match = _SIZE_RE.match(str(text))
         unit = match.group(3) if match else ""
+        if match is None and str(text).strip().startswith("-") and _SIZE_RE.match(str(text).strip()[1:]):
+            raise ValueError(_not_positive(text))
         if match is None or unit.upper() not in _UNITS:
             raise ValueError(
                 f"cannot read the memory size {text!r}: write a number with an optional unit, "
@@ -49,8 +53,17 @@ def parse_bytes(text: str | int) -> int:
             raise ValueError(f"the memory size {text!r} is not a whole number of bytes: give whole bytes")
         value = int(exact)
     if value <= 0:
-        raise ValueError(f"the memory size {text!r} must be positive")
+        raise ValueError(_not_positive(text))
+    if value > MAX_BYTES:
+        raise ValueError(
+            f"the memory size {text!r} is more than 1024 YiB (2^90 bytes), the largest size kvcalc reads: no machine "
+            "has that much; give a realistic size, e.g. 80GiB"
+        )
     return value
+
+
+def _not_positive(text: str | int) -> str:
+    return f"the memory size {text!r} must be positive: give a size such as 80GiB"
 
 
 def _bits_message(text: str, number: str, unit: str) -> str:

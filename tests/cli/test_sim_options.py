@@ -52,7 +52,7 @@ CUSTOM = ("--gpu-memory", "80GiB", "--bandwidth", "1e12", "--flops", "1e15")
     (("--gpu-memory", "80GiB", "--bandwidth", "1e12", "--flops", "nan"), "--flops nan"),
     (("--gpu-memory", "1e400", "--bandwidth", "1e12", "--flops", "1e15"), "--gpu-memory 1e400"),
     (("--gpu-memory", "80GiB", "--bandwidth", "1e400", "--flops", "1e15"), "--bandwidth 1e400"),
-    (("--gpu-memory", "1e300", "--bandwidth", "1e12", "--flops", "1e15"), "limit of 16,777,216"),
+    (("--gpu-memory", "1e27", "--bandwidth", "1e12", "--flops", "1e15"), "limit of 16,777,216"),
     (("--gpu-memory", "80GiB", "--bandwidth", "1e12", "--flops", "1e-300"), "--flops"),
     (("--step-overhead-ms", "inf"), "--step-overhead-ms inf"),
     (("--step-overhead-ms", "nan"), "--step-overhead-ms nan"),

@@ -151,12 +151,13 @@ def test_bad_config_files(run_cli, tmp_path):
 
 
 def test_huge_memory_formats_without_overflow(run_cli):
-    result = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400")
+    # 1e27 is near the largest --memory read (1024 YiB = 2^90 B; 1e400 is refused as a typo, see test_units)
+    result = run_cli("size", "--model", "llama-3-8b", "--memory", "1e27")
     assert result.exit_code == 0, result.stderr
-    # 10^400 / 2^80 ≈ 8.272e+375 YiB (10^400 / 1.2089258e24 = 8.2718e375)
-    assert "What fits in 8.272e+375 YiB of KV" in result.stdout
-    doc = run_cli("size", "--model", "llama-3-8b", "--memory", "1e400", "--json").json()
-    assert doc["capacity"]["max_tokens"] == 10**400 // 131_072  # 2 · 32 · 8 · 128 · 2 B per token
+    # 10^27 / 2^80 ≈ 827.18 YiB (10^27 / 1.2089258e24 = 827.18)
+    assert "What fits in 827.18 YiB of KV" in result.stdout
+    doc = run_cli("size", "--model", "llama-3-8b", "--memory", "1e27", "--json").json()
+    assert doc["capacity"]["max_tokens"] == 10**27 // 131_072  # 2 · 32 · 8 · 128 · 2 B per token
 
 
 def test_huge_total_in_yib(run_cli):

@@ -77,7 +77,8 @@ def test_format_bytes_any_int_round_trips_within_shown_precision(num_bytes):
         ("1073741824", 2**30),
         ("1EiB", 2**60),
         ("2YB", 2 * 10**24),
-        ("1e400", 10**400),  # exact: a Python int, never a float
+        ("1024YiB", 2**90),  # the largest size read
+        ("1237940039285380274899124224", 2**90),  # the same, in bytes: exact, never a float
     ],
 )
 def test_parse_bytes_accepts(text, num_bytes):
@@ -100,6 +101,16 @@ def test_parse_bytes_accepts(text, num_bytes):
         ("nan", "cannot read the memory size 'nan'"),
         ("1.5B", "not a whole number of bytes"),
         ("80G", "cannot read the memory size '80G'"),
+        # was accepted and printed as 8.272e+375 YiB: more than any machine, so a typo
+        ("1e400", "'1e400' is more than 1024 YiB (2^90 bytes), the largest size kvcalc reads"),
+        ("1025YiB", "is more than 1024 YiB"),
+        ("1237940039285380274899124225", "is more than 1024 YiB"),  # 2^90 + 1
+        ("-5", "the memory size '-5' must be positive: give a size such as 80GiB"),
+        ("-80GiB", "'-80GiB' must be positive"),
+        ("-0", "'-0' must be positive"),
+        ("0", "'0' must be positive"),
+        ("-inf", "cannot read the memory size '-inf'"),
+        ("1e-400", "is not a whole number of bytes"),
     ],
 )
 def test_parse_bytes_refuses(text, message):
@@ -142,3 +153,19 @@ def test_format_count_short():
     assert format_count_short(10**15) == "1.000e+15"
     assert format_count_short(10**400) == "1.000e+400"  # exact: a float would overflow
     assert format_count_short(123_456_789 * 10**30) == "1.235e+38"  # 1.23456789 rounds half-even to 1.235
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("size", "--model", "llama-3-8b", "--memory"), ("share", "--trace", "mooncake", "-", "--model", "llama-3-8b",
+                                                     "--memory"),
+     ("sim", "--requests", "3", "--bandwidth", "1e12", "--flops", "1e15", "--gpu-memory")],
+    ids=lambda a: a[0],
+)
+@pytest.mark.parametrize("size", ["1e400", "-5GiB", "inf", "nan", "1e-5"])
+def test_absurd_byte_sizes_are_one_line_in_every_command(run_cli, args, size):
+    result = run_cli(*args, size)
+    assert result.exit_code == 2 and result.stdout == "", result.stdout
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"'{size}'" in result.stderr or f" {size}" in result.stderr  # the value
+    assert any(fix in result.stderr for fix in ("80GiB", "whole bytes", "e.g.")), result.stderr  # and a fix
