@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.dtypes import dtype_bits
+from ..core.dtypes import DEFAULT_DTYPE, dtype_bits
 from ..core.inputs.traces import read_trace
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
 from ..core.share.replay import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
@@ -22,11 +22,11 @@ from .options import (
     LayersOpt,
     ModelOpt,
     int_option,
+    seed_option,
 )
 from .output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
 
 DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
-DEFAULT_DTYPE = "fp16"
 
 
 def command(
@@ -43,9 +43,7 @@ def command(
     mode: Annotated[
         str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
     ] = None,
-    seed: Annotated[
-        int | None, int_option("--seed", help="With --mode beam: seed of the beam selection (default: 0).")
-    ] = None,
+    seed: Annotated[int | None, seed_option("With --mode beam: seed of the beam selection (default: 0).")] = None,
     block: Annotated[int, int_option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
     trace: Annotated[
         tuple[str, Path] | None,
@@ -61,7 +59,7 @@ def command(
     model: ModelOpt = None,
     config: ConfigOpt = None,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="With a model: KV precision (default fp16).")
+        str | None, typer.Option("--dtype", help=f"With a model: KV precision (default {DEFAULT_DTYPE}).")
     ] = None,
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
-from ..core.dtypes import DTYPE_BITS, parse_dtype
+from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.spec.models import PRESETS, ModelSpec, resolve_model
 from ..core.spec.sizing import (
     PRESET_CONTEXTS,
@@ -62,7 +62,7 @@ def command(
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     tokens: TokensOpt = None,
     seqs: SeqsOpt = None,
     block: BlockOpt = None,

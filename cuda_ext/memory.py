@@ -23,11 +23,10 @@ optional comparators (SDPA, FlexAttention), whose failure is recorded in their r
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..core.errors import ParameterError
+from ..core.host_memory import available_bytes
 from ..core.units import format_bytes, format_count
 from .bench import SWEEP_BLOCK_SIZES, SWEEP_SHAPE, BenchConfig
 from .ops import choose_num_splits
@@ -67,20 +66,6 @@ def shape_bytes(batch: int, context: int, block_size: int, num_q_heads: int, num
     return ShapeBytes(inputs + gathered + partials, indices, inputs)
 
 
-def host_available_bytes() -> tuple[int, str] | None:
-    """Memory the host can give without swapping, and where the figure comes from; None where neither
-    /proc/meminfo nor sysconf tells (the run is then not checked)."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical pages (sysconf)"
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_run_fits(config: BenchConfig, device_available: tuple[int, str] | None = None,
                    sm_count: int | None = None) -> None:
     """Raises a ParameterError naming batch and context for the first timed shape that does not fit.
@@ -88,7 +73,8 @@ def check_run_fits(config: BenchConfig, device_available: tuple[int, str] | None
     The host's memory is read here; `device_available` (free bytes and where the figure comes from) and
     `sm_count` (for the split-KV heuristic) describe the GPU of a cuda run.
     """
-    host_available = host_available_bytes()
+    host_bytes = available_bytes()
+    host_available = None if host_bytes is None else (host_bytes, "MemAvailable of the host")
     shapes = [(batch, context, config.block_size) for batch, context in config.shapes]
     if config.sweep_block:
         shapes += [(*SWEEP_SHAPE[config.device], block_size) for block_size in SWEEP_BLOCK_SIZES]

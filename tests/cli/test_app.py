@@ -114,3 +114,18 @@ def test_the_default_dtype_is_one_constant():
     from kvcalc.core.dtypes import DEFAULT_DTYPE, parse_dtype
 
     assert DEFAULT_DTYPE == "bf16" == parse_dtype(DEFAULT_DTYPE)
+
+
+def test_every_command_defaults_to_one_dtype_and_says_it(run_cli):
+    from kvcalc.cli.app import _load_command
+    from kvcalc.cli.commands import COMMANDS
+    from kvcalc.core.dtypes import DEFAULT_DTYPE
+
+    for name, module in COMMANDS:
+        (param,) = [p for p in _load_command(name, module).params if p.name == "dtype"]
+        # frag and share take --dtype only with a model (None: not given), and then apply DEFAULT_DTYPE
+        assert param.default in (DEFAULT_DTYPE, None), name
+        assert param.default == DEFAULT_DTYPE or f"default {DEFAULT_DTYPE}" in param.help, name
+    assert run_cli("size", "--json").json()["dtype"] == DEFAULT_DTYPE
+    assert run_cli("frag", "-m", "llama-3-8b", "--json").json()["model"]["dtype"] == DEFAULT_DTYPE
+    assert run_cli("share", "-m", "llama-3-8b", "--json").json()["dtype"] == DEFAULT_DTYPE

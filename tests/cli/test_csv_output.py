@@ -212,7 +212,7 @@ def test_frag_worked_example_csv_is_the_json(run_cli):
 
 
 def test_frag_model_bytes_csv_is_the_json(run_cli):
-    args = ("frag", "-m", "llama-3-8b", "--lengths", "37,91,128,201,511")
+    args = ("frag", "-m", "llama-3-8b", "--dtype", "fp16", "--lengths", "37,91,128,201,511")
     tables = csv_tables(run_cli(*args, "--format", "csv").stdout)
     doc = run_cli(*args, "--json").json()
     fixed, *paged = tables["KV bytes — Llama-3-8B, fp16 (128.00 KiB per token)"]

@@ -142,7 +142,7 @@ def test_real_traces_say_real(run_cli, tmp_path):
 
 
 def test_model_adds_bytes(run_cli):
-    result = run_cli("frag", "--model", "llama-3-8b")
+    result = run_cli("frag", "--model", "llama-3-8b", "--dtype", "fp16")
     assert result.exit_code == 0 and "KV bytes — Llama-3-8B, fp16 (128.00 KiB per token)" in result.stdout
     doc = run_cli("frag", "--model", "llama-3-8b", "--json").json()
     _assert_contract(doc)
