@@ -13,9 +13,9 @@ from .spec.models import ModelSpec
 from .units import format_count_short
 
 DEFAULT_BLOCK_SIZES = (16, 32)  # vLLM's default block size and the next one, as in the worked example
-# Per-sequence rows leave as Python ints, dicts and JSON text: about 280 bytes per value with --json
-# (measured with tracemalloc over 10^5 rows; a table or CSV takes less), besides their int64 columns.
-_ROW_OUTPUT_BYTES_PER_VALUE = 300
+# Per-sequence rows leave as Python ints, dicts, table rows and JSON text: about 140 bytes per value with
+# --json (measured with tracemalloc over 10^5 rows, records + table + JSON text), besides their int64 columns.
+_ROW_OUTPUT_BYTES_PER_VALUE = 150
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def check_lengths(tokens: np.ndarray, max_len: int) -> int:
 def check_block_sizes(block_sizes: BlockSizes) -> None:
     for block_size in block_sizes:
         if not 1 <= block_size <= MAX_LENGTH:
-            raise ValueError(f"--block {block_size} is not a valid block size: give a positive number of tokens")
+            raise ValueError(f"--block {block_size} is not a valid block size: give a number of tokens from 1 to 2^62")
 
 
 class _Positions:

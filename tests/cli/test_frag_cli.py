@@ -382,10 +382,10 @@ def test_memory_is_checked_before_drawing(run_cli, monkeypatch):
     _assert_bad_input(run_cli("frag", "--dist", "uniform:high=9", "--count", "2e8"),
                       "200,000,000 lengths (8 bytes each) would take 1.49 GiB of memory; this machine has 1.00 GiB "
                       "available: lower --count")
-    # per-sequence rows: 10^6 · (8 B of lengths + (3 + 2·2) values · 308 B) = 2.156e9 B = 2.02 GiB, refused
+    # per-sequence rows: 10^6 · (8 B of lengths + (3 + 2·2) values · 158 B) = 1.114e9 B = 1.04 GiB, refused
     # before the lengths are drawn
     _assert_bad_input(run_cli("frag", "--dist", "uniform:high=9", "--count", "1e6", "--per-seq", "--json"),
-                      "1,000,000 lengths with per-sequence rows would take 2.02 GiB", "drop --per-seq")
+                      "1,000,000 lengths with per-sequence rows would take 1.04 GiB", "drop --per-seq")
 
 
 def test_per_seq_rows_of_a_file_are_checked_too(run_cli, monkeypatch, tmp_path):
@@ -393,9 +393,9 @@ def test_per_seq_rows_of_a_file_are_checked_too(run_cli, monkeypatch, tmp_path):
 
     path = tmp_path / "lengths.txt"
     path.write_text("5\n" * 100)
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: 1000)  # 100 rows need 100 · 7 · 308 B
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 1000)  # 100 rows need 100 · 7 · 158 B = 108.01 KiB
     _assert_bad_input(run_cli("frag", "--lengths-file", str(path), "--per-seq", "--json"),
-                      "100 lengths with per-sequence rows would take 210.55 KiB")
+                      "100 lengths with per-sequence rows would take 108.01 KiB")
 
 
 def test_progress_bar_goes_to_a_terminal_on_stderr_and_never_to_stdout(tmp_path):

@@ -272,12 +272,12 @@ def test_per_sequence_rows_that_cannot_fit_are_refused_before_allocating(monkeyp
     from kvcalc.core import host_memory
     from kvcalc.core.frag import analyse, memory_needed
 
-    # 5 rows × (3 + 2·2) values × (8 + 300) bytes = 10,780 bytes
-    assert memory_needed(5, 2, per_sequence=True, lengths_held=True) == 10_780
+    # 5 rows × (3 + 2·2) values × (8 + 150) bytes = 5,530 bytes
+    assert memory_needed(5, 2, per_sequence=True, lengths_held=True) == 5_530
     assert memory_needed(5, 2, per_sequence=False, lengths_held=False) == 40  # the lengths alone
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: 10_779)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 5_529)
     with pytest.raises(ValueError) as info:
         analyse(WORKED, [16, 32], per_sequence=True)
-    assert str(info.value) == ("5 lengths with per-sequence rows would take 10.53 KiB of memory; this machine has "
-                               "10.53 KiB available: drop --per-seq or give fewer lengths")
+    assert str(info.value) == ("5 lengths with per-sequence rows would take 5.40 KiB of memory; this machine has "
+                               "5.40 KiB available: drop --per-seq or give fewer lengths")
     assert analyse(WORKED, [16, 32]).paged[0].allocated_tokens == 992  # without rows: nothing to refuse

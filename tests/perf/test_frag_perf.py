@@ -9,6 +9,9 @@
    peak memory each allocates (tracemalloc); the goal is at least 5x faster than the lines reference.
 4. --per-seq over 10^6 lengths for --json / --format csv: the per-sequence records and table, and the
    JSON text, timed separately (the JSON encoder is the output sink's).
+5. Drawing 10 million lengths in chunks vs one numpy draw of the same lengths: time ratio and peak memory
+   per length (the chunked sampler holds the int64 result and a few MB; one draw holds three arrays).
+6. The block counts of a --sweep from a histogram of the lengths vs one chunked pass per block size.
 """
 
 from __future__ import annotations
@@ -165,3 +168,39 @@ def test_per_seq_json_and_csv_over_a_million_lengths():
         f"\n--per-seq over {tokens.size:,} lengths: records (the JSON's per_seq) {records_s:.2f} s, "
         f"table rows (display and CSV) {table_s:.2f} s, JSON text of the records {json_s:.2f} s"
     )
+
+
+def test_chunked_sampling_same_lengths_less_memory():
+    dist = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8")
+    sigma, mu = 0.8, np.log(1366) - 0.8**2 / 2
+
+    def one_draw() -> np.ndarray:  # the sampler before it drew in chunks (no max: no resampling)
+        return np.ceil(np.random.default_rng(0).lognormal(mu, sigma, NUM_LENGTHS)).astype(np.int64)
+
+    def chunked() -> np.ndarray:
+        return dist.sample(NUM_LENGTHS, np.random.default_rng(0))
+
+    assert np.array_equal(chunked(), one_draw())  # the same lengths first: lognormal draws are sequential
+    chunked_s = _median_s(chunked, repeats=3)
+    one_s = _median_s(one_draw, repeats=3)
+    chunked_per_length, one_per_length = (_peak_mib(fn) * 2**20 / NUM_LENGTHS for fn in (chunked, one_draw))
+    print(
+        f"\n{NUM_LENGTHS:,} lognormal lengths: chunked {chunked_s:.2f} s, peak {chunked_per_length:.1f} B a length; "
+        f"one draw {one_s:.2f} s, peak {one_per_length:.1f} B a length (ratio {chunked_s / one_s:.2f})"
+    )
+    # the int64 result, plus a chunk's float scratch (a few copies of 2^20 floats: at most 32 MiB in all)
+    assert chunked_per_length * NUM_LENGTHS < 8 * NUM_LENGTHS + 32 * 2**20 and chunked_s / one_s < 1.3
+
+
+def test_sweep_block_counts_histogram_vs_passes():
+    tokens = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8").sample(NUM_LENGTHS, np.random.default_rng(0))
+    sizes, longest = list(paging.SWEEP_BLOCK_SIZES), int(tokens.max())
+    by_histogram = paging.block_counts_by_histogram(tokens, sizes, longest)
+    assert by_histogram == paging.block_counts_by_passes(tokens, sizes, longest) == _bare_numpy_totals(tokens)[1]
+    histogram_s = _median_s(lambda: paging.block_counts_by_histogram(tokens, sizes, longest), repeats=3)
+    passes_s = _median_s(lambda: paging.block_counts_by_passes(tokens, sizes, longest), repeats=3)
+    print(
+        f"\nblock counts for {len(sizes)} block sizes over {NUM_LENGTHS:,} lengths: histogram {histogram_s * 1e3:.0f} "
+        f"ms, one pass per block size {passes_s * 1e3:.0f} ms ({passes_s / histogram_s:.1f}x)"
+    )
+    assert histogram_s < passes_s
