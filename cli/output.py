@@ -18,7 +18,6 @@ tables separates them with a blank line and a `# title` line before each table.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -198,6 +197,23 @@ def _key(key: Any) -> str:
     return key if isinstance(key, str) else next(iter(json.loads(json.dumps({key: None}))))
 
 
+_QUOTE = json.encoder.encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii)
+
+
+def _scalar(value: Any) -> str:
+    """json.dumps of one value that is not a dict or list, without json.dumps's set-up per call (a document
+    holds hundreds of them): the same text, by the same functions."""
+    if value is None or value is True or value is False:
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, str):
+        return _QUOTE(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value) if math.isfinite(value) else "null"
+    return json.dumps(_clean(value))
+
+
 def _compact(value: Any) -> str:
     try:
         return _STRICT.encode(value)
@@ -213,14 +229,14 @@ def _encode(value: Any, level: int) -> str:
     if isinstance(value, dict):
         if not value:
             return "{}"
-        items = (f"{inner}{json.dumps(_key(k))}: {_encode(v, level + 1)}" for k, v in value.items())
+        items = (f"{inner}{_QUOTE(_key(k))}: {_encode(v, level + 1)}" for k, v in value.items())
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
         encode = _compact if len(value) > LONG_LIST else (lambda v: _encode(v, level + 1))
         return "[\n" + ",\n".join(inner + encode(v) for v in value) + "\n" + pad + "]"
-    return json.dumps(_clean(value))
+    return _scalar(value)
 
 
 def to_json(doc: dict[str, Any]) -> str:
@@ -249,6 +265,8 @@ def csv_cell(value: Any) -> str:
 def _write_csv(table: Table, title_line: bool) -> str:
     if table.raw is None:
         raise TypeError(f"table {table.title!r} has no raw form: --format csv writes values, not display strings")
+    import csv
+
     buffer = io.StringIO()
     if title_line:
         buffer.write(f"# {table.title}\n")
