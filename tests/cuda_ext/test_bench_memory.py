@@ -84,3 +84,25 @@ def test_cli_refuses_a_context_of_a_billion_before_allocating(run_cli):
     assert result.stderr.startswith("error: --batch 1 and --context 1,000,000,000 (block size 16) need ")
     assert "of host memory at once" in result.stderr and "is available (MemAvailable of the host)" in result.stderr
     assert result.stderr.rstrip().endswith("lower --batch or --context")
+
+
+def test_a_cuda_run_is_checked_against_the_free_gpu_memory_before_the_extension_loads(monkeypatch):
+    # The CUDA branch of run_suite on a CPU machine: a GPU with 1 GiB free and 132 SMs stands in; the
+    # refusal must come before ops.library() (the nvcc build) or any allocation.
+    from types import SimpleNamespace
+
+    from kvcalc.cuda_ext import backends, build, ops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(build, "find_nvcc", lambda: "/usr/bin/nvcc")
+
+    def no_build():
+        raise AssertionError("the extension was loaded before the memory check")
+
+    monkeypatch.setattr(ops, "library", no_build)
+    config = BenchConfig(device="cuda", shapes=((64, 65536),))
+    with pytest.raises(ParameterError, match=r"of GPU memory .* \(free on the GPU, torch.cuda.mem_get_info\)"):
+        backends.run_suite(config, tick=lambda _: None)
