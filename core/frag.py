@@ -66,11 +66,15 @@ def memory_needed(num_lengths: int, num_block_sizes: int, per_sequence: bool, le
 
 
 def check_memory(num_lengths: int, num_block_sizes: int, per_sequence: bool, lengths_held: bool) -> None:
-    """Refuse, before any allocation, an analysis that would not fit in the memory available."""
+    """Refuse, before any allocation, an analysis that would not fit in the memory available (the fix
+    names `per_sequence`, or `count`: the sample size of `load_lengths`)."""
     rows = " with per-sequence rows" if per_sequence else " (8 bytes each)"
     what = f"{format_count_short(num_lengths)} lengths{rows}"
-    fix = "drop --per-seq or give fewer lengths" if per_sequence else "lower --count"
-    check_fits(memory_needed(num_lengths, num_block_sizes, per_sequence, lengths_held), what, fix)
+    needed = memory_needed(num_lengths, num_block_sizes, per_sequence, lengths_held)
+    if per_sequence:
+        check_fits(needed, what, "drop per_sequence or give fewer lengths", "per_sequence")
+    else:
+        check_fits(needed, what, "lower count", "count")
 
 
 def analyse(

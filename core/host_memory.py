@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .errors import ParameterError
 from .units import format_bytes
 
 _MEMINFO = "/proc/meminfo"
@@ -32,11 +33,11 @@ def available_bytes() -> int | None:
     return pages * page_bytes if pages > 0 and page_bytes > 0 else None
 
 
-def check_fits(needed_bytes: int, what: str, fix: str) -> None:
-    """ValueError when `needed_bytes` exceed the memory available, naming both figures, `what` and `fix`."""
+def check_fits(needed_bytes: int, what: str, fix: str, *params: str) -> None:
+    """ValueError when `needed_bytes` exceed the memory available, naming both figures, `what` and `fix`; a
+    ParameterError when the message names `params` (parameters the fix changes)."""
     available = available_bytes()
     if available is not None and needed_bytes > available:
-        raise ValueError(
-            f"{what} would take {format_bytes(needed_bytes)} of memory; this machine has {format_bytes(available)} "
-            f"available: {fix}"
-        )
+        message = (f"{what} would take {format_bytes(needed_bytes)} of memory; this machine has "
+                   f"{format_bytes(available)} available: {fix}")
+        raise ParameterError(message, *params) if params else ValueError(message)

@@ -149,7 +149,7 @@ class LengthDistribution:
         """
         if not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"--count must be a positive number of lengths, got {count!r}")
-        check_fits(8 * int(count), f"{format_count_short(int(count))} lengths (8 bytes each)", "lower --count")
+        check_fits(8 * int(count), f"{format_count_short(int(count))} lengths (8 bytes each)", "lower count", "count")
         cdf = self._zipf_cdf() if self.name == "zipf" else None
         out = np.empty(int(count), dtype=np.int64)
         for start in range(0, out.size, SAMPLE_CHUNK):

@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..paging import MAX_LENGTH, exact_sum
 from ..units import plural
 from .distributions import LengthDistribution
@@ -150,7 +151,7 @@ def sample_lengths(
     """A constructed, seeded sample; the source line names the distribution and the seed. `progress(n)`:
     n more lengths drawn."""
     if seed < 0:  # numpy's own message ("expected non-negative integer") names neither the option nor the fix
-        raise ValueError(f"--seed {seed} is negative: give a whole number from 0 to 2**63-1 (e.g. --seed 0)")
+        raise ParameterError(f"seed {seed} is negative: give a whole number from 0 to 2**63-1 (e.g. seed 0)", "seed")
     tokens = dist.sample(count, np.random.default_rng(seed), progress)
     return Lengths(tokens, "constructed", f"{plural(count, 'sample')} of {dist.describe()}, seed {seed}")
 

@@ -278,7 +278,7 @@ def test_two_kv_cache_groups_double_the_block_tables_everywhere(run_cli):
     assert "496 B" in run_cli("frag", "--model", "gemma-2-9b").stdout.split("KV bytes")[0]
 
 
-# --- QA fixes: error texts, large per-sequence output, wording -------------------------------------------
+# --- error texts, large per-sequence output, wording ----------------------------------------------------
 
 
 def test_binary_lengths_file_names_the_file(run_cli, tmp_path):
@@ -338,7 +338,7 @@ def test_the_mean_is_exact_past_a_double(run_cli, tmp_path):
 
 
 def test_sweep_adds_the_given_block_sizes(run_cli):
-    # QA2 #4 (frag --sweep --block): --sweep is the union of 1, 2, 4 … 256 and every --block (as its help says),
+    # frag --sweep --block: --sweep is the union of 1, 2, 4 … 256 and every --block (as its help says),
     # so --block is not ignored: 24 adds a row; 32 is already in the sweep, so the rows are the sweep's
     sweep = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 

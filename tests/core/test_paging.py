@@ -279,5 +279,5 @@ def test_per_sequence_rows_that_cannot_fit_are_refused_before_allocating(monkeyp
     with pytest.raises(ValueError) as info:
         analyse(WORKED, [16, 32], per_sequence=True)
     assert str(info.value) == ("5 lengths with per-sequence rows would take 5.40 KiB of memory; this machine has "
-                               "5.40 KiB available: drop --per-seq or give fewer lengths")
+                               "5.40 KiB available: drop per_sequence or give fewer lengths")
     assert analyse(WORKED, [16, 32]).paged[0].allocated_tokens == 992  # without rows: nothing to refuse

@@ -24,7 +24,7 @@ _IEC_POWER = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6
         (1008 * 2**20, "1008.00 MiB"),  # below 1024 of a unit: stays in the unit (IEC), no separator
         (2**30 - 1, "1.00 GiB"),  # 1023.999999 MiB rounds to 1024.00 MiB, so it is shown as 1.00 GiB
         (2**60, "1.00 EiB"),  # was '1024.00 PiB' (PiB was the last unit)
-        # QA: 1,310,720,000,000,000,000,000,000 B = 131,072 B/token · 10^12 tokens · 10^7 seqs; / 2^70 = 1110.22 ZiB
+        # 1,310,720,000,000,000,000,000,000 B = 131,072 B/token · 10^12 tokens · 10^7 seqs; / 2^70 = 1110.22 ZiB
         # -> 1.084... YiB (/ 2^80): 1.31072e24 / 1.2089258e24 = 1.0842
         (131_072 * 10**19, "1.08 YiB"),
         (999_999 * 2**80, "999,999.00 YiB"),  # past YiB the mantissa gets separators, up to a million

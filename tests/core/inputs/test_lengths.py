@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.lengths import (
     LengthDistribution,
     lengths_from_trace,
@@ -520,11 +521,13 @@ def test_a_sample_that_cannot_fit_is_refused_before_drawing(monkeypatch):
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 7_999)
     dist = LengthDistribution.parse("uniform:high=5")
     with pytest.raises(ValueError, match=r"^1,000 lengths \(8 bytes each\) would take 7.81 KiB of memory; this "
-                                         r"machine has 7.81 KiB available: lower --count$"):
+                                         r"machine has 7.81 KiB available: lower count$"):
         dist.sample(1000, np.random.default_rng(0))
     assert dist.sample(999, np.random.default_rng(0)).size == 999  # 7,992 bytes fit
 
 
-def test_negative_seed_names_the_option():
-    with pytest.raises(ValueError, match=r"--seed -1 is negative: give a whole number from 0 to 2\*\*63-1"):
+def test_negative_seed_names_the_parameter():
+    # was numpy's "expected non-negative integer"; the CLI writes `seed` as --seed
+    with pytest.raises(ParameterError, match=r"^seed -1 is negative: give a whole number from 0 to 2\*\*63-1") as info:
         sample_lengths(LengthDistribution.parse("uniform:high=5"), 10, seed=-1)
+    assert info.value.params == ("seed",)
