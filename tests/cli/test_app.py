@@ -129,3 +129,15 @@ def test_every_command_defaults_to_one_dtype_and_says_it(run_cli):
     assert run_cli("size", "--json").json()["dtype"] == DEFAULT_DTYPE
     assert run_cli("frag", "-m", "llama-3-8b", "--json").json()["model"]["dtype"] == DEFAULT_DTYPE
     assert run_cli("share", "-m", "llama-3-8b", "--json").json()["dtype"] == DEFAULT_DTYPE
+
+
+def test_every_seed_is_one_option_that_refuses_a_negative(run_cli):
+    import pytest
+
+    pytest.importorskip("torch")  # bench is among them
+    for args in (("frag", "--dist", "lognormal:mean=100"), ("share", "--mode", "beam"), ("sim",),
+                 ("bench", "--device", "cpu")):
+        result = run_cli(*args, "--seed", "-1")
+        assert result.exit_code == 2 and result.stdout == "", args
+        assert result.stderr.startswith("error: --seed -1 is negative: give a whole number from 0 to 2**63-1"), args
+        assert result.stderr.count("\n") == 1
