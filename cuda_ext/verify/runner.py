@@ -1,0 +1,237 @@
+"""One scenario, run and judged: the requests through the scheduler, the pool and the paged model, each
+request alone through the contiguous reference, the comparison, the pool's invariants and the events.
+
+    workload (token ids, parallel samples) -> ExactPagedPolicy over a BlockPool (a fault installed, maybe)
+      -> Engine(scheduler, ModelExecutor) -> per request: tokens + logits
+    reference_generate per request (its own sampling seed, its cancellation point, its end of sequence)
+      -> verdict.compare -> pass only if the tokens pass, the content check found nothing, the pool's
+         invariants held before every step and it is whole at the end, and every needed event is > 0
+
+A step's finishes and cancellations are released inside the pool's step window (`BlockPool.step()`): their
+blocks are pending while the step's results are read out and come back when it ends, so the next plan can
+hand them out at once. An exception in a run (a fault can make the pool assert) fails the scenario and is
+reported; it is not raised.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...core.pool.block_pool import BlockPool
+from ...core.sim.engine import Engine
+from ...core.sim.paged_exact import ExactPagedPolicy
+from ...core.sim.plan import StepOutcome, StepPlan
+from ...core.sim.workload import from_token_ids
+from .beam import paged_beam_search, reference_beam_search
+from .contiguous import reference_generate
+from .executor import ModelExecutor
+from .faults import Fault
+from .paged import allocate_paged_kv
+from .scenarios import Requests, Scenario, sampling_of_row
+from .verdict import TOP_K, Decoding, compare
+from .weights import ModelWeights
+
+EVENTS = ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions",
+          "prefill_chunks", "mixed_steps", "eos_finishes", "beams_dropped", "cancelled_blocks_reused",
+          "deferred_free_blocks")
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    requests: int
+    tokens_compared: int
+    mismatched_tokens: int
+    first_mismatch: dict[str, Any] | None
+    max_abs_logit_diff: float
+    passed: bool
+    events: dict[str, int]
+    missing_events: list[str] = field(default_factory=list)  # needed by the name, but zero
+    content_errors: int = 0
+    first_content_error: str | None = None
+    invariant_error: str | None = None
+    error: str | None = None  # the run stopped with an exception
+    fault_fired: int | None = None
+    steps: int = 0
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _CheckedExecutor:
+    """The model executor, with the pool's invariants checked before every plan (the first failure kept),
+    and the pool's step window opened as the plan starts to run (`_WindowedEngine` closes it)."""
+
+    def __init__(self, executor: ModelExecutor, pool: BlockPool) -> None:
+        self.executor, self.pool = executor, pool
+        self.invariant_error: str | None = None
+        self.in_window = False
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        if self.invariant_error is None:
+            try:
+                self.pool.check_invariants()
+            except AssertionError as exc:
+                self.invariant_error = f"before step {plan.step}: {exc}"
+        self.pool.begin_step()
+        self.in_window = True
+        return self.executor.execute(plan)
+
+
+class _WindowedEngine(Engine):
+    """The engine with each step's releases inside the pool's step window: the window opens when the
+    executor starts the plan and closes after the step's finishes and cancellations were released."""
+
+    def __init__(self, *args: Any, checked: _CheckedExecutor, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.checked = checked
+        self.deferred_free_blocks = 0
+
+    def step(self) -> None:
+        try:
+            super().step()
+        finally:
+            if self.checked.in_window:
+                self.deferred_free_blocks += self.checked.pool.usage().pending_free_blocks
+                self.checked.in_window = False
+                self.checked.pool.end_step()
+
+
+def block_keys(prompt: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
+    """The prefix-cache content key of each full block of a prompt: its token ids."""
+    return [prompt[i : i + block_size] for i in range(0, len(prompt) - block_size + 1, block_size)]
+
+
+def _truncate(tokens: tuple[int, ...], eos: int | None) -> int:
+    """How many tokens a decoding that stops at `eos` keeps (the end-of-sequence token included)."""
+    return tokens.index(eos) + 1 if eos is not None and eos in tokens else len(tokens)
+
+
+def _references(weights: ModelWeights, requests: Requests, seed: int) -> tuple[list, list[int], int | None]:
+    """(reference Generation per row, its expected length, the end-of-sequence token or None)."""
+    rows = [(i, j) for i, n in enumerate(requests.num_samples) for j in range(n)]
+    generations = []
+    for row, (i, _) in enumerate(rows):
+        new = requests.cancel_after.get(row, requests.max_new_tokens[i])
+        generations.append(reference_generate(weights, requests.prompts[i], new, sampling_of_row(requests, row, seed)))
+    eos = None
+    if requests.eos_from_reference:  # a token the longest decoding produces half-way: some requests stop at it
+        longest = max(generations, key=lambda g: len(g.output_ids))
+        eos = longest.output_ids[len(longest.output_ids) // 2]
+    return generations, [_truncate(g.output_ids, eos) for g in generations], eos
+
+
+def _events(pool: BlockPool, executor: ModelExecutor, **extra: int) -> dict[str, int]:
+    stats, counts = pool.stats(), executor.counts
+    events = {
+        "prefix_hit_tokens": stats.hit_tokens, "cow_copies": stats.cow_copies, "forks": stats.forks,
+        "preemptions": counts["preemptions"], "swaps": counts["swaps"], "cancellations": stats.released_cancelled,
+        "evictions": stats.evictions, "prefill_chunks": counts["prefill_chunks"], "mixed_steps": counts["mixed_steps"],
+        "eos_finishes": counts["eos"], "beams_dropped": 0,
+        "cancelled_blocks_reused": counts["cancelled_blocks_reused"], "deferred_free_blocks": 0,
+    }
+    events.update(extra)
+    return events
+
+
+def _decoding(executor: ModelExecutor, rid: int, weights: ModelWeights, top_k: int) -> Decoding:
+    req = executor.requests[rid]
+    return Decoding(tuple(req.output), req.logits or torch.zeros(0, weights.config.vocab_size), top_k)
+
+
+def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attention_backend: str,
+                 fault: Fault | None = None) -> ScenarioResult:
+    started = time.perf_counter()
+    if scenario.requests is None:
+        result = _run_beams(scenario, weights, attention_backend, fault)
+    else:
+        result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
+    result.missing_events = [e for e in scenario.needs if not result.events.get(e)]
+    result.passed = result.passed and not (result.missing_events or result.content_errors or result.invariant_error
+                                           or result.error)
+    result.fault_fired = None if fault is None else fault.fired
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _new_executor(weights: ModelWeights, scenario: Scenario, attention_backend: str, prompts, sampling,
+                  eos: int | None = None) -> ModelExecutor:
+    kv = allocate_paged_kv(weights.config, scenario.num_blocks, scenario.block_size, weights.dtype, weights.device)
+    return ModelExecutor(weights, kv, prompts, sampling, attention_backend=attention_backend, eos_token_id=eos)
+
+
+def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attention_backend: str,
+                   fault: Fault | None) -> ScenarioResult:
+    reqs, B = scenario.requests, scenario.block_size
+    workload = from_token_ids([list(p) for p in reqs.prompts], list(reqs.max_new_tokens), list(reqs.arrival_s),
+                              list(reqs.num_samples), description=f"verify {scenario.name}")
+    prompts = workload.prompt_token_ids
+    keys = [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None
+    policy = ExactPagedPolicy(scenario.num_blocks, B, len(workload), keys)
+    if fault is not None:
+        fault.install(policy.pool)
+    generations, lengths, eos = _references(weights, reqs, seed)
+    sampling = [sampling_of_row(reqs, row, seed) for row in range(len(workload))]
+    executor = _new_executor(weights, scenario, attention_backend, prompts, sampling, eos)
+    checked = _CheckedExecutor(executor, policy.pool)
+    cancel_at = np.zeros(len(workload), np.int64)
+    for row, tokens in reqs.cancel_after.items():
+        cancel_at[row] = tokens
+    engine = _WindowedEngine(workload, policy, checked, scenario.scheduler, cancel_at, checked=checked)
+    error = None
+    try:
+        engine.run()  # ends with the policy's check that the pool is whole
+    except Exception as exc:  # a planted fault may break the pool anywhere: the scenario then fails
+        error = f"{type(exc).__name__}: {exc}"
+    k = TOP_K if reqs.sampling.greedy else max(TOP_K, reqs.sampling.top_k or weights.config.vocab_size)
+    refs = [Decoding(g.output_ids[:n], g.logits[:n], k) for g, n in zip(generations, lengths, strict=True)]
+    tests = [_decoding(executor, row, weights, k) for row in range(len(workload))]
+    verdict = compare(refs, tests, exact=weights.dtype == "fp32")
+    return ScenarioResult(
+        scenario.name, len(workload), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
+        verdict.max_abs_logit_diff, verdict.passed,
+        _events(policy.pool, executor, deferred_free_blocks=engine.deferred_free_blocks),
+        content_errors=len(executor.content_errors),
+        first_content_error=executor.content_errors[0] if executor.content_errors else None,
+        invariant_error=checked.invariant_error, error=error, steps=executor.counts["steps"],
+    )
+
+
+def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str,
+               fault: Fault | None) -> ScenarioResult:
+    pool = BlockPool(scenario.num_blocks, scenario.block_size, enable_prefix_caching=False)
+    if fault is not None:
+        fault.install(pool)
+    executor = _new_executor(weights, scenario, attention_backend, [], [])
+    prompts, width, num_tokens = scenario.beam_prompts, scenario.beam_width, scenario.beam_tokens
+    refs = [reference_beam_search(weights, p, width, num_tokens) for p in prompts]
+    error = invariant_error = None
+    results, dropped = [], 0
+    try:
+        results, beam_events = paged_beam_search(executor, pool, prompts, width, num_tokens)
+        dropped = beam_events.dropped
+    except Exception as exc:  # as in _run_scheduled
+        error = f"{type(exc).__name__}: {exc}"
+    if error is None:
+        try:
+            pool.check_invariants()
+            assert not pool.seqs and pool.num_used == 0, "blocks still in use after every beam ended"
+        except AssertionError as exc:
+            invariant_error = f"after the search: {exc}"
+    ref_beams = [Decoding(t, lg) for r in refs for t, lg in zip(r.tokens, r.logits, strict=True)]
+    test_beams = [Decoding(t, lg) for r in results for t, lg in zip(r.tokens, r.logits, strict=True)]
+    test_beams += [Decoding((), torch.zeros(0, weights.config.vocab_size))] * (len(ref_beams) - len(test_beams))
+    verdict = compare(ref_beams, test_beams, exact=weights.dtype == "fp32")
+    return ScenarioResult(
+        scenario.name, len(prompts), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
+        verdict.max_abs_logit_diff, verdict.passed, _events(pool, executor, beams_dropped=dropped),
+        content_errors=len(executor.content_errors),
+        first_content_error=executor.content_errors[0] if executor.content_errors else None,
+        invariant_error=invariant_error, error=error, steps=executor.counts["steps"],
+    )
