@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..paging import MAX_LENGTH
+from .files import number_text
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -48,7 +49,8 @@ def _parse_count(text: str | int | float, what: str, where: str) -> int:
     if value < 0:
         raise ValueError(f"{where}: {what} is negative ({value}); lengths must be >= 0")
     if value > MAX_LENGTH:
-        raise ValueError(f"{where}: {what} {value} is too large (lengths must be <= 2^62); fix or remove that line")
+        raise ValueError(f"{where}: {what} {number_text(value)} is too large (lengths must be <= 2^62); fix or remove "
+                         "that line")
     return value
 
 
@@ -180,6 +182,8 @@ def read_mooncake(text: str, name: str) -> TraceColumns:
         where = f"{name}:{line_no}"
         try:
             record = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"{where}: JSON nested too deeply to read; each line must be one JSON object") from None
         except json.JSONDecodeError as exc:
             if line_no == 1 and all(c in line for c in _AZURE_COLUMNS):
                 raise ValueError(f"{name} is an Azure CSV, not JSON lines: read it with --trace azure {name}") from None

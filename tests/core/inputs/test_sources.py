@@ -90,3 +90,25 @@ def test_decode_text_names_the_byte_and_the_format():
     expected = r"^x: not a text file \(not UTF-8\), byte 0xff at offset 3; expected a thing$"
     with pytest.raises(ValueError, match=expected):
         decode_text(b"abc\xff", "x", "a thing")
+
+
+def test_deeply_nested_json_is_an_error_not_a_recursion(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    lengths = tmp_path / "deep.json"
+    lengths.write_text(deep)
+    with pytest.raises(ValueError, match="nests JSON lists too deeply to read: write one flat list"):
+        read_lengths_file(lengths)
+    trace = tmp_path / "deep.jsonl"
+    trace.write_text(deep + "\n")
+    with pytest.raises(ValueError, match=r"deep.jsonl:1: JSON nested too deeply to read"):
+        read_trace("mooncake", trace)
+
+
+def test_huge_numbers_are_shown_short():
+    from kvcalc.core.inputs.lengths import parse_lengths_list
+
+    # 1e400 has 401 digits: the message shows four significant ones; 2^62 + 1 (19 digits) stays exact
+    with pytest.raises(ValueError, match=r"^--lengths item 2: length 1\.000e\+400 is too large"):
+        parse_lengths_list("5,1e400")
+    with pytest.raises(ValueError, match=r"^--lengths item 1: length 4611686018427387905 is too large"):
+        parse_lengths_list(str(2**62 + 1))
