@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from kvcalc.cli.json_doc import LONG_LIST
 from kvcalc.cli.output import (
-    LONG_LIST,
     Field,
     Format,
     RawTable,
