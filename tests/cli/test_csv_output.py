@@ -4,7 +4,7 @@ Two kinds of checks. (1) Over every command x representative options, the CSV pa
 empty, an int, a float, true/false or a plain label (no thousands separator, unit, "%", "—", "†"), every
 header is snake_case, and there are as many CSV tables as tables for people (markdown). (2) The values in
 the CSV are the values of the --json document of the same run (exact ints, floats that round-trip), plus a
-few hand-computed anchors (the frag worked example of DESIGN.md).
+few hand-computed anchors (frag's built-in worked example).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_frag_worked_example_csv_is_the_json(run_cli):
     tables = csv_tables(run_cli("frag", "--format", "csv").stdout)
     doc = run_cli("frag", "--json").json()
     fixed, *paged = tables["Fixed reservation vs paging (token positions)"]
-    # DESIGN.md: 37 + 91 + 128 + 201 + 511 = 968 useful positions; fixed reservation 5 × 512 = 2560
+    # the worked example: 37 + 91 + 128 + 201 + 511 = 968 useful positions; fixed reservation 5 × 512 = 2560
     assert (fixed["scheme"], fixed["max_len"], fixed["useful"], fixed["allocated"]) == ("fixed", 512, 968, 2560)
     assert fixed["utilization"] == 968 / 2560 == 0.378125 and fixed["blocks"] is None
     assert [(p["block_size"], p["allocated"]) for p in paged] == [(16, 992), (32, 1024)]
