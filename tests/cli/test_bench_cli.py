@@ -206,7 +206,7 @@ def test_an_output_left_unwritten_in_a_timed_run_fails_the_bench():
 @pytest.mark.parametrize("flag", ["--head-dim", "--q-heads", "--kv-heads", "--batch", "--context", "--block",
                                   "--block-size", "--iters", "--warmup", "--splits", "--seed"])
 def test_every_integer_option_says_not_an_integer_the_same_way(run_cli, flag):
-    # QA2 #5: the wording of size/frag, not pydantic's "Input should be a valid integer"
+    # the wording of size/frag, not pydantic's "Input should be a valid integer"
     result = run_cli("bench", "--device", "cpu", flag, "abc")
     assert result.exit_code == 2
     named = "--block" if flag == "--block-size" else flag  # the alias is reported under the option's name
@@ -225,7 +225,7 @@ def test_integer_spellings_are_read_exactly(run_cli):
 
 
 def test_save_into_a_missing_directory_is_refused_before_the_run(run_cli, tmp_path):
-    # QA2 #7: the directory is named (as frag --plot), not "no such file"; checked before any timing
+    # the directory is named (as frag --plot), not "no such file"; checked before any timing
     target = tmp_path / "missing" / "b.json"
     result = run_cli("bench", *SMALL, "--save", str(target))
     assert result.exit_code == 2 and result.stdout == ""
