@@ -5,8 +5,9 @@ hold A_B(n) positions. A sliding-window layer only keeps the last h = min(n, win
 [n − h, n): the blocks that still hold one of them are blocks floor((n − h)/B) … ceil(n/B) − 1, i.e.
 ceil(n/B) − floor(max(n − window, 0)/B) blocks (engines such as vLLM free the rest); fixed reservation
 gives such a layer a ring buffer of min(M, window). Block ids address a block in every layer of a
-KV-cache group, so each sequence has one block table per group: one group, or two when a model mixes
-full and sliding-window layers (vLLM's hybrid allocator keeps a table per group).
+KV-cache group, so each sequence has one block table per group: one for the full-attention layers and one
+per window or chunk size (vLLM's hybrid allocator keeps a table per group). The bits of a held token in
+each kind of layer come from the model's layer groups (core/spec/layers.py, equation 1).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .paging import PASS_CHUNK, FixedReservation, PagedAllocation, exact_sum
+from .spec.layers import bits_to_bytes, window_terms
 from .spec.models import ModelSpec
 
 
@@ -36,26 +38,21 @@ class KvBytes:
         return self.allocated_kv_bytes - self.useful_kv_bytes
 
 
-def _layer_positions_to_bytes(layer_positions: int, spec: ModelSpec, dtype_bits: int) -> int:
-    bits = layer_positions * spec.scalars_per_token_per_layer * dtype_bits
-    if bits % 8:
-        raise ValueError(f"{spec.name} at {dtype_bits}-bit leaves a fraction of a byte: pick a wider --dtype")
-    return bits // 8
-
-
 def kv_cache_groups(spec: ModelSpec) -> int:
-    """Block tables per sequence: 2 for models that mix full and sliding-window layers, else 1."""
-    return 2 if 0 < spec.num_sliding_layers < spec.layers else 1
+    """Block tables per sequence: one per distinct window among the layers that keep KV (full-attention
+    layers one, each window or chunk size another; vLLM's hybrid allocator keeps a table per group)."""
+    return len(window_terms(spec.layer_groups, 1))
 
 
 def useful_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int) -> int:
-    """Σ over sequences of equation 1 (sliding-window layers hold at most `window` tokens)."""
-    positions = spec.num_global_layers * exact_sum(tokens)
-    if spec.num_sliding_layers:
-        window = spec.sliding_window
-        held = _chunked_sum(tokens, lambda chunk, out: np.minimum(chunk, window, out=out))
-        positions += spec.num_sliding_layers * held
-    return _layer_positions_to_bytes(positions, spec, dtype_bits)
+    """Σ over sequences of equation 1 (each layer holds at most its window or chunk)."""
+    bits = 0
+    for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items():
+        if window is None:
+            bits += bits_per_token * exact_sum(tokens)
+        else:
+            bits += bits_per_token * _chunked_sum(tokens, lambda chunk, out, w=window: np.minimum(chunk, w, out=out))
+    return bits_to_bytes(bits)
 
 
 def _chunked_sum(tokens: np.ndarray, transform: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> int:
@@ -69,30 +66,31 @@ def _chunked_sum(tokens: np.ndarray, transform: Callable[[np.ndarray, np.ndarray
 
 
 def fixed_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, fixed: FixedReservation) -> KvBytes:
-    per_seq = spec.num_global_layers * fixed.max_len
-    if spec.num_sliding_layers:
-        per_seq += spec.num_sliding_layers * min(fixed.max_len, spec.sliding_window)
-    allocated = _layer_positions_to_bytes(fixed.num_seqs * per_seq, spec, dtype_bits)
-    return KvBytes(None, useful_kv_bytes(tokens, spec, dtype_bits), allocated)
+    per_seq = sum(bits_per_token * (fixed.max_len if window is None else min(fixed.max_len, window))
+                  for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items())
+    return KvBytes(None, useful_kv_bytes(tokens, spec, dtype_bits), bits_to_bytes(fixed.num_seqs * per_seq))
 
 
 def paged_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, paged: PagedAllocation) -> KvBytes:
-    """Bytes for one block size; `paged` is the token-level result for the same `tokens`."""
+    """Bytes for one block size; `paged` is the token-level result for the same `tokens`. A chunked layer
+    counts as a window of its chunk size (at most C tokens: an upper bound on its current chunk)."""
     b = paged.block_size
-    positions = spec.num_global_layers * paged.allocated_tokens
-    if spec.num_sliding_layers:
-        window = spec.sliding_window
+    bits = 0
+    for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items():
+        if window is None:
+            bits += bits_per_token * paged.allocated_tokens
+            continue
 
-        def freed(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
-            beyond = np.maximum(np.subtract(chunk, window, out=out), 0, out=out)  # positions out of the window
+        def freed(chunk: np.ndarray, out: np.ndarray, w: int = window) -> np.ndarray:
+            beyond = np.maximum(np.subtract(chunk, w, out=out), 0, out=out)  # positions out of the window
             return np.floor_divide(beyond, b, out=beyond)
 
-        positions += spec.num_sliding_layers * b * (paged.num_blocks - _chunked_sum(tokens, freed))
+        bits += bits_per_token * b * (paged.num_blocks - _chunked_sum(tokens, freed))
     groups = kv_cache_groups(spec)
     return KvBytes(
         b,
         useful_kv_bytes(tokens, spec, dtype_bits),
-        _layer_positions_to_bytes(positions, spec, dtype_bits),
+        bits_to_bytes(bits),
         groups * paged.block_table_bytes_exact,
         groups * paged.block_table_bytes_dense,
     )

@@ -1,24 +1,21 @@
 """Equation 1 for a model, a precision, a context and a batch: per token, block, sequence, GPU; capacity.
 
-    M_KV = 2 · L · n · h_KV · d_h · b        (MLA: L · n · (kv_lora_rank + rope dim) · b, no factor 2)
+The sum over layers itself is core/spec/layers.py (`kv_bits`, `state_bits`); this module applies it to a
+query. Everything is counted in bits with Python integers, so int4 and 10^12 tokens × 10^7 sequences stay
+exact; byte counts round up once (the rule in layers.py).
 
-Everything is counted in bits (int4 is half a byte) with Python integers, so 10^12 tokens times 10^7
-sequences is still exact. Sliding-window layers hold at most `window` tokens of a sequence.
-
-Tensor parallelism (`tp` GPUs) splits the KV heads as engines do (vLLM, SGLang):
-
-* tp <= h_KV: each GPU holds h_KV / tp heads; tp must divide h_KV;
-* tp > h_KV: each GPU holds one head, each head replicated on tp / h_KV GPUs; tp must be a multiple of h_KV;
-* MLA: the latent is not split by heads, so every GPU holds all of it.
+* `bytes_per_token`: the KV of one token in every layer that keeps KV (a sequence shorter than every window);
+* `bytes_per_seq`: one sequence of `tokens` tokens, each layer capped at its window or chunk, plus
+  `state_bytes_per_seq`, the constant state of recurrent layers (0 for a model without them);
+* per GPU with `tp`: each layer split by its own KV heads (layers.py), recurrent state by its heads.
 
 Capacity for a KV budget (per GPU when tp > 1):
 
-* `max_tokens`: token positions that fit when every layer holds every token (full-attention terms):
-  budget // (bytes per token on one GPU). For sliding-window models this is the count with no window
-  applied, i.e. a lower bound on what fits: a sliding layer stores at most `window` tokens per sequence,
-  so how many tokens really fit depends on how they are split into sequences; `max_seqs` answers that.
-* `max_seqs`: whole sequences of `tokens` tokens (windows applied) that fit.
-* `num_blocks`: paged blocks of `block_size` tokens (full-attention terms, every layer) that fit.
+* `max_tokens`: token positions that fit when every layer holds every token: budget // (bytes per token on
+  one GPU). With windows this ignores them, a lower bound on what fits: a windowed layer stores at most W
+  tokens per sequence, so how many tokens fit depends on how they are split into sequences (`max_seqs`);
+* `max_seqs`: whole sequences of `tokens` tokens (windows applied, recurrent state included) that fit;
+* `num_blocks`: paged blocks of `block_size` tokens (every layer) that fit.
 """
 
 from __future__ import annotations
@@ -27,51 +24,30 @@ import dataclasses
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..blocks import DEFAULT_BLOCK_SIZE, ceil_div
+from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DTYPE_BITS, parse_dtype
-from ..units import format_bytes, plural
-from .models import ModelSpec
+from ..units import format_bytes, format_count, plural
+from .layers import LayerGroup, bits_to_bytes
+from .model_spec import ModelSpec
+
+__all__ = ["PRESET_CONTEXTS", "bits_to_bytes", "compute_size", "kv_heads_per_gpu", "preset_rows"]
 
 PRESET_CONTEXTS: tuple[int, ...] = (4096, 32768, 131072)  # 4K, 32K, 128K: the no-argument table's columns
 
 
-def bits_to_bytes(bits: int) -> int:
-    """Whole bytes that hold `bits` (rounded up: only an odd count of int4 scalars leaves half a byte)."""
-    return ceil_div(bits, 8)
-
-
-
-
 def model_layers(spec: ModelSpec) -> int:
     """All layers of the model, KV-less ones included (`spec.layers` counts only the layers that keep KV)."""
-    return spec.layers + spec.num_kv_free_layers
+    return spec.model_layers
+
+
+def _main_group(spec: ModelSpec) -> LayerGroup:
+    """The KV group the uniform fields describe: the one with the most layers."""
+    return max((g for g in spec.layer_groups if g.keeps_kv), key=lambda g: g.count)
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
-    """KV heads that one of `tp` GPUs holds; MLA: 1 (the latent, replicated on every GPU)."""
-    if tp <= 0:
-        raise ValueError(f"--tp must be a positive number of GPUs, got {tp}")
-    if spec.is_mla or tp == 1:
-        return spec.kv_heads
-    heads = spec.kv_heads
-    if tp <= heads:
-        if heads % tp:
-            raise ValueError(
-                f"--tp {tp} does not divide the {heads} KV heads of {spec.name}: use a --tp that divides "
-                f"{heads} ({', '.join(str(d) for d in _divisors(heads))}) or a multiple of {heads}"
-            )
-        return heads // tp
-    if tp % heads:
-        raise ValueError(
-            f"--tp {tp} is above the {heads} KV heads of {spec.name} but not a multiple of {heads}, so the heads "
-            f"cannot be replicated evenly: use a multiple of {heads} ({heads * 2}, {heads * 4}, ...) "
-            f"or a divisor of {heads}"
-        )
-    return 1  # each GPU holds one head; each head lives on tp // heads GPUs
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """KV heads one of `tp` GPUs holds in the model's main layers (every KV layer is checked; MLA: 1)."""
+    return spec.kv_heads_per_gpu(tp)[_main_group(spec)]
 
 
 @dataclass(frozen=True)
@@ -85,6 +61,16 @@ class Capacity:
     num_blocks: int
     block_size: int
     fits: bool  # the requested seqs x tokens fit in the budget
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One line of the layer table: a layer group and what it costs (whole model, not per GPU)."""
+
+    group: LayerGroup
+    bits_per_token: int  # all `count` layers, one token each
+    bits_per_seq: int  # all `count` layers, one sequence of the query's tokens (window applied)
+    state_bits_per_seq: int  # all `count` layers
 
 
 @dataclass(frozen=True)
@@ -102,61 +88,74 @@ class SizeResult:
     capacity: Capacity | None = None
 
     @property
-    def bits_per_token_per_layer(self) -> int:
-        return self.spec.scalars_per_token_per_layer * self.bits_per_scalar
+    def bits_per_token_per_layer(self) -> int | None:
+        """One token in one layer, when every KV layer caches the same; None when they differ."""
+        sizes = {g.scalars_per_token() for g in self.spec.layer_groups if g.keeps_kv}
+        return sizes.pop() * self.bits_per_scalar if len(sizes) == 1 else None
 
     @property
     def bits_per_token(self) -> int:
         """All layers, for a context within every window."""
-        return self.spec.layers * self.bits_per_token_per_layer
+        return self.spec.kv_bits(1, self.bits_per_scalar)
 
     @property
     def bits_per_block(self) -> int:
         return self.bits_per_token * self.block_size
 
     @property
-    def bits_per_seq(self) -> int:
+    def kv_bits_per_seq(self) -> int:
         return self.spec.kv_bits(self.tokens, self.bits_per_scalar)
+
+    @property
+    def state_bits_per_seq(self) -> int:
+        return self.spec.state_bits()
+
+    @property
+    def bits_per_seq(self) -> int:
+        """KV of one sequence (windows applied) plus its recurrent state."""
+        return self.kv_bits_per_seq + self.state_bits_per_seq
 
     @property
     def total_bits(self) -> int:
         return self.bits_per_seq * self.seqs
 
     @property
-    def gpu_share(self) -> tuple[int, int]:
-        """(numerator, denominator): the fraction of the KV one GPU holds (1/1 for MLA and tp = 1)."""
-        if self.spec.is_mla:
-            return 1, 1
-        return self.kv_heads_per_gpu, self.spec.kv_heads
-
-    @property
     def replicas_per_head(self) -> int:
-        """GPUs that hold each KV head (1 unless tp > KV heads; MLA: tp, the latent is on every GPU)."""
-        if self.spec.is_mla:
+        """GPUs that hold each KV head of the main layers (1 unless tp > KV heads; MLA: tp, on every GPU)."""
+        main = _main_group(self.spec)
+        if main.kind == "mla":
             return self.tp
-        return self.tp * self.kv_heads_per_gpu // self.spec.kv_heads
-
-    def _per_gpu(self, bits: int) -> int:
-        num, den = self.gpu_share
-        share, remainder = divmod(bits * num, den)
-        assert remainder == 0, "a GPU's share of the KV heads is a whole number of heads"
-        return share
+        return self.tp * self.kv_heads_per_gpu // main.kv_heads
 
     @property
     def per_gpu_bits_per_token(self) -> int:
-        return self._per_gpu(self.bits_per_token)
+        return self.spec.kv_bits(1, self.bits_per_scalar, self.tp)
+
+    @property
+    def per_gpu_kv_bits_per_seq(self) -> int:
+        return self.spec.kv_bits(self.tokens, self.bits_per_scalar, self.tp)
 
     @property
     def per_gpu_bits_per_seq(self) -> int:
-        return self._per_gpu(self.bits_per_seq)
+        return self.per_gpu_kv_bits_per_seq + self.spec.state_bits(self.tp)
 
     @property
     def per_gpu_bits(self) -> int:
-        return self._per_gpu(self.total_bits)
+        return self.per_gpu_bits_per_seq * self.seqs
 
     @property
-    def bytes_per_token_per_layer(self) -> int:
-        return bits_to_bytes(self.bits_per_token_per_layer)
+    def groups(self) -> list[GroupRow]:
+        return [
+            GroupRow(g, g.count * g.scalars_per_token() * self.bits_per_scalar if g.keeps_kv else 0,
+                     g.count * g.tokens_held(self.tokens) * g.scalars_per_token() * self.bits_per_scalar
+                     if g.keeps_kv else 0, g.count * g.state_bits())
+            for g in self.spec.layer_groups
+        ]
+
+    @property
+    def bytes_per_token_per_layer(self) -> int | None:
+        bits = self.bits_per_token_per_layer
+        return None if bits is None else bits_to_bytes(bits)
 
     @property
     def bytes_per_token(self) -> int:
@@ -165,6 +164,14 @@ class SizeResult:
     @property
     def bytes_per_block(self) -> int:
         return bits_to_bytes(self.bits_per_block)
+
+    @property
+    def kv_bytes_per_seq(self) -> int:
+        return bits_to_bytes(self.kv_bits_per_seq)
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        return bits_to_bytes(self.state_bits_per_seq)
 
     @property
     def bytes_per_seq(self) -> int:
@@ -186,7 +193,7 @@ class SizeResult:
     def exact_bytes(self) -> bool:
         """False when some `*_bytes` count is a half byte (odd int4 scalar count) and was rounded up."""
         return all(bits % 8 == 0 for bits in (
-            self.bits_per_token_per_layer, self.bits_per_token, self.bits_per_block, self.bits_per_seq,
+            self.bits_per_token_per_layer or 0, self.bits_per_token, self.bits_per_block, self.bits_per_seq,
             self.total_bits, self.per_gpu_bits_per_token, self.per_gpu_bits,
         ))
 
@@ -197,7 +204,38 @@ class SizeResult:
 
 
 def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, total_bits: int) -> str:
-    """Equation 1 with numbers substituted and its value in IEC units."""
+    """Equation 1 with numbers substituted and its value in IEC units (exact, half bytes included)."""
+    scalar = f"{bits_per_scalar / 8:g} B"
+    if spec.is_uniform:
+        text = " · ".join([*_uniform_terms(spec, tokens), scalar])
+    else:
+        parts = [_group_term(g, tokens) for g in spec.layer_groups if g.keeps_kv]
+        text = ("(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]) + f" · {scalar}"
+    states = [g for g in spec.layer_groups if g.state is not None]
+    if states:
+        text = f"{text} + " + " + ".join(
+            f"{plural(g.count, g.note + ' layer')} · {format_count(bits_to_bytes(g.state_bits()))} B state"
+            for g in states
+        )
+        text = f"({text})" if seqs != 1 else text
+    if seqs != 1:
+        text += f" · {seqs:,} seqs"
+    return text + f" = {format_bytes(Fraction(total_bits, 8))}"
+
+
+def _group_term(g: LayerGroup, tokens: int) -> str:
+    """One layer group's layers · tokens held · scalars per token, e.g. '2 · 36 chunked layers · 8,192 tokens
+    · 8 KV heads · 128 dim' (K and V widths written apart when they differ)."""
+    layers_tokens = f"{plural(g.count, g.kind + ' layer')} · {plural(g.tokens_held(tokens), 'token')}"
+    if g.kind == "mla":
+        return f"{layers_tokens} · ({g.kv_lora_rank} + {g.rope_dim}) latent"
+    heads = plural(g.kv_heads, "KV head")
+    if g.k_head_dim == g.v_head_dim:
+        return f"2 · {layers_tokens} · {heads} · {g.k_head_dim} dim"
+    return f"{layers_tokens} · {heads} · ({g.k_head_dim} + {g.v_head_dim}) dim"
+
+
+def _uniform_terms(spec: ModelSpec, tokens: int) -> list[str]:
     if spec.num_sliding_layers and spec.sliding_window is not None and tokens > spec.sliding_window:
         parts = []
         if spec.num_global_layers:
@@ -208,15 +246,8 @@ def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, to
     else:
         layer_tokens = f"{plural(spec.layers, 'layer')} · {plural(tokens, 'token')}"
     if spec.is_mla:
-        per_layer = f"({spec.kv_lora_rank} + {spec.qk_rope_head_dim}) latent"
-        terms = [layer_tokens, per_layer]
-    else:
-        terms = ["2", layer_tokens, plural(spec.kv_heads, "KV head"), f"{spec.head_dim} dim"]
-    scalar_bytes = bits_per_scalar / 8
-    terms.append(f"{scalar_bytes:g} B")
-    if seqs != 1:
-        terms.append(f"{seqs:,} seqs")
-    return " · ".join(terms) + f" = {format_bytes(Fraction(total_bits, 8))}"  # exact, half bytes included
+        return [layer_tokens, f"({spec.kv_lora_rank} + {spec.qk_rope_head_dim}) latent"]
+    return ["2", layer_tokens, plural(spec.kv_heads, "KV head"), f"{spec.head_dim} dim"]
 
 
 def compute_size(
@@ -243,6 +274,7 @@ def compute_size(
         spec=spec, dtype=dtype, bits_per_scalar=DTYPE_BITS[dtype], tokens=tokens, seqs=seqs, tp=tp,
         block_size=block_size, kv_heads_per_gpu=kv_heads_per_gpu(spec, tp),
     )
+    spec.state_bits(tp)  # a --tp that the recurrent state cannot be split by is refused here, naming it
     if memory_bytes is None:
         return result
     if memory_bytes <= 0:
@@ -266,7 +298,8 @@ class PresetRow:
 
     spec: ModelSpec
     bytes_per_token: int
-    bytes_per_seq: dict[int, int]  # context tokens -> bytes of one sequence (windows applied)
+    bytes_per_seq: dict[int, int]  # context tokens -> bytes of one sequence (windows applied, state included)
+    state_bytes_per_seq: int = 0
 
 
 def preset_rows(
@@ -279,8 +312,9 @@ def preset_rows(
     return [
         PresetRow(
             spec=spec,
-            bytes_per_token=bits_to_bytes(spec.layers * spec.scalars_per_token_per_layer * bits),
-            bytes_per_seq={n: bits_to_bytes(spec.kv_bits(n, bits)) for n in contexts},
+            bytes_per_token=spec.bytes_per_token(bits),
+            bytes_per_seq={n: bits_to_bytes(spec.kv_bits(n, bits) + spec.state_bits()) for n in contexts},
+            state_bytes_per_seq=bits_to_bytes(spec.state_bits()),
         )
         for spec in specs
     ]

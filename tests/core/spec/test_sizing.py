@@ -154,14 +154,17 @@ dtypes = st.sampled_from(["fp32", "fp16", "bf16", "fp8", "int8", "int4"])
 @settings(max_examples=200, deadline=None)
 @given(spec=specs, dtype=dtypes, a=st.integers(1, 4096), b=st.integers(1, 4096), seqs=st.integers(1, 10**7))
 def test_linear_in_tokens_below_the_window_and_in_seqs(spec, dtype, a, b, seqs):
-    # Below every window each token costs the same in every layer, so KV is proportional to tokens and seqs.
+    # Below every window each token costs the same in every layer, so KV is proportional to tokens and seqs;
+    # a hybrid's recurrent state is a constant per sequence on top of it (sequence totals include it).
     lo, hi = min(a, b), max(a, b)
     if spec.sliding_window is not None and hi > spec.sliding_window:
         return
     r_lo = compute_size(spec, dtype, tokens=lo, seqs=seqs)
     r_hi = compute_size(spec, dtype, tokens=hi, seqs=seqs)
-    assert r_lo.total_bits * hi == r_hi.total_bits * lo
-    assert r_lo.total_bits == seqs * lo * r_lo.bits_per_token
+    state = seqs * r_lo.state_bits_per_seq
+    assert r_hi.state_bits_per_seq == r_lo.state_bits_per_seq
+    assert (r_lo.total_bits - state) * hi == (r_hi.total_bits - state) * lo
+    assert r_lo.total_bits - state == seqs * lo * r_lo.bits_per_token
 
 
 @settings(max_examples=200, deadline=None)
@@ -182,8 +185,11 @@ def test_tp_split_sums_back(spec, tokens, seqs, exponent):
     if spec.is_mla:
         assert r.per_gpu_bits == r.total_bits
     else:
-        # Every head is on replicas_per_head GPUs: the GPUs together hold that many copies of the whole.
-        assert r.per_gpu_bits * tp == r.total_bits * r.replicas_per_head
+        # Every head is on replicas_per_head GPUs: the GPUs together hold that many copies of the whole KV.
+        # A hybrid's recurrent state splits by its own heads (replicated Mamba groups: tests/core/spec/test_state.py).
+        kv_per_gpu = r.per_gpu_kv_bits_per_seq * seqs
+        assert kv_per_gpu * tp == (r.total_bits - seqs * r.state_bits_per_seq) * r.replicas_per_head
+        assert r.per_gpu_bits == kv_per_gpu + seqs * spec.state_bits(tp)
         if tp <= spec.kv_heads:
             assert r.replicas_per_head == 1
 
