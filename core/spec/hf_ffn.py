@@ -1,0 +1,143 @@
+"""The MLP and MoE blocks of a Hugging Face config, layer by layer, for the weight estimate; and the MoE
+expert counts.
+
+Expert counts: routed experts `n_routed_experts` (DeepSeek, Nemotron), `num_local_experts` (Mixtral,
+gpt-oss, MiniMax, Llama-4) or `num_experts` (Qwen-MoE, Jamba, Gemma-4); per token `num_experts_per_tok`,
+`top_k_experts` (Gemma-4) or `experts_per_token` (gpt-oss); both or neither (they change no KV: experts
+are MLPs). Shared experts: `n_shared_experts` · `moe_intermediate_size` (DeepSeek),
+`shared_expert_intermediate_size` (Qwen-MoE), `moe_shared_expert_intermediate_size` (Nemotron-H), one of
+`intermediate_size` (Llama-4).
+
+Which layers are MoE: `first_k_dense_replace` (DeepSeek: the first k dense), `moe_layer_freq` (a list,
+MiMo; 1 MoE), `mlp_layer_types` (dense / sparse), `decoder_sparse_step` with `mlp_only_layers` (Qwen-MoE),
+`interleave_moe_layer_step` / `moe_layers` (Llama-4; dense layers `intermediate_size_mlp` wide),
+`expert_layer_period` / `expert_layer_offset` (Jamba), `E` blocks of Nemotron-H (whose `-` blocks are dense
+and `M` / `*` blocks have no MLP), `enable_moe_block` (Gemma-4: a dense MLP beside the experts), DeciLM's
+per-block `ffn_mult`; else every layer. Expert width `moe_intermediate_size` / `expert_intermediate_size`,
+else `intermediate_size`. MLPs are gated (three matrices) unless the activation is relu2 or the model type
+has a plain two-matrix MLP.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .hf_fields import ConfigFields
+from .layers import FfnGroup
+
+_PLAIN_MLP_TYPES = frozenset({"falcon", "opt", "gpt2", "gpt_bigcode", "gptj", "gpt_neox", "phi", "mpt", "bloom",
+                              "starcoder2", "RefinedWeb", "RefinedWebModel"})
+
+
+def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
+    """(routed experts, experts per token), both None for a dense model."""
+    if f.flag("enable_moe_block") is False:
+        f.raw("num_experts", "top_k_experts")
+        return None, None
+    experts = f.int("n_routed_experts", "num_local_experts", "num_experts")
+    per_token = f.int("num_experts_per_tok", "top_k_experts", "experts_per_token")
+    if (experts is None) != (per_token is None):
+        missing = "num_experts_per_tok (or top_k_experts)" if per_token is None else "the expert count"
+        raise f.error(f"a MoE config needs both the expert count and the experts per token (missing {missing}); "
+                      "add it to the file")
+    if experts is not None and per_token > experts:  # type: ignore[operator]
+        raise f.error(f"{per_token} experts per token exceeds the {experts} experts; fix the file")
+    return experts, per_token
+
+
+def ffn_groups(f: ConfigFields, n: int, hidden: int) -> tuple[FfnGroup, ...]:
+    """One FfnGroup per distinct block (see the module docstring); () when the config lacks the widths."""
+    intermediate = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner")
+    experts, per_token = expert_counts(f)
+    gated = not (f.raw("hidden_act", "mlp_hidden_act") == "relu2" or f.raw("model_type") in _PLAIN_MLP_TYPES)
+    blocks = f.raw("block_configs")
+    if blocks is not None:
+        return _count([_decilm_ffn(block, hidden, gated) for block in blocks])
+    expert_width = f.int("moe_intermediate_size", "expert_intermediate_size") or intermediate
+    shared = _shared_width(f, expert_width, intermediate)
+    dense_width = f.int("intermediate_size_mlp") or intermediate
+    moe = _moe_layers(f, n, experts is not None)
+    if intermediate is None and expert_width is None:
+        return ()
+    blocks = _nemotron_blocks(f, n)
+    per_layer = []
+    for i in range(n):
+        if blocks is not None and blocks[i] not in ("mlp", "moe"):
+            per_layer.append(None)  # Nemotron-H: Mamba and attention blocks carry no MLP
+        elif moe[i]:
+            beside = intermediate if f.flag("enable_moe_block") else 0  # Gemma-4's dense MLP next to the experts
+            per_layer.append(FfnGroup(1, (shared or 0) + (beside or 0), experts or 0, per_token or 0,
+                                      expert_width or 0, gated))
+        else:
+            per_layer.append(FfnGroup(1, dense_width or 0, gated=gated))
+    return _count([g for g in per_layer if g is not None and (g.dense_intermediate or g.experts)])
+
+
+def _shared_width(f: ConfigFields, expert_width: int | None, intermediate: int | None) -> int | None:
+    if f.int("n_shared_experts") is not None:
+        return f.int("n_shared_experts") * (expert_width or 0)  # type: ignore[operator]
+    width = f.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    if width is not None:
+        return width
+    if str(f.raw("model_type")).startswith("llama4"):
+        return intermediate  # Llama-4's one shared expert per MoE layer
+    return None
+
+
+def _nemotron_blocks(f: ConfigFields, n: int) -> list[str] | None:
+    """Nemotron-H's block of each layer (mamba, attention, mlp, moe), None for other models."""
+    pattern = f.raw("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == n:
+        return [{"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}.get(c, c) for c in pattern]
+    blocks = f.raw("layers_block_type")
+    if f.raw("model_type") == "nemotron_h" and isinstance(blocks, list) and len(blocks) == n:
+        return [str(b) for b in blocks]
+    return None
+
+
+def _moe_layers(f: ConfigFields, n: int, is_moe: bool) -> list[bool]:
+    if not is_moe:
+        return [False] * n
+    blocks = _nemotron_blocks(f, n)
+    if blocks is not None:
+        return [b == "moe" for b in blocks]
+    freq = f.raw("moe_layer_freq")
+    if isinstance(freq, list) and len(freq) == n:
+        return [bool(x) for x in freq]
+    types = f.raw("mlp_layer_types")
+    if isinstance(types, list) and len(types) == n:
+        return [t == "sparse" for t in types]
+    first_dense = f.int("first_k_dense_replace", minimum=0)
+    if first_dense is not None:
+        step = freq if isinstance(freq, int) and freq > 0 else 1
+        return [i >= first_dense and (i - first_dense) % step == 0 for i in range(n)]
+    layers = f.raw("moe_layers")
+    if isinstance(layers, list):
+        return [i in set(layers) for i in range(n)]
+    step = f.int("interleave_moe_layer_step")
+    if step is not None:
+        return [(i + 1) % step == 0 for i in range(n)]
+    period, offset = f.int("expert_layer_period"), f.int("expert_layer_offset", minimum=0)
+    if period is not None:
+        return [i % period == (offset or 0) for i in range(n)]
+    sparse_step = f.int("decoder_sparse_step")
+    only_dense = set(f.raw("mlp_only_layers") or [])
+    if sparse_step is not None:
+        return [i not in only_dense and (i + 1) % sparse_step == 0 for i in range(n)]
+    return [True] * n
+
+
+def _decilm_ffn(block: object, hidden: int, gated: bool) -> FfnGroup:
+    """DeciLM: intermediate = the multiple of 256 at or above int(2 · ffn_mult · hidden / 3)."""
+    ffn = block.get("ffn", {}) if isinstance(block, dict) else {}
+    mult = ffn.get("ffn_mult")
+    if ffn.get("no_op") or ffn.get("replace_with_linear") or not mult:
+        return FfnGroup(1)
+    width = int(2 * mult * hidden / 3)
+    return FfnGroup(1, -(-width // 256) * 256, gated=gated)
+
+
+def _count(groups: list[FfnGroup]) -> tuple[FfnGroup, ...]:
+    counts = Counter(groups)
+    return tuple(FfnGroup(c, g.dense_intermediate, g.experts, g.experts_per_token, g.expert_intermediate, g.gated)
+                 for g, c in counts.items())

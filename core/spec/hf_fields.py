@@ -1,0 +1,114 @@
+"""A config.json object that remembers which fields were read, so that an unread field that could change
+which layers keep KV (or how much) is an error naming it, never ignored.
+
+`STRUCTURAL` is the pattern of field names that may describe the KV cache layer by layer (layer kinds,
+patterns, windows, chunks, KV sharing, recurrent state, head counts and widths, sparse or compressed
+attention). After a config is read, a field that matches it, holds a value (not null / false / 0 / empty)
+and was not read is refused, unless `KNOWN_NO_KV` lists it as a field that does not touch the cache.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+STRUCTURAL = re.compile(
+    r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
+    r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
+    r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_channels|"
+    r"index_|sparse_attention|compress|linear_|conv_"
+)
+
+# Fields that match STRUCTURAL but do not change the KV cache or the recurrent state (read by nothing).
+KNOWN_NO_KV = frozenset({
+    "chunk_size_feed_forward",  # transformers' feed-forward chunking (compute, not cache)
+    "chunk_size", "mamba_chunk_size",  # Mamba scan chunk length (compute)
+    "mamba_hidden_act", "mamba_proj_bias", "mamba_conv_bias", "use_mamba_kernels", "mamba_rms_norm",
+    "mamba_norm_before_gate", "mamba_d_ssm_bias",
+    "cache_implementation",  # how transformers' generate allocates its cache, not the model
+    "conv_bias", "linear_bias",
+})
+# ... and by pattern: residual scales of MiniMax's norms, per-kind RoPE bases, attention-sink biases, and
+# the multi-token-prediction heads (which serve only speculative decoding, off by default).
+KNOWN_NO_KV_PATTERN = re.compile(r"^layernorm_\w+_(alpha|beta)$|rope_theta$|sink_bias$|^mtp_")
+
+
+class ConfigFields:
+    """Read access to one config object; every key looked up is recorded in `read`."""
+
+    def __init__(self, data: Mapping[str, Any], source: str) -> None:
+        self.data = data
+        self.source = source
+        self.read: set[str] = set()
+
+    def error(self, message: str) -> ValueError:
+        return ValueError(f"{self.source}: {message}")
+
+    def raw(self, *keys: str) -> Any:
+        """The first of `keys` whose value is not null (None if none); all of them count as read."""
+        self.read.update(keys)
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self.data[key]
+        return None
+
+    def key_of(self, *keys: str) -> str | None:
+        """Which of `keys` holds the value `raw` returns."""
+        return next((key for key in keys if self.data.get(key) is not None), None)
+
+    def int(self, *keys: str, minimum: int = 1) -> int | None:
+        value = self.raw(*keys)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            kind = "positive" if minimum == 1 else f"at least {minimum}"
+            raise self.error(f"field '{self.key_of(*keys)}' must be a {kind} integer, got {value!r}")
+        return value
+
+    def required_int(self, *keys: str, fix: str = "add it to the file") -> int:
+        value = self.int(*keys)
+        if value is None:
+            raise self.error(f"missing the field '{keys[0]}'; {fix}")
+        return value
+
+    def flag(self, key: str) -> bool | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self.error(f"field '{key}' must be true or false, got {value!r}")
+        return value
+
+    def int_list(self, key: str, length: int | None = None) -> list[int] | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise self.error(f"field '{key}' must be a list of integers, got {value!r}")
+        if length is not None and len(value) != length:
+            raise self.error(f"{key} lists {len(value)} layers but num_hidden_layers is {length}; fix one")
+        return value
+
+    def str_list(self, key: str, length: int | None = None) -> list[str] | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+            raise self.error(f"field '{key}' must be a list of strings, got {value!r}")
+        if length is not None and len(value) != length:
+            raise self.error(f"{key} lists {len(value)} layers but num_hidden_layers is {length}; fix one")
+        return value
+
+    def check_all_understood(self) -> None:
+        """Refuse a set structural field that nothing read (see the module docstring)."""
+        for key, value in self.data.items():
+            if key in self.read or key in KNOWN_NO_KV or KNOWN_NO_KV_PATTERN.search(key) or not STRUCTURAL.search(key):
+                continue
+            if value in (None, False, 0, "", [], {}):
+                continue
+            raise self.error(
+                f"field '{key}' may change which layers keep KV or how much, and kvcalc does not read it; "
+                "the KV it reports could be wrong, so it stops here (remove the field if it does not touch "
+                "the KV cache)"
+            )

@@ -1,0 +1,260 @@
+"""The layer groups of a Hugging Face config: each layer's kind (hf_layers.py) with its heads, widths,
+window and recurrent state, equal layers merged.
+
+Attention dimensions:
+
+* KV heads `num_key_value_heads` (Falcon's `num_kv_heads` with the new decoder architecture, RefinedWeb
+  `n_head_kv`); absent or null: one with `multi_query`, else as many as query heads;
+* head dim `head_dim` (Nemotron-H / Zamba `attention_head_dim`), else hidden_size / heads; V head dim
+  `v_head_dim` when it differs (MiMo), else the K head dim;
+* full-attention layers of Gemma-4: `global_head_dim`, and `num_global_key_value_heads` when
+  `attention_k_eq_v` is true (transformers' Gemma4 reads it only then). Rule for `attention_k_eq_v`: the
+  layer has no V projection, V is K's projection normalised differently (K is rotated, V is not), so the
+  two cached tensors differ and the cache keeps both: the factor 2 stays;
+* sliding layers of MiMo: `swa_num_key_value_heads`, `swa_head_dim`, `swa_v_head_dim`;
+* `per_layer_config` ({"05": {"head_dim": 512, "num_key_value_heads": 2}}): those layers' own values;
+* MLA (`kv_lora_rank`, `qk_rope_head_dim`; q/k heads `qk_nope_head_dim + qk_rope_head_dim` wide) for every
+  attention layer; its `num_key_value_heads` is not the cache;
+* `num_kv_shared_layers` (Gemma-3n, Gemma-4): the last that many layers reuse earlier layers' KV: none.
+* `block_configs` (DeciLM / Llama-Nemotron): per layer, `no_op` or `replace_with_linear` attention keeps no
+  KV, else num_attention_heads / `n_heads_in_group` KV heads, `window_length` a sliding window.
+
+Recurrent state (state.py): Mamba-2 from `mamba_num_heads`/`mamba_n_heads`, `mamba_head_dim`/`mamba_d_head`,
+`ssm_state_size`/`mamba_d_state`, `n_groups`/`mamba_n_groups`, `conv_kernel`/`mamba_d_conv`; Mamba-1 (Jamba)
+from `mamba_expand`, `mamba_d_state`, `mamba_d_conv`; Gated DeltaNet from the `linear_*` fields; MiniMax's
+lightning attention from its heads; LFM2's short convolution from `conv_L_cache`. The conv state is in the
+model's dtype (`torch_dtype` / `dtype`), the SSM state in `mamba_ssm_dtype` / `mamba_ssm_cache_dtype`, else
+the default of transformers' config class (float32 for nemotron_h), else the model's dtype; with no dtype
+at all bf16 is assumed and said. A recurrent layer whose state fields are missing is kept with an unknown
+state, and the spec's notes say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from ..dtypes import parse_dtype
+from .hf_fields import ConfigFields
+from .hf_layers import chunk_size, layer_kinds, sliding_window
+from .layers import UNKNOWN_STATE_NOTE, LayerGroup
+from .state import RecurrentState
+
+_SSM_DTYPE_DEFAULTS = {"nemotron_h": "fp32"}  # transformers' NemotronHConfig.mamba_ssm_cache_dtype
+
+
+def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[str]) -> tuple[LayerGroup, ...]:
+    """The merged layer groups of an `n`-layer config with `heads` query heads of `head_dim` (K width)."""
+    if f.raw("block_configs") is not None:
+        layers = _decilm_layers(f, n, heads, head_dim)
+    else:
+        kinds = layer_kinds(f, n)
+        recurrent = any(kind in ("recurrent", "lightning", "conv", "hybrid") for kind in kinds)
+        dtypes = _state_dtypes(f, notes) if recurrent else ("bf16", "bf16")
+        layers = [g for kind in kinds for g in _layer(f, kind, heads, head_dim, dtypes)]
+        layers = _per_layer_overrides(f, layers, n)
+    layers = _kv_shared(f, layers, n)
+    unknown = sum(1 for g in layers if g.note == UNKNOWN_STATE_NOTE)
+    if unknown:
+        notes.append(f"the recurrent state of {unknown} linear-attention / state-space layers is not known (the "
+                     "config has no Mamba, linear_* or lightning fields): state_bytes_per_seq leaves it out")
+    return _merge(layers)
+
+
+def model_dtype(f: ConfigFields) -> str | None:
+    """The checkpoint's dtype (`torch_dtype`, or transformers 5's `dtype`), None when the config names none."""
+    value = f.raw("torch_dtype", "dtype")
+    return None if value is None else _dtype(f, value, f.key_of("torch_dtype", "dtype") or "torch_dtype")
+
+
+def _state_dtypes(f: ConfigFields, notes: list[str]) -> tuple[str, str]:
+    """(conv state dtype, SSM / recurrent state dtype) by the rule in the module docstring."""
+    conv = model_dtype(f)
+    if conv is None:
+        notes.append("the config names no dtype (torch_dtype): the recurrent state is assumed bf16")
+        conv = "bf16"
+    value = f.raw("mamba_ssm_dtype", "mamba_ssm_cache_dtype")
+    if value in (None, "auto"):
+        return conv, _SSM_DTYPE_DEFAULTS.get(str(f.raw("model_type")), conv)
+    return conv, _dtype(f, value, f.key_of("mamba_ssm_dtype", "mamba_ssm_cache_dtype") or "mamba_ssm_dtype")
+
+
+def _dtype(f: ConfigFields, value: object, field: str) -> str:
+    try:
+        return parse_dtype(str(value).removeprefix("torch."))
+    except ValueError:
+        raise f.error(f"field '{field}' is {value!r}, not a dtype kvcalc knows (float32, bfloat16, ...)") from None
+
+
+def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGroup:
+    kv_lora = f.int("kv_lora_rank")
+    if kv_lora is not None:
+        if kind != "full":
+            raise f.error(f"MLA (kv_lora_rank) with {kind} layers is not a layout kvcalc knows; it stops here")
+        rope = f.int("qk_rope_head_dim")
+        if rope is None:
+            raise f.error("MLA config has kv_lora_rank but is missing the field 'qk_rope_head_dim'")
+        f.raw("num_key_value_heads")  # the query heads' K/V count after decompression, not the cache
+        nope = f.int("qk_nope_head_dim")
+        k_dim = nope + rope if nope is not None else head_dim
+        return LayerGroup("mla", 1, kv_heads=1, k_head_dim=k_dim, v_head_dim=f.int("v_head_dim") or k_dim,
+                          kv_lora_rank=kv_lora, rope_dim=rope, q_heads=heads, q_lora_rank=f.int("q_lora_rank") or 0)
+    kv_heads = kv_heads_of(f, heads)
+    k_dim, v_dim, q_heads, window = head_dim, f.int("v_head_dim") or head_dim, heads, None
+    k_eq_v = bool(f.flag("attention_k_eq_v")) and kind == "full"
+    if kind == "full":
+        global_dim = f.int("global_head_dim")
+        if global_dim is not None:
+            k_dim = v_dim = global_dim
+        if k_eq_v:
+            kv_heads = f.int("num_global_key_value_heads") or kv_heads
+    elif kind == "sliding":
+        kv_heads = f.int("swa_num_key_value_heads") or kv_heads
+        k_dim = f.int("swa_head_dim") or k_dim
+        v_dim = f.int("swa_v_head_dim") or (k_dim if f.int("swa_head_dim") else v_dim)
+        q_heads, window = f.int("swa_num_attention_heads") or heads, sliding_window(f)
+    else:
+        window = chunk_size(f)
+    return LayerGroup(kind, 1, kv_heads=kv_heads, k_head_dim=k_dim, v_head_dim=v_dim, window=window,
+                      q_heads=q_heads, gated_query=bool(f.flag("attn_output_gate")), k_eq_v=k_eq_v)
+
+
+def kv_heads_of(f: ConfigFields, heads: int) -> int:
+    """KV heads by the spellings in the module docstring."""
+    if f.raw("model_type") == "falcon" and not f.flag("new_decoder_architecture"):
+        # Falcon-7B style: `num_kv_heads` is only read with the new decoder architecture (Falcon-40B/180B).
+        f.raw("num_kv_heads")
+        return 1 if f.flag("multi_query") else heads
+    value = f.int("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    if value is not None:
+        return value
+    return 1 if f.flag("multi_query") else heads
+
+
+def _layer(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[str, str]) -> list[LayerGroup]:
+    if kind in ("full", "sliding", "chunked"):
+        return [_attention(f, kind, heads, head_dim)]
+    if kind == "mlp":
+        return [LayerGroup("none", 1, note="MLP only")]
+    if kind == "hybrid":
+        state = _state(f, "recurrent", heads, head_dim, dtypes)
+        if state is None:
+            raise f.error("hybrid layers (attention + Mamba) need the Mamba fields (mamba_n_heads, mamba_d_head, "
+                          "mamba_d_state, ...); add them")
+        return [_attention(f, "full", heads, head_dim), LayerGroup("none", 1, note=state.kind, state=state)]
+    state = _state(f, kind, heads, head_dim, dtypes)
+    if state is None:
+        return [LayerGroup("none", 1, note=UNKNOWN_STATE_NOTE)]
+    return [LayerGroup("none", 1, note=state.kind, state=state)]
+
+
+def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[str, str]) -> RecurrentState | None:
+    conv, ssm = dtypes
+    hidden = f.int("hidden_size", "d_model") or heads * head_dim
+    if kind == "lightning":
+        return RecurrentState("lightning", conv, conv, heads=heads, head_dim=head_dim)
+    if kind == "conv":
+        width = f.int("conv_dim") or hidden
+        return RecurrentState("short_conv", conv, conv, d_inner=width, d_conv=f.required_int("conv_L_cache"))
+    mamba_heads = f.int("mamba_num_heads", "mamba_n_heads")
+    linear_heads = f.int("linear_num_value_heads")
+    mamba1 = f.int("mamba_expand") if mamba_heads is None else None
+    if sum(x is not None for x in (mamba_heads, linear_heads, mamba1)) > 1:
+        raise f.error("the config has both Mamba and linear-attention state fields; kvcalc cannot tell which "
+                      "its recurrent layers use")
+    if mamba_heads is not None:
+        d_head = f.raw("mamba_head_dim", "mamba_d_head")
+        d_inner = f.int("mamba_d_ssm") or (
+            mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head") if d_head != "auto"
+            else (f.int("mamba_expand", "expand") or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
+        )
+        f.int("expand")  # Nemotron-H's expand is d_inner / hidden_size, already given by heads · head_dim
+        return RecurrentState(
+            "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
+            d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
+            n_groups=f.int("n_groups", "mamba_n_groups") or 1, d_conv=f.required_int("conv_kernel", "mamba_d_conv"),
+        )
+    if linear_heads is not None:
+        return RecurrentState(
+            "gated_deltanet", conv, ssm, heads=linear_heads, head_dim=f.required_int("linear_value_head_dim"),
+            k_heads=f.required_int("linear_num_key_heads"), k_dim=f.required_int("linear_key_head_dim"),
+            d_conv=f.required_int("linear_conv_kernel_dim"),
+        )
+    if mamba1 is not None:
+        dt_rank = f.raw("mamba_dt_rank")
+        return RecurrentState(
+            "mamba1", conv, ssm, d_inner=mamba1 * hidden, d_state=f.required_int("mamba_d_state"),
+            d_conv=f.required_int("mamba_d_conv"), dt_rank=-(-hidden // 16) if dt_rank in (None, "auto") else dt_rank,
+        )
+    return None
+
+
+def _decilm_layers(f: ConfigFields, n: int, heads: int, head_dim: int) -> list[LayerGroup]:
+    blocks = f.raw("block_configs")
+    if not isinstance(blocks, list) or len(blocks) != n:
+        raise f.error(f"block_configs must list one block per layer ({n}), got {type(blocks).__name__}")
+    layers = []
+    for i, block in enumerate(blocks):
+        attention = block.get("attention") if isinstance(block, Mapping) else None
+        if not isinstance(attention, Mapping):
+            raise f.error(f"block_configs[{i}] has no 'attention' object")
+        for key in ("sparsify", "num_sink_tokens"):
+            if attention.get(key) not in (None, False, 0):
+                raise f.error(f"block_configs[{i}].attention.{key} is {attention[key]!r}: kvcalc does not model it")
+        if attention.get("no_op") or attention.get("replace_with_linear"):
+            note = "no-op" if attention.get("no_op") else "linear replacement"
+            layers.append(LayerGroup("none", 1, note=f"{note} attention"))
+            continue
+        group = attention.get("n_heads_in_group")
+        if isinstance(group, bool) or not isinstance(group, int) or group <= 0 or heads % group:
+            raise f.error(f"block_configs[{i}].attention.n_heads_in_group must divide the {heads} heads, "
+                          f"got {group!r}")
+        window = attention.get("window_length")
+        kind = "sliding" if window else "full"
+        layers.append(LayerGroup(kind, 1, kv_heads=heads // group, k_head_dim=head_dim, v_head_dim=head_dim,
+                                 window=window or None, q_heads=heads))
+    return layers
+
+
+def _per_layer_overrides(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:
+    table = f.raw("per_layer_config")
+    if table is None:
+        return layers
+    if not isinstance(table, Mapping) or len(layers) != n:
+        raise f.error("per_layer_config must map layer indices to objects (and layers must be one entry each)")
+    layers = list(layers)
+    for key, values in table.items():
+        try:
+            index = int(key)
+        except ValueError:
+            raise f.error(f"per_layer_config key {key!r} is not a layer index") from None
+        unknown = set(values) - {"head_dim", "num_key_value_heads"} if isinstance(values, Mapping) else {values}
+        if not 0 <= index < n or unknown:
+            raise f.error(f"per_layer_config[{key!r}]: kvcalc reads head_dim and num_key_value_heads of layers "
+                          f"0..{n - 1}, got {values!r}")
+        g = layers[index]
+        dim = values.get("head_dim", g.k_head_dim)
+        layers[index] = dataclasses.replace(g, kv_heads=values.get("num_key_value_heads", g.kv_heads),
+                                            k_head_dim=dim, v_head_dim=dim)
+    return layers
+
+
+def _kv_shared(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:
+    shared = f.int("num_kv_shared_layers", minimum=0) or 0
+    if not shared:
+        return layers
+    if shared >= n or len(layers) != n:
+        raise f.error(f"num_kv_shared_layers {shared} must be below num_hidden_layers {n}")
+    return layers[:n - shared] + [
+        LayerGroup("none", 1, note="KV shared", q_heads=g.q_heads, k_head_dim=g.k_head_dim, v_head_dim=g.v_head_dim)
+        for g in layers[n - shared:]
+    ]
+
+
+def _merge(layers: list[LayerGroup]) -> tuple[LayerGroup, ...]:
+    """Equal layers as one group each, in order of first appearance."""
+    counts: dict[LayerGroup, int] = {}
+    for g in layers:
+        key = dataclasses.replace(g, count=1)
+        counts[key] = counts.get(key, 0) + g.count
+    return tuple(dataclasses.replace(g, count=c) for g, c in counts.items())

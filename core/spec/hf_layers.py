@@ -1,0 +1,186 @@
+"""Which kind each layer of a Hugging Face config is, by the conventions real configs use.
+
+One convention names the layer kinds (when a config carries two, they must agree):
+
+* `layers_block_type` (a list) or `hybrid_override_pattern` (Nemotron-H: M Mamba, * attention, - MLP, E MoE);
+* `layer_types`: full_attention, sliding_attention, chunked_attention, linear_attention, mamba, attention,
+  conv, hybrid (attention and Mamba in one layer), mlp / moe (no attention);
+* `attn_type_list` (MiniMax: 1 softmax attention, 0 lightning linear attention);
+* `hybrid_layer_pattern` (MiMo: 0 full, 1 sliding window, with its own `swa_*` heads and dims);
+* `attn_layer_period` / `attn_layer_offset` (Jamba: attention where i % period == offset, else Mamba);
+* `attn_layer_indices` (Bamba), `full_attn_idxs` (LFM2, else short convolution), `full_attention_interval`
+  (Qwen3-Next / Qwen3.5, default 4: every 4th layer full, the rest linear attention);
+* Falcon-H1: every layer hybrid.
+
+Otherwise attention layers only, windowed by: `attention_chunk_size` on the RoPE layers of `no_rope_layers`
+(Llama-4; NoPE layers are global; default one NoPE layer in `no_rope_layer_interval` = 4);
+`sliding_window_pattern` (an int p: layer i slides unless (i + 1) % p == 0; or a string like "LLLG") or the
+model type's alternation (gemma2 and gpt_oss 2, gemma3 6, gemma4 6 with the last layer global, cohere2 and
+exaone4 4), as transformers' configs default them; Qwen2/3 `use_sliding_window` with `max_window_layers`
+(layers from that index slide); else `sliding_window` on every layer (Mistral-7B-v0.1); else none.
+`use_sliding_window: false` switches a window off. A window that a config sets but that no layer can be
+given is an error, as is any kind kvcalc does not know.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from .hf_fields import ConfigFields
+
+# The kinds this module returns, per layer:
+#   full, sliding, chunked: attention; recurrent: Mamba or linear attention (the state by the fields);
+#   lightning: MiniMax's linear attention; conv: short convolution; hybrid: attention + Mamba in one layer;
+#   mlp: no mixer (MLP or MoE only).
+_LAYER_TYPES = {
+    "full_attention": "full", "attention": "full", "sliding_attention": "sliding",
+    "chunked_attention": "chunked", "linear_attention": "recurrent", "mamba": "recurrent", "mamba2": "recurrent",
+    "conv": "conv", "hybrid": "hybrid", "mlp": "mlp", "moe": "mlp",
+}
+_PATTERN_CHARS = {"M": "recurrent", "*": "full", "-": "mlp", "E": "mlp"}
+_PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "gemma4": 6, "gemma4_text": 6,
+            "cohere2": 4, "exaone4": 4}
+_LAST_LAYER_GLOBAL = frozenset({"gemma4", "gemma4_text"})  # transformers' Gemma4 forces it
+_INTERVAL_DEFAULT_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+_JAMBA_TYPES = frozenset({"jamba"})
+_LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
+
+
+def layer_kinds(f: ConfigFields, n: int) -> list[str]:
+    """The kind of each of the `n` layers (see the module docstring)."""
+    model_type = str(f.raw("model_type"))
+    # Read by the rules below only in some cases, and (as in transformers) irrelevant in the others: a
+    # pattern beside layer_types, max_window_layers with the window off, NoPE layers without chunks.
+    f.raw("use_sliding_window", "max_window_layers", "sliding_window_pattern", "no_rope_layers",
+          "no_rope_layer_interval", "sliding_window", "sliding_window_size")
+    found = [(field, kinds) for field, kinds in _named_kinds(f, n, model_type) if kinds is not None]
+    for (field, kinds), (other, other_kinds) in pairwise(found):
+        if kinds != other_kinds:
+            raise f.error(f"{field} and {other} disagree on which layers are which; remove one of them")
+    kinds = found[0][1] if found else _attention_kinds(f, n, model_type)
+    _check_windows(f, kinds, model_type)
+    return kinds
+
+
+def _named_kinds(f: ConfigFields, n: int, model_type: str):
+    """(field, kinds or None) for each convention that names layer kinds."""
+    blocks = f.raw("layers_block_type")
+    pattern = f.raw("hybrid_override_pattern")
+    if blocks is not None:
+        names = _strings(f, blocks, n, "layers_block_type")
+        yield "layers_block_type", [_kind(f, "layers_block_type", b, _LAYER_TYPES) for b in names]
+    if pattern is not None:
+        if not isinstance(pattern, str) or len(pattern) != n:
+            raise f.error(f"hybrid_override_pattern must have one character per layer ({n}), got {pattern!r}")
+        yield "hybrid_override_pattern", [_kind(f, "hybrid_override_pattern", c, _PATTERN_CHARS) for c in pattern]
+    types = f.str_list("layer_types", n)
+    if types is not None:
+        lightning = model_type.startswith("minimax")
+        yield "layer_types", ["lightning" if lightning and t == "linear_attention" else
+                              _kind(f, "layer_types", t, _LAYER_TYPES) for t in types]
+    attn_types = f.int_list("attn_type_list", n)
+    if attn_types is not None:
+        yield "attn_type_list", [_kind(f, "attn_type_list", t, {1: "full", 0: "lightning"}) for t in attn_types]
+    mimo = f.int_list("hybrid_layer_pattern", n)
+    if mimo is not None:
+        yield "hybrid_layer_pattern", [_kind(f, "hybrid_layer_pattern", t, {0: "full", 1: "sliding"}) for t in mimo]
+    period, offset = f.int("attn_layer_period"), f.int("attn_layer_offset", minimum=0)
+    if period is not None or offset is not None or model_type in _JAMBA_TYPES:
+        period, offset = period or 8, 4 if offset is None else offset  # JambaConfig's defaults
+        if offset >= period:
+            raise f.error(f"attn_layer_offset {offset} must be below attn_layer_period {period}")
+        yield "attn_layer_period", ["full" if i % period == offset else "recurrent" for i in range(n)]
+    for field, other in (("attn_layer_indices", "recurrent"), ("full_attn_idxs", "conv")):
+        indices = f.int_list(field)
+        if indices is not None:
+            yield field, ["full" if i in set(indices) else other for i in range(n)]
+    interval = f.int("full_attention_interval")
+    if interval is not None or (model_type in _INTERVAL_DEFAULT_TYPES and types is None):
+        interval = interval or 4
+        yield "full_attention_interval", ["full" if (i + 1) % interval == 0 else "recurrent" for i in range(n)]
+    if model_type == "falcon_h1":
+        yield "model_type falcon_h1", ["hybrid"] * n
+    if f.raw("linear_attn_config") is not None:
+        raise f.error("field 'linear_attn_config' (Kimi Delta Attention layers) is not read by kvcalc: its "
+                      "recurrent state and layer split would be guessed, so it stops here")
+
+
+def _strings(f: ConfigFields, value: object, n: int, field: str) -> list[str]:
+    if not isinstance(value, list) or len(value) != n or any(not isinstance(v, str) for v in value):
+        raise f.error(f"{field} must be a list of {n} strings (one per layer), got {value!r}")
+    return value
+
+
+def _kind(f: ConfigFields, field: str, value: object, table: dict) -> str:
+    if value not in table:
+        known = ", ".join(repr(k) for k in table)
+        raise f.error(f"{field} has the entry {value!r}, a layer kind kvcalc does not know (it knows {known}); "
+                      "its KV would be a guess, so it stops here")
+    return table[value]
+
+
+def _attention_kinds(f: ConfigFields, n: int, model_type: str) -> list[str]:
+    """Attention-only models: which layers slide or are chunked."""
+    chunk = f.int("attention_chunk_size")
+    no_rope = f.raw("no_rope_layers")
+    interval = f.int("no_rope_layer_interval")
+    if chunk is not None and (model_type in _LLAMA4_TYPES or no_rope is not None):
+        # transformers' Llama4TextConfig: an empty or absent list means one NoPE layer every `interval`.
+        ropes = f.int_list("no_rope_layers", n) if no_rope else [(i + 1) % (interval or 4) != 0 for i in range(n)]
+        return ["chunked" if rope else "full" for rope in ropes]
+    if f.flag("use_sliding_window") is False or _window(f) is None:
+        return ["full"] * n
+    pattern = f.raw("sliding_window_pattern")
+    if isinstance(pattern, str):
+        if not pattern or set(pattern) - {"L", "G"}:
+            raise f.error(f"sliding_window_pattern {pattern!r} must be a string of L (local) and G (global)")
+        return ["sliding" if pattern[i % len(pattern)] == "L" else "full" for i in range(n)]
+    period = f.int("sliding_window_pattern") or _PERIODS.get(model_type)
+    if period is not None:
+        kinds = ["sliding" if (i + 1) % period else "full" for i in range(n)]
+        if model_type in _LAST_LAYER_GLOBAL and kinds:
+            kinds[-1] = "full"
+        return kinds
+    first = f.int("max_window_layers", minimum=0)
+    if f.flag("use_sliding_window") and first is not None:
+        return ["sliding" if i >= first else "full" for i in range(n)]
+    return ["sliding"] * n
+
+
+def _window(f: ConfigFields) -> int | None:
+    """The sliding window: `sliding_window` or MiMo's `sliding_window_size` (equal when both are given)."""
+    window, size = f.int("sliding_window"), f.int("sliding_window_size")
+    if window is not None and size is not None and window != size:
+        raise f.error(f"sliding_window {window} and sliding_window_size {size} disagree; remove one")
+    return window if window is not None else size
+
+
+def sliding_window(f: ConfigFields) -> int:
+    """The window of the sliding layers (required when a layer slides)."""
+    window = None if f.flag("use_sliding_window") is False else _window(f)
+    if window is None:
+        raise f.error("layers are marked sliding_attention but the config gives no sliding_window; add it")
+    return window
+
+
+def chunk_size(f: ConfigFields) -> int:
+    chunk = f.int("attention_chunk_size")
+    if chunk is None:
+        raise f.error("layers are marked chunked_attention but the config gives no attention_chunk_size; add it")
+    return chunk
+
+
+def _check_windows(f: ConfigFields, kinds: list[str], model_type: str) -> None:
+    """A window or chunk size that the config sets must belong to some layer (else: which? never a guess)."""
+    window = None if f.flag("use_sliding_window") is False else _window(f)
+    attention = any(kind in ("full", "chunked", "hybrid") for kind in kinds)
+    if window is not None and "sliding" not in kinds and attention:
+        if f.raw("max_window_layers") is not None and not f.flag("use_sliding_window"):
+            return  # Qwen2/3 ship a window value with use_sliding_window unset: transformers applies none
+        raise f.error(f"sliding_window {window} is set but the layer kinds mark no sliding layer, so kvcalc "
+                      "cannot tell which layers it applies to; set layer_types (or remove sliding_window)")
+    chunk = f.int("attention_chunk_size")
+    if chunk is not None and "chunked" not in kinds and chunk != window:
+        raise f.error(f"attention_chunk_size {chunk} is set but no layer is chunked (no layer_types "
+                      "'chunked_attention', no Llama-4 no_rope_layers), so kvcalc cannot tell which layers it "
+                      "applies to; set layer_types")

@@ -1,0 +1,50 @@
+"""`--model org/name`: the config.json of a model in the local Hugging Face hub cache, read offline.
+
+The cache is where the hub client puts it: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+`~/.cache/huggingface/hub`; a model lives in `models--org--name/snapshots/<revision>/config.json`, and
+`refs/main` names the revision the client last resolved for the main branch. kvcalc never downloads:
+when the file is absent the error says where it looked and how to get it there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def hub_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def cached_config(repo_id: str) -> tuple[Path, str]:
+    """(path of the cached config.json, the normalised repo id) for `org/name`; ValueError when absent."""
+    repo_id = repo_id.strip().strip("/")
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--model {repo_id!r}: a Hugging Face model is org/name (e.g. meta-llama/Llama-3.1-8B)")
+    cache = hub_cache_dir()
+    repo = cache / f"models--{parts[0]}--{parts[1]}"
+    fetch = (f"fetch it with `hf download {repo_id} config.json` (or give --config DIR); "
+             "kvcalc reads the cache offline and never downloads")
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        revision = ref.read_text(encoding="utf-8").strip()
+        path = snapshots / revision / "config.json"
+        if path.is_file():
+            return path, repo_id
+        raise ValueError(f"--model {repo_id}: {ref} names revision {revision}, but {path} is missing; {fetch}")
+    found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
+    if len(found) == 1:
+        return found[0], repo_id
+    if found:
+        revisions = ", ".join(p.parent.name for p in found)
+        raise ValueError(f"--model {repo_id}: {snapshots} holds several revisions ({revisions}) and no refs/main "
+                         "says which is current; give --config with one of those folders")
+    raise ValueError(f"--model {repo_id}: no config.json in the Hugging Face cache (looked in {snapshots}, "
+                     f"the cache being {cache}: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); "
+                     f"{fetch}")
