@@ -23,6 +23,7 @@ from fractions import Fraction
 import numpy as np
 
 from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
+from .units import format_int_short
 
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
 MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
@@ -64,7 +65,9 @@ def default_max_len(longest: int) -> int:
 def check_lengths(tokens: np.ndarray, max_len: int) -> int:
     """Lengths in 1..max_len (a ValueError names the first offender and the fix); returns the longest."""
     if not 1 <= max_len <= MAX_LENGTH:
-        raise ValueError(f"--max-len {max_len} is out of range: give a reservation between 1 and 2^62 tokens")
+        raise ValueError(
+            f"--max-len {format_int_short(max_len)} is out of range: give a reservation between 1 and 2^62 tokens"
+        )
     if tokens.size == 0:
         raise ValueError("no lengths: give at least one")
     longest, shortest = int(tokens.max()), int(tokens.min())
@@ -83,7 +86,10 @@ def check_lengths(tokens: np.ndarray, max_len: int) -> int:
 def check_block_sizes(block_sizes: BlockSizes) -> None:
     for block_size in block_sizes:
         if not 1 <= block_size <= MAX_LENGTH:
-            raise ValueError(f"--block {block_size} is not a valid block size: give a number of tokens from 1 to 2^62")
+            raise ValueError(
+                f"--block {format_int_short(block_size)} is not a valid block size: give a number of tokens from 1 to "
+                "2^62"
+            )
 
 
 class _Positions:

@@ -115,6 +115,11 @@ def format_count(value: int) -> str:
     return f"{value:,}"
 
 
+def format_int_short(value: int) -> str:
+    """An integer as a message echoes it: exact up to 30 digits, then four significant digits (`1.000e+400`)."""
+    return str(value) if abs(value) < 10**30 else format_count_short(value)
+
+
 def format_count_short(value: int) -> str:
     """`format_count` up to 10^15, then four significant digits (`1.000e+400`), exact: for messages that
     echo a count someone typed as 1e400."""

@@ -14,18 +14,13 @@ from pathlib import PurePath
 import numpy as np
 
 from ..paging import MAX_LENGTH
-from ..units import format_count_short, parse_int
+from ..units import format_int_short, parse_int
 from .sources import InputSource, decode_text, read_source
 
 __all__ = ["LENGTHS_FORMATS", "ints_from_text", "read_lengths_array", "validated"]
 
 LENGTHS_FORMATS = "one integer per line, a CSV with --column, a JSON list (.json) or a NumPy array (.npy)"
 _NPY_MAGIC = b"\x93NUMPY"
-
-
-def number_text(value: int) -> str:
-    """An integer as a message shows it: exact up to 30 digits, then 4 significant digits (1e400 has 401)."""
-    return str(value) if abs(value) < 10**30 else format_count_short(value)
 
 
 def validated(values: np.ndarray, where: Callable[[int], str] | None, what: str) -> np.ndarray:
@@ -57,10 +52,10 @@ def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = ""
         except ValueError:
             raise ValueError(f"{where(i)}: {text!r} is not an integer length{hint}") from None
         if value > MAX_LENGTH:
-            raise ValueError(f"{where(i)}: length {number_text(value)} is too large (lengths must be <= 2^62)")
+            raise ValueError(f"{where(i)}: length {format_int_short(value)} is too large (lengths must be <= 2^62)")
         if value < -MAX_LENGTH:  # would not fit int64; smaller negatives are named by the range check
-            raise ValueError(f"{where(i)}: length {number_text(value)} is not positive; every sequence holds at least "
-                             "1 token")
+            raise ValueError(f"{where(i)}: length {format_int_short(value)} is not positive; every sequence holds at "
+                             "least 1 token")
         values.append(value)
     return np.array(values, dtype=np.int64)
 
@@ -203,11 +198,11 @@ def _read_json(text: str, name: str) -> np.ndarray:
             raise ValueError(f"{name}, item {i + 1}: {value!r} is not an integer length")
         if value > MAX_LENGTH:
             raise ValueError(
-                f"{name}, item {i + 1}: length {number_text(value)} is too large (lengths must be <= 2^62)"
+                f"{name}, item {i + 1}: length {format_int_short(value)} is too large (lengths must be <= 2^62)"
             )
         if value < 1:  # before int64 conversion, which a very negative value would overflow
-            raise ValueError(f"{name}, item {i + 1}: length {number_text(value)} is not positive; every sequence holds "
-                             "at least 1 token")
+            raise ValueError(f"{name}, item {i + 1}: length {format_int_short(value)} is not positive; every sequence "
+                             "holds at least 1 token")
     return validated(np.array(data, dtype=np.int64), None, name)
 
 

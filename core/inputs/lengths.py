@@ -124,12 +124,14 @@ def lengths_from_trace(kind: str, source: InputSource, phase: str = "total") -> 
     trace = read_trace(kind, source)
     what = "prompt + output" if phase == "total" else "prompt only"
     if phase == "total":
-        # each part is at most 2^62, so the sum fits int64; a sum past 2^62 is refused like any length
-        tokens = trace.prompt_tokens + trace.output_tokens
-        bad = np.flatnonzero(tokens > MAX_LENGTH)
+        # each part is at most 2^62, but their sum may not fit int64: compare before adding
+        bad = np.flatnonzero(trace.prompt_tokens > MAX_LENGTH - trace.output_tokens)
         if bad.size:
-            raise ValueError(f"{trace.path}, request {int(bad[0]) + 1} (file order): length {int(tokens[bad[0]])} "
-                             f"({what}) is too large (lengths must be <= 2^62); use --phase prompt or fix the trace")
+            i = int(bad[0])
+            total = int(trace.prompt_tokens[i]) + int(trace.output_tokens[i])
+            raise ValueError(f"{trace.path}, request {i + 1} (file order): length {total} ({what}) is too large "
+                             "(lengths must be <= 2^62); use --phase prompt or fix the trace")
+        tokens = trace.prompt_tokens + trace.output_tokens
     else:
         tokens = trace.prompt_tokens.copy()
     bad = np.flatnonzero(tokens < 1)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..paging import MAX_LENGTH
-from .files import number_text
+from ..units import format_int_short
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -49,8 +49,8 @@ def _parse_count(text: str | int | float, what: str, where: str) -> int:
     if value < 0:
         raise ValueError(f"{where}: {what} is negative ({value}); lengths must be >= 0")
     if value > MAX_LENGTH:
-        raise ValueError(f"{where}: {what} {number_text(value)} is too large (lengths must be <= 2^62); fix or remove "
-                         "that line")
+        raise ValueError(f"{where}: {what} {format_int_short(value)} is too large (lengths must be <= 2^62); fix or "
+                         "remove that line")
     return value
 
 

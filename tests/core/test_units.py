@@ -169,3 +169,11 @@ def test_absurd_byte_sizes_are_one_line_in_every_command(run_cli, args, size):
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert f"'{size}'" in result.stderr or f" {size}" in result.stderr  # the value
     assert any(fix in result.stderr for fix in ("80GiB", "whole bytes", "e.g.")), result.stderr  # and a fix
+
+
+def test_format_int_short():
+    from kvcalc.core.units import format_int_short
+
+    assert format_int_short(2**62 + 1) == "4611686018427387905"  # exact below 10^30
+    assert format_int_short(-(10**29)) == "-100000000000000000000000000000"
+    assert format_int_short(10**400) == "1.000e+400"

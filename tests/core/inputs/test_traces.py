@@ -255,3 +255,14 @@ def test_azure_with_a_byte_order_mark(tmp_path: Path) -> None:
 def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"{tmp_path} is a directory, not a file: .*a Mooncake trace"):
         read_trace("mooncake", tmp_path)
+
+
+def test_prompt_plus_output_past_int64_is_refused_not_wrapped(tmp_path: Path) -> None:
+    from kvcalc.core.inputs.lengths import lengths_from_trace
+
+    # 2^62 + 2^62 = 2^63 wraps to -2^63 in int64 (and was then reported as "length 0")
+    path = _mooncake(tmp_path, dict(_GOOD), dict(_GOOD, input_length=2**62, output_length=2**62))
+    with pytest.raises(ValueError, match=r"request 2 \(file order\): length 9223372036854775808 \(prompt \+ output\) "
+                                         r"is too large .*use --phase prompt"):
+        lengths_from_trace("mooncake", path)
+    assert lengths_from_trace("mooncake", path, "prompt").tokens.tolist() == [1, 2**62]
