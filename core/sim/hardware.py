@@ -1,6 +1,6 @@
 """GPUs and the memory plan of one serving replica: weights, activation workspace, and the KV pool left over.
 
-    pool bytes per GPU = memory · utilisation − weights / tp − workspace
+    pool bytes per GPU = memory · utilisation − weights / tp − workspace − recurrent state
     blocks             = pool bytes // (block_size · KV bytes per token per GPU)
 
 Weights are `num_params × weight bytes` (the preset's parameter count, or one estimated from the config's
@@ -8,7 +8,9 @@ dimensions); `--weights-bytes` overrides. The activation workspace follows what 
 measures: one forward pass over `max_batched_tokens` tokens, whose peak is dominated by the MLP's
 gate+up output (2 · intermediate) plus a few hidden-sized buffers (residual, norm output, attention
 output, QKV ≈ 4 · hidden), in the activation dtype (2 bytes), plus fp32 logits for `max_seqs` sequences
-(sampling). It is an estimate; `--workspace-bytes` overrides it.
+(sampling) (core/spec/gpu_plan.py). It is an estimate; `--workspace-bytes` overrides it. A hybrid model's
+recurrent layers keep a constant state per sequence (Mamba, linear attention): `max_seqs` of them are
+reserved before the pool, as an engine must hold them for every running sequence.
 """
 
 from __future__ import annotations
@@ -16,78 +18,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
+from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
+from ..spec.gpu_plan import activation_bytes_estimate
+from ..spec.layers import bits_to_bytes
 from ..spec.models import ModelSpec
-from ..spec.sizing import kv_heads_per_gpu
+from ..spec.weights import estimate_params
+
+__all__ = ["GPU_PRESETS", "GpuSpec", "MemoryPlan", "custom_gpu", "get_gpu", "plan_memory"]
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    """One accelerator: memory (bytes), HBM bandwidth (bytes/s), peak dense bf16 (FLOP/s)."""
-
-    name: str
-    memory_bytes: int
-    bandwidth_bytes_per_s: float
-    peak_flops: float
-    source: str = ""
-
-
-# Memory is the capacity the driver reports (nvidia-smi MiB) for the datasheet's size; bandwidth and dense
-# (no sparsity) BF16 Tensor Core FLOP/s are the SXM figures of NVIDIA's datasheets:
-# - A100: "NVIDIA A100 Tensor Core GPU" datasheet (2021): 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s;
-#   BF16 Tensor Core 312 TFLOPS (624 with sparsity).
-# - H100 SXM: "NVIDIA H100 Tensor Core GPU" datasheet (2023): 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS
-#   with sparsity, i.e. 989.5 TFLOPS dense.
-# - H200 SXM: "NVIDIA H200 Tensor Core GPU" datasheet (2024): 141GB HBM3e, 4.8 TB/s; BF16 1,979 TFLOPS with
-#   sparsity (989.5 dense).
-GPU_PRESETS: dict[str, GpuSpec] = {
-    g.name.lower(): g
-    for g in (
-        GpuSpec("A100-40GB", 40_960 * 2**20, 1.555e12, 312e12, "NVIDIA A100 datasheet, SXM4 40GB"),
-        GpuSpec("A100-80GB", 81_920 * 2**20, 2.039e12, 312e12, "NVIDIA A100 datasheet, SXM4 80GB"),
-        GpuSpec("H100-SXM", 81_559 * 2**20, 3.35e12, 989.5e12, "NVIDIA H100 datasheet, SXM5 80GB"),
-        GpuSpec("H200", 143_771 * 2**20, 4.8e12, 989.5e12, "NVIDIA H200 datasheet, SXM 141GB"),
-    )
-}
 # The pool keeps ~60 bytes of numpy state per block (core/block_store.py); 2^24 blocks is ~1 GiB of host
 # memory. A larger pool (a tiny model on a huge custom GPU, or --block 1) is refused, not allocated.
 MAX_POOL_BLOCKS = 2**24
-ACTIVATION_BYTES = 2  # bf16/fp16 activations
-LOGIT_BYTES = 4  # fp32 logits for sampling
-
-
-def get_gpu(name: str) -> GpuSpec:
-    gpu = GPU_PRESETS.get(name.strip().lower())
-    if gpu is None:
-        names = ", ".join(g.name for g in GPU_PRESETS.values())
-        raise ValueError(f"unknown GPU {name!r}: choose one of {names}, or give --gpu-memory --bandwidth --flops")
-    return gpu
-
-
-def custom_gpu(memory_bytes: int, bandwidth_bytes_per_s: float, peak_flops: float) -> GpuSpec:
-    for what, value in (("--gpu-memory", memory_bytes), ("--bandwidth", bandwidth_bytes_per_s),
-                        ("--flops", peak_flops)):
-        if not value > 0:
-            raise ValueError(f"{what} must be positive, got {value}")
-    return GpuSpec("custom", int(memory_bytes), float(bandwidth_bytes_per_s), float(peak_flops), "given")
 
 
 def estimate_num_params(spec: ModelSpec) -> int:
-    """Parameters from the config's dimensions when no count is known.
-
-    Per layer: Q and O projections (hidden × heads·head_dim each), K and V (hidden × kv_heads·head_dim each),
-    a gated MLP (3 · hidden · intermediate; Llama-style; a non-gated MLP has 2); plus input and output
-    embeddings (untied) of vocab × hidden. Norms and biases are ignored (< 0.1 %).
-    """
-    if spec.intermediate_size is None or spec.vocab_size is None:
-        raise ValueError(
-            f"model {spec.name!r} has no parameter count and no intermediate_size/vocab_size to estimate one; "
-            "give --weights-bytes"
-        )
-    q_dim = spec.num_attention_heads * spec.head_dim
-    kv_dim = spec.kv_heads * spec.head_dim
-    attention = 2 * spec.hidden_size * q_dim + 2 * spec.hidden_size * kv_dim
-    per_layer = attention + 3 * spec.hidden_size * spec.intermediate_size
-    return spec.layers * per_layer + 2 * spec.vocab_size * spec.hidden_size
+    """Parameters from the model's dimensions when no count is known (core/spec/weights.py: dense, MoE with
+    routed and shared experts, Mamba and linear-attention mixers)."""
+    return estimate_params(spec).total
 
 
 def active_params(spec: ModelSpec) -> int:
@@ -95,7 +43,7 @@ def active_params(spec: ModelSpec) -> int:
     active = getattr(spec, "num_active_params", None)
     if active:
         return int(active)
-    return int(spec.num_params) if spec.num_params else estimate_num_params(spec)
+    return int(spec.num_params) if spec.num_params else estimate_params(spec).active
 
 
 @dataclass(frozen=True)
@@ -109,6 +57,7 @@ class MemoryPlan:
     workspace_bytes: int
     kv_bytes_per_token: int  # per GPU
     block_size: int
+    state_bytes: int = 0  # per GPU: the recurrent state of max_seqs sequences (0 without recurrent layers)
 
     @property
     def budget_bytes(self) -> int:
@@ -116,7 +65,7 @@ class MemoryPlan:
 
     @property
     def pool_bytes(self) -> int:
-        return self.budget_bytes - self.weights_bytes - self.workspace_bytes
+        return self.budget_bytes - self.weights_bytes - self.workspace_bytes - self.state_bytes
 
     @property
     def num_blocks(self) -> int:
@@ -134,12 +83,9 @@ def _count(n: int) -> str:
 
 
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, kv_dtype_bits: int, tp: int) -> int:
-    """KV bytes of one token on one GPU, by `kvcalc size`'s rule (core.sizing.kv_heads_per_gpu): tp divides
-    the KV heads, or is a multiple of them (one head per GPU, replicated); anything else is a ValueError.
-    MLA latents are replicated on every GPU."""
-    heads_per_gpu = kv_heads_per_gpu(spec, tp)
-    per_token_bits = spec.layers * spec.scalars_per_token_per_layer * kv_dtype_bits * heads_per_gpu // spec.kv_heads
-    return ceil_div(per_token_bits, 8)
+    """KV bytes of one token on one GPU: equation 1 over the model's layers, each split by its own KV heads
+    (core/spec/layers.py: tp divides them, or is a multiple of them, replicated); MLA latents on every GPU."""
+    return bits_to_bytes(spec.kv_bits(1, kv_dtype_bits, tp))
 
 
 def plan_memory(
@@ -169,13 +115,11 @@ def plan_memory(
     elif weights_bytes <= 0:
         raise ValueError(f"--weights-bytes must be positive, got {weights_bytes}")
     if workspace_bytes is None:
-        intermediate = spec.intermediate_size or 4 * spec.hidden_size
-        per_token = (2 * intermediate + 4 * spec.hidden_size) * ACTIVATION_BYTES
-        workspace_bytes = max_batched_tokens * per_token // tp + max_seqs * (spec.vocab_size or 0) * LOGIT_BYTES
+        workspace_bytes = activation_bytes_estimate(spec, max_batched_tokens, max_seqs, tp)
     plan = MemoryPlan(
         gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=ceil_div(weights_bytes, tp),
         workspace_bytes=int(workspace_bytes), kv_bytes_per_token=kv_bytes_per_token_per_gpu(spec, kv_dtype_bits, tp),
-        block_size=block_size,
+        block_size=block_size, state_bytes=max_seqs * bits_to_bytes(spec.state_bits(tp)),
     )
     gib = 2**30
     if plan.weights_bytes > plan.budget_bytes:

@@ -1,0 +1,380 @@
+"""The documents and tables of `kvcalc size`: the model's KV (and its layer groups), capacity, the presets,
+a config without a context length, and vLLM's start-up figures (--gpu)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from ..core.dtypes import DTYPE_BITS
+from ..core.spec.gpu_plan import GpuPlan
+from ..core.spec.layers import LayerGroup, bits_to_bytes
+from ..core.spec.models import PRESETS, ModelSpec
+from ..core.spec.sizing import PRESET_CONTEXTS, SizeResult, preset_rows
+from ..core.units import format_bytes, format_count, plural
+from .output import NOT_APPLICABLE, Field, Report, Table, quantity_table, record_table
+
+UNITS_NOTE = "Bytes are exact; IEC units (1 KiB = 1024 B, 1 GiB = 2^30 B)."
+_EIGHTHS_OF_A_BYTE = {1: ".125", 2: ".25", 3: ".375", 4: ".5", 5: ".625", 6: ".75", 7: ".875"}
+
+
+def exceeds_max_positions(spec: ModelSpec, tokens: int) -> bool | None:
+    """Whether `tokens` is above the model's max_position_embeddings (None: the model does not say)."""
+    return None if spec.max_position_embeddings is None else tokens > spec.max_position_embeddings
+
+
+def _group_doc(g: LayerGroup, bits: int) -> dict[str, Any]:
+    return {
+        "kind": g.kind,
+        "layers": g.count,
+        "kv_heads": g.kv_heads if g.keeps_kv and g.kind != "mla" else None,
+        "k_head_dim": g.k_head_dim if g.keeps_kv and g.kind != "mla" else None,
+        "v_head_dim": g.v_head_dim if g.keeps_kv and g.kind != "mla" else None,
+        "latent_dim": g.kv_lora_rank + g.rope_dim if g.kind == "mla" else None,
+        "window": g.window,
+        "bytes_per_token": bits_to_bytes(g.count * g.scalars_per_token() * bits) if g.keeps_kv else 0,
+        "state_bytes_per_seq": bits_to_bytes(g.count * g.state_bits()),
+        "state": g.state.describe() if g.state else None,
+        "note": g.note,
+    }
+
+
+def model_doc(spec: ModelSpec, bits: int) -> dict[str, Any]:
+    """The `model` object: kv_heads and head_dim describe the main layers (MLA: one latent, as vLLM counts it);
+    `layer_groups` every kind of layer, with its bytes at `bits` per scalar."""
+    return {
+        "name": spec.name,
+        "layers": spec.layers,
+        "kv_heads": spec.kv_heads,
+        "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim,
+        "attention": spec.attention,
+        "sliding_window": spec.sliding_window,
+        "num_sliding_layers": spec.num_sliding_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "num_params": spec.num_params,
+        "num_active_params": spec.num_active_params,
+        "model_layers": spec.model_layers,
+        "state_bytes_per_seq": bits_to_bytes(spec.state_bits()),
+        "layer_groups": [_group_doc(g, bits) for g in spec.layer_groups],
+        "source": spec.source,
+    }
+
+
+def describe(spec: ModelSpec) -> str:
+    """The heading line: attention kind, layers (which keep KV), heads, windows."""
+    no_kv: dict[str, int] = {}
+    for g in spec.layer_groups:
+        if not g.keeps_kv:
+            no_kv[g.note] = no_kv.get(g.note, 0) + g.count
+    if no_kv:
+        parts = ", ".join(f"{n} {note}" for note, n in no_kv.items())
+        layers = f"{spec.layers} of {spec.model_layers} layers keep KV ({parts})"
+    else:
+        layers = plural(spec.layers, "layer")
+    kv_groups = [g for g in spec.layer_groups if g.keeps_kv]
+    if len(kv_groups) > 1 and not spec.is_uniform:
+        return f"{spec.name}: {layers}, {len(kv_groups)} kinds of KV layer (the layer table shows each)"
+    if spec.is_mla:
+        heads = f"one latent of {spec.kv_lora_rank}+{spec.qk_rope_head_dim} per layer"
+    else:
+        heads = f"{plural(spec.kv_heads, 'KV head')} × {spec.head_dim} dim"
+    window = ""
+    if spec.num_sliding_layers:
+        window = f", sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers"
+    return f"{spec.name}: {spec.attention.upper()}, {layers}, {heads}{window}"
+
+
+def _bits_cells(bits: int | None) -> list[Any]:
+    """Exact bytes from bits: '7.5' and '7.50 B' for 60 bits (int4 can leave half a byte), never rounded up."""
+    if bits is None:
+        return [NOT_APPLICABLE, NOT_APPLICABLE]
+    whole, eighths = divmod(bits, 8)
+    return [format_count(whole) + _EIGHTHS_OF_A_BYTE.get(eighths, ""), format_bytes(Fraction(bits, 8))]
+
+
+def layer_table(spec: ModelSpec, bits: int, tokens: int | None) -> Table | None:
+    """One row per layer group (kind, layers, KV heads, K/V dims, window, bytes per token, state); None for a
+    model whose layers are all one group of full attention (the heading says everything)."""
+    groups = spec.layer_groups
+    if len(groups) == 1 and groups[0].kind == "full":
+        return None
+    records = []
+    for g in groups:
+        record = _group_doc(g, bits)
+        record["what"] = g.note or g.kind
+        record["held"] = None if tokens is None or not g.keeps_kv else g.tokens_held(tokens)
+        records.append(record)
+    fields = [
+        Field("kind"),
+        Field("what", "layers of kind"),
+        Field("layers", "layers"),
+        Field("kv_heads", "KV heads"),
+        Field("k_head_dim", "K dim"),
+        Field("v_head_dim", "V dim"),
+        Field("latent_dim", "MLA latent" if spec.is_mla else None),
+        Field("window", "window / chunk", format_count),
+        Field("bytes_per_token", "KV bytes/token", format_count),
+        Field("held", None if tokens is None else f"tokens held of {tokens:,}", format_count),
+        Field("state_bytes_per_seq", "state bytes/seq" if spec.has_state else None, format_count),
+        Field("state", "state" if spec.has_state else None),
+    ]
+    return record_table(f"Layers of {spec.name} (KV bytes at {bits} bits per scalar, all layers of each row)",
+                        fields, records)
+
+
+def kv_table(r: SizeResult, doc: dict[str, Any]) -> Table:
+    """Equation 1 at every granularity; CSV: one row of the JSON's values (per-GPU columns also at --tp 1)."""
+    spec = r.spec
+    record = {**doc, "model": spec.name, "exceeds_max_positions": exceeds_max_positions(spec, r.tokens),
+              "kv_bits_per_seq": r.kv_bits_per_seq, "state_bits_per_seq": r.state_bits_per_seq}
+    split = r.tp > 1
+
+    def exact(bits_key: str) -> Any:  # the display of a byte count: exact, from its bits
+        return lambda record: _bits_cells(record[bits_key])
+
+    state = r.state_bits_per_seq > 0
+    fields = [
+        Field("model"),
+        Field("dtype"),
+        Field("bits_per_scalar"),
+        Field("bytes_per_token_per_layer"),
+        Field("bits_per_token_per_layer"),
+        Field(None, "per token per layer", exact("bits_per_token_per_layer")),
+        Field("bytes_per_token"),
+        Field("bits_per_token"),
+        Field(None, f"per token ({plural(spec.layers, 'layer')})", exact("bits_per_token")),
+        Field("block_size"),
+        Field("bytes_per_block"),
+        Field("bits_per_block"),
+        Field(None, f"per block ({plural(r.block_size, 'token')})", exact("bits_per_block")),
+        Field("tokens"),
+        Field("exceeds_max_positions"),
+        Field("kv_bytes_per_seq"),
+        Field(None, f"KV per sequence ({plural(r.tokens, 'token')})" if state else None, exact("kv_bits_per_seq")),
+        Field("state_bytes_per_seq"),
+        Field(None, "recurrent state per sequence" if state else None, exact("state_bits_per_seq")),
+        Field("bytes_per_seq"),
+        Field("bits_per_seq"),
+        Field(None, f"per sequence ({plural(r.tokens, 'token')})", exact("bits_per_seq")),
+        Field("seqs"),
+        Field("total_bytes"),
+        Field("total_bits"),
+        Field(None, f"all {plural(r.seqs, 'sequence')}", exact("total_bits")),
+        Field("bytes_rounded_up"),
+        Field("tp"),
+        Field("kv_heads_per_gpu"),
+        Field("per_gpu_bytes_per_token"),
+        Field("per_gpu_bits_per_token"),
+        Field(None, f"per token per GPU (--tp {r.tp})" if split else None, exact("per_gpu_bits_per_token")),
+        Field("per_gpu_bytes"),
+        Field("per_gpu_bits"),
+        Field(None, f"all sequences per GPU (--tp {r.tp})" if split else None, exact("per_gpu_bits")),
+    ]
+    return quantity_table(f"KV cache of {spec.name} at {r.dtype}", ["quantity", "bytes", "IEC"], fields, [record])
+
+
+def capacity_table(r: SizeResult, capacity_doc: dict[str, Any]) -> Table:
+    """What fits; CSV: one row of the JSON's `capacity` values plus the tokens and sequences asked about."""
+    cap = r.capacity
+    assert cap is not None
+    where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
+    record = {**capacity_doc, "tokens": r.tokens, "seqs": r.seqs}
+    fields = [
+        Field("memory_bytes"),
+        Field("per_gpu"),
+        Field("max_tokens", "max tokens (every layer holds every token)", format_count),
+        Field("max_tokens_is_lower_bound"),
+        Field("tokens"),
+        Field("max_seqs", f"max sequences of {plural(r.tokens, 'token')}", format_count),
+        Field("block_size"),
+        Field("num_blocks", f"blocks of {plural(cap.block_size, 'token')}", format_count),
+        Field("seqs"),
+        Field("fits", f"{r.seqs:,} × {plural(r.tokens, 'token')} fit", lambda fits: "yes" if fits else "no"),
+    ]
+    return quantity_table(f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}", ["quantity", "count"],
+                          fields, [record])
+
+
+def tp_note(r: SizeResult) -> str:
+    spec = r.spec
+    if not spec.is_uniform:
+        return f"--tp {r.tp}: each layer is split by its own KV heads (replicated where it has fewer than {r.tp})."
+    if spec.is_mla:
+        return f"--tp {r.tp}: the MLA latent is not split by heads; every GPU holds all of it."
+    if r.replicas_per_head > 1:
+        return (f"--tp {r.tp} > {plural(spec.kv_heads, 'KV head')}: each GPU holds 1 head, each head is replicated on "
+                f"{r.replicas_per_head} GPUs.")
+    return f"--tp {r.tp}: each GPU holds {r.kv_heads_per_gpu} of the {spec.kv_heads} KV heads."
+
+
+def presets_report(dtype: str, tokens: int | None) -> Report:
+    contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
+    rows = preset_rows(list(PRESETS.values()), dtype, contexts)
+    bits = DTYPE_BITS[dtype]
+    records = []
+    for row in rows:
+        spec = row.spec
+        record: dict[str, Any] = {
+            "model": spec.name, "attention": spec.attention, "layers": spec.layers, "kv_heads": spec.kv_heads,
+            "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim, "kv_lora_rank": spec.kv_lora_rank,
+            "qk_rope_head_dim": spec.qk_rope_head_dim, "max_position_embeddings": spec.max_position_embeddings,
+            "bytes_per_token": row.bytes_per_token, "is_mla": spec.is_mla,
+            "state_bytes_per_seq": row.state_bytes_per_seq, "uniform": spec.is_uniform,
+        }
+        for n in contexts:
+            record[f"bytes_per_seq_{n}"] = row.bytes_per_seq[n]
+            record[f"exceeds_max_positions_{n}"] = exceeds_max_positions(spec, n)
+        records.append(record)
+
+    def seq_cell(n: int) -> Any:
+        return lambda r: format_bytes(r[f"bytes_per_seq_{n}"]) + (" †" if r[f"exceeds_max_positions_{n}"] else "")
+
+    def heads_cell(r: dict[str, Any]) -> Any:
+        return "1 latent" if r["is_mla"] else r["kv_heads"] if r["uniform"] else f"{r['kv_heads']} *"
+
+    fields = [
+        Field("model", "model"),
+        Field("attention", "attention", str.upper),
+        Field("layers", "layers"),
+        Field("kv_heads"),
+        Field(None, "KV heads", heads_cell),
+        Field("head_dim"),
+        Field(None, "head dim", lambda r: f"{r['head_dim']} ({r['kv_lora_rank']}+{r['qk_rope_head_dim']})"
+              if r["is_mla"] else r["head_dim"]),
+        Field("kv_lora_rank"),
+        Field("qk_rope_head_dim"),
+        Field("max_position_embeddings"),
+        Field("bytes_per_token", "bytes/token", format_count),
+        Field(None, "per token", lambda r: format_bytes(r["bytes_per_token"])),
+        Field("state_bytes_per_seq"),
+    ]
+    for n in contexts:
+        fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
+                   Field(None, f"{n:,} tokens", seq_cell(n))]
+    doc = {
+        "dtype": dtype,
+        "bits_per_scalar": bits,
+        "models": [
+            {
+                **model_doc(row.spec, bits),
+                "bytes_per_token": row.bytes_per_token,
+                "bytes_per_seq": {str(n): b for n, b in row.bytes_per_seq.items()},
+            }
+            for row in rows
+        ],
+    }
+    notes = [f"KV per sequence at {dtype} ({bits} bits; bf16 is the default), sliding windows and chunks applied, "
+             "the recurrent state of hybrid models included."]
+    if any(r[f"exceeds_max_positions_{n}"] for r in records for n in contexts):
+        notes.append("† the context is above the model's max_position_embeddings.")
+    if any(not r["uniform"] for r in records):
+        notes.append("* the layers differ (hybrids, windows, chunks): KV heads and head dim are those of the main "
+                     "layers; kvcalc size --model NAME shows each kind of layer.")
+    notes += [UNITS_NOTE,
+              "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB --gpu H100-SXM]."]
+    table = record_table(f"KV cache per token and per sequence ({dtype})", fields, records)
+    return Report(doc=doc, tables=[table], notes=notes)
+
+
+def no_context_report(spec: ModelSpec, dtype: str, tp: int, block_size: int) -> Report:
+    """For a config that names no context length: everything that needs none, and common contexts."""
+    bits = DTYPE_BITS[dtype]
+    per_token_bits = spec.kv_bits(1, bits)
+    sizes = {g.scalars_per_token() for g in spec.layer_groups if g.keeps_kv}
+    per_layer = sizes.pop() * bits if len(sizes) == 1 else None
+    state = spec.state_bits()
+    per_seq = {n: spec.kv_bits(n, bits) + state for n in PRESET_CONTEXTS}
+    doc: dict[str, Any] = {
+        "model": model_doc(spec, bits), "dtype": dtype, "bits_per_scalar": bits,
+        "bytes_per_token_per_layer": None if per_layer is None else bits_to_bytes(per_layer),
+        "bytes_per_token": bits_to_bytes(per_token_bits), "block_size": block_size,
+        "bytes_per_block": bits_to_bytes(per_token_bits * block_size), "tp": tp,
+        "per_gpu_bytes_per_token": bits_to_bytes(spec.kv_bits(1, bits, tp)),
+        "state_bytes_per_seq": bits_to_bytes(state), "tokens": None, "context_length_known": False,
+        "bytes_per_seq": {str(n): bits_to_bytes(b) for n, b in per_seq.items()},
+        "warnings": list(spec.notes),
+    }
+    record = {**doc, "model": spec.name, "bits_per_token_per_layer": per_layer, "bits_per_token": per_token_bits,
+              "bits_per_block": per_token_bits * block_size, "per_gpu_bits_per_token": spec.kv_bits(1, bits, tp),
+              "state_bits": state, **{f"bits_per_seq_{n}": b for n, b in per_seq.items()}}
+    fields = [Field("model"), Field("dtype"), Field("bytes_per_token_per_layer"),
+              Field(None, "per token per layer", lambda r: _bits_cells(r["bits_per_token_per_layer"])),
+              Field("bytes_per_token"),
+              Field(None, f"per token ({plural(spec.layers, 'layer')})", lambda r: _bits_cells(r["bits_per_token"])),
+              Field("block_size"), Field("bytes_per_block"),
+              Field(None, f"per block ({plural(block_size, 'token')})", lambda r: _bits_cells(r["bits_per_block"])),
+              Field("tp"), Field("per_gpu_bytes_per_token"),
+              Field(None, f"per token per GPU (--tp {tp})" if tp > 1 else None,
+                    lambda r: _bits_cells(r["per_gpu_bits_per_token"])),
+              Field("state_bytes_per_seq"),
+              Field(None, "recurrent state per sequence" if state else None, lambda r: _bits_cells(r["state_bits"]))]
+    for n in PRESET_CONTEXTS:
+        fields.append(Field(None, f"per sequence of {n:,} tokens", lambda r, n=n: _bits_cells(r[f"bits_per_seq_{n}"])))
+    tables = [quantity_table(f"KV cache of {spec.name} at {dtype}", ["quantity", "bytes", "IEC"], fields, [record])]
+    layers = layer_table(spec, bits, None)
+    if layers is not None:
+        tables.insert(0, layers)
+    notes = [f"{spec.name}'s config names no context length (no max_position_embeddings): per-sequence figures "
+             "at common contexts; give --tokens N for one context, --seqs and --memory with it.", UNITS_NOTE]
+    return Report(doc=doc, tables=tables, notes=notes, text=[f"{describe(spec)}; {dtype} ({bits} bits per scalar)"])
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def gpu_report(report: Report, plan: GpuPlan) -> None:
+    """Add `gpu_plan` to the document, and its tables and notes."""
+    concurrency = float(plan.max_concurrency)
+    log = [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
+           f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
+           f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {concurrency:.2f}x"]
+    doc = {
+        "gpu": plan.gpu or None, "memory_bytes": plan.memory_bytes or None, "tp": plan.tp,
+        "gpu_memory_utilization": plan.gpu_memory_utilization, "max_model_len": plan.max_model_len,
+        "requested_bytes": plan.requested_bytes or None, "weights_bytes": plan.weights_bytes,
+        "activation_bytes": plan.activation_bytes, "non_torch_bytes": plan.non_torch_bytes,
+        "kv_cache_bytes": plan.kv_cache_bytes, "block_size": plan.block_size, "page_bytes": plan.page_bytes,
+        "group_size": plan.group_size, "block_bytes": plan.block_bytes, "num_blocks": plan.num_blocks,
+        "blocks_per_request": plan.blocks_per_request, "kv_cache_tokens": plan.kv_cache_tokens,
+        "max_concurrency": concurrency,
+        "groups": [{"kind": g.kind, "layers": g.layers, "block_size": g.block_size or None,
+                    "blocks_per_request": g.blocks_per_request} for g in plan.groups],
+        "estimates": list(plan.estimates), "log_lines": log,
+    }
+    report.doc["gpu_plan"] = doc
+    estimated = set(plan.estimates)
+
+    def label(text: str, *names: str) -> str:
+        return f"{text} (estimate)" if any(n in e for e in estimated for n in names) else text
+
+    where = f"{plan.gpu} ×{plan.tp}" if plan.gpu else f"one of {plan.tp} GPUs" if plan.tp > 1 else "one GPU"
+    fields = [
+        Field("memory_bytes", "GPU memory" if plan.memory_bytes else None, _gib),
+        Field("requested_bytes", f"× {plan.gpu_memory_utilization:g} utilization" if plan.requested_bytes else None,
+              _gib),
+        Field("weights_bytes", label("weights", "weights") if plan.weights_bytes is not None else None, _gib),
+        Field("activation_bytes", label("activation peak", "activation") if plan.activation_bytes else None, _gib),
+        Field("non_torch_bytes", label("non-torch memory", "non-torch") if plan.non_torch_bytes else None, _gib),
+        Field("kv_cache_bytes", "available KV cache memory", _gib),
+        Field("block_size", "block size (tokens)", format_count),
+        Field("num_blocks", "blocks", format_count),
+        Field("kv_cache_tokens", "GPU KV cache size (tokens)", format_count),
+        Field("max_concurrency", f"max concurrency at {plan.max_model_len:,} tokens", lambda c: f"{c:.2f}x"),
+    ]
+    report.tables.append(quantity_table(f"vLLM start-up figures on {where} (per GPU)", ["quantity", "value"],
+                                        fields, [doc]))
+    if len(plan.groups) > 1:
+        report.tables.append(record_table(
+            f"KV-cache groups (every group pages {format_bytes(plan.page_bytes)} per layer slot, "
+            f"{plan.group_size} slots)", [Field("kind", "kind"), Field("layers", "layers"),
+                                          Field("block_size", "tokens per block", format_count),
+                                          Field("blocks_per_request", "blocks per request", format_count)],
+            doc["groups"]))
+    report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
+    if plan.estimates:
+        report.notes.append("Estimates: " + ", ".join(plan.estimates) + "; give --kv-memory to start from vLLM's "
+                            "own 'Available KV cache memory' line.")
