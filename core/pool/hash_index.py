@@ -37,8 +37,7 @@ class HashIndex:
     """Open-addressing map uint64 hash -> block id; see the module docstring."""
 
     def __init__(self, max_entries: int, hash_of: np.ndarray, home_of: np.ndarray, slot_of: np.ndarray) -> None:
-        slots = max(32, 2 * max_entries, min(8 * max_entries, _ROOMY_SLOTS))
-        bits = int(slots - 1).bit_length()
+        bits = int(self.num_slots(max_entries) - 1).bit_length()
         self._shift = np.uint64(64 - bits)
         self._mask = (1 << bits) - 1
         self.hash_of = hash_of
@@ -48,6 +47,12 @@ class HashIndex:
         self.num_live = 0
         self.num_tombstones = 0
         self.generation = 0  # bumped whenever an entry is deleted or moved (a saved look-up may be stale then)
+
+    @staticmethod
+    def num_slots(max_entries: int) -> int:
+        """Slots of an index for `max_entries` (see the module docstring), a power of two."""
+        slots = max(32, 2 * max_entries, min(8 * max_entries, _ROOMY_SLOTS))
+        return 1 << int(slots - 1).bit_length()
 
     def home_slots(self, base_hashes: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """int64 [n]: home slot of the block at chain `positions` whose line is picked by `base_hashes`

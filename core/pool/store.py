@@ -78,6 +78,14 @@ class BlockStore:
         # PoolStats by name: the store counts hand-outs and evictions, the pool what happens to sequences
         self.counters = dict.fromkeys(PoolStats.counter_names(), 0)
 
+    @staticmethod
+    def memory_bytes(num_blocks: int) -> int:
+        """Bytes a store of `num_blocks` allocates (with prefix caching), to refuse a pool that cannot fit
+        before creating it: the per-block arrays above, the free queue's and the hash index's int32 slots."""
+        arrays = 1 + 4 + 8 + 4 + 4 + 8 + 4 + 8 + 4 + 8  # state, ref, version, fill, block_slot .. parent_ver
+        queue = 4 + 2 * 4 + 4  # plain stack, LRU (room for two entries a block), stamp
+        return num_blocks * (arrays + queue) + 4 * HashIndex.num_slots(num_blocks)
+
     # ---- sizes ----------------------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
