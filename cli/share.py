@@ -7,10 +7,18 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.dtypes import DEFAULT_DTYPE, dtype_bits
+from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.inputs.traces import read_trace
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
-from ..core.share.replay import ReplayResult, TraceShareResult, check_block_size, check_trace, share_trace
+from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, pool_bytes
+from ..core.share.replay import (
+    ReplayResult,
+    TraceShareResult,
+    check_block_size,
+    check_trace,
+    largest_request_blocks,
+    share_trace,
+)
 from ..core.spec.models import ModelSpec, resolve_model
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
 from .options import (
@@ -25,8 +33,12 @@ from .options import (
     seed_option,
 )
 from .output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
+from .progress import progress_bar
 
 DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
+# work that takes about a second or more on a 2-core machine gets a progress bar (on a terminal)
+PROGRESS_FROM_APPENDS = 500_000
+PROGRESS_FROM_REQUESTS = 2_000
 
 
 def command(
@@ -74,8 +86,8 @@ def command(
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")
-    bits = dtype_bits(dtype or DEFAULT_DTYPE)
-    block_bytes = spec.kv_bytes(block, bits) if spec is not None and block > 0 else None
+    dtype = parse_dtype(dtype or DEFAULT_DTYPE)
+    bits = DTYPE_BITS[dtype]
     scenario_given = [o for o, v in (("--prefix", prefix), ("--branches", branches), ("--gen", gen),
                                       ("--mode", mode), ("--seed", seed)) if v is not None]
     trace_given = [o for o, v in (("--limit", limit), ("--capacity-blocks", capacity_blocks),
@@ -96,69 +108,65 @@ def command(
             # parallel branches draw nothing at random: a seed there would be accepted and change nothing
             raise ValueError(f"--seed applies to --mode beam ({scenario.mode} mode draws nothing at random): "
                              "add --mode beam or drop --seed")
-        emit(_scenario_report(run_scenario(scenario), spec, dtype, block_bytes), fmt)
+        kv = None if spec is None else pool_bytes(spec, dtype, bits, block, scenario.tokens_per_branch)
+        with progress_bar(f"{scenario.mode} decoding", total=scenario.gen_tokens,
+                          enabled=scenario.decode_appends >= PROGRESS_FROM_APPENDS) as advance:
+            result = run_scenario(scenario, progress=advance)
+        emit(_scenario_report(result, spec, kv), fmt)
         return
     if scenario_given:
         raise ValueError(f"{', '.join(scenario_given)} applies only to scenario mode: drop --trace or drop them")
-    capacity = _capacity(capacity_blocks, memory, spec, block_bytes)
+    if capacity_blocks is not None and memory is not None:
+        raise ValueError("give either --capacity-blocks or --memory, not both")
+    if memory is not None and spec is None:
+        raise ValueError("--memory needs a model to turn bytes into blocks: add --model (or --config)")
     if trace[0].strip().lower() == "mooncake":
         check_block_size(block)  # before reading a large file
+    memory_bytes = None if memory is None else parse_bytes(memory)
+    bytes_per_block = None if spec is None else block_bytes(spec, bits, block)
+    capacity = capacity_blocks
+    if memory_bytes is not None and bytes_per_block is not None:
+        capacity = blocks_in_memory(memory_bytes, bytes_per_block)  # before reading, too
     loaded = read_trace(trace[0], trace[1])
     if limit is not None:
         loaded = loaded.head(limit)
+    if memory_bytes is not None and bytes_per_block is not None:
+        blocks_in_memory(memory_bytes, bytes_per_block, largest_request_blocks(loaded, block),
+                         "the largest request of the trace needs")
     check_trace(loaded, block, capacity)  # every input error before any progress line
     if not json_flag and fmt is Format.table:
         err_console.print(f"replaying {loaded.description} at block size {block} …", highlight=False)
-    emit(_trace_report(share_trace(loaded, block, capacity), spec, dtype, block_bytes, memory), fmt)
+    with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
+        result = share_trace(loaded, block, capacity, progress=advance)
+    kv = None if spec is None else pool_bytes(spec, dtype, bits, block, result.cached.longest_request_tokens)
+    emit(_trace_report(result, spec, kv, memory_bytes), fmt)
 
 
-def _capacity(capacity_blocks: int | None, memory: str | None, spec: ModelSpec | None, block_bytes: int | None):
-    if capacity_blocks is not None and memory is not None:
-        raise ValueError("give either --capacity-blocks or --memory, not both")
-    if capacity_blocks is not None:
-        if capacity_blocks < 1:
-            raise ValueError(f"--capacity-blocks must be a positive number of blocks, got {capacity_blocks}")
-        return capacity_blocks
-    if memory is None:
-        return None
-    if spec is None or block_bytes is None:
-        raise ValueError("--memory needs a model to turn bytes into blocks: add --model (or --config)")
-    blocks = parse_bytes(memory) // block_bytes
-    if blocks < 1:
-        raise ValueError(f"--memory {memory} holds no block of {format_bytes(block_bytes)}: give more memory")
-    return blocks
-
-
-def _beyond_window(spec: ModelSpec | None, longest_tokens: int) -> bool:
-    """True when a sliding-window layer would drop blocks: some sequence is longer than the window."""
-    return spec is not None and spec.num_sliding_layers > 0 and longest_tokens > (spec.sliding_window or 0)
-
-
-def _model_doc(spec: ModelSpec | None, dtype: str | None, block_bytes: int | None,
-               longest_tokens: int) -> dict[str, Any]:
-    """The model part of the JSON; `bytes_upper_bound` is true when a sequence outgrows a sliding window
-    (see _window_note)."""
-    if spec is None:
+def _model_doc(kv: PoolBytes | None) -> dict[str, Any]:
+    """The model part of the JSON; `bytes_upper_bound` is true when a sequence outgrows a window (see
+    _window_note)."""
+    if kv is None:
         return {}
-    return {"model": spec.name, "dtype": dtype or DEFAULT_DTYPE, "block_bytes": block_bytes,
-            "bytes_upper_bound": _beyond_window(spec, longest_tokens)}
+    return {"model": kv.model, "dtype": kv.dtype, "block_bytes": kv.bytes_per_block,
+            "bytes_upper_bound": kv.upper_bound}
 
 
-def _window_note(spec: ModelSpec | None, longest_tokens: int) -> list[str]:
-    """The pool keeps every layer's KV for every block of a sequence. A sliding-window layer needs only the
-    blocks of its last `window` tokens, so once a sequence is longer than the window every byte figure here
-    is an upper bound."""
-    if spec is None or not _beyond_window(spec, longest_tokens):
+def _window_note(spec: ModelSpec | None, kv: PoolBytes | None) -> list[str]:
+    """The pool keeps every layer's KV for every block of a sequence. A windowed layer needs only the blocks
+    of its last `window` tokens, so once a sequence is longer than the window every byte figure here is an
+    upper bound."""
+    if spec is None or kv is None or not kv.upper_bound:
         return []
-    return [f"{spec.name}: {spec.num_sliding_layers} of {spec.layers} layers keep only the last "
-            f"{format_count(spec.sliding_window)} tokens, but the pool holds every layer for every block: bytes "
-            "are an upper bound (an engine that frees blocks outside the window holds less; kvcalc size and frag "
-            "apply the window)"]
+    if spec.num_sliding_layers:
+        held = (f"{spec.num_sliding_layers} of {spec.layers} layers keep only the last "
+                f"{format_count(spec.sliding_window)} tokens")
+    else:
+        held = "some layers keep only a window or chunk of the tokens"
+    return [f"{spec.name}: {held}, but the pool holds every layer for every block: bytes are an upper bound (an "
+            "engine that frees blocks outside the window holds less; kvcalc size and frag apply the window)"]
 
 
-def _scenario_report(
-    result: ScenarioResult, spec: ModelSpec | None, dtype: str | None, block_bytes: int | None
-) -> Report:
+def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolBytes | None) -> Report:
     s = result.spec
     doc: dict[str, Any] = {
         "mode": s.mode,
@@ -177,12 +185,11 @@ def _scenario_report(
     if s.mode == "beam":
         doc["seed"] = s.seed
         doc["dropped_branches"] = result.dropped_branches
-    longest = s.prefix_tokens + s.gen_tokens
-    doc.update(_model_doc(spec, dtype, block_bytes, longest))
-    if block_bytes is not None:
+    doc.update(_model_doc(kv))
+    if kv is not None:
         for key, blocks in (("logical_bytes", result.logical_blocks), ("physical_bytes", result.physical_blocks),
                             ("saved_bytes", result.saved_blocks), ("peak_bytes", result.peak_blocks)):
-            doc[key] = blocks * block_bytes
+            doc[key] = kv.of_blocks(blocks)
     title = (f"{s.mode}: {plural(s.branches, 'branch', 'branches')} × ({format_count(s.prefix_tokens)} shared + "
              f"{format_count(s.gen_tokens)} generated tokens), block {s.block_size}")
     report = Report(doc=doc, tables=[_scenario_table(title, doc)])
@@ -193,10 +200,9 @@ def _scenario_report(
         )
     if s.mode == "beam":
         report.notes.append(f"beam selection seeded with {s.seed}; {plural(result.dropped_branches, 'beam')} dropped")
-    if spec is not None:
-        per_block = format_bytes(block_bytes) if block_bytes is not None else "?"
-        report.notes.append(f"bytes: {spec.name}, {dtype or DEFAULT_DTYPE}, {per_block} per block (IEC units)")
-    report.notes += _window_note(spec, longest)
+    if kv is not None:
+        report.notes.append(f"bytes: {kv.model}, {kv.dtype}, {format_bytes(kv.bytes_per_block)} per block (IEC units)")
+    report.notes += _window_note(spec, kv)
     return report
 
 
@@ -231,7 +237,7 @@ def _replay_doc(r: ReplayResult) -> dict[str, Any]:
 
 
 def _trace_report(
-    result: TraceShareResult, spec: ModelSpec | None, dtype: str | None, block_bytes: int | None, memory: str | None
+    result: TraceShareResult, spec: ModelSpec | None, kv: PoolBytes | None, memory_bytes: int | None
 ) -> Report:
     on, off = result.cached, result.uncached
     doc: dict[str, Any] = {
@@ -242,10 +248,9 @@ def _trace_report(
         **_replay_doc(on),
         "without_prefix_caching": _replay_doc(off),
     }
-    if memory is not None:
-        doc["memory_bytes"] = parse_bytes(memory)
-    longest = on.peak_used_blocks * on.block_size  # one request at a time: the largest request's block span
-    doc.update(_model_doc(spec, dtype, block_bytes, longest))
+    if memory_bytes is not None:
+        doc["memory_bytes"] = memory_bytes
+    doc.update(_model_doc(kv))
     records = [{"prefix_caching": True, **_replay_doc(on)}, {"prefix_caching": False, **_replay_doc(off)}]
     for record in records:
         record.update(block_size=on.block_size, capacity_blocks=on.capacity_blocks)
@@ -266,8 +271,8 @@ def _trace_report(
     if not result.has_prefix_ids:
         report.notes.append("this trace has no prefix ids (hash_ids): no sharing information, so no hits "
                             "are possible — use a Mooncake trace for prefix caching.")
-    if block_bytes is not None and spec is not None:
-        report.notes.append(f"{spec.name}, {dtype or DEFAULT_DTYPE}: {format_bytes(block_bytes)} per block; "
-                            f"prefill saved {format_bytes(on.hit_tokens * block_bytes // on.block_size)} of KV writes")
-    report.notes += _window_note(spec, longest)
+    if kv is not None:
+        report.notes.append(f"{kv.model}, {kv.dtype}: {format_bytes(kv.bytes_per_block)} per block; "
+                            f"prefill saved {format_bytes(kv.of_blocks(on.hit_blocks))} of KV writes")
+    report.notes += _window_note(spec, kv)
     return report

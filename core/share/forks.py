@@ -15,12 +15,16 @@ a seeded selection picks K parents (with repetition) among the live beams; unpic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
+from ..host_memory import check_fits
 from ..pool.block_pool import BlockPool, ReleaseReason
+from ..pool.store import BlockStore
 
 SCENARIO_MODES = ("parallel", "beam")
 MAX_SCENARIO_BLOCKS = 20_000_000
@@ -38,27 +42,55 @@ class ScenarioSpec:
 
     def __post_init__(self) -> None:
         if self.mode not in SCENARIO_MODES:
-            raise ValueError(f"unknown --mode {self.mode!r}: choose parallel or beam")
+            raise ParameterError(f"mode {self.mode!r} is unknown: choose parallel or beam", "mode")
         if self.branches < 1:
-            raise ValueError(f"--branches must be at least 1, got {self.branches}")
+            raise ParameterError(f"branches {self.branches} must be at least 1", "branches")
         if self.prefix_tokens < 1:
-            raise ValueError(f"--prefix must be at least 1 token (the prompt), got {self.prefix_tokens}")
+            raise ParameterError(f"prefix_tokens {self.prefix_tokens} must be at least 1 token (the prompt)",
+                                 "prefix_tokens")
         if self.gen_tokens < 0:
-            raise ValueError(f"--gen must be >= 0 generated tokens, got {self.gen_tokens}")
+            raise ParameterError(f"gen_tokens {self.gen_tokens} must be >= 0 generated tokens", "gen_tokens")
         if self.block_size < 1:
-            raise ValueError(f"--block must be a positive number of tokens, got {self.block_size}")
+            raise ParameterError(f"block_size {self.block_size} must be a positive number of tokens", "block_size")
+        if self.seed < 0:
+            raise ParameterError(f"seed {self.seed} is negative: give a whole number from 0", "seed")
         # the pool runs step by step: keep its size and the number of decode appends sensible
         blocks = self.branches * self.blocks_per_branch
-        if blocks > MAX_SCENARIO_BLOCKS or self.branches * self.gen_tokens > MAX_SCENARIO_APPENDS:
-            raise ValueError(
-                f"scenario too large: {self.branches} branches × ({self.prefix_tokens} + {self.gen_tokens}) tokens is "
-                f"{blocks:,} blocks and {self.branches * self.gen_tokens:,} decode steps; the pool runs step by "
-                f"step, keep it within {MAX_SCENARIO_BLOCKS:,} blocks and {MAX_SCENARIO_APPENDS:,} steps"
+        if blocks > MAX_SCENARIO_BLOCKS or self.decode_appends > MAX_SCENARIO_APPENDS:
+            raise ParameterError(
+                f"scenario too large: branches {self.branches} × (prefix_tokens {self.prefix_tokens} + gen_tokens "
+                f"{self.gen_tokens}) is {blocks:,} blocks and {self.decode_appends:,} decode appends; the pool runs "
+                f"step by step, keep it within {MAX_SCENARIO_BLOCKS:,} blocks and {MAX_SCENARIO_APPENDS:,} appends",
+                "branches", "prefix_tokens", "gen_tokens",
             )
+        check_fits(self.memory_bytes, f"branches {self.branches} × (prefix_tokens {self.prefix_tokens} + gen_tokens "
+                   f"{self.gen_tokens}) in the pool", "lower branches, prefix_tokens or gen_tokens",
+                   "branches", "prefix_tokens", "gen_tokens")
+
+    @property
+    def tokens_per_branch(self) -> int:
+        """Prompt + generated tokens of every branch at the end."""
+        return self.prefix_tokens + self.gen_tokens
+
+    @property
+    def decode_appends(self) -> int:
+        """One append per branch per decode step."""
+        return self.branches * self.gen_tokens
+
+    @property
+    def pool_blocks(self) -> int:
+        """Blocks of the scenario's pool: every branch's own blocks, and one for a copy-on-write each."""
+        return self.branches * (self.blocks_per_branch + 1)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory the run needs: the pool's arrays and the branches' block tables (int64, room for
+        twice their length)."""
+        return BlockStore.memory_bytes(self.pool_blocks) + self.branches * 16 * max(self.blocks_per_branch, 4)
 
     @property
     def blocks_per_branch(self) -> int:
-        return ceil_div(self.prefix_tokens + self.gen_tokens, self.block_size)
+        return ceil_div(self.tokens_per_branch, self.block_size)
 
 
 @dataclass(frozen=True)
@@ -88,10 +120,13 @@ def closed_form_physical_blocks(prefix_tokens: int, branches: int, gen_tokens: i
     return full + branches * ceil_div(rest + gen_tokens, block_size)
 
 
-def run_scenario(spec: ScenarioSpec, *, check: bool = False) -> ScenarioResult:
-    """Run the scenario through a BlockPool; `check` calls check_invariants after every operation."""
+def run_scenario(
+    spec: ScenarioSpec, *, check: bool = False, progress: Callable[[int], None] | None = None
+) -> ScenarioResult:
+    """Run the scenario through a BlockPool, one decode step (a token for every branch) at a time;
+    `check` calls check_invariants after every pool call, `progress(1)` is called after every step."""
     K, B = spec.branches, spec.block_size
-    pool = BlockPool(K * (spec.blocks_per_branch + 1), B)
+    pool = BlockPool(spec.pool_blocks, B)
     peak = 0
 
     def track() -> None:
@@ -102,35 +137,31 @@ def run_scenario(spec: ScenarioSpec, *, check: bool = False) -> ScenarioResult:
 
     pool.allocate(0, spec.prefix_tokens)
     track()
-    beams = [0]
-    next_id = 1
-    for _ in range(K - 1):
-        pool.fork(0, next_id)
-        beams.append(next_id)
-        next_id += 1
-        track()
+    pool.fork_many([0] * (K - 1), list(range(1, K)))
+    track()
+    beams = np.arange(K)
+    next_id = K
     rng = np.random.default_rng(spec.seed)
     dropped = 0
     for step in range(spec.gen_tokens):
         if spec.mode == "beam" and step > 0:
             picks = np.bincount(rng.integers(0, K, size=K), minlength=K)
-            survivors = []
-            for beam, count in zip(beams, picks.tolist(), strict=True):
-                if count == 0:
-                    pool.release(beam, ReleaseReason.CANCELLED)
-                    dropped += 1
-                    track()
-                    continue
-                survivors.append(beam)
-                for _ in range(count - 1):
-                    pool.fork(beam, next_id)
-                    survivors.append(next_id)
-                    next_id += 1
-                    track()
-            beams = survivors
-        for beam in beams:
-            pool.append(beam, 1)
+            pool.release_many(beams[picks == 0].tolist(), ReleaseReason.CANCELLED)
+            dropped += int(np.count_nonzero(picks == 0))
             track()
+            extra = np.maximum(picks - 1, 0)
+            children = np.arange(next_id, next_id + int(extra.sum()))
+            next_id += len(children)
+            pool.fork_many(np.repeat(beams, extra).tolist(), children.tolist())
+            track()
+            # each kept beam, then the forks of it: the order a beam-by-beam selection would leave them in
+            kept = np.flatnonzero(picks)
+            owner = np.concatenate((kept, np.repeat(np.arange(K), extra)))
+            beams = np.concatenate((beams[kept], children))[np.argsort(owner, kind="stable")]
+        pool.append_many(beams.tolist(), 1)
+        track()
+        if progress is not None:
+            progress(1)
     usage = pool.usage()
     stats = pool.stats()
     return ScenarioResult(

@@ -1,6 +1,7 @@
 """Prefix-cache replay of a real trace through the block pool.
 
-Requests replay one at a time in arrival (file) order: the prompt is allocated — its longest cached
+Requests replay one at a time in arrival order (by timestamp; requests that arrive together keep their file
+order): the prompt is allocated — its longest cached
 prefix of full blocks is revived from the cache instead of recomputed — the output is appended, then the
 request finishes and its blocks go to the LRU cache. Capacity is unlimited (no eviction ever), or a
 number of blocks (then LRU evictions happen and are counted). The same replay without prefix caching
@@ -15,13 +16,17 @@ block; a block that ends past the last id's coverage is an error in the trace.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
+from ..host_memory import check_fits
 from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, check_mooncake_block_size, mooncake_block_keys
 from ..pool.block_pool import BlockPool
+from ..pool.store import BlockStore
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 
@@ -40,6 +45,7 @@ class ReplayResult:
     hit_tokens: int
     hit_blocks: int
     peak_used_blocks: int  # one request at a time: the largest request's blocks
+    longest_request_tokens: int  # prompt + output of the longest request
     peak_cached_blocks: int  # most free blocks holding a cache entry at once: the cache's footprint
     evictions: int
 
@@ -52,10 +58,6 @@ class ReplayResult:
         """Prompt tokens whose KV is reused instead of recomputed."""
         return self.hit_tokens
 
-    @property
-    def prefill_tokens(self) -> int:
-        return self.prompt_tokens - self.hit_tokens
-
 
 @dataclass(frozen=True)
 class TraceShareResult:
@@ -66,9 +68,14 @@ class TraceShareResult:
 
 
 def check_block_size(block_size: int) -> None:
-    if block_size < 1:
-        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    """A block size that Mooncake's prefix ids can key (see the module docstring)."""
+    _check_positive_block_size(block_size)
     check_mooncake_block_size(block_size)
+
+
+def _check_positive_block_size(block_size: int) -> None:
+    if block_size < 1:
+        raise ParameterError(f"block_size {block_size} must be a positive number of tokens", "block_size")
 
 
 def _check_key_range(trace: Trace, block_size: int) -> None:
@@ -76,10 +83,29 @@ def _check_key_range(trace: Trace, block_size: int) -> None:
         return
     per_id = MOONCAKE_BLOCK_TOKENS // block_size
     limit = (2**63 - 1) // per_id - 1
-    if int(np.abs(trace.hash_ids).max()) > limit:
-        raise ValueError(
-            f"{trace.path}: hash_ids larger than {limit:,} cannot be keyed exactly at block size {block_size}"
+    largest = int(np.abs(trace.hash_ids).max())
+    if largest > limit:
+        raise ParameterError(
+            f"{trace.path}: hash id {largest:,} is larger than the {limit:,} that block_size {block_size} can key "
+            f"exactly (an id times {per_id} sub-blocks must fit in int64): use a larger block_size", "block_size"
         )
+
+
+def in_arrival_order(trace: Trace) -> Trace:
+    """The trace with its requests sorted by arrival time, stably (ties keep file order); itself if sorted."""
+    if not len(trace) or bool(np.all(trace.arrival_s[1:] >= trace.arrival_s[:-1])):
+        return trace
+    order = np.argsort(trace.arrival_s, kind="stable")
+    ids, offsets = trace.hash_ids, trace.hash_offsets
+    if ids is not None and offsets is not None:
+        lengths = np.diff(offsets)[order]
+        new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=new_offsets[1:])
+        # each request's ids, moved from its old start to its new one
+        ids = ids[np.arange(new_offsets[-1]) + np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths)]
+        offsets = new_offsets
+    return Trace(trace.kind, trace.path, trace.arrival_s[order], trace.prompt_tokens[order],
+                 trace.output_tokens[order], ids, offsets)
 
 
 def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
@@ -131,7 +157,26 @@ def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
 
 
 def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:
-    """Every user error a replay could meet, found up front (vectorised) so a replay never fails midway."""
+    """Every user error a replay with prefix caching could meet — the memory of its pool included — found up
+    front (vectorised) so a replay never fails midway."""
+    _checked_pool_blocks(trace, block_size, capacity_blocks, trace.has_prefix_ids)
+
+
+def _checked_pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool) -> int:
+    """check_trace, then the blocks of the replay's pool (`keyed`: with prefix caching), refused when they
+    would not fit in this machine's memory."""
+    largest = _check_requests(trace, block_size, capacity_blocks)
+    # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
+    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
+    if capacity_blocks is not None:
+        pool_blocks = min(pool_blocks, capacity_blocks)
+    check_fits(BlockStore.memory_bytes(pool_blocks), f"the replay's pool of {pool_blocks:,} blocks",
+               "bound it with capacity_blocks", "capacity_blocks")
+    return pool_blocks
+
+
+def _check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -> int:
+    """The checks of every request against the block size and the capacity; the largest request's blocks."""
     if trace.has_prefix_ids:
         check_block_size(block_size)
         _check_key_range(trace, block_size)
@@ -143,16 +188,26 @@ def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> N
             i = int(short[0])
             mooncake_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
                                f"{trace.path} request {i + 1}: ")
-    elif block_size < 1:
-        raise ValueError(f"--block must be a positive number of tokens, got {block_size}")
+    else:
+        _check_positive_block_size(block_size)
+    if capacity_blocks is not None and capacity_blocks < 1:
+        raise ParameterError(f"capacity_blocks {capacity_blocks} must be a positive number of blocks",
+                             "capacity_blocks")
     blocks = request_blocks(trace, block_size)
     largest = int(blocks.max())
     if capacity_blocks is not None and capacity_blocks < largest:
         i = int(blocks.argmax())
-        raise ValueError(
-            f"a capacity of {capacity_blocks:,} blocks is smaller than request {i + 1} of the trace, which needs "
-            f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}"
+        raise ParameterError(
+            f"capacity_blocks {capacity_blocks:,} is smaller than request {i + 1} of the trace, which needs "
+            f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}", "capacity_blocks"
         )
+    return largest
+
+
+def largest_request_blocks(trace: Trace, block_size: int) -> int:
+    """Blocks of the largest request (prompt + output): the least capacity a replay of `trace` needs."""
+    _check_positive_block_size(block_size)
+    return int(request_blocks(trace, block_size).max())
 
 
 def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -177,21 +232,19 @@ def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
 
 
 def replay(
-    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True
+    trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    """Replay every request of `trace` through one BlockPool; see the module docstring.
+    """Replay every request of `trace` through one BlockPool, in arrival order; see the module docstring.
 
     `fast` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`) and
     runs each request with the pool's fused `serve`; otherwise each prompt is hashed on its own and runs
     through allocate, append and release. The same pool changes, the same results (tests compare both).
+    `progress(n)` is called as the requests are replayed, n at a time.
     """
-    check_trace(trace, block_size, capacity_blocks)
-    largest = int(request_blocks(trace, block_size).max())
     keyed = prefix_caching and trace.has_prefix_ids
-    # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
-    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
-    if capacity_blocks is not None:
-        pool_blocks = min(pool_blocks, capacity_blocks)
+    pool_blocks = _checked_pool_blocks(trace, block_size, capacity_blocks, keyed)
+    trace = in_arrival_order(trace)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
@@ -215,6 +268,8 @@ def replay(
                 pool.release(i)
             peak_used = max(peak_used, used)
             peak_cached = max(peak_cached, pool.num_cached_free_blocks)
+        if progress is not None:
+            progress(stop - first)
     stats = pool.stats()
     return ReplayResult(
         prefix_caching=prefix_caching,
@@ -227,6 +282,7 @@ def replay(
         hit_tokens=stats.hit_tokens,
         hit_blocks=stats.hit_blocks,
         peak_used_blocks=peak_used,
+        longest_request_tokens=_longest(trace),
         peak_cached_blocks=peak_cached,
         evictions=stats.evictions,
     )
@@ -236,8 +292,7 @@ def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) 
     """What `replay(..., prefix_caching=False)` gives, in closed form: requests one at a time share
     nothing, so no hit, no cached block, no eviction, and the peak is the largest request. Tests check it
     against the pool; the CLI uses it to save a second pass over a large trace."""
-    check_trace(trace, block_size, capacity_blocks)
-    largest = int(request_blocks(trace, block_size).max())
+    largest = _check_requests(trace, block_size, capacity_blocks)
     return ReplayResult(
         prefix_caching=False,
         block_size=block_size,
@@ -249,13 +304,21 @@ def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) 
         hit_tokens=0,
         hit_blocks=0,
         peak_used_blocks=largest,
+        longest_request_tokens=_longest(trace),
         peak_cached_blocks=0,
         evictions=0,
     )
 
 
-def share_trace(trace: Trace, block_size: int, capacity_blocks: int | None = None) -> TraceShareResult:
-    """The replay with prefix caching and, for contrast, without."""
-    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True)
+def _longest(trace: Trace) -> int:
+    return int((trace.prompt_tokens + trace.output_tokens).max())
+
+
+def share_trace(
+    trace: Trace, block_size: int, capacity_blocks: int | None = None, *,
+    progress: Callable[[int], None] | None = None,
+) -> TraceShareResult:
+    """The replay with prefix caching and, for contrast, without (`progress` as for `replay`)."""
+    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True, progress=progress)
     uncached = uncached_replay(trace, block_size, capacity_blocks)
     return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)

@@ -199,3 +199,51 @@ def test_seed_in_beam_mode_still_works(run_cli) -> None:
     assert a.exit_code == 0, a.stderr
     assert a.json()["seed"] == 5
     assert run_cli("share", "--mode", "beam", "--json").json()["seed"] == 0  # the default seed
+
+
+def test_trace_replays_in_arrival_order(run_cli, tmp_path: Path) -> None:
+    # file order t = 5000 ms (2,048 tokens, ids 7..10) then t = 0 (1,024 tokens, ids 7, 8): in arrival order
+    # the short prompt caches 64 full blocks and the long one hits them all, 64 · 16 = 1,024 tokens (in file
+    # order the short one would hit 63 blocks of the long one's, never its last token: 1,008)
+    path = write_mooncake(tmp_path / "late_first.jsonl", [
+        {"timestamp": 5000, "input_length": 2048, "output_length": 1, "hash_ids": [7, 8, 9, 10]},
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [7, 8]},
+    ])
+    doc = run_cli("share", "--trace", "mooncake", str(path), "--json").json()
+    assert (doc["hit_tokens"], doc["hit_blocks"]) == (1024, 64)
+
+
+def test_a_hash_id_past_int64_is_one_line_naming_file_line_and_value(run_cli, tmp_path: Path) -> None:
+    path = write_mooncake(tmp_path / "huge_id.jsonl", [
+        {"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]},
+        {"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 2**70]},
+    ])
+    one_line_error(run_cli("share", "--trace", "mooncake", str(path)), f"{path}:2", str(2**70))
+
+
+def test_a_negative_beam_seed_names_the_option_and_the_fix(run_cli) -> None:
+    one_line_error(run_cli("share", "--mode", "beam", "--seed", "-1"), "--seed -1", "--seed 0")
+
+
+def test_memory_errors_name_the_option_and_the_bytes(run_cli, mooncake: Path) -> None:
+    # 20 MiB / 2 MiB per Llama-3-8B block = 10 blocks; request 2 needs ceil(1110 / 16) = 70 = 140 MiB
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "20MiB", "--model",
+                           "llama-3-8b"), "--memory 20.00 MiB holds 10 blocks", "give at least 140.00 MiB")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "1KiB", "--model",
+                           "llama-3-8b"), "--memory 1.00 KiB holds no block of 2.00 MiB")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "0"),
+                   "--capacity-blocks 0")
+
+
+def test_work_past_the_machines_memory_is_refused_with_the_figures(run_cli, mooncake: Path, monkeypatch) -> None:
+    from kvcalc.core import host_memory
+
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 1 << 20)  # a machine with 1 MiB to spare
+    one_line_error(run_cli("share", "--branches", "1000"), "--branches 1000 × (--prefix 1000 + --gen 200)",
+                   "1.00 MiB available", "lower --branches, --prefix or --gen")
+    # the trace's pool: 4 distinct id prefixes × 32 blocks + the largest request's 70 = 198 blocks, ~22 KiB
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 4096)
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake)), "pool of 198 blocks",
+                   "4.00 KiB available", "bound it with --capacity-blocks")
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 1 << 40)
+    assert run_cli("share", "--branches", "1000", "--json").exit_code == 0

@@ -175,6 +175,40 @@ def test_hand_computed_trace() -> None:
     assert replay(trace, 16, None, prefix_caching=False).hit_tokens == 0
 
 
+
+def test_requests_replay_in_arrival_order() -> None:
+    # file order: t = 5 s (2,048 tokens, ids 7..10), then t = 0 (1,024 tokens, ids 7, 8). In arrival order
+    # the short one comes first and caches 64 full blocks (ids 7, 8); the long one then hits all of them:
+    # 1,024 hit tokens. In file order the short one would hit 63 blocks of the long one's (its last block
+    # holds its last token, never a hit): 1,008.
+    trace = make_trace([(2048, 1, [7, 8, 9, 10]), (1024, 1, [7, 8])])
+    trace = Trace(trace.kind, trace.path, np.array([5.0, 0.0]), trace.prompt_tokens, trace.output_tokens,
+                  trace.hash_ids, trace.hash_offsets)
+    assert replay(trace, 16, None, True).hit_tokens == 1024
+    assert replay(trace, 16, None, True, fast=False).hit_tokens == 1024
+    assert replay(make_trace([(2048, 1, [7, 8, 9, 10]), (1024, 1, [7, 8])]), 16, None, True).hit_tokens == 1008
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 5), max_size=4)), min_size=1, max_size=12))
+def test_arrival_order_sorts_stably_and_keeps_each_requests_ids(raw: list[tuple[int, list[int]]]) -> None:
+    trace = make_trace([(len(ids) * 512, i, ids) for i, (_, ids) in enumerate(raw)])
+    trace = Trace(trace.kind, trace.path, np.array([t for t, _ in raw], dtype=np.float64), trace.prompt_tokens,
+                  trace.output_tokens, trace.hash_ids, trace.hash_offsets)
+    ordered = share_trace_module.in_arrival_order(trace)
+    expected = sorted(range(len(raw)), key=lambda i: raw[i][0])  # sorted() is stable
+    assert ordered.output_tokens.tolist() == expected  # output i marks request i of the file
+    assert [ordered.request_hash_ids(j).tolist() for j in range(len(raw))] == [raw[i][1] for i in expected]
+    assert ordered.arrival_s.tolist() == sorted(t for t, _ in raw)
+
+
+def test_replay_progress_counts_every_request() -> None:
+    trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
+    for fast in (True, False):
+        done: list[int] = []
+        replay(trace, 16, None, True, fast=fast, progress=done.append)
+        assert sum(done) == 3
+
 def test_last_token_is_never_a_hit() -> None:
     trace = make_trace([(512, 1, [7]), (512, 1, [7])])
     # 512 tokens = 32 full blocks of 16, but the 512th token is recomputed: 31 blocks hit

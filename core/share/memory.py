@@ -1,0 +1,64 @@
+"""KV bytes of the pool's blocks for a model: block counts of a sharing run in bytes, and a memory budget in
+blocks.
+
+A pool block holds `block_size` token positions of every layer that keeps KV (equation 1 for one token, times
+the block size, rounded up to whole bytes once). The pool keeps every block of a sequence in every layer, so
+for a model with windowed or chunked layers — which need only the blocks of their last W tokens — the byte
+figures are an upper bound once a sequence outgrows the window (`upper_bound`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ParameterError
+from ..spec.models import ModelSpec
+from ..spec.sizing import bits_to_bytes
+from ..units import format_bytes
+
+
+def block_bytes(spec: ModelSpec, dtype_bits: int, block_size: int) -> int:
+    """KV bytes of one pool block of `block_size` tokens (every KV layer holds all of them)."""
+    if block_size < 1:
+        raise ParameterError(f"block_size {block_size} must be a positive number of tokens", "block_size")
+    return bits_to_bytes(spec.kv_bits(1, dtype_bits) * block_size)
+
+
+def blocks_in_memory(memory_bytes: int, bytes_per_block: int, least_blocks: int = 1, needed_by: str = "") -> int:
+    """Whole blocks of `bytes_per_block` in `memory_bytes`; refused when fewer than `least_blocks` (what
+    `needed_by`, e.g. the largest request of a trace, needs)."""
+    blocks = memory_bytes // bytes_per_block
+    if blocks < least_blocks:
+        held = f"holds no block of {format_bytes(bytes_per_block)}" if not blocks else (
+            f"holds {blocks:,} blocks of {format_bytes(bytes_per_block)}, fewer than the {least_blocks:,} {needed_by}")
+        raise ParameterError(
+            f"memory_bytes {format_bytes(memory_bytes)} {held}: give at least "
+            f"{format_bytes(least_blocks * bytes_per_block)}", "memory_bytes",
+        )
+    return blocks
+
+
+def bytes_upper_bound(spec: ModelSpec, dtype_bits: int, longest_tokens: int) -> bool:
+    """True when some layer keeps fewer than all `longest_tokens` tokens of the longest sequence (a window or
+    chunk), which the pool does not model: it holds every layer for every block."""
+    return spec.kv_bits(longest_tokens, dtype_bits) < spec.kv_bits(1, dtype_bits) * longest_tokens
+
+
+@dataclass(frozen=True)
+class PoolBytes:
+    """A model's KV bytes per pool block, and the byte figures of block counts."""
+
+    model: str
+    dtype: str
+    block_size: int
+    bytes_per_block: int
+    upper_bound: bool  # a sequence outgrows a window or chunk of the model: every byte figure is an upper bound
+
+    def of_blocks(self, blocks: int) -> int:
+        return blocks * self.bytes_per_block
+
+
+def pool_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, longest_tokens: int) -> PoolBytes:
+    """Bytes per block of `spec` at `dtype` (`dtype_bits` per scalar), for sequences up to `longest_tokens`."""
+    return PoolBytes(spec.name, dtype, block_size, block_bytes(spec, dtype_bits, block_size),
+                     bytes_upper_bound(spec, dtype_bits, longest_tokens))
