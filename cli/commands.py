@@ -6,4 +6,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("share", "share"),
     ("bench", "bench"),
     ("sim", "sim"),
+    ("verify", "verify"),
 ]

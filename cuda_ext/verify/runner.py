@@ -10,7 +10,7 @@ request alone through the contiguous reference, the comparison, the pool's invar
 A step's finishes and cancellations are released inside the pool's step window (`BlockPool.step()`): their
 blocks are pending while the step's results are read out and come back when it ends, so the next plan can
 hand them out at once. An exception in a run (a fault can make the pool assert) fails the scenario and is
-reported; it is not raised.
+reported, not raised; only CudaUnavailableError (the kernel cannot run here) goes up.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core.errors import CudaUnavailableError
 from ...core.pool.block_pool import BlockPool
 from ...core.sim.engine import Engine
 from ...core.sim.paged_exact import ExactPagedPolicy
@@ -51,7 +52,8 @@ class ScenarioResult:
     max_abs_logit_diff: float
     passed: bool
     events: dict[str, int]
-    missing_events: list[str] = field(default_factory=list)  # needed by the name, but zero
+    needs: list[str] = field(default_factory=list)  # the events the scenario's name needs non-zero
+    missing_events: list[str] = field(default_factory=list)  # needed, but zero
     content_errors: int = 0
     first_content_error: str | None = None
     invariant_error: str | None = None
@@ -152,6 +154,7 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
         result = _run_beams(scenario, weights, attention_backend, fault)
     else:
         result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
+    result.needs = list(scenario.needs)
     result.missing_events = [e for e in scenario.needs if not result.events.get(e)]
     result.passed = result.passed and not (result.missing_events or result.content_errors or result.invariant_error
                                            or result.error)
@@ -187,6 +190,8 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
     error = None
     try:
         engine.run()  # ends with the policy's check that the pool is whole
+    except CudaUnavailableError:
+        raise
     except Exception as exc:  # a planted fault may break the pool anywhere: the scenario then fails
         error = f"{type(exc).__name__}: {exc}"
     k = TOP_K if reqs.sampling.greedy else max(TOP_K, reqs.sampling.top_k or weights.config.vocab_size)
@@ -216,6 +221,8 @@ def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str
     try:
         results, beam_events = paged_beam_search(executor, pool, prompts, width, num_tokens)
         dropped = beam_events.dropped
+    except CudaUnavailableError:
+        raise
     except Exception as exc:  # as in _run_scheduled
         error = f"{type(exc).__name__}: {exc}"
     if error is None:

@@ -1,0 +1,145 @@
+"""`kvcalc verify`: a small transformer decoded through the real pool, scheduler and paged attention, against
+each request decoded alone with a contiguous KV cache.
+
+torch is imported only inside the command body (and kvcalc.cuda_ext), as for `kvcalc bench`. Exit codes:
+0 every scenario passed, 1 one failed (as it must with --inject), 2 bad input or torch missing (the message
+says how to install it), 3 --device cuda without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..core.errors import CudaUnavailableError
+from .bench import BENCH_INSTALL, CPU_TORCH_INSTALL
+from .options import FormatOpt, JsonOpt, seed_option
+from .output import Field, Format, Report, emit, record_table, resolve_format
+from .progress import progress_bar
+
+# every event a scenario reports, in the table's order, with its short display name
+EVENT_LABELS = {
+    "prefix_hit_tokens": "hits", "cow_copies": "CoW", "forks": "forks", "preemptions": "preempt", "swaps": "swaps",
+    "cancellations": "cancel", "evictions": "evict", "prefill_chunks": "chunks", "mixed_steps": "mixed",
+    "eos_finishes": "EOS", "beams_dropped": "dropped", "cancelled_blocks_reused": "reused",
+    "deferred_free_blocks": "deferred",
+}
+
+
+def _require_torch(device: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if device == "cuda":
+            raise CudaUnavailableError(f"--device cuda needs PyTorch with CUDA, which is not installed: "
+                                       f"{BENCH_INSTALL}") from None
+        raise ValueError(f"kvcalc verify needs PyTorch, which is not installed: {BENCH_INSTALL} (on a machine "
+                         f"without a GPU, first the CPU build: {CPU_TORCH_INSTALL})") from None
+
+
+def _events_cell(scenario: dict[str, Any]) -> str:
+    """The events the scenario's name needs, with their counts (0! for one that did not happen)."""
+    events = scenario["events"]
+    return ", ".join(f"{EVENT_LABELS[k]} {events[k]:,}" if events[k] else f"{EVENT_LABELS[k]} 0!"
+                     for k in scenario["needs"])
+
+
+def _verdict_cell(scenario: dict[str, Any]) -> str:
+    if scenario["passed"]:
+        return "pass"
+    reasons = []
+    if scenario["mismatched_tokens"]:
+        reasons.append("tokens")
+    if scenario["content_errors"]:
+        reasons.append("content")
+    if scenario["invariant_error"]:
+        reasons.append("invariants")
+    if scenario["error"]:
+        reasons.append("error")
+    if scenario["missing_events"]:
+        reasons.append("events")
+    return "FAIL" + (f" ({', '.join(reasons)})" if reasons else " (logits)")
+
+
+def _report(doc: dict[str, Any]) -> Report:
+    records = [{**s, **{f"event_{k}": v for k, v in s["events"].items()}} for s in doc["scenarios"]]
+    fields = [
+        Field("name", "scenario"),
+        Field("requests", "requests", "{:,}".format),
+        Field("tokens_compared", "tokens compared", "{:,}".format),
+        Field("mismatched_tokens", "mismatches", "{:,}".format),
+        Field("max_abs_logit_diff", "max |Δlogit|", "{:.1e}".format),
+        Field(None, "events", _events_cell),
+        Field(None, "verdict", _verdict_cell),
+        Field("passed"),
+        *(Field(f"event_{k}") for k in EVENT_LABELS),
+    ]
+    model = doc["model"]
+    title = (f"kvcalc verify: {doc['dtype']} on {doc['device']}, attention {doc['attention_backend']}, model "
+             f"{model['num_layers']} layers x {model['hidden_size']} wide, {model['num_q_heads']}/"
+             f"{model['num_kv_heads']} heads of {model['head_dim']}, vocab {model['vocab_size']}, seed "
+             f"{model['seed']}, blocks of {doc['block_size']}")
+    notes = ["events: those the scenario's name needs — hits = prefix-cache hit tokens, CoW = copy-on-write "
+             "copies, chunks = prefill chunks, mixed = steps batching prefill and decode, EOS = end-of-sequence "
+             "finishes, dropped = beams dropped, reused = a cancelled request's blocks handed out in the next step, "
+             "deferred = blocks held back by the pool's step window; all events in --json"]
+    rule = doc["pass_rule"]
+    if doc["dtype"] == "fp32":
+        notes.append(f"pass rule: every token identical, |Δlogit| <= {rule['fp32_logit_tolerance']:.0e}; the pool's "
+                     "invariants before every step and whole after; the content check clean; the events the "
+                     "scenario's name needs non-zero (0! marks one missing)")
+    else:
+        notes.append(f"pass rule ({doc['dtype']}): {rule['tokens']}; invariants, content check and events as "
+                     "for fp32")
+    for s in doc["scenarios"]:
+        if s["first_mismatch"] is not None:
+            m = s["first_mismatch"]
+            tokens = [("none (it stopped)" if t is None else t) for t in (m["reference_token"], m["test_token"])]
+            notes.append(f"{s['name']}: first divergence at request {m['request']}, output token {m['position']}: "
+                         f"reference {tokens[0]}, paged {tokens[1]}")
+        for key, label in (("error", "stopped"), ("invariant_error", "pool invariant"),
+                           ("first_content_error", "content check")):
+            if s[key]:
+                notes.append(f"{s['name']}: {label}: {s[key]}")
+    if doc["inject"]:
+        caught = [s["name"] for s in doc["scenarios"] if not s["passed"]]
+        fired = sum(s["fault_fired"] or 0 for s in doc["scenarios"])
+        notes.append(f"--inject {doc['inject']}: the fault acted {fired:,} times; caught by "
+                     f"{', '.join(caught) if caught else 'NO scenario'}")
+    notes.append("verdict: all scenarios passed" if doc["passed"] else "verdict: FAILED")
+    return Report(doc=doc, tables=[record_table(title, fields, records)], notes=notes)
+
+
+def command(
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda (the CUDA decode kernel for bf16/fp16) "
+                                        "or auto (cuda if a GPU is visible).")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="Model and KV precision: fp32 (tokens must be identical), "
+                                       "bf16 or fp16 (the top-k rule).")] = "fp32",
+    scenario: Annotated[list[str] | None, typer.Option(
+        "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
+        "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool.")] = None,
+    inject: Annotated[str | None, typer.Option(
+        "--inject", help="Plant a fault in the block pool that the checks must catch (exit 1): early-free, "
+        "skip-cow or stale-hash.")] = None,
+    seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
+    json_flag: JsonOpt = False,
+    fmt: FormatOpt = Format.table,
+) -> int:
+    """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
+    check every token against each request decoded alone with a contiguous KV cache."""
+    output_format = resolve_format(json_flag, fmt)
+    _require_torch(device)
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CudaUnavailableError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
+    from ..cuda_ext.verify.scenarios import SCENARIOS
+    from ..cuda_ext.verify.suite import VerifyConfig, run_verify
+
+    config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
+                          seed=seed)
+    with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
+        doc = run_verify(config, advance)
+    emit(_report(doc), output_format)
+    return 0 if doc["passed"] else 1

@@ -1,0 +1,104 @@
+"""`kvcalc verify`'s run: the model, the device, the scenarios asked for, one fault maybe -> one JSON document.
+
+    {"device", "device_name", "dtype", "attention_backend", "model": {dims..., "seed"}, "inject",
+     "pass_rule": {...}, "scenarios": [ScenarioResult.to_dict(), ...], "passed", "wall_s"}
+
+`passed` is True only when every scenario passed. With a fault injected it is expected to be False: the
+fault must be caught. torch runs on one intra-op thread meanwhile: these are thousands of tiny ops, and on
+a small CPU a second thread spins more than it works.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...core.errors import CudaUnavailableError, ParameterError
+from .attention import default_attention_backend
+from .config import DTYPE_NAMES, ModelConfig, torch_dtype
+from .faults import INJECTIONS, Fault
+from .runner import run_scenario
+from .scenarios import BLOCK_SIZE, SCENARIOS, build
+from .verdict import FP32_LOGIT_TOLERANCE, TOP_K
+from .weights import init_weights
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    device: str = "auto"
+    dtype: str = "fp32"
+    scenarios: tuple[str, ...] = SCENARIOS
+    inject: str | None = None
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ParameterError(f"device {self.device!r} is not one of {', '.join(DEVICES)}", "device")
+        if self.dtype not in DTYPE_NAMES:
+            raise ParameterError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}", "dtype")
+        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        if unknown or not self.scenarios:
+            raise ParameterError(f"scenario {', '.join(map(repr, unknown)) or '(none)'} is not known; use one or "
+                                 f"more of {', '.join(SCENARIOS)}", "scenario")
+        repeated = sorted({s for s in self.scenarios if self.scenarios.count(s) > 1})
+        if repeated:
+            raise ParameterError(f"scenario {', '.join(repeated)} is given twice; name each scenario once", "scenario")
+        if self.inject is not None and self.inject not in INJECTIONS:
+            raise ParameterError(f"inject {self.inject!r} is not a known fault; use one of {', '.join(INJECTIONS)}",
+                                 "inject")
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when a GPU is visible, else cpu; 'cuda' without one -> CudaUnavailableError."""
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise CudaUnavailableError("device 'cuda' was asked for, but torch sees no CUDA GPU; use device 'cpu'")
+    return torch.device("cuda")
+
+
+def pass_rule(dtype: str) -> dict[str, Any]:
+    if dtype == "fp32":
+        return {"tokens": "identical", "fp32_logit_tolerance": FP32_LOGIT_TOLERANCE}
+    return {"tokens": f"at the first mismatch each side's token is in the other's top {TOP_K} "
+                      "(seeded sampling: in the other's sampling top_k)", "top_k": TOP_K}
+
+
+def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every scenario of `config` -> the JSON document (see the module docstring); `progress(1)` after each."""
+    device = resolve_device(config.device)
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        weights = init_weights(config.model, seed=config.seed, dtype=config.dtype, device=device)
+        backend = default_attention_backend(config.model, torch_dtype(config.dtype), device, BLOCK_SIZE)
+        results = []
+        for name in config.scenarios:
+            fault = Fault(config.inject) if config.inject else None
+            scenario = build(name, config.model.vocab_size, config.seed)
+            results.append(run_scenario(scenario, weights, seed=config.seed, attention_backend=backend, fault=fault))
+            if progress is not None:
+                progress(1)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": config.dtype,
+        "attention_backend": backend,
+        "model": {**config.model.to_dict(), "seed": config.seed},
+        "block_size": BLOCK_SIZE,
+        "inject": config.inject,
+        "pass_rule": pass_rule(config.dtype),
+        "scenarios": [r.to_dict() for r in results],
+        "passed": all(r.passed for r in results),
+        "wall_s": time.perf_counter() - started,
+    }

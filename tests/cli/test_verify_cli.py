@@ -1,0 +1,123 @@
+"""`kvcalc verify` through the CLI: the default run and its JSON contract, the negative controls (exit 1),
+bf16, exit 3 without a GPU, bad input (exit 2, one line) and the message when torch is missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCENARIOS = ["ragged", "chunked-prefill", "prefix-cache", "parallel-sampling", "beam-search", "preempt-recompute",
+             "preempt-swap", "cancel-reuse", "tiny-pool"]
+SCENARIO_KEYS = {"name", "requests", "tokens_compared", "mismatched_tokens", "first_mismatch", "max_abs_logit_diff",
+                 "passed", "events"}
+EVENT_KEYS = {"prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions"}
+
+
+@pytest.fixture(scope="module")
+def default_doc():
+    """`kvcalc verify --json`: every scenario, fp32, on the CPU here."""
+    from typer.testing import CliRunner
+
+    from kvcalc.cli.app import app
+
+    result = CliRunner().invoke(app, ["verify", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def test_default_run_json_contract(default_doc):
+    doc = default_doc
+    assert {"device", "dtype", "attention_backend", "model", "inject", "scenarios", "passed"} <= doc.keys()
+    assert (doc["dtype"], doc["inject"], doc["passed"]) == ("fp32", None, True)
+    assert doc["model"]["seed"] == 0 and doc["model"]["num_q_heads"] % doc["model"]["num_kv_heads"] == 0
+    assert [s["name"] for s in doc["scenarios"]] == SCENARIOS  # all of them, in this order
+    for s in doc["scenarios"]:
+        assert s.keys() >= SCENARIO_KEYS and s["events"].keys() >= EVENT_KEYS
+        assert s["passed"] and s["mismatched_tokens"] == 0 and s["tokens_compared"] > 0
+        assert all(s["events"][e] > 0 for e in s["needs"])
+
+
+def test_table_names_every_scenario_and_the_verdict(run_cli):
+    result = run_cli("verify", "--scenario", "ragged", "--scenario", "beam-search")
+    assert result.exit_code == 0
+    rows = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
+    assert rows == ["ragged", "beam-search"]  # only the scenarios asked for, in that order
+    assert "max |Δlogit|" in result.stdout and "verdict: all scenarios passed" in result.stdout
+
+
+@pytest.mark.parametrize(("fault", "scenario"), [
+    ("early-free", "cancel-reuse"), ("skip-cow", "parallel-sampling"), ("stale-hash", "prefix-cache"),
+])
+def test_each_inject_is_caught_with_exit_1(run_cli, fault, scenario):
+    result = run_cli("verify", "--inject", fault, "--scenario", scenario, "--scenario", "ragged", "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["inject"] == fault and not doc["passed"]
+    caught, untouched = doc["scenarios"]
+    assert not caught["passed"] and caught["fault_fired"] > 0
+    assert untouched["passed"] and untouched["fault_fired"] == 0  # ragged shares nothing: the fault cannot act
+
+
+def test_inject_table_says_what_caught_it(run_cli):
+    result = run_cli("verify", "--inject", "stale-hash", "--scenario", "prefix-cache")
+    assert result.exit_code == 1
+    assert "FAIL (tokens, content, invariants, error)" in result.stdout
+    assert "caught by prefix-cache" in result.stdout and "verdict: FAILED" in result.stdout
+
+
+def test_bf16_passes_by_the_top_k_rule(run_cli):
+    result = run_cli("verify", "--dtype", "bf16", "--scenario", "parallel-sampling", "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["dtype"] == "bf16" and doc["passed"] and "top 5" in doc["pass_rule"]["tokens"]
+
+
+def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here")
+    result = run_cli("verify", "--device", "cuda", "--scenario", "ragged")
+    assert result.exit_code == 3 and result.stdout == ""
+    assert result.stderr == "error: --device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)\n"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--scenario", "nope"), "error: --scenario 'nope' is not known; use one or more of ragged,"),
+    (("--scenario", "ragged", "--scenario", "ragged"), "error: --scenario ragged is given twice"),
+    (("--dtype", "fp8"), "error: --dtype 'fp8' is not one of fp32, bf16, fp16"),
+    (("--device", "gpu"), "error: --device 'gpu' is not one of auto, cpu, cuda"),
+    (("--inject", "no-rollback"), "error: --inject 'no-rollback' is not a known fault; use one of early-free,"),
+    (("--seed", "-1"), "error: --seed -1 is negative"),
+    (("--json", "--format", "csv"), "error: "),
+])
+def test_bad_input_is_one_line_exit_2(run_cli, args, message):
+    result = run_cli("verify", *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
+
+
+def test_csv_has_one_row_per_scenario_with_every_event(run_cli):
+    result = run_cli("verify", "--scenario", "tiny-pool", "--format", "csv")
+    assert result.exit_code == 0
+    header, row = [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
+    columns = dict(zip(header.split(","), row.split(","), strict=True))
+    assert columns["name"] == "tiny-pool" and columns["passed"] == "true"
+    assert int(columns["event_evictions"]) > 0 and int(columns["event_swaps"]) > 0
+
+
+def test_without_torch_says_how_to_install(tmp_path):
+    # A stub module that fails to import stands in for a missing torch (as in the bench tests).
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from kvcalc.cli.app import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "verify"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: kvcalc verify needs PyTorch, which is not installed: pip install 'kvcalc[bench]' "
+                           "(on a machine without a GPU, first the CPU build: pip install torch --index-url "
+                           "https://download.pytorch.org/whl/cpu)\n")
