@@ -150,6 +150,8 @@ def plan_gpu(
             estimates.append("weights: parameters estimated from the dimensions")
         if spec.weight_dtype is None:
             estimates.append("weights: bf16 assumed (the model names no dtype)")
+        elif dtype_bits(weight_dtype) < 16:
+            estimates.append(f"weights: {weight_dtype} per parameter (a quantized checkpoint; scales aside)")
         activation = activation_bytes_estimate(spec, max_num_batched_tokens, max_num_seqs, tp)
         non_torch = NON_TORCH_BYTES
         estimates += ["activation peak", "non-torch memory"]

@@ -97,13 +97,37 @@ def spec_from_config(
         num_experts=experts,
         experts_per_token=per_token,
         ffn_groups=ffn_groups(f, n, hidden or heads * groups_head_dim(groups)),
-        tie_word_embeddings=f.flag("tie_word_embeddings"),
-        weight_dtype=model_dtype(f),
+        tie_word_embeddings=_tied(f),
+        weight_dtype=_weight_dtype(f),
         source=source,
         notes=tuple(notes),
     )
     f.check_all_understood()
     return spec
+
+
+def _tied(f: ConfigFields) -> bool | None:
+    """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma: tied)."""
+    tied = f.flag("tie_word_embeddings")
+    if tied is None and str(f.raw("model_type")).startswith("gemma"):
+        return True
+    return tied
+
+
+# quantization_config quant_method -> the precision most weights are stored in (scales aside).
+_QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_4bit": "int4"}
+
+
+def _weight_dtype(f: ConfigFields) -> str | None:
+    """The checkpoint's weight precision: a quantization_config's, else the model dtype (None if unnamed)."""
+    quant = f.raw("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", ""))
+        bits = quant.get("bits") or quant.get("w_bit")
+        dtype = _QUANTIZED.get(method) or {4: "int4", 8: "int8"}.get(bits if isinstance(bits, int) else 0)
+        if dtype is not None:
+            return dtype
+    return model_dtype(f)
 
 
 def groups_head_dim(groups: tuple) -> int:

@@ -135,12 +135,13 @@ _preset(ModelSpec(
 # max_position_embeddings 163840. The config's num_key_value_heads 128 is not the cache: like vLLM we
 # count one cached "head" (the latent). Params 671,026,419,200 (671B, without the 14B multi-token-prediction
 # module that the 685B checkpoint adds); active 37,552,297,472 (counted like num_params, i.e. with the
-# 0.93B input embedding; DeepSeek's report says 36.6B, which leaves the embedding out).
+# 0.93B input embedding; DeepSeek's report says 36.6B, which leaves the embedding out). The checkpoint stores
+# the weights in fp8 (quantization_config: fp8, e4m3).
 _preset(ModelSpec(
     name="DeepSeek-V3", layers=61, num_attention_heads=128, kv_heads=1, head_dim=192, hidden_size=7168,
     intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840, num_params=671_026_419_200,
     num_active_params=37_552_297_472, kv_lora_rank=512, qk_rope_head_dim=64, num_experts=256, experts_per_token=8,
-    source="deepseek-ai/DeepSeek-V3 config.json",
+    weight_dtype="fp8", source="deepseek-ai/DeepSeek-V3 config.json",
 ))
 
 
