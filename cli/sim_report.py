@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.sim.metrics import STATS
 from ..core.sim.policies import MEMORY_PARTS
+from ..core.sim.simulate import Simulation
 from ..core.units import format_bytes, format_percent
 from .output import Field, Report, Table, quantity_table, record_table
 
@@ -83,11 +84,13 @@ def _max_rate_table(searches: dict, slo_spec, target: float) -> Table:
     return record_table(title, fields, records)
 
 
-def build_report(setup, policies, summaries, searches, slo_spec, target) -> Report:
-    first = summaries[policies[0]]
+def build_report(result: Simulation) -> Report:
+    setup = result.setup
+    policies, slo_spec, target, searches = list(setup.policies), setup.slo, setup.target_attainment, result.searches
+    summaries = {name: summary.to_dict() for name, summary in result.summaries.items()}
     plan = setup.plan
     doc = {
-        **{k: v for k, v in first.items()},
+        **summaries[policies[0]],
         "workload": {
             "kind": setup.workload.kind,
             "description": setup.workload.description,

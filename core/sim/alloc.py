@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-RELEASE_REASONS = ("finished", "cancelled", "timed_out", "preempted")
+from ..pool.block_pool import ReleaseReason
 
 
 @dataclass
@@ -66,9 +66,9 @@ class FirstFitAllocator:
                 return True
         return False
 
-    def release(self, owner: int, reason: str) -> int:
+    def release(self, owner: int, reason: ReleaseReason | str) -> int:
         """The one release path: returns the region's slots (their count) to the holes, merging neighbours."""
-        assert reason in RELEASE_REASONS, f"unknown release reason {reason!r}"
+        reason = ReleaseReason(reason).value  # an unknown reason raises ValueError
         if owner not in self.regions:
             raise AssertionError(f"double free: owner {owner} holds no region")
         offset, length = self.regions.pop(owner)

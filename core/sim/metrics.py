@@ -21,12 +21,12 @@ fraction of it, not part of the sum).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .policies import MEMORY_PARTS
-from .scheduler import CANCELLED, COMPLETED, REJECTED, TIMED_OUT, RunRecord
+from .record import CANCELLED, COMPLETED, REJECTED, TIMED_OUT, RunRecord
 
 STATS = ("mean", "p50", "p90", "p99")
 SLO_KEYS = ("ttft", "tpot", "e2e")
@@ -74,11 +74,19 @@ def parse_slo(text: str | None) -> Slo:
     return Slo(values.get("ttft"), values.get("tpot"), values.get("e2e"))
 
 
-def stats(values: np.ndarray) -> dict[str, float]:
+@dataclass(frozen=True)
+class Stats:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+
+def stats(values: np.ndarray) -> Stats:
     if len(values) == 0:
-        return {k: float("nan") for k in STATS}
+        return Stats(*(float("nan") for _ in STATS))
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    return Stats(float(np.mean(values)), float(p50), float(p90), float(p99))
 
 
 @dataclass(frozen=True)
@@ -117,44 +125,93 @@ def attainment(record: RunRecord, slo: Slo) -> float:
     return float(np.sum(meets_slo(latencies(record), slo))) / denominator if denominator else 0.0
 
 
-def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> dict:
-    """The JSON document of one run (the contract keys of issue 5 §4, plus detail)."""
+@dataclass(frozen=True)
+class MemoryShares:
+    """Each part of MEMORY_PARTS averaged over time as a share of the pool (they sum to 1), the share of the
+    occupied memory that holds token states, and the block tables' bytes as a share of the pool's."""
+
+    useful: float
+    tail_fragmentation: float
+    reservation_waste: float
+    external_fragmentation: float
+    cached_free: float
+    free: float
+    useful_of_occupied: float
+    block_tables: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run's results (`to_dict()` is its JSON document, field by field)."""
+
+    policy: str
+    requests: int
+    completed: int
+    rejected: int
+    timed_out: int
+    cancelled: int
+    preemptions: int
+    ttft_s: Stats
+    tpot_s: Stats
+    itl_s: Stats
+    e2e_s: Stats
+    duration_s: float
+    throughput_rps: float
+    output_tokens_per_s: float
+    goodput_rps: float | None
+    slo_attainment: float | None
+    memory: MemoryShares
+    block_table_bytes_mean: float
+    peak_running: int
+    mean_running: float
+    generated_tokens: int
+    steps: int
+    rejected_reasons: dict[str, int]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummary:
     lat = latencies(record)
     done = lat.completed
     duration = max(record.end_s - float(record.arrival_s[0]), 1e-12)
     itl = np.repeat(record.itl_values_s, record.itl_weights) if len(record.itl_weights) else np.zeros(0)
-    memory_avg = record.memory_slot_s / (duration * record.capacity_slots)
-    memory = {part: float(v) for part, v in zip(MEMORY_PARTS, memory_avg, strict=False)}
-    occupied = 1.0 - memory["free"] - memory["cached_free"]
-    memory["useful_of_occupied"] = memory["useful"] / occupied if occupied > 0 else float("nan")
-    memory["block_tables"] = record.block_table_byte_s / duration / (record.capacity_slots * kv_bytes_per_token)
+    shares = [float(v) for v in record.memory_slot_s / (duration * record.capacity_slots)]
+    free, cached_free = shares[MEMORY_PARTS.index("free")], shares[MEMORY_PARTS.index("cached_free")]
+    occupied = 1.0 - free - cached_free
+    memory = MemoryShares(
+        **dict(zip(MEMORY_PARTS, shares, strict=True)),
+        useful_of_occupied=shares[0] / occupied if occupied > 0 else float("nan"),
+        block_tables=record.block_table_byte_s / duration / (record.capacity_slots * kv_bytes_per_token),
+    )
     met = meets_slo(lat, slo)
     status = record.status
-    return {
-        "policy": record.policy,
-        "requests": len(status),
-        "completed": int(np.sum(done)),
-        "rejected": int(np.sum(status == REJECTED)),
-        "timed_out": int(np.sum(status == TIMED_OUT)),
-        "cancelled": int(np.sum(status == CANCELLED)),
-        "preemptions": int(record.preemptions.sum()),
-        "ttft_s": stats(lat.ttft_s[done]),
-        "tpot_s": stats(lat.tpot_s[~np.isnan(lat.tpot_s)]),
-        "itl_s": stats(itl),
-        "e2e_s": stats(lat.e2e_s[done]),
-        "duration_s": duration,
-        "throughput_rps": float(np.sum(done)) / duration,
-        "output_tokens_per_s": float(record.generated.sum()) / duration,
-        "goodput_rps": float(np.sum(met)) / duration if not slo.is_empty else None,
-        "slo_attainment": attainment(record, slo) if not slo.is_empty else None,
-        "memory": memory,
-        "block_table_bytes_mean": record.block_table_byte_s / duration,
-        "peak_running": record.peak_running,
-        "mean_running": record.running_s / duration,
-        "generated_tokens": int(record.generated.sum()),
-        "steps": record.steps,
-        "rejected_reasons": dict(record.rejected_reason),
-    }
+    return RunSummary(
+        policy=record.policy,
+        requests=len(status),
+        completed=int(np.sum(done)),
+        rejected=int(np.sum(status == REJECTED)),
+        timed_out=int(np.sum(status == TIMED_OUT)),
+        cancelled=int(np.sum(status == CANCELLED)),
+        preemptions=int(record.preemptions.sum()),
+        ttft_s=stats(lat.ttft_s[done]),
+        tpot_s=stats(lat.tpot_s[~np.isnan(lat.tpot_s)]),
+        itl_s=stats(itl),
+        e2e_s=stats(lat.e2e_s[done]),
+        duration_s=duration,
+        throughput_rps=float(np.sum(done)) / duration,
+        output_tokens_per_s=float(record.generated.sum()) / duration,
+        goodput_rps=float(np.sum(met)) / duration if not slo.is_empty else None,
+        slo_attainment=attainment(record, slo) if not slo.is_empty else None,
+        memory=memory,
+        block_table_bytes_mean=record.block_table_byte_s / duration,
+        peak_running=record.peak_running,
+        mean_running=record.running_s / duration,
+        generated_tokens=int(record.generated.sum()),
+        steps=record.steps,
+        rejected_reasons=dict(record.rejected_reason),
+    )
 
 
 TIMELINE_COLUMNS = ("t_start_s", "t_end_s", "running", "waiting", *(f"{p}_slots" for p in MEMORY_PARTS))

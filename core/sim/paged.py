@@ -1,5 +1,6 @@
-"""The `paged` memory policy: the real block pool (core.block_pool), block size B, prefix caching from
-Mooncake hash_ids. See core/sim_policies.py for the interface the scheduler uses."""
+"""The `paged` memory policy: the real block pool (core/pool), block size B, prefix caching from content
+keys (Mooncake hash_ids, or token ids). See policies.py for the interface the scheduler uses; paged_exact.py
+keeps block tables current at every step, for plans that carry slots."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ class PagedPolicy:
     """
 
     name = "paged"
+    exact_block_tables = False
 
     def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | None = None) -> None:
         self.block_size = block_size
         self.capacity_slots = num_blocks * block_size
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prompt_keys is not None)
-        self.prompt_keys = prompt_keys  # per request: int64 content keys of its prompt's full blocks, or None
+        # per request, the content key of each full block of its prompt: an int64 array (Mooncake ids) or a
+        # list of tuples of token ids; None: no prefix caching
+        self.prompt_keys = prompt_keys
         self.pool_tokens = np.zeros(num_requests, dtype=np.int64)  # tokens the pool has been told of
         self.held_tokens = np.zeros(num_requests, dtype=np.int64)  # tokens with room reserved for them
         self.held_blocks = np.zeros(num_requests, dtype=np.int64)  # = ceil(held_tokens / B) while live
@@ -42,22 +46,26 @@ class PagedPolicy:
     def free_blocks(self) -> int:
         return self.pool.num_free_blocks - self.owed_blocks
 
-    def _settle(self, rid: int) -> None:
-        """Take the blocks `rid` owes from the pool (one append of every token since the last one)."""
+    def _pool_append(self, rid: int) -> list[tuple[int, int]]:
+        """One pool append of every token `rid` has room for since the last one; the copy-on-write copies."""
         old, total = int(self.pool_tokens[rid]), int(self.held_tokens[rid])
+        self.owing.discard(rid)
         if old == total:
-            self.owing.discard(rid)
-            return
-        before = self.pool.num_free_blocks
+            return []
         keys = self._keys(rid)
         block_keys = None
         if keys is not None and old // self.block_size < len(keys):
             block_keys = keys[old // self.block_size : min(total // self.block_size, len(keys))]
         copies = self.pool.append(rid, total - old, block_keys)
+        self.pool_tokens[rid] = total
+        return copies
+
+    def _settle(self, rid: int) -> None:
+        """Take the blocks `rid` owes from the pool."""
+        before = self.pool.num_free_blocks
+        copies = self._pool_append(rid)
         assert not copies, f"request {rid}: a private tail block needed copy-on-write {copies}"
         self.owed_blocks -= before - self.pool.num_free_blocks
-        self.pool_tokens[rid] = total
-        self.owing.discard(rid)
 
     def _settle_all(self) -> None:
         for rid in sorted(self.owing):
@@ -69,10 +77,7 @@ class PagedPolicy:
         """A request whose whole KV (prompt + output − 1 tokens) exceeds the pool can never run."""
         return ceil_div(max(total_tokens - 1, 1), self.block_size) > self.pool.num_blocks
 
-    def reservation_slots(self, rid: int) -> int:
-        return 0
-
-    def _keys(self, rid: int) -> np.ndarray | None:
+    def _keys(self, rid: int) -> np.ndarray | list | None:
         return None if self.prompt_keys is None else self.prompt_keys[rid]
 
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
@@ -143,13 +148,23 @@ class PagedPolicy:
         return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
 
     # ---- release ---------------------------------------------------------------------------------------
-    def release(self, rid: int, reason: str) -> None:
+    def release(self, rid: int, reason: ReleaseReason | str) -> None:
         if self.prompt_keys is not None:
             self._settle_all()
         elif rid in self.owing or self.pool_tokens[rid] != self.held_tokens[rid]:
             self._settle(rid)
         self.pool.release(rid, ReleaseReason(reason))
         self.pool_tokens[rid] = self.held_tokens[rid] = self.held_blocks[rid] = 0
+
+    # ---- block detail: only exact block tables have it (paged_exact.py) ------------------------------
+    def fork(self, parent: int, child: int) -> None:
+        raise ValueError("parallel sampling (forks) needs block tables kept exact: use ExactPagedPolicy")
+
+    def block_table(self, rid: int) -> np.ndarray:
+        raise AssertionError("this policy owes blocks to the pool between steps: its block tables are not current")
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []  # without forks no block is shared while partially filled (asserted when settling)
 
     def sync(self) -> None:
         """Tell the pool every token and block it has not heard of (tests compare its accounting)."""
@@ -230,9 +245,6 @@ class PagedPolicy:
         parts = np.array([float(d @ useful), float(d @ (used - useful)), 0.0, 0.0, 0.0,
                           float(d @ (self.capacity_slots - used))])
         return k, parts, float(d @ blocks) * BLOCK_TABLE_ENTRY_BYTES
-
-    def check(self) -> None:
-        self.pool.check_invariants()
 
     def check_whole(self) -> None:
         """After the run: every block free, no sequence live, nothing owed, invariants hold."""

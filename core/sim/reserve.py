@@ -1,17 +1,21 @@
 """The reservation memory policies: one contiguous region per request, reserved at admission from a
-first-fit allocator (core.sim_alloc) — `reserve-max`, `reserve-pow2`, `reserve-oracle`. See
-core/sim_policies.py for the interface the scheduler uses."""
+first-fit allocator (alloc.py) — `reserve-max`, `reserve-pow2`, `reserve-oracle`. See policies.py for the
+interface the scheduler uses."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..pool.block_pool import ReleaseReason
 from .alloc import FirstFitAllocator
 from .policies import POLICIES, UNLIMITED_STEPS
 
 
 class ReservationPolicy:
     """Contiguous reservation at admission from a first-fit allocator over the same number of slots."""
+
+    exact_block_tables = False  # regions, not blocks
+    releases_in_segment = True
 
     def __init__(self, name: str, capacity_slots: int, prompt: np.ndarray, output: np.ndarray, max_model_len: int):
         assert name in POLICIES[1:], f"not a reservation policy: {name}"
@@ -31,9 +35,6 @@ class ReservationPolicy:
 
     def never_fits(self, rid: int, total_tokens: int) -> bool:
         return int(self.reserved[rid]) > self.capacity_slots
-
-    def reservation_slots(self, rid: int) -> int:
-        return int(self.reserved[rid])
 
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         return 0
@@ -62,12 +63,18 @@ class ReservationPolicy:
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, None]:
         return UNLIMITED_STEPS, None
 
-    def release(self, rid: int, reason: str) -> None:
+    def release(self, rid: int, reason: ReleaseReason) -> None:
         self.alloc.release(rid, reason)
         self.held[rid] = 0
 
-    def sync(self, rids: np.ndarray, tokens: np.ndarray) -> None:
-        return None
+    def fork(self, parent: int, child: int) -> None:
+        raise ValueError(f"parallel samples share blocks through forks: use the paged policy, not {self.name}")
+
+    def block_table(self, rid: int) -> np.ndarray:
+        raise AssertionError(f"{self.name} reserves contiguous regions: there are no block tables")
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []
 
     def _external(self, head_rid: int | None) -> int:
         if head_rid is None:
@@ -91,8 +98,6 @@ class ReservationPolicy:
                           (self.alloc.free_slots - external) * D])
         return parts, 0.0, 0
 
-    releases_in_segment = True
-
     def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
                        useful: np.ndarray) -> tuple[int, np.ndarray, float]:
         """As PagedPolicy.finish_segment; regions never grow, so every step fits; a leaving request's region
@@ -104,9 +109,6 @@ class ReservationPolicy:
         parts = np.array([float(d @ useful), 0.0, float(d @ (used - useful)), 0.0, 0.0,
                           float(d @ (self.capacity_slots - used))])
         return k, parts, 0.0
-
-    def check(self) -> None:
-        self.alloc.check_invariants()
 
     def check_whole(self) -> None:
         self.alloc.check_whole()

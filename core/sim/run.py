@@ -1,7 +1,8 @@
-"""One simulated run, put together: workload + memory plan + step-time model + scheduler -> RunRecord.
+"""One simulated run, put together: workload + memory policy + executor + scheduler -> RunRecord.
 
 `SimSetup` holds everything but the workload and the policy name, so `--compare` and the max-rate search
-run several policies and rates on identical settings.
+run several policies and rates on identical settings. The executor is the step-time model unless the
+caller brings one (a model runner); block tables are then kept exact for its plans' slots and copies.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import ceil_div
+from .engine import Engine
+from .fastforward import FastForward
 from .hardware import MemoryPlan
 from .paged import PagedPolicy, mooncake_prompt_keys
-from .policies import POLICIES
+from .paged_exact import ExactPagedPolicy
+from .plan import Executor
+from .policies import POLICIES, MemoryPolicy
+from .record import RunRecord
 from .reserve import ReservationPolicy
-from .scheduler import Engine, RunRecord, SchedulerConfig
-from .steptime import StepTimeModel
+from .scheduler import SchedulerConfig
+from .steptime import StepTimeExecutor, StepTimeModel
 from .workload import Workload, cancellation_points, length_streams
 
 
@@ -67,27 +73,46 @@ def choose_policies(policy: str | None, compare: str | None) -> list[str]:
     return names
 
 
-def make_policy(name: str, workload: Workload, setup: SimSetup):
+def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
+    """The content key of each full block of a prompt: its token ids (the pool interns them)."""
+    return [tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
+
+
+def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_tables: bool = False) -> MemoryPolicy:
+    """The memory policy `name` for `workload`; `exact_block_tables` (always with forks) keeps the paged
+    policy's block tables current at every step, for plans that carry slots and copies."""
     n = len(workload)
+    forks = workload.fork_parent is not None
     if name == "paged":
         keys = None
-        if setup.prefix_caching and workload.hash_ids is not None and workload.hash_offsets is not None:
+        if setup.prefix_caching and workload.prompt_token_ids is not None:
+            keys = [token_block_keys(p, setup.block_size) for p in workload.prompt_token_ids]
+        elif setup.prefix_caching and workload.hash_ids is not None and workload.hash_offsets is not None:
             keys = mooncake_prompt_keys(workload.hash_ids, workload.hash_offsets, workload.prompt_tokens,
                                         setup.block_size)
-        return PagedPolicy(setup.capacity_blocks, setup.block_size, n, keys)
+        policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy
+        return policy(setup.capacity_blocks, setup.block_size, n, keys)
+    if forks:
+        raise ValueError(f"parallel samples share blocks through forks: use the paged policy, not {name}")
     return ReservationPolicy(name, setup.capacity_blocks * setup.block_size, workload.prompt_tokens,
                              workload.output_tokens, setup.scheduler.max_model_len)
 
 
-def run_policy(workload: Workload, name: str, setup: SimSetup, *, record_timeline: bool = False,
-               progress: Callable[[float], None] | None = None) -> RunRecord:
-    """Simulate `workload` under policy `name`; the pool is checked whole at the end (AssertionError if not)."""
+def run_policy(workload: Workload, name: str, setup: SimSetup, *, executor: Executor | None = None,
+               record_timeline: bool = False, progress: Callable[[int], None] | None = None) -> RunRecord:
+    """Run `workload` under policy `name` with `executor` (default: the step-time model, fast-forwarded
+    when the setup allows); the pool is checked whole at the end (AssertionError if not). `progress` is
+    called with the number of arrivals taken in since its last call."""
+    if executor is None and workload.prompt_token_ids is not None:
+        raise ValueError("a workload with token ids needs an executor that produces tokens (a model runner); "
+                         "the step-time model produces none")
     _, _, cancel_rng = length_streams(setup.seed)
     cancel_at = cancellation_points(workload.output_tokens, setup.cancel_fraction, cancel_rng)
-    policy = make_policy(name, workload, setup)
-    engine = Engine(workload, policy, setup.steptime, setup.scheduler, cancel_at,
+    policy = make_policy(name, workload, setup, exact_block_tables=executor is not None)
+    engine = Engine(workload, policy, executor or StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at,
                     record_timeline=record_timeline, progress=progress)
-    return engine.run()
+    fast = setup.scheduler.fast_forward and executor is None and workload.fork_parent is None
+    return engine.run(FastForward(engine, setup.steptime) if fast else None)
 
 
 def unlimited(setup: SimSetup, workload: Workload) -> SimSetup:

@@ -1,45 +1,39 @@
-"""Continuous batching in the style of vLLM v1, over a memory policy, timed by the step-time model.
+"""Continuous batching in the style of vLLM v1: the scheduler's queues and decisions, over a memory policy.
 
-One engine step at time `now`:
+One engine step (engine.py runs the loop) at time `now_s`:
 
-    1. arrivals up to `now` join the waiting queue (a request that can never run — longer than the
+    1. arrivals up to `now_s` join the waiting queue (a request that can never run — longer than the
        model's max length, or more KV than the whole pool — is rejected and kept as an OOM sample);
        requests still without a first token `timeout` after arriving are dropped (timed out).
     2. running requests, in admission order, get their next tokens under the token budget
        (`max_batched_tokens`): a decode token, or the next prefill chunk. When memory cannot grow one,
        the most recently admitted request is preempted — recompute (release everything, requeue at the
-       front) or swap (KV bytes to the host over `swap_bandwidth`, back in when re-admitted).
+       front) or swap (KV to the host, back in when re-admitted).
     3. if nobody was preempted, waiting requests are admitted FCFS while the budget, `max_seqs` and
        memory allow; the head blocks the queue when it does not fit. Prefix-cache hits skip prefill.
-    4. the step takes `steptime.step_s(...)`; every request whose computed tokens reach its known tokens
-       samples one token; a request that reaches its output length (or its cancellation point) leaves
-       at the end of this step and releases its memory.
+    4. the decision goes to an executor as a `StepPlan` (plan.py, with the diagram of a request's token
+       regions). Every request whose chunk reaches its known tokens samples one token; a request that
+       reaches its output length, its cancellation point or an end of sequence the executor reports
+       leaves at the end of the step and releases its memory. A request with parallel samples forks them
+       (they share its blocks) when its first token comes; they join the running batch at once, past
+       `max_seqs` if need be.
 
-Per request, vLLM's v1 token regions:
-
-    |<------------- prompt ------------->|<--- generated --->|
-    |<---------- computed (KV held) ---------------->|        num_tokens = prompt + generated
-                                                     |<-new->| scheduled this step
-
-Fast-forward (runs of steps done at once, with identical results) lives in core/sim_fastforward.py.
+The scheduler knows neither the executor nor the pool behind the policy.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .fastforward import FastForward
-from .policies import MEMORY_PARTS
-from .steptime import StepTimeModel
+from ..blocks import ceil_div
+from ..pool.block_pool import ReleaseReason
+from .plan import Preemption, StepOutcome, SwapIn
+from .policies import MemoryPolicy
+from .record import CANCELLED, COMPLETED, REJECTED, RUNNING, TIMED_OUT, WAITING
 from .workload import Workload
-
-# request states
-WAITING, RUNNING, COMPLETED, CANCELLED, TIMED_OUT, REJECTED = range(6)
-STATUS_NAMES = ("waiting", "running", "completed", "cancelled", "timed_out", "rejected")
 
 
 @dataclass(frozen=True)
@@ -62,178 +56,152 @@ class SchedulerConfig:
             raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
 
 
-@dataclass(eq=False)
-class RunRecord:
-    """Everything a run leaves behind: per-request arrays [N], ITL samples, time integrals.
+class Scheduler:
+    """The state of every request of one run [N], the queues, and steps 1-3 of the module docstring."""
 
-    memory_slot_s  float64 [6]  Σ over time of each MEMORY_PARTS value (slots · s)
-    """
-
-    policy: str
-    workload: Workload
-    capacity_slots: int
-    arrival_s: np.ndarray
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    generated: np.ndarray
-    status: np.ndarray
-    preemptions: np.ndarray
-    itl_values_s: np.ndarray
-    itl_weights: np.ndarray
-    memory_slot_s: np.ndarray
-    block_table_byte_s: float
-    end_s: float
-    busy_s: float
-    running_s: float  # ∫ running count dt
-    in_system_s: float  # ∫ (running + waiting) count dt
-    peak_running: int
-    steps: int
-    segments: int
-    timeline: list[tuple] = field(default_factory=list)
-    rejected_reason: dict[str, int] = field(default_factory=dict)
-
-
-class Engine(FastForward):
-    """One run of one policy over one workload. `run()` returns a RunRecord; the policy is whole after."""
-
-    def __init__(self, workload: Workload, policy, steptime: StepTimeModel, config: SchedulerConfig,
-                 cancel_at: np.ndarray | None = None, *, record_timeline: bool = False,
-                 progress: Callable[[float], None] | None = None) -> None:
+    def __init__(self, workload: Workload, policy: MemoryPolicy, config: SchedulerConfig,
+                 cancel_at: np.ndarray | None = None) -> None:
         n = len(workload)
-        self.w, self.policy, self.st, self.cfg = workload, policy, steptime, config
-        self.prompt = workload.prompt_tokens.astype(np.int64)
-        self.output = workload.output_tokens.astype(np.int64)
-        self.arrival = workload.arrival_s
+        self.policy, self.config = policy, config
+        self.prompt_tokens = workload.prompt_tokens.astype(np.int64)
+        self.output_tokens = workload.output_tokens.astype(np.int64)
+        self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist()  # scalar look-ups without numpy overhead
         self.num_requests = n
-        self._steps_index = np.arange(1024, dtype=np.int64)
         cancel_at = np.zeros(n, np.int64) if cancel_at is None else cancel_at
-        self.stop_at = np.where(cancel_at > 0, cancel_at, self.output)
-        self.computed = np.zeros(n, np.int64)
+        self.stop_at = np.where(cancel_at > 0, cancel_at, self.output_tokens)
+        self.computed = np.zeros(n, np.int64)  # tokens whose KV is held (prefix-cache hits included)
         self.generated = np.zeros(n, np.int64)
-        self.first_token = np.full(n, np.nan)
-        self.last_token = np.full(n, np.nan)
-        self.finish = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.last_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
         self.status = np.full(n, WAITING, np.int8)
         self.preemptions = np.zeros(n, np.int64)
         self.swapped = np.zeros(n, bool)
         self.running: list[int] = []
-        self.run_arr = np.zeros(0, np.int64)
+        self.running_ids = np.zeros(0, np.int64)  # = running, as an array
+        self.peak_running = 0
         self.waiting: deque[int] = deque()
         self.next_arrival = 0
         self.next_deadline = np.inf
-        self.now = 0.0
-        self.itl_v: list[np.ndarray] = []  # chunks of inter-token latencies
-        self.itl_w: list[int] = []  # how many requests saw each value of the chunk
-        self.mem = np.zeros(len(MEMORY_PARTS))
-        self.table_byte_s = 0.0
-        self.busy_s = self.running_s = self.in_system_s = 0.0
-        self.peak_running = self.steps = self.segments = 0
-        self.timeline: list[tuple] | None = [] if record_timeline else None
-        self.progress = progress
+        self.now_s = 0.0
         self.rejected_reason: dict[str, int] = {}
-        self._finished_now = 0
-        self.steady = False  # every running request decodes and got a token at `now` (fast-forward may start)
+        self.finished_now = 0  # requests that left in the last step
+        self.steady = False  # every running request decodes and got a token at `now_s` (fast-forward may start)
+        self.token_ids = None if workload.prompt_token_ids is None else [list(p) for p in workload.prompt_token_ids]
+        self.unborn = workload.fork_children()  # parent -> parallel samples not forked yet
+        self.is_fork = None if workload.fork_parent is None else workload.fork_parent >= 0
+        # what the next plan reports besides its tokens
+        self.preempted_now: list[Preemption] = []
+        self.swapped_in_now: list[SwapIn] = []
+        self.released: list[tuple[int, str]] = []
 
     # ---- bookkeeping ---------------------------------------------------------------------------
-    def _set_running(self) -> None:
-        self.run_arr = np.array(self.running, dtype=np.int64)
+    def set_running(self) -> None:
+        self.running_ids = np.array(self.running, dtype=np.int64)
         self.peak_running = max(self.peak_running, len(self.running))
 
-    def _end(self, rid: int, status: int, reason: str) -> None:
-        self.status[rid] = status
-        self.finish[rid] = self.now
-        self.policy.release(rid, reason)
-
-    def _close(self, rid: int) -> None:
-        """A request reached its last token: completed, or cancelled when that was its cancellation point."""
-        cancelled = self.stop_at[rid] < self.output[rid]
-        self._end(rid, CANCELLED if cancelled else COMPLETED, "cancelled" if cancelled else "finished")
-
-    def _head(self) -> int | None:
+    def head(self) -> int | None:
         return self.waiting[0] if self.waiting else None
 
-    def _account(self, d: float, parts: np.ndarray, table_bytes: float) -> None:
-        self.mem += d * parts
-        self.table_byte_s += d * table_bytes
-        self.running_s += d * len(self.running)
-        self.in_system_s += d * (len(self.running) + len(self.waiting))
-        if self.timeline is not None:
-            self.timeline.append((self.now, self.now + d, len(self.running), len(self.waiting), *parts.tolist()))
+    def _end(self, rid: int, status: int, reason: ReleaseReason) -> None:
+        self.status[rid] = status
+        self.finish_s[rid] = self.now_s
+        self.policy.release(rid, reason)
+        self.released.append((rid, reason.value))
+
+    def close(self, rid: int, end_of_sequence: bool = False) -> None:
+        """A request reached its last token: completed, or cancelled when that was its cancellation point."""
+        if not end_of_sequence and self.stop_at[rid] < self.output_tokens[rid]:
+            self._end(rid, CANCELLED, ReleaseReason.CANCELLED)
+        else:
+            self._end(rid, COMPLETED, ReleaseReason.FINISHED)
+
+    def _drop_unborn(self, parent: int, status: int) -> None:
+        """The parallel samples of a parent that never produced a first token end with it."""
+        for child in self.unborn.pop(parent, ()):
+            self.status[child] = status
+            self.finish_s[child] = self.finish_s[parent]
 
     # ---- 1. arrivals and timeouts --------------------------------------------------------------
-    def _ingest(self) -> None:
-        if self.next_arrival >= self.num_requests or self.arrival_list[self.next_arrival] > self.now:
+    def ingest(self) -> None:
+        if self.next_arrival >= self.num_requests or self.arrival_list[self.next_arrival] > self.now_s:
             return
-        end = int(np.searchsorted(self.arrival, self.now, side="right"))
+        end = int(np.searchsorted(self.arrival_s, self.now_s, side="right"))
         for rid in range(self.next_arrival, end):
-            total = int(self.prompt[rid] + self.output[rid])
+            if self.is_fork is not None and self.is_fork[rid]:
+                continue  # a parallel sample: forked from its parent's first token
+            total = int(self.prompt_tokens[rid] + self.output_tokens[rid])
             reason = None
-            if total > self.cfg.max_model_len:
+            if total > self.config.max_model_len:
                 reason = "longer than the model's max length"
             elif self.policy.never_fits(rid, total):
                 reason = "more KV than the whole pool (OOM)"
             if reason:
                 self.status[rid] = REJECTED
-                self.finish[rid] = self.arrival[rid]
-                self.rejected_reason[reason] = self.rejected_reason.get(reason, 0) + 1
+                self.finish_s[rid] = self.arrival_s[rid]
+                self.rejected_reason[reason] = self.rejected_reason.get(reason, 0) + 1 + len(self.unborn.get(rid, ()))
+                self._drop_unborn(rid, REJECTED)
                 continue
             self.waiting.append(rid)
-            if self.cfg.timeout_s is not None:
-                self.next_deadline = min(self.next_deadline, self.arrival[rid] + self.cfg.timeout_s)
+            if self.config.timeout_s is not None:
+                self.next_deadline = min(self.next_deadline, self.arrival_s[rid] + self.config.timeout_s)
         self.next_arrival = end
 
-    def _timeouts(self) -> None:
-        if self.cfg.timeout_s is None or self.now < self.next_deadline:
+    def timeouts(self) -> None:
+        if self.config.timeout_s is None or self.now_s < self.next_deadline:
             return
-        limit = self.now - self.cfg.timeout_s
-        late = [r for r in self.waiting if np.isnan(self.first_token[r]) and self.arrival[r] <= limit]
+        limit = self.now_s - self.config.timeout_s
+        late = [r for r in self.waiting if np.isnan(self.first_token_s[r]) and self.arrival_s[r] <= limit]
         for rid in late:
             self.waiting.remove(rid)
             self.status[rid] = TIMED_OUT
-            self.finish[rid] = self.now
-        late_running = [r for r in self.running if np.isnan(self.first_token[r]) and self.arrival[r] <= limit]
+            self.finish_s[rid] = self.now_s
+            self.released.append((rid, ReleaseReason.TIMED_OUT.value))  # it may have run before a preemption
+            self._drop_unborn(rid, TIMED_OUT)
+        late_running = [r for r in self.running if np.isnan(self.first_token_s[r]) and self.arrival_s[r] <= limit]
         for rid in late_running:
             self.running.remove(rid)
-            self._end(rid, TIMED_OUT, "timed_out")
+            self._end(rid, TIMED_OUT, ReleaseReason.TIMED_OUT)
+            self._drop_unborn(rid, TIMED_OUT)
         if late_running:
-            self._set_running()
-        pending = [self.arrival[r] for r in self.waiting if np.isnan(self.first_token[r])]
-        self.next_deadline = min(pending) + self.cfg.timeout_s if pending else np.inf
+            self.set_running()
+        pending = [self.arrival_s[r] for r in self.waiting if np.isnan(self.first_token_s[r])]
+        self.next_deadline = min(pending) + self.config.timeout_s if pending else np.inf
 
     # ---- 2-3. scheduling -------------------------------------------------------------------------
-    def _preempt(self, rid: int) -> float:
-        """Preempt `rid` (already removed from running); returns the bytes swapped out."""
+    def _preempt(self, rid: int) -> None:
+        """Preempt `rid` (already removed from running)."""
         self.preemptions[rid] += 1
-        swap_bytes = 0.0
-        if self.cfg.preempt == "swap":
-            swap_bytes = float(self.computed[rid] * self.st.kv_bytes_per_token)
+        swap = self.config.preempt == "swap"
+        tokens = int(self.computed[rid])
+        block_ids = tuple(self.policy.block_table(rid).tolist()) if swap and self.policy.exact_block_tables else None
+        if swap:
             self.swapped[rid] = True
         else:
             self.computed[rid] = 0
-        self.policy.release(rid, "preempted")
+        self.policy.release(rid, ReleaseReason.PREEMPTED)
         self.status[rid] = WAITING
         self.waiting.appendleft(rid)
-        if self.cfg.timeout_s is not None and np.isnan(self.first_token[rid]):
-            self.next_deadline = min(self.next_deadline, self.arrival[rid] + self.cfg.timeout_s)
-        return swap_bytes
+        if self.config.timeout_s is not None and np.isnan(self.first_token_s[rid]):
+            self.next_deadline = min(self.next_deadline, self.arrival_s[rid] + self.config.timeout_s)
+        self.preempted_now.append(Preemption(rid, self.config.preempt, tokens, block_ids))
 
-    def _schedule(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """Steps 2-3: (request ids [m], new tokens [m], swap bytes) of this step."""
-        budget = self.cfg.max_batched_tokens
+    def schedule(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Steps 2-3: (request ids [m], new tokens [m], how many of them were running) of this step."""
+        budget = self.config.max_batched_tokens
         ids: list[int] = []
         news: list[int] = []
-        swap_bytes = 0.0
         preempted = False
-        run = self.run_arr
+        run = self.running_ids
         if len(run):
             steady = self.steady and len(run) <= budget  # every running request decodes one token
             if steady:
                 totals = self.computed[run] + 1
             else:
-                rem = self.prompt[run] + self.generated[run] - self.computed[run]
-                before = np.cumsum(rem) - rem
-                new = np.minimum(np.maximum(budget - before, 0), rem)
+                remaining = self.prompt_tokens[run] + self.generated[run] - self.computed[run]
+                before = np.cumsum(remaining) - remaining
+                new = np.minimum(np.maximum(budget - before, 0), remaining)
                 totals = self.computed[run] + new
             if self.policy.grow_many(run, totals):
                 if steady:
@@ -244,20 +212,21 @@ class Engine(FastForward):
                     ids, news = run[keep].tolist(), new[keep].tolist()
                     budget -= int(new.sum())
             else:
-                budget, swap_bytes, preempted = self._schedule_running_one_by_one(budget, ids, news)
+                budget, preempted = self._schedule_running_one_by_one(budget, ids, news)
+        num_running = len(ids)
         if not preempted:
-            swap_bytes += self._admit(budget, ids, news)
-        return np.array(ids, dtype=np.int64), np.array(news, dtype=np.int64), swap_bytes
+            self.admit_waiting(budget, ids, news)
+        return np.array(ids, dtype=np.int64), np.array(news, dtype=np.int64), num_running
 
-    def _schedule_running_one_by_one(self, budget: int, ids: list[int], news: list[int]) -> tuple[int, float, bool]:
-        swap_bytes, preempted, i = 0.0, False, 0
+    def _schedule_running_one_by_one(self, budget: int, ids: list[int], news: list[int]) -> tuple[int, bool]:
+        preempted, i = False, 0
         while i < len(self.running) and budget > 0:
             rid = self.running[i]
-            new = min(int(self.prompt[rid] + self.generated[rid] - self.computed[rid]), budget)
+            new = min(int(self.prompt_tokens[rid] + self.generated[rid] - self.computed[rid]), budget)
             victim = None
             while not self.policy.grow(rid, int(self.computed[rid]) + new):
                 victim = self.running.pop()
-                swap_bytes += self._preempt(victim)
+                self._preempt(victim)
                 preempted = True
                 if victim == rid:
                     break
@@ -267,21 +236,25 @@ class Engine(FastForward):
             news.append(new)
             budget -= new
             i += 1
-        self._set_running()
-        return budget, swap_bytes, preempted
+        self.set_running()
+        return budget, preempted
 
-    def _admit(self, budget: int, ids: list[int], news: list[int]) -> float:
-        swap_bytes = 0.0
+    def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:
+        """Step 3: admit from the head of the queue into `ids`/`news`; swap-ins go to `swapped_in_now`."""
         admitted = False
-        while self.waiting and len(self.running) < self.cfg.max_seqs and budget > 0:
+        while self.waiting and len(self.running) < self.config.max_seqs and budget > 0:
             rid = self.waiting[0]
             start, new = self._admission_size(rid, budget)
-            if not self.policy.admit(rid, start, start + new, from_swap=bool(self.swapped[rid])):
+            from_swap = bool(self.swapped[rid])
+            if not self.policy.admit(rid, start, start + new, from_swap=from_swap):
                 break
             self.waiting.popleft()
-            if self.swapped[rid]:
-                swap_bytes += float(self.computed[rid] * self.st.kv_bytes_per_token)
+            if from_swap:
                 self.swapped[rid] = False
+                block_ids = None
+                if self.policy.exact_block_tables:
+                    block_ids = tuple(self.policy.block_table(rid)[: ceil_div(start, self.policy.block_size)].tolist())
+                self.swapped_in_now.append(SwapIn(rid, start, block_ids))
             self.computed[rid] = start
             self.status[rid] = RUNNING
             self.running.append(rid)
@@ -290,97 +263,57 @@ class Engine(FastForward):
             budget -= new
             admitted = True
         if admitted:
-            self._set_running()
-        return swap_bytes
+            self.set_running()
 
     def _admission_size(self, rid: int, budget: int) -> tuple[int, int]:
         """(tokens already held at admission: swapped-in KV or prefix-cache hits, first chunk size)."""
-        num_tokens = int(self.prompt[rid] + self.generated[rid])
+        num_tokens = int(self.prompt_tokens[rid] + self.generated[rid])
         start = int(self.computed[rid]) if self.swapped[rid] else self.policy.hit_tokens(rid, num_tokens)
         return start, min(num_tokens - start, budget)
 
-    def _can_admit_head(self, budget: int) -> bool:
-        if not self.waiting or len(self.running) >= self.cfg.max_seqs or budget <= 0:
+    def can_admit_head(self, budget: int) -> bool:
+        if not self.waiting or len(self.running) >= self.config.max_seqs or budget <= 0:
             return False
         rid = self.waiting[0]
         start, new = self._admission_size(rid, budget)
         return self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
 
-    # ---- 4. one general step -------------------------------------------------------------------------
-    def _step(self) -> None:
-        ids, new, swap_bytes = self._schedule()
-        assert len(ids), "a step with nothing scheduled (the head of the queue cannot run on an empty pool)"
-        start = self.computed[ids]
-        tokens = int(new.sum())
-        positions = int((start * new + new * (new + 1) // 2).sum())
-        moved = int((start + new).sum()) + tokens
-        d = float(self.st.step_s(float(tokens), float(positions), float(moved), swap_bytes,
-                                 *self.st.chunk_excess(start, new)))
-        self.computed[ids] = start + new
-        sampled = ids[self.computed[ids] == self.prompt[ids] + self.generated[ids]]
-        run = self.run_arr
-        self._finished_now = 0
-        parts, table_bytes = self.policy.parts(self.computed[run], self._head())
-        self._account(d, parts, table_bytes)
-        self.now += d
-        self.busy_s += d
-        self.steps += 1
-        if len(sampled):
-            first = np.isnan(self.first_token[sampled])
-            self.first_token[sampled[first]] = self.now
-            later = sampled[~first]
-            if len(later):
-                self.itl_v.append(self.now - self.last_token[later])
-                self.itl_w.append(1)
-            self.last_token[sampled] = self.now
-            self.generated[sampled] += 1
-            self._finish(sampled)
-        self.steady = len(sampled) - self._finished_now == len(self.running)
+    # ---- after a step ------------------------------------------------------------------------------------
+    def take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
+        if outcome.token_ids is None:
+            raise ValueError("the workload has token ids: the executor must return the token each sampling "
+                             "request produced (StepOutcome.token_ids)")
+        for rid in sampled.tolist():
+            self.token_ids[rid].append(int(outcome.token_ids[rid]))
 
-    def _finish(self, sampled: np.ndarray) -> None:
-        done = sampled[self.generated[sampled] >= self.stop_at[sampled]]
-        self._finished_now = len(done)
+    def fork(self, forks: tuple[tuple[int, int], ...], sampled: np.ndarray, outcome: StepOutcome) -> np.ndarray:
+        """The parallel samples of parents that just produced their first token: same blocks, own first token."""
+        for parent, child in forks:
+            self.unborn.pop(parent, None)
+            self.policy.fork(parent, child)
+            self.computed[child] = self.computed[parent]
+            self.status[child] = RUNNING
+            self.running.append(child)
+            self.first_token_s[child] = self.last_token_s[child] = self.now_s
+            self.generated[child] = 1
+            if self.token_ids is not None:
+                self.token_ids[child].append(int(outcome.token_ids[child]))
+        self.set_running()
+        return np.concatenate([sampled, np.array([c for _, c in forks], np.int64)])
+
+    def finish(self, sampled: np.ndarray, end_of_sequence: frozenset[int] = frozenset()) -> None:
+        """Requests of `sampled` that reached their last token (or an end of sequence) leave."""
+        done_mask = self.generated[sampled] >= self.stop_at[sampled]
+        if end_of_sequence:
+            assert end_of_sequence <= set(sampled.tolist()), f"requests {end_of_sequence} ended without sampling"
+            done_mask |= np.isin(sampled, list(end_of_sequence))
+        done = sampled[done_mask]
+        self.finished_now = len(done)
         if not len(done):
             return
         for rid in done.tolist():
-            self._close(rid)
+            self.close(rid, rid in end_of_sequence)
         gone = set(done.tolist())
         self.running = [r for r in self.running if r not in gone]
-        self._set_running()
+        self.set_running()
 
-    # ---- the loop --------------------------------------------------------------------------------------
-    def run(self) -> RunRecord:
-        n = len(self.arrival)
-        ticks = 0
-        while True:
-            self._ingest()
-            self._timeouts()
-            if not self.running and not self.waiting:
-                if self.next_arrival >= n:
-                    break
-                idle_until = float(self.arrival[self.next_arrival])
-                parts, table_bytes = self.policy.parts(np.zeros(0, np.int64), None)
-                self._account(idle_until - self.now, parts, table_bytes)
-                self.now = idle_until
-                continue
-            k, plan = self._segment_length() if self.cfg.fast_forward else (0, None)
-            if k == -1:
-                if not self._segment_through_finishes() and not self._steady_step():
-                    self._step()
-            elif (k < 2 or not self._segment(k, plan)) and not (self.cfg.fast_forward and self._steady_step()):
-                self._step()
-            ticks += 1
-            if self.progress is not None and ticks % 2000 == 0:
-                self.progress(self.next_arrival / n)
-        self.policy.check_whole()
-        itl_v = np.concatenate(self.itl_v) if self.itl_v else np.zeros(0)
-        itl_w = np.repeat(np.array(self.itl_w, np.int64), [len(v) for v in self.itl_v])
-        return RunRecord(
-            policy=self.policy.name, workload=self.w, capacity_slots=self.policy.capacity_slots,
-            arrival_s=self.arrival, first_token_s=self.first_token, finish_s=self.finish, generated=self.generated,
-            status=self.status, preemptions=self.preemptions, itl_values_s=itl_v, itl_weights=itl_w,
-            memory_slot_s=self.mem, block_table_byte_s=self.table_byte_s, end_s=self.now, busy_s=self.busy_s,
-            running_s=self.running_s, in_system_s=self.in_system_s, peak_running=self.peak_running,
-            steps=self.steps, segments=self.segments, timeline=self.timeline or [],
-            rejected_reason=self.rejected_reason,
-        )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .metrics import Slo, attainment
+from .options import DEFAULT_ATTAINMENT
 from .run import SimSetup, run_policy
 from .workload import Workload
 
@@ -30,9 +31,6 @@ class RateSearch:
     max_rate_rps: float
     bracket_rps: tuple[float, float]
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
-
-
-DEFAULT_ATTAINMENT = 0.9
 
 
 def check_attainment(find_max_rate: bool, target: float | None) -> float:

@@ -1,4 +1,5 @@
-"""From `kvcalc sim`'s options to a ready setup: workload, model, memory plan, step-time model, scheduler.
+"""From `kvcalc sim`'s options to a ready setup: workload, model, memory plan, step-time model, scheduler,
+the policies to run and the targets.
 
 Every option is checked here (ValueError naming the value and the fix), so the command stays thin.
 """
@@ -6,75 +7,37 @@ Every option is checked here (ValueError naming the value and the fix), so the c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import dtype_bits, parse_dtype
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..spec.models import ModelSpec, get_preset, resolve_model
 from .checks import byte_count, check_mode_options, check_requests, finite_float
 from .hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
-from .run import SimSetup
+from .metrics import Slo, parse_slo
+from .options import (
+    DEFAULT_ARRIVAL,
+    DEFAULT_ATTAINMENT,
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    DEFAULT_OUTPUT_DIST,
+    DEFAULT_PROMPT_DIST,
+    DEFAULT_RATE,
+    DEFAULT_REQUESTS,
+    DEFAULT_SEED,
+    DEFAULT_SWAP_BANDWIDTH,
+    SimOptions,
+)
+from .run import SimSetup, choose_policies
 from .scheduler import SchedulerConfig
+from .search import check_attainment, check_search
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .workload import Workload, constructed, from_trace, length_streams
 
-DEFAULT_MODEL = "OPT-13B"
-DEFAULT_RATE = 1.0
-DEFAULT_REQUESTS = 1000
-DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"  # ShareGPT-like (vLLM paper, Fig. 11)
-DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
-DEFAULT_GPU = "A100-40GB"
 FALLBACK_MAX_MODEL_LEN = 8192
-
-
-@dataclass(frozen=True)
-class Options:
-    trace: tuple[str, Path] | None = None
-    time_scale: float = 1.0
-    limit: int | None = None
-    # Constructed workload; None = not given (the defaults below apply), so that a trace run can refuse them.
-    rate: float | str | None = None
-    arrival: str | None = None
-    burstiness: float | None = None
-    requests: int | None = None
-    prompt_dist: str | None = None
-    output_dist: str | None = None
-    model: str | None = None
-    config: Path | None = None
-    layers: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    dtype: str = "fp16"
-    weight_dtype: str = "bf16"
-    weights_bytes: str | None = None
-    gpu: str | None = None
-    gpu_memory: str | None = None
-    bandwidth: str | None = None
-    flops: float | None = None
-    tp: int = 1
-    memory_utilization: float = 0.9
-    workspace_bytes: str | None = None
-    block: int = DEFAULT_BLOCK_SIZE
-    max_batched_tokens: int = 8192
-    max_seqs: int = 256
-    max_model_len: int | None = None
-    preempt: str = "recompute"
-    swap_bandwidth: str = "25GB"
-    cancel_fraction: float = 0.0
-    timeout: float | None = None
-    seed: int = 0
-    compute_eff: float = 0.6
-    weight_eff: float = 0.8
-    attn_eff: float = 0.8
-    step_overhead_ms: float = 0.5
-    calibrate: Path | None = None
-    prefix_caching: bool = True
-    fast_forward: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,9 +48,23 @@ class Setup:
     sim: SimSetup
     latency_source: str
     notes: tuple[str, ...]
+    policies: tuple[str, ...] = ("paged",)
+    slo: Slo = field(default_factory=Slo)
+    find_max_rate: bool = False
+    target_attainment: float = DEFAULT_ATTAINMENT
 
 
-def _workload(o: Options) -> Workload:
+def _check_ignored(o: SimOptions) -> None:
+    """Refuse options that were given but would change nothing (their defaults are None so a given value shows)."""
+    if o.swap_bandwidth is not None and o.preempt.strip().lower() != "swap":
+        raise ValueError(f"--swap-bandwidth applies to --preempt swap (--preempt {o.preempt} never swaps): "
+                         "add --preempt swap or drop --swap-bandwidth")
+    if o.seed is not None and o.trace is not None and o.cancel_fraction == 0:
+        raise ValueError("--seed with --trace only picks the cancelled requests, and there are none: the trace "
+                         "fixes arrivals and lengths; add --cancel-fraction or drop --seed")
+
+
+def _workload(o: SimOptions, seed: int) -> Workload:
     given = {"--rate": o.rate is not None, "--requests": o.requests is not None,
              "--prompt-dist": o.prompt_dist is not None, "--output-dist": o.output_dist is not None,
              "--arrival": o.arrival is not None, "--burstiness": o.burstiness is not None}
@@ -96,7 +73,7 @@ def _workload(o: Options) -> Workload:
     if o.trace is not None:
         kind, path = o.trace
         return from_trace(read_trace(kind, path), finite_float("--time-scale", o.time_scale), o.limit)
-    arrival = ("poisson" if o.arrival is None else o.arrival).strip().lower()
+    arrival = (DEFAULT_ARRIVAL if o.arrival is None else o.arrival).strip().lower()
     if o.burstiness is not None and arrival != "gamma":
         raise ValueError(f"--burstiness {o.burstiness:g} applies to --arrival gamma (Poisson arrivals have none); "
                          "add --arrival gamma or drop --burstiness")
@@ -107,17 +84,17 @@ def _workload(o: Options) -> Workload:
     requests = DEFAULT_REQUESTS if o.requests is None else o.requests
     check_requests(requests)
     burstiness = 1.0 if o.burstiness is None else finite_float("--burstiness", o.burstiness)
-    prompt_rng, output_rng, _ = length_streams(o.seed)
+    prompt_rng, output_rng, _ = length_streams(seed)
     prompt_dist = LengthDistribution.parse(DEFAULT_PROMPT_DIST if o.prompt_dist is None else o.prompt_dist)
     output_dist = LengthDistribution.parse(DEFAULT_OUTPUT_DIST if o.output_dist is None else o.output_dist)
     prompts = prompt_dist.sample(requests, prompt_rng) if requests >= 1 else np.zeros(0, np.int64)
     outputs = output_dist.sample(requests, output_rng) if requests >= 1 else np.zeros(0, np.int64)
     lengths_text = f"prompts {prompt_dist.describe()}, outputs {output_dist.describe()}"
     return constructed(requests, rate, prompts, outputs, arrival=arrival, burstiness=burstiness,
-                       seed=o.seed, lengths_text=lengths_text)
+                       seed=seed, lengths_text=lengths_text)
 
 
-def _gpu(o: Options):
+def _gpu(o: SimOptions):
     custom = (o.gpu_memory, o.bandwidth, o.flops)
     if any(v is not None for v in custom):
         if o.gpu is not None:
@@ -129,11 +106,18 @@ def _gpu(o: Options):
     return get_gpu(DEFAULT_GPU if o.gpu is None else o.gpu)
 
 
-def build(o: Options) -> Setup:
+def build(o: SimOptions) -> Setup:
+    _check_ignored(o)
+    policies = choose_policies(o.policy, o.compare)
+    slo = parse_slo(o.slo)
+    target_attainment = check_attainment(o.find_max_rate, o.target_attainment)
+    if o.find_max_rate:
+        check_search(slo, target_attainment)
+    seed = DEFAULT_SEED if o.seed is None else o.seed
     spec = resolve_model(o.model, o.config, o.layers, o.kv_heads, o.head_dim) or get_preset(DEFAULT_MODEL)
     gpu = _gpu(o)
     kv_bits = dtype_bits(parse_dtype(o.dtype))
-    weight_bits = dtype_bits(parse_dtype(o.weight_dtype))
+    weight_bits = dtype_bits(parse_dtype(o.weight_dtype, "weight_dtype"))
     notes: list[str] = []
     if o.max_model_len is not None:
         max_model_len = o.max_model_len
@@ -145,7 +129,7 @@ def build(o: Options) -> Setup:
     if max_model_len < 1:
         raise ValueError(f"--max-model-len must be at least 1, got {max_model_len}")
     plan = plan_memory(
-        spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block, tp=o.tp, memory_utilization=o.memory_utilization,
+        spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
         weight_bytes_per_param=weight_bits / 8,
         weights_bytes=byte_count("--weights-bytes", o.weights_bytes) if o.weights_bytes is not None else None,
         workspace_bytes=byte_count("--workspace-bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
@@ -159,23 +143,25 @@ def build(o: Options) -> Setup:
         notes.append(calibration)
     overhead_s = finite_float("--step-overhead-ms", o.step_overhead_ms) / 1e3
     eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_s)
-    swap_bandwidth = float(byte_count("--swap-bandwidth", o.swap_bandwidth, "bytes/s"))
+    swap_text = DEFAULT_SWAP_BANDWIDTH if o.swap_bandwidth is None else o.swap_bandwidth
+    swap_bandwidth = float(byte_count("--swap-bandwidth", swap_text, "bytes/s"))
     steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth)
     timeout = None
-    if o.timeout is not None:
-        timeout = finite_float("--timeout", o.timeout, allow_inf=True, inf_meaning="no timeout (the default)")
+    if o.timeout_s is not None:
+        timeout = finite_float("--timeout", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
     scheduler = SchedulerConfig(o.max_batched_tokens, o.max_seqs, max_model_len, o.preempt.strip().lower(),
                                 None if timeout == math.inf else timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
         raise ValueError(f"--cancel-fraction must be between 0 and 1, got {o.cancel_fraction}")
-    workload = _workload(o)
-    sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=o.seed,
+    workload = _workload(o, seed)
+    sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching)
     if workload.has_prefix_ids and o.prefix_caching:
-        check_mooncake_block_size(o.block)
+        check_mooncake_block_size(o.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
     notes += model_notes(spec, steptime)
-    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes))
+    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes), tuple(policies), slo,
+                 o.find_max_rate, target_attainment)
 
 
 def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:

@@ -11,11 +11,16 @@ Two kinds, never mixed and always labelled:
 A constructed workload keeps its lengths when only the rate changes: arrivals are drawn at unit rate and
 divided by R (Gamma(b, 1/(R·b)) = Gamma(b, 1/b) / R), and arrivals, prompts, outputs and cancellation
 points come from independent child streams of one seed. The max-rate search relies on this.
+
+A model runner (a real forward pass behind the scheduler) needs more than lengths: `from_token_ids` builds
+constructed requests that carry their prompts' token ids (which also key the prefix cache) and may ask for
+n > 1 parallel samples, each an extra row that forks from its parent when the parent's first token comes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -43,6 +48,9 @@ class Workload(RequestArrays):
     output_tokens  int64   [N]   >= 1 (a prefill always samples one token)
     hash_ids / hash_offsets      Mooncake prefix-block ids (one per 512 tokens), or None
     kind           "real" or "constructed"; `description` says what, without repeating the kind
+    prompt_token_ids             per request, its prompt's token ids (None: lengths only)
+    fork_parent    int64   [N]   the row a parallel sample forks from (same arrival and prompt, an earlier
+                                 row), -1 for a request of its own; None: no parallel samples
     """
 
     arrival_s: np.ndarray
@@ -54,12 +62,30 @@ class Workload(RequestArrays):
     hash_offsets: np.ndarray | None = None
     notes: tuple[str, ...] = ()
     unit_arrival_s: np.ndarray | None = None  # constructed: the seeded arrivals at mean rate 1/s
+    prompt_token_ids: tuple[tuple[int, ...], ...] | None = None
+    fork_parent: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
         if n == 0:
             raise ValueError("the workload holds no requests: give a trace with requests or --requests >= 1")
         assert self.arrival_s.shape == (n,) and self.output_tokens.shape == (n,), "workload arrays differ in length"
+        if self.prompt_token_ids is not None:
+            assert [len(p) for p in self.prompt_token_ids] == self.prompt_tokens.tolist(), "token ids vs lengths"
+        if self.fork_parent is not None:
+            child = np.flatnonzero(self.fork_parent >= 0)
+            parent = self.fork_parent[child]
+            assert np.all(parent < child) and np.all(self.fork_parent[parent] < 0), "a fork's parent is an earlier root"
+            assert np.array_equal(self.arrival_s[parent], self.arrival_s[child]), "a fork arrives with its parent"
+            assert np.array_equal(self.prompt_tokens[parent], self.prompt_tokens[child]), "a fork shares the prompt"
+
+    def fork_children(self) -> dict[int, list[int]]:
+        """parent row -> the rows of its parallel samples (empty without any)."""
+        children: dict[int, list[int]] = {}
+        if self.fork_parent is not None:
+            for child in np.flatnonzero(self.fork_parent >= 0).tolist():
+                children.setdefault(int(self.fork_parent[child]), []).append(child)
+        return children
 
     @property
     def span_s(self) -> float:
@@ -177,6 +203,36 @@ def constructed(
         + (f", {lengths_text}" if lengths_text else ""),
         notes=tuple(notes),
         unit_arrival_s=unit,
+    )
+
+
+def from_token_ids(prompts: list[list[int]], max_new_tokens: list[int], arrival_s: list[float] | None = None,
+                   num_samples: list[int] | None = None, description: str = "requests with token ids") -> Workload:
+    """Constructed requests with their prompts' token ids; request i asks for `num_samples[i]` parallel
+    samples (default 1), each up to `max_new_tokens[i]` tokens, arriving at `arrival_s[i]` (default 0).
+
+    The rows are request 0 and its samples, then request 1 and its samples, …; arrivals must be sorted
+    (the scheduler takes requests in row order)."""
+    count = len(prompts)
+    arrival = [0.0] * count if arrival_s is None else list(arrival_s)
+    samples = [1] * count if num_samples is None else list(num_samples)
+    if not len(max_new_tokens) == len(arrival) == len(samples) == count:
+        raise ValueError(f"{count} prompts need as many max_new_tokens, arrival_s and num_samples")
+    if any(len(p) < 1 for p in prompts) or any(m < 1 for m in max_new_tokens) or any(n < 1 for n in samples):
+        raise ValueError("every prompt needs a token, max_new_tokens >= 1 and num_samples >= 1")
+    if any(b < a for a, b in pairwise(arrival)):
+        raise ValueError(f"arrival_s must be sorted, got {arrival}")
+    rows = [(i, j) for i in range(count) for j in range(samples[i])]
+    first_row = {i: r for r, (i, j) in enumerate(rows) if j == 0}
+    return Workload(
+        arrival_s=np.array([arrival[i] for i, _ in rows], dtype=np.float64),
+        prompt_tokens=np.array([len(prompts[i]) for i, _ in rows], dtype=np.int64),
+        output_tokens=np.array([max_new_tokens[i] for i, _ in rows], dtype=np.int64),
+        kind="constructed",
+        description=description,
+        prompt_token_ids=tuple(tuple(int(t) for t in prompts[i]) for i, _ in rows),
+        fork_parent=np.array([first_row[i] if j else -1 for i, j in rows], dtype=np.int64)
+        if max(samples, default=1) > 1 else None,
     )
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcalc.core.sim import setup as sim_setup
 from kvcalc.core.sim.metrics import Slo, summarize
+from kvcalc.core.sim.options import SimOptions
 from kvcalc.core.sim.run import run_policy
+from kvcalc.core.sim.setup import build
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023_conv.csv"
 
@@ -26,19 +27,19 @@ def test_azure_conversation_trace_paged_b16_llama3_8b_h100():
     if not TRACE.is_file():
         pytest.skip(f"the Azure conversation trace is not at {TRACE} (not shipped; see the module docstring)")
     started = time.perf_counter()
-    setup = sim_setup.build(sim_setup.Options(trace=("azure", TRACE), model="Llama-3-8B", gpu="H100-SXM", block=16))
+    setup = build(SimOptions(trace=("azure", TRACE), model="Llama-3-8B", gpu="H100-SXM", block_size=16))
     loaded = time.perf_counter()
     cpu_start = time.process_time()
     record = run_policy(setup.workload, "paged", setup.sim)
     wall = time.perf_counter() - loaded
     cpu = time.process_time() - cpu_start
     summary = summarize(record, Slo(), setup.plan.kv_bytes_per_token)
-    tokens = summary["generated_tokens"]
+    tokens = summary.generated_tokens
     print(
         f"\nAzure conv: {len(setup.workload):,} requests, {tokens:,} output tokens, {record.steps:,} steps "
         f"({record.segments:,} fast-forwarded runs); read {loaded - started:.2f} s, simulate {wall:.2f} s "
         f"(CPU {cpu:.2f} s) "
         f"= {tokens / wall:,.0f} simulated tokens/s; simulated span {record.end_s:,.0f} s"
     )
-    assert summary["completed"] + summary["rejected"] == len(setup.workload)
+    assert summary.completed + summary.rejected == len(setup.workload)
     assert wall + (loaded - started) <= 10.0, f"{wall:.1f} s simulate + {loaded - started:.1f} s read > 10 s"

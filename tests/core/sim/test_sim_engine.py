@@ -8,8 +8,9 @@ import pytest
 from kvcalc.core.sim.hardware import get_gpu, plan_memory
 from kvcalc.core.sim.metrics import latencies
 from kvcalc.core.sim.paged import PagedPolicy
+from kvcalc.core.sim.record import CANCELLED, COMPLETED, TIMED_OUT
 from kvcalc.core.sim.run import SimSetup, run_policy, unlimited
-from kvcalc.core.sim.scheduler import CANCELLED, COMPLETED, TIMED_OUT, SchedulerConfig
+from kvcalc.core.sim.scheduler import SchedulerConfig
 from kvcalc.core.sim.steptime import Efficiencies, StepTimeModel, build_model
 from kvcalc.core.sim.workload import Workload, cancellation_points, constructed, length_streams
 from kvcalc.core.spec.models import get_preset
@@ -251,11 +252,12 @@ def test_prefix_cache_hits_skip_prefill():
     w = Workload(np.array([0.0, 1.0]), np.array([10, 10]), np.array([2, 2]), "real", "t",
                  hash_ids=np.array([5, 5]), hash_offsets=np.array([0, 1, 2]))
     s = make_setup(10, 4)
+    from kvcalc.core.sim.engine import Engine
     from kvcalc.core.sim.run import make_policy
-    from kvcalc.core.sim.scheduler import Engine
+    from kvcalc.core.sim.steptime import StepTimeExecutor
 
     policy = make_policy("paged", w, s)
-    record = Engine(w, policy, s.steptime, s.scheduler).run()
+    record = Engine(w, policy, StepTimeExecutor(s.steptime), s.scheduler).run()
     assert np.all(record.status == COMPLETED)
     assert policy.pool.stats().hit_tokens == 8
 

@@ -1,0 +1,156 @@
+"""The engine loop: arrivals, then a step — the scheduler's plan, run by an executor, applied — until every
+request has ended; returns the run's RunRecord (the pool is checked whole at the end).
+
+    scheduler.schedule() -> StepPlan -> executor.execute(plan) -> StepOutcome -> apply: clock, tokens,
+    first tokens, forks, finishes, memory integrals
+
+The executor is the step-time model in `kvcalc sim` (steptime.StepTimeExecutor) or a model runner. A
+fast path (fastforward.py; step-time executor only) may do runs of decode steps at once instead of a plan
+per step, with the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from .plan import NO_EVENTS, BlockLayout, Executor, StepEvents, StepOutcome, StepPlan
+from .policies import MemoryPolicy
+from .record import RunRecord, RunTotals
+from .scheduler import Scheduler, SchedulerConfig
+from .workload import Workload
+
+
+class FastPath(Protocol):
+    def advance(self) -> bool:
+        """Do one or more steps without a plan; False: nothing done, take a plain step."""
+
+
+class Engine:
+    """One run of one policy over one workload with one executor. `run()` returns a RunRecord."""
+
+    def __init__(self, workload: Workload, policy: MemoryPolicy, executor: Executor, config: SchedulerConfig,
+                 cancel_at: np.ndarray | None = None, *, record_timeline: bool = False,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.workload, self.policy, self.executor = workload, policy, executor
+        self.scheduler = Scheduler(workload, policy, config, cancel_at)
+        self.totals = RunTotals(record_timeline)
+        self.progress = progress  # called with the number of arrivals taken in since the last call
+        self.progress_done = 0
+
+    def account(self, duration_s: float, parts: np.ndarray, table_bytes: float) -> None:
+        s = self.scheduler
+        self.totals.account(s.now_s, duration_s, parts, table_bytes, len(s.running), len(s.waiting))
+
+    # ---- one plain step: plan, execute, apply ------------------------------------------------------------
+    def step(self) -> None:
+        s = self.scheduler
+        ids, new, num_running = s.schedule()
+        assert len(ids), "a step with nothing scheduled (the head of the queue cannot run on an empty pool)"
+        start = s.computed[ids]
+        samples = start + new == s.prompt_tokens[ids] + s.generated[ids]
+        sampled = ids[samples]
+        plan = StepPlan(self.totals.steps, s.now_s, ids, start, new, samples, num_running, self._events(sampled),
+                        self._token_ids(ids, start, new), self._layout(ids, start, new))
+        self._apply(plan, self.executor.execute(plan), sampled)
+
+    def _events(self, sampled: np.ndarray) -> StepEvents:
+        s = self.scheduler
+        forks = ()
+        if s.unborn:
+            forks = tuple((p, c) for p in sampled.tolist() if p in s.unborn for c in s.unborn[p])
+        if not (forks or s.preempted_now or s.swapped_in_now or s.released):
+            return NO_EVENTS
+        events = StepEvents(tuple(s.preempted_now), tuple(s.swapped_in_now), forks, tuple(s.released))
+        s.preempted_now, s.swapped_in_now, s.released = [], [], []
+        return events
+
+    def _token_ids(self, ids: np.ndarray, start: np.ndarray, new: np.ndarray) -> tuple[tuple[int, ...], ...] | None:
+        tokens = self.scheduler.token_ids
+        if tokens is None:
+            return None
+        return tuple(tuple(tokens[r][a : a + m]) for r, a, m in zip(ids.tolist(), start.tolist(), new.tolist(),
+                                                                     strict=True))
+
+    def _layout(self, ids: np.ndarray, start: np.ndarray, new: np.ndarray) -> BlockLayout | None:
+        if not self.policy.exact_block_tables:
+            return None
+        B = self.policy.block_size
+        tables = tuple(self.policy.block_table(r) for r in ids.tolist())
+        positions = [np.arange(a, a + m) for a, m in zip(start.tolist(), new.tolist(), strict=True)]
+        slots = np.concatenate([t[p // B] * B + p % B for t, p in zip(tables, positions, strict=True)])
+        return BlockLayout(tables, slots, tuple(self.policy.take_copies()))
+
+    def _apply(self, plan: StepPlan, outcome: StepOutcome, sampled: np.ndarray) -> None:
+        """The end of the step: `sampled` (= the plan's sampling requests) got their tokens."""
+        s = self.scheduler
+        ids, d = plan.request_ids, outcome.duration_s
+        s.computed[ids] = plan.num_computed_tokens + plan.num_new_tokens
+        s.finished_now = 0
+        parts, table_bytes = self.policy.parts(s.computed[s.running_ids], s.head())
+        self.account(d, parts, table_bytes)  # memory held while the step runs: its new tokens included
+        s.now_s += d
+        self.totals.busy_s += d
+        self.totals.steps += 1
+        if len(sampled):
+            first = np.isnan(s.first_token_s[sampled])
+            s.first_token_s[sampled[first]] = s.now_s
+            later = sampled[~first]
+            if len(later):
+                self.totals.add_itl(s.now_s - s.last_token_s[later], 1)
+            s.last_token_s[sampled] = s.now_s
+            s.generated[sampled] += 1
+            if s.token_ids is not None:
+                s.take_tokens(sampled, outcome)
+            if plan.events.forks:
+                sampled = s.fork(plan.events.forks, sampled, outcome)
+            s.finish(sampled, outcome.finished)
+        s.steady = len(sampled) - s.finished_now == len(s.running)
+
+    # ---- the loop --------------------------------------------------------------------------------------
+    def run(self, fast: FastPath | None = None) -> RunRecord:
+        s = self.scheduler
+        ticks = 0
+        while True:
+            s.ingest()
+            s.timeouts()
+            if not s.running and not s.waiting:
+                if s.next_arrival >= s.num_requests:
+                    break
+                idle_until = float(s.arrival_s[s.next_arrival])
+                parts, table_bytes = self.policy.parts(np.zeros(0, np.int64), None)
+                self.account(idle_until - s.now_s, parts, table_bytes)
+                s.now_s = idle_until
+                continue
+            if fast is None or not fast.advance():
+                self.step()
+            ticks += 1
+            if self.progress is not None and ticks % 2000 == 0:
+                self._report_progress()
+        assert not s.unborn, f"parallel samples never forked: {s.unborn}"
+        self.policy.check_whole()
+        if self.progress is not None:
+            self._report_progress()
+        return self._record()
+
+    def _report_progress(self) -> None:
+        arrived = self.scheduler.next_arrival
+        self.progress(arrived - self.progress_done)
+        self.progress_done = arrived
+
+    def _record(self) -> RunRecord:
+        s, totals = self.scheduler, self.totals
+        itl_values, itl_weights = totals.itl_samples()
+        return RunRecord(
+            policy=self.policy.name, workload=self.workload, capacity_slots=self.policy.capacity_slots,
+            arrival_s=s.arrival_s, first_token_s=s.first_token_s, finish_s=s.finish_s, generated=s.generated,
+            status=s.status, preemptions=s.preemptions, itl_values_s=itl_values, itl_weights=itl_weights,
+            memory_slot_s=totals.memory_slot_s, block_table_byte_s=totals.block_table_byte_s, end_s=s.now_s,
+            busy_s=totals.busy_s, running_s=totals.running_s, in_system_s=totals.in_system_s,
+            peak_running=s.peak_running, steps=totals.steps, segments=totals.segments,
+            timeline=totals.timeline or [], rejected_reason=s.rejected_reason,
+            generated_token_ids=None if s.token_ids is None else [
+                t[p:] for t, p in zip(s.token_ids, s.prompt_tokens.tolist(), strict=True)],
+        )

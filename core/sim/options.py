@@ -1,0 +1,110 @@
+"""The options of `kvcalc sim`, declared once: each field of `SimOptions` carries its default and its help;
+the command line builds its flags from them (cli/sim.py), and scripts and tests construct them directly.
+
+A field's flag is `--` + its name with dashes, unless its metadata names another (`flag`); `negate` marks a
+flag that turns a default-True field off (`--no-prefix-caching`). `None` means "not given" where an option
+that does not apply is refused rather than ignored (constructed-workload options with a trace,
+--swap-bandwidth without swapping, --seed with a trace and no cancellations): the help states the default
+that applies otherwise (the DEFAULT_* constants, which the code applies too).
+
+Kept free of numpy so that building the command line costs no import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..blocks import DEFAULT_BLOCK_SIZE
+from ..dtypes import DEFAULT_DTYPE
+from .checks import MAX_REQUESTS
+
+DEFAULT_MODEL = "OPT-13B"
+DEFAULT_GPU = "A100-40GB"
+DEFAULT_RATE = 1.0
+DEFAULT_REQUESTS = 1000
+DEFAULT_ARRIVAL = "poisson"
+DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"  # ShareGPT-like (vLLM paper, Fig. 11)
+DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
+DEFAULT_POLICY = "paged"
+DEFAULT_SWAP_BANDWIDTH = "25GB"
+DEFAULT_SEED = 0
+DEFAULT_ATTAINMENT = 0.9
+DEFAULT_KV_DTYPE = DEFAULT_DTYPE
+
+
+def option(default: Any, help: str | None = None, **cli: Any) -> Any:
+    """A field with its default and, for the command line, its help (None: the shared option's) and any of
+    `flag`, `short`, `metavar`, `negate`."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    # workload: a trace, or a constructed one
+    trace: tuple[str, Path] | None = option(
+        None, "A trace file: 'azure F' or 'mooncake F' (prefix ids); its own arrivals and lengths.",
+        metavar="KIND FILE")
+    time_scale: float = option(1.0, "With --trace: arrivals x times faster (0.5 = slower).")
+    limit: int | None = option(None, "With --trace: only its first N requests.")
+    rate: str | None = option(None, "Constructed (no --trace): mean arrival rate, requests/s; inf = all at time 0 "
+                                    f"(an offline batch; default: {DEFAULT_RATE:g}).", metavar="REQ/S")
+    arrival: str | None = option(None, f"Constructed: poisson or gamma arrivals (default: {DEFAULT_ARRIVAL}).")
+    burstiness: float | None = option(None, "With --arrival gamma: shape b (1 = Poisson, < 1 burstier).")
+    requests: int | None = option(
+        None, f"Constructed: number of requests, at most {MAX_REQUESTS:,} (default: {DEFAULT_REQUESTS:,}).")
+    prompt_dist: str | None = option(
+        None, f"Constructed prompt lengths (as frag --dist; default: {DEFAULT_PROMPT_DIST}).")
+    output_dist: str | None = option(
+        None, f"Constructed output lengths (as frag --dist; default: {DEFAULT_OUTPUT_DIST}).")
+    # model (the shared options of every command)
+    model: str | None = option(None)
+    config: Path | None = field(default=None, metadata={"help": None})
+    layers: int | None = option(None)
+    kv_heads: int | None = option(None)
+    head_dim: int | None = option(None)
+    dtype: str = option(DEFAULT_KV_DTYPE, "KV precision: fp32, fp16, bf16, fp8, int8, int4.")
+    weight_dtype: str = option("bf16", "Weight precision (bytes per parameter).")
+    weights_bytes: str | None = option(None, "Weights per replica, e.g. 26GB (overrides).")
+    # hardware and memory
+    gpu: str | None = option(None, f"A100-40GB, A100-80GB, H100-SXM or H200 (default: {DEFAULT_GPU}).")
+    gpu_memory: str | None = option(None, "Custom GPU: memory, e.g. 80GiB.")
+    bandwidth: str | None = option(None, "Custom GPU: HBM bytes/s, e.g. 3.35e12.")
+    flops: float | None = option(None, "Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).")
+    tp: int = option(1, "Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of them "
+                        "(as kvcalc size).")
+    memory_utilization: float = option(0.9, "Share of GPU memory used.")
+    workspace_bytes: str | None = option(None, "Activation workspace (overrides the estimate).")
+    block_size: int = option(DEFAULT_BLOCK_SIZE, "Paged: block size in tokens.", flag="--block", short="-b")
+    # policies and scheduling
+    policy: str | None = option(
+        None, f"paged, reserve-max, reserve-pow2 or reserve-oracle (default: {DEFAULT_POLICY}).")
+    compare: str | None = option(
+        None, "Instead of --policy: several distinct policies side by side, comma-separated.")
+    max_batched_tokens: int = option(8192, "Token budget per step.")
+    max_seqs: int = option(256, "Most running requests.")
+    max_model_len: int | None = option(
+        None, "Longest request, prompt + output tokens (default: the model's max_position_embeddings).")
+    preempt: str = option("recompute", "recompute or swap.")
+    swap_bandwidth: str | None = option(
+        None, f"With --preempt swap: swap bytes/s over the host link (default: {DEFAULT_SWAP_BANDWIDTH}).")
+    cancel_fraction: float = option(0.0, "Share of requests cancelled midway.")
+    timeout_s: float | None = option(
+        None, "Drop requests without a first token after s seconds (inf = no timeout, the default).", flag="--timeout")
+    seed: int | None = option(None, "Seed of the constructed samples and of --cancel-fraction's picks (default: "
+                                    f"{DEFAULT_SEED}); runs are reproducible.")
+    # the step-time model
+    compute_eff: float = option(0.6, "Share of peak FLOP/s reached.")
+    weight_eff: float = option(0.8, "Share of bandwidth when reading weights.")
+    attn_eff: float = option(0.8, "Share of bandwidth when reading KV.")
+    step_overhead_ms: float = option(0.5, "Fixed time per step, ms.")
+    calibrate: Path | None = field(default=None, metadata={"help": "kvcalc bench --json output: sets --attn-eff."})
+    # targets
+    slo: str | None = option(None, "Targets, each once, e.g. ttft=2,tpot=100ms,e2e=60 (seconds).")
+    find_max_rate: bool = option(False, "Search each policy's highest rate under --slo.", flag="--max-rate")
+    target_attainment: float | None = option(
+        None, f"With --max-rate: share of requests that must meet the SLO (default: {DEFAULT_ATTAINMENT:g}).",
+        flag="--attainment")
+    prefix_caching: bool = option(True, "Ignore Mooncake prefix ids.", flag="--no-prefix-caching", negate=True)
+    fast_forward: bool = option(True, "Simulate every step one by one.", flag="--no-fast-forward", negate=True)
