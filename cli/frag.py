@@ -52,7 +52,8 @@ def command(
         Path | None,
         typer.Option(
             "--lengths-file",
-            help="A file of lengths: one integer per line; a CSV (with --column); a JSON list (.json); .npy.",
+            help="A file of lengths: one integer per line; a CSV (with --column); a JSON list (.json); .npy. "
+            "'-' reads standard input.",
         ),
     ] = None,
     column: Annotated[str | None, typer.Option("--column", help="The CSV column of --lengths-file.")] = None,
@@ -62,7 +63,7 @@ def command(
             "--trace",
             metavar="KIND FILE",
             help="A real trace: 'azure F' (ContextTokens + GeneratedTokens) or 'mooncake F' "
-            "(input_length + output_length).",
+            "(input_length + output_length); F '-' reads standard input.",
         ),
     ] = None,
     phase: Annotated[
