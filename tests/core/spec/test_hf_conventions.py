@@ -1,0 +1,149 @@
+"""config.json conventions beyond the real files: what is refused (naming the field), what disagrees, how a
+file, a folder, a byte-order mark and the local Hugging Face hub cache are read."""
+
+import json
+
+import pytest
+
+from kvcalc.core.spec.hf_config import load_config
+from kvcalc.core.spec.hub import cached_config
+from kvcalc.core.spec.models import resolve_model
+
+BASE = {"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 4096, "max_position_embeddings": 4096}
+
+
+def write(tmp_path, config, folder="model"):
+    directory = tmp_path / folder
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("linear_attn_config", {"kda_layers": [1, 2], "full_attn_layers": [3, 4]}),  # Kimi-Linear
+    ("index_topk", 2048),  # DeepSeek-V3.2's sparse-attention indexer keeps its own cache
+    ("compress_ratios", [4, 4, 4, 4]),
+    ("global_attn_every_n_layers", 3),
+    ("kv_sharing_stride", 2),
+])
+def test_an_unread_field_that_may_change_the_kv_is_refused_by_name(tmp_path, field, value):
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        load_config(write(tmp_path, {**BASE, field: value}))
+
+
+def test_fields_that_do_not_touch_the_kv_are_not_refused(tmp_path):
+    benign = {"chunk_size_feed_forward": 0, "rope_theta": 1e6, "attention_bias": False, "mtp_num_hidden_layers": 1,
+              "swa_rope_theta": 1e4, "layernorm_mlp_alpha": 2.0, "index_topk": None, "sliding_window": None}
+    assert load_config(write(tmp_path, {**BASE, **benign})).bytes_per_token(16) == 4 * 2 * 2 * 128 * 2
+
+
+@pytest.mark.parametrize(("types", "message"), [
+    (["full_attention", "compressed_sparse_attention"] * 2, "'compressed_sparse_attention', a layer kind kvcalc"),
+    (["deepseek_sparse_attention"] * 4, "'deepseek_sparse_attention'"),
+])
+def test_unknown_layer_kinds_are_refused(tmp_path, types, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(write(tmp_path, {**BASE, "layer_types": types}))
+
+
+def test_two_conventions_must_agree(tmp_path):
+    config = {**BASE, "layer_types": ["full_attention", "linear_attention"] * 2, "full_attention_interval": 4,
+              "linear_num_value_heads": 2, "linear_value_head_dim": 64, "linear_num_key_heads": 2,
+              "linear_key_head_dim": 64, "linear_conv_kernel_dim": 4}
+    with pytest.raises(ValueError, match="layer_types and full_attention_interval disagree"):
+        load_config(write(tmp_path, config))
+
+
+def test_a_window_no_layer_can_take_is_refused(tmp_path):
+    config = {**BASE, "layer_types": ["full_attention"] * 4, "sliding_window": 4096}
+    with pytest.raises(ValueError, match="sliding_window 4096 is set but the layer kinds mark no sliding layer"):
+        load_config(write(tmp_path, config))
+    with pytest.raises(ValueError, match="attention_chunk_size 8192 is set but no layer is chunked"):
+        load_config(write(tmp_path, {**BASE, "attention_chunk_size": 8192}, folder="chunk"))
+    with pytest.raises(ValueError, match="no sliding_window"):
+        load_config(write(tmp_path, {**BASE, "layer_types": ["sliding_attention"] * 4}, folder="nowindow"))
+
+
+def test_chunked_layer_types_and_string_pattern(tmp_path):
+    chunked = load_config(write(tmp_path, {**BASE, "attention_chunk_size": 100,
+                                            "layer_types": ["chunked_attention"] * 3 + ["full_attention"]}))
+    # 1,000 tokens: 3 chunked layers hold 100, 1 full layer 1,000; 2 · 2 heads · 128 · 2 B = 1,024 B a token-layer
+    assert chunked.kv_bytes(1000, 16) == (3 * 100 + 1000) * 1024
+    exaone = load_config(write(tmp_path, {**BASE, "model_type": "exaone4", "sliding_window": 64,
+                                           "sliding_window_pattern": "LLLG"}, folder="exaone"))
+    assert (exaone.num_sliding_layers, exaone.sliding_window) == (3, 64)
+
+
+def test_per_layer_config_and_v_head_dim(tmp_path):
+    config = {**BASE, "head_dim": 64, "v_head_dim": 32, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+              "sliding_window": 8, "per_layer_config": {"03": {"head_dim": 256, "num_key_value_heads": 1}}}
+    spec = load_config(write(tmp_path, config))
+    # sliding layers 2 heads · (64 + 32) each; the full layer its own 1 head · (256 + 256): 3 · 192 + 512 scalars
+    assert spec.kv_bits(1, 16) == (3 * 2 * (64 + 32) + 1 * 512) * 16
+    with pytest.raises(ValueError, match="per_layer_config"):
+        load_config(write(tmp_path, {**config, "per_layer_config": {"1": {"window": 4}}}, folder="bad"))
+
+
+def test_unknown_recurrent_state_is_said_not_guessed(tmp_path):
+    spec = load_config(write(tmp_path, {**BASE, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}))
+    assert spec.state_bits() == 0 and any("not known" in note for note in spec.notes)
+
+
+def test_state_dtype_from_the_config(tmp_path):
+    mamba = {**BASE, "model_type": "granitemoehybrid", "layer_types": ["mamba"] * 3 + ["attention"],
+             "mamba_n_heads": 16, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
+             "torch_dtype": "bfloat16"}
+    spec = load_config(write(tmp_path, mamba))
+    # per layer: conv 3 · (1024 + 2 · 128) bf16 + SSM 16 · 64 · 128 in the model dtype (no SSM dtype named)
+    assert spec.state_bits() == 3 * (3 * 1280 * 16 + 16 * 64 * 128 * 16)
+    fp32 = load_config(write(tmp_path, {**mamba, "mamba_ssm_cache_dtype": "float32"}, folder="fp32"))
+    assert fp32.state_bits() == 3 * (3 * 1280 * 16 + 16 * 64 * 128 * 32)
+    with pytest.raises(ValueError, match="'mamba_ssm_cache_dtype'"):
+        load_config(write(tmp_path, {**mamba, "mamba_ssm_cache_dtype": "float12"}, folder="bad"))
+
+
+def test_folder_bom_and_name(tmp_path):
+    folder = tmp_path / "My-Model"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(BASE).encode())
+    spec = load_config(folder)
+    assert spec.name == "My-Model" and spec.layers == 4  # the folder's name, not the model_type
+    assert load_config(folder / "config.json").name == "My-Model"
+    with pytest.raises(ValueError, match=r"no config\.json in this folder"):
+        load_config(tmp_path)
+
+
+def hub_layout(root, repo="acme/Tiny-1B", revision="0123abcd", refs=True, config=BASE):
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    if refs:
+        (repo_dir / "refs").mkdir()
+        (repo_dir / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def test_hub_cache_lookup(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = hub_layout(tmp_path / "hub")
+    assert cached_config("acme/Tiny-1B") == (snapshot / "config.json", "acme/Tiny-1B")
+    spec = resolve_model("acme/Tiny-1B", None)
+    assert spec.name == "acme/Tiny-1B" and spec.layers == 4
+    with pytest.raises(ValueError, match=r"no config\.json in the Hugging Face cache \(looked in .*models--acme--Nope"):
+        resolve_model("acme/Nope", None)
+
+
+def test_hub_cache_roots_and_revisions(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    hub_layout(tmp_path / "home" / "hub", refs=False)  # one snapshot and no refs/main: that one
+    assert resolve_model("acme/Tiny-1B", None).layers == 4
+    hub_layout(tmp_path / "home" / "hub", revision="ffff0000", refs=False)
+    with pytest.raises(ValueError, match="several revisions"):
+        resolve_model("acme/Tiny-1B", None)
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    with pytest.raises(ValueError, match=r"user/\.cache/huggingface/hub"):
+        resolve_model("acme/Tiny-1B", None)
