@@ -4,9 +4,21 @@
 * the path under test — the new tokens of many sequences in one flat batch, K/V in the pool's blocks,
   attention through block tables (`paged`), decode attention behind the `attention_backend` seam.
 
-Nothing here knows the block pool or the scheduler: an executor turns the scheduler's step into a
-`PagedBatch` (plain tensors) plus block copies and swaps, and calls these functions. Importing this
-package does not import torch; its modules do.
+The model's modules know neither the block pool nor the scheduler: the executor (`executor`) turns the
+scheduler's step (core/sim/plan.py's StepPlan) into a `PagedBatch` (plain tensors) plus block copies and
+swaps, and calls them. `kvcalc verify` is put together from:
+
+    executor.ModelExecutor(weights, kv, prompts, sampling, attention_backend=, eos_token_id=)
+        .execute(StepPlan) -> StepOutcome         swaps, CoW copies, paged_forward, sampling; a shadow of the
+                                                  cache (shadow.ShadowKV) checks every context it reads
+    beam.paged_beam_search(executor, pool, prompts, width, num_tokens);  beam.reference_beam_search(...)
+    scenarios.build(name, vocab, seed) -> Scenario          the nine scenarios and the events each needs
+    faults.Fault(name).install(pool)                        early-free | skip-cow | stale-hash, planted
+    runner.run_scenario(scenario, weights, seed=, attention_backend=, fault=) -> ScenarioResult
+    verdict.compare(references, tests, exact) -> Comparison    fp32 identical tokens, else the top-k rule
+    suite.run_verify(VerifyConfig(...), progress) -> the JSON document of `kvcalc verify`
+
+Importing this package does not import torch; its modules do.
 
     config.ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
                        num_q_heads=4, num_kv_heads=2, head_dim=64, rope_theta=1e4, rms_norm_eps=1e-6,
