@@ -1,0 +1,112 @@
+"""vLLM's start-up figures: the block and concurrency arithmetic against public log lines, and the KV-cache
+groups of hybrids by vLLM's hybrid allocator rules, computed by hand."""
+
+import pytest
+
+from kvcalc.core.gpus import get_gpu
+from kvcalc.core.spec.gpu_plan import cache_groups, plan_gpu
+from kvcalc.core.spec.layers import LayerGroup
+from kvcalc.core.spec.models import ModelSpec, get_preset
+
+GIB = 2**30
+
+
+def uniform(bytes_per_token: int) -> ModelSpec:
+    """A full-attention model of `bytes_per_token` at bf16: L layers of 1 KV head of d, 2 · L · d · 2 B."""
+    layers = bytes_per_token // (2 * 128 * 2)
+    assert layers * 2 * 128 * 2 == bytes_per_token
+    return ModelSpec(name=f"m{bytes_per_token}", layers=layers, num_attention_heads=1, kv_heads=1, head_dim=128,
+                     hidden_size=128, max_position_embeddings=None)
+
+
+def printed_gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f}"
+
+
+@pytest.mark.parametrize(("bytes_per_token", "printed", "blocks", "max_model_len", "concurrency", "tokens"), [
+    # "Available KV cache memory: 34.81 GiB" ... 190,100 blocks of 16, "92.82x" at 32,768 tokens per request
+    (12_288, "34.81", 190_100, 32_768, "92.82", None),
+    # Phi-4 (204,800 B/token): 45.21 GiB -> 14,815 blocks, "462.97x" at 512
+    (204_800, "45.21", 14_815, 512, "462.97", None),
+    # Qwen3-1.7B (114,688 B/token): 18.78 GiB -> "GPU KV cache size: 175,856 tokens" (vLLM issue #33263)
+    (114_688, "18.78", 175_856 // 16, 40_960, None, 175_856),
+])
+def test_public_log_lines(bytes_per_token, printed, blocks, max_model_len, concurrency, tokens):
+    spec = uniform(bytes_per_token)
+    # The memory those blocks take: vLLM prints it rounded to two decimals of a GiB, as the log shows.
+    kv_bytes = blocks * 16 * bytes_per_token
+    assert printed_gib(kv_bytes) == printed
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=max_model_len, kv_memory_bytes=kv_bytes)
+    assert plan.num_blocks == blocks
+    if concurrency is not None:
+        # blocks / cdiv(max_model_len, 16): 190,100 / 2,048 = 92.822; 14,815 / 32 = 462.969
+        assert f"{float(plan.max_concurrency):.2f}" == concurrency
+    if tokens is not None:
+        assert plan.kv_cache_tokens == tokens  # int(concurrency · max_model_len) = blocks · 16 here
+    # From the printed GiB itself the count is only known to ± 0.005 GiB: 2 decimals hide up to 0.005 GiB,
+    # i.e. 0.005 · 2^30 / (16 · bytes per token) blocks (1.6 for Phi-4, 1,707 for the 12,288 B model).
+    from_printed = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=max_model_len,
+                            kv_memory_bytes=int(float(printed) * GIB)).num_blocks
+    assert abs(from_printed - blocks) <= 0.005 * GIB / (16 * bytes_per_token) + 1
+
+
+def test_memory_from_the_gpu():
+    spec = get_preset("Llama-3-8B")
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, gpu_name="H100-SXM",
+                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes)
+    requested = int(81_559 * 2**20 * 0.9)
+    weights = 8_030_261_248 * 2  # bf16 assumed: the preset names no dtype
+    assert plan.requested_bytes == requested and plan.weights_bytes == weights
+    assert plan.kv_cache_bytes == requested - weights - plan.activation_bytes - plan.non_torch_bytes
+    assert plan.num_blocks == plan.kv_cache_bytes // (16 * 131_072)  # 32 layers' pages of 16 tokens · 4 KiB
+    assert any("activation" in e for e in plan.estimates) and any("bf16 assumed" in e for e in plan.estimates)
+    # --tp 2: half the weights and half the KV heads on each GPU
+    two = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, tp=2,
+                   gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes)
+    assert two.weights_bytes == weights // 2 and two.page_bytes == 16 * 2 * 4 * 128 * 2
+
+
+def test_sliding_window_bound_and_groups():
+    # Gemma-3-27B: 52 sliding (window 1024) + 10 full layers, equal pages (16 · 8,192 B): groups of 10 layers,
+    # 6 sliding groups (the last padded) and 1 full one.
+    page, group_size, groups = cache_groups(get_preset("Gemma-3-27B"), 16, 16, 131_072, 1, 8192)
+    assert (page, group_size) == (16 * 8192, 10)
+    assert [(g.kind, g.layers) for g in groups] == [("full", 10)] + [("sliding", 10)] * 5 + [("sliding", 2)]
+    full, sliding = groups[0], groups[1]
+    assert full.blocks_per_request == 131_072 // 16
+    # sliding: cdiv(min(1024 − 1 + 8192, 131,072), 16) + 1 = 576 + 1 (the window may start inside a block)
+    assert sliding.blocks_per_request == 577
+    plan = plan_gpu(get_preset("Gemma-3-27B"), kv_dtype_bits=16, block_size=16, max_model_len=131_072,
+                    kv_memory_bytes=100 * GIB)
+    assert plan.num_blocks == 100 * GIB // (page * 10)
+    assert plan.max_concurrency == pytest.approx(plan.num_blocks / (8192 + 6 * 577))
+
+
+def test_mamba_hybrid_grows_the_attention_block():
+    # Nemotron-H-56B at tp 8: attention 1 KV head · 256 · 2 B = 512 B per token per layer; a Mamba layer's state
+    # on one GPU 2,112,512 B. Attention blocks grow to 16 · cdiv(2,112,512, 16 · 512) = 16 · 258 = 4,128 tokens,
+    # the page 4,128 · 512 = 2,113,536 B, the state padded to it. 10 attention + 54 Mamba layers: groups of 10.
+    page, group_size, groups = cache_groups(get_preset("Nemotron-H-56B"), 16, 16, 8192, 8, 8192)
+    assert (page, group_size) == (2_113_536, 10)
+    assert [(g.kind, g.layers, g.block_size) for g in groups] == (
+        [("full", 10, 4128)] + [("mamba2", 10, 0)] * 5 + [("mamba2", 4, 0)])
+    # one request of 8,192 tokens: cdiv(8192, 4128) = 2 attention blocks + one block in each of 6 Mamba groups
+    assert sum(g.blocks_per_request for g in groups) == 8
+
+
+def test_uniform_type_with_unequal_pages_is_one_table():
+    # Nemotron-Super-like: every KV layer full attention, heads 8 and 4: one block table, pages side by side
+    spec = ModelSpec.from_groups("m", (LayerGroup("full", 3, kv_heads=8, k_head_dim=128, v_head_dim=128),
+                                      LayerGroup("full", 1, kv_heads=4, k_head_dim=128, v_head_dim=128)),
+                                 num_attention_heads=32, hidden_size=4096, max_position_embeddings=4096)
+    page, group_size, groups = cache_groups(spec, 16, 16, 4096, 1, 8192)
+    assert (page, group_size, len(groups)) == (16 * (3 * 4096 + 2048), 1, 1)
+
+
+def test_bad_inputs_name_the_parameter():
+    spec = get_preset("Llama-3-8B")
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8, gpu_memory_bytes=GIB,
+                 gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="leave no KV memory"):
+        plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8, gpu_memory_bytes=8 * GIB)
