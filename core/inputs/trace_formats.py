@@ -95,6 +95,7 @@ def read_azure(text: str, name: str) -> TraceColumns:
 # reads "NaT" or an empty cell as not-a-time: so each stamp is read at one-second resolution first (which
 # spans far more years), checked, and only then read in ns.
 _NS_FIRST, _NS_LAST = np.datetime64("1678-01-01", "s"), np.datetime64("2262-01-01", "s")
+_MAX_SPAN_S = (2**63 - 1) // 10**9  # about 292 years: the widest span whose ns differences fit int64
 
 
 def _azure_arrivals(stamps: list[str], lines: list[int], name: str) -> np.ndarray:
@@ -116,8 +117,15 @@ def _azure_arrivals(stamps: list[str], lines: list[int], name: str) -> np.ndarra
             f"{name}:{lines[i]}: TIMESTAMP {_shown(stamps[i])} {problem}: give a date and time like "
             "2023-11-16 18:15:46.6805900"
         )
+    if int((coarse.max() - coarse.min()).astype(np.int64)) >= _MAX_SPAN_S:  # ns differences would wrap
+        raise ValueError(f"{name}: the TIMESTAMPs span {_span_years(coarse):,} years, more than the 292 years "
+                         "kvcalc can time in nanoseconds; check the dates")
     times = np.array(stamps, dtype="datetime64[ns]")
     return (times - times.min()).astype(np.int64) / 1e9
+
+
+def _span_years(coarse: np.ndarray) -> int:
+    return int((coarse.max() - coarse.min()).astype(np.int64)) // (365 * 86_400)
 
 
 def _is_timestamp(text: str) -> bool:

@@ -266,3 +266,14 @@ def test_prompt_plus_output_past_int64_is_refused_not_wrapped(tmp_path: Path) ->
                                          r"is too large .*use --phase prompt"):
         lengths_from_trace("mooncake", path)
     assert lengths_from_trace("mooncake", path, "prompt").tokens.tolist() == [1, 2**62]
+
+
+def test_azure_span_past_int64_nanoseconds_is_refused(tmp_path: Path) -> None:
+    # 1700 and 2200 both fit datetime64[ns], but 500 years of ns (1.6e19) do not fit int64 and wrapped
+    path = tmp_path / "a.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700-01-01 00:00:00,5,1\n2200-01-01 00:00:00,5,1\n")
+    with pytest.raises(ValueError, match=r"the TIMESTAMPs span 500 years, more than the 292 years"):
+        read_trace("azure", path)
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1900-01-01 00:00:00,5,1\n2150-01-01 00:00:00,5,1\n")
+    days = 250 * 365 + 61  # 1900..2150: 61 leap days (1900 and 2100 are not leap years)
+    assert read_trace("azure", path).arrival_s.tolist() == [0.0, days * 86_400.0]
