@@ -70,7 +70,7 @@ def command(
     gpu: GpuOpt = None,
     gpu_memory_utilization: UtilizationOpt = None,
     max_model_len: MaxModelLenOpt = None,
-    kv_memory: KvMemoryOpt = None,
+    kv_memory_bytes: KvMemoryOpt = None,
     max_num_batched_tokens: BatchedTokensOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     json_flag: JsonOpt = False,
@@ -89,7 +89,7 @@ def command(
                    "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype}
     if spec is None:
         given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
-                                          ("--gpu", gpu), ("--kv-memory", kv_memory)) if value is not None]
+                                          ("--gpu", gpu), ("--kv-memory", kv_memory_bytes)) if value is not None]
         given += [name for name, value in gpu_options.items() if value is not None]
         if given:
             verb = "needs" if len(given) == 1 else "need"
@@ -99,7 +99,7 @@ def command(
             )
         emit(presets_report(dtype, tokens), fmt)
         return
-    if gpu is None and kv_memory is None:
+    if gpu is None and kv_memory_bytes is None:
         stray = [name for name, value in gpu_options.items() if value is not None]
         if stray:
             raise ValueError(f"{', '.join(stray)} applies to the GPU plan: add --gpu NAME (or --kv-memory SIZE)")
@@ -114,9 +114,9 @@ def command(
             raise ValueError(f"{', '.join(given)} needs a context length: {spec.name}'s config names none "
                              "(max_position_embeddings); give --tokens N")
         report = no_context_report(spec, dtype, 1 if tp is None else tp, block_size)
-        if gpu is not None or kv_memory is not None:
-            _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len, kv_memory,
-                          max_num_batched_tokens, weight_dtype)
+        if gpu is not None or kv_memory_bytes is not None:
+            _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
+                          kv_memory_bytes, max_num_batched_tokens, weight_dtype)
         emit(report, fmt)
         return
     result = compute_size(
@@ -127,9 +127,9 @@ def command(
     for warning in warnings:
         err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     report = _model_report(result, [*spec.notes, *warnings])
-    if gpu is not None or kv_memory is not None:
-        _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len, kv_memory,
-                      max_num_batched_tokens, weight_dtype)
+    if gpu is not None or kv_memory_bytes is not None:
+        _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
+                      kv_memory_bytes, max_num_batched_tokens, weight_dtype)
     emit(report, fmt)
 
 

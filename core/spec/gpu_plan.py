@@ -32,6 +32,7 @@ from fractions import Fraction
 
 from ..blocks import ceil_div
 from ..dtypes import dtype_bits
+from ..errors import ParameterError
 from .layers import bits_to_bytes
 from .model_spec import ModelSpec
 from .weights import param_count
@@ -126,22 +127,24 @@ def plan_gpu(
     for name, value in (("block_size", block_size), ("max_model_len", max_model_len), ("tp", tp),
                         ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
         if value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
+            raise ParameterError(f"{name} must be a positive integer, got {value}", name)
     if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
+                             "gpu_memory_utilization")
     page, group_size, groups = cache_groups(spec, kv_dtype_bits, block_size, max_model_len, tp,
                                             max_num_batched_tokens)
     estimates: list[str] = []
     if kv_memory_bytes is not None:
         if kv_memory_bytes <= 0:
-            raise ValueError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
+            raise ParameterError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}", "kv_memory_bytes")
         weights = activation = non_torch = None
         requested = int((gpu_memory_bytes or 0) * gpu_memory_utilization)
         kv = kv_memory_bytes
         estimates.append("kv_cache_bytes given")
     else:
         if gpu_memory_bytes is None:
-            raise ValueError("a GPU plan needs the GPU's memory or the KV memory (kv_memory_bytes)")
+            raise ParameterError("kv_memory_bytes or the GPU's memory (gpu_memory_bytes) is needed for a GPU plan",
+                                 "kv_memory_bytes", "gpu_memory_bytes")
         requested = int(gpu_memory_bytes * gpu_memory_utilization)
         params = param_count(spec)
         weight_dtype = spec.weight_dtype or "bf16"
@@ -157,10 +160,11 @@ def plan_gpu(
         estimates += ["activation peak", "non-torch memory"]
         kv = requested - weights - activation - non_torch
         if kv <= 0:
-            raise ValueError(
-                f"{spec.name} on {gpu_name or 'the GPU'} x{tp}: weights {weights / 2**30:.2f} GiB, activations "
+            raise ParameterError(
+                f"tp {tp}: {spec.name} on {gpu_name or 'the GPU'}: weights {weights / 2**30:.2f} GiB, activations "
                 f"{activation / 2**30:.2f} GiB and non-torch {non_torch / 2**30:.2f} GiB leave no KV memory of "
-                f"the {requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher utilization"
+                f"the {requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher "
+                "gpu_memory_utilization", "tp", "gpu_memory_utilization"
             )
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")

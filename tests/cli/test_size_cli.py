@@ -219,3 +219,93 @@ def test_preset_columns_name_their_token_counts(run_cli):
     header = next(line for line in run_cli("size").stdout.splitlines() if "bytes/token" in line)
     cells = [cell.strip() for cell in header.split("┃")]
     assert cells[-4:-1] == ["4,096 tokens", "32,768 tokens", "131,072 tokens"]  # 4K, 32K, 128K were ambiguous
+
+
+# --- every architecture: layer groups, recurrent state, configs and the hub cache, the GPU plan ------------------
+
+
+def test_hybrid_preset_reports_state_and_layer_groups(run_cli):
+    doc = run_cli("size", "-m", "nemotron-h-56b", "--tokens", "8192", "--json").json()
+    # 10 attention layers · 8,192 tokens · 4,096 B + 54 Mamba-2 layers · 16,900,096 B of state
+    assert doc["bytes_per_token"] == 40_960 and doc["state_bytes_per_seq"] == 912_605_184
+    assert doc["kv_bytes_per_seq"] == 8192 * 40_960
+    assert doc["bytes_per_seq"] == 8192 * 40_960 + 912_605_184
+    kinds = {(g["kind"], g["note"]): g["layers"] for g in doc["model"]["layer_groups"]}
+    assert kinds == {("full", ""): 10, ("none", "mamba2"): 54, ("none", "MLP only"): 54}
+    out = run_cli("size", "-m", "nemotron-h-56b", "--tokens", "8192").stdout
+    assert "Layers of Nemotron-H-56B" in out and "mamba2 state (conv bf16, ssm fp32)" in out
+    assert "10 of 118 layers keep KV (54 mamba2, 54 MLP only)" in out
+
+
+def test_capacity_includes_the_state(run_cli):
+    doc = run_cli("size", "-m", "nemotron-h-56b", "--tokens", "8192", "--memory", "80GiB", "--json").json()
+    assert doc["capacity"]["max_seqs"] == 80 * GIB // (8192 * 40_960 + 912_605_184)
+
+
+def test_config_folder_and_hub_model(run_cli, tmp_path, monkeypatch):
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256, "max_position_embeddings": 100}
+    folder = tmp_path / "Tiny-Model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    doc = run_cli("size", "--config", str(folder), "--json").json()
+    assert doc["model"]["name"] == "Tiny-Model" and doc["bytes_per_token"] == 2 * 2 * 4 * 64 * 2
+    snapshot = tmp_path / "hub" / "models--acme--Tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (tmp_path / "hub" / "models--acme--Tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--Tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    doc = run_cli("size", "--model", "acme/Tiny", "--json").json()
+    assert doc["model"]["name"] == "acme/Tiny" and doc["tokens"] == 100
+    missing = run_cli("size", "--model", "acme/Other")
+    assert missing.exit_code == 2 and "models--acme--Other" in missing.stderr and "hf download" in missing.stderr
+
+
+def test_config_without_a_context_length(run_cli, tmp_path):
+    falcon = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+              "multi_query": True, "new_decoder_architecture": False, "vocab_size": 65024}
+    folder = tmp_path / "falcon-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(falcon))
+    result = run_cli("size", "--config", str(folder))
+    assert result.exit_code == 0, result.stderr
+    assert "names no context length" in " ".join(result.stdout.split())
+    assert "per sequence of 32,768 tokens" in result.stdout
+    doc = run_cli("size", "--config", str(folder), "--json").json()
+    # 2 · 32 layers · 1 KV head · 64 · 2 B = 8,192 B per token; 32,768 tokens: 256 MiB
+    assert doc["tokens"] is None and doc["bytes_per_token"] == 8192 and doc["bytes_per_token_per_layer"] == 256
+    assert doc["bytes_per_block"] == 16 * 8192 and doc["bytes_per_seq"]["32768"] == 32768 * 8192
+    assert doc["model"]["name"] == "falcon-7b"
+    refused = run_cli("size", "--config", str(folder), "--seqs", "4")
+    assert refused.exit_code == 2 and "give --tokens N" in refused.stderr
+
+
+def test_gpu_plan_json_and_table(run_cli):
+    doc = run_cli("size", "-m", "llama-3-8b", "--gpu", "H100-SXM", "--json").json()
+    plan = doc["gpu_plan"]
+    assert set(plan) >= {"kv_cache_bytes", "num_blocks", "kv_cache_tokens", "max_concurrency", "estimates"}
+    assert plan["num_blocks"] == plan["kv_cache_bytes"] // (16 * 131_072)
+    assert plan["kv_cache_tokens"] == plan["num_blocks"] * 16  # 8,192 is a multiple of 16
+    out = run_cli("size", "-m", "llama-3-8b", "--gpu", "h100-sxm").stdout
+    assert "GPU KV cache size (tokens)" in out and "activation peak (estimate)" in out
+
+
+def test_kv_memory_reproduces_a_log_line(run_cli):
+    # 24 layers · 2 · 1 KV head · 128 · 2 B = 12,288 B per token; 190,100 blocks of 16 -> 92.82x at 32,768
+    args = ("size", "--layers", "24", "--kv-heads", "1", "--head-dim", "128", "--tokens", "32768",
+            "--max-model-len", "32768", "--kv-memory", str(190_100 * 16 * 12_288))
+    plan = run_cli(*args, "--json").json()["gpu_plan"]
+    assert (plan["num_blocks"], round(plan["max_concurrency"], 2)) == (190_100, 92.82)
+    assert plan["log_lines"][0] == "Available KV cache memory: 34.81 GiB"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-m", "llama-3-8b", "--gpu-memory-utilization", "0.8"], "applies to the GPU plan: add --gpu NAME"),
+    (["-m", "llama-3-8b", "--gpu", "B900"], "unknown GPU 'B900'"),
+    (["--gpu", "H200"], "--gpu needs a model"),
+    (["-m", "llama-3-8b", "--gpu", "H200", "--gpu-memory-utilization", "2"], "--gpu-memory-utilization must be in"),
+    (["-m", "llama-3-70b", "--gpu", "A100-40GB"], "leave no KV memory"),
+])
+def test_gpu_plan_bad_input(run_cli, args, message):
+    result = run_cli("size", *args)
+    assert result.exit_code == 2 and message in result.stderr and result.stderr.count("\n") == 1
