@@ -399,6 +399,18 @@ def test_the_readme_shows_the_test_command_that_ci_runs() -> None:
     assert any(command in line for line in readme), f"README.md must show CI's test command verbatim: {command}"
 
 
+def test_the_comparison_with_the_vllm_paper_quotes_the_run_above_it() -> None:
+    """docs/sim.md's table of `token states of occupied` is prose, which the update does not rewrite."""
+    sim = ROOT / "docs" / "sim.md"
+    example = next(e for e in EXAMPLES if e.path == sim and "--requests" in e.argv and "2000" in e.argv)
+    row = next(line for line in example.expected if line.startswith("│ token states of occupied"))
+    shown = [cell.strip() for cell in row.strip("│").split("│")[1:]]  # paged, max, pow2, oracle
+    text = sim.read_text(encoding="utf-8")
+    quoted = [re.search(rf"^\| {re.escape(name)} \| ([\d.]+ %) \|", text, re.MULTILINE)
+              for name in ("paged (B = 16)", "reserve-max", "reserve-pow2", "reserve-oracle")]
+    assert [q[1] if q else None for q in quoted] == shown, "docs/sim.md: update the table under the run"
+
+
 # ---- the update mode (tests/update_docs_examples.py) ------------------------------------------------
 
 
