@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = pytest.mark.perf
 
-RUNS = 21
+RUNS = 31
 GOAL_RATIO = 4.0
 
 
