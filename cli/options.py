@@ -2,7 +2,7 @@
 
 Integer counts go through `integer(flag)`: besides what `int()` reads (`4096`, `1_000_000`) it takes exact
 scientific spellings (`1e12`), and a non-integer is refused in one line that names the option and the value
-(`error: --tokens 'abc' is not an integer: …`) instead of pydantic's wording.
+(`error: --tokens 'abc' is not an integer: …`) instead of typer's "is not a valid integer".
 
 `--seed` is one option for every command (`SeedOpt`, or `seed_option(help)` where a command words its help
 itself): a whole number in 0..2**63-1, which numpy's and torch's generators all take; a negative one is
@@ -29,8 +29,8 @@ from .output import Format
 def integer(flag: str) -> Callable[[Any], int]:
     """A typer `parser=` for an integer option `flag`: exact integers only, one-line error otherwise.
 
-    It raises a usage error (not ValueError, which pydantic would rewrap as "Value error, …"); the root app
-    prints it as `error: …` with exit 2.
+    It raises a usage error, which the root app prints as it is (`error: …`, exit 2); a ValueError would be
+    reworded by typer.
     """
 
     def parse(value: Any) -> int:
