@@ -8,6 +8,7 @@ says how to install it), 3 --device cuda without a GPU.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -76,7 +77,8 @@ def _report(doc: dict[str, Any]) -> Report:
         *(Field(f"event_{k}") for k in EVENT_LABELS),
     ]
     model = doc["model"]
-    title = (f"kvcalc verify: {doc['dtype']} on {doc['device']}, attention {doc['attention_backend']}, model "
+    weights = "seeded weights" if model["weights"] == "seeded" else model["weights"]
+    title = (f"kvcalc verify: {doc['dtype']} on {doc['device']}, attention {doc['attention_backend']}, {weights}, "
              f"{model['num_layers']} layers x {model['hidden_size']} wide, {model['num_q_heads']}/"
              f"{model['num_kv_heads']} heads of {model['head_dim']}, vocab {model['vocab_size']}, seed "
              f"{model['seed']}, blocks of {doc['block_size']}")
@@ -123,6 +125,9 @@ def command(
         "--inject", help="Plant a fault in the block pool that the checks must catch (exit 1): early-free, "
         "skip-cow or stale-hash.")] = None,
     seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
+    hf_model: Annotated[Path | None, typer.Option(
+        "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
+        "instead of the built-in tiny model.")] = None,
     json_flag: JsonOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> int:
@@ -138,7 +143,7 @@ def command(
     from ..cuda_ext.verify.suite import VerifyConfig, run_verify
 
     config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
-                          seed=seed)
+                          seed=seed, hf_model=hf_model)
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)

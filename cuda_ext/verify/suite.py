@@ -1,9 +1,10 @@
 """`kvcalc verify`'s run: the model, the device, the scenarios asked for, one fault maybe -> one JSON document.
 
-    {"device", "device_name", "dtype", "attention_backend", "model": {dims..., "seed"}, "inject",
+    {"device", "device_name", "dtype", "attention_backend", "model": {dims..., "seed", "weights"}, "inject",
      "pass_rule": {...}, "scenarios": [ScenarioResult.to_dict(), ...], "passed", "wall_s"}
 
-`passed` is True only when every scenario passed. With a fault injected it is expected to be False: the
+`model.seed` seeds the prompts, and the weights unless they come from a checkpoint (`model.weights` says
+which). `passed` is True only when every scenario passed. With a fault injected it is expected to be False: the
 fault must be caught. torch runs on one intra-op thread meanwhile: these are thousands of tiny ops, and on
 a small CPU a second thread spins more than it works.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from ...core.errors import CudaUnavailableError, ParameterError
 from .attention import default_attention_backend
 from .config import DTYPE_NAMES, ModelConfig, torch_dtype
 from .faults import INJECTIONS, Fault
+from .hf_checkpoint import load_llama_weights
 from .runner import run_scenario
 from .scenarios import BLOCK_SIZE, SCENARIOS, build
 from .verdict import FP32_LOGIT_TOLERANCE, TOP_K
@@ -37,6 +40,7 @@ class VerifyConfig:
     inject: str | None = None
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
+    hf_model: Path | None = None  # a local Llama checkpoint instead of `model` with seeded weights
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -78,12 +82,16 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        weights = init_weights(config.model, seed=config.seed, dtype=config.dtype, device=device)
-        backend = default_attention_backend(config.model, torch_dtype(config.dtype), device, BLOCK_SIZE)
+        if config.hf_model is None:
+            weights = init_weights(config.model, seed=config.seed, dtype=config.dtype, device=device)
+        else:
+            weights = load_llama_weights(config.hf_model, config.dtype, device)
+        model = weights.config
+        backend = default_attention_backend(model, torch_dtype(config.dtype), device, BLOCK_SIZE)
         results = []
         for name in config.scenarios:
             fault = Fault(config.inject) if config.inject else None
-            scenario = build(name, config.model.vocab_size, config.seed)
+            scenario = build(name, model.vocab_size, config.seed)
             results.append(run_scenario(scenario, weights, seed=config.seed, attention_backend=backend, fault=fault))
             if progress is not None:
                 progress(1)
@@ -94,7 +102,8 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": config.dtype,
         "attention_backend": backend,
-        "model": {**config.model.to_dict(), "seed": config.seed},
+        "model": {**model.to_dict(), "seed": config.seed,
+                  "weights": "seeded" if config.hf_model is None else str(config.hf_model)},
         "block_size": BLOCK_SIZE,
         "inject": config.inject,
         "pass_rule": pass_rule(config.dtype),

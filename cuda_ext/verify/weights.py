@@ -37,7 +37,7 @@ class LayerWeights:
 @dataclass(frozen=True)
 class ModelWeights:
     config: ModelConfig
-    seed: int
+    seed: int | None  # None: loaded from a checkpoint
     dtype: str  # 'fp32' | 'bf16' | 'fp16'
     embedding: torch.Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
@@ -102,7 +102,7 @@ def init_weights(
     )
 
 
-_HF_LAYER_NAMES = {
+HF_LAYER_NAMES = {
     "attn_norm": "input_layernorm.weight",
     "wq": "self_attn.q_proj.weight",
     "wk": "self_attn.k_proj.weight",
@@ -120,7 +120,7 @@ def to_hf_llama_state_dict(weights: ModelWeights) -> dict[str, torch.Tensor]:
     With tied embeddings `lm_head.weight` is left out: the model ties it to `model.embed_tokens.weight`."""
     state = {"model.embed_tokens.weight": weights.embedding, "model.norm.weight": weights.final_norm}
     for i, layer in enumerate(weights.layers):
-        for ours, theirs in _HF_LAYER_NAMES.items():
+        for ours, theirs in HF_LAYER_NAMES.items():
             state[f"model.layers.{i}.{theirs}"] = getattr(layer, ours)
     if not weights.config.tie_word_embeddings:
         state["lm_head.weight"] = weights.lm_head
