@@ -136,10 +136,16 @@ def groups_head_dim(groups: tuple) -> int:
 
 
 def _head_dim(f: ConfigFields, heads: int, hidden: int | None) -> int:
-    """`head_dim` (or `attention_head_dim`, `kv_channels`), MLA's nope + rope, else hidden_size / heads."""
+    """`head_dim` (or `attention_head_dim`, `kv_channels`; `attention_hidden_size` / heads), MLA's nope + rope,
+    else hidden_size / heads."""
     head_dim = f.int("head_dim", "attention_head_dim", "kv_channels")
     if head_dim is not None:
         return head_dim
+    attention_width = f.int("attention_hidden_size")  # Zamba: attention runs on a wider input than hidden_size
+    if attention_width is not None:
+        if attention_width % heads:
+            raise f.error(f"attention_hidden_size {attention_width} is not a multiple of num_attention_heads {heads}")
+        return attention_width // heads
     if f.int("kv_lora_rank") is not None:
         nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
         if nope is not None and rope is not None:

@@ -17,7 +17,7 @@ STRUCTURAL = re.compile(
     r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
     r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
     r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_channels|"
-    r"index_|sparse_attention|compress|linear_|conv_"
+    r"index_|sparse_attention|compress|linear_|conv_|cla_|_cla\b|attention_hidden_size"
 )
 
 # Fields that match STRUCTURAL but do not change the KV cache or the recurrent state (read by nothing).
@@ -28,10 +28,12 @@ KNOWN_NO_KV = frozenset({
     "mamba_norm_before_gate", "mamba_d_ssm_bias",
     "cache_implementation",  # how transformers' generate allocates its cache, not the model
     "conv_bias", "linear_bias",
+    "activation_sparsity_pattern",  # Gemma-3n: which MLPs are sparse
 })
-# ... and by pattern: residual scales of MiniMax's norms, per-kind RoPE bases, attention-sink biases, and
-# the multi-token-prediction heads (which serve only speculative decoding, off by default).
-KNOWN_NO_KV_PATTERN = re.compile(r"^layernorm_\w+_(alpha|beta)$|rope_theta$|sink_bias$|^mtp_")
+# ... and by pattern: residual scales of MiniMax's norms, per-kind RoPE bases, attention-sink biases, the
+# multi-token-prediction heads (which serve only speculative decoding, off by default), and the scalar
+# multipliers of Falcon-H1 / Granite (ssm_multipliers, attention_multiplier ...).
+KNOWN_NO_KV_PATTERN = re.compile(r"^layernorm_\w+_(alpha|beta)$|rope_theta$|sink_bias$|^mtp_|multiplier")
 
 
 class ConfigFields:

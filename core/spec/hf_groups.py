@@ -20,7 +20,8 @@ Attention dimensions:
   KV, else num_attention_heads / `n_heads_in_group` KV heads, `window_length` a sliding window.
 
 Recurrent state (state.py): Mamba-2 from `mamba_num_heads`/`mamba_n_heads`, `mamba_head_dim`/`mamba_d_head`,
-`ssm_state_size`/`mamba_d_state`, `n_groups`/`mamba_n_groups`, `conv_kernel`/`mamba_d_conv`; Mamba-1 (Jamba)
+`ssm_state_size`/`mamba_d_state`, `n_groups`/`mamba_n_groups`, `conv_kernel`/`mamba_d_conv` (Zamba2:
+`n_mamba_heads`, `mamba_headdim`, `mamba_ngroups`); Mamba-1 (Jamba)
 from `mamba_expand`, `mamba_d_state`, `mamba_d_conv`; Gated DeltaNet from the `linear_*` fields; MiniMax's
 lightning attention from its heads; LFM2's short convolution from `conv_L_cache`. The conv state is in the
 model's dtype (`torch_dtype` / `dtype`), the SSM state in `mamba_ssm_dtype` / `mamba_ssm_cache_dtype`, else
@@ -156,23 +157,24 @@ def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
     if kind == "conv":
         width = f.int("conv_dim") or hidden
         return RecurrentState("short_conv", conv, conv, d_inner=width, d_conv=f.required_int("conv_L_cache"))
-    mamba_heads = f.int("mamba_num_heads", "mamba_n_heads")
+    mamba_heads = f.int("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
     linear_heads = f.int("linear_num_value_heads")
     mamba1 = f.int("mamba_expand") if mamba_heads is None else None
     if sum(x is not None for x in (mamba_heads, linear_heads, mamba1)) > 1:
         raise f.error("the config has both Mamba and linear-attention state fields; kvcalc cannot tell which "
                       "its recurrent layers use")
     if mamba_heads is not None:
-        d_head = f.raw("mamba_head_dim", "mamba_d_head")
+        d_head = f.raw("mamba_head_dim", "mamba_d_head", "mamba_headdim")
         d_inner = f.int("mamba_d_ssm") or (
-            mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head") if d_head != "auto"
+            mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head", "mamba_headdim") if d_head != "auto"
             else (f.int("mamba_expand", "expand") or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
         )
         f.int("expand")  # Nemotron-H's expand is d_inner / hidden_size, already given by heads · head_dim
         return RecurrentState(
             "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
             d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
-            n_groups=f.int("n_groups", "mamba_n_groups") or 1, d_conv=f.required_int("conv_kernel", "mamba_d_conv"),
+            n_groups=f.int("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
+            d_conv=f.required_int("conv_kernel", "mamba_d_conv"),
         )
     if linear_heads is not None:
         return RecurrentState(
