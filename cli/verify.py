@@ -2,8 +2,9 @@
 each request decoded alone with a contiguous KV cache.
 
 torch is imported only inside the command body (and kvcalc.cuda_ext), as for `kvcalc bench`. Exit codes:
-0 every scenario passed, 1 one failed (as it must with --inject), 2 bad input or torch missing (the message
-says how to install it), 3 --device cuda without a GPU.
+0 every scenario passed, 1 one failed, or a fault was injected (caught as it must be, or with nothing to act
+on: the report says which), 2 bad input or torch missing (the message says how to install it), 3 --device
+cuda without a GPU.
 """
 
 from __future__ import annotations
@@ -105,10 +106,14 @@ def _report(doc: dict[str, Any]) -> Report:
             if s[key]:
                 notes.append(f"{s['name']}: {label}: {s[key]}")
     if doc["inject"]:
-        caught = [s["name"] for s in doc["scenarios"] if not s["passed"]]
-        fired = sum(s["fault_fired"] or 0 for s in doc["scenarios"])
-        notes.append(f"--inject {doc['inject']}: the fault acted {fired:,} times; caught by "
-                     f"{', '.join(caught) if caught else 'NO scenario'}")
+        caught, missed = doc["inject_caught_by"], doc["inject_undetected_in"]
+        if not doc["inject_fired"]:
+            notes.append(f"--inject {doc['inject']}: the fault never acted in these scenarios (nothing shares the "
+                         "blocks it corrupts): nothing to catch")
+        else:
+            notes.append(f"--inject {doc['inject']}: the fault acted {doc['inject_fired']:,} times; caught by "
+                         f"{', '.join(caught) or 'NO scenario'}"
+                         + (f"; UNDETECTED in {', '.join(missed)}" if missed else ""))
     notes.append("verdict: all scenarios passed" if doc["passed"] else "verdict: FAILED")
     return Report(doc=doc, tables=[record_table(title, fields, records)], notes=notes)
 
@@ -147,4 +152,5 @@ def command(
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)
-    return 0 if doc["passed"] else 1
+    # a negative control never exits 0: its fault is caught, or it never acted, or it went unnoticed
+    return 0 if doc["passed"] and doc["inject"] is None else 1

@@ -61,6 +61,15 @@ def test_each_inject_is_caught_with_exit_1(run_cli, fault, scenario):
     caught, untouched = doc["scenarios"]
     assert not caught["passed"] and caught["fault_fired"] > 0
     assert untouched["passed"] and untouched["fault_fired"] == 0  # ragged shares nothing: the fault cannot act
+    assert doc["inject_caught_by"] == [scenario] and doc["inject_undetected_in"] == []
+    assert doc["inject_fired"] == caught["fault_fired"]
+
+
+def test_an_inject_with_nothing_to_act_on_still_exits_1_and_says_so(run_cli):
+    result = run_cli("verify", "--inject", "skip-cow", "--scenario", "ragged")
+    assert result.exit_code == 1
+    assert "the fault never acted in these scenarios" in result.stdout
+    assert "verdict: all scenarios passed" in result.stdout
 
 
 def test_inject_table_says_what_caught_it(run_cli):
