@@ -2,11 +2,11 @@
 expert counts.
 
 Expert counts: routed experts `n_routed_experts` (DeepSeek, Nemotron), `num_local_experts` (Mixtral,
-gpt-oss, MiniMax, Llama-4) or `num_experts` (Qwen-MoE, Jamba, Gemma-4); per token `num_experts_per_tok`,
-`top_k_experts` (Gemma-4) or `experts_per_token` (gpt-oss); both or neither (they change no KV: experts
-are MLPs). Shared experts: `n_shared_experts` · `moe_intermediate_size` (DeepSeek),
-`shared_expert_intermediate_size` (Qwen-MoE), `moe_shared_expert_intermediate_size` (Nemotron-H), one of
-`intermediate_size` (Llama-4).
+gpt-oss, MiniMax, Llama-4), `num_experts` (Qwen-MoE, Jamba, Gemma-4) or `moe_num_experts` (ERNIE-4.5); per
+token `num_experts_per_tok`, `top_k_experts` (Gemma-4), `experts_per_token` (gpt-oss) or `moe_k` (ERNIE-4.5);
+both or neither (they change no KV: experts are MLPs). Shared experts: `n_shared_experts` ·
+`moe_intermediate_size` (DeepSeek), `shared_expert_intermediate_size` (Qwen-MoE),
+`moe_shared_expert_intermediate_size` (Nemotron-H), one of `intermediate_size` (Llama-4).
 
 Which layers are MoE: `first_k_dense_replace` (DeepSeek: the first k dense), `moe_layer_freq` (a list,
 MiMo; 1 MoE), `mlp_layer_types` (dense / sparse), `decoder_sparse_step` with `mlp_only_layers` (Qwen-MoE),
@@ -34,8 +34,8 @@ def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
     if f.flag("enable_moe_block") is False:
         f.raw("num_experts", "top_k_experts")
         return None, None
-    experts = f.int("n_routed_experts", "num_local_experts", "num_experts")
-    per_token = f.int("num_experts_per_tok", "top_k_experts", "experts_per_token")
+    experts = f.int("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    per_token = f.int("num_experts_per_tok", "top_k_experts", "experts_per_token", "moe_k", "moe_topk")
     if (experts is None) != (per_token is None):
         missing = "num_experts_per_tok (or top_k_experts)" if per_token is None else "the expert count"
         raise f.error(f"a MoE config needs both the expert count and the experts per token (missing {missing}); "

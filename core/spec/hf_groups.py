@@ -23,7 +23,9 @@ Recurrent state (state.py): Mamba-2 from `mamba_num_heads`/`mamba_n_heads`, `mam
 `ssm_state_size`/`mamba_d_state`, `n_groups`/`mamba_n_groups`, `conv_kernel`/`mamba_d_conv` (Zamba2:
 `n_mamba_heads`, `mamba_headdim`, `mamba_ngroups`); Mamba-1 (Jamba)
 from `mamba_expand`, `mamba_d_state`, `mamba_d_conv`; Gated DeltaNet from the `linear_*` fields; MiniMax's
-lightning attention from its heads; LFM2's short convolution from `conv_L_cache`. The conv state is in the
+lightning attention from its heads; Kimi Delta Attention from `linear_attn_config` (`num_heads`, `head_dim`,
+`short_conv_kernel_size`; defaults 32, 128, 4 as transformers' KimiLinearConfig; recurrent state float32,
+as vLLM keeps it); LFM2's short convolution from `conv_L_cache`. The conv state is in the
 model's dtype (`torch_dtype` / `dtype`), the SSM state in `mamba_ssm_dtype` / `mamba_ssm_cache_dtype`, else
 the default of transformers' config class (float32 for nemotron_h), else the model's dtype; with no dtype
 at all bf16 is assumed and said. A recurrent layer whose state fields are missing is kept with an unknown
@@ -50,7 +52,7 @@ def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[
         layers = _decilm_layers(f, n, heads, head_dim)
     else:
         kinds = layer_kinds(f, n)
-        recurrent = any(kind in ("recurrent", "lightning", "conv", "hybrid") for kind in kinds)
+        recurrent = any(kind in ("recurrent", "lightning", "kda", "conv", "hybrid") for kind in kinds)
         dtypes = _state_dtypes(f, notes) if recurrent else ("bf16", "bf16")
         layers = [g for kind in kinds for g in _layer(f, kind, heads, head_dim, dtypes)]
         layers = _per_layer_overrides(f, layers, n)
@@ -154,6 +156,12 @@ def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
     hidden = f.int("hidden_size", "d_model") or heads * head_dim
     if kind == "lightning":
         return RecurrentState("lightning", conv, conv, heads=heads, head_dim=head_dim)
+    if kind == "kda":
+        kda = f.raw("linear_attn_config")
+        # vLLM keeps KDA's recurrent state in float32 whatever the model dtype (its state-dtype rule)
+        return RecurrentState("kda", conv, ssm if f.raw("mamba_ssm_dtype", "mamba_ssm_cache_dtype") else "fp32",
+                              heads=kda.get("num_heads", 32), head_dim=kda.get("head_dim", 128),
+                              d_conv=kda.get("short_conv_kernel_size", 4))
     if kind == "conv":
         width = f.int("conv_dim") or hidden
         return RecurrentState("short_conv", conv, conv, d_inner=width, d_conv=f.required_int("conv_L_cache"))

@@ -8,6 +8,7 @@ One convention names the layer kinds (when a config carries two, they must agree
 * `attn_type_list` (MiniMax: 1 softmax attention, 0 lightning linear attention);
 * `hybrid_layer_pattern` (MiMo: 0 full, 1 sliding window, with its own `swa_*` heads and dims);
 * `attn_layer_period` / `attn_layer_offset` (Jamba: attention where i % period == offset, else Mamba);
+* `linear_attn_config` (Kimi-Linear: `full_attn_layers` and `kda_layers`, numbered from 1);
 * `attn_layer_indices` (Bamba), `full_attn_idxs` (LFM2, else short convolution), `full_attention_interval`
   (Qwen3-Next / Qwen3.5, default 4: every 4th layer full, the rest linear attention);
 * Falcon-H1: every layer hybrid.
@@ -30,7 +31,8 @@ from .hf_fields import ConfigFields
 
 # The kinds this module returns, per layer:
 #   full, sliding, chunked: attention; recurrent: Mamba or linear attention (the state by the fields);
-#   lightning: MiniMax's linear attention; conv: short convolution; hybrid: attention + Mamba in one layer;
+#   lightning: MiniMax's linear attention; kda: Kimi Delta Attention; conv: short convolution;
+#   hybrid: attention + Mamba in one layer;
 #   mlp: no mixer (MLP or MoE only).
 _LAYER_TYPES = {
     "full_attention": "full", "attention": "full", "sliding_attention": "sliding",
@@ -100,9 +102,24 @@ def _named_kinds(f: ConfigFields, n: int, model_type: str):
         yield "full_attention_interval", ["full" if (i + 1) % interval == 0 else "recurrent" for i in range(n)]
     if model_type == "falcon_h1":
         yield "model_type falcon_h1", ["hybrid"] * n
-    if f.raw("linear_attn_config") is not None:
-        raise f.error("field 'linear_attn_config' (Kimi Delta Attention layers) is not read by kvcalc: its "
-                      "recurrent state and layer split would be guessed, so it stops here")
+    kda = f.raw("linear_attn_config")
+    if kda is not None:
+        yield "linear_attn_config", _kda_kinds(f, kda, n)
+
+
+def _kda_kinds(f: ConfigFields, kda: object, n: int) -> list[str]:
+    """Kimi-Linear: `full_attn_layers` and `kda_layers` list the layers, numbered from 1."""
+    if not isinstance(kda, dict) or not {"full_attn_layers", "kda_layers"} <= set(kda):
+        raise f.error("linear_attn_config must list full_attn_layers and kda_layers (layer numbers from 1)")
+    kinds: list[str | None] = [None] * n
+    for field, kind in (("full_attn_layers", "full"), ("kda_layers", "kda")):
+        for layer in kda[field]:
+            if not isinstance(layer, int) or not 1 <= layer <= n or kinds[layer - 1] is not None:
+                raise f.error(f"linear_attn_config.{field} has {layer!r}: layers are numbered 1..{n}, each once")
+            kinds[layer - 1] = kind
+    if None in kinds:
+        raise f.error(f"linear_attn_config leaves layer {kinds.index(None) + 1} out of both lists")
+    return kinds  # type: ignore[return-value]
 
 
 def _strings(f: ConfigFields, value: object, n: int, field: str) -> list[str]:

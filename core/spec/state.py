@@ -10,6 +10,8 @@ mirrors the models' own caches), per GPU of `tp`:
                            conv [d_conv − 1, (2·k_heads·k_dim + v_heads·v_dim)/tp]
                            recurrent [v_heads/tp, k_dim, v_dim]
     lightning (MiniMax)    recurrent [heads/tp, head_dim, head_dim]
+    kda (Kimi-Linear)      conv q, k, v 3 × [d_conv − 1, heads/tp · head_dim]
+                           recurrent [heads/tp, head_dim, head_dim]
     short_conv (LFM2)      conv [d_conv − 1, d_inner/tp]
 
 `g` is the Mamba-2 group count on one GPU: n_groups/tp when tp divides it, else 1 (the groups are
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from ..dtypes import dtype_bits
 
-STATE_KINDS = ("mamba1", "mamba2", "gated_deltanet", "lightning", "short_conv")
+STATE_KINDS = ("mamba1", "mamba2", "gated_deltanet", "lightning", "kda", "short_conv")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class RecurrentState:
 
     mamba1 / short_conv: d_inner, d_conv (and d_state for mamba1); mamba2: d_inner, d_conv, d_state,
     heads, head_dim, n_groups; gated_deltanet: d_conv, heads (value heads), head_dim (value dim),
-    k_heads, k_dim; lightning: heads, head_dim.
+    k_heads, k_dim; lightning: heads, head_dim; kda: heads, head_dim, d_conv.
     """
 
     kind: str
@@ -73,9 +75,12 @@ class RecurrentState:
             k_heads = _split(self.k_heads, tp, "the linear-attention key heads")
             conv = (self.d_conv - 1) * (2 * k_heads * self.k_dim + v_heads * self.head_dim)
             return ("conv", conv, conv_bits), ("recurrent", v_heads * self.k_dim * self.head_dim, ssm_bits)
-        if self.kind == "lightning":
+        if self.kind in ("lightning", "kda"):
             heads = _split(self.heads, tp, "the linear-attention heads")
-            return (("recurrent", heads * self.head_dim * self.head_dim, ssm_bits),)
+            recurrent = ("recurrent", heads * self.head_dim * self.head_dim, ssm_bits)
+            if self.kind == "lightning":
+                return (recurrent,)
+            return ("conv", 3 * (self.d_conv - 1) * heads * self.head_dim, conv_bits), recurrent
         d_inner = _split(self.d_inner, tp, "the short-convolution width")
         return (("conv", d_inner * (self.d_conv - 1), conv_bits),)
 

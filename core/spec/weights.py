@@ -12,8 +12,8 @@ Per layer, from its layer group (core/spec/layers.py) and its FFN group:
   out_proj d_inner·hidden; Mamba-1: in_proj hidden·2·d_inner, conv d_inner·d_conv, x_proj
   d_inner·(dt_rank + 2·d_state), dt_proj dt_rank·d_inner, A d_inner·d_state, out_proj d_inner·hidden;
   Gated DeltaNet: in_proj hidden·(2·k_heads·k_dim + 2·v_heads·v_dim + 2·v_heads), conv (2·k_heads·k_dim +
-  v_heads·v_dim)·d_conv, out_proj v_heads·v_dim·hidden; lightning attention: qkv + gate hidden·4·h·d,
-  out h·d·hidden; short conv: in_proj hidden·3·d, conv d·d_conv, out d·hidden;
+  v_heads·v_dim)·d_conv, out_proj v_heads·v_dim·hidden; lightning attention and Kimi Delta Attention:
+  q, k, v and gate hidden·4·h·d, out h·d·hidden; short conv: in_proj hidden·3·d, conv d·d_conv, out d·hidden;
 * MLP: (3 gated, else 2)·hidden·intermediate; MoE: routed experts of their own width, a router
   hidden·experts, the dense / shared part of `dense_intermediate`;
 * embeddings vocab·hidden, twice unless tied.
@@ -107,6 +107,6 @@ def _recurrent_params(s: RecurrentState, hidden: int) -> int:
         key_dim, value_dim = s.k_heads * s.k_dim, s.heads * s.head_dim
         return (hidden * (2 * key_dim + 2 * value_dim + 2 * s.heads) + (2 * key_dim + value_dim) * s.d_conv
                 + value_dim * hidden)
-    if s.kind == "lightning":
+    if s.kind in ("lightning", "kda"):
         return hidden * 4 * s.heads * s.head_dim + s.heads * s.head_dim * hidden
     return hidden * 3 * s.d_inner + s.d_inner * s.d_conv + s.d_inner * hidden  # short_conv

@@ -21,7 +21,6 @@ def write(tmp_path, config, folder="model"):
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("linear_attn_config", {"kda_layers": [1, 2], "full_attn_layers": [3, 4]}),  # Kimi-Linear
     ("index_topk", 2048),  # DeepSeek-V3.2's sparse-attention indexer keeps its own cache
     ("compress_ratios", [4, 4, 4, 4]),
     ("global_attn_every_n_layers", 3),
@@ -30,6 +29,22 @@ def write(tmp_path, config, folder="model"):
 def test_an_unread_field_that_may_change_the_kv_is_refused_by_name(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"'{field}'"):
         load_config(write(tmp_path, {**BASE, field: value}))
+
+
+def test_kimi_linear_kda_layers(tmp_path):
+    # Kimi-Linear style: layers numbered from 1; MLA full layers, Kimi Delta Attention elsewhere
+    config = {**BASE, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 2304,
+              "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+              "torch_dtype": "bfloat16", "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3],
+                                                                "head_dim": 128, "num_heads": 32,
+                                                                "short_conv_kernel_size": 4}}
+    spec = load_config(write(tmp_path, config))
+    assert spec.bytes_per_token(16) == 1 * (512 + 64) * 2  # the one MLA layer's latent
+    # 3 KDA layers: conv q, k, v 3 · 3 · 32 · 128 bf16 scalars + a 32 · 128 · 128 float32 recurrent state
+    assert spec.state_bits() == 3 * (3 * 3 * 4096 * 16 + 32 * 128 * 128 * 32)
+    with pytest.raises(ValueError, match="leaves layer 4 out"):
+        load_config(write(tmp_path, {**config, "linear_attn_config": {"full_attn_layers": [],
+                                                                      "kda_layers": [1, 2, 3]}}, folder="gap"))
 
 
 def test_fields_that_do_not_touch_the_kv_are_not_refused(tmp_path):
