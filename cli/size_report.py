@@ -32,7 +32,8 @@ def _group_doc(g: LayerGroup, bits: int) -> dict[str, Any]:
         "v_head_dim": g.v_head_dim if g.keeps_kv and g.kind != "mla" else None,
         "latent_dim": g.kv_lora_rank + g.rope_dim if g.kind == "mla" else None,
         "window": g.window,
-        "bytes_per_token": bits_to_bytes(g.count * g.scalars_per_token() * bits) if g.keeps_kv else 0,
+        "bytes_per_token": bits_to_bytes(g.count * g.bits_per_token(bits)) if g.keeps_kv else 0,
+        "indexer_bytes_per_token": g.indexer_bytes or None,
         "state_bytes_per_seq": bits_to_bytes(g.count * g.state_bits()),
         "state": g.state.describe() if g.state else None,
         "note": g.note,
@@ -117,6 +118,8 @@ def layer_table(spec: ModelSpec, bits: int, tokens: int | None) -> Table | None:
         Field("latent_dim", "MLA latent" if spec.is_mla else None),
         Field("window", "window / chunk", format_count),
         Field("bytes_per_token", "KV bytes/token", format_count),
+        Field("indexer_bytes_per_token", "of which indexer" if any(g.indexer_bytes for g in groups) else None,
+              lambda n: f"{n} B per layer (fp8 + scales)"),
         Field("held", None if tokens is None else f"tokens held of {tokens:,}", format_count),
         Field("state_bytes_per_seq", "state bytes/seq" if spec.has_state else None, format_count),
         Field("state", "state" if spec.has_state else None),
@@ -283,8 +286,8 @@ def no_context_report(spec: ModelSpec, dtype: str, tp: int, block_size: int) -> 
     """For a config that names no context length: everything that needs none, and common contexts."""
     bits = DTYPE_BITS[dtype]
     per_token_bits = spec.kv_bits(1, bits)
-    sizes = {g.scalars_per_token() for g in spec.layer_groups if g.keeps_kv}
-    per_layer = sizes.pop() * bits if len(sizes) == 1 else None
+    sizes = {g.bits_per_token(bits) for g in spec.layer_groups if g.keeps_kv}
+    per_layer = sizes.pop() if len(sizes) == 1 else None
     state = spec.state_bits()
     per_seq = {n: spec.kv_bits(n, bits) + state for n in PRESET_CONTEXTS}
     doc: dict[str, Any] = {

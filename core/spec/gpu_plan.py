@@ -179,7 +179,7 @@ def cache_groups(
     types: Counter[tuple[str, int | None, int]] = Counter()
     for g in spec.layer_groups:
         if g.keeps_kv:
-            types[(g.kind, g.window, g.scalars_per_token(tp) * kv_dtype_bits)] += g.count
+            types[(g.kind, g.window, g.bits_per_token(kv_dtype_bits, tp))] += g.count
         elif g.state is not None:
             types[(g.state.kind, None, g.state.bits(tp))] += g.count
 

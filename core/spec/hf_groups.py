@@ -14,7 +14,9 @@ Attention dimensions:
 * sliding layers of MiMo: `swa_num_key_value_heads`, `swa_head_dim`, `swa_v_head_dim`;
 * `per_layer_config` ({"05": {"head_dim": 512, "num_key_value_heads": 2}}): those layers' own values;
 * MLA (`kv_lora_rank`, `qk_rope_head_dim`; q/k heads `qk_nope_head_dim + qk_rope_head_dim` wide) for every
-  attention layer; its `num_key_value_heads` is not the cache;
+  attention layer; its `num_key_value_heads` is not the cache; with DeepSeek sparse attention
+  (`index_head_dim`) each layer also caches the indexer's keys, in vLLM's layout: fp8 values and a float32
+  scale per 128 (an engine's choice, said in the layer table), whatever the KV precision;
 * `num_kv_shared_layers` (Gemma-3n, Gemma-4): the last that many layers reuse earlier layers' KV: none.
 * `block_configs` (DeciLM / Llama-Nemotron): per layer, `no_op` or `replace_with_linear` attention keeps no
   KV, else num_attention_heads / `n_heads_in_group` KV heads, `window_length` a sliding window.
@@ -101,7 +103,8 @@ def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGr
         nope = f.int("qk_nope_head_dim")
         k_dim = nope + rope if nope is not None else head_dim
         return LayerGroup("mla", 1, kv_heads=1, k_head_dim=k_dim, v_head_dim=f.int("v_head_dim") or k_dim,
-                          kv_lora_rank=kv_lora, rope_dim=rope, q_heads=heads, q_lora_rank=f.int("q_lora_rank") or 0)
+                          kv_lora_rank=kv_lora, rope_dim=rope, q_heads=heads, q_lora_rank=f.int("q_lora_rank") or 0,
+                          indexer_bytes=_indexer_bytes(f))
     kv_heads = kv_heads_of(f, heads)
     k_dim, v_dim, q_heads, window = head_dim, f.int("v_head_dim") or head_dim, heads, None
     k_eq_v = bool(f.flag("attention_k_eq_v")) and kind == "full"
@@ -120,6 +123,18 @@ def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGr
         window = chunk_size(f)
     return LayerGroup(kind, 1, kv_heads=kv_heads, k_head_dim=k_dim, v_head_dim=v_dim, window=window,
                       q_heads=q_heads, gated_query=bool(f.flag("attn_output_gate")), k_eq_v=k_eq_v)
+
+
+def _indexer_bytes(f: ConfigFields) -> int:
+    """DeepSeek sparse attention (`index_head_dim`, `index_topk`): the indexer's keys, as vLLM caches them,
+    index_head_dim fp8 values and one float32 scale per 128: 132 B per token per layer for 128."""
+    f.raw("index_n_heads", "index_topk")  # which tokens attention reads, not what the cache holds
+    dim = f.int("index_head_dim")
+    if dim is None:
+        if f.raw("index_topk") is not None:
+            raise f.error("DeepSeek sparse attention (index_topk) without 'index_head_dim': add it")
+        return 0
+    return dim + 4 * -(-dim // 128)
 
 
 def kv_heads_of(f: ConfigFields, heads: int) -> int:

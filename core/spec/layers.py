@@ -11,8 +11,9 @@ A model is a list of layer groups: equal layers, counted once. Each has a kind:
 
 Equation 1, for one sequence of n tokens on one of `tp` GPUs, b bits per scalar:
 
-    M_KV(n) = Σ_layers held(n) · s · b        held(n) = n (full, mla), min(n, window) (sliding, chunked), 0 (none)
+    M_KV(n) = Σ_layers held(n) · (s · b + x)   held(n) = n (full, mla), min(n, window) (sliding, chunked), 0 (none)
                                               s = h_KV,gpu · (d_K + d_V)   (mla: kv_lora_rank + rope dim)
+                                              x = a sparse-attention indexer's bits per token (usually 0)
 
 plus, per sequence, Σ_layers state bits. Everything is an exact integer of bits. The one rounding rule for
 sub-byte precisions (int4 is half a byte): a quantity is summed exactly in bits and its byte count is those
@@ -49,6 +50,8 @@ class LayerGroup:
     the cache holds `kv_lora_rank + rope_dim`. `q_heads`, `q_lora_rank`, `gated_query` (a query projection
     twice as wide, Qwen3.5's attn_output_gate) and `k_eq_v` (no V projection, Gemma-4) size only weights.
     `note` says what a layer without KV is ("mamba2", "no-op", "KV shared") or where a group came from.
+    `indexer_bytes`: bytes per token of a sparse-attention indexer's key cache kept beside the KV (DeepSeek
+    sparse attention), in its own fixed precision whatever the KV's, and whole on every GPU under TP.
     """
 
     kind: str
@@ -65,6 +68,7 @@ class LayerGroup:
     gated_query: bool = False
     k_eq_v: bool = False
     note: str = ""
+    indexer_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -133,6 +137,10 @@ class LayerGroup:
             return self.kv_lora_rank + self.rope_dim
         return self.kv_heads_per_gpu(tp) * (self.k_head_dim + self.v_head_dim)
 
+    def bits_per_token(self, dtype_bits: int, tp: int = 1) -> int:
+        """Bits one token costs in one layer on one GPU: its cached scalars at `dtype_bits`, and an indexer."""
+        return self.scalars_per_token(tp) * dtype_bits + 8 * self.indexer_bytes
+
     def state_bits(self, tp: int = 1) -> int:
         """Bits of one sequence's recurrent state in one layer on one GPU (0 without a state)."""
         return 0 if self.state is None else self.state.bits(tp)
@@ -140,7 +148,7 @@ class LayerGroup:
 
 def kv_bits(groups: Iterable[LayerGroup], tokens: int, dtype_bits: int, tp: int = 1) -> int:
     """Equation 1: exact KV bits of one `tokens`-token sequence on one of `tp` GPUs, the sum over layers."""
-    return sum(g.count * g.tokens_held(tokens) * g.scalars_per_token(tp) * dtype_bits for g in groups if g.keeps_kv)
+    return sum(g.count * g.tokens_held(tokens) * g.bits_per_token(dtype_bits, tp) for g in groups if g.keeps_kv)
 
 
 def state_bits(groups: Iterable[LayerGroup], tp: int = 1) -> int:
@@ -157,7 +165,7 @@ def window_terms(groups: Iterable[LayerGroup], dtype_bits: int, tp: int = 1) -> 
     terms: dict[int | None, int] = {}
     for g in groups:
         if g.keeps_kv:
-            terms[g.window] = terms.get(g.window, 0) + g.count * g.scalars_per_token(tp) * dtype_bits
+            terms[g.window] = terms.get(g.window, 0) + g.count * g.bits_per_token(dtype_bits, tp)
     return terms
 
 

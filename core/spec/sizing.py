@@ -90,8 +90,8 @@ class SizeResult:
     @property
     def bits_per_token_per_layer(self) -> int | None:
         """One token in one layer, when every KV layer caches the same; None when they differ."""
-        sizes = {g.scalars_per_token() for g in self.spec.layer_groups if g.keeps_kv}
-        return sizes.pop() * self.bits_per_scalar if len(sizes) == 1 else None
+        sizes = {g.bits_per_token(self.bits_per_scalar) for g in self.spec.layer_groups if g.keeps_kv}
+        return sizes.pop() if len(sizes) == 1 else None
 
     @property
     def bits_per_token(self) -> int:
@@ -146,8 +146,8 @@ class SizeResult:
     @property
     def groups(self) -> list[GroupRow]:
         return [
-            GroupRow(g, g.count * g.scalars_per_token() * self.bits_per_scalar if g.keeps_kv else 0,
-                     g.count * g.tokens_held(self.tokens) * g.scalars_per_token() * self.bits_per_scalar
+            GroupRow(g, g.count * g.bits_per_token(self.bits_per_scalar) if g.keeps_kv else 0,
+                     g.count * g.tokens_held(self.tokens) * g.bits_per_token(self.bits_per_scalar)
                      if g.keeps_kv else 0, g.count * g.state_bits())
             for g in self.spec.layer_groups
         ]
@@ -211,6 +211,8 @@ def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, to
     else:
         parts = [_group_term(g, tokens) for g in spec.layer_groups if g.keeps_kv]
         text = ("(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]) + f" · {scalar}"
+        text += "".join(f" + {plural(g.count, g.kind + ' layer')} · {plural(g.tokens_held(tokens), 'token')} · "
+                        f"{g.indexer_bytes} B indexer" for g in spec.layer_groups if g.indexer_bytes)
     states = [g for g in spec.layer_groups if g.state is not None]
     if states:
         text = f"{text} + " + " + ".join(

@@ -345,6 +345,19 @@ def test_deepseek_v3(tmp_path):
     assert spec.bytes_per_token(16) == 61 * (512 + 64) * 2 == 70_272  # one latent, no factor 2
 
 
+# https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/config.json: MLA plus the sparse-attention
+# indexer's own key cache
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+                "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+
+
+def test_deepseek_v32_indexer_cache(tmp_path):
+    spec = load_config(write(tmp_path, DEEPSEEK_V32))
+    # per token per layer: the 576-scalar latent at 2 B + the indexer's 128 fp8 keys and 1 float32 scale (132 B)
+    assert spec.bytes_per_token(16) == 61 * (576 * 2 + 132) == 78_324
+    assert spec.bytes_per_token(8) == 61 * (576 + 132)  # the indexer keeps its own precision
+
+
 # https://huggingface.co/tiiuae/falcon-7b/blob/main/config.json: no max_position_embeddings
 FALCON_7B = {
     "architectures": ["FalconForCausalLM"], "model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
