@@ -15,17 +15,17 @@ from ..core.spec.sizing import SizeResult, compute_size
 from ..core.units import parse_bytes
 from .options import ConfigOpt, DtypeOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, int_option
 from .output import Format, Report, emit, err_console, resolve_format
+from .size_gpu import gpu_report
+from .size_presets import presets_report
 from .size_report import (
     UNITS_NOTE,
     capacity_table,
     describe,
     exceeds_max_positions,
-    gpu_report,
     kv_table,
     layer_table,
     model_doc,
     no_context_report,
-    presets_report,
     tp_note,
 )
 

@@ -7,10 +7,9 @@ from fractions import Fraction
 from typing import Any
 
 from ..core.dtypes import DTYPE_BITS
-from ..core.spec.gpu_plan import GpuPlan
 from ..core.spec.layers import LayerGroup, bits_to_bytes
-from ..core.spec.models import PRESETS, ModelSpec
-from ..core.spec.sizing import PRESET_CONTEXTS, SizeResult, preset_rows
+from ..core.spec.models import ModelSpec
+from ..core.spec.sizing import PRESET_CONTEXTS, SizeResult
 from ..core.units import format_bytes, format_count, plural
 from .output import NOT_APPLICABLE, Field, Report, Table, quantity_table, record_table
 
@@ -213,75 +212,6 @@ def tp_note(r: SizeResult) -> str:
     return f"--tp {r.tp}: each GPU holds {r.kv_heads_per_gpu} of the {spec.kv_heads} KV heads."
 
 
-def presets_report(dtype: str, tokens: int | None) -> Report:
-    contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
-    rows = preset_rows(list(PRESETS.values()), dtype, contexts)
-    bits = DTYPE_BITS[dtype]
-    records = []
-    for row in rows:
-        spec = row.spec
-        record: dict[str, Any] = {
-            "model": spec.name, "attention": spec.attention, "layers": spec.layers, "kv_heads": spec.kv_heads,
-            "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim, "kv_lora_rank": spec.kv_lora_rank,
-            "qk_rope_head_dim": spec.qk_rope_head_dim, "max_position_embeddings": spec.max_position_embeddings,
-            "bytes_per_token": row.bytes_per_token, "is_mla": spec.is_mla,
-            "state_bytes_per_seq": row.state_bytes_per_seq, "uniform": spec.is_uniform,
-        }
-        for n in contexts:
-            record[f"bytes_per_seq_{n}"] = row.bytes_per_seq[n]
-            record[f"exceeds_max_positions_{n}"] = exceeds_max_positions(spec, n)
-        records.append(record)
-
-    def seq_cell(n: int) -> Any:
-        return lambda r: format_bytes(r[f"bytes_per_seq_{n}"]) + (" †" if r[f"exceeds_max_positions_{n}"] else "")
-
-    def heads_cell(r: dict[str, Any]) -> Any:
-        return "1 latent" if r["is_mla"] else r["kv_heads"] if r["uniform"] else f"{r['kv_heads']} *"
-
-    fields = [
-        Field("model", "model"),
-        Field("attention", "attention", str.upper),
-        Field("layers", "layers"),
-        Field("kv_heads"),
-        Field(None, "KV heads", heads_cell),
-        Field("head_dim"),
-        Field(None, "head dim", lambda r: f"{r['head_dim']} ({r['kv_lora_rank']}+{r['qk_rope_head_dim']})"
-              if r["is_mla"] else r["head_dim"]),
-        Field("kv_lora_rank"),
-        Field("qk_rope_head_dim"),
-        Field("max_position_embeddings"),
-        Field("bytes_per_token", "bytes/token", format_count),
-        Field(None, "per token", lambda r: format_bytes(r["bytes_per_token"])),
-        Field("state_bytes_per_seq"),
-    ]
-    for n in contexts:
-        fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
-                   Field(None, f"{n:,} tokens", seq_cell(n))]
-    doc = {
-        "dtype": dtype,
-        "bits_per_scalar": bits,
-        "models": [
-            {
-                **model_doc(row.spec, bits),
-                "bytes_per_token": row.bytes_per_token,
-                "bytes_per_seq": {str(n): b for n, b in row.bytes_per_seq.items()},
-            }
-            for row in rows
-        ],
-    }
-    notes = [f"KV per sequence at {dtype} ({bits} bits; bf16 is the default), sliding windows and chunks applied, "
-             "the recurrent state of hybrid models included."]
-    if any(r[f"exceeds_max_positions_{n}"] for r in records for n in contexts):
-        notes.append("† the context is above the model's max_position_embeddings.")
-    if any(not r["uniform"] for r in records):
-        notes.append("* the layers differ (hybrids, windows, chunks): KV heads and head dim are those of the main "
-                     "layers; kvcalc size --model NAME shows each kind of layer.")
-    notes += [UNITS_NOTE,
-              "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB --gpu H100-SXM]."]
-    table = record_table(f"KV cache per token and per sequence ({dtype})", fields, records)
-    return Report(doc=doc, tables=[table], notes=notes)
-
-
 def no_context_report(spec: ModelSpec, dtype: str, tp: int, block_size: int) -> Report:
     """For a config that names no context length: everything that needs none, and common contexts."""
     bits = DTYPE_BITS[dtype]
@@ -323,61 +253,3 @@ def no_context_report(spec: ModelSpec, dtype: str, tp: int, block_size: int) -> 
     notes = [f"{spec.name}'s config names no context length (no max_position_embeddings): per-sequence figures "
              "at common contexts; give --tokens N for one context, --seqs and --memory with it.", UNITS_NOTE]
     return Report(doc=doc, tables=tables, notes=notes, text=[f"{describe(spec)}; {dtype} ({bits} bits per scalar)"])
-
-
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB"
-
-
-def gpu_report(report: Report, plan: GpuPlan) -> None:
-    """Add `gpu_plan` to the document, and its tables and notes."""
-    concurrency = float(plan.max_concurrency)
-    log = [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
-           f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
-           f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {concurrency:.2f}x"]
-    doc = {
-        "gpu": plan.gpu or None, "memory_bytes": plan.memory_bytes or None, "tp": plan.tp,
-        "gpu_memory_utilization": plan.gpu_memory_utilization, "max_model_len": plan.max_model_len,
-        "requested_bytes": plan.requested_bytes or None, "weights_bytes": plan.weights_bytes,
-        "activation_bytes": plan.activation_bytes, "non_torch_bytes": plan.non_torch_bytes,
-        "kv_cache_bytes": plan.kv_cache_bytes, "block_size": plan.block_size, "page_bytes": plan.page_bytes,
-        "group_size": plan.group_size, "block_bytes": plan.block_bytes, "num_blocks": plan.num_blocks,
-        "blocks_per_request": plan.blocks_per_request, "kv_cache_tokens": plan.kv_cache_tokens,
-        "max_concurrency": concurrency,
-        "groups": [{"kind": g.kind, "layers": g.layers, "block_size": g.block_size or None,
-                    "blocks_per_request": g.blocks_per_request} for g in plan.groups],
-        "estimates": list(plan.estimates), "log_lines": log,
-    }
-    report.doc["gpu_plan"] = doc
-    estimated = set(plan.estimates)
-
-    def label(text: str, *names: str) -> str:
-        return f"{text} (estimate)" if any(n in e for e in estimated for n in names) else text
-
-    where = f"{plan.gpu} ×{plan.tp}" if plan.gpu else f"one of {plan.tp} GPUs" if plan.tp > 1 else "one GPU"
-    fields = [
-        Field("memory_bytes", "GPU memory" if plan.memory_bytes else None, _gib),
-        Field("requested_bytes", f"× {plan.gpu_memory_utilization:g} utilization" if plan.requested_bytes else None,
-              _gib),
-        Field("weights_bytes", label("weights", "weights") if plan.weights_bytes is not None else None, _gib),
-        Field("activation_bytes", label("activation peak", "activation") if plan.activation_bytes else None, _gib),
-        Field("non_torch_bytes", label("non-torch memory", "non-torch") if plan.non_torch_bytes else None, _gib),
-        Field("kv_cache_bytes", "available KV cache memory", _gib),
-        Field("block_size", "block size (tokens)", format_count),
-        Field("num_blocks", "blocks", format_count),
-        Field("kv_cache_tokens", "GPU KV cache size (tokens)", format_count),
-        Field("max_concurrency", f"max concurrency at {plan.max_model_len:,} tokens", lambda c: f"{c:.2f}x"),
-    ]
-    report.tables.append(quantity_table(f"vLLM start-up figures on {where} (per GPU)", ["quantity", "value"],
-                                        fields, [doc]))
-    if len(plan.groups) > 1:
-        report.tables.append(record_table(
-            f"KV-cache groups (every group pages {format_bytes(plan.page_bytes)} per layer slot, "
-            f"{plan.group_size} slots)", [Field("kind", "kind"), Field("layers", "layers"),
-                                          Field("block_size", "tokens per block", format_count),
-                                          Field("blocks_per_request", "blocks per request", format_count)],
-            doc["groups"]))
-    report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
-    if plan.estimates:
-        report.notes.append("Estimates: " + ", ".join(plan.estimates) + "; give --kv-memory to start from vLLM's "
-                            "own 'Available KV cache memory' line.")

@@ -1,0 +1,65 @@
+"""`kvcalc size --gpu` / `--kv-memory`: the lines vLLM prints at start-up, as a table and `gpu_plan`."""
+
+from __future__ import annotations
+
+from ..core.spec.gpu_plan import GpuPlan
+from ..core.units import format_bytes, format_count
+from .output import Field, Report, quantity_table, record_table
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def gpu_report(report: Report, plan: GpuPlan) -> None:
+    """Add `gpu_plan` to the document, and its tables and notes."""
+    concurrency = float(plan.max_concurrency)
+    log = [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
+           f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
+           f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {concurrency:.2f}x"]
+    doc = {
+        "gpu": plan.gpu or None, "memory_bytes": plan.memory_bytes or None, "tp": plan.tp,
+        "gpu_memory_utilization": plan.gpu_memory_utilization, "max_model_len": plan.max_model_len,
+        "requested_bytes": plan.requested_bytes or None, "weights_bytes": plan.weights_bytes,
+        "activation_bytes": plan.activation_bytes, "non_torch_bytes": plan.non_torch_bytes,
+        "kv_cache_bytes": plan.kv_cache_bytes, "block_size": plan.block_size, "page_bytes": plan.page_bytes,
+        "group_size": plan.group_size, "block_bytes": plan.block_bytes, "num_blocks": plan.num_blocks,
+        "blocks_per_request": plan.blocks_per_request, "kv_cache_tokens": plan.kv_cache_tokens,
+        "max_concurrency": concurrency,
+        "groups": [{"kind": g.kind, "layers": g.layers, "block_size": g.block_size or None,
+                    "blocks_per_request": g.blocks_per_request} for g in plan.groups],
+        "estimates": list(plan.estimates), "log_lines": log,
+    }
+    report.doc["gpu_plan"] = doc
+    estimated = set(plan.estimates)
+
+    def label(text: str, *names: str) -> str:
+        return f"{text} (estimate)" if any(n in e for e in estimated for n in names) else text
+
+    where = f"{plan.gpu} ×{plan.tp}" if plan.gpu else f"one of {plan.tp} GPUs" if plan.tp > 1 else "one GPU"
+    fields = [
+        Field("memory_bytes", "GPU memory" if plan.memory_bytes else None, _gib),
+        Field("requested_bytes", f"× {plan.gpu_memory_utilization:g} utilization" if plan.requested_bytes else None,
+              _gib),
+        Field("weights_bytes", label("weights", "weights") if plan.weights_bytes is not None else None, _gib),
+        Field("activation_bytes", label("activation peak", "activation") if plan.activation_bytes else None, _gib),
+        Field("non_torch_bytes", label("non-torch memory", "non-torch") if plan.non_torch_bytes else None, _gib),
+        Field("kv_cache_bytes", "available KV cache memory", _gib),
+        Field("block_size", "block size (tokens)", format_count),
+        Field("num_blocks", "blocks", format_count),
+        Field("kv_cache_tokens", "GPU KV cache size (tokens)", format_count),
+        Field("max_concurrency", f"max concurrency at {plan.max_model_len:,} tokens", lambda c: f"{c:.2f}x"),
+    ]
+    report.tables.append(quantity_table(f"vLLM start-up figures on {where} (per GPU)", ["quantity", "value"],
+                                        fields, [doc]))
+    if len(plan.groups) > 1:
+        report.tables.append(record_table(
+            f"KV-cache groups (every group pages {format_bytes(plan.page_bytes)} per layer slot, "
+            f"{plan.group_size} slots)", [Field("kind", "kind"), Field("layers", "layers"),
+                                          Field("block_size", "tokens per block", format_count),
+                                          Field("blocks_per_request", "blocks per request", format_count)],
+            doc["groups"]))
+    report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
+    if plan.estimates:
+        report.notes.append("Estimates: " + ", ".join(plan.estimates) + "; give --kv-memory to start from vLLM's "
+                            "own 'Available KV cache memory' line.")
