@@ -78,10 +78,11 @@ FormatOpt = Annotated[
     Format, typer.Option("--format", case_sensitive=False, help="Output format: table, json, csv, markdown.")
 ]
 ModelOpt = Annotated[
-    str | None, typer.Option("--model", "-m", help="A built-in model preset (kvcalc size lists them).")
+    str | None, typer.Option("--model", "-m", help="A built-in model preset (kvcalc size lists them), or org/name "
+                                         "read offline from the local Hugging Face hub cache.")
 ]
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="A Hugging Face config.json, read offline.")
+    Path | None, typer.Option("--config", help="A Hugging Face config.json, or the folder that holds it.")
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV precision: fp32, fp16, bf16, fp8, int8, int4.")]
 LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers (overrides the model's).")]
