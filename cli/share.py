@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.inputs.traces import read_trace
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
@@ -35,7 +36,7 @@ from .options import (
 from .output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
 from .progress import progress_bar
 
-DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": 16, "mode": "parallel"}
+DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": DEFAULT_BLOCK_SIZE, "mode": "parallel"}
 # work that takes about a second or more on a 2-core machine gets a progress bar (on a terminal)
 PROGRESS_FROM_APPENDS = 500_000
 PROGRESS_FROM_REQUESTS = 2_000

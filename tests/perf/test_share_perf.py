@@ -1,4 +1,5 @@
-"""Prefix-cache replay of the real Mooncake conversation trace (run with `python -m pytest -m perf tests/perf -s`).
+"""Prefix-cache replay of the real Mooncake conversation trace, and the beam-search scenario (run with
+`python -m pytest -m perf tests/perf -s`).
 
 Times the replay the CLI runs (`kvcalc share --trace mooncake ... --block 16`, without and with a capacity
 of 20,480 blocks = 40 GiB of Llama-3-8B fp16 KV at 2 MiB a block), and the fast path (batch hashing, one
@@ -11,9 +12,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvcalc.core.inputs.traces import read_trace
+from kvcalc.core.pool.block_pool import BlockPool, ReleaseReason
+from kvcalc.core.share.forks import ScenarioSpec, run_scenario
 from kvcalc.core.share.replay import replay
 
 pytestmark = pytest.mark.perf
@@ -55,3 +59,49 @@ def test_fast_replay_against_the_general_path(capacity: int | None) -> None:
     assert fast == general
     print(f"\nfirst 3,000 requests, capacity {capacity or 'unlimited'}: fast path {fast_s:.2f} s, general path "
           f"{general_s:.2f} s ({general_s / fast_s:.1f}x)")
+
+
+def beam_one_call_per_sequence(spec: ScenarioSpec) -> tuple[int, int, int]:
+    """The beam scenario with one pool call per beam and operation (how run_scenario drove the pool before
+    the batch calls): (physical blocks, copies, forks)."""
+    K = spec.branches
+    pool = BlockPool(spec.pool_blocks, spec.block_size)
+    pool.allocate(0, spec.prefix_tokens)
+    for child in range(1, K):
+        pool.fork(0, child)
+    beams, next_id, rng = list(range(K)), K, np.random.default_rng(spec.seed)
+    for step in range(spec.gen_tokens):
+        if step > 0:
+            picks = np.bincount(rng.integers(0, K, size=K), minlength=K)
+            survivors = []
+            for beam, count in zip(beams, picks.tolist(), strict=True):
+                if count == 0:
+                    pool.release(beam, ReleaseReason.CANCELLED)
+                    continue
+                survivors.append(beam)
+                for _ in range(count - 1):
+                    pool.fork(beam, next_id)
+                    survivors.append(next_id)
+                    next_id += 1
+            beams = survivors
+        for beam in beams:
+            pool.append(beam, 1)
+    stats = pool.stats()
+    return pool.usage().used_blocks, stats.cow_copies, stats.forks
+
+
+def test_beam_search_scenario() -> None:
+    """`kvcalc share --mode beam --branches 5000 --gen 500`, and the same steps one pool call per beam."""
+    spec = ScenarioSpec(1000, 5000, 500, 16, mode="beam", seed=0)
+    result, wall_s, cpu_s = timed(lambda: run_scenario(spec))
+    # the numbers the one-call-per-beam driver gave (checked once against it on the whole run, ~29 s)
+    assert (result.physical_blocks, result.cow_copies, result.peak_blocks) == (7_745, 865_994, 10_609)
+    assert (result.forks, result.dropped_branches, result.logical_blocks) == (923_005, 918_006, 470_000)
+    short = ScenarioSpec(1000, 5000, 40, 16, mode="beam", seed=0)
+    batched, batched_s, _ = timed(lambda: run_scenario(short))
+    single, single_s, _ = timed(lambda: beam_one_call_per_sequence(short))
+    assert single == (batched.physical_blocks, batched.cow_copies, batched.forks)
+    appends = spec.branches * spec.gen_tokens
+    print(f"\nbeam, 5,000 beams x 500 tokens: {wall_s:.2f} s wall ({cpu_s:.2f} s CPU, {appends / wall_s:,.0f} "
+          f"appends/s, {result.forks:,} forks); 40 steps: batch calls {batched_s:.2f} s, one call per beam "
+          f"{single_s:.2f} s ({single_s / batched_s:.1f}x)")

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.pool import prefix_lookup
-from kvcalc.core.pool.block_pool import BlockPool, PoolExhaustedError, ReleaseReason
+from kvcalc.core.pool.block_pool import BlockPool, PoolExhaustedError, PoolStats, ReleaseReason
 from kvcalc.core.pool.free_queue import FREE_CACHED, FreeBlockQueue
 from kvcalc.core.pool.hash_index import HashIndex
 from kvcalc.core.pool.prefix_cache import chain_hashes, chain_hashes_batch
@@ -457,3 +457,14 @@ def test_hash_index_with_every_key_on_one_probe_run(ops: list[tuple[str, list[in
         probe = list(range(61))
         found, _ = index.find(np.array([spread(k) for k in probe], dtype=np.uint64), np.full(61, 5, dtype=np.int64))
         assert found.tolist() == [ref.get(k, -1) for k in probe]
+
+
+def test_every_release_reason_has_its_counter() -> None:
+    assert {r.counter for r in ReleaseReason} <= set(PoolStats.counter_names())
+    pool = BlockPool(8, 4)
+    for i, reason in enumerate(ReleaseReason):
+        pool.allocate(i, 3)
+        pool.release(i, reason.value)  # the plain string works as the member
+    stats = pool.stats()
+    assert (stats.released_finished, stats.released_cancelled, stats.released_timed_out,
+            stats.released_preempted) == (1, 1, 1, 1)
