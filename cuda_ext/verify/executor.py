@@ -90,9 +90,9 @@ class ModelExecutor:
         self.last_logits: dict[int, torch.Tensor] = {}  # request id -> logits [vocab] of its last new token
         self.shadow = ShadowKV(kv.num_blocks, kv.block_size)
         self.host: dict[int, tuple[SwappedBlocks, tuple[np.ndarray, np.ndarray]]] = {}
-        # steps, tokens, cow_copies, swapped_out/in_blocks, eos, preemptions, swaps, prefill_chunks (a chunk that
-        # stops short of the request's known tokens), mixed_steps (prefill and decode in one batch),
-        # cancelled_blocks_reused (blocks of a cancelled request in the very next plan's tables)
+        # steps, eos, preemptions, swaps, prefill_chunks (a chunk that stops short of the request's known
+        # tokens), mixed_steps (prefill and decode in one batch), cancelled_blocks_reused (blocks of a cancelled
+        # request in the very next plan's tables)
         self.counts: Counter[str] = Counter()
         self._tables: dict[int, set[int]] = {}  # request id -> its blocks in the last plan it ran in
         self.content_errors: list[str] = []
@@ -108,16 +108,13 @@ class ModelExecutor:
             if p.mode == "swap":
                 assert p.block_ids is not None and p.request_id not in self.host, f"swap-out of {p}"
                 self.host[p.request_id] = (swap_out(self.kv, p.block_ids), self.shadow.save(p.block_ids))
-                self.counts["swapped_out_blocks"] += len(p.block_ids)
         for s in events.swapped_in:
             swapped, shadow = self.host.pop(s.request_id)
             swap_in(self.kv, swapped, s.block_ids)
             self.shadow.restore(shadow, s.block_ids)
-            self.counts["swapped_in_blocks"] += len(s.block_ids)
         copies = list(plan.blocks.cow_copies)
         copy_blocks(self.kv, copies)
         self.shadow.copy_blocks(copies)
-        self.counts["cow_copies"] += len(copies)
         for rid, _ in events.released:
             self.host.pop(rid, None)
 
@@ -128,7 +125,6 @@ class ModelExecutor:
         self._check_contexts(plan)
         logits = paged_forward(self.weights, self.kv, batch, attention_backend=self.attention_backend)
         self.counts["steps"] += 1
-        self.counts["tokens"] += plan.num_tokens
         logits = logits.detach().cpu()
         self.last_logits = dict(zip(plan.request_ids.tolist(), logits, strict=True))
         return StepOutcome(self.step_s, *self._sample(plan, logits))
