@@ -231,8 +231,10 @@ def _markdown(report: Report) -> str:
     for table in report.tables:
         # The display strings as they are (no re-parsing "3.00e-03" into 0.003), aligned as the rich table.
         align = ["left"] + ["right"] * (len(table.columns) - 1)
-        body = tabulate([[str(v) for v in row] for row in table.rows], headers=table.columns, tablefmt="github",
-                        disable_numparse=True, colalign=align)
+        # A "|" inside a cell (verify's "max |Δlogit|") would end the cell: markdown escapes it.
+        cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
+        body = tabulate([[cell(v) for v in row] for row in table.rows], headers=[cell(c) for c in table.columns],
+                        tablefmt="github", disable_numparse=True, colalign=align)
         parts.append(f"### {table.title}\n\n{body}\n" + (f"\n{table.caption}\n" if table.caption else ""))
     parts += [f"```\n{block.rstrip()}\n```\n" for block in report.footer]
     if report.notes:

@@ -130,3 +130,10 @@ def test_without_torch_says_how_to_install(tmp_path):
     assert proc.stderr == ("error: kvcalc verify needs PyTorch, which is not installed: pip install 'kvcalc[bench]' "
                            "(on a machine without a GPU, first the CPU build: pip install torch --index-url "
                            "https://download.pytorch.org/whl/cpu)\n")
+
+
+def test_markdown_escapes_the_bars_of_max_delta_logit(run_cli):
+    result = run_cli("verify", "--scenario", "beam-search", "--format", "markdown")
+    assert result.exit_code == 0
+    header = next(line for line in result.stdout.splitlines() if line.startswith("| scenario"))
+    assert "max \\|Δlogit\\|" in header and header.count(" | ") == 6  # seven cells, six inner separators
