@@ -166,6 +166,10 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
 def _new_executor(weights: ModelWeights, scenario: Scenario, attention_backend: str, prompts, sampling,
                   eos: int | None = None) -> ModelExecutor:
     kv = allocate_paged_kv(weights.config, scenario.num_blocks, scenario.block_size, weights.dtype, weights.device)
+    # the blocks start as finite garbage, not zeros: a read of a slot nobody wrote changes the logits
+    gen = torch.Generator().manual_seed(1234)
+    for cache in (*kv.k, *kv.v):
+        cache.copy_(torch.randn(cache.shape, generator=gen) * 30)
     return ModelExecutor(weights, kv, prompts, sampling, attention_backend=attention_backend, eos_token_id=eos)
 
 
