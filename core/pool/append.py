@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import ceil_div
-from .store import BlockStore
+from .prefix_lookup import PrefixIndex
+from .store import BlockKeys, BlockStore
 
 
 @dataclass(slots=True)
@@ -65,3 +66,24 @@ def write_tokens(store: BlockStore, seq: SeqTable, num_tokens: int, copy: bool) 
             seq.table[seq.num_blocks : new_total] = store.take(new_blocks, (new_blocks - 1) * B + last_fill)
     seq.num_blocks, seq.num_tokens = new_total, old + num_tokens
     return copies
+
+
+def completed_keys(prefix: PrefixIndex, seq: SeqTable, old: int, new: int, block_keys: BlockKeys) -> np.ndarray | None:
+    """The keys (int64 [k], checked) of the blocks that tokens old..new-1 of `seq` complete, to register once
+    they are written; None when nothing is to be registered (no keys, no prefix caching, or the chain of
+    hashed blocks stopped before the block of token `old`)."""
+    B = prefix.store.block_size
+    if block_keys is None or not prefix.store.enable_prefix_caching or seq.num_hashed != old // B:
+        return None
+    keys = prefix.key_array(block_keys)
+    completed = new // B - seq.num_hashed
+    if len(keys) > completed:
+        raise ValueError(f"{len(keys)} block keys for {completed} completed blocks")
+    return keys
+
+
+def register_completed(prefix: PrefixIndex, seq: SeqTable, keys: np.ndarray | None) -> None:
+    """Register the blocks `keys` name (from `completed_keys`), chained after the sequence's last hashed one."""
+    if keys is not None and len(keys):
+        seq.last_hash = prefix.register_continuation(seq.table, seq.num_hashed, seq.extra_id, seq.last_hash, keys)
+        seq.num_hashed += len(keys)

@@ -46,6 +46,10 @@ Operations, all "check, then change" (a failed operation changes nothing; `can_*
     append_many, fork_many, release_many
                              append / fork / release of many sequences in one call: the same changes as
                              one at a time in that order (see batch), without a dozen numpy calls each.
+    reserve(seq, k)          k temporary (speculative) slots past the committed tokens, never hashed;
+    commit(seq, j, keys)     the first j become committed tokens, the other k − j are rolled back: kept
+                             for the next step (rollback_policy "keep", vLLM v1) or their blocks wholly
+                             past the committed length freed ("free", SGLang). See speculative.
     hit_tokens(n, keys)      the hits an allocate would get now, without changing anything.
     usage(), stats()         O(live sequences) accounting; check_invariants() O(pool) for tests.
 
@@ -68,18 +72,26 @@ import numpy as np
 
 from ..blocks import ceil_div
 from .accounting import PoolStats, PoolUsage, ReleaseReason
-from .append import SeqTable, write_tokens
+from .append import SeqTable, completed_keys, register_completed, write_tokens
 from .batch import append_many, fork_many, release_many
 from .free_queue import FREE_CACHED
 from .invariants import check_pool_invariants
 from .prefix_cache import HashedKeys, HashedPrompts, root_hash
 from .prefix_lookup import NO_PROBE, PrefixIndex, Probe
 from .serve import serve_request
+from .speculative import (
+    DEFAULT_ROLLBACK_POLICY,
+    Reservation,
+    SpeculativeSlots,
+    SpeculativeStats,
+    SpeculativeUsage,
+    check_speculative,
+)
 from .store import BlockKeys, BlockStore, PoolExhaustedError
 
 __all__ = [
     "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError", "PoolStats",
-    "PoolUsage", "ReleaseReason",
+    "PoolUsage", "ReleaseReason", "Reservation", "SpeculativeStats", "SpeculativeUsage",
 ]
 
 # the stats counter of each release reason, looked up by member or by value
@@ -97,9 +109,13 @@ class BlockRef:
 class BlockPool:
     """A fixed pool of `num_blocks` blocks of `block_size` token slots. See the module docstring."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+        rollback_policy: str = DEFAULT_ROLLBACK_POLICY,
+    ) -> None:
         self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
         self.prefix = PrefixIndex(self.store)
+        self.spec = SpeculativeSlots(self.store, self.prefix, rollback_policy)
         self.num_blocks = self.store.num_blocks
         self.block_size = self.store.block_size
         self.seqs: dict[Hashable, SeqTable] = {}
@@ -181,6 +197,8 @@ class BlockPool:
         seq = self._seq(seq_id)
         if num_tokens <= 0:
             return True
+        if self.spec.tracked and self.spec.tracks(seq_id):
+            return seq_id not in self.spec.reservations and self.can_reserve(seq_id, num_tokens)
         return self._append_plan(seq, num_tokens)[0] <= len(self.store.queue)
 
     def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
@@ -194,25 +212,21 @@ class BlockPool:
             raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
         if num_tokens == 0:
             return []
-        store, B, old = self.store, self.block_size, seq.num_tokens
+        if self.spec.tracked and self.spec.tracks(seq_id):  # kept blocks are written first (see speculative)
+            copies, fresh = self.spec.append(seq_id, seq, num_tokens, block_keys, self._copies_last(seq))
+            self._grown(fresh, num_tokens)
+            return copies
+        store, old = self.store, seq.num_tokens
         need, copy = self._append_plan(seq, num_tokens)
         if need > len(store.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(store.queue)} free")
-        keys = None
-        if block_keys is not None and store.enable_prefix_caching and seq.num_hashed == old // B:
-            keys = self.prefix.key_array(block_keys)
-            completed = (old + num_tokens) // B - seq.num_hashed
-            if len(keys) > completed:
-                raise ValueError(f"{len(keys)} block keys for {completed} completed blocks")
+        keys = completed_keys(self.prefix, seq, old, old + num_tokens, block_keys)
         self._epoch += 1
         old_blocks = seq.num_blocks
         copies = write_tokens(store, seq, num_tokens, copy)
         self.logical_blocks += seq.num_blocks - old_blocks
         self.logical_tokens += num_tokens
-        if keys is not None and len(keys):
-            seq.last_hash = self.prefix.register_continuation(seq.table, seq.num_hashed, seq.extra_id,
-                                                              seq.last_hash, keys)
-            seq.num_hashed += len(keys)
+        register_completed(self.prefix, seq, keys)
         return copies
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -220,6 +234,7 @@ class BlockPool:
         parent = self._seq(parent_id)
         if child_id in self.seqs:
             raise ValueError(f"sequence {child_id!r} already has a block table; pick a new id for the fork")
+        self.spec.refuse_reserved([parent_id], "forked")
         self._epoch += 1
         table = parent.table.copy()
         self.store.ref[table[: parent.num_blocks]] += 1
@@ -241,6 +256,8 @@ class BlockPool:
             raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
         self._epoch += 1
         store = self.store
+        if self.spec.tracked:
+            self.logical_blocks -= self.spec.release(seq_id, defer=self._in_step)
         table = seq.table[: seq.num_blocks]
         refs = store.ref[table]
         refs -= 1
@@ -263,6 +280,9 @@ class BlockPool:
         seqs = self._live(seq_ids, "appended to")
         if num_tokens < 0:
             raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
+        if self.spec.tracked and any(self.spec.tracks(s) for s in seq_ids):
+            raise ValueError("append_many takes no sequence with speculative slots (reserved or kept): append "
+                             "those one at a time")
         if num_tokens == 0 or not seqs:
             return []
         copies, new_blocks = append_many(self.store, seqs, num_tokens)
@@ -276,6 +296,7 @@ class BlockPool:
         if len(parent_ids) != len(child_ids):
             raise ValueError(f"{len(parent_ids)} parents for {len(child_ids)} children: give one parent per child")
         parents = self._tables(parent_ids)  # a parent may come several times
+        self.spec.refuse_reserved(parent_ids, "forked")
         if len(set(child_ids)) < len(child_ids) or any(c in self.seqs for c in child_ids):
             raise ValueError("every child needs a new id: one is live already or given twice")
         children = fork_many(self.store, parents)
@@ -291,6 +312,10 @@ class BlockPool:
         if counter is None:
             raise ValueError(f"unknown release reason {reason!r}: use a ReleaseReason")
         seqs = self._live(seq_ids, "released (double free)")
+        if self.spec.tracked and any(self.spec.tracks(s) for s in seq_ids):
+            for seq_id in seq_ids:  # kept blocks drop before each table: one at a time keeps that order
+                self.release(seq_id, reason)
+            return
         self._epoch += 1
         for seq_id in seq_ids:
             del self.seqs[seq_id]
@@ -315,6 +340,29 @@ class BlockPool:
     def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
         """Many prompts' keys hashed at once, for `allocate`, `serve` or `hit_tokens` (see PrefixIndex)."""
         return self.prefix.hash_prompts(block_keys, offsets, extra_key)
+
+    # ---- speculative slots (see speculative) ----------------------------------------------------
+    def can_reserve(self, seq_id: Hashable, num_slots: int) -> bool:
+        seq = self._seq(seq_id)
+        return num_slots <= 0 or self.spec.need(seq_id, seq, num_slots, self._copies_last(seq)) <= len(self.store.queue)
+
+    def reserve(self, seq_id: Hashable, num_slots: int) -> list[tuple[int, int]]:
+        """`num_slots` temporary slots past the committed tokens (drafts, lookahead) until `commit`; returns
+        the copy-on-write copies [(src, dst)]. PoolExhaustedError, changing nothing, when they do not fit."""
+        seq = self._seq(seq_id)
+        copies, fresh = self.spec.reserve(seq_id, seq, num_slots, self._copies_last(seq))
+        self._grown(fresh, num_slots)
+        return copies
+
+    def commit(self, seq_id: Hashable, num_accepted: int, block_keys: BlockKeys = None) -> int:
+        """The first `num_accepted` reserved slots become committed tokens, the others are rolled back;
+        returns how many were. `block_keys` names the blocks the committed tokens complete, as for append."""
+        seq = self._seq(seq_id)
+        rolled_back, freed = self.spec.commit(seq_id, seq, num_accepted, block_keys, defer=self._in_step)
+        self._epoch += 1
+        self.logical_tokens -= rolled_back
+        self.logical_blocks -= freed
+        return rolled_back
 
     # ---- the deferred-free window ---------------------------------------------------------------
     def begin_step(self) -> None:
@@ -348,6 +396,19 @@ class BlockPool:
     def has_seq(self, seq_id: Hashable) -> bool:
         return seq_id in self.seqs
 
+    def committed_tokens(self, seq_id: Hashable) -> int:
+        """`num_tokens` less the slots of an open reservation."""
+        return self.spec.committed(seq_id, self._seq(seq_id))
+
+    def reservation(self, seq_id: Hashable) -> Reservation | None:
+        self._seq(seq_id)
+        return self.spec.reservations.get(seq_id)
+
+    def kept_blocks(self, seq_id: Hashable) -> list[int]:
+        """Blocks the sequence holds past its table (rolled back under policy keep), in position order."""
+        self._seq(seq_id)
+        return self.spec.kept[seq_id].tolist() if seq_id in self.spec.kept else []
+
     def block_ref(self, block_id: int) -> BlockRef:
         return BlockRef(int(block_id), int(self.store.version[block_id]))
 
@@ -377,12 +438,20 @@ class BlockPool:
     def stats(self) -> PoolStats:
         return PoolStats(**self.store.counters)
 
+    def speculative_usage(self) -> SpeculativeUsage:
+        return self.spec.usage(self.seqs)
+
+    def speculative_stats(self) -> SpeculativeStats:
+        return self.spec.stats()
+
     def check_invariants(self) -> None:
-        """Assert every invariant the pool promises (see invariants); O(pool + table entries)."""
+        """Assert every invariant the pool promises (see invariants and speculative); O(pool + table entries)."""
         check_pool_invariants(
             self.store, [(s.blocks, s.num_tokens) for s in self.seqs.values()], in_step=self._in_step,
             logical_blocks=self.logical_blocks, logical_tokens=self.logical_tokens,
+            spare=list(self.spec.kept.values()),
         )
+        check_speculative(self.spec, self.seqs)
 
     # ---- internals ------------------------------------------------------------------------------
     def _seq(self, seq_id: Hashable) -> SeqTable:
@@ -410,6 +479,16 @@ class BlockPool:
         B = self.block_size
         copy = seq.num_tokens % B != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
         return ceil_div(seq.num_tokens + num_tokens, B) - seq.num_blocks + copy, copy
+
+    def _copies_last(self, seq: SeqTable) -> bool:
+        """Writing past the sequence's tokens copies its last block first: it is partially filled and shared."""
+        return seq.num_tokens % self.block_size != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
+
+    def _grown(self, fresh_blocks: int, num_tokens: int) -> None:
+        if num_tokens:
+            self._epoch += 1
+            self.logical_blocks += fresh_blocks
+            self.logical_tokens += num_tokens
 
     def _needs_copy(self, block_id: int) -> bool:
         """Another table holds this block too: writing into it must copy it first."""

@@ -2,7 +2,8 @@
 table entries)):
 
     free + used + pending = total; pending only inside a step; a free or pending block has ref 0
-    ref(b) = the number of live tables holding b, each table holding a block at most once
+    ref(b) = the number of live tables holding b, each table holding a block at most once; a table of n
+    tokens has ceil(n / B) blocks (kept speculative blocks are held past it: ref 1, empty)
     every holder of a block agrees on its fill (no block with ref > 1 was written behind the others' back)
     counters (used blocks, useful and logical tokens, logical blocks) equal what they count
     hash-index entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
@@ -15,16 +16,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .free_queue import FREE_CACHED, FREE_PLAIN, PENDING, USED
 from .store import BlockStore
 
 
 def check_pool_invariants(
     store: BlockStore, tables: Sequence[tuple[np.ndarray, int]], *, in_step: bool, logical_blocks: int,
-    logical_tokens: int,
+    logical_tokens: int, spare: Sequence[np.ndarray] = (),
 ) -> None:
     """Raise AssertionError naming the first broken invariant of a pool: its store, the (block table, tokens)
-    of every live sequence, whether a step is running, and its logical-block and logical-token counters."""
+    of every live sequence, whether a step is running, and its logical-block and logical-token counters.
+    `spare`: blocks that sequences hold past their tables (speculative slots kept by a rollback)."""
     n, B = store.num_blocks, store.block_size
     state, ref, fill, hashed = store.state, store.ref, store.fill, store.hashed
     counts = np.bincount(state, minlength=4)
@@ -36,9 +39,10 @@ def check_pool_invariants(
     store.queue.check()
     assert np.all(ref[state != USED] == 0), "a free or pending block has ref > 0"
     # ref(b) = number of live tables holding b; a table holds a block at most once
-    held = np.concatenate([t for t, _ in tables]) if tables else np.empty(0, dtype=np.int64)
-    for t, _ in tables:
+    held = np.concatenate([t for t, _ in tables] + list(spare)) if tables else np.empty(0, dtype=np.int64)
+    for t, num_tokens in tables:
         assert len(np.unique(t)) == len(t), "a block table holds one block twice"
+        assert len(t) == ceil_div(num_tokens, B), "a block table's length disagrees with its tokens"
     expected_ref = np.bincount(held, minlength=n)
     bad = np.flatnonzero(expected_ref != ref)
     assert len(bad) == 0, f"block {bad[:1].tolist()} ref {ref[bad[:1]].tolist()} but held by {expected_ref[bad[:1]]}"
@@ -48,6 +52,7 @@ def check_pool_invariants(
         implied = np.minimum(B, num_tokens - B * np.arange(len(t)))
         assert np.array_equal(fill[t], implied), "a block's fill disagrees with a table"
     assert np.all(fill[state == FREE_PLAIN] == 0), "a block on the plain free stack still holds tokens"
+    assert all(np.all(fill[s] == 0) for s in spare), "a kept speculative block holds tokens"
     assert store.useful_tokens == int(fill[state == USED].sum()), "useful-token counter is off"
     assert logical_blocks == len(held), "logical-block counter is off"
     assert logical_tokens == sum(num_tokens for _, num_tokens in tables), "logical-token counter is off"

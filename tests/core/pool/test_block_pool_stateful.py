@@ -3,7 +3,9 @@
 The shadow store plays the GPU: every token id is written into the physical slot its block table names,
 copy-on-write copies are performed as reported, and every live sequence is read back through its block
 table after each step. Counts alone miss premature reuse and skipped copies; this catches them (the
-planted-bug tests at the end prove it).
+planted-bug tests at the end prove it). Speculative steps write their drafts into the reserved slots the
+same way; a sequence reads back its committed tokens, and while a reservation is open its drafts after
+them.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ class ShadowStore:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self.slots = np.full((pool.num_blocks, pool.block_size), -1, dtype=np.int64)
-        self.tokens: dict[object, list[int]] = {}
+        self.tokens: dict[object, list[int]] = {}  # committed tokens
+        self.drafts: dict[object, list[int]] = {}  # the slots of an open reservation
 
     def _write(self, seq: object, start: int) -> None:
-        toks = self.tokens[seq]
+        toks = self.tokens[seq] + self.drafts.get(seq, [])
         pos = np.arange(start, len(toks))
         table = self.pool.block_table(seq)
         B = self.pool.block_size
@@ -60,9 +63,29 @@ class ShadowStore:
         self.pool.fork(parent, child)
         self.tokens[child] = list(self.tokens[parent])
 
+    def reserve(self, seq: object, drafts: list[int]) -> list[tuple[int, int]]:
+        """A speculative step's writes: the drafted tokens go into the reserved slots (never hashed)."""
+        copies = self.pool.reserve(seq, len(drafts))
+        for src, dst in copies:
+            self.slots[dst] = self.slots[src]
+        self.drafts[seq] = list(drafts)
+        self._write(seq, len(self.tokens[seq]))
+        return copies
+
+    def commit(self, seq: object, num_accepted: int) -> int:
+        """Verification accepted the first `num_accepted` drafts: they join the committed tokens, and the
+        blocks they complete are registered under their content."""
+        B = self.pool.block_size
+        old = self.tokens[seq]
+        toks = old + self.drafts.pop(seq)[:num_accepted]
+        rolled_back = self.pool.commit(seq, num_accepted, block_keys(toks, B, len(old) // B, len(toks) // B))
+        self.tokens[seq] = toks
+        return rolled_back
+
     def release(self, seq: object, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         self.pool.release(seq, reason)
         del self.tokens[seq]
+        self.drafts.pop(seq, None)
 
     def read(self, seq: object) -> list[int]:
         table = self.pool.block_table(seq)
@@ -72,7 +95,7 @@ class ShadowStore:
 
     def check(self) -> None:
         for seq, toks in self.tokens.items():
-            assert self.read(seq) == toks, f"sequence {seq!r} reads back wrong content"
+            assert self.read(seq) == toks + self.drafts.get(seq, []), f"sequence {seq!r} reads back wrong content"
 
 
 # Prompts that share prefixes of every length, so that hits, partial hits and misses all happen.
@@ -82,16 +105,17 @@ PROMPTS = [base[:cut] + tail for base in _BASES for cut in (1, 3, 4, 6, 8, 9) fo
 
 class PoolMachine(RuleBasedStateMachine):
     """allocate (with prefix hits), append (decode / chunks, CoW), fork, release by every reason,
-    deferred-free steps, eviction (the pool is tiny)."""
+    deferred-free steps, eviction (the pool is tiny); speculative reserve / commit under both rollback
+    policies, release (preemption included) while reserved."""
 
     def __init__(self) -> None:
         super().__init__()
         self.next_id = 0
         self.readers: list[tuple[list[int], list[tuple[int, int]]]] = []  # released inside a step
 
-    @initialize(num_blocks=st.integers(4, 14), block_size=st.integers(1, 4))
-    def setup(self, num_blocks: int, block_size: int) -> None:
-        self.pool = BlockPool(num_blocks, block_size)
+    @initialize(num_blocks=st.integers(4, 14), block_size=st.integers(1, 4), rollback=st.sampled_from(["keep", "free"]))
+    def setup(self, num_blocks: int, block_size: int, rollback: str) -> None:
+        self.pool = BlockPool(num_blocks, block_size, rollback_policy=rollback)
         self.store = ShadowStore(self.pool)
 
     def _new_id(self) -> int:
@@ -124,6 +148,11 @@ class PoolMachine(RuleBasedStateMachine):
         if seq is None:
             return
         new = [(salt + i * (salt + 1)) % 4 for i in range(num_new)]
+        if self.pool.reservation(seq) is not None:  # a speculative step is open: settle it first
+            assert not self.pool.can_append(seq, num_new)
+            with pytest.raises(ValueError, match="open reservation"):
+                self.store.append(seq, new)
+            return
         if self.pool.can_append(seq, num_new):
             copies = self.store.append(seq, new)
             assert len(copies) <= 1
@@ -134,8 +163,68 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 63))
     def fork(self, pick: int) -> None:
         parent = self._pick(pick)
-        if parent is not None:
-            self.store.fork(parent, self._new_id())
+        if parent is None:
+            return
+        if self.pool.reservation(parent) is not None:
+            with pytest.raises(ValueError, match="open reservation"):
+                self.store.fork(parent, self._new_id())
+            return
+        self.store.fork(parent, self._new_id())
+
+    @rule(pick=st.integers(0, 63), num_slots=st.integers(0, 6), salt=st.integers(0, 3))
+    def reserve(self, pick: int, num_slots: int, salt: int) -> None:
+        """A speculative step: drafts (and lookahead) past the committed tokens."""
+        seq = self._pick(pick)
+        if seq is None:
+            return
+        drafts = [(salt * 3 + i) % 5 for i in range(num_slots)]
+        if self.pool.reservation(seq) is not None:
+            with pytest.raises(ValueError, match="open reservation"):
+                self.store.reserve(seq, drafts)
+            return
+        before = self._snapshot()
+        if self.pool.can_reserve(seq, num_slots):
+            copies = self.store.reserve(seq, drafts)
+            assert len(copies) <= 1
+            assert self.pool.committed_tokens(seq) + num_slots == self.pool.num_tokens(seq)
+        else:
+            with pytest.raises(PoolExhaustedError):
+                self.store.reserve(seq, drafts)
+            assert self._snapshot() == before  # a failed reserve changes nothing
+
+    @rule(pick=st.integers(0, 63), accept=st.integers(0, 6))
+    def commit(self, pick: int, accept: int) -> None:
+        """Verification accepted `accept` (at most all) of the reserved slots; the rest roll back."""
+        reserved = sorted(self.store.drafts)
+        if not reserved:
+            seq = self._pick(pick)
+            if seq is not None:
+                with pytest.raises(ValueError, match="no open reservation"):
+                    self.pool.commit(seq, 0)
+            return
+        seq = reserved[pick % len(reserved)]
+        res = self.pool.reservation(seq)
+        assert res is not None
+        num_accepted = min(accept, res.num_slots)
+        held_before = len(self.pool.block_table(seq)) + len(self.pool.kept_blocks(seq))
+        assert self.store.commit(seq, num_accepted) == res.num_slots - num_accepted
+        with pytest.raises(ValueError, match="no open reservation"):  # consumed exactly once
+            self.pool.commit(seq, 0)
+        B, committed = self.pool.block_size, res.committed + num_accepted
+        held = len(self.pool.block_table(seq)) + len(self.pool.kept_blocks(seq))
+        if self.pool.spec.policy == "keep":
+            assert held == held_before  # no block freed; the rolled-back slots are written again next step
+        else:
+            assert held == -(-committed // B)  # every block wholly past the committed length freed
+
+    @rule(pick=st.integers(0, 63), num_slots=st.integers(1, 9), accept=st.integers(0, 9))
+    def speculative_step(self, pick: int, num_slots: int, accept: int) -> None:
+        """reserve + commit in one go, as a scheduler's step does (rollbacks pile up kept blocks)."""
+        seq = self._pick(pick)
+        if seq is None or self.pool.reservation(seq) is not None or not self.pool.can_reserve(seq, num_slots):
+            return
+        self.store.reserve(seq, [(accept + 2 * i) % 5 for i in range(num_slots)])
+        self.store.commit(seq, min(accept, num_slots))
 
     @rule(pick=st.integers(0, 63), reason=st.sampled_from(list(ReleaseReason)))
     def release(self, pick: int, reason: ReleaseReason) -> None:
@@ -145,7 +234,12 @@ class PoolMachine(RuleBasedStateMachine):
         if self.pool._in_step:  # a running step may still read this sequence's blocks
             table = self.pool.block_table(seq).tolist()
             self.readers.append((self.store.read(seq), [(b, int(self.pool.store.version[b])) for b in table]))
+        # every block only this sequence holds comes back: committed, reserved (an open reservation, even
+        # when preempted) and kept
+        held = [*self.pool.block_table(seq).tolist(), *self.pool.kept_blocks(seq)]
+        own = [b for b in held if self.pool.store.ref[b] == 1]
         self.store.release(seq, reason)
+        assert all(self.pool.store.ref[b] == 0 for b in own)
         with pytest.raises(ValueError, match="double free"):
             self.pool.release(seq, reason)
 
@@ -157,6 +251,11 @@ class PoolMachine(RuleBasedStateMachine):
             self.readers.clear()
         else:
             self.pool.begin_step()
+
+    def _snapshot(self) -> tuple:
+        pool = self.pool
+        tables = {s: (pool.block_table(s).tolist(), pool.num_tokens(s), pool.kept_blocks(s)) for s in self.store.tokens}
+        return pool.usage(), pool.speculative_usage(), pool.free_queue_order(), tables
 
     @invariant()
     def pool_is_consistent(self) -> None:
