@@ -9,10 +9,11 @@ from typing import Annotated, Any
 import typer
 
 from ..core.dtypes import DEFAULT_DTYPE, dtype_bits, parse_dtype
-from ..core.frag import FragAnalysis, ModelBytes, analyse, block_sizes_for, check_memory
+from ..core.frag import FragAnalysis, ModelBytes, SpeculativePeaks, analyse, block_sizes_for, check_memory
 from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, Lengths, load_lengths
 from ..core.paging import PerSequence
 from ..core.spec.models import resolve_model
+from ..core.spec_decode import SPEC_METHODS, speculation_from
 from ..core.units import format_bytes, format_count, format_percent, plural
 from .chart import bar_chart, check_plot_target, write_waste_plot
 from .options import (
@@ -24,6 +25,8 @@ from .options import (
     LayersOpt,
     ModelOpt,
     SeedOpt,
+    SpecMethodOpt,
+    SpecTokensOpt,
     int_option,
 )
 from .output import (
@@ -118,6 +121,8 @@ def command(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write a figure of waste vs block size (.png or .svg).")
     ] = None,
+    spec_tokens: SpecTokensOpt = None,
+    spec_method: SpecMethodOpt = None,
     json_flag: JsonOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -128,6 +133,7 @@ def command(
         check_plot_target(plot)
     out_format = resolve_format(json_flag, fmt)
     block_sizes = block_sizes_for(block, sweep)
+    speculation = speculation_from(spec_tokens, spec_method)
     drawn = 0
     if dist is not None:  # the one source whose size an option sets: refuse what cannot fit before drawing it
         drawn = DEFAULT_SAMPLE_COUNT if count is None else count
@@ -143,16 +149,19 @@ def command(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
     dtype_name = parse_dtype(dtype or DEFAULT_DTYPE)
-    with progress_bar("paging", total=source.count, enabled=source.count >= PROGRESS_FROM) as advance:
+    passes = 1 if speculation is None else 2  # the speculative peaks take a pass of their own
+    with progress_bar("paging", total=passes * source.count, enabled=source.count >= PROGRESS_FROM) as advance:
         result = analyse(
             source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
-            spec=spec, dtype_bits=dtype_bits(dtype_name), progress=advance,
+            spec=spec, dtype_bits=dtype_bits(dtype_name), progress=advance, speculation=speculation,
         )
 
     report = Report(doc=_document(source, result, dtype_name), text=_header(source))
     report.tables.append(_token_table(result))
     if result.model_bytes is not None:
         report.tables.append(_bytes_table(result.model_bytes, dtype_name))
+    if result.speculative is not None:
+        report.tables.append(_speculative_table(result.speculative, report.doc["speculative"]))
     if result.per_sequence is not None:
         report.tables.append(_per_seq_table(result.per_sequence, result.fixed.max_len))
     if sweep:
@@ -175,6 +184,8 @@ def command(
                 "The token-position table (and the per-sequence rows) ignore sliding windows: every layer holds "
                 "every position; the KV bytes table applies them."
             )
+    if result.speculative is not None:
+        report.notes.append(_speculative_note(result.speculative, max_len is None))
     emit(report, out_format)
     if plot is not None:
         fixed = result.fixed
@@ -257,9 +268,76 @@ def _document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[st
                 block_table_bytes_exact=kv.block_table_bytes_exact,
                 block_table_bytes_dense=kv.block_table_bytes_dense,
             )
+    if result.speculative is not None:
+        doc["speculative"] = _speculative_doc(result.speculative)
     if result.per_sequence is not None:
         doc["per_seq"] = result.per_sequence.records()
     return doc
+
+
+def _speculative_doc(peaks: SpeculativePeaks) -> dict[str, Any]:
+    speculation = peaks.speculation
+    entries = []
+    for p in peaks.block_sizes:
+        entry: dict[str, Any] = {
+            "block_size": p.block_size,
+            "blocks": p.plain.num_blocks,
+            "peak_blocks": p.peak.num_blocks,
+            "extra_blocks": p.extra_blocks,
+            "extra_fraction": float(p.extra_fraction),
+            "peak_allocated": p.peak.allocated_tokens,
+            "peak_utilization": float(p.peak.utilization),
+            "concurrency_ratio": float(p.concurrency),
+        }
+        if p.peak_bytes is not None:
+            entry.update(peak_allocated_kv_bytes=p.peak_bytes.allocated_kv_bytes, extra_kv_bytes=p.extra_kv_bytes)
+        entries.append(entry)
+    return {
+        "spec_tokens": speculation.spec_tokens,
+        "method": speculation.method,
+        "lookahead_slots": speculation.lookahead_slots,
+        "slots_per_step": speculation.slots_per_step,
+        "extra_slots_per_seq": speculation.extra_slots,
+        "peak_blocks_formula": speculation.formula,
+        "paged": entries,
+    }
+
+
+def _speculative_table(peaks: SpeculativePeaks, doc: dict[str, Any]) -> Table:
+    """Blocks at the speculative peak per block size; CSV keys as the JSON's speculative.paged entries."""
+    speculation = peaks.speculation
+    common = {k: doc[k] for k in ("spec_tokens", "method", "lookahead_slots", "extra_slots_per_seq")}
+    records = [{**entry, **common} for entry in doc["paged"]]
+    fields = [
+        Field("block_size", "block size"),
+        Field("blocks", "blocks", format_count),
+        Field("peak_blocks", "peak blocks", format_count),
+        Field("extra_blocks", "extra blocks", format_count),
+        Field("extra_fraction", "extra", format_percent),
+        Field("peak_allocated", "peak allocated", format_count),
+        Field("peak_utilization", "peak utilisation", format_percent),
+        Field("concurrency_ratio", "concurrency vs plain", format_percent),
+    ]
+    if peaks.block_sizes[0].peak_bytes is not None:
+        fields += [Field("peak_allocated_kv_bytes", "peak KV", format_bytes),
+                   Field("extra_kv_bytes", "extra KV", format_bytes)]
+    fields += [Field(key) for key in common]
+    title = (f"Speculative decoding: {plural(speculation.spec_tokens, 'draft')} + "
+             f"{plural(speculation.lookahead_slots, 'lookahead slot')} per step ({speculation.method}), peak blocks "
+             f"{speculation.formula}")
+    return record_table(title, fields, records)
+
+
+def _speculative_note(peaks: SpeculativePeaks, default_max_len: bool) -> str:
+    speculation = peaks.speculation
+    note = (f"Speculative peak: each step reserves 1 + K + λ = {speculation.slots_per_step} slots past the committed "
+            f"tokens (λ = {speculation.lookahead_slots} lookahead slots: {SPEC_METHODS[speculation.method]}); a "
+            f"sequence of n tokens can run its last step from n − 1, so it holds up to n + {speculation.extra_slots}. "
+            "concurrency vs plain = blocks / peak blocks: the share of these sequences that a pool sized for them "
+            "holds at their peaks.")
+    if default_max_len:
+        note += " M is the smallest power of two that holds the longest peak."
+    return note
 
 
 def _two_decimals(value: Fraction) -> str:

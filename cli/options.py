@@ -89,3 +89,9 @@ LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers 
 KvHeadsOpt = Annotated[int | None, int_option("--kv-heads", help="Number of KV heads (overrides the model's).")]
 HeadDimOpt = Annotated[int | None, int_option("--head-dim", help="Head dimension (overrides the model's).")]
 SeedOpt = Annotated[int | None, seed_option("Seed for constructed samples (runs are reproducible).")]
+SpecTokensOpt = Annotated[int | None, int_option(
+    "--spec-tokens", help="Speculative decoding: K drafts per step; adds each sequence's peak blocks (its last "
+                          "step reserves n + K drafts + lookahead slots).")]
+SpecMethodOpt = Annotated[str | None, typer.Option(
+    "--spec-method", help="With --spec-tokens: draft (a draft model, EAGLE or MTP: K lookahead slots, as vLLM "
+                          "reserves; default) or ngram (no lookahead).")]

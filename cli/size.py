@@ -12,8 +12,21 @@ from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.spec.models import ModelSpec, resolve_model
 from ..core.spec.sizing import SizeResult, compute_size
+from ..core.spec_decode import speculation_from, speculative_size
 from ..core.units import parse_bytes
-from .options import ConfigOpt, DtypeOpt, FormatOpt, HeadDimOpt, JsonOpt, KvHeadsOpt, LayersOpt, ModelOpt, int_option
+from .options import (
+    ConfigOpt,
+    DtypeOpt,
+    FormatOpt,
+    HeadDimOpt,
+    JsonOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SpecMethodOpt,
+    SpecTokensOpt,
+    int_option,
+)
 from .output import Format, Report, emit, err_console, resolve_format
 from .size_gpu import gpu_report
 from .size_presets import presets_report
@@ -73,6 +86,8 @@ def command(
     kv_memory_bytes: KvMemoryOpt = None,
     max_num_batched_tokens: BatchedTokensOpt = None,
     weight_dtype: WeightDtypeOpt = None,
+    spec_tokens: SpecTokensOpt = None,
+    spec_method: SpecMethodOpt = None,
     json_flag: JsonOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -85,11 +100,13 @@ def command(
     dtype = parse_dtype(dtype)
     fmt = resolve_format(json_flag, fmt)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    speculation = speculation_from(spec_tokens, spec_method)
     gpu_options = {"--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
                    "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype}
     if spec is None:
         given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
-                                          ("--gpu", gpu), ("--kv-memory", kv_memory_bytes)) if value is not None]
+                                          ("--gpu", gpu), ("--kv-memory", kv_memory_bytes),
+                                          ("--spec-tokens", spec_tokens)) if value is not None]
         given += [name for name, value in gpu_options.items() if value is not None]
         if given:
             verb = "needs" if len(given) == 1 else "need"
@@ -109,7 +126,8 @@ def command(
     from_config = config is not None or (model is not None and "/" in model)
     if tokens is None and spec.max_position_embeddings is None and from_config:
         # A config that names no context length: what needs none (per token, layer, block; common contexts).
-        given = [name for name, value in (("--seqs", seqs), ("--memory", memory)) if value is not None]
+        given = [name for name, value in (("--seqs", seqs), ("--memory", memory), ("--spec-tokens", spec_tokens))
+                 if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)} needs a context length: {spec.name}'s config names none "
                              "(max_position_embeddings); give --tokens N")
@@ -127,6 +145,14 @@ def command(
     for warning in warnings:
         err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     report = _model_report(result, [*spec.notes, *warnings])
+    if speculation is not None:
+        from .size_speculative import add_speculative
+
+        add_speculative(report, speculative_size(
+            spec.layer_groups, speculation, result.tokens, block_size, result.bits_per_scalar, result.tp,
+            max_model_len=max_model_len or spec.max_position_embeddings,
+            memory_bytes=None if result.capacity is None else result.capacity.memory_bytes,
+        ))
     if gpu is not None or kv_memory_bytes is not None:
         _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
                       kv_memory_bytes, max_num_batched_tokens, weight_dtype)

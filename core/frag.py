@@ -1,15 +1,19 @@
-"""The computation behind `kvcalc frag`: fixed reservation vs paging for one set of lengths, in one result."""
+"""The computation behind `kvcalc frag`: fixed reservation vs paging for one set of lengths, in one result;
+with speculative decoding, paging at every sequence's speculative peak as well (core/spec_decode.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from . import paged_bytes, paging
+from .errors import ParameterError
 from .host_memory import check_fits
 from .spec.models import ModelSpec
+from .spec_decode import Speculation
 from .units import format_count_short
 
 DEFAULT_BLOCK_SIZES = (16, 32)  # vLLM's default block size and the next one, as in the worked example
@@ -32,6 +36,49 @@ class ModelBytes:
         return paged_bytes.kv_cache_groups(self.spec)
 
 
+@dataclass(frozen=True)
+class SpeculativePeak:
+    """One block size: paging as it is (`plain`) and with every sequence at its speculative peak (`peak`:
+    Σ ceil((n + K + λ) / B) blocks; its useful tokens are still Σ n); in bytes when a model is given."""
+
+    plain: paging.PagedAllocation
+    peak: paging.PagedAllocation
+    plain_bytes: paged_bytes.KvBytes | None = None
+    peak_bytes: paged_bytes.KvBytes | None = None
+
+    @property
+    def block_size(self) -> int:
+        return self.peak.block_size
+
+    @property
+    def extra_blocks(self) -> int:
+        return self.peak.num_blocks - self.plain.num_blocks
+
+    @property
+    def extra_fraction(self) -> Fraction:
+        """Extra blocks over the plain ones."""
+        return Fraction(self.extra_blocks, self.plain.num_blocks)
+
+    @property
+    def concurrency(self) -> Fraction:
+        """The share of these sequences that a pool holding them without speculation holds at their peaks."""
+        return Fraction(self.plain.num_blocks, self.peak.num_blocks)
+
+    @property
+    def extra_kv_bytes(self) -> int | None:
+        if self.plain_bytes is None or self.peak_bytes is None:
+            return None
+        return self.peak_bytes.allocated_kv_bytes - self.plain_bytes.allocated_kv_bytes
+
+
+@dataclass(frozen=True, eq=False)
+class SpeculativePeaks:
+    """Paging at every sequence's speculative peak, one `SpeculativePeak` per block size (ascending)."""
+
+    speculation: Speculation
+    block_sizes: list[SpeculativePeak]
+
+
 @dataclass(frozen=True, eq=False)
 class FragAnalysis:
     """Fixed reservation to `fixed.max_len` vs paging with each block size (ascending)."""
@@ -40,6 +87,7 @@ class FragAnalysis:
     paged: list[paging.PagedAllocation]
     per_sequence: paging.PerSequence | None = None
     model_bytes: ModelBytes | None = None
+    speculative: SpeculativePeaks | None = None
 
     @property
     def block_sizes(self) -> list[int]:
@@ -85,9 +133,13 @@ def analyse(
     spec: ModelSpec | None = None,
     dtype_bits: int = 16,
     progress: Callable[[int], None] | None = None,
+    speculation: Speculation | None = None,
 ) -> FragAnalysis:
-    """Equations 2–3 for the lengths `tokens` int64 [N]; `max_len` defaults to the next power of two.
-    `progress(n)`: n more lengths through the paging pass (the one that grows with the block sizes)."""
+    """Equations 2–3 for the lengths `tokens` int64 [N]; `max_len` defaults to the next power of two (of the
+    longest speculative peak with `speculation`: M must hold it). `progress(n)`: n more lengths through a
+    paging pass (the ones that grow with the block sizes; two with `speculation`)."""
+    if speculation is not None:
+        max_len = _check_speculative_room(tokens, speculation, max_len)
     if max_len is None:
         max_len = paging.default_max_len(int(tokens.max()))
     if per_sequence:
@@ -102,4 +154,56 @@ def analyse(
             paged_bytes.fixed_kv_bytes(tokens, spec, dtype_bits, fixed),
             [paged_bytes.paged_kv_bytes(tokens, spec, dtype_bits, p) for p in paged],
         )
-    return FragAnalysis(fixed, paged, rows, model_bytes)
+    speculative = None
+    if speculation is not None:
+        counts = peak_block_counts(tokens, block_sizes, speculation.extra_slots, progress)
+        peaks = [paging.PagedAllocation(p.block_size, p.num_seqs, max_len, p.useful_tokens, n)
+                 for p, n in zip(paged, counts, strict=True)]
+        plain_bytes = [None] * len(peaks) if model_bytes is None else model_bytes.paged
+        speculative = SpeculativePeaks(speculation, [
+            SpeculativePeak(p, q, kv, None if spec is None else paged_bytes.paged_kv_bytes(tokens, spec, dtype_bits, q))
+            for p, q, kv in zip(paged, peaks, plain_bytes, strict=True)
+        ])
+    return FragAnalysis(fixed, paged, rows, model_bytes, speculative)
+
+
+def _check_speculative_room(tokens: np.ndarray, speculation: Speculation, max_len: int | None) -> int | None:
+    """The max_len to use: a fixed reservation (and the dense block table, ceil(M/B) entries) must hold the
+    longest sequence's peak n + K + λ; a given max_len that cannot is refused, naming both."""
+    if tokens.size == 0:
+        return max_len  # paging refuses empty input, with its own message
+    longest, extra = int(tokens.max()), speculation.extra_slots
+    peak = longest + extra
+    slots = f"{speculation.spec_tokens} drafts + {speculation.lookahead_slots} lookahead"
+    if peak > paging.MAX_LENGTH:
+        raise ParameterError(
+            f"spec_tokens {format_count_short(speculation.spec_tokens)} is too many: the longest sequence's peak, "
+            f"{longest} tokens + {format_count_short(extra)} slots, passes 2^62", "spec_tokens",
+        )
+    if max_len is None:
+        return paging.default_max_len(peak)
+    if peak > max_len:
+        raise ParameterError(
+            f"max_len {max_len} cannot hold the speculative peak of the longest sequence: {longest} tokens + "
+            f"{extra} slots ({slots}) = {peak}; raise max_len to at least {peak}, leave it out, or lower "
+            "spec_tokens", "max_len", "spec_tokens",
+        )
+    return max_len
+
+
+def peak_block_counts(
+    tokens: np.ndarray, block_sizes: list[int], extra_slots: int, progress: Callable[[int], None] | None = None
+) -> list[int]:
+    """Σ ceil((n + extra_slots) / B) for each block size, exact, over chunks of the lengths (not copied)."""
+    counts = [0] * len(block_sizes)
+    size = min(tokens.size, paging.PASS_CHUNK)
+    shifted, scratch = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+    bound = int(tokens.max()) + extra_slots if tokens.size else 0  # bounds every block count too
+    for start in range(0, tokens.size, paging.PASS_CHUNK):
+        chunk = tokens[start : start + paging.PASS_CHUNK]
+        ends = np.add(chunk, extra_slots, out=shifted[: chunk.size])
+        for i, b in enumerate(block_sizes):
+            counts[i] += paging.exact_sum(paging.ceil_div_array(ends, b, out=scratch[: chunk.size]), bound)
+        if progress is not None:
+            progress(chunk.size)
+    return counts
