@@ -34,7 +34,7 @@ PARAMETER_FLAGS: dict[str, dict[str, str]] = {
     "size": {"block_size": "--block", "num_tokens": "--tokens", "num_seqs": "--seqs", "memory_bytes": "--memory"},
     "frag": {"block_size": "--block", "block_sizes": "--block", "per_sequence": "--per-seq"},
     "share": {"block_size": "--block", "prefix_tokens": "--prefix", "gen_tokens": "--gen", "memory_bytes": "--memory"},
-    "sim": {"block_size": "--block"},
+    "sim": {"block_size": "--block", "rate_per_s": "--rate"},
     "bench": {"num_q_heads": "--q-heads", "num_kv_heads": "--kv-heads", "num_splits": "--splits"},
 }
 

@@ -30,6 +30,8 @@ from .options import (
 )
 from .output import Format, emit, err_console, resolve_format
 
+PROGRESS_FROM = 5_000  # arrivals over all policies: about 2 s of simulation on a 2-core machine
+
 _SHARED = {"model": ModelOpt, "config": ConfigOpt, "layers": LayersOpt, "kv_heads": KvHeadsOpt,
            "head_dim": HeadDimOpt}
 _OUTPUT = [
@@ -78,7 +80,7 @@ def command(**values: Any) -> None:
     Default: OPT-13B on one A100-40GB, 1,000 ShareGPT-like constructed requests at 1 request/s.
     """
     from ..core.sim.setup import build
-    from ..core.sim.simulate import simulate, work_units
+    from ..core.sim.simulate import Simulation, available_cpus, run_policies, search_max_rates, work_units
     from .progress import progress_bar
     from .sim_report import build_report
 
@@ -92,13 +94,19 @@ def command(**values: Any) -> None:
     if timeline is not None:
         check_output_path("--timeline", timeline)
     setup = build(options)
-
-    def searching(name: str) -> None:
-        err_console.print(f"searching the max rate of {name} …", highlight=False)
-
-    with progress_bar(f"simulating {', '.join(setup.policies)} (arrivals)", total=work_units(setup)) as advance:
-        result = simulate(setup, record_timeline=timeline is not None or plot is not None, progress=advance,
-                          on_search=searching)
+    workers = available_cpus()
+    units = work_units(setup)
+    with progress_bar(f"simulating {', '.join(setup.policies)} (arrivals)", total=units,
+                      enabled=units >= PROGRESS_FROM) as advance:
+        records = run_policies(setup, record_timeline=timeline is not None or plot is not None, progress=advance,
+                               workers=workers)
+    searches = {}
+    if setup.find_max_rate:
+        for name in setup.policies:
+            err_console.print(f"searching the max rate of {name} …", highlight=False)
+        with progress_bar("max-rate search (simulated runs)", total=None) as advance:
+            searches = search_max_rates(setup, progress=advance, workers=workers)
+    result = Simulation.from_runs(setup, records, searches)
     if timeline is not None:
         _write_timeline(timeline, result.records)
         err_console.print(f"wrote {timeline}", highlight=False)

@@ -47,13 +47,13 @@ def _latency_fields(slo_spec) -> list[Field]:
         Field(None, "mean / peak running", lambda r: f"{r['mean_running']:.1f} / {r['peak_running']}"),
         Field("goodput_rps", "goodput (req/s)" if with_slo else None, "{:.3f}".format),
         Field("slo_attainment", "SLO attainment" if with_slo else None, format_percent),
-        # CSV only: what the notes say to people travels with the numbers (see _CAVEAT_KEYS)
-        *(Field(key) for key in _CAVEAT_KEYS),
+        # CSV only: what the text and the notes say to people travels with the numbers (see _CONTEXT_KEYS)
+        *(Field(key) for key in _CONTEXT_KEYS),
     ]
     return fields
 
 
-_CAVEAT_KEYS = ("latency_source", "workload_kind", "sliding_window_pool_modelled", "moe_weight_reads")
+_CONTEXT_KEYS = ("kv_dtype", "latency_source", "workload_kind", "sliding_window_pool_modelled", "moe_weight_reads")
 
 
 _MEMORY_FIELDS = [
@@ -101,6 +101,7 @@ def build_report(result: Simulation) -> Report:
         "model": setup.spec.name,
         "gpu": plan.gpu.name,
         "tp": plan.tp,
+        "kv_dtype": setup.kv_dtype,
         "memory_plan": {
             "weights_bytes": plan.weights_bytes,
             "workspace_bytes": plan.workspace_bytes,
@@ -132,11 +133,11 @@ def build_report(result: Simulation) -> Report:
         }
     records = [_policy_record(p, summaries[p]) for p in policies]
     window = doc["sliding_window"]
-    caveats = {"latency_source": "step_time_model", "workload_kind": setup.workload.kind,
+    context = {"kv_dtype": setup.kv_dtype, "latency_source": "step_time_model", "workload_kind": setup.workload.kind,
                "sliding_window_pool_modelled": window["pool_modelled"] if window else None,
                "moe_weight_reads": doc["moe_weight_reads"]}
     for record in records:
-        record.update(caveats)
+        record.update(context)
     tables = [
         quantity_table("Latency and throughput (step-time model)", ["", *policies], _latency_fields(slo_spec), records),
         quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies], _MEMORY_FIELDS, records),
@@ -148,7 +149,7 @@ def build_report(result: Simulation) -> Report:
         f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "
         f"workspace {format_bytes(plan.workspace_bytes)}, KV pool {format_bytes(plan.pool_bytes)} = "
         f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
-        f"{format_bytes(plan.kv_bytes_per_token)} per token) per GPU",
+        f"{format_bytes(plan.kv_bytes_per_token)} per token in {setup.kv_dtype}) per GPU",
     ]
     notes = [
         f"latencies come from the step-time model, not a measurement: {setup.latency_source}",

@@ -18,7 +18,7 @@ import numpy as np
 
 from .plan import NO_EVENTS, BlockLayout, Executor, StepEvents, StepOutcome, StepPlan
 from .policies import MemoryPolicy
-from .record import RunRecord, RunTotals
+from .record import RUNNING, RunRecord, RunTotals
 from .scheduler import Scheduler, SchedulerConfig
 from .workload import Workload
 
@@ -103,11 +103,35 @@ class Engine:
             s.last_token_s[sampled] = s.now_s
             s.generated[sampled] += 1
             if s.token_ids is not None:
-                s.take_tokens(sampled, outcome)
+                self._take_tokens(sampled, outcome)
             if plan.events.forks:
-                sampled = s.fork(plan.events.forks, sampled, outcome)
+                sampled = self._fork(plan.events.forks, sampled, outcome)
             s.finish(sampled, outcome.finished)
         s.steady = len(sampled) - s.finished_now == len(s.running)
+
+    def _take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
+        s = self.scheduler
+        if outcome.token_ids is None:
+            raise ValueError("the workload has token ids: the executor must return the token each sampling "
+                             "request produced (StepOutcome.token_ids)")
+        for rid in sampled.tolist():
+            s.token_ids[rid].append(int(outcome.token_ids[rid]))
+
+    def _fork(self, forks: tuple[tuple[int, int], ...], sampled: np.ndarray, outcome: StepOutcome) -> np.ndarray:
+        """The parallel samples of parents that just produced their first token: same blocks, own first token."""
+        s = self.scheduler
+        for parent, child in forks:
+            s.unborn.pop(parent, None)
+            self.policy.fork(parent, child)
+            s.computed[child] = s.computed[parent]
+            s.status[child] = RUNNING
+            s.running.append(child)
+            s.first_token_s[child] = s.last_token_s[child] = s.now_s
+            s.generated[child] = 1
+            if s.token_ids is not None:
+                s.token_ids[child].append(int(outcome.token_ids[child]))
+        s.set_running()
+        return np.concatenate([sampled, np.array([c for _, c in forks], np.int64)])
 
     # ---- the loop --------------------------------------------------------------------------------------
     def run(self, fast: FastPath | None = None) -> RunRecord:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
 from ..spec.gpu_plan import activation_bytes_estimate
 from ..spec.layers import bits_to_bytes
@@ -28,7 +29,7 @@ __all__ = ["GPU_PRESETS", "GpuSpec", "MemoryPlan", "custom_gpu", "get_gpu", "pla
 
 
 # The pool keeps ~60 bytes of numpy state per block (core/block_store.py); 2^24 blocks is ~1 GiB of host
-# memory. A larger pool (a tiny model on a huge custom GPU, or --block 1) is refused, not allocated.
+# memory. A larger pool (a tiny model on a huge custom GPU, or blocks of 1 token) is refused, not allocated.
 MAX_POOL_BLOCKS = 2**24
 
 
@@ -104,16 +105,16 @@ def plan_memory(
 ) -> MemoryPlan:
     """The memory plan; ValueError when the weights (or weights + workspace) do not fit, saying by how much."""
     if tp < 1:
-        raise ValueError(f"--tp must be at least 1, got {tp}")
+        raise ParameterError(f"tp {tp} must be at least 1", "tp")
     if not 0 < memory_utilization <= 1:
-        raise ValueError(f"--memory-utilization must be in (0, 1], got {memory_utilization}")
+        raise ParameterError(f"memory_utilization {memory_utilization:g} must be in (0, 1]", "memory_utilization")
     if block_size < 1:
-        raise ValueError(f"--block must be at least 1, got {block_size}")
+        raise ParameterError(f"block_size {block_size} must be at least 1", "block_size")
     if weights_bytes is None:
         params = int(spec.num_params) if spec.num_params else estimate_num_params(spec)
         weights_bytes = int(params * weight_bytes_per_param)
     elif weights_bytes <= 0:
-        raise ValueError(f"--weights-bytes must be positive, got {weights_bytes}")
+        raise ParameterError(f"weights_bytes {weights_bytes} must be positive", "weights_bytes")
     if workspace_bytes is None:
         workspace_bytes = activation_bytes_estimate(spec, max_batched_tokens, max_seqs, tp)
     plan = MemoryPlan(
@@ -123,22 +124,22 @@ def plan_memory(
     )
     gib = 2**30
     if plan.weights_bytes > plan.budget_bytes:
-        raise ValueError(
+        raise ParameterError(
             f"{spec.name} weights need {plan.weights_bytes / gib:.2f} GiB per GPU but {gpu.name} x{tp} at "
             f"utilisation {memory_utilization:g} gives {plan.budget_bytes / gib:.2f} GiB: "
-            f"{(plan.weights_bytes - plan.budget_bytes) / gib:.2f} GiB short; use a larger GPU or more --tp"
+            f"{(plan.weights_bytes - plan.budget_bytes) / gib:.2f} GiB short; use a larger GPU or more tp", "tp"
         )
     if plan.num_blocks < 1:
         short = plan.block_size * plan.kv_bytes_per_token - plan.pool_bytes
-        raise ValueError(
+        raise ParameterError(
             f"{spec.name} on {gpu.name} x{tp}: weights ({plan.weights_bytes / gib:.2f} GiB) and workspace "
             f"({plan.workspace_bytes / gib:.2f} GiB) leave no room for one KV block ({short / gib:.2f} GiB short); "
-            "use a larger GPU, more --tp or a smaller --max-batched-tokens"
+            "use a larger GPU, more tp or a smaller max_batched_tokens", "tp", "max_batched_tokens"
         )
     if plan.num_blocks > MAX_POOL_BLOCKS:
-        raise ValueError(
+        raise ParameterError(
             f"{spec.name} on {gpu.name} x{tp}: the KV pool would hold {_count(plan.num_blocks)} blocks of "
-            f"{block_size}, "
-            f"above the simulator's limit of {MAX_POOL_BLOCKS:,}; use a larger --block or less --gpu-memory"
+            f"{block_size}, above the simulator's limit of {MAX_POOL_BLOCKS:,}; use a larger block_size or less "
+            "gpu_memory", "block_size", "gpu_memory"
         )
     return plan

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..errors import ParameterError
 from .policies import MEMORY_PARTS
 from .record import CANCELLED, COMPLETED, REJECTED, TIMED_OUT, RunRecord
 
@@ -51,25 +52,27 @@ class Slo:
 
 
 def parse_slo(text: str | None) -> Slo:
-    """'ttft=2,tpot=100ms,e2e=30s' -> Slo; seconds unless a value ends in ms."""
-    if not text:
+    """'ttft=2,tpot=100ms,e2e=30s' -> Slo; seconds unless a value ends in ms. None: no targets."""
+    if text is None:
         return Slo()
+    if not text.strip():
+        raise ParameterError(f"slo {text!r} names no target: give e.g. ttft=2,tpot=100ms,e2e=30, or drop slo", "slo")
     values: dict[str, float] = {}
     for item in text.split(","):
         match = re.fullmatch(r"\s*(ttft|tpot|e2e)\s*=\s*([0-9.eE+-]+)\s*(ms|s)?\s*", item)
         if not match:
-            raise ValueError(
-                f"--slo {text!r}: cannot read {item.strip()!r}; write e.g. ttft=2,tpot=100ms,e2e=30 (seconds unless ms)"
-            )
+            raise ParameterError(
+                f"slo {text!r}: cannot read {item.strip()!r}; write e.g. ttft=2,tpot=100ms,e2e=30 (seconds unless ms)",
+                "slo")
         key, number, unit = match.groups()
         try:
             value = float(number)
         except ValueError:
-            raise ValueError(f"--slo {text!r}: {number!r} is not a number") from None
+            raise ParameterError(f"slo {text!r}: {number!r} is not a number", "slo") from None
         if not value > 0 or not np.isfinite(value):
-            raise ValueError(f"--slo {text!r}: {key} must be a positive finite time, got {number}")
+            raise ParameterError(f"slo {text!r}: {key} must be a positive finite time, got {number}", "slo")
         if key in values:
-            raise ValueError(f"--slo {text!r}: {key} is given twice; give each target once")
+            raise ParameterError(f"slo {text!r}: {key} is given twice; give each target once", "slo")
         values[key] = value / 1000 if unit == "ms" else value
     return Slo(values.get("ttft"), values.get("tpot"), values.get("e2e"))
 

@@ -64,7 +64,7 @@ class SimOptions:
     layers: int | None = option(None)
     kv_heads: int | None = option(None)
     head_dim: int | None = option(None)
-    dtype: str = option(DEFAULT_KV_DTYPE, "KV precision: fp32, fp16, bf16, fp8, int8, int4.")
+    dtype: str = option(DEFAULT_DTYPE, "KV precision: fp32, fp16, bf16, fp8, int8, int4.")
     weight_dtype: str = option("bf16", "Weight precision (bytes per parameter).")
     weights_bytes: str | None = option(None, "Weights per replica, e.g. 26GB (overrides).")
     # hardware and memory

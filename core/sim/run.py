@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
 from .engine import Engine
 from .fastforward import FastForward
 from .hardware import MemoryPlan
+from .options import DEFAULT_POLICY
 from .paged import PagedPolicy, mooncake_prompt_keys
 from .paged_exact import ExactPagedPolicy
 from .plan import Executor
@@ -44,32 +46,33 @@ class SimSetup:
         return cls(plan.num_blocks, plan.block_size, steptime, scheduler, **kw)
 
 
-def parse_policies(text: str, flag: str = "--policy") -> list[str]:
-    """Comma-separated policy names -> a list; unknown, empty or repeated names are errors (never dropped)."""
+def parse_policies(text: str, param: str = "policy") -> list[str]:
+    """Comma-separated policy names -> a list; unknown, empty or repeated names are errors (never dropped).
+    `param` is the parameter that holds the text (policy or compare)."""
     names = [p.strip().lower() for p in text.split(",")]
     if not text.strip() or any(not p for p in names):
-        raise ValueError(f"{flag} {text!r} has an empty name: list policies from {', '.join(POLICIES)}, "
-                         "separated by single commas")
+        raise ParameterError(f"{param} {text!r} has an empty name: list policies from {', '.join(POLICIES)}, "
+                             "separated by single commas", param)
     bad = [p for p in names if p not in POLICIES]
-    if bad:
+    if bad:  # the value said, not the parameter: "policy" is a word of the message itself
         raise ValueError(f"unknown policy {', '.join(bad)}: choose from {', '.join(POLICIES)}")
     repeated = sorted({p for p in names if names.count(p) > 1})
     if repeated:
-        raise ValueError(f"{flag} {text!r} names {', '.join(repeated)} twice; list each policy once")
+        raise ParameterError(f"{param} {text!r} names {', '.join(repeated)} twice; list each one once", param)
     return names
 
 
 def choose_policies(policy: str | None, compare: str | None) -> list[str]:
-    """`--policy` (one) or `--compare` (several); both at once is refused, since which one wins would be a
-    guess: list every policy to run in --compare."""
+    """`policy` (one) or `compare` (several); both at once is refused, since which one wins would be a
+    guess."""
     if policy is not None and compare is not None:
-        raise ValueError(f"give --policy {policy} or --compare {compare}, not both: "
-                         "list every policy to run in --compare")
+        raise ParameterError(f"give policy {policy} or compare {compare}, not both: list all of them in compare",
+                             "policy", "compare")
     if compare is not None:
-        return parse_policies(compare, "--compare")
-    names = parse_policies("paged" if policy is None else policy)
+        return parse_policies(compare, "compare")
+    names = parse_policies(DEFAULT_POLICY if policy is None else policy)
     if len(names) > 1:
-        raise ValueError(f"--policy {policy!r} names several policies; use --compare {policy}")
+        raise ParameterError(f"policy {policy!r} names several policies; use compare {policy}", "policy", "compare")
     return names
 
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
 from ..pool.block_pool import ReleaseReason
-from .plan import Preemption, StepOutcome, SwapIn
+from .plan import Preemption, SwapIn
 from .policies import MemoryPolicy
 from .record import CANCELLED, COMPLETED, REJECTED, RUNNING, TIMED_OUT, WAITING
 from .workload import Workload
@@ -47,13 +48,14 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_batched_tokens < 1:
-            raise ValueError(f"--max-batched-tokens must be at least 1, got {self.max_batched_tokens}")
+            raise ParameterError(f"max_batched_tokens {self.max_batched_tokens} must be at least 1",
+                                 "max_batched_tokens")
         if self.max_seqs < 1:
-            raise ValueError(f"--max-seqs must be at least 1, got {self.max_seqs}")
+            raise ParameterError(f"max_seqs {self.max_seqs} must be at least 1", "max_seqs")
         if self.preempt not in ("recompute", "swap"):
-            raise ValueError(f"--preempt must be recompute or swap, got {self.preempt!r}")
+            raise ParameterError(f"preempt {self.preempt!r} must be recompute or swap", "preempt")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout_s}")
+            raise ParameterError(f"timeout_s {self.timeout_s:g} must be a positive number of seconds", "timeout_s")
 
 
 class Scheduler:
@@ -279,28 +281,6 @@ class Scheduler:
         return self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
 
     # ---- after a step ------------------------------------------------------------------------------------
-    def take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
-        if outcome.token_ids is None:
-            raise ValueError("the workload has token ids: the executor must return the token each sampling "
-                             "request produced (StepOutcome.token_ids)")
-        for rid in sampled.tolist():
-            self.token_ids[rid].append(int(outcome.token_ids[rid]))
-
-    def fork(self, forks: tuple[tuple[int, int], ...], sampled: np.ndarray, outcome: StepOutcome) -> np.ndarray:
-        """The parallel samples of parents that just produced their first token: same blocks, own first token."""
-        for parent, child in forks:
-            self.unborn.pop(parent, None)
-            self.policy.fork(parent, child)
-            self.computed[child] = self.computed[parent]
-            self.status[child] = RUNNING
-            self.running.append(child)
-            self.first_token_s[child] = self.last_token_s[child] = self.now_s
-            self.generated[child] = 1
-            if self.token_ids is not None:
-                self.token_ids[child].append(int(outcome.token_ids[child]))
-        self.set_running()
-        return np.concatenate([sampled, np.array([c for _, c in forks], np.int64)])
-
     def finish(self, sampled: np.ndarray, end_of_sequence: frozenset[int] = frozenset()) -> None:
         """Requests of `sampled` that reached their last token (or an end of sequence) leave."""
         done_mask = self.generated[sampled] >= self.stop_at[sampled]

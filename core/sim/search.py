@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import ParameterError
 from .metrics import Slo, attainment
 from .options import DEFAULT_ATTAINMENT
 from .run import SimSetup, run_policy
@@ -34,19 +35,20 @@ class RateSearch:
 
 
 def check_attainment(find_max_rate: bool, target: float | None) -> float:
-    """`--attainment` only means something to the max-rate search; given without it, it is refused."""
+    """The attainment target only means something to the max-rate search; given without it, it is refused."""
     if target is not None and not find_max_rate:
-        raise ValueError(f"--attainment {target:g} applies to --max-rate (the share of requests the search "
-                         "requires to meet the SLO); add --max-rate or drop --attainment")
+        raise ParameterError(f"target_attainment {target:g} applies to find_max_rate (the share of requests the "
+                             "search requires to meet the SLO); add find_max_rate or drop target_attainment",
+                             "target_attainment", "find_max_rate")
     return DEFAULT_ATTAINMENT if target is None else target
 
 
 def check_search(slo: Slo, target: float) -> None:
     """Fail before any simulation when the search cannot be run."""
     if slo.is_empty:
-        raise ValueError("--max-rate needs an --slo, e.g. --slo ttft=2,tpot=0.1")
+        raise ParameterError("find_max_rate needs an slo, e.g. slo ttft=2,tpot=0.1", "find_max_rate", "slo")
     if not 0 < target <= 1:
-        raise ValueError(f"--attainment must be in (0, 1], got {target}")
+        raise ParameterError(f"target_attainment {target:g} must be in (0, 1]", "target_attainment")
 
 
 def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float, *,
@@ -55,7 +57,8 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
     """Bracketing + bisection as in the module docstring."""
     check_search(slo, target)
     if len(workload) < 2:
-        raise ValueError("--max-rate needs at least 2 requests (a rate is defined by inter-arrival gaps)")
+        raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
+                             "find_max_rate")
     evaluations: list[tuple[float, float]] = []
 
     def passes(rate: float) -> bool:

@@ -1,26 +1,27 @@
 """From `kvcalc sim`'s options to a ready setup: workload, model, memory plan, step-time model, scheduler,
 the policies to run and the targets.
 
-Every option is checked here (ValueError naming the value and the fix), so the command stays thin.
+Every option is checked here (a ParameterError naming the option, its value and the fix), so the command
+stays thin.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtypes import dtype_bits, parse_dtype
+from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..spec.models import ModelSpec, get_preset, resolve_model
-from .checks import byte_count, check_mode_options, check_requests, finite_float
+from .checks import CONSTRUCTED_ONLY, byte_count, check_mode_options, check_requests, finite_float
 from .hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
 from .metrics import Slo, parse_slo
 from .options import (
     DEFAULT_ARRIVAL,
-    DEFAULT_ATTAINMENT,
     DEFAULT_GPU,
     DEFAULT_MODEL,
     DEFAULT_OUTPUT_DIST,
@@ -48,42 +49,42 @@ class Setup:
     sim: SimSetup
     latency_source: str
     notes: tuple[str, ...]
-    policies: tuple[str, ...] = ("paged",)
-    slo: Slo = field(default_factory=Slo)
-    find_max_rate: bool = False
-    target_attainment: float = DEFAULT_ATTAINMENT
+    kv_dtype: str
+    policies: tuple[str, ...]
+    slo: Slo
+    find_max_rate: bool
+    target_attainment: float
 
 
 def _check_ignored(o: SimOptions) -> None:
     """Refuse options that were given but would change nothing (their defaults are None so a given value shows)."""
     if o.swap_bandwidth is not None and o.preempt.strip().lower() != "swap":
-        raise ValueError(f"--swap-bandwidth applies to --preempt swap (--preempt {o.preempt} never swaps): "
-                         "add --preempt swap or drop --swap-bandwidth")
+        raise ParameterError(f"swap_bandwidth applies to preempt swap (preempt {o.preempt} never swaps): "
+                             "add preempt swap or drop swap_bandwidth", "swap_bandwidth", "preempt")
     if o.seed is not None and o.trace is not None and o.cancel_fraction == 0:
-        raise ValueError("--seed with --trace only picks the cancelled requests, and there are none: the trace "
-                         "fixes arrivals and lengths; add --cancel-fraction or drop --seed")
+        raise ParameterError("seed with trace only picks the cancelled requests, and there are none: the file "
+                             "fixes arrivals and lengths; add cancel_fraction or drop seed", "seed", "trace",
+                             "cancel_fraction")
 
 
 def _workload(o: SimOptions, seed: int) -> Workload:
-    given = {"--rate": o.rate is not None, "--requests": o.requests is not None,
-             "--prompt-dist": o.prompt_dist is not None, "--output-dist": o.output_dist is not None,
-             "--arrival": o.arrival is not None, "--burstiness": o.burstiness is not None}
+    given = {name: getattr(o, name) is not None for name in CONSTRUCTED_ONLY}
     check_mode_options(trace=o.trace is not None, given=given, limit=o.limit is not None,
                        time_scale=o.time_scale != 1.0)
     if o.trace is not None:
         kind, path = o.trace
-        return from_trace(read_trace(kind, path), finite_float("--time-scale", o.time_scale), o.limit)
+        return from_trace(read_trace(kind, path), finite_float("time_scale", o.time_scale), o.limit)
     arrival = (DEFAULT_ARRIVAL if o.arrival is None else o.arrival).strip().lower()
     if o.burstiness is not None and arrival != "gamma":
-        raise ValueError(f"--burstiness {o.burstiness:g} applies to --arrival gamma (Poisson arrivals have none); "
-                         "add --arrival gamma or drop --burstiness")
+        raise ParameterError(f"burstiness {o.burstiness:g} applies to arrival gamma (Poisson arrivals have none); "
+                             "add arrival gamma or drop burstiness", "burstiness", "arrival")
     rate = DEFAULT_RATE if o.rate is None else finite_float(
-        "--rate", o.rate, allow_inf=True, inf_meaning="every request at time 0 (an offline batch)")
+        "rate", o.rate, allow_inf=True, inf_meaning="every request at time 0 (an offline batch)")
     if not rate > 0:
-        raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {o.rate}")
+        raise ParameterError(f"rate {o.rate} must be a positive number of requests per second (or inf)", "rate")
     requests = DEFAULT_REQUESTS if o.requests is None else o.requests
     check_requests(requests)
-    burstiness = 1.0 if o.burstiness is None else finite_float("--burstiness", o.burstiness)
+    burstiness = 1.0 if o.burstiness is None else finite_float("burstiness", o.burstiness)
     prompt_rng, output_rng, _ = length_streams(seed)
     prompt_dist = LengthDistribution.parse(DEFAULT_PROMPT_DIST if o.prompt_dist is None else o.prompt_dist)
     output_dist = LengthDistribution.parse(DEFAULT_OUTPUT_DIST if o.output_dist is None else o.output_dist)
@@ -98,11 +99,13 @@ def _gpu(o: SimOptions):
     custom = (o.gpu_memory, o.bandwidth, o.flops)
     if any(v is not None for v in custom):
         if o.gpu is not None:
-            raise ValueError("give either --gpu or --gpu-memory/--bandwidth/--flops, not both")
+            raise ParameterError("give either gpu or gpu_memory/bandwidth/flops, not both", "gpu", "gpu_memory",
+                                 "bandwidth", "flops")
         if any(v is None for v in custom):
-            raise ValueError("a custom GPU needs --gpu-memory, --bandwidth and --flops together")
-        bandwidth = float(byte_count("--bandwidth", o.bandwidth, "bytes/s"))
-        return custom_gpu(byte_count("--gpu-memory", o.gpu_memory), bandwidth, finite_float("--flops", o.flops))
+            raise ParameterError("a custom GPU needs gpu_memory, bandwidth and flops together", "gpu_memory",
+                                 "bandwidth", "flops")
+        bandwidth = float(byte_count("bandwidth", o.bandwidth, "bytes/s"))
+        return custom_gpu(byte_count("gpu_memory", o.gpu_memory), bandwidth, finite_float("flops", o.flops))
     return get_gpu(DEFAULT_GPU if o.gpu is None else o.gpu)
 
 
@@ -116,7 +119,8 @@ def build(o: SimOptions) -> Setup:
     seed = DEFAULT_SEED if o.seed is None else o.seed
     spec = resolve_model(o.model, o.config, o.layers, o.kv_heads, o.head_dim) or get_preset(DEFAULT_MODEL)
     gpu = _gpu(o)
-    kv_bits = dtype_bits(parse_dtype(o.dtype))
+    kv_dtype = parse_dtype(o.dtype)
+    kv_bits = dtype_bits(kv_dtype)
     weight_bits = dtype_bits(parse_dtype(o.weight_dtype, "weight_dtype"))
     notes: list[str] = []
     if o.max_model_len is not None:
@@ -127,12 +131,12 @@ def build(o: SimOptions) -> Setup:
         max_model_len = FALLBACK_MAX_MODEL_LEN
         notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
     if max_model_len < 1:
-        raise ValueError(f"--max-model-len must be at least 1, got {max_model_len}")
+        raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
     plan = plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
         weight_bytes_per_param=weight_bits / 8,
-        weights_bytes=byte_count("--weights-bytes", o.weights_bytes) if o.weights_bytes is not None else None,
-        workspace_bytes=byte_count("--workspace-bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
+        weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
+        workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
         max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs,
     )
     attn_eff = o.attn_eff
@@ -141,18 +145,21 @@ def build(o: SimOptions) -> Setup:
     if o.calibrate is not None:
         attn_eff, calibration = calibrated_attention_eff(o.calibrate, gpu)
         notes.append(calibration)
-    overhead_s = finite_float("--step-overhead-ms", o.step_overhead_ms) / 1e3
+    overhead_ms = finite_float("step_overhead_ms", o.step_overhead_ms)
+    if overhead_ms < 0:
+        raise ParameterError(f"step_overhead_ms {overhead_ms:g} must be >= 0", "step_overhead_ms")
+    overhead_s = overhead_ms / 1e3
     eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_s)
     swap_text = DEFAULT_SWAP_BANDWIDTH if o.swap_bandwidth is None else o.swap_bandwidth
-    swap_bandwidth = float(byte_count("--swap-bandwidth", swap_text, "bytes/s"))
+    swap_bandwidth = float(byte_count("swap_bandwidth", swap_text, "bytes/s"))
     steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth)
     timeout = None
     if o.timeout_s is not None:
-        timeout = finite_float("--timeout", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
+        timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
     scheduler = SchedulerConfig(o.max_batched_tokens, o.max_seqs, max_model_len, o.preempt.strip().lower(),
                                 None if timeout == math.inf else timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
-        raise ValueError(f"--cancel-fraction must be between 0 and 1, got {o.cancel_fraction}")
+        raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching)
@@ -160,8 +167,8 @@ def build(o: SimOptions) -> Setup:
         check_mooncake_block_size(o.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
     notes += model_notes(spec, steptime)
-    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes), tuple(policies), slo,
-                 o.find_max_rate, target_attainment)
+    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes), kv_dtype, tuple(policies),
+                 slo, o.find_max_rate, target_attainment)
 
 
 def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..spec.models import ModelSpec
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
@@ -54,18 +55,22 @@ SANE_STEP_S = 86_400.0  # one engine step longer than a day means the GPU figure
 
 @dataclass(frozen=True)
 class Efficiencies:
-    compute: float = 0.6
-    weights: float = 0.8
-    attention: float = 0.8
-    overhead_s: float = 0.5e-3
+    """Shares of the datasheet figures reached (compute: peak FLOP/s; weights and attention: bandwidth) and
+    the fixed time of a step."""
+
+    compute_eff: float = 0.6
+    weight_eff: float = 0.8
+    attn_eff: float = 0.8
+    step_overhead_s: float = 0.5e-3
 
     def __post_init__(self) -> None:
-        for what, value in (("--compute-eff", self.compute), ("--weight-eff", self.weights),
-                            ("--attn-eff", self.attention)):
+        for name, value in (("compute_eff", self.compute_eff), ("weight_eff", self.weight_eff),
+                            ("attn_eff", self.attn_eff)):
             if not 0 < value <= 1:
-                raise ValueError(f"{what} must be in (0, 1], got {value}")
-        if not 0 <= self.overhead_s < SANE_STEP_S:
-            raise ValueError(f"--step-overhead-ms must be >= 0 and finite, got {self.overhead_s * 1e3}")
+                raise ParameterError(f"{name} {value:g} must be in (0, 1]", name)
+        if not 0 <= self.step_overhead_s < SANE_STEP_S:
+            raise ParameterError(f"step_overhead_s {self.step_overhead_s:g} must be >= 0 and below a day",
+                                 "step_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
                 weight_bytes_total: int | None = None) -> StepTimeModel:
     """The step-time model of `spec` served with `plan` (tp GPUs share FLOPs and bytes evenly)."""
     if not swap_bandwidth_bytes_per_s > 0:
-        raise ValueError(f"--swap-bandwidth must be positive, got {swap_bandwidth_bytes_per_s}")
+        raise ParameterError(f"swap_bandwidth_bytes_per_s {swap_bandwidth_bytes_per_s:g} must be positive",
+                             "swap_bandwidth_bytes_per_s")
     gpu: GpuSpec = plan.gpu
     tp = plan.tp
     model = StepTimeModel(
@@ -207,20 +213,20 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
         kv_bytes_per_token=plan.kv_bytes_per_token,
-        compute_s_per_flop=1.0 / (tp * gpu.peak_flops * eff.compute),
-        weights_s=plan.weights_bytes / (gpu.bandwidth_bytes_per_s * eff.weights),
-        kv_s_per_byte=1.0 / (gpu.bandwidth_bytes_per_s * eff.attention),
-        overhead_s=eff.overhead_s,
+        compute_s_per_flop=1.0 / (tp * gpu.peak_flops * eff.compute_eff),
+        weights_s=plan.weights_bytes / (gpu.bandwidth_bytes_per_s * eff.weight_eff),
+        kv_s_per_byte=1.0 / (gpu.bandwidth_bytes_per_s * eff.attn_eff),
+        overhead_s=eff.step_overhead_s,
         swap_bandwidth_bytes_per_s=swap_bandwidth_bytes_per_s,
     )
-    # Figures that are positive and finite can still be absurd (--flops 1e-300): a full 8,192-token prefill
+    # Figures that are positive and finite can still be absurd (1e-300 FLOP/s): a full 8,192-token prefill
     # step that overflows, or takes more than a day, would turn every time sum into inf/nan. Refuse them.
     probe_s = model.step_s(8192.0, float(prefill_positions(np.array(0.0), np.array(8192.0))), 8192.0)
     if not np.isfinite(probe_s) or probe_s > SANE_STEP_S:
-        raise ValueError(
-            f"{gpu.name} GPU figures (memory {gpu.memory_bytes:g} B, bandwidth {gpu.bandwidth_bytes_per_s:g} B/s, "
-            f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real --bandwidth/--flops"
-        )
+        raise ParameterError(
+            f"{gpu.name} GPU figures (memory {gpu.memory_bytes:g} B, {gpu.bandwidth_bytes_per_s:g} B/s, "
+            f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real bandwidth/flops",
+            "bandwidth", "flops")
     return model
 
 
@@ -247,25 +253,28 @@ def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str
     except FileNotFoundError:
         raise
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output") from None
+        raise ParameterError(f"calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output",
+                             "calibrate") from None
     device = doc.get("device") if isinstance(doc, dict) else None
     if isinstance(device, dict) and device.get("type") not in (None, "cuda"):
-        raise ValueError(f"--calibrate {path}: that bench ran on {device.get('type')}, not a GPU; "
-                         "calibrate with a kvcalc bench --json run on the GPU you simulate")
+        raise ParameterError(f"calibrate {path}: that bench ran on {device.get('type')}, not a GPU; "
+                             "give a kvcalc bench --json run on the GPU you simulate", "calibrate")
     rows = doc.get("timing") if isinstance(doc, dict) else None
     if not isinstance(rows, list):
-        raise ValueError(f"--calibrate {path}: no 'timing' list; give the output of kvcalc bench --json")
+        raise ParameterError(f"calibrate {path}: no 'timing' list; give the output of kvcalc bench --json",
+                             "calibrate")
     achieved = [float(r["achieved_tbps"]) for r in rows if isinstance(r, dict) and r.get("achieved_tbps")]
     if not achieved:
-        raise ValueError(f"--calibrate {path}: no timing entry has achieved_tbps; run kvcalc bench on a GPU")
+        raise ParameterError(f"calibrate {path}: no timing entry has achieved_tbps; run kvcalc bench on a GPU",
+                             "calibrate")
     tbps = float(np.median(achieved))
     eff = tbps * 1e12 / gpu.bandwidth_bytes_per_s
     name = device.get("name") if isinstance(device, dict) else None
     if not 0 < eff <= 1:
-        raise ValueError(
-            f"--calibrate {path}: median achieved {tbps:.3f} TB/s is {eff:.2f} of {gpu.name}'s "
-            f"{gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s; was the bench run on another GPU? choose the matching --gpu"
-        )
+        raise ParameterError(
+            f"calibrate {path}: median achieved {tbps:.3f} TB/s is {eff:.2f} of {gpu.name}'s "
+            f"{gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s; was the bench run on another GPU? choose the matching gpu",
+            "calibrate", "gpu")
     source = (f"attention efficiency {eff:.3f} = median achieved {tbps:.3f} TB/s over {len(achieved)} bench cases "
               f"/ {gpu.name} datasheet {gpu.bandwidth_bytes_per_s / 1e12:.2f} TB/s ({path.name}"
               + (f", measured on {name})" if name else ")"))

@@ -24,19 +24,20 @@ from itertools import pairwise
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..inputs.traces import RequestArrays, Trace
 
 ARRIVALS = ("poisson", "gamma")
 # Arrivals spread over more than ~31 years come from a mistyped rate (--rate 1e-300) and would overflow the
-# simulator's time integrals (time × token slots); refused with the option to change.
+# simulator's time integrals (time × token slots); refused, naming the parameter to change.
 MAX_SPAN_S = 1e9
 
 
-def _check_span(arrival_s: np.ndarray, option: str) -> None:
+def _check_span(arrival_s: np.ndarray, param: str, value: float) -> None:
     span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) else 0.0
     if not span <= MAX_SPAN_S:
-        raise ValueError(f"{option}: the arrivals would span {span:g} s, more than {MAX_SPAN_S:g} s (31 years); "
-                         f"give a larger {option.split()[0]}")
+        raise ParameterError(f"{param} {value:g}: the arrivals would span {span:g} s, more than {MAX_SPAN_S:g} s "
+                             f"(31 years); give a larger {param}", param)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +69,7 @@ class Workload(RequestArrays):
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
         if n == 0:
-            raise ValueError("the workload holds no requests: give a trace with requests or --requests >= 1")
+            raise ValueError("the workload holds no requests: give a trace that has some, or at least one request")
         assert self.arrival_s.shape == (n,) and self.output_tokens.shape == (n,), "workload arrays differ in length"
         if self.prompt_token_ids is not None:
             assert [len(p) for p in self.prompt_token_ids] == self.prompt_tokens.tolist(), "token ids vs lengths"
@@ -100,7 +101,7 @@ class Workload(RequestArrays):
         """The same requests arriving at mean rate R: a constructed workload's unit-rate arrivals / R, or a
         trace's own times rescaled so that (N − 1) / span = R."""
         if not rate_per_s > 0 or not np.isfinite(rate_per_s):
-            raise ValueError(f"rate must be a positive finite number, got {rate_per_s}")
+            raise ParameterError(f"rate_per_s {rate_per_s} must be a positive finite number", "rate_per_s")
         if self.unit_arrival_s is not None:
             base = self.unit_arrival_s
         elif self.span_s > 0:
@@ -128,9 +129,13 @@ def _at_least_one(values: np.ndarray, what: str, notes: list[str]) -> np.ndarray
 def from_trace(trace: Trace, time_scale: float = 1.0, limit: int | None = None) -> Workload:
     """A real workload from a trace; `time_scale` x > 1 speeds arrivals up x-fold (times divided by x)."""
     if not time_scale > 0 or not np.isfinite(time_scale):
-        raise ValueError(f"--time-scale must be a positive number (2 = twice as fast), got {time_scale}")
+        raise ParameterError(f"time_scale {time_scale:g} must be a positive number (2 = twice as fast)", "time_scale")
     if limit is not None:
         trace = trace.head(limit)
+    late = np.flatnonzero(~np.isfinite(trace.arrival_s))
+    if len(late):  # a time scale cannot fix it: the trace itself holds no time for that request
+        raise ValueError(f"{trace.kind} trace {trace.path}: request {late[0] + 1} arrives at "
+                         f"{trace.arrival_s[late[0]]}, not a finite time; fix or remove its timestamp")
     order = np.argsort(trace.arrival_s, kind="stable")
     notes: list[str] = []
     hash_ids, hash_offsets = trace.hash_ids, trace.hash_offsets
@@ -141,7 +146,7 @@ def from_trace(trace: Trace, time_scale: float = 1.0, limit: int | None = None) 
     arrival = trace.arrival_s[order]
     with np.errstate(over="ignore"):  # an overflow is refused just below
         arrival = (arrival - arrival[0]) / time_scale
-    _check_span(arrival, f"--time-scale {time_scale:g}")
+    _check_span(arrival, "time_scale", time_scale)
     scale_text = "" if time_scale == 1 else f", arrivals x{time_scale:g} faster"
     return Workload(
         arrival_s=arrival,
@@ -159,11 +164,12 @@ def unit_rate_arrivals(count: int, arrival: str, burstiness: float, rng: np.rand
     """Arrival times at mean rate 1/s: first at 0, then cumulative Gamma(b, 1/b) gaps (b = 1: Poisson)."""
     arrival = arrival.strip().lower()
     if arrival not in ARRIVALS:
-        raise ValueError(f"unknown --arrival {arrival!r}: choose poisson or gamma")
+        raise ParameterError(f"arrival {arrival!r} must be poisson or gamma", "arrival")
     if arrival == "poisson":
         burstiness = 1.0
     if not burstiness > 0 or not np.isfinite(burstiness):
-        raise ValueError(f"--burstiness must be a positive number (1 = Poisson, < 1 burstier), got {burstiness}")
+        raise ParameterError(f"burstiness {burstiness:g} must be a positive number (1 = Poisson, < 1 burstier)",
+                             "burstiness")
     gaps = rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=max(count - 1, 0))
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
@@ -184,14 +190,15 @@ def constructed(
     rate_per_s = inf sends every request at time 0 (an offline batch, as vLLM's --request-rate inf).
     """
     if count < 1:
-        raise ValueError(f"--requests must be at least 1, got {count}")
+        raise ParameterError(f"count {count} must be at least 1", "count")
     if not rate_per_s > 0:
-        raise ValueError(f"--rate must be a positive number of requests per second (or inf), got {rate_per_s}")
+        raise ParameterError(f"rate_per_s {rate_per_s:g} must be a positive number of requests per second (or inf)",
+                             "rate_per_s")
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
     unit = unit_rate_arrivals(count, arrival, burstiness, rng)
     with np.errstate(over="ignore"):  # an overflow is refused just below
         arrival_s = np.zeros(count) if np.isinf(rate_per_s) else unit / rate_per_s
-    _check_span(arrival_s, f"--rate {rate_per_s:g}")
+    _check_span(arrival_s, "rate_per_s", rate_per_s)
     notes: list[str] = []
     kind_text = "Poisson" if arrival.strip().lower() == "poisson" or burstiness == 1 else f"gamma b={burstiness:g}"
     return Workload(
@@ -217,11 +224,13 @@ def from_token_ids(prompts: list[list[int]], max_new_tokens: list[int], arrival_
     arrival = [0.0] * count if arrival_s is None else list(arrival_s)
     samples = [1] * count if num_samples is None else list(num_samples)
     if not len(max_new_tokens) == len(arrival) == len(samples) == count:
-        raise ValueError(f"{count} prompts need as many max_new_tokens, arrival_s and num_samples")
+        raise ParameterError(f"max_new_tokens, arrival_s and num_samples need one entry per prompt ({count})",
+                             "max_new_tokens", "arrival_s", "num_samples")
     if any(len(p) < 1 for p in prompts) or any(m < 1 for m in max_new_tokens) or any(n < 1 for n in samples):
-        raise ValueError("every prompt needs a token, max_new_tokens >= 1 and num_samples >= 1")
+        raise ParameterError("prompts need a token each, max_new_tokens and num_samples must be >= 1",
+                             "prompts", "max_new_tokens", "num_samples")
     if any(b < a for a, b in pairwise(arrival)):
-        raise ValueError(f"arrival_s must be sorted, got {arrival}")
+        raise ParameterError(f"arrival_s {arrival} must be sorted", "arrival_s")
     rows = [(i, j) for i in range(count) for j in range(samples[i])]
     first_row = {i: r for r, (i, j) in enumerate(rows) if j == 0}
     return Workload(
@@ -251,7 +260,7 @@ def cancellation_points(
     number of tokens in 1 .. output − 1, so it has a first token and a partial output.
     """
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"--cancel-fraction must be between 0 and 1, got {fraction}")
+        raise ParameterError(f"fraction {fraction:g} must be between 0 and 1", "fraction")
     n = len(output_tokens)
     cancel_at = np.zeros(n, dtype=np.int64)
     eligible = np.flatnonzero(output_tokens >= 2)

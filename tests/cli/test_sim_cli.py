@@ -170,3 +170,56 @@ def test_timeline_into_a_missing_directory_is_refused_before_the_run(run_cli, tm
                              "create it or write the file elsewhere\n")
     directory = run_cli("sim", "--requests", "3", "--timeline", str(tmp_path))
     assert directory.exit_code == 2 and f"--timeline {tmp_path} is a directory" in directory.stderr
+
+
+def test_an_empty_slo_is_refused(run_cli):
+    result = run_cli("sim", "--requests", "3", "--slo", "")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: --slo '' names no target: give e.g. ttft=2,tpot=100ms,e2e=30, "
+                                     "or drop --slo")
+
+
+def test_default_kv_dtype_is_bf16_and_shown(run_cli):
+    default = run_cli("sim", "--requests", "5", "--json")
+    fp16 = run_cli("sim", "--requests", "5", "--dtype", "fp16", "--json")
+    assert default.json()["kv_dtype"] == "bf16" and fp16.json()["kv_dtype"] == "fp16"
+    # both are 16 bits: the same pool, the same run
+    assert default.json()["policies"] == fp16.json()["policies"]
+    assert "per token in bf16" in run_cli("sim", "--requests", "5").stdout
+
+
+def test_progress_bar_goes_to_a_terminal_on_stderr_and_never_to_stdout():
+    """A real terminal on stderr (a pty), stdout a pipe: the bar is drawn there and --json stays one document.
+    The terminal is read while the command runs (a full pty would block its writes)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import threading
+
+    from kvcalc.cli.sim import PROGRESS_FROM
+
+    leader, follower = pty.openpty()
+    drawn = bytearray()
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # closed once the command has exited and everything is read
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    command = ["sim", "--requests", str(PROGRESS_FROM), "--rate", "5", "--json"]
+    proc = subprocess.run([sys.executable, "-c", "from kvcalc.cli.app import main; main()", *command],
+                          stdout=subprocess.PIPE, stderr=follower, timeout=300, check=False)
+    os.close(follower)
+    reader.join(timeout=10)
+    os.close(leader)
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["requests"] == PROGRESS_FROM
+    assert b"simulating paged" in drawn, bytes(drawn[:300])
