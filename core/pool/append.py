@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import ceil_div
 from .prefix_lookup import PrefixIndex
 from .store import BlockKeys, BlockStore
 
@@ -36,15 +35,16 @@ class SeqTable:
         return self.table[: self.num_blocks]
 
 
-def write_tokens(store: BlockStore, seq: SeqTable, num_tokens: int, copy: bool) -> list[tuple[int, int]]:
-    """Reserve slots for `num_tokens` (>= 1) more tokens of `seq`, which the store has room for: copy the
-    partially filled last block first when `copy` (the caller found it shared: no block with ref > 1 is
-    written), fill the last block, then fresh blocks. Returns the copy-on-write copies [(src, dst)]."""
+def write_tokens(
+    store: BlockStore, seq: SeqTable, num_tokens: int, last: int, copy: bool, new_total: int
+) -> list[tuple[int, int]]:
+    """Reserve slots for `num_tokens` (>= 1) more tokens of `seq`, which the store has room for, growing its
+    table to `new_total` blocks: copy its partially filled `last` block (-1: the last block is full) first
+    when `copy` (the caller found it shared: no block with ref > 1 is written), fill it, then fresh blocks.
+    Returns the copy-on-write copies [(src, dst)]."""
     B, old = store.block_size, seq.num_tokens
-    new_total = ceil_div(old + num_tokens, B)
     copies: list[tuple[int, int]] = []
-    if old % B:
-        last = int(seq.table[seq.num_blocks - 1])
+    if last >= 0:
         if copy:
             dst = store.take_one(int(store.fill[last]))
             store.ref[last] -= 1  # others still hold it (ref was > 1)

@@ -199,7 +199,7 @@ class BlockPool:
             return True
         if self.spec.tracked and self.spec.tracks(seq_id):
             return seq_id not in self.spec.reservations and self.can_reserve(seq_id, num_tokens)
-        return self._append_plan(seq, num_tokens)[0] <= len(self.store.queue)
+        return self._append_need(seq, num_tokens) <= len(self.store.queue)
 
     def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
         """Reserve slots for `num_tokens` more tokens; returns the copy-on-write copies [(src, dst)] (see append).
@@ -216,17 +216,22 @@ class BlockPool:
             copies, fresh = self.spec.append(seq_id, seq, num_tokens, block_keys, self._copies_last(seq))
             self._grown(fresh, num_tokens)
             return copies
-        store, old = self.store, seq.num_tokens
-        need, copy = self._append_plan(seq, num_tokens)
+        store, B, old = self.store, self.block_size, seq.num_tokens
+        # NOTE: _copies_last and _append_need inlined: decode calls this once per block boundary of every
+        # sequence, and each call costs a few percent of it
+        last = int(seq.table[seq.num_blocks - 1]) if old % B else -1
+        copy = last >= 0 and self._needs_copy(last)
+        new_total = ceil_div(old + num_tokens, B)
+        need = new_total - seq.num_blocks + copy
         if need > len(store.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks, {len(store.queue)} free")
-        keys = completed_keys(self.prefix, seq, old, old + num_tokens, block_keys)
+        keys = None if block_keys is None else completed_keys(self.prefix, seq, old, old + num_tokens, block_keys)
         self._epoch += 1
-        old_blocks = seq.num_blocks
-        copies = write_tokens(store, seq, num_tokens, copy)
-        self.logical_blocks += seq.num_blocks - old_blocks
+        self.logical_blocks += new_total - seq.num_blocks
         self.logical_tokens += num_tokens
-        register_completed(self.prefix, seq, keys)
+        copies = write_tokens(store, seq, num_tokens, last, copy, new_total)
+        if keys is not None:
+            register_completed(self.prefix, seq, keys)
         return copies
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -473,12 +478,10 @@ class BlockPool:
             raise ValueError(f"a sequence is named twice: it cannot be {what} twice in one call")
         return seqs
 
-    def _append_plan(self, seq: SeqTable, num_tokens: int) -> tuple[int, bool]:
-        """(free blocks an append of `num_tokens` >= 1 takes, whether it copies the last block first: a
-        partially filled last block is written into, so it is copied when shared)."""
-        B = self.block_size
-        copy = seq.num_tokens % B != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
-        return ceil_div(seq.num_tokens + num_tokens, B) - seq.num_blocks + copy, copy
+    def _append_need(self, seq: SeqTable, num_tokens: int) -> int:
+        """Free blocks an append of `num_tokens` >= 1 takes: its new blocks, and a copy of the last one first
+        when `_copies_last`."""
+        return ceil_div(seq.num_tokens + num_tokens, self.block_size) - seq.num_blocks + self._copies_last(seq)
 
     def _copies_last(self, seq: SeqTable) -> bool:
         """Writing past the sequence's tokens copies its last block first: it is partially filled and shared."""
