@@ -14,7 +14,7 @@ import sys
 from ..errors import ParameterError
 from ..units import parse_bytes
 
-# Requests per run. Measured (QA, 2-core machine): 10,000 constructed requests take 6 s at 1 req/s and 18 s
+# Requests per run. Measured on a 2-core machine: 10,000 constructed requests take 6 s at 1 req/s and 18 s
 # overloaded at 100 req/s, so 10^6 requests take tens of minutes to hours, silently off a TTY. Above the limit the
 # run is refused (the option's help states the limit); more requests do not change the statistics much.
 MAX_REQUESTS = 1_000_000

@@ -94,7 +94,7 @@ class PagedPolicy:
             # NOTE: without a prefix cache nothing is a hit; in particular KV swapped back in (`from_swap`,
             # start_tokens = the swapped tokens) needs fresh blocks for every token, start included. Counting
             # its start as held let a swap-in take blocks owed to running requests, whose next growth then
-            # preempted it again at once (QA finding 19: ~3x the preemptions of recompute).
+            # preempted it again at once (~3x the preemptions of recompute).
             return int(ceil_div(total_tokens, self.block_size)) <= self.free_blocks
         self._settle_all()
         return self.pool.can_allocate(total_tokens, keys[: total_tokens // self.block_size])

@@ -32,7 +32,7 @@ stores every token of every layer (see kvcalc sim's notes), so only the time sid
 Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
 bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
 decode reaches ~80 % of HBM bandwidth; FlashInfer's decode attention ~88 % and vLLM's paged kernel 83–85 %
-at large batch × context (DESIGN.md, "Measuring"); 0.5 ms covers scheduling and launch overhead with CUDA
+at large batch × context; 0.5 ms covers scheduling and launch overhead with CUDA
 graphs. `--calibrate bench.json` replaces attn_eff by the median measured `achieved_tbps` of a `kvcalc
 bench` run divided by this GPU's datasheet bandwidth.
 """

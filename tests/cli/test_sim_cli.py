@@ -143,7 +143,7 @@ def test_calibrate_sets_the_attention_efficiency(run_cli, tmp_path):
 @pytest.mark.parametrize("flag", ["--limit", "--requests", "--tp", "--block", "--max-batched-tokens", "--max-seqs",
                                   "--max-model-len", "--seed", "--kv-heads"])
 def test_every_integer_option_says_not_an_integer_the_same_way(run_cli, flag):
-    # QA2 #5: the wording of size/frag, not pydantic's "Input should be a valid integer"
+    # the wording of size/frag, not pydantic's "Input should be a valid integer"
     result = run_cli("sim", flag, "abc")
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {flag} 'abc' is not an integer: write a whole number")
@@ -162,7 +162,7 @@ def test_integer_spellings_are_read_exactly(run_cli):
 
 
 def test_timeline_into_a_missing_directory_is_refused_before_the_run(run_cli, tmp_path):
-    # QA2 #7: the directory is named (as frag --plot), not "no such file"; nothing runs first
+    # the directory is named (as frag --plot), not "no such file"; nothing runs first
     target = tmp_path / "missing" / "t.csv"
     result = run_cli("sim", "--requests", "3", "--timeline", str(target))
     assert result.exit_code == 2 and result.stdout == ""

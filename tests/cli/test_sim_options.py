@@ -1,5 +1,5 @@
 """`kvcalc sim` options: one rule with `kvcalc size` for --tp, no silent defaults, finite numbers only, options
-that do not apply are refused (QA report findings 3, 4, 5, 7, 13, 17)."""
+that do not apply are refused."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_an_empty_value_is_an_error_not_the_default(run_cli, args, needle):
 
 
 def test_help_shows_every_default_written_in_the_text(run_cli, monkeypatch):
-    # QA2 #9: "[poisson]" / "[the model's max]" were eaten as rich markup ("prompt + output ."); now "(default: …)"
+    # "[poisson]" / "[the model's max]" were eaten as rich markup ("prompt + output ."); now "(default: …)"
     monkeypatch.setenv("COLUMNS", "250")  # wide enough that rich folds no help text
     result = run_cli("sim", "--help")
     assert result.exit_code == 0
@@ -163,7 +163,7 @@ def test_help_shows_every_default_written_in_the_text(run_cli, monkeypatch):
 
 
 def test_bits_spelling_is_refused_and_lower_case_is_bytes(run_cli):
-    # QA2 #6: "25Gb" (capital prefix, lower-case b) is bits -> refused; "25gb" is read as 25·10^9 bytes/s
+    # "25Gb" (capital prefix, lower-case b) is bits -> refused; "25gb" is read as 25·10^9 bytes/s
     line = one_error_line(run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25Gb"))
     assert "'25Gb' is how bits are written" in line and "did you mean 25GB (bytes)?" in line
     lower = run_cli("sim", *TINY, "--preempt", "swap", "--swap-bandwidth", "25gb", "--json")
@@ -172,7 +172,7 @@ def test_bits_spelling_is_refused_and_lower_case_is_bytes(run_cli):
     assert lower.json() == upper.json()
 
 
-# ---- QA2 #4: options given explicitly that would change nothing ------------------------------------------------------
+# ---- options given explicitly that would change nothing ------------------------------------------------------
 @pytest.mark.parametrize("args", [
     ("--swap-bandwidth", "1KB"),
     ("--swap-bandwidth", "25GB"),  # the default value, given explicitly, is still ignored without swapping

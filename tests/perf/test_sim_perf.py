@@ -1,4 +1,4 @@
-"""Benchmark: the whole Azure LLM 2023 conversation trace through `kvcalc sim` (issue 5 §6).
+"""Benchmark: the whole Azure LLM 2023 conversation trace through `kvcalc sim`.
 
 19,366 requests, ~4.1 M output tokens, ~3,500 s of arrivals at the trace's own rate; paged, block 16,
 Llama-3-8B on one H100-SXM. Goal: at most 10 s of wall time on the 2-core CI machines. Reports wall

@@ -279,7 +279,7 @@ def test_swap_and_recompute_preempt_alike_when_time_does_not_differ(seed):
     # With every step the same length, swap moving 0 bytes, and a token budget that never binds, a swapped
     # request and a recomputed one need the same blocks at the same steps (swap-in: its tokens + 1; recompute:
     # its whole prefix again, in one chunk), so the two schedules, and their preemptions, are identical.
-    # Before the swap-in fit check counted every token, swap preempted ~3x more (QA finding 19).
+    # Before the swap-in fit check counted every token, swap preempted ~3x more.
     w = random_workload(100, float("inf"), seed=seed, mean_prompt=100, mean_output=200)
     runs = [run_policy(w, "paged", make_setup(120, 16, constant_steptime(kv_bytes_per_token=0), preempt=p,
                                               max_model_len=1100, max_batched_tokens=10**6))

@@ -1,4 +1,4 @@
-"""MoE weight reads in the step-time model (QA finding 18): a step reads the dense part and the experts its
+"""MoE weight reads in the step-time model: a step reads the dense part and the experts its
 tokens touch, E · (1 − (1 − k/E)^T) per layer under uniform routing, not every weight."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sliding windows in the step-time model (QA finding 2): sliding layers attend and read at most W tokens;
+"""Sliding windows in the step-time model: sliding layers attend and read at most W tokens;
 the pool side is not windowed and the report says so."""
 
 from __future__ import annotations
