@@ -107,6 +107,15 @@ def command(**values: Any) -> None:
         with progress_bar("max-rate search (simulated runs)", total=None) as advance:
             searches = search_max_rates(setup, progress=advance, workers=workers)
     result = Simulation.from_runs(setup, records, searches)
+    plain = None
+    if setup.sim.speculation is not None:
+        from ..core.sim.spec_run import without_speculation
+
+        plain_setup = without_speculation(setup)
+        with progress_bar("the same runs without speculation (arrivals)", total=units,
+                          enabled=units >= PROGRESS_FROM) as advance:
+            plain_records = run_policies(plain_setup, progress=advance, workers=workers)
+        plain = Simulation.from_runs(plain_setup, plain_records, {}).summaries
     if timeline is not None:
         _write_timeline(timeline, result.records)
         err_console.print(f"wrote {timeline}", highlight=False)
@@ -115,7 +124,7 @@ def command(**values: Any) -> None:
 
         write_sim_plot(plot, result.records, f"{setup.workload.kind} workload: {setup.workload.description}")
         err_console.print(f"wrote {plot}", highlight=False)
-    emit(build_report(result), resolve_format(json_flag, fmt))
+    emit(build_report(result, plain), resolve_format(json_flag, fmt))
 
 
 command.__signature__ = inspect.Signature(_parameters())  # type: ignore[attr-defined]

@@ -84,7 +84,58 @@ def _max_rate_table(searches: dict, slo_spec, target: float) -> Table:
     return record_table(title, fields, records)
 
 
-def build_report(result: Simulation) -> Report:
+_SPEC_FIELDS = [
+    Field("run"),
+    Field("ttft_mean_s", "TTFT mean (ms)", _ms),
+    Field("tpot_mean_s", "TPOT mean (ms)", _ms),
+    Field("tpot_p99_s", "TPOT p99 (ms)", _ms),
+    Field("itl_mean_s", "ITL mean (ms)", _ms),
+    Field("throughput_rps", "throughput (req/s)", "{:.3f}".format),
+    Field("output_tokens_per_s", "output tokens/s", "{:,.0f}".format),
+    Field("mean_tokens_per_step", "tokens per decode step", "{:.3f}".format, missing="1 (plain)"),
+    Field("speculative_share", "speculative slots (of the pool)", format_percent, missing="–"),
+]
+
+
+def _speculative_doc(result: Simulation, summaries: dict, plain: dict) -> dict:
+    """The `speculative` JSON object: the settings, the first policy's measured means, each policy without it."""
+    spec = result.setup.sim.speculation
+    first = summaries[result.setup.policies[0]]["speculative"]
+    return {
+        "spec_tokens": spec.spec_tokens, "acceptance": spec.acceptance, "method": spec.method,
+        "draft_cost": spec.draft_cost, "rollback_policy": spec.rollback_policy,
+        "lookahead_slots": spec.lookahead_slots, "slots_per_step": spec.speculation.slots_per_step,
+        "closed_form_tokens_per_step": spec.closed_form_tokens_per_step,
+        "mean_accepted_per_step": first["mean_accepted_per_step"],
+        "mean_tokens_per_step": first["mean_tokens_per_step"],
+        "fast_forward": False,
+        "without_speculation": {name: {key: s[key] for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "throughput_rps",
+                                                               "output_tokens_per_s", "steps")}
+                                for name, s in plain.items()},
+    }
+
+
+def _speculative_table(result: Simulation, summaries: dict, plain: dict) -> Table:
+    spec = result.setup.sim.speculation
+    records = []
+    for name in result.setup.policies:
+        for label, s in ((f"{name}, K = {spec.spec_tokens}", summaries[name]), (f"{name}, plain", plain[name])):
+            measured = s.get("speculative")
+            records.append({
+                "run": label, "policy": name, "spec_tokens": spec.spec_tokens if measured else 0,
+                "ttft_mean_s": s["ttft_s"]["mean"], "tpot_mean_s": s["tpot_s"]["mean"],
+                "tpot_p99_s": s["tpot_s"]["p99"], "itl_mean_s": s["itl_s"]["mean"],
+                "throughput_rps": s["throughput_rps"], "output_tokens_per_s": s["output_tokens_per_s"],
+                "mean_tokens_per_step": measured["mean_tokens_per_step"] if measured else None,
+                "speculative_share": s["memory"]["speculative"] if measured else None,
+            })
+    title = (f"Speculative (K = {spec.spec_tokens}, A = {spec.acceptance:g}; closed form "
+             f"{spec.closed_form_tokens_per_step:.3f} tokens per step) vs plain decoding, same workload")
+    return quantity_table(title, ["", *(r["run"] for r in records)], _SPEC_FIELDS, records)
+
+
+def build_report(result: Simulation, plain: dict | None = None) -> Report:
+    """`plain`: with speculation, each policy's summary of the same run without it (RunSummary objects)."""
     setup = result.setup
     policies, slo_spec, target, searches = list(setup.policies), setup.slo, setup.target_attainment, result.searches
     summaries = {name: summary.to_dict() for name, summary in result.summaries.items()}
@@ -121,6 +172,10 @@ def build_report(result: Simulation) -> Report:
         else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
         "policies": summaries,
     }
+    speculating = setup.sim.speculation is not None
+    if speculating:
+        plain_docs = {name: summary.to_dict() for name, summary in (plain or {}).items()}
+        doc["speculative"] = _speculative_doc(result, summaries, plain_docs)
     if searches:
         doc["max_rate_rps"] = {name: s.max_rate_rps for name, s in searches.items()}
         doc["max_rate_search"] = {
@@ -140,8 +195,12 @@ def build_report(result: Simulation) -> Report:
         record.update(context)
     tables = [
         quantity_table("Latency and throughput (step-time model)", ["", *policies], _latency_fields(slo_spec), records),
-        quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies], _MEMORY_FIELDS, records),
+        quantity_table("KV pool over time (time-averaged share of the pool)", ["", *policies],
+                       _MEMORY_FIELDS + ([Field("speculative", "speculative slots (drafts, lookahead, kept)",
+                                                format_percent)] if speculating else []), records),
     ]
+    if speculating and plain:
+        tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
     text = [

@@ -141,6 +141,7 @@ class MemoryShares:
     free: float
     useful_of_occupied: float
     block_tables: float
+    speculative: float | None = None  # speculative decoding: slots past the committed tokens (in the sum to 1)
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,13 @@ class RunSummary:
     generated_tokens: int
     steps: int
     rejected_reasons: dict[str, int]
+    speculative: dict | None = None  # speculative decoding: what its steps verified, accepted and rolled back
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        if self.speculative is None:  # a run without speculation reads as it always has
+            del doc["speculative"], doc["memory"]["speculative"]
+        return doc
 
 
 def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummary:
@@ -183,10 +188,12 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummar
     shares = [float(v) for v in record.memory_slot_s / (duration * record.capacity_slots)]
     free, cached_free = shares[MEMORY_PARTS.index("free")], shares[MEMORY_PARTS.index("cached_free")]
     occupied = 1.0 - free - cached_free
+    spec = record.speculative
     memory = MemoryShares(
         **dict(zip(MEMORY_PARTS, shares, strict=True)),
         useful_of_occupied=shares[0] / occupied if occupied > 0 else float("nan"),
         block_tables=record.block_table_byte_s / duration / (record.capacity_slots * kv_bytes_per_token),
+        speculative=None if spec is None else spec.speculative_slot_s / (duration * record.capacity_slots),
     )
     met = meets_slo(lat, slo)
     status = record.status
@@ -214,6 +221,10 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummar
         generated_tokens=int(record.generated.sum()),
         steps=record.steps,
         rejected_reasons=dict(record.rejected_reason),
+        speculative=None if spec is None else {
+            "steps": spec.steps, "drafts": spec.drafts, "accepted": spec.accepted, "emitted_tokens": spec.emitted,
+            "mean_accepted_per_step": spec.mean_accepted_per_step, "mean_tokens_per_step": spec.mean_tokens_per_step,
+            "rolled_back_slots": spec.rolled_back_slots},
     )
 
 

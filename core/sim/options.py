@@ -108,3 +108,19 @@ class SimOptions:
         flag="--attainment")
     prefix_caching: bool = option(True, "Ignore Mooncake prefix ids.", flag="--no-prefix-caching", negate=True)
     fast_forward: bool = option(True, "Simulate every step one by one.", flag="--no-fast-forward", negate=True)
+    # speculative decoding
+    spec_tokens: int | None = option(
+        None, "Speculative decoding: K drafts verified per decode step (1 + K query tokens); off by default.",
+        metavar="K")
+    spec_acceptance: float | None = option(
+        None, "With --spec-tokens: probability A that a draft is accepted (independently, until the first "
+              "rejection; seeded).", metavar="A")
+    spec_method: str | None = option(
+        None, "With --spec-tokens: draft (a draft model / EAGLE / MTP: K lookahead slots per step; the default) or "
+              "ngram (no drafter model, no lookahead).")
+    draft_cost: float | None = option(
+        None, "With --spec-method draft: one draft pass as a share of the target's decode step (default: 0.1).",
+        metavar="F")
+    rollback_policy: str | None = option(
+        None, "With --spec-tokens and the paged policy: keep (vLLM v1: rejected slots' blocks stay, the default) "
+              "or free (SGLang: blocks past the accepted tokens are freed).")

@@ -102,6 +102,8 @@ class StepPlan:
     num_new_tokens       int64 [m]   tokens each computes this step (>= 1)
     samples              bool  [m]   whether each samples a token at the end of the step
     token_ids            per request, the ids of its new tokens (None when the workload has only lengths)
+    num_draft_tokens     int64 [m]   speculative decoding: of each request's new tokens, how many are drafts
+                                     to verify (its last K); None without speculation
     """
 
     step: int
@@ -114,6 +116,7 @@ class StepPlan:
     events: StepEvents = NO_EVENTS
     token_ids: tuple[tuple[int, ...], ...] | None = None
     blocks: BlockLayout | None = None
+    num_draft_tokens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -140,11 +143,14 @@ class StepOutcome:
     token_ids    request id -> the token it sampled, for every sampling request and every fork child of the
                  plan; None when the executor produces no tokens (the step-time model)
     finished     requests that stopped at this step's token (end of sequence), before their output length
+    num_accepted speculative decoding: request id -> how many of its drafts verification accepted (the
+                 longest accepted prefix, 0..drafts), for every request with drafts in the plan
     """
 
     duration_s: float
     token_ids: Mapping[int, int] | None = None
     finished: frozenset[int] = frozenset()
+    num_accepted: Mapping[int, int] | None = None
 
 
 class Executor(Protocol):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -85,3 +86,4 @@ class RunRecord:
     timeline: list[tuple] = field(default_factory=list)
     rejected_reason: dict[str, int] = field(default_factory=dict)
     generated_token_ids: list[list[int]] | None = None  # per request, when the executor produced tokens
+    speculative: Any = None  # speculative decoding: the run's speculative.SpeculativeTotals

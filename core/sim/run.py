@@ -25,6 +25,7 @@ from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
 from .reserve import ReservationPolicy
 from .scheduler import SchedulerConfig
+from .speculative import SimSpeculation
 from .steptime import StepTimeExecutor, StepTimeModel
 from .workload import Workload, cancellation_points, length_streams
 
@@ -40,6 +41,7 @@ class SimSetup:
     cancel_fraction: float = 0.0
     seed: int = 0
     prefix_caching: bool = True
+    speculation: SimSpeculation | None = None  # speculative decoding (spec_run.py runs it)
 
     @classmethod
     def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
@@ -111,6 +113,11 @@ def run_policy(workload: Workload, name: str, setup: SimSetup, *, executor: Exec
                          "the step-time model produces none")
     _, _, cancel_rng = length_streams(setup.seed)
     cancel_at = cancellation_points(workload.output_tokens, setup.cancel_fraction, cancel_rng)
+    if setup.speculation is not None:
+        from .spec_run import run_speculative
+
+        return run_speculative(workload, name, setup, setup.speculation, executor=executor,
+                               record_timeline=record_timeline, progress=progress, cancel_at=cancel_at)
     policy = make_policy(name, workload, setup, exact_block_tables=executor is not None)
     engine = Engine(workload, policy, executor or StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at,
                     record_timeline=record_timeline, progress=progress)
@@ -123,4 +130,4 @@ def unlimited(setup: SimSetup, workload: Workload) -> SimSetup:
     need = int(np.sum(workload.prompt_tokens + workload.output_tokens)) + setup.scheduler.max_model_len
     blocks = ceil_div(max(need, setup.scheduler.max_model_len * len(workload)), setup.block_size) + 1
     return SimSetup(blocks, setup.block_size, setup.steptime, setup.scheduler, setup.cancel_fraction, setup.seed,
-                    setup.prefix_caching)
+                    setup.prefix_caching, setup.speculation)

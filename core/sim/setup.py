@@ -35,6 +35,8 @@ from .options import (
 from .run import SimSetup, choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
+from .spec_run import check_speculative_setup
+from .speculative import speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .workload import Workload, constructed, from_trace, length_streams
 
@@ -161,8 +163,14 @@ def build(o: SimOptions) -> Setup:
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
+    speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
+                                           o.rollback_policy, seed)
+    if speculation is not None:
+        check_speculative_setup(speculation, o.max_batched_tokens, max_model_len, policies,
+                                rollback_given=o.rollback_policy is not None)
+        notes.append(speculation.describe())
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
-                             prefix_caching=o.prefix_caching)
+                             prefix_caching=o.prefix_caching, speculation=speculation)
     if workload.has_prefix_ids and o.prefix_caching:
         check_mooncake_block_size(o.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
