@@ -1,16 +1,11 @@
 """Prefix-cache replay of a real trace through the block pool.
 
 Requests replay one at a time in arrival order (by timestamp; requests that arrive together keep their file
-order): the prompt is allocated — its longest cached
-prefix of full blocks is revived from the cache instead of recomputed — the output is appended, then the
-request finishes and its blocks go to the LRU cache. Capacity is unlimited (no eviction ever), or a
-number of blocks (then LRU evictions happen and are counted). The same replay without prefix caching
-is the contrast.
-
-Content keys for Mooncake: one hash id covers 512 tokens (equal ids = equal content, prefix-chained), so
-with block size B (B must divide 512) full block j of a request has the key (hash_ids[j // S], j % S),
-S = 512 / B, encoded exactly as the integer hash_id · S + j % S. The last id may cover a partial 512-token
-block; a block that ends past the last id's coverage is an error in the trace.
+order): the prompt is allocated — its longest cached prefix of full blocks is revived from the cache
+instead of recomputed — the output is appended, then the request finishes and its blocks go to the LRU
+cache. Capacity is unlimited (no eviction ever), or a number of blocks (then LRU evictions happen and are
+counted). The same replay without prefix caching is the contrast. The trace's blocks, content keys and
+checks are in trace_blocks.
 """
 
 from __future__ import annotations
@@ -21,12 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import ceil_div
-from ..errors import ParameterError
-from ..host_memory import check_fits
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, check_mooncake_block_size, mooncake_block_keys
+from ..inputs.traces import Trace, mooncake_block_keys
 from ..pool.block_pool import BlockPool
-from ..pool.store import BlockStore
+from .trace_blocks import check_requests, checked_pool_blocks, in_arrival_order, trace_block_keys
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 
@@ -67,162 +59,6 @@ class TraceShareResult:
     uncached: ReplayResult
 
 
-def check_block_size(block_size: int) -> None:
-    """A block size that Mooncake's prefix ids can key (see the module docstring)."""
-    _check_positive_block_size(block_size)
-    check_mooncake_block_size(block_size)
-
-
-def _check_positive_block_size(block_size: int) -> None:
-    if block_size < 1:
-        raise ParameterError(f"block_size {block_size} must be a positive number of tokens", "block_size")
-
-
-def _check_key_range(trace: Trace, block_size: int) -> None:
-    if trace.hash_ids is None or not len(trace.hash_ids):
-        return
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
-    limit = (2**63 - 1) // per_id - 1
-    largest = int(np.abs(trace.hash_ids).max())
-    if largest > limit:
-        raise ParameterError(
-            f"{trace.path}: hash id {largest:,} is larger than the {limit:,} that block_size {block_size} can key "
-            f"exactly (an id times {per_id} sub-blocks must fit in int64): use a larger block_size", "block_size"
-        )
-
-
-def in_arrival_order(trace: Trace) -> Trace:
-    """The trace with its requests sorted by arrival time, stably (ties keep file order); itself if sorted."""
-    if not len(trace) or bool(np.all(trace.arrival_s[1:] >= trace.arrival_s[:-1])):
-        return trace
-    order = np.argsort(trace.arrival_s, kind="stable")
-    ids, offsets = trace.hash_ids, trace.hash_offsets
-    if ids is not None and offsets is not None:
-        lengths = np.diff(offsets)[order]
-        new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=new_offsets[1:])
-        # each request's ids, moved from its old start to its new one
-        ids = ids[np.arange(new_offsets[-1]) + np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths)]
-        offsets = new_offsets
-    return Trace(trace.kind, trace.path, trace.arrival_s[order], trace.prompt_tokens[order],
-                 trace.output_tokens[order], ids, offsets)
-
-
-def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
-    """int64 [N]: blocks each request holds at the end (prompt + output)."""
-    return ceil_div(trace.prompt_tokens + trace.output_tokens, block_size)
-
-
-def unlimited_capacity(trace: Trace, block_size: int) -> int:
-    """Blocks that guarantee no eviction: every distinct cacheable block, plus the largest request.
-
-    A cached block has a distinct key chain, and a full block's chain is fixed by its request's hash-id
-    prefix up to it plus its index inside that id: at most (distinct hash-id prefixes) x 512/B chains.
-    """
-    largest = int(request_blocks(trace, block_size).max())
-    if trace.hash_ids is None:
-        return largest
-    return distinct_id_prefixes(trace.hash_ids, trace.hash_offsets) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
-
-
-def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
-    """Distinct non-empty prefixes of the requests' hash-id sequences (the nodes of their trie).
-
-    Vectorised: in lexicographic order, each sequence adds its length minus its longest common prefix
-    with the one before it. Rows are padded with a value below every id, so that a sequence sorts before
-    its extensions and the padding never extends a common prefix past the shorter sequence.
-    """
-    lengths = np.diff(hash_offsets)
-    ids = hash_ids[hash_offsets[0] : hash_offsets[-1]] if len(hash_offsets) else hash_ids[:0]
-    if not len(ids):
-        return 0
-    width = int(lengths.max())
-    if len(lengths) * width > 8 * len(ids) + (1 << 20):  # a padded matrix far larger than the ids: walk a trie
-        trie: dict[tuple[int, int], int] = {}
-        flat, offsets = hash_ids.tolist(), hash_offsets.tolist()
-        for i in range(len(lengths)):
-            node = -1
-            for h in flat[offsets[i] : offsets[i + 1]]:
-                node = trie.setdefault((node, h), len(trie))
-        return len(trie)
-    rows = np.full((len(lengths), width), int(ids.min()) - 1, dtype=np.int64)
-    row_of = np.repeat(np.arange(len(lengths)), lengths)
-    rows[row_of, np.arange(hash_offsets[0], hash_offsets[-1]) - hash_offsets[row_of]] = ids
-    order = np.lexsort(rows.T[::-1])  # lexsort's last key is the primary one
-    rows, lengths = rows[order], lengths[order]
-    equal = rows[1:] == rows[:-1]
-    common = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
-    common = np.minimum(common, np.minimum(lengths[1:], lengths[:-1]))
-    return int(lengths.sum() - common.sum())
-
-
-def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:
-    """Every user error a replay with prefix caching could meet — the memory of its pool included — found up
-    front (vectorised) so a replay never fails midway."""
-    _checked_pool_blocks(trace, block_size, capacity_blocks, trace.has_prefix_ids)
-
-
-def _checked_pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool) -> int:
-    """check_trace, then the blocks of the replay's pool (`keyed`: with prefix caching), refused when they
-    would not fit in this machine's memory."""
-    largest = _check_requests(trace, block_size, capacity_blocks)
-    # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
-    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
-    if capacity_blocks is not None:
-        pool_blocks = min(pool_blocks, capacity_blocks)
-    check_fits(BlockStore.memory_bytes(pool_blocks), f"the replay's pool of {pool_blocks:,} blocks",
-               "bound it with capacity_blocks", "capacity_blocks")
-    return pool_blocks
-
-
-def _check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -> int:
-    """The checks of every request against the block size and the capacity; the largest request's blocks."""
-    if trace.has_prefix_ids:
-        check_block_size(block_size)
-        _check_key_range(trace, block_size)
-        full_blocks = trace.prompt_tokens // block_size
-        ids_needed = ceil_div(full_blocks * block_size, MOONCAKE_BLOCK_TOKENS)
-        ids_given = np.diff(trace.hash_offsets)
-        short = np.flatnonzero(ids_given < ids_needed)
-        if len(short):
-            i = int(short[0])
-            mooncake_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
-                               f"{trace.path} request {i + 1}: ")
-    else:
-        _check_positive_block_size(block_size)
-    if capacity_blocks is not None and capacity_blocks < 1:
-        raise ParameterError(f"capacity_blocks {capacity_blocks} must be a positive number of blocks",
-                             "capacity_blocks")
-    blocks = request_blocks(trace, block_size)
-    largest = int(blocks.max())
-    if capacity_blocks is not None and capacity_blocks < largest:
-        i = int(blocks.argmax())
-        raise ParameterError(
-            f"capacity_blocks {capacity_blocks:,} is smaller than request {i + 1} of the trace, which needs "
-            f"{largest:,} blocks of {block_size} tokens: give at least {largest:,}", "capacity_blocks"
-        )
-    return largest
-
-
-def largest_request_blocks(trace: Trace, block_size: int) -> int:
-    """Blocks of the largest request (prompt + output): the least capacity a replay of `trace` needs."""
-    _check_positive_block_size(block_size)
-    return int(request_blocks(trace, block_size).max())
-
-
-def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """(keys int64 [K], offsets int64 [n+1]): `mooncake_block_keys` of requests first .. stop - 1 end to end,
-    vectorised (check_trace has made sure that every request has the hash ids its full blocks need)."""
-    assert trace.hash_ids is not None and trace.hash_offsets is not None
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
-    full = trace.prompt_tokens[first:stop] // block_size
-    offsets = np.zeros(len(full) + 1, dtype=np.int64)
-    np.cumsum(full, out=offsets[1:])
-    j = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], full)  # block index in its request
-    ids = trace.hash_ids[np.repeat(trace.hash_offsets[first:stop], full) + j // per_id]
-    return ids * per_id + j % per_id, offsets
-
-
 def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
     """[first, stop) request ranges of about _BATCH_BLOCKS prompt blocks each (one request may exceed it)."""
     ends = np.cumsum(trace.prompt_tokens // block_size)
@@ -243,7 +79,7 @@ def replay(
     `progress(n)` is called as the requests are replayed, n at a time.
     """
     keyed = prefix_caching and trace.has_prefix_ids
-    pool_blocks = _checked_pool_blocks(trace, block_size, capacity_blocks, keyed)
+    pool_blocks = checked_pool_blocks(trace, block_size, capacity_blocks, keyed)
     trace = in_arrival_order(trace)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
@@ -292,7 +128,7 @@ def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) 
     """What `replay(..., prefix_caching=False)` gives, in closed form: requests one at a time share
     nothing, so no hit, no cached block, no eviction, and the peak is the largest request. Tests check it
     against the pool; the CLI uses it to save a second pass over a large trace."""
-    largest = _check_requests(trace, block_size, capacity_blocks)
+    largest = check_requests(trace, block_size, capacity_blocks)
     return ReplayResult(
         prefix_caching=False,
         block_size=block_size,

@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from kvcalc.core.inputs.traces import Trace, mooncake_block_keys, read_trace
 from kvcalc.core.share import replay as share_trace_module
 from kvcalc.core.share.forks import ScenarioSpec, closed_form_physical_blocks, run_scenario
-from kvcalc.core.share.replay import (
-    distinct_id_prefixes,
-    replay,
-    share_trace,
-    uncached_replay,
-    unlimited_capacity,
-)
+from kvcalc.core.share.replay import replay, share_trace, uncached_replay
+from kvcalc.core.share.trace_blocks import distinct_id_prefixes, in_arrival_order, unlimited_capacity
 
 MOONCAKE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
 
@@ -195,7 +190,7 @@ def test_arrival_order_sorts_stably_and_keeps_each_requests_ids(raw: list[tuple[
     trace = make_trace([(len(ids) * 512, i, ids) for i, (_, ids) in enumerate(raw)])
     trace = Trace(trace.kind, trace.path, np.array([t for t, _ in raw], dtype=np.float64), trace.prompt_tokens,
                   trace.output_tokens, trace.hash_ids, trace.hash_offsets)
-    ordered = share_trace_module.in_arrival_order(trace)
+    ordered = in_arrival_order(trace)
     expected = sorted(range(len(raw)), key=lambda i: raw[i][0])  # sorted() is stable
     assert ordered.output_tokens.tolist() == expected  # output i marks request i of the file
     assert [ordered.request_hash_ids(j).tolist() for j in range(len(raw))] == [raw[i][1] for i in expected]
