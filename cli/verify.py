@@ -25,7 +25,7 @@ EVENT_LABELS = {
     "prefix_hit_tokens": "hits", "cow_copies": "CoW", "forks": "forks", "preemptions": "preempt", "swaps": "swaps",
     "cancellations": "cancel", "evictions": "evict", "prefill_chunks": "chunks", "mixed_steps": "mixed",
     "eos_finishes": "EOS", "beams_dropped": "dropped", "cancelled_blocks_reused": "reused",
-    "deferred_free_blocks": "deferred",
+    "deferred_free_blocks": "deferred", "rollbacks": "rollbacks",
 }
 
 
@@ -125,10 +125,11 @@ def command(
                                        "bf16 or fp16 (the top-k rule).")] = "fp32",
     scenario: Annotated[list[str] | None, typer.Option(
         "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
-        "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool.")] = None,
+        "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
+        "speculative.")] = None,
     inject: Annotated[str | None, typer.Option(
         "--inject", help="Plant a fault in the block pool that the checks must catch (exit 1): early-free, "
-        "skip-cow or stale-hash.")] = None,
+        "skip-cow, stale-hash or no-rollback.")] = None,
     seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
     hf_model: Annotated[Path | None, typer.Option(
         "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "

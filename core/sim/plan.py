@@ -141,14 +141,15 @@ class StepOutcome:
 
     duration_s   how long the step took (simulated or measured); the scheduler's clock advances by it
     token_ids    request id -> the token it sampled, for every sampling request and every fork child of the
-                 plan; None when the executor produces no tokens (the step-time model)
+                 plan (a tuple of the tokens it emitted for a request that verified drafts); None when the
+                 executor produces no tokens (the step-time model)
     finished     requests that stopped at this step's token (end of sequence), before their output length
     num_accepted speculative decoding: request id -> how many of its drafts verification accepted (the
                  longest accepted prefix, 0..drafts), for every request with drafts in the plan
     """
 
     duration_s: float
-    token_ids: Mapping[int, int] | None = None
+    token_ids: Mapping[int, int | tuple[int, ...]] | None = None
     finished: frozenset[int] = frozenset()
     num_accepted: Mapping[int, int] | None = None
 

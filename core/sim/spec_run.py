@@ -68,7 +68,11 @@ class SpeculativePagedPolicy(ExactPagedPolicy):
         return True
 
     def commit(self, rid: int, num_accepted: int) -> int:
+        expected = self.pool.committed_tokens(rid) + num_accepted
         rolled_back = self.pool.commit(rid, num_accepted)
+        committed = self.pool.committed_tokens(rid)
+        assert committed == expected, (f"request {rid}: the pool committed {committed} tokens, the scheduler "
+                                       f"{expected}: rejected slots were kept as committed")
         self._track(rid)
         return rolled_back
 
@@ -232,8 +236,20 @@ class SpeculativeEngine(Engine):
             s.last_token_s[sampled] = s.now_s
             s.generated[sampled] += np.array([emitted.get(r, 1) for r in sampled.tolist()], dtype=np.int64)
             if s.token_ids is not None:
-                self._take_tokens(sampled, outcome)
+                self._take_speculated_tokens(sampled, outcome, emitted)
             s.finish(sampled, outcome.finished)
+
+    def _take_speculated_tokens(self, sampled: np.ndarray, outcome: StepOutcome, emitted: dict[int, int]) -> None:
+        """As Engine._take_tokens; a request that verified drafts reports the tuple of tokens it emitted."""
+        s = self.scheduler
+        if outcome.token_ids is None:
+            raise ValueError("the workload has token ids: the executor must return the tokens each sampling "
+                             "request produced (StepOutcome.token_ids)")
+        for rid in sampled.tolist():
+            tokens = outcome.token_ids[rid]
+            tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
+            assert len(tokens) == emitted.get(rid, 1), f"request {rid}: {len(tokens)} tokens for {emitted.get(rid, 1)}"
+            s.token_ids[rid].extend(int(t) for t in tokens)
 
     def totals_speculative(self) -> SpeculativeTotals:
         return SpeculativeTotals(**self.counts, speculative_slot_s=self.speculative_slot_s)

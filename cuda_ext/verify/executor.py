@@ -99,6 +99,13 @@ class ModelExecutor:
 
     # ---- the step ------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> StepOutcome:
+        logits = self.forward(plan)
+        self.last_logits = dict(zip(plan.request_ids.tolist(), logits, strict=True))
+        return StepOutcome(self.step_s, *self._sample(plan, logits))
+
+    def forward(self, plan: StepPlan, *, all_logits: bool = False) -> torch.Tensor:
+        """Everything of a step but sampling -> logits on the CPU: [S, vocab] of each request's last new token,
+        or [N, vocab] of every new token with `all_logits` (a driver that verifies drafts)."""
         assert plan.blocks is not None and plan.token_ids is not None, (
             "a model runner needs plans with token ids and exact block tables (an ExactPagedPolicy)"
         )
@@ -123,11 +130,10 @@ class ModelExecutor:
         # that another request of the same step fills), so the contexts are checked after the writes
         self.shadow.write(plan.blocks.slot_mapping, idents, batch.positions.cpu().numpy())
         self._check_contexts(plan)
-        logits = paged_forward(self.weights, self.kv, batch, attention_backend=self.attention_backend)
+        logits = paged_forward(self.weights, self.kv, batch, attention_backend=self.attention_backend,
+                               return_all_logits=all_logits)
         self.counts["steps"] += 1
-        logits = logits.detach().cpu()
-        self.last_logits = dict(zip(plan.request_ids.tolist(), logits, strict=True))
-        return StepOutcome(self.step_s, *self._sample(plan, logits))
+        return logits.detach().cpu()
 
     # ---- requests whose tokens a driver picks -------------------------------------------------------
     def add_request(self, rid: int, prompt: Sequence[int], sampling: SamplingParams) -> None:

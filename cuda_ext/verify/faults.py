@@ -11,6 +11,8 @@ fails only if the token comparison, the content check or the pool's invariants n
                  instead of copying it first: siblings see each other's tokens
     stale-hash   an evicted cached block keeps its prefix-cache entry when it is handed out for new
                  content: a later prompt with the old prefix "hits" it and reads the new content
+    no-rollback  a speculative commit keeps every reserved slot: the rejected drafts' (and lookahead) K/V
+                 stays counted as committed, so the pool's length drifts from the scheduler's
 
 `fired` counts how often the fault changed what the pool did, so a report can tell a fault that was
 caught from one that never had a chance to act.
@@ -24,7 +26,7 @@ import numpy as np
 
 from ...core.pool.block_pool import BlockPool, ReleaseReason
 
-INJECTIONS = ("early-free", "skip-cow", "stale-hash")
+INJECTIONS = ("early-free", "skip-cow", "stale-hash", "no-rollback")
 
 
 class Fault:
@@ -39,6 +41,7 @@ class Fault:
     def install(self, pool: BlockPool) -> None:
         installers: dict[str, Callable[[BlockPool], None]] = {
             "early-free": self._early_free, "skip-cow": self._skip_cow, "stale-hash": self._stale_hash,
+            "no-rollback": self._no_rollback,
         }
         installers[self.name](pool)
 
@@ -75,3 +78,15 @@ class Fault:
             self.fired += len(block_ids)
 
         index.delete = keep_entries  # type: ignore[method-assign]
+
+    def _no_rollback(self, pool: BlockPool) -> None:
+        commit = pool.commit
+
+        def commit_all(seq_id: Hashable, num_accepted: int, block_keys=None) -> int:
+            reservation = pool.reservation(seq_id)
+            if reservation is not None and num_accepted < reservation.num_slots:
+                self.fired += 1
+                num_accepted = reservation.num_slots
+            return commit(seq_id, num_accepted, block_keys)
+
+        pool.commit = commit_all  # type: ignore[method-assign]

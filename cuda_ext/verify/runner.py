@@ -39,7 +39,7 @@ from .weights import ModelWeights
 
 EVENTS = ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions",
           "prefill_chunks", "mixed_steps", "eos_finishes", "beams_dropped", "cancelled_blocks_reused",
-          "deferred_free_blocks")
+          "deferred_free_blocks", "rollbacks")
 
 
 @dataclass
@@ -137,6 +137,7 @@ def _events(pool: BlockPool, executor: ModelExecutor, **extra: int) -> dict[str,
         "evictions": stats.evictions, "prefill_chunks": counts["prefill_chunks"], "mixed_steps": counts["mixed_steps"],
         "eos_finishes": counts["eos"], "beams_dropped": 0,
         "cancelled_blocks_reused": counts["cancelled_blocks_reused"], "deferred_free_blocks": 0,
+        "rollbacks": pool.speculative_stats().rolled_back_slots,
     }
     events.update(extra)
     return events
@@ -152,6 +153,11 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
     started = time.perf_counter()
     if scenario.requests is None:
         result = _run_beams(scenario, weights, attention_backend, fault)
+    elif scenario.spec_tokens:
+        from .speculative import run_speculative_scenario
+
+        result = run_speculative_scenario(scenario, weights, seed=seed, attention_backend=attention_backend,
+                                          fault=fault)
     else:
         result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
     result.needs = list(scenario.needs)
@@ -164,13 +170,15 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
 
 
 def _new_executor(weights: ModelWeights, scenario: Scenario, attention_backend: str, prompts, sampling,
-                  eos: int | None = None) -> ModelExecutor:
+                  eos: int | None = None, executor_class: type[ModelExecutor] = ModelExecutor, **kw: Any,
+                  ) -> ModelExecutor:
     kv = allocate_paged_kv(weights.config, scenario.num_blocks, scenario.block_size, weights.dtype, weights.device)
     # the blocks start as finite garbage, not zeros: a read of a slot nobody wrote changes the logits
     gen = torch.Generator().manual_seed(1234)
     for cache in (*kv.k, *kv.v):
         cache.copy_(torch.randn(cache.shape, generator=gen) * 30)
-    return ModelExecutor(weights, kv, prompts, sampling, attention_backend=attention_backend, eos_token_id=eos)
+    return executor_class(weights, kv, prompts, sampling, attention_backend=attention_backend, eos_token_id=eos,
+                          **kw)
 
 
 def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attention_backend: str,

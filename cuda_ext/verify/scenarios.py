@@ -1,6 +1,7 @@
 """verify's scenarios: the requests, the pool and the scheduler settings of each, and the events it must show.
 
-Every scenario but `beam-search` runs through the scheduler (core/sim) over an exact-table paged policy on
+Every scenario but `beam-search` runs through the scheduler (`speculative` through its speculative
+form, core/sim/spec_run.py) (core/sim) over an exact-table paged policy on
 the real block pool; `beam-search` runs its own lockstep driver over the same pool and executor. Prompts
 are token ids drawn from the run's seed; arrivals are in steps of the executor's constant clock (1 ms),
 so a schedule is the same on every machine. Block size 4 keeps blocks small enough that a few tokens
@@ -21,6 +22,8 @@ cross boundaries, fill partial blocks and share them.
     tiny-pool          all of the above at once in 24 blocks                        prefix_hit_tokens, cow_copies,
                                                                                       forks, preemptions, swaps,
                                                                                       cancellations, evictions
+    speculative        K = 3 greedy drafts by a smaller model, verified in one pass;  rollbacks, preemptions,
+                       rollback keep and free, prefix caching, a pool that preempts   prefix_hit_tokens
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Scenario:
     beam_prompts: tuple[tuple[int, ...], ...] = ()
     beam_width: int = 3
     beam_tokens: int = 8
+    spec_tokens: int = 0  # speculative decoding: K drafts per decode step (speculative.py runs it)
 
 
 def _prompts(rng: np.random.Generator, vocab: int, lengths: list[int], prefix: tuple[int, ...] = ()) -> list[tuple]:
@@ -120,11 +124,17 @@ def build(name: str, vocab: int, seed: int) -> Scenario:
         return Scenario(name, ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations",
                                "evictions"), num_blocks=24, requests=reqs, prefix_caching=True,
                         scheduler=replace(DEFAULT_SCHEDULER, max_batched_tokens=24, preempt="swap"))
+    if name == "speculative":
+        system = tuple(tokens([10])[0])
+        prompts = tokens([3, 6, 2], system) + tokens([9, 14, 5])
+        reqs = _requests(prompts, [18, 14, 20, 16, 12, 18], [0, 0, 4, 6, 8, 8], eos_from_reference=True)
+        return Scenario(name, ("rollbacks", "preemptions", "prefix_hit_tokens"), num_blocks=22, requests=reqs,
+                        prefix_caching=True, spec_tokens=3)
     raise ValueError(f"scenario {name!r} is unknown; use one of {', '.join(SCENARIOS)}")
 
 
 SCENARIOS = ("ragged", "chunked-prefill", "prefix-cache", "parallel-sampling", "beam-search", "preempt-recompute",
-             "preempt-swap", "cancel-reuse", "tiny-pool")
+             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative")
 
 
 def sampling_of_row(requests: Requests, row: int, seed: int) -> SamplingParams:

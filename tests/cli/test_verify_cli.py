@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 SCENARIOS = ["ragged", "chunked-prefill", "prefix-cache", "parallel-sampling", "beam-search", "preempt-recompute",
-             "preempt-swap", "cancel-reuse", "tiny-pool"]
+             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative"]
 SCENARIO_KEYS = {"name", "requests", "tokens_compared", "mismatched_tokens", "first_mismatch", "max_abs_logit_diff",
                  "passed", "events"}
 EVENT_KEYS = {"prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions"}
@@ -52,6 +52,7 @@ def test_table_names_every_scenario_and_the_verdict(run_cli):
 
 @pytest.mark.parametrize(("fault", "scenario"), [
     ("early-free", "cancel-reuse"), ("skip-cow", "parallel-sampling"), ("stale-hash", "prefix-cache"),
+    ("no-rollback", "speculative"),
 ])
 def test_each_inject_is_caught_with_exit_1(run_cli, fault, scenario):
     result = run_cli("verify", "--inject", fault, "--scenario", scenario, "--scenario", "ragged", "--json")
@@ -101,7 +102,7 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
     (("--scenario", "ragged", "--scenario", "ragged"), "error: --scenario ragged is given twice"),
     (("--dtype", "fp8"), "error: --dtype 'fp8' is not one of fp32, bf16, fp16"),
     (("--device", "gpu"), "error: --device 'gpu' is not one of auto, cpu, cuda"),
-    (("--inject", "no-rollback"), "error: --inject 'no-rollback' is not a known fault; use one of early-free,"),
+    (("--inject", "double-free"), "error: --inject 'double-free' is not a known fault; use one of early-free,"),
     (("--seed", "-1"), "error: --seed -1 is negative"),
     (("--json", "--format", "csv"), "error: "),
 ])
