@@ -21,7 +21,7 @@ and a pool small enough to preempt; both runs must match the contiguous referenc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from .runner import (
 )
 from .sampling import GREEDY, sample_token
 from .scenarios import Scenario, sampling_of_row
-from .verdict import Decoding, compare
+from .verdict import Comparison, Decoding, compare
 from .weights import ModelWeights, init_weights
 
 ROLLBACK_POLICIES = ("keep", "free")
@@ -154,8 +154,20 @@ class _WindowedSpeculativeEngine(_WindowedEngine, SpeculativeEngine):
     """The speculative engine with runner's step window around each step."""
 
 
+@dataclass
+class SpeculativeRun:
+    """One run of the scenario under one rollback policy, and what judging it needs."""
+
+    verdict: Comparison
+    policy: SpeculativePagedPolicy
+    executor: SpeculativeModelExecutor
+    engine: _WindowedSpeculativeEngine
+    checked: _CheckedExecutor
+    error: str | None
+
+
 def _one_run(scenario: Scenario, weights: ModelWeights, draft: ModelWeights, seed: int, attention_backend: str,
-             rollback_policy: str, fault: Fault | None):
+             rollback_policy: str, fault: Fault | None) -> SpeculativeRun:
     reqs, B, K = scenario.requests, scenario.block_size, scenario.spec_tokens
     workload = from_token_ids([list(p) for p in reqs.prompts], list(reqs.max_new_tokens), list(reqs.arrival_s),
                               list(reqs.num_samples), description=f"verify {scenario.name} ({rollback_policy})")
@@ -181,7 +193,8 @@ def _one_run(scenario: Scenario, weights: ModelWeights, draft: ModelWeights, see
         error = f"{rollback_policy}: {type(exc).__name__}: {exc}"
     refs = [Decoding(g.output_ids[:n], g.logits[:n], TOP_K) for g, n in zip(generations, lengths, strict=True)]
     tests = [_decoding(executor, row, weights, TOP_K) for row in range(len(workload))]
-    return compare(refs, tests, exact=weights.dtype == "fp32"), policy, executor, engine, checked, error
+    return SpeculativeRun(compare(refs, tests, exact=weights.dtype == "fp32"), policy, executor, engine, checked,
+                          error)
 
 
 def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attention_backend: str,
@@ -190,16 +203,16 @@ def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed:
     draft = draft_weights(weights, seed)
     verdicts, events, errors, content, invariant, steps = [], {}, [], [], None, 0
     for rollback_policy in ROLLBACK_POLICIES:
-        verdict, policy, executor, engine, checked, error = _one_run(scenario, weights, draft, seed,
-                                                                     attention_backend, rollback_policy, fault)
-        verdicts.append(verdict)
-        run_events = _events(policy.pool, executor, deferred_free_blocks=engine.deferred_free_blocks)
+        run = _one_run(scenario, weights, draft, seed, attention_backend, rollback_policy, fault)
+        verdicts.append(run.verdict)
+        run_events = _events(run.policy.pool, run.executor, deferred_free_blocks=run.engine.deferred_free_blocks)
         for key, value in run_events.items():
             events[key] = events.get(key, 0) + value
-        errors += [error] if error else []
-        content += executor.content_errors
-        invariant = invariant or (checked.invariant_error and f"{rollback_policy}: {checked.invariant_error}")
-        steps += executor.counts["steps"]
+        errors += [run.error] if run.error else []
+        content += run.executor.content_errors
+        if invariant is None and run.checked.invariant_error:
+            invariant = f"{rollback_policy}: {run.checked.invariant_error}"
+        steps += run.executor.counts["steps"]
     mismatch = next((v.first_mismatch for v in verdicts if v.first_mismatch), None)
     return ScenarioResult(
         scenario.name, sum(len(scenario.requests.prompts) for _ in ROLLBACK_POLICIES),
