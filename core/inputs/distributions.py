@@ -202,7 +202,7 @@ def _parse_number(text: str, key: str, name: str, rule: _Rule) -> float | int:
     except ValueError:
         kind = "an integer" if rule.integer else "a number"
         raise ValueError(f"{name}: {key}={text!r} is not {kind}") from None
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):  # an integer is finite however large (1e400)
         raise ValueError(f"{name}: {key}={text!r} must be finite")
     if value < rule.low or (rule.open_low and value == rule.low) or value > rule.high:
         raise ValueError(f"{name}: {key}={text} is out of range: {name} needs {rule.describe(key)}")

@@ -195,7 +195,7 @@ def load_lengths(
     if lengths_file is not None:
         return read_lengths_file(lengths_file, column)
     if trace is not None:
-        return lengths_from_trace(trace[0], trace[1], (phase or "total").strip().lower())
+        return lengths_from_trace(trace[0], trace[1], "total" if phase is None else phase.strip().lower())
     if dist is not None:
         sample_count = DEFAULT_SAMPLE_COUNT if count is None else count
         return sample_lengths(LengthDistribution.parse(dist), sample_count, 0 if seed is None else seed, progress)

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -71,6 +72,10 @@ def read_azure(text: str, name: str) -> TraceColumns:
             f"{name}: no column {', '.join(missing)} in the header (it has {shown}); "
             f"an Azure trace has {', '.join(_AZURE_COLUMNS)}"
         )
+    twice = [c for c in _AZURE_COLUMNS if header.count(c) > 1]
+    if twice:
+        raise ValueError(f"{name}: the header names {', '.join(twice)} more than once, so kvcalc cannot tell which "
+                         "column to read; keep one of each")
     i_time, i_ctx, i_gen = (header.index(c) for c in _AZURE_COLUMNS)
     stamps: list[str] = []
     stamp_lines: list[int] = []
@@ -80,7 +85,7 @@ def read_azure(text: str, name: str) -> TraceColumns:
         if not row or all(not cell.strip() for cell in row):
             continue
         where = f"{name}:{reader.line_num}"
-        if len(row) < len(header):
+        if len(row) != len(header):  # a field too many is as ambiguous as one too few (an unquoted comma?)
             raise ValueError(f"{where}: expected {len(header)} columns, found {len(row)}")
         stamps.append(row[i_time].strip())
         stamp_lines.append(reader.line_num)
@@ -103,7 +108,7 @@ def _azure_arrivals(stamps: list[str], lines: list[int], name: str) -> np.ndarra
     if not stamps:
         return np.zeros(0)
     try:
-        coarse = np.array(stamps, dtype="datetime64[s]")
+        coarse = _datetimes(stamps, "s")
     except (ValueError, OverflowError):
         i = next(i for i, s in enumerate(stamps) if not _is_timestamp(s))
         raise ValueError(
@@ -120,8 +125,17 @@ def _azure_arrivals(stamps: list[str], lines: list[int], name: str) -> np.ndarra
     if int((coarse.max() - coarse.min()).astype(np.int64)) >= _MAX_SPAN_S:  # ns differences would wrap
         raise ValueError(f"{name}: the TIMESTAMPs span {_span_years(coarse):,} years, more than the 292 years "
                          "kvcalc can time in nanoseconds; check the dates")
-    times = np.array(stamps, dtype="datetime64[ns]")
+    times = _datetimes(stamps, "ns")
     return (times - times.min()).astype(np.int64) / 1e9
+
+
+def _datetimes(stamps: list[str], unit: str) -> np.ndarray:
+    """The stamps as datetime64[unit]. A stamp with a UTC offset (`2024-05-10 00:00:00.009930+00:00`, as the
+    2024 Azure traces write them, or a trailing `Z`) is converted to UTC, which is what arrivals need; numpy warns
+    that it keeps no time zone, a warning on stderr that says nothing wrong about the trace, so it is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*time ?zone", category=Warning)
+        return np.array(stamps, dtype=f"datetime64[{unit}]")
 
 
 def _span_years(coarse: np.ndarray) -> int:
@@ -130,7 +144,7 @@ def _span_years(coarse: np.ndarray) -> int:
 
 def _is_timestamp(text: str) -> bool:
     try:
-        np.datetime64(text, "s")
+        _datetimes([text], "s")
     except (ValueError, OverflowError):
         return False
     return True

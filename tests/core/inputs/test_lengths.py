@@ -14,6 +14,7 @@ from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.lengths import (
     LengthDistribution,
     lengths_from_trace,
+    load_lengths,
     parse_lengths_list,
     read_lengths_file,
     sample_lengths,
@@ -206,6 +207,14 @@ def test_trace_with_an_empty_prompt_names_the_request(tmp_path):
 def test_trace_bad_phase(tmp_path):
     with pytest.raises(ValueError, match="unknown --phase 'output'"):
         lengths_from_trace("azure", tmp_path / "x.csv", "output")
+
+
+@pytest.mark.parametrize("phase", ["", " "])
+def test_an_empty_phase_is_refused_not_read_as_the_default(tmp_path, phase):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n")
+    with pytest.raises(ValueError, match="unknown --phase '': choose total"):
+        load_lengths(trace=("azure", path), phase=phase)
 
 
 # --- distributions -------------------------------------------------------------------------------------
@@ -428,6 +437,10 @@ def test_lengths_read_exact_integer_spellings_like_every_count():
         ("uniform:low=1,high=1e30", "uniform: high=1e30 is out of range: uniform needs high >= 1 and <= 2^62 "
                                     "(= 4,611,686,018,427,387,904, the longest length kvcalc holds)"),
         ("uniform:low=1e19,high=1e19", "low=1e19 is out of range"),
+        # integers past a double's range are out of range, not an OverflowError from an isfinite check
+        ("zipf:a=1.2,max=1e400", "zipf: max=1e400 is out of range: zipf needs max >= 1 and <= 10,000,000"),
+        ("lognormal:mean=100,max=1e400", "max=1e400 is out of range"),
+        ("uniform:low=1,high=1e400", "high=1e400 is out of range"),
         ("uniform:low=9,high=4", "uniform: high=4 is out of range: it must be >= low=9"),
         ("lognormal:mean=1e308", "mean=1e308 is out of range: lognormal needs mean > 0 and <= 2^53"),
         ("lognormal:median=1e20", "median=1e20 is out of range"),

@@ -4,6 +4,7 @@ the line and the fix — never a silent truncation."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,10 @@ def test_mooncake_not_json(tmp_path: Path) -> None:
         ("", "is empty"),
         ("TIMESTAMP,Context\n", "no column ContextTokens, GeneratedTokens"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5\n", r":2: expected 3 columns, found 2"),
+        # a field too many (an unquoted comma?) is as ambiguous as one too few
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1,9\n", r":2: expected 3 columns, found 4"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:15:46,5,1,7\n",
+         "names ContextTokens more than once"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5.5,1\n", r":2: ContextTokens '5.5'"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,1\n", "TIMESTAMP 'yesterday' is not a date"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "holds no requests"),
@@ -113,6 +118,19 @@ def test_azure_times_and_blank_lines(tmp_path: Path) -> None:
     trace = read_trace("azure", path)
     # 46.5 - 46.25 = 0.25 s after the earliest request; the blank line is skipped
     assert np.allclose(trace.arrival_s, [0.25, 0.0]) and trace.prompt_tokens.tolist() == [374, 396]
+
+
+def test_azure_stamps_with_a_utc_offset_are_read_in_utc_without_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    # the 2024 Azure traces write +00:00; 02:00:00.5+02:00 is 00:00:00.5 UTC, and Z is UTC
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.000000+00:00,5,1\n"
+                    "2024-05-10 02:00:00.500000+02:00,6,1\n"
+                    "2024-05-10T00:00:01.250000Z,7,1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's time-zone warning reached stderr before
+        trace = read_trace("azure", path)
+    assert trace.arrival_s.tolist() == [0.0, 0.5, 1.25]
 
 
 def test_unknown_kind_and_missing_file(tmp_path: Path) -> None:
