@@ -348,8 +348,9 @@ def test_an_unknown_rollback_policy_is_refused_by_name() -> None:
     block_size=st.integers(1, 4),
 )
 @example(steps=[(i % 3, 7, 7) for i in range(25)], block_size=1)  # the most blocks the steps can hold
-@example(steps=[(0, 1, 1), (0, 1, 1), (0, 4, 4), *[(0, 7, 7)] * 3, (0, 7, 0), (1, 7, 0), (2, 7, 7), (2, 7, 7), (2, 7, 0)],
-         block_size=1)  # exhausted the 64-block pool this test once had, on a fresh machine
+# this one exhausted the 64-block pool the test once had, on a fresh machine
+@example(steps=[(0, 1, 1), (0, 1, 1), (0, 4, 4), *[(0, 7, 7)] * 3, (0, 7, 0), (1, 7, 0), *[(2, 7, 7)] * 2, (2, 7, 0)],
+         block_size=1)
 def test_keep_and_free_read_back_the_same_tokens(steps: list[tuple[int, int, int]], block_size: int) -> None:
     """Where the rolled-back slots go never changes what a sequence reads: both policies against a plain
     list of committed tokens, and free never holds more blocks than keep."""
