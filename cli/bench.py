@@ -55,16 +55,9 @@ def _pick_device(device: str) -> str:
 
 def _correctness_table(correctness: list[dict[str, Any]]) -> Table:
     """One row per (dtype, head dim) over the grid of cases: the worst errors and how many cases passed."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in correctness:
-        groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
-    records = [
-        {"dtype": dtype, "head_dim": dim, "cases": len(rows), "max_rel_err": max(r["rel_err"] for r in rows),
-         "tolerance": rows[0]["tolerance"],
-         "max_paged_vs_contiguous_diff": max(r["paged_vs_contiguous_max_diff"] for r in rows),
-         "passed_cases": sum(r["passed"] for r in rows)}
-        for (dtype, dim), rows in groups.items()
-    ]
+    from ..cuda_ext.bench import correctness_summary
+
+    records = correctness_summary(correctness)
     fields = [
         Field("dtype", "dtype"),
         Field("head_dim", "head dim"),

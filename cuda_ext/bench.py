@@ -178,6 +178,20 @@ def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[s
     return rows
 
 
+def correctness_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The grid's rows grouped by (dtype, head dim), in grid order: the worst errors and how many cases passed."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
+    return [
+        {"dtype": dtype, "head_dim": dim, "cases": len(cases), "max_rel_err": max(r["rel_err"] for r in cases),
+         "tolerance": cases[0]["tolerance"],
+         "max_paged_vs_contiguous_diff": max(r["paged_vs_contiguous_max_diff"] for r in cases),
+         "passed_cases": sum(r["passed"] for r in cases)}
+        for (dtype, dim), cases in groups.items()
+    ]
+
+
 def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., float], device: Any,
               device_info: dict[str, Any], copy_tbps: float | None, tick: Callable[[str], None],
               extra_timers: dict[str, Callable[[dict[str, Any]], Callable[[], Any] | None]] | None = None
