@@ -5,7 +5,8 @@
 #
 # Installs kvcalc (editable, no dependency downloads), builds the extension for this GPU's architecture
 # (ptxas report kept), runs `pytest -m cuda`, compute-sanitizer memcheck and racecheck on a small case,
-# `kvcalc bench --device cuda --json` and, while time is left, examples/gpu_diag.py (diag.json).
+# `kvcalc bench --device cuda --json`, `kvcalc verify --device cuda --dtype bf16 --json` and, while time
+# is left, examples/gpu_diag.py (diag.json).
 # Everything goes under $OUT; a short table is printed last.
 # A step that fails is recorded and the script goes on; the exit status is 1 if any step failed.
 set -uo pipefail
@@ -58,7 +59,7 @@ for k in result.kernels:
     print(f"{k.arch} {k.registers:3d} regs stack {k.stack_bytes} spill {k.spill_store_bytes}/{k.spill_load_bytes} {k.name}")
 sys.exit(1 if any(k.spills for k in result.kernels) else 0)
 EOF
-step pytest_cuda 150 python3 -m pytest -q -m cuda -rs tests/test_cuda_gpu.py
+step pytest_cuda 150 python3 -m pytest -q -m cuda -rs tests/cuda_ext
 
 # A small case for the sanitizers: paged and contiguous, split and unsplit, ragged lengths incl. 0.
 cat >"$OUT/small_case.py" <<'EOF'
@@ -89,6 +90,8 @@ else
 fi
 
 step bench 150 kvcalc bench --device cuda --sweep-block --json --save "$OUT/bench.json"
+# The model decoded through the pool with the CUDA kernel as its decode attention (bf16: the top-k rule).
+step verify 90 sh -c "kvcalc verify --device cuda --dtype bf16 --json > '$OUT/verify.json'"
 # Diagnostics for tuning (group / split / layout sweeps: memory- or issue-bound?), only while time is left.
 if [ "$SECONDS" -lt 290 ]; then
   step diag 60 python3 examples/gpu_diag.py "$OUT" --budget-s 40
