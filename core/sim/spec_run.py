@@ -220,9 +220,8 @@ class SpeculativeEngine(Engine):
         for rid, drafts in s.drafts_now.items():
             j = accepted.get(rid, 0)
             emitted[rid] = min(j + 1, int(s.stop_at[rid] - s.generated[rid]))
-            if drafts:
-                for key, value in (("steps", 1), ("drafts", drafts), ("accepted", j), ("emitted", emitted[rid])):
-                    self.counts[key] += value
+            for key, value in (("steps", 1), ("drafts", drafts), ("accepted", j), ("emitted", emitted[rid])):
+                self.counts[key] += value
         s.finished_now = 0
         s.now_s += d
         self.totals.busy_s += d

@@ -154,7 +154,8 @@ class SpeculativeStepTimeExecutor:
 
 @dataclass(frozen=True)
 class SpeculativeTotals:
-    """Counters of one run's speculating decode steps (one per request per step that had drafts)."""
+    """Counters of one run's decode steps (one per request per step; fewer than K drafts where the token budget
+    or max_model_len trims them, none with K = 0)."""
 
     steps: int
     drafts: int

@@ -213,3 +213,15 @@ def test_speculation_from_options_defaults():
         "draft", 0.1, "keep", 7, 3)
     assert speculation_from_options(3, 0.5, "ngram", None, None, 0).draft_cost == 0.0
     assert speculation_from_options(None, None, None, None, None, 0) is None
+
+
+def test_zero_drafts_through_the_speculative_path_is_the_plain_run():
+    # K = 0: every decode step reserves and commits one slot; same steps, same times as plain decoding
+    workload = random_workload(25, 4.0, seed=11)
+    setup = spec_setup(300, SimSpeculation(0, 0.5), steptime=opt13b_steptime(), max_model_len=512)
+    spec = run_policy(workload, "paged", setup)
+    plain = run_policy(workload, "paged", replace(setup, speculation=None))
+    assert spec.steps == plain.steps and spec.speculative.mean_tokens_per_step == 1.0
+    np.testing.assert_allclose(spec.first_token_s, plain.first_token_s, rtol=1e-12)
+    np.testing.assert_allclose(spec.finish_s, plain.finish_s, rtol=1e-12)
+    np.testing.assert_array_equal(spec.preemptions, plain.preemptions)
