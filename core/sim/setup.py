@@ -35,8 +35,7 @@ from .options import (
 from .run import SimSetup, choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
-from .spec_run import check_speculative_setup
-from .speculative import speculation_from_options
+from .speculative import check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .workload import Workload, constructed, from_trace, length_streams
 

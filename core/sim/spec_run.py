@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..blocks import ceil_div
-from ..errors import ParameterError
 from ..pool.block_pool import BlockPool
 from .engine import Engine
 from .paged import mooncake_prompt_keys
@@ -268,23 +267,6 @@ def make_speculative_policy(name: str, workload: Workload, setup: SimSetup, spec
                                       speculation.rollback_policy, extra, max_len)
     return SpeculativeReservationPolicy(name, setup.capacity_blocks * setup.block_size, workload.prompt_tokens,
                                         workload.output_tokens, max_len, extra)
-
-
-def check_speculative_setup(speculation: SimSpeculation, max_batched_tokens: int, max_model_len: int,
-                            policies: tuple[str, ...] | list[str], *, rollback_given: bool = False) -> None:
-    """Refuse a K that no step could hold, and a rollback policy that no run would use."""
-    if rollback_given and "paged" not in policies:
-        raise ParameterError(f"rollback_policy {speculation.rollback_policy} applies to the paged policy's blocks; "
-                             f"{', '.join(policies)} reserve whole regions: add paged or drop rollback_policy",
-                             "rollback_policy", "policy")
-    slots = speculation.speculation.slots_per_step
-    if slots > max_batched_tokens:
-        raise ParameterError(f"spec_tokens {speculation.spec_tokens}: a decode step verifies 1 + K tokens and "
-                             f"reserves {slots} slots, more than max_batched_tokens {max_batched_tokens}; lower K or "
-                             "raise max_batched_tokens", "spec_tokens", "max_batched_tokens")
-    if 1 + speculation.spec_tokens >= max_model_len:
-        raise ParameterError(f"spec_tokens {speculation.spec_tokens} leaves no room in max_model_len {max_model_len}: "
-                             "lower K", "spec_tokens", "max_model_len")
 
 
 def run_speculative(workload: Workload, name: str, setup: SimSetup, speculation: SimSpeculation, *,

@@ -112,6 +112,23 @@ def speculation_from_options(spec_tokens: int | None, acceptance: float | None, 
                           seed)
 
 
+def check_speculative_setup(speculation: SimSpeculation, max_batched_tokens: int, max_model_len: int,
+                            policies: tuple[str, ...] | list[str], *, rollback_given: bool = False) -> None:
+    """Refuse a K that no step could hold, and a rollback policy that no run would use."""
+    if rollback_given and "paged" not in policies:
+        raise ParameterError(f"rollback_policy {speculation.rollback_policy} applies to the paged policy's blocks; "
+                             f"{', '.join(policies)} reserve whole regions: add paged or drop rollback_policy",
+                             "rollback_policy", "policy")
+    slots = speculation.speculation.slots_per_step
+    if slots > max_batched_tokens:
+        raise ParameterError(f"spec_tokens {speculation.spec_tokens}: a decode step verifies 1 + K tokens and "
+                             f"reserves {slots} slots, more than max_batched_tokens {max_batched_tokens}; lower K or "
+                             "raise max_batched_tokens", "spec_tokens", "max_batched_tokens")
+    if 1 + speculation.spec_tokens >= max_model_len:
+        raise ParameterError(f"spec_tokens {speculation.spec_tokens} leaves no room in max_model_len {max_model_len}: "
+                             "lower K", "spec_tokens", "max_model_len")
+
+
 def accepted_drafts(rng: np.random.Generator, drafts: np.ndarray, acceptance: float) -> np.ndarray:
     """Accepted prefix length per request [m] int64: each of its `drafts[i]` drafts passes with probability
     `acceptance`, and the first that fails stops the rest (exactly 0 at A = 0, exactly drafts at A = 1)."""
