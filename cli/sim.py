@@ -109,7 +109,7 @@ def command(**values: Any) -> None:
     result = Simulation.from_runs(setup, records, searches)
     plain = None
     if setup.sim.speculation is not None:
-        from ..core.sim.spec_run import without_speculation
+        from ..core.sim.setup import without_speculation
 
         plain_setup = without_speculation(setup)
         with progress_bar("the same runs without speculation (arrivals)", total=units,

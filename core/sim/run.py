@@ -8,7 +8,6 @@ caller brings one (a model runner); block tables are then kept exact for its pla
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,7 +15,6 @@ from ..blocks import ceil_div
 from ..errors import ParameterError
 from .engine import Engine
 from .fastforward import FastForward
-from .hardware import MemoryPlan
 from .options import DEFAULT_POLICY
 from .paged import PagedPolicy, mooncake_prompt_keys
 from .paged_exact import ExactPagedPolicy
@@ -24,28 +22,9 @@ from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
 from .reserve import ReservationPolicy
-from .scheduler import SchedulerConfig
-from .speculative import SimSpeculation
-from .steptime import StepTimeExecutor, StepTimeModel
+from .settings import SimSetup, token_block_keys
+from .steptime import StepTimeExecutor
 from .workload import Workload, cancellation_points, length_streams
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    """Settings shared by every run of one `kvcalc sim` invocation."""
-
-    capacity_blocks: int
-    block_size: int
-    steptime: StepTimeModel
-    scheduler: SchedulerConfig
-    cancel_fraction: float = 0.0
-    seed: int = 0
-    prefix_caching: bool = True
-    speculation: SimSpeculation | None = None  # speculative decoding (spec_run.py runs it)
-
-    @classmethod
-    def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
-        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, **kw)
 
 
 def parse_policies(text: str, param: str = "policy") -> list[str]:
@@ -76,11 +55,6 @@ def choose_policies(policy: str | None, compare: str | None) -> list[str]:
     if len(names) > 1:
         raise ParameterError(f"policy {policy!r} names several policies; use compare {policy}", "policy", "compare")
     return names
-
-
-def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
-    """The content key of each full block of a prompt: its token ids (the pool interns them)."""
-    return [tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
 def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_tables: bool = False) -> MemoryPolicy:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from ..errors import ParameterError
 from .metrics import Slo, attainment
 from .options import DEFAULT_ATTAINMENT
-from .run import SimSetup, run_policy
+from .run import run_policy
+from .settings import SimSetup
 from .workload import Workload
 
 

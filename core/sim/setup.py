@@ -8,7 +8,7 @@ stays thin.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,9 +32,10 @@ from .options import (
     DEFAULT_SWAP_BANDWIDTH,
     SimOptions,
 )
-from .run import SimSetup, choose_policies
+from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
+from .settings import SimSetup
 from .speculative import check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .workload import Workload, constructed, from_trace, length_streams
@@ -196,3 +197,8 @@ def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
         notes.append(f"{spec.name} is MoE but has no active-parameter count: every step reads every weight "
                      "(a worst case)")
     return notes
+
+
+def without_speculation(setup: Setup) -> Setup:
+    """The same invocation with plain decoding: the side of the comparison that speculation is measured against."""
+    return replace(setup, sim=replace(setup.sim, speculation=None))

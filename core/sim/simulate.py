@@ -26,8 +26,9 @@ from typing import Any
 
 from .metrics import RunSummary, Slo, summarize
 from .record import RunRecord
-from .run import SimSetup, run_policy
+from .run import run_policy
 from .search import RateSearch, max_rate
+from .settings import SimSetup
 from .setup import Setup
 from .workload import Workload
 

@@ -23,8 +23,6 @@ the `speculative` share, out of the six parts of MEMORY_PARTS, which then sum to
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,13 +34,10 @@ from .paged_exact import ExactPagedPolicy
 from .plan import Executor, StepOutcome, StepPlan
 from .record import RunRecord
 from .reserve import ReservationPolicy
-from .run import SimSetup, token_block_keys
 from .scheduler import Scheduler
+from .settings import SimSetup, token_block_keys
 from .speculative import SimSpeculation, SpeculativeStepTimeExecutor, SpeculativeTotals
 from .workload import Workload
-
-if TYPE_CHECKING:
-    from .setup import Setup
 
 
 class SpeculativePagedPolicy(ExactPagedPolicy):
@@ -284,7 +279,3 @@ def run_speculative(workload: Workload, name: str, setup: SimSetup, speculation:
     record.speculative = engine.totals_speculative()
     return record
 
-
-def without_speculation(setup: Setup) -> Setup:
-    """The same invocation with plain decoding: the side of the comparison that speculation is measured against."""
-    return replace(setup, sim=replace(setup.sim, speculation=None))

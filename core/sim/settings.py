@@ -1,0 +1,35 @@
+"""The settings shared by every run of one `kvcalc sim` invocation (`SimSetup`), and the prompt block keys
+of a workload with token ids. Apart from run.py so that the plain and the speculative runner both use them
+without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import MemoryPlan
+from .scheduler import SchedulerConfig
+from .speculative import SimSpeculation
+from .steptime import StepTimeModel
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Settings shared by every run of one `kvcalc sim` invocation."""
+
+    capacity_blocks: int
+    block_size: int
+    steptime: StepTimeModel
+    scheduler: SchedulerConfig
+    cancel_fraction: float = 0.0
+    seed: int = 0
+    prefix_caching: bool = True
+    speculation: SimSpeculation | None = None  # speculative decoding (spec_run.py runs it)
+
+    @classmethod
+    def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
+        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, **kw)
+
+
+def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
+    """The content key of each full block of a prompt: its token ids (the pool interns them)."""
+    return [tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
