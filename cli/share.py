@@ -81,7 +81,7 @@ def command(
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")
-    dtype = parse_dtype(dtype or DEFAULT_DTYPE)
+    dtype = parse_dtype(DEFAULT_DTYPE if dtype is None else dtype)  # --dtype "" is an error, not the default
     bits = DTYPE_BITS[dtype]
     scenario_given = [o for o, v in (("--prefix", prefix), ("--branches", branches), ("--gen", gen),
                                       ("--mode", mode), ("--seed", seed)) if v is not None]
@@ -96,7 +96,7 @@ def command(
             branches=DEFAULTS["branches"] if branches is None else branches,
             gen_tokens=DEFAULTS["gen"] if gen is None else gen,
             block_size=block,
-            mode=(mode or DEFAULTS["mode"]).strip().lower(),
+            mode=DEFAULTS["mode"] if mode is None else mode.strip().lower(),
             seed=0 if seed is None else seed,
         )
         if seed is not None and scenario.mode != "beam":

@@ -30,12 +30,16 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
+from ..units import format_int_short
 from .accounting import PoolStats
 from .free_queue import FREE_CACHED, PENDING, USED, FreeBlockQueue
 from .hash_index import HashIndex
 from .prefix_cache import HashedKeys
 
 BlockKeys = Sequence[Hashable] | np.ndarray | HashedKeys | None
+
+MAX_BLOCKS = MAX_BLOCK_TOKENS = 2**31 - 1  # block ids and per-block fills are int32
 
 _NO_BLOCKS = np.empty(0, dtype=np.intp)
 _NO_BLOCKS.flags.writeable = False
@@ -53,6 +57,12 @@ class BlockStore:
             raise ValueError(
                 f"a pool needs num_blocks >= 1 and block_size >= 1, got num_blocks {num_blocks}, "
                 f"block_size {block_size}"
+            )
+        if num_blocks > MAX_BLOCKS or block_size > MAX_BLOCK_TOKENS:
+            raise ParameterError(
+                f"a pool holds at most {MAX_BLOCKS:,} blocks of at most {MAX_BLOCK_TOKENS:,} tokens (block ids and "
+                f"fills are int32), got num_blocks {format_int_short(num_blocks)}, block_size "
+                f"{format_int_short(block_size)}: give a smaller pool or block size", "num_blocks", "block_size"
             )
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)

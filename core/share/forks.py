@@ -24,7 +24,8 @@ from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..host_memory import check_fits
 from ..pool.block_pool import BlockPool, ReleaseReason
-from ..pool.store import BlockStore
+from ..pool.store import MAX_BLOCK_TOKENS, BlockStore
+from ..units import format_int_short as short
 
 SCENARIO_MODES = ("parallel", "beam")
 MAX_SCENARIO_BLOCKS = 20_000_000
@@ -52,19 +53,23 @@ class ScenarioSpec:
             raise ParameterError(f"gen_tokens {self.gen_tokens} must be >= 0 generated tokens", "gen_tokens")
         if self.block_size < 1:
             raise ParameterError(f"block_size {self.block_size} must be a positive number of tokens", "block_size")
+        if self.block_size > MAX_BLOCK_TOKENS:
+            raise ParameterError(f"block_size {short(self.block_size)} is more tokens than a block holds (at most "
+                                 f"{MAX_BLOCK_TOKENS:,}): give a block size such as 16", "block_size")
         if self.seed < 0:
             raise ParameterError(f"seed {self.seed} is negative: give a whole number from 0", "seed")
         # the pool runs step by step: keep its size and the number of decode appends sensible
         blocks = self.branches * self.blocks_per_branch
+        shape = (f"branches {short(self.branches)} × (prefix_tokens {short(self.prefix_tokens)} + gen_tokens "
+                 f"{short(self.gen_tokens)})")
         if blocks > MAX_SCENARIO_BLOCKS or self.decode_appends > MAX_SCENARIO_APPENDS:
             raise ParameterError(
-                f"scenario too large: branches {self.branches} × (prefix_tokens {self.prefix_tokens} + gen_tokens "
-                f"{self.gen_tokens}) is {blocks:,} blocks and {self.decode_appends:,} decode appends; the pool runs "
-                f"step by step, keep it within {MAX_SCENARIO_BLOCKS:,} blocks and {MAX_SCENARIO_APPENDS:,} appends",
+                f"scenario too large: {shape} is {short(blocks)} blocks and {short(self.decode_appends)} decode "
+                f"appends; the pool runs step by step, keep it within {MAX_SCENARIO_BLOCKS:,} blocks and "
+                f"{MAX_SCENARIO_APPENDS:,} appends",
                 "branches", "prefix_tokens", "gen_tokens",
             )
-        check_fits(self.memory_bytes, f"branches {self.branches} × (prefix_tokens {self.prefix_tokens} + gen_tokens "
-                   f"{self.gen_tokens}) in the pool", "lower branches, prefix_tokens or gen_tokens",
+        check_fits(self.memory_bytes, f"{shape} in the pool", "lower branches, prefix_tokens or gen_tokens",
                    "branches", "prefix_tokens", "gen_tokens")
 
     @property

@@ -15,19 +15,28 @@ import numpy as np
 from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..host_memory import check_fits
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, check_mooncake_block_size, mooncake_block_keys
-from ..pool.store import BlockStore
+from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
+from ..pool.store import MAX_BLOCK_TOKENS, BlockStore
+from ..units import format_int_short
 
 
 def check_block_size(block_size: int) -> None:
     """A block size that Mooncake's prefix ids can key (see the module docstring)."""
     _check_positive_block_size(block_size)
-    check_mooncake_block_size(block_size)
+    if MOONCAKE_BLOCK_TOKENS % block_size:
+        # named as a parameter (the reader's own check names none) and short: a typed 1e400 has 401 digits
+        raise ParameterError(
+            f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one "
+            "Mooncake hash id: use a divisor such as 8, 16, 32 or 64", "block_size"
+        )
 
 
 def _check_positive_block_size(block_size: int) -> None:
     if block_size < 1:
         raise ParameterError(f"block_size {block_size} must be a positive number of tokens", "block_size")
+    if block_size > MAX_BLOCK_TOKENS:
+        raise ParameterError(f"block_size {format_int_short(block_size)} is more tokens than a block holds (at most "
+                             f"{MAX_BLOCK_TOKENS:,}): give a block size such as 16", "block_size")
 
 
 def _check_key_range(trace: Trace, block_size: int) -> None:

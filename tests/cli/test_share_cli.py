@@ -247,3 +247,70 @@ def test_work_past_the_machines_memory_is_refused_with_the_figures(run_cli, moon
                    "4.00 KiB available", "bound it with --capacity-blocks")
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 1 << 40)
     assert run_cli("share", "--branches", "1000", "--json").exit_code == 0
+
+
+# Four requests, written out of arrival order (t = 30, 10, 0, 20). Replayed in arrival order, block 16:
+#   t=0  700 tokens [1, 3]: cold; caches 700 // 16 = 43 full blocks (32 of id 1, 11 of id 3)
+#   t=10 1024 [1, 2]: id 1's 32 blocks hit (id 3 != id 2)            512
+#   t=20 512 [1]: all 32 cached, but the last token is recomputed: 31  496
+#   t=30 1536 [1, 2, 4]: ids 1 and 2, 64 blocks                        1,024   -> 2,032 hit tokens
+# Block 32: 512 + 15 · 32 = 480 + 1,024 -> 2,016. In file order (block 16) the 1024-token request would come
+# second and hit 63 blocks (1,008) and the 700-token one 512: 1,008 + 512 + 496 = 2,016, not 2,032.
+HAND_TRACE = [
+    {"timestamp": 30, "input_length": 1536, "output_length": 0, "hash_ids": [1, 2, 4]},
+    {"timestamp": 10, "input_length": 1024, "output_length": 0, "hash_ids": [1, 2]},
+    {"timestamp": 0, "input_length": 700, "output_length": 0, "hash_ids": [1, 3]},
+    {"timestamp": 20, "input_length": 512, "output_length": 5, "hash_ids": [1]},
+]
+
+
+@pytest.mark.parametrize(("block", "hit_tokens", "hit_blocks"), [(16, 2032, 127), (32, 2016, 63)])
+def test_hand_computed_replay_through_the_cli(run_cli, tmp_path: Path, block: int, hit_tokens: int,
+                                              hit_blocks: int) -> None:
+    path = write_mooncake(tmp_path / "hand.jsonl", HAND_TRACE)
+    doc = run_cli("share", "--trace", "mooncake", str(path), "--block", str(block), "--json").json()
+    assert (doc["hit_tokens"], doc["hit_blocks"], doc["prompt_tokens"]) == (hit_tokens, hit_blocks, 3772)
+    assert doc["evictions"] == 0 and doc["without_prefix_caching"]["hit_tokens"] == 0
+
+
+@pytest.mark.parametrize(("bound", "hit_tokens", "evictions"), [
+    # X = 1024 tokens [1, 2], then Y = 1024 [5, 6], then X again; 64 blocks of 16 each, one at a time.
+    (("--capacity-blocks", "64"), 0, 128),  # Y evicts all of X, X again evicts all of Y
+    # 96: Y takes the 32 never-used blocks and evicts 32 of X's, tail first (freed in reverse, as vLLM):
+    # X's id-1 half survives, X again hits 512 tokens and evicts 32 of Y's
+    (("--capacity-blocks", "96"), 512, 64),
+    # 128: X again hits 63 blocks (1,008) and evicts one block (the least recently used, X's own last) for its last
+    (("--capacity-blocks", "128"), 1008, 1),
+    # 128 MiB / (16 tokens × 128 KiB per Llama-3-8B bf16 token = 2 MiB) = 64 blocks, as --capacity-blocks 64
+    (("--memory", "128MiB", "--model", "llama-3-8b"), 0, 128),
+])
+def test_a_bounded_pool_evicts_by_hand(run_cli, tmp_path: Path, bound: tuple[str, ...], hit_tokens: int,
+                                       evictions: int) -> None:
+    path = write_mooncake(tmp_path / "evict.jsonl", [
+        {"timestamp": t, "input_length": 1024, "output_length": 0, "hash_ids": ids}
+        for t, ids in ((0, [1, 2]), (1, [5, 6]), (2, [1, 2]))
+    ])
+    doc = run_cli("share", "--trace", "mooncake", str(path), *bound, "--json").json()
+    assert (doc["hit_tokens"], doc["evictions"], doc["peak_used_blocks"]) == (hit_tokens, evictions, 64)
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (("--block", "1e12"), ("--block 1000000000000", "at most 2,147,483,647")),  # was an OverflowError
+    (("--block", "1e400"), ("--block 1.000e+400",)),
+    (("--prefix", "1e400"), ("--prefix 1.000e+400", "scenario too large")),  # not 401 digits
+    (("--mode", ""), ("--mode ''", "parallel or beam")),  # was read as the default
+    (("--model", "llama-3-8b", "--dtype", ""), ("--dtype ''",)),  # was read as the default
+])
+def test_huge_and_empty_scenario_values(run_cli, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+    one_line_error(run_cli("share", *args), *fragments)
+
+
+def test_huge_and_empty_trace_values(run_cli, tmp_path: Path, mooncake: Path) -> None:
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "1e400"), "--block 1.000e+400")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "1024"),
+                   "--block 1024 does not divide 512")
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,374,44\r\n")
+    one_line_error(run_cli("share", "--trace", "azure", str(azure), "--block", "1e400"), "--block 1.000e+400")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "llama-3-8b", "--dtype", ""),
+                   "--dtype ''")

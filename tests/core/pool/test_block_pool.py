@@ -162,6 +162,16 @@ def test_double_free_and_bad_calls_raise() -> None:
         pool.allocate("d", 4, np.array([7]))
 
 
+def test_a_pool_past_int32_is_refused_by_name_not_by_numpy() -> None:
+    # block ids and fills are int32: 2^31 would have been an OverflowError deep inside the first allocation
+    BlockPool(1, 2**31 - 1).allocate("a", 2**31 - 1)
+    with pytest.raises(ValueError, match=r"block_size 2147483648") as caught:
+        BlockPool(1, 2**31)
+    assert caught.value.params == ("num_blocks", "block_size")
+    with pytest.raises(ValueError, match=r"num_blocks 1\.000e\+400"):  # as typed, not 401 digits
+        BlockPool(10**400, 16)
+
+
 def test_a_failed_allocation_changes_nothing() -> None:
     pool = BlockPool(3, 4)
     pool.allocate("a", 8)
