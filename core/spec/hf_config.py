@@ -1,10 +1,12 @@
 """A Hugging Face `config.json`, read offline, as a ModelSpec: every layer's KV, read by the conventions of
 hf_layers.py and hf_groups.py; MLP / MoE blocks for the weight estimate (hf_ffn.py).
 
-The file may be given itself or as the folder that holds it; a UTF-8 byte-order mark is skipped. Common
+The file may be given itself, as the folder that holds it, or as `-` (standard input); a UTF-8 byte-order
+mark is skipped, and a key given twice is refused. Common
 fields and their spellings: layers `num_hidden_layers` (GPT-2/Falcon `n_layer`, MPT `n_layers`, ChatGLM
 `num_layers`); query heads `num_attention_heads` (`n_head`, `n_heads`, `num_heads`); hidden `hidden_size`
-(`n_embd`, `d_model`); context `max_position_embeddings` (`n_positions`, `max_sequence_length`,
+(`n_embd`, `d_model`); LongCat-Flash's `num_layers` counts decoder layers of two attention sublayers each,
+so it has twice as many cached layers; context `max_position_embeddings` (`n_positions`, `max_sequence_length`,
 `seq_length`, `max_seq_len`; None when the config names none). Multimodal models keep the language model
 under `text_config` (or `llm_config`).
 
@@ -20,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .hf_ffn import expert_counts, ffn_groups
+from ..inputs.sources import is_stdin, read_source
+from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
 from .hf_groups import model_dtype, read_groups
 from .model_spec import ModelSpec
@@ -35,25 +38,53 @@ def load_config(
 
     `layers` / `head_dim` (from --layers / --head-dim) stand in for the config's fields when it lacks them.
     """
+    if is_stdin(path):
+        source, data = read_source(path, "a Hugging Face config.json")
+        config = _parse(data, source)
+        return spec_from_config(config, name=name or _model_name(config, None), source=source, layers=layers,
+                                head_dim=head_dim)
     path = Path(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path}: no config.json in this folder; give a model folder or the config.json itself")
         path = path / "config.json"
-    try:
-        # FileNotFoundError and friends name the path; the CLI maps them to exit 2.
-        config = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file (not UTF-8); give a Hugging Face config.json") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
-            "give a Hugging Face config.json"
-        ) from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(config).__name__}")
+    # FileNotFoundError and friends name the path; the CLI maps them to exit 2.
+    config = _parse(path.read_bytes(), str(path))
     return spec_from_config(config, name=name or _model_name(config, path), source=str(path), layers=layers,
                             head_dim=head_dim)
+
+
+def _parse(data: bytes, source: str) -> dict[str, Any]:
+    """The JSON object of a config file; not UTF-8, not JSON, not an object, or a key given twice (JSON keeps
+    the last silently, and which one the author meant is a guess) is a ValueError naming `source`."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: not a text file (not UTF-8); give a Hugging Face config.json") from None
+    try:
+        config = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "give a Hugging Face config.json"
+        ) from None
+    except ValueError as exc:  # a key twice (below), or an integer of more digits than Python converts
+        if "digits" in str(exc) and "limit" in str(exc):
+            raise ValueError(f"{source}: holds an integer of more than 4,300 digits, which no config field needs; "
+                             "fix the file") from None
+        raise ValueError(f"{source}: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: expected a JSON object (a Hugging Face config.json), got {type(config).__name__}")
+    return config
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice ({out[key]!r} and {value!r}); keep one")
+        out[key] = value
+    return out
 
 
 def spec_from_config(
@@ -75,6 +106,8 @@ def spec_from_config(
     f = ConfigFields(config, source)
     n = f.required_int("num_hidden_layers", "n_layer", "num_layers", "n_layers",
                        fix="add it to the file or give --layers")
+    if f.raw("model_type") == "longcat_flash" and f.key_of("num_hidden_layers") is None:
+        n *= 2  # LongCat-Flash: each of num_layers decoder layers holds two MLA sublayers, each with its own cache
     heads = f.required_int("num_attention_heads", "n_head", "num_heads", "n_heads")
     hidden = f.int("hidden_size", "n_embd", "d_model")
     notes: list[str] = []
@@ -92,7 +125,7 @@ def spec_from_config(
         hidden_size=hidden if hidden is not None else heads * groups_head_dim(groups),
         max_position_embeddings=f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
                                       "max_seq_len"),
-        intermediate_size=f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner"),
+        intermediate_size=uniform_intermediate(f, n),
         vocab_size=f.int("vocab_size", "padded_vocab_size"),
         num_experts=experts,
         experts_per_token=per_token,
@@ -139,13 +172,16 @@ def _head_dim(f: ConfigFields, heads: int, hidden: int | None) -> int:
     """`head_dim` (or `attention_head_dim`, `kv_channels`; `attention_hidden_size` / heads), MLA's nope + rope,
     else hidden_size / heads."""
     head_dim = f.int("head_dim", "attention_head_dim", "kv_channels")
-    if head_dim is not None:
-        return head_dim
     attention_width = f.int("attention_hidden_size")  # Zamba: attention runs on a wider input than hidden_size
     if attention_width is not None:
-        if attention_width % heads:
-            raise f.error(f"attention_hidden_size {attention_width} is not a multiple of num_attention_heads {heads}")
+        if attention_width % heads or (head_dim is not None and head_dim * heads != attention_width):
+            key = f.key_of("head_dim", "attention_head_dim", "kv_channels")
+            per_head = "" if head_dim is None else f" · {key} {head_dim}"
+            raise f.error(f"attention_hidden_size {attention_width} is not num_attention_heads {heads}{per_head}; "
+                          "fix one")
         return attention_width // heads
+    if head_dim is not None:
+        return head_dim
     if f.int("kv_lora_rank") is not None:
         nope, rope = f.int("qk_nope_head_dim"), f.int("qk_rope_head_dim")
         if nope is not None and rope is not None:
@@ -158,11 +194,14 @@ def _head_dim(f: ConfigFields, heads: int, hidden: int | None) -> int:
     return hidden // heads
 
 
-def _model_name(config: Mapping[str, Any], path: Path) -> str:
-    """`_name_or_path`'s last part, else the folder holding config.json, else the file's stem."""
+def _model_name(config: Mapping[str, Any], path: Path | None) -> str:
+    """`_name_or_path`'s last part, else the folder holding config.json, else the file's stem (standard input:
+    the model type)."""
     name_or_path = config.get("_name_or_path")
     if isinstance(name_or_path, str) and name_or_path.strip("/ "):
         return name_or_path.rstrip("/").split("/")[-1]
+    if path is None:
+        return str(config.get("model_type") or "config")
     folder = path.resolve().parent.name
     if folder and path.name == "config.json":
         return folder

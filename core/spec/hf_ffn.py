@@ -3,9 +3,10 @@ expert counts.
 
 Expert counts: routed experts `n_routed_experts` (DeepSeek, Nemotron), `num_local_experts` (Mixtral,
 gpt-oss, MiniMax, Llama-4), `num_experts` (Qwen-MoE, Jamba, Gemma-4) or `moe_num_experts` (ERNIE-4.5); per
-token `num_experts_per_tok`, `top_k_experts` (Gemma-4), `experts_per_token` (gpt-oss) or `moe_k` (ERNIE-4.5);
-both or neither (they change no KV: experts are MLPs). Shared experts: `n_shared_experts` ·
-`moe_intermediate_size` (DeepSeek), `shared_expert_intermediate_size` (Qwen-MoE),
+token `num_experts_per_tok`, `top_k_experts` (Gemma-4), `experts_per_token` (gpt-oss), `num_experts_per_token`
+(Kimi-Linear) or `moe_k` (ERNIE-4.5); both or neither (they change no KV: experts are MLPs); a per-layer list
+of one repeated value (Hunyuan) is that value. Shared experts: `n_shared_experts` · `moe_intermediate_size`
+(DeepSeek), `shared_expert_intermediate_size` (Qwen-MoE),
 `moe_shared_expert_intermediate_size` (Nemotron-H), one of `intermediate_size` (Llama-4).
 
 Which layers are MoE: `first_k_dense_replace` (DeepSeek: the first k dense), `moe_layer_freq` (a list,
@@ -13,9 +14,10 @@ MiMo; 1 MoE), `mlp_layer_types` (dense / sparse), `decoder_sparse_step` with `ml
 `interleave_moe_layer_step` / `moe_layers` (Llama-4; dense layers `intermediate_size_mlp` wide),
 `expert_layer_period` / `expert_layer_offset` (Jamba), `E` blocks of Nemotron-H (whose `-` blocks are dense
 and `M` / `*` blocks have no MLP), `enable_moe_block` (Gemma-4: a dense MLP beside the experts), DeciLM's
-per-block `ffn_mult`; else every layer. Expert width `moe_intermediate_size` / `expert_intermediate_size`,
-else `intermediate_size`. MLPs are gated (three matrices) unless the activation is relu2 or the model type
-has a plain two-matrix MLP.
+per-block `ffn_mult`; LongCat-Flash (a dense MLP in each of the two sublayers of a decoder layer, and
+one MoE); else every layer. Expert width `moe_intermediate_size` / `expert_intermediate_size` /
+`expert_ffn_hidden_size`, else `intermediate_size` (one width, or a list with one per layer: Gemma-3n).
+MLPs are gated (three matrices) unless the activation is relu2 or the model type has a plain two-matrix MLP.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
         f.raw("num_experts", "top_k_experts")
         return None, None
     experts = f.int("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-    per_token = f.int("num_experts_per_tok", "top_k_experts", "experts_per_token", "moe_k", "moe_topk")
+    per_token = _one_int(f, "num_experts_per_tok", "top_k_experts", "experts_per_token", "num_experts_per_token",
+                         "moe_k", "moe_topk")
     if (experts is None) != (per_token is None):
         missing = "num_experts_per_tok (or top_k_experts)" if per_token is None else "the expert count"
         raise f.error(f"a MoE config needs both the expert count and the experts per token (missing {missing}); "
@@ -45,19 +48,43 @@ def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
     return experts, per_token
 
 
+def intermediate_widths(f: ConfigFields, n: int) -> list[int] | None:
+    """The MLP width of each of the `n` layers: `intermediate_size` (or its spellings), one int for all, or a
+    list with one per layer (Gemma-3n); None when the config names none."""
+    value = f.raw("intermediate_size")
+    if isinstance(value, list):
+        widths = f.int_list("intermediate_size", n)
+        if widths is None or any(w < 1 for w in widths):
+            raise f.error(f"field 'intermediate_size' must be a positive integer or a list of them, got {value!r}")
+        return widths
+    width = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner")
+    return None if width is None else [width] * n
+
+
+def uniform_intermediate(f: ConfigFields, n: int) -> int | None:
+    """The one MLP width of every layer; None when the config names none or the layers' widths differ."""
+    widths = intermediate_widths(f, n)
+    return widths[0] if widths and len(set(widths)) == 1 else None
+
+
 def ffn_groups(f: ConfigFields, n: int, hidden: int) -> tuple[FfnGroup, ...]:
     """One FfnGroup per distinct block (see the module docstring); () when the config lacks the widths."""
-    intermediate = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner")
+    widths = intermediate_widths(f, n)
+    intermediate = uniform_intermediate(f, n)
     experts, per_token = expert_counts(f)
     gated = not (f.raw("hidden_act", "mlp_hidden_act") == "relu2" or f.raw("model_type") in _PLAIN_MLP_TYPES)
     blocks = f.raw("block_configs")
     if blocks is not None:
         return _count([_decilm_ffn(block, hidden, gated) for block in blocks])
-    expert_width = f.int("moe_intermediate_size", "expert_intermediate_size") or intermediate
+    expert_width = _one_int(f, "moe_intermediate_size", "expert_intermediate_size", "expert_ffn_hidden_size")
+    expert_width = expert_width or intermediate
     shared = _shared_width(f, expert_width, intermediate)
-    dense_width = f.int("intermediate_size_mlp") or intermediate
+    dense_width = f.int("intermediate_size_mlp")
     moe = _moe_layers(f, n, experts is not None)
-    if intermediate is None and expert_width is None:
+    longcat = f.raw("model_type") == "longcat_flash"
+    if longcat and experts is not None:
+        moe = [i % 2 == 0 for i in range(n)]  # one MoE per decoder layer of two sublayers, each with a dense MLP
+    if widths is None and expert_width is None:
         return ()
     blocks = _nemotron_blocks(f, n)
     per_layer = []
@@ -65,12 +92,26 @@ def ffn_groups(f: ConfigFields, n: int, hidden: int) -> tuple[FfnGroup, ...]:
         if blocks is not None and blocks[i] not in ("mlp", "moe"):
             per_layer.append(None)  # Nemotron-H: Mamba and attention blocks carry no MLP
         elif moe[i]:
-            beside = intermediate if f.flag("enable_moe_block") else 0  # Gemma-4's dense MLP next to the experts
+            # Gemma-4's dense MLP next to the experts; LongCat-Flash's first sublayer's
+            beside = intermediate if f.flag("enable_moe_block") or longcat else 0
             per_layer.append(FfnGroup(1, (shared or 0) + (beside or 0), experts or 0, per_token or 0,
                                       expert_width or 0, gated))
         else:
-            per_layer.append(FfnGroup(1, dense_width or 0, gated=gated))
+            per_layer.append(FfnGroup(1, dense_width or (widths[i] if widths else 0), gated=gated))
     return _count([g for g in per_layer if g is not None and (g.dense_intermediate or g.experts)])
+
+
+def _one_int(f: ConfigFields, *keys: str) -> int | None:
+    """`f.int(*keys)`, or the one value of a per-layer list of equal ints (Hunyuan writes moe_topk: [8, 8, ...]);
+    a list whose values differ has no one value for the weight estimate, so it is refused by name."""
+    value = f.raw(*keys)
+    if isinstance(value, list) and value:
+        key = f.key_of(*keys) or keys[0]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value) or len(set(value)) > 1:
+            raise f.error(f"field '{key}' must be a positive integer or a list of one repeated positive integer, "
+                          f"got {value!r}")
+        return value[0]
+    return f.int(*keys)
 
 
 def _shared_width(f: ConfigFields, expert_width: int | None, intermediate: int | None) -> int | None:

@@ -27,13 +27,15 @@ KNOWN_NO_KV = frozenset({
     "mamba_hidden_act", "mamba_proj_bias", "mamba_conv_bias", "use_mamba_kernels", "mamba_rms_norm",
     "mamba_norm_before_gate", "mamba_d_ssm_bias",
     "cache_implementation",  # how transformers' generate allocates its cache, not the model
-    "conv_bias", "linear_bias",
+    "conv_bias", "linear_bias", "use_conv_bias",
     "activation_sparsity_pattern",  # Gemma-3n: which MLPs are sparse
 })
-# ... and by pattern: residual scales of MiniMax's norms, per-kind RoPE bases, attention-sink biases, the
+# ... and by pattern: residual scales of MiniMax's norms (layernorm_full_attention_alpha in its own configs,
+# full_attn_alpha_factor in transformers'), per-kind RoPE bases, attention-sink biases, the
 # multi-token-prediction heads (which serve only speculative decoding, off by default), and the scalar
 # multipliers of Falcon-H1 / Granite (ssm_multipliers, attention_multiplier ...).
-KNOWN_NO_KV_PATTERN = re.compile(r"^layernorm_\w+_(alpha|beta)$|rope_theta$|sink_bias$|^mtp_|multiplier")
+KNOWN_NO_KV_PATTERN = re.compile(
+    r"^layernorm_\w+_(alpha|beta)$|_(alpha|beta)_factor$|rope_theta$|sink_bias$|^mtp_|multiplier")
 
 
 class ConfigFields:

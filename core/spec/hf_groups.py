@@ -4,7 +4,7 @@ window and recurrent state, equal layers merged.
 Attention dimensions:
 
 * KV heads `num_key_value_heads` (Falcon's `num_kv_heads` with the new decoder architecture, RefinedWeb
-  `n_head_kv`); absent or null: one with `multi_query`, else as many as query heads;
+  `n_head_kv`, Megatron's `num_query_groups`); absent or null: one with `multi_query`, else as many as query heads;
 * head dim `head_dim` (Nemotron-H / Zamba `attention_head_dim`), else hidden_size / heads; V head dim
   `v_head_dim` when it differs (MiMo), else the K head dim;
 * full-attention layers of Gemma-4: `global_head_dim`, and `num_global_key_value_heads` when
@@ -13,11 +13,13 @@ Attention dimensions:
   two cached tensors differ and the cache keeps both: the factor 2 stays;
 * sliding layers of MiMo: `swa_num_key_value_heads`, `swa_head_dim`, `swa_v_head_dim`;
 * `per_layer_config` ({"05": {"head_dim": 512, "num_key_value_heads": 2}}): those layers' own values;
-* MLA (`kv_lora_rank`, `qk_rope_head_dim`; q/k heads `qk_nope_head_dim + qk_rope_head_dim` wide) for every
+* MLA (`kv_lora_rank`, `qk_rope_head_dim`; q/k heads `qk_nope_head_dim + qk_rope_head_dim` wide, which a
+  `qk_head_dim` must equal) for every
   attention layer; its `num_key_value_heads` is not the cache; with DeepSeek sparse attention
   (`index_head_dim`) each layer also caches the indexer's keys, in vLLM's layout: fp8 values and a float32
   scale per 128 (an engine's choice, said in the layer table), whatever the KV precision;
 * `num_kv_shared_layers` (Gemma-3n, Gemma-4): the last that many layers reuse earlier layers' KV: none.
+  Hunyuan's cross-layer attention (`use_cla`, `cla_share_factor`) is read only when off; on, it is refused.
 * `block_configs` (DeciLM / Llama-Nemotron): per layer, `no_op` or `replace_with_linear` attention keeps no
   KV, else num_attention_heads / `n_heads_in_group` KV heads, `window_length` a sliding window.
 
@@ -26,7 +28,8 @@ Recurrent state (state.py): Mamba-2 from `mamba_num_heads`/`mamba_n_heads`, `mam
 `n_mamba_heads`, `mamba_headdim`, `mamba_ngroups`); Mamba-1 (Jamba)
 from `mamba_expand`, `mamba_d_state`, `mamba_d_conv`; Gated DeltaNet from the `linear_*` fields; MiniMax's
 lightning attention from its heads; Kimi Delta Attention from `linear_attn_config` (`num_heads`, `head_dim`,
-`short_conv_kernel_size`; defaults 32, 128, 4 as transformers' KimiLinearConfig; recurrent state float32,
+`short_conv_kernel_size`; transformers 5: `linear_num_heads`, `linear_head_dim`, `linear_conv_kernel_dim`;
+defaults 32, 128, 4 as transformers' KimiLinearConfig; recurrent state float32,
 as vLLM keeps it); LFM2's short convolution from `conv_L_cache`. The conv state is in the
 model's dtype (`torch_dtype` / `dtype`), the SSM state in `mamba_ssm_dtype` / `mamba_ssm_cache_dtype`, else
 the default of transformers' config class (float32 for nemotron_h), else the model's dtype; with no dtype
@@ -102,6 +105,9 @@ def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGr
         f.raw("num_key_value_heads")  # the query heads' K/V count after decompression, not the cache
         nope = f.int("qk_nope_head_dim")
         k_dim = nope + rope if nope is not None else head_dim
+        qk_dim = f.int("qk_head_dim")  # transformers 5 writes it: nope + rope, the query/key head width
+        if qk_dim is not None and qk_dim != k_dim:
+            raise f.error(f"qk_head_dim {qk_dim} is not qk_nope_head_dim + qk_rope_head_dim = {k_dim}; fix one")
         return LayerGroup("mla", 1, kv_heads=1, k_head_dim=k_dim, v_head_dim=f.int("v_head_dim") or k_dim,
                           kv_lora_rank=kv_lora, rope_dim=rope, q_heads=heads, q_lora_rank=f.int("q_lora_rank") or 0,
                           indexer_bytes=_indexer_bytes(f))
@@ -144,6 +150,11 @@ def kv_heads_of(f: ConfigFields, heads: int) -> int:
         f.raw("num_kv_heads")
         return 1 if f.flag("multi_query") else heads
     value = f.int("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    groups = f.int("num_query_groups")  # Megatron's name for the KV heads (Zamba2 writes both)
+    if value is not None and groups is not None and groups != value:
+        raise f.error(f"num_query_groups {groups} and {f.key_of('num_key_value_heads', 'num_kv_heads', 'n_head_kv')} "
+                      f"{value} disagree on the KV heads; fix one")
+    value = value if value is not None else groups
     if value is not None:
         return value
     return 1 if f.flag("multi_query") else heads
@@ -173,10 +184,15 @@ def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
         return RecurrentState("lightning", conv, conv, heads=heads, head_dim=head_dim)
     if kind == "kda":
         kda = f.raw("linear_attn_config")
+        if isinstance(kda, dict):
+            heads, dim = kda.get("num_heads", 32), kda.get("head_dim", 128)
+            d_conv = kda.get("short_conv_kernel_size", 4)
+        else:  # transformers 5 writes them at the top level
+            heads, dim, d_conv = (f.int("linear_num_heads") or 32, f.int("linear_head_dim") or 128,
+                                  f.int("linear_conv_kernel_dim") or 4)
         # vLLM keeps KDA's recurrent state in float32 whatever the model dtype (its state-dtype rule)
         return RecurrentState("kda", conv, ssm if f.raw("mamba_ssm_dtype", "mamba_ssm_cache_dtype") else "fp32",
-                              heads=kda.get("num_heads", 32), head_dim=kda.get("head_dim", 128),
-                              d_conv=kda.get("short_conv_kernel_size", 4))
+                              heads=heads, head_dim=dim, d_conv=d_conv)
     if kind == "conv":
         width = f.int("conv_dim") or hidden
         return RecurrentState("short_conv", conv, conv, d_inner=width, d_conv=f.required_int("conv_L_cache"))
@@ -188,11 +204,16 @@ def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
                       "its recurrent layers use")
     if mamba_heads is not None:
         d_head = f.raw("mamba_head_dim", "mamba_d_head", "mamba_headdim")
+        # Nemotron-H's `expand` and the others' `mamba_expand` are d_inner / hidden_size. Falcon-H1's mamba_d_ssm
+        # overrides it (transformers uses expand only when d_ssm is absent); heads · head_dim must agree with it.
+        expand, expand_key = f.int("mamba_expand", "expand"), f.key_of("mamba_expand", "expand")
         d_inner = f.int("mamba_d_ssm") or (
             mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head", "mamba_headdim") if d_head != "auto"
-            else (f.int("mamba_expand", "expand") or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
+            else (expand or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
         )
-        f.int("expand")  # Nemotron-H's expand is d_inner / hidden_size, already given by heads · head_dim
+        if f.int("mamba_d_ssm") is None and expand is not None and expand * hidden != d_inner:
+            raise f.error(f"{expand_key} {expand} · hidden_size {hidden} = {expand * hidden} is not the Mamba inner "
+                          f"width {mamba_heads} heads · {d_inner // mamba_heads} = {d_inner}; fix one")
         return RecurrentState(
             "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
             d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
@@ -265,6 +286,8 @@ def _per_layer_overrides(f: ConfigFields, layers: list[LayerGroup], n: int) -> l
 
 
 def _kv_shared(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:
+    if f.flag("use_cla") is False:
+        f.raw("cla_share_factor")  # Hunyuan ships a factor with cross-layer attention off: no layer shares KV
     shared = f.int("num_kv_shared_layers", minimum=0) or 0
     if not shared:
         return layers

@@ -4,18 +4,22 @@ One convention names the layer kinds (when a config carries two, they must agree
 
 * `layers_block_type` (a list) or `hybrid_override_pattern` (Nemotron-H: M Mamba, * attention, - MLP, E MoE);
 * `layer_types`: full_attention, sliding_attention, chunked_attention, linear_attention, mamba, attention,
-  conv, hybrid (attention and Mamba in one layer), mlp / moe (no attention);
+  conv, hybrid (attention and Mamba in one layer), mlp / moe (no attention), indexed_attention (DeepSeek
+  sparse attention: MLA with its indexer, which needs `index_head_dim`);
 * `attn_type_list` (MiniMax: 1 softmax attention, 0 lightning linear attention);
 * `hybrid_layer_pattern` (MiMo: 0 full, 1 sliding window, with its own `swa_*` heads and dims);
 * `attn_layer_period` / `attn_layer_offset` (Jamba: attention where i % period == offset, else Mamba);
 * `linear_attn_config` (Kimi-Linear: `full_attn_layers` and `kda_layers`, numbered from 1);
-* `attn_layer_indices` (Bamba), `full_attn_idxs` (LFM2, else short convolution), `full_attention_interval`
+* `attn_layer_indices` (Bamba), `full_attn_idxs` (LFM2, else short convolution), `hybrid_layer_ids` (Zamba2:
+  hybrid layers, the rest Mamba), `full_attention_interval`
   (Qwen3-Next / Qwen3.5, default 4: every 4th layer full, the rest linear attention);
+* `global_attn_every_n_layers` (AFMoE: every n-th layer full, the rest sliding);
 * Falcon-H1: every layer hybrid.
 
 Otherwise attention layers only, windowed by: `attention_chunk_size` on the RoPE layers of `no_rope_layers`
 (Llama-4; NoPE layers are global; default one NoPE layer in `no_rope_layer_interval` = 4);
-`sliding_window_pattern` (an int p: layer i slides unless (i + 1) % p == 0; or a string like "LLLG") or the
+`sliding_window_pattern` (or transformers 5's `_sliding_window_pattern`; an int p: layer i slides unless
+(i + 1) % p == 0; or a string like "LLLG") or the
 model type's alternation (gemma2 and gpt_oss 2, gemma3 6, gemma4 6 with the last layer global, cohere2 and
 exaone4 4), as transformers' configs default them; Qwen2/3 `use_sliding_window` with `max_window_layers`
 (layers from that index slide); else `sliding_window` on every layer (Mistral-7B-v0.1); else none.
@@ -38,6 +42,7 @@ _LAYER_TYPES = {
     "full_attention": "full", "attention": "full", "sliding_attention": "sliding",
     "chunked_attention": "chunked", "linear_attention": "recurrent", "mamba": "recurrent", "mamba2": "recurrent",
     "conv": "conv", "hybrid": "hybrid", "mlp": "mlp", "moe": "mlp",
+    "indexed_attention": "full",  # DeepSeek sparse attention (transformers 5): MLA + the indexer's key cache
 }
 _PATTERN_CHARS = {"M": "recurrent", "*": "full", "-": "mlp", "E": "mlp"}
 _PERIODS = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "gemma4": 6, "gemma4_text": 6,
@@ -53,13 +58,15 @@ def layer_kinds(f: ConfigFields, n: int) -> list[str]:
     model_type = str(f.raw("model_type"))
     # Read by the rules below only in some cases, and (as in transformers) irrelevant in the others: a
     # pattern beside layer_types, max_window_layers with the window off, NoPE layers without chunks.
-    f.raw("use_sliding_window", "max_window_layers", "sliding_window_pattern", "no_rope_layers",
-          "no_rope_layer_interval", "sliding_window", "sliding_window_size")
+    f.raw("use_sliding_window", "max_window_layers", "sliding_window_pattern", "_sliding_window_pattern",
+          "no_rope_layers", "no_rope_layer_interval", "sliding_window", "sliding_window_size")
     found = [(field, kinds) for field, kinds in _named_kinds(f, n, model_type) if kinds is not None]
     for (field, kinds), (other, other_kinds) in pairwise(found):
         if kinds != other_kinds:
             raise f.error(f"{field} and {other} disagree on which layers are which; remove one of them")
     kinds = found[0][1] if found else _attention_kinds(f, n, model_type)
+    if found and "sliding" in kinds and (f.flag("use_sliding_window") is False or _window(f) is None):
+        raise f.error(f"field '{found[0][0]}' marks layers sliding but the config gives no sliding_window; add it")
     _check_windows(f, kinds, model_type)
     return kinds
 
@@ -76,9 +83,14 @@ def _named_kinds(f: ConfigFields, n: int, model_type: str):
             raise f.error(f"hybrid_override_pattern must have one character per layer ({n}), got {pattern!r}")
         yield "hybrid_override_pattern", [_kind(f, "hybrid_override_pattern", c, _PATTERN_CHARS) for c in pattern]
     types = f.str_list("layer_types", n)
+    if types is not None and "indexed_attention" in types and f.int("index_head_dim") is None:
+        raise f.error("layer_types marks indexed_attention (DeepSeek sparse attention) but the config gives no "
+                      "index_head_dim, the width of the indexer's cached keys; add it")
     if types is not None:
-        lightning = model_type.startswith("minimax")
-        yield "layer_types", ["lightning" if lightning and t == "linear_attention" else
+        # linear_attention is MiniMax's lightning attention, and Kimi Delta Attention in transformers 5's
+        # Kimi-Linear (its own configs use linear_attn_config)
+        linear = "lightning" if model_type.startswith("minimax") else "kda" if model_type == "kimi_linear" else None
+        yield "layer_types", [linear if linear and t == "linear_attention" else
                               _kind(f, "layer_types", t, _LAYER_TYPES) for t in types]
     attn_types = f.int_list("attn_type_list", n)
     if attn_types is not None:
@@ -92,10 +104,14 @@ def _named_kinds(f: ConfigFields, n: int, model_type: str):
         if offset >= period:
             raise f.error(f"attn_layer_offset {offset} must be below attn_layer_period {period}")
         yield "attn_layer_period", ["full" if i % period == offset else "recurrent" for i in range(n)]
-    for field, other in (("attn_layer_indices", "recurrent"), ("full_attn_idxs", "conv")):
+    for field, kind, other in (("attn_layer_indices", "full", "recurrent"), ("full_attn_idxs", "full", "conv"),
+                               ("hybrid_layer_ids", "hybrid", "recurrent")):
         indices = f.int_list(field)
         if indices is not None:
-            yield field, ["full" if i in set(indices) else other for i in range(n)]
+            yield field, [kind if i in set(indices) else other for i in range(n)]
+    every = f.int("global_attn_every_n_layers")
+    if every is not None:
+        yield "global_attn_every_n_layers", ["sliding" if (i + 1) % every else "full" for i in range(n)]
     interval = f.int("full_attention_interval")
     if interval is not None or (model_type in _INTERVAL_DEFAULT_TYPES and types is None):
         interval = interval or 4
@@ -147,12 +163,12 @@ def _attention_kinds(f: ConfigFields, n: int, model_type: str) -> list[str]:
         return ["chunked" if rope else "full" for rope in ropes]
     if f.flag("use_sliding_window") is False or _window(f) is None:
         return ["full"] * n
-    pattern = f.raw("sliding_window_pattern")
+    pattern = f.raw("sliding_window_pattern", "_sliding_window_pattern")
     if isinstance(pattern, str):
         if not pattern or set(pattern) - {"L", "G"}:
             raise f.error(f"sliding_window_pattern {pattern!r} must be a string of L (local) and G (global)")
         return ["sliding" if pattern[i % len(pattern)] == "L" else "full" for i in range(n)]
-    period = f.int("sliding_window_pattern") or _PERIODS.get(model_type)
+    period = f.int("sliding_window_pattern", "_sliding_window_pattern") or _PERIODS.get(model_type)
     if period is not None:
         kinds = ["sliding" if (i + 1) % period else "full" for i in range(n)]
         if model_type in _LAST_LAYER_GLOBAL and kinds:

@@ -129,6 +129,65 @@ def test_folder_bom_and_name(tmp_path):
         load_config(tmp_path)
 
 
+def test_a_key_given_twice_and_a_huge_integer_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "llama", "num_hidden_layers": 32, "num_hidden_layers": 16}')
+    # JSON keeps the last value silently; which one the author meant is a guess
+    with pytest.raises(ValueError, match=r"config\.json: the key 'num_hidden_layers' is given twice \(32 and 16\)"):
+        load_config(path)
+    path.write_text('{"model_type": "llama", "num_hidden_layers": ' + "9" * 5000 + "}")
+    with pytest.raises(ValueError, match=r"config\.json: holds an integer of more than 4,300 digits"):
+        load_config(path)
+
+
+def test_standard_input(monkeypatch):
+    import io
+    import sys
+
+    stdin = io.TextIOWrapper(io.BytesIO(json.dumps(BASE).encode()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    spec = load_config("-")
+    assert spec.name == "llama" and spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2 and "<stdin>" in spec.source
+
+
+def test_conventions_transformers_5_writes(tmp_path):
+    # MiniMax's residual scales under transformers' names change no KV (were refused as unread)
+    minimax = {**BASE, "model_type": "minimax", "layer_types": ["full_attention"] * 4, "full_attn_alpha_factor": 1,
+               "full_attn_beta_factor": 1, "linear_attn_alpha_factor": 1, "mlp_beta_factor": 1}
+    assert load_config(write(tmp_path, minimax)).bytes_per_token(16) == 4 * 2 * 2 * 128 * 2
+    # AFMoE: every n-th layer global, the rest sliding; checked against layer_types when both are given
+    afmoe = {**BASE, "model_type": "afmoe", "global_attn_every_n_layers": 2, "sliding_window": 64}
+    spec = load_config(write(tmp_path, afmoe, folder="afmoe"))
+    assert spec.kv_bytes(1000, 16) == (2 * 1000 + 2 * 64) * 1024  # layers 1, 3 global; 0, 2 hold 64 tokens
+    with pytest.raises(ValueError, match="layer_types and global_attn_every_n_layers disagree"):
+        load_config(write(tmp_path, {**afmoe, "layer_types": ["full_attention"] * 4}, folder="afmoe2"))
+    # DeepSeek sparse attention as transformers 5 writes it: layer_types indexed_attention
+    dsa = {**BASE, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+           "layer_types": ["indexed_attention"] * 4, "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+    assert load_config(write(tmp_path, dsa, folder="dsa")).bytes_per_token(16) == 4 * (576 * 2 + 132)
+    with pytest.raises(ValueError, match=r"indexed_attention .* gives no index_head_dim"):
+        load_config(write(tmp_path, {**dsa, "index_head_dim": None, "index_topk": None}, folder="dsa2"))
+    # Kimi-Linear as transformers 5 writes it: layer_types linear_attention (Kimi Delta Attention), linear_* heads
+    kimi = {**BASE, "model_type": "kimi_linear", "num_attention_heads": 32, "num_key_value_heads": 32,
+            "hidden_size": 2304, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "v_head_dim": 128, "torch_dtype": "bfloat16", "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "linear_num_heads": 32, "linear_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 8,
+            "num_experts_per_token": 2}
+    spec = load_config(write(tmp_path, kimi, folder="kimi"))
+    assert spec.bytes_per_token(16) == (512 + 64) * 2 and spec.experts_per_token == 2
+    assert spec.state_bits() == 3 * (3 * 3 * 4096 * 16 + 32 * 128 * 128 * 32)  # as test_kimi_linear_kda_layers
+
+
+def test_falcon_h1_d_ssm_overrides_mamba_expand(tmp_path):
+    # Falcon-H1 ships both; transformers takes mamba_d_ssm and uses mamba_expand only without it
+    falcon = {**BASE, "model_type": "falcon_h1", "torch_dtype": "bfloat16", "mamba_d_ssm": 1536, "mamba_expand": 2,
+              "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4}
+    spec = load_config(write(tmp_path, falcon))
+    # 4 hybrid layers: attention 2 · 2 · 128 · 2 B a token each; Mamba-2 conv 3 · (1536 + 2 · 128), SSM 24 · 64 · 128
+    assert spec.bytes_per_token(16) == 4 * 1024
+    assert spec.state_bits() == 4 * (3 * 1792 + 24 * 64 * 128) * 16
+
+
 def hub_layout(root, repo="acme/Tiny-1B", revision="0123abcd", refs=True, config=BASE):
     repo_dir = root / f"models--{repo.replace('/', '--')}"
     snapshot = repo_dir / "snapshots" / revision

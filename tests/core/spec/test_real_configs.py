@@ -1,6 +1,7 @@
 """Real config.json files of 2024–26 models (trimmed to the fields kvcalc reads, plus a few it must not trip
 over), each with its KV computed by hand; where transformers has the model's config class, its own
-`layer_types` is the independent check of which layer is which."""
+`layer_types` is the independent check of which layer is which. The file is long because each config sits
+next to its own arithmetic; the second half holds configs checked after the readers were written."""
 
 from __future__ import annotations
 
@@ -372,6 +373,319 @@ def test_falcon_7b(tmp_path):
     assert spec.bytes_per_token(16) == 2 * 32 * 1 * 64 * 2 == 8192
 
 
+# --- configs checked after the readers were written (none of them was used to write a reader) ---------
+
+
+# https://huggingface.co/HuggingFaceTB/SmolLM3-3B/blob/main/config.json: every 4th layer is NoPE
+# (no_rope_layers 0), which changes no KV; the sliding window is off.
+SMOLLM3_3B = {
+    "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008,
+    "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 4, "max_position_embeddings": 65536,
+    "no_rope_layers": [1, 1, 1, 0] * 9, "no_rope_layer_interval": 4, "sliding_window": None,
+    "use_sliding_window": False, "max_window_layers": 28, "layer_types": ["full_attention"] * 36,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+
+
+def test_smollm3_3b(tmp_path):
+    spec = load_config(write(tmp_path, SMOLLM3_3B))
+    assert kinds(spec) == Counter({"full": 36}) == transformers_kinds("smollm3", SMOLLM3_3B)
+    # head dim 2048 / 16 = 128; 36 · 2 · 4 · 128 · 2 B = 73,728 B per token; 32K: 73,728 · 32,768
+    assert spec.bytes_per_token(16) == 73_728
+    assert spec.kv_bytes(32768, 16) == 2_415_919_104
+
+
+# https://huggingface.co/google/gemma-3n-E4B/blob/main/config.json (text_config): intermediate_size is a list
+# (one per layer; it was refused as "must be a positive integer"), the last 15 of 35 layers reuse earlier KV.
+GEMMA3N_E4B = {
+    "architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n",
+    "text_config": {
+        "model_type": "gemma3n_text", "hidden_size": 2048, "hidden_size_per_layer_input": 256,
+        "intermediate_size": [16384] * 35, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "sliding_window": 512, "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+        "num_kv_shared_layers": 15, "max_position_embeddings": 32768, "vocab_size": 262400,
+        "vocab_size_per_layer_input": 262144, "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25,
+        "altup_num_inputs": 4, "altup_active_idx": 0, "altup_coef_clip": 120.0, "altup_correct_scale": True,
+        "laurel_rank": 64, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
+        "rope_local_base_freq": 10000.0, "torch_dtype": "bfloat16",
+    },
+    "vision_config": {"model_type": "gemma3n_vision"}, "audio_config": {"model_type": "gemma3n_audio"},
+}
+
+
+def test_gemma3n_e4b(tmp_path):
+    spec = load_config(write(tmp_path, GEMMA3N_E4B))
+    # layers 0..19 keep KV: full at 4, 9, 14, 19, the other 16 sliding (window 512); 15 shared layers add none
+    assert kinds(spec) == Counter({"sliding": 16, "full": 4, "none": 15})
+    # one token-layer: 2 · 2 KV heads · 256 · 2 B = 2,048 B; 20 layers: 40,960
+    assert spec.bytes_per_token(16) == 40_960
+    # 32K: 4 full layers · 32,768 + 16 sliding · 512 tokens, 2,048 B each = 268,435,456 + 16,777,216
+    assert spec.kv_bytes(32768, 16) == 285_212_672
+    assert spec.intermediate_size == 16384
+
+
+# https://huggingface.co/internlm/internlm3-8b-instruct/blob/main/config.json
+INTERNLM3_8B = {
+    "architectures": ["InternLM3ForCausalLM"], "model_type": "internlm3", "hidden_size": 4096,
+    "intermediate_size": 10240, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+    "num_hidden_layers": 48, "max_position_embeddings": 32768, "vocab_size": 128512, "bias": False, "qkv_bias": False,
+    "rope_scaling": {"factor": 6.0, "rope_type": "dynamic"}, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def test_internlm3_8b(tmp_path):
+    spec = load_config(write(tmp_path, INTERNLM3_8B))
+    assert spec.bytes_per_token(16) == 48 * 2 * 2 * 128 * 2 == 49_152
+    assert spec.kv_bytes(32768, 16) == 49_152 * 32768 == 1_610_612_736
+
+
+# https://huggingface.co/tencent/Hunyuan-A13B-Instruct/blob/main/config.json: per-layer lists for the MoE
+# (moe_topk [8, ...] was refused as "must be a positive integer"), and a cla_share_factor with cross-layer
+# attention off (was refused as an unread KV field).
+HUNYUAN_A13B = {
+    "architectures": ["HunYuanMoEV1ForCausalLM"], "model_type": "hunyuan_v1_moe", "hidden_size": 4096,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "attention_head_dim": 128,
+    "num_hidden_layers": 32, "intermediate_size": 3072, "moe_intermediate_size": [3072] * 32, "num_experts": 64,
+    "moe_topk": [8] * 32, "num_shared_expert": [1] * 32, "use_cla": False, "cla_share_factor": 2,
+    "use_mixed_mlp_moe": True, "use_qk_norm": True, "max_position_embeddings": 32768, "vocab_size": 128167,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
+def test_hunyuan_a13b(tmp_path):
+    spec = load_config(write(tmp_path, HUNYUAN_A13B))
+    assert (spec.num_experts, spec.experts_per_token) == (64, 8)
+    assert spec.bytes_per_token(16) == 32 * 2 * 8 * 128 * 2 == 131_072
+    assert spec.kv_bytes(32768, 16) == 131_072 * 32768 == 4_294_967_296
+    with pytest.raises(ValueError, match="'cla_share_factor'"):  # sharing on: not modelled, so refused
+        load_config(write(tmp_path, {**HUNYUAN_A13B, "use_cla": True}, folder="cla"))
+    with pytest.raises(ValueError, match="'moe_topk' must be a positive integer or a list of one repeated"):
+        load_config(write(tmp_path, {**HUNYUAN_A13B, "moe_topk": [8] * 31 + [4]}, folder="mixed"))
+
+
+# https://huggingface.co/baidu/ERNIE-4.5-21B-A3B-PT/blob/main/config.json
+ERNIE45_21B = {
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "hidden_size": 2560,
+    "intermediate_size": 12288, "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 128,
+    "num_hidden_layers": 28, "max_position_embeddings": 131072, "moe_num_experts": 64, "moe_k": 6,
+    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1,
+    "moe_intermediate_size": 1536, "use_bias": False, "vocab_size": 103424, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_ernie45_21b_a3b(tmp_path):
+    spec = load_config(write(tmp_path, ERNIE45_21B))
+    assert spec.bytes_per_token(16) == 28 * 2 * 4 * 128 * 2 == 57_344
+    assert spec.kv_bytes(32768, 16) == 57_344 * 32768 == 1_879_048_192
+
+
+# https://huggingface.co/zai-org/GLM-4.5-Air/blob/main/config.json (96 query heads of 128 on hidden 4096: the
+# head dim is given, not hidden / heads; one multi-token-prediction layer, off by default)
+GLM45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "first_k_dense_replace": 1, "head_dim": 128,
+    "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 131072, "model_type": "glm4_moe",
+    "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+    "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46, "num_key_value_heads": 8,
+    "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "tie_word_embeddings": False, "topk_group": 1,
+    "torch_dtype": "bfloat16", "use_qk_norm": False, "vocab_size": 151552,
+}
+
+
+def test_glm45_air(tmp_path):
+    spec = load_config(write(tmp_path, GLM45_AIR))
+    assert spec.bytes_per_token(16) == 46 * 2 * 8 * 128 * 2 == 188_416
+    assert spec.kv_bytes(32768, 16) == 188_416 * 32768 == 6_174_015_488
+
+
+# https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json (DeepSeek-V3's MLA, fp8 weights)
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "first_k_dense_replace": 1,
+    "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1,
+    "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64,
+    "num_nextn_predict_layers": 0, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "vocab_size": 163840, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+
+
+def test_kimi_k2(tmp_path):
+    spec = load_config(write(tmp_path, KIMI_K2))
+    assert kinds(spec) == Counter({"mla": 61}) and spec.weight_dtype == "fp8"
+    assert spec.bytes_per_token(16) == 61 * (512 + 64) * 2 == 70_272  # one latent per token-layer, no factor 2
+    assert spec.kv_bytes(32768, 16) == 70_272 * 32768 == 2_302_672_896
+    # transformers 5 writes qk_head_dim (nope + rope) when it saves a config: read, and checked (was refused)
+    assert load_config(write(tmp_path, {**KIMI_K2, "qk_head_dim": 192}, folder="t5")).bytes_per_token(16) == 70_272
+    with pytest.raises(ValueError, match="qk_head_dim 128 is not qk_nope_head_dim"):
+        load_config(write(tmp_path, {**KIMI_K2, "qk_head_dim": 128}, folder="bad"))
+
+
+# https://huggingface.co/Zyphra/Zamba2-2.7B/blob/main/config.json: 9 hybrid layers (a shared attention block,
+# each use with its own KV, then Mamba-2) among 54 Mamba-2 layers; attention runs 5120 wide (2 · hidden).
+# attention_hidden_size, num_query_groups, hybrid_layer_ids and use_conv_bias were each refused as unread.
+ZAMBA2_HYBRID = (6, 12, 18, 24, 30, 36, 42, 47, 51)
+ZAMBA2_27B = {
+    "architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "hidden_size": 2560, "num_hidden_layers": 54,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "attention_hidden_size": 5120, "attention_head_dim": 160,
+    "kv_channels": 80, "num_query_groups": 32, "n_mamba_heads": 80, "mamba_headdim": 64, "mamba_d_state": 64,
+    "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 1, "use_conv_bias": True, "use_mamba_kernels": True,
+    "chunk_size": 256, "num_mem_blocks": 2, "use_shared_attention_adapter": False, "adapter_rank": 128,
+    "use_mem_rope": False, "intermediate_size": 10240, "max_position_embeddings": 4096,
+    "hybrid_layer_ids": list(ZAMBA2_HYBRID),
+    "layers_block_type": ["hybrid" if i in ZAMBA2_HYBRID else "mamba" for i in range(54)],
+    "vocab_size": 32000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
+def test_zamba2_27b(tmp_path):
+    spec = load_config(write(tmp_path, ZAMBA2_27B))
+    full = next(g for g in spec.layer_groups if g.kind == "full")
+    assert (full.count, full.kv_heads, full.k_head_dim) == (9, 32, 160)  # 5120 / 32 heads
+    assert spec.bytes_per_token(16) == 9 * 2 * 32 * 160 * 2 == 184_320
+    # 54 Mamba-2 layers (45 alone, 9 in the hybrids): conv 3 · (5120 + 2 · 64) = 15,744 and SSM 80 · 64 · 64 =
+    # 327,680 scalars, bf16: 686,848 B each
+    assert spec.state_bits() // 8 == 54 * (15_744 + 327_680) * 2 == 37_089_792
+    for bad, message in (({"num_query_groups": 8}, "num_query_groups 8 and num_key_value_heads 32 disagree"),
+                         ({"attention_hidden_size": 4096}, "attention_hidden_size 4096 is not num_attention_heads"),
+                         ({"mamba_expand": 4}, "mamba_expand 4 · hidden_size 2560 = 10240 is not the Mamba inner"),
+                         ({"hybrid_layer_ids": [6]}, "disagree on which layers are which")):
+        with pytest.raises(ValueError, match=message):
+            load_config(write(tmp_path, {**ZAMBA2_27B, **bad}, folder=next(iter(bad))))
+
+
+# https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json: a sliding_window value with the
+# window switched off (use_sliding_window false): every layer full
+QWEN25_72B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568,
+    "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+    "max_window_layers": 70, "sliding_window": 131072, "use_sliding_window": False, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "vocab_size": 152064,
+}
+
+
+def test_qwen25_72b(tmp_path):
+    spec = load_config(write(tmp_path, QWEN25_72B))
+    assert kinds(spec) == Counter({"full": 80}) == transformers_kinds("qwen2", QWEN25_72B)
+    assert spec.bytes_per_token(16) == 80 * 2 * 8 * 128 * 2 == 327_680
+    assert spec.kv_bytes(32768, 16) == 327_680 * 32768 == 10_737_418_240
+
+
+# https://huggingface.co/mistralai/Mistral-Small-3.1-24B-Instruct-2503/blob/main/config.json (text_config;
+# the vision tower keeps no KV cache of its own)
+MISTRAL_SMALL_31 = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "spatial_merge_size": 2,
+    "text_config": {"model_type": "mistral", "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768,
+                    "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 40,
+                    "num_key_value_heads": 8, "sliding_window": None, "vocab_size": 131072},
+    "vision_config": {"model_type": "pixtral", "head_dim": 64, "hidden_size": 1024, "num_attention_heads": 16,
+                      "num_hidden_layers": 24, "patch_size": 14},
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_mistral_small_31(tmp_path):
+    spec = load_config(write(tmp_path, MISTRAL_SMALL_31))
+    assert spec.bytes_per_token(16) == 40 * 2 * 8 * 128 * 2 == 163_840
+    assert spec.kv_bytes(32768, 16) == 163_840 * 32768 == 5_368_709_120
+
+
+# https://huggingface.co/microsoft/Phi-3.5-MoE-instruct/blob/main/config.json: a sliding window on every layer,
+# as long as the context (transformers' Phimoe applies it everywhere)
+PHI35_MOE = {
+    "architectures": ["PhiMoEForCausalLM"], "model_type": "phimoe", "hidden_size": 4096, "intermediate_size": 6400,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "num_local_experts": 16,
+    "num_experts_per_tok": 2, "sliding_window": 131072, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "vocab_size": 32064, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_phi35_moe(tmp_path):
+    spec = load_config(write(tmp_path, PHI35_MOE))
+    assert kinds(spec) == Counter({"sliding": 32})
+    assert spec.bytes_per_token(16) == 32 * 2 * 8 * 128 * 2 == 131_072
+    assert spec.kv_bytes(32768, 16) == 131_072 * 32768  # 32,768 < the 131,072 window: every token held
+    assert spec.kv_bytes(262144, 16) == 131_072 * 131072  # past it, the window
+
+
+# https://huggingface.co/CohereForAI/c4ai-command-r7b-12-2024/blob/main/config.json: three sliding layers
+# (window 4,096) then one global, from sliding_window_pattern 4
+COMMAND_R7B = {
+    "architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 32,
+    "sliding_window": 4096, "sliding_window_pattern": 4, "order_of_interleaved_layers": "local_attn_first",
+    "max_position_embeddings": 132096, "logit_scale": 0.25, "use_embedding_sharing": True, "vocab_size": 256000,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_command_r7b(tmp_path):
+    spec = load_config(write(tmp_path, COMMAND_R7B))
+    assert kinds(spec) == Counter({"sliding": 24, "full": 8}) == transformers_kinds("cohere2", COMMAND_R7B)
+    assert spec.bytes_per_token(16) == 32 * 2 * 8 * 128 * 2 == 131_072
+    # 32K: 8 global layers · 32,768 + 24 sliding · 4,096 tokens, 4,096 B a token-layer
+    assert spec.kv_bytes(32768, 16) == (8 * 32768 + 24 * 4096) * 4096 == 1_476_395_008
+    # transformers 5 saves the pattern as _sliding_window_pattern beside layer_types (was refused as unread)
+    saved = {**COMMAND_R7B, "_sliding_window_pattern": 4,
+             "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 8}
+    del saved["sliding_window_pattern"]
+    assert load_config(write(tmp_path, saved, folder="t5")).kv_bytes(32768, 16) == 1_476_395_008
+
+
+# https://huggingface.co/allenai/OLMo-2-1124-13B/blob/main/config.json (MHA: 40 KV heads; weights in float32)
+OLMO2_13B = {
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 5120, "intermediate_size": 13824,
+    "num_attention_heads": 40, "num_key_value_heads": 40, "num_hidden_layers": 40, "max_position_embeddings": 4096,
+    "vocab_size": 100352, "tie_word_embeddings": False, "torch_dtype": "float32",
+}
+
+
+def test_olmo2_13b(tmp_path):
+    spec = load_config(write(tmp_path, OLMO2_13B))
+    assert spec.bytes_per_token(16) == 40 * 2 * 40 * 128 * 2 == 819_200  # KV at bf16, whatever the weights
+    assert spec.kv_bytes(4096, 16) == 819_200 * 4096
+
+
+# https://huggingface.co/MiniMaxAI/MiniMax-M2/blob/main/config.json: softmax attention in every layer
+# (attn_type_list all 1), multi-token-prediction modules that only serve speculative decoding
+MINIMAX_M2 = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_size": 3072,
+    "intermediate_size": 1536, "head_dim": 128, "num_attention_heads": 48, "num_key_value_heads": 8,
+    "num_hidden_layers": 62, "num_local_experts": 256, "num_experts_per_tok": 8, "max_position_embeddings": 196608,
+    "rotary_dim": 64, "attn_type_list": [1] * 62, "use_qk_norm": True, "qk_norm_type": "per_layer", "use_mtp": True,
+    "num_mtp_modules": 3, "mtp_transformer_layers": 1, "vocab_size": 200064, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_minimax_m2(tmp_path):
+    spec = load_config(write(tmp_path, MINIMAX_M2))
+    assert kinds(spec) == Counter({"full": 62})
+    assert spec.bytes_per_token(16) == 62 * 2 * 8 * 128 * 2 == 253_952
+    assert spec.kv_bytes(32768, 16) == 253_952 * 32768 == 8_321_499_136
+
+
+# https://huggingface.co/meituan-longcat/LongCat-Flash-Chat/blob/main/config.json: num_layers 28 decoder
+# layers of two MLA sublayers each, every sublayer with its own cache (transformers: num_hidden_layers =
+# 2 · num_layers). kvcalc read 28 layers: half the KV, silently.
+LONGCAT_FLASH = {
+    "architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "hidden_size": 6144,
+    "ffn_hidden_size": 12288, "expert_ffn_hidden_size": 2048, "num_layers": 28, "num_attention_heads": 64,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 512, "zero_expert_num": 256, "moe_topk": 12, "max_position_embeddings": 131072,
+    "vocab_size": 131072, "torch_dtype": "bfloat16",
+}
+
+
+def test_longcat_flash(tmp_path):
+    spec = load_config(write(tmp_path, LONGCAT_FLASH))
+    assert kinds(spec) == Counter({"mla": 56})
+    assert spec.bytes_per_token(16) == 56 * (512 + 64) * 2 == 64_512  # (was 32,256)
+    assert spec.kv_bytes(32768, 16) == 64_512 * 32768 == 2_113_929_216
+
+
 # Published parameter counts (model cards, safetensors indexes; language model only for multimodal ones).
 # The estimate leaves out norms and biases, so it is checked within 3 %; active counts include the input
 # embedding (model cards usually leave it out), so only the totals are compared except where noted.
@@ -402,6 +716,9 @@ QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_s
     (MIMO_V2_FLASH, 309e9),
     (NEMOTRON_SUPER_49B, 49.9e9),
     (GEMMA3_27B, 27e9),
+    (LONGCAT_FLASH, 560e9),  # one MoE and two dense MLPs per decoder layer
+    (QWEN25_72B, 72.7e9),
+    (GLM45_AIR, 106e9),
 ], ids=lambda x: x.get("model_type", "") if isinstance(x, dict) else "")
 def test_weights_from_dimensions_match_published_counts(tmp_path, config, published):
     assert estimate_params(load_config(write(tmp_path, config))).total == pytest.approx(published, rel=0.03)
