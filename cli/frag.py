@@ -148,7 +148,7 @@ def command(
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
-    dtype_name = parse_dtype(dtype or DEFAULT_DTYPE)
+    dtype_name = parse_dtype(DEFAULT_DTYPE if dtype is None else dtype)  # --dtype "" is an error, not the default
     passes = 1 if speculation is None else 2  # the speculative peaks take a pass of their own
     with progress_bar("paging", total=passes * source.count, enabled=source.count >= PROGRESS_FROM) as advance:
         result = analyse(

@@ -4,7 +4,8 @@ split; with --gpu (or --kv-memory), the KV memory, blocks, tokens and concurrenc
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -13,7 +14,7 @@ from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.spec.models import ModelSpec, resolve_model
 from ..core.spec.sizing import SizeResult, compute_size
 from ..core.spec_decode import speculation_from, speculative_size
-from ..core.units import parse_bytes
+from ..core.units import format_count_short, parse_bytes, parse_logged_bytes
 from .options import (
     ConfigOpt,
     DtypeOpt,
@@ -41,6 +42,8 @@ from .size_report import (
     no_context_report,
     tp_note,
 )
+
+T = TypeVar("T")
 
 TokensOpt = Annotated[
     int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
@@ -139,7 +142,7 @@ def command(
         return
     result = compute_size(
         spec, dtype, tokens=tokens, seqs=1 if seqs is None else seqs, tp=1 if tp is None else tp,
-        block_size=block_size, memory_bytes=None if memory is None else parse_bytes(memory),
+        block_size=block_size, memory_bytes=None if memory is None else _flagged("--memory", parse_bytes, memory),
     )
     warnings = _warnings(result)
     for warning in warnings:
@@ -172,22 +175,35 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
         max_model_len = spec.max_position_embeddings
     device = get_gpu(gpu, otherwise="or give --kv-memory SIZE") if gpu is not None else None
     if weight_dtype is not None:
-        spec = dataclasses.replace(spec, weight_dtype=parse_dtype(weight_dtype))
+        spec = dataclasses.replace(spec, weight_dtype=parse_dtype(weight_dtype, "weight_dtype"))
+    kv_memory_bytes, rounding = (None, None) if kv_memory is None else _flagged("--kv-memory", parse_logged_bytes,
+                                                                                kv_memory)
     plan = plan_gpu(
         spec, kv_dtype_bits=DTYPE_BITS[dtype], block_size=block_size, max_model_len=max_model_len,
         tp=1 if tp is None else tp, gpu_name=device.name if device else "",
         gpu_memory_bytes=device.memory_bytes if device else None,
         gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization,
-        kv_memory_bytes=None if kv_memory is None else parse_bytes(kv_memory),
+        kv_memory_bytes=kv_memory_bytes,
         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched_tokens is None else batched_tokens,
     )
     gpu_report(report, plan)
+    if rounding is not None:
+        report.notes.append(f"--kv-memory {rounding}.")
+
+
+def _flagged(flag: str, parse: Callable[[str], T], text: str) -> T:
+    """`parse(text)`, its error prefixed with the flag that gave the text."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _warnings(result: SizeResult) -> list[str]:
     if exceeds_max_positions(result.spec, result.tokens):
         max_len = result.spec.max_position_embeddings
-        return [f"--tokens {result.tokens:,} is above {result.spec.name}'s max_position_embeddings {max_len:,}"]
+        return [f"--tokens {format_count_short(result.tokens)} is above {result.spec.name}'s "
+                f"max_position_embeddings {max_len:,}"]
     return []
 
 

@@ -60,6 +60,8 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
                                           Field("blocks_per_request", "blocks per request", format_count)],
             doc["groups"]))
     report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
-    if plan.estimates:
-        report.notes.append("Estimates: " + ", ".join(plan.estimates) + "; give --kv-memory to start from vLLM's "
-                            "own 'Available KV cache memory' line.")
+    estimated = [e for e in plan.estimates if e != "kv_cache_bytes given"]
+    if estimated:
+        hint = ("" if plan.weights_bytes is None else
+                "; give --kv-memory to start from vLLM's own 'Available KV cache memory' line")
+        report.notes.append("Estimates: " + ", ".join(estimated) + hint + ".")

@@ -29,8 +29,40 @@ MAX_BYTES = 2**90  # 1024 YiB (YiB is the largest IEC unit): a byte size above i
 
 def parse_bytes(text: str | int) -> int:
     """`"80GiB"` -> 85899345920; `"80GB"` -> 80000000000; `"80e9"` -> 80000000000. Exact; never rounds."""
+    exact = _exact_bytes(text)
+    if exact.denominator != 1:
+        raise ValueError(f"the memory size {text!r} is not a whole number of bytes: give whole bytes")
+    return int(exact)
+
+
+def parse_logged_bytes(text: str | int) -> tuple[int, str | None]:
+    """A size as a log prints it, e.g. vLLM's `34.81GiB` (two decimals of GiB, so not whole bytes): the whole
+    bytes at or below it, and a note saying so when it was not whole (None when it was). Otherwise as
+    `parse_bytes`: what is not a size, not positive or past 1024 YiB is refused."""
+    exact = _exact_bytes(text)
+    whole = exact.numerator // exact.denominator
+    if whole == exact:
+        return whole, None
+    if whole == 0:
+        raise ValueError(f"the memory size {text!r} is less than one byte: give a size such as 34.81GiB")
+    return whole, (f"{text} is {_decimal(exact)} bytes: {whole:,} whole bytes are used (rounded down by less "
+                   "than one byte)")
+
+
+def _decimal(value: Fraction) -> str:
+    """`value`'s exact decimal with thousands separators: a size typed in decimal has one (its denominator
+    divides a power of 10, and the IEC units are powers of 2)."""
+    places = 0
+    while (value * 10**places).denominator != 1:
+        places += 1
+    whole, fraction = divmod(int(value * 10**places), 10**places)
+    return f"{whole:,}" + (f".{fraction:0{places}d}" if places else "")
+
+
+def _exact_bytes(text: str | int) -> Fraction:
+    """The size `text` names, exactly, checked for syntax, sign and range but not for whole bytes."""
     if isinstance(text, int):
-        value = text
+        value = Fraction(text)
     else:
         match = _SIZE_RE.match(str(text))
         unit = match.group(3) if match else ""
@@ -48,10 +80,7 @@ def parse_bytes(text: str | int) -> int:
             raise ValueError(
                 f"the memory size {text!r} has an exponent beyond ±{MAX_EXPONENT}: give a realistic size, e.g. 80GiB"
             )
-        exact = Fraction(mantissa) * Fraction(10) ** exponent * _UNITS[unit.upper()]
-        if exact.denominator != 1:
-            raise ValueError(f"the memory size {text!r} is not a whole number of bytes: give whole bytes")
-        value = int(exact)
+        value = Fraction(mantissa) * Fraction(10) ** exponent * _UNITS[unit.upper()]
     if value <= 0:
         raise ValueError(_not_positive(text))
     if value > MAX_BYTES:

@@ -204,6 +204,8 @@ def _file(tmp_path, name: str, content: str) -> str:
         (("--dtype", "fp8"), ("--dtype applies to KV bytes",)),
         (("--model", "llama-9"), ("unknown model 'llama-9'",)),
         (("--model", "llama-3-8b", "--dtype", "fp7"), ("--dtype 'fp7' is not a known precision",)),
+        (("--model", "llama-3-8b", "--dtype", ""), ("--dtype '' is not a known precision",)),  # was the default
+        (("--trace", "azure", "/nonexistent/azure.csv", "--phase", ""), ("unknown --phase ''",)),
         (("--plot", "waste.txt"), (".png or .svg",)),
         (("--block", "x"), ("--block",)),
         (("--lengths-file", "/nonexistent/lengths.txt"), ("/nonexistent/lengths.txt", "no such file")),

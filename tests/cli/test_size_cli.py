@@ -309,3 +309,36 @@ def test_kv_memory_reproduces_a_log_line(run_cli):
 def test_gpu_plan_bad_input(run_cli, args, message):
     result = run_cli("size", *args)
     assert result.exit_code == 2 and message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_kv_memory_as_vllm_logs_it(run_cli):
+    # vLLM prints two decimals of GiB: 34.81 · 2^30 = 37,376,952,893.44 B, not whole bytes (was refused although
+    # the --help example); the whole bytes below it are used and the note says so
+    result = run_cli("size", "-m", "llama-3-8b", "--kv-memory", "34.81GiB", "--max-model-len", "32768", "--json")
+    assert result.exit_code == 0 and result.json()["gpu_plan"]["kv_cache_bytes"] == 37_376_952_893
+    table = run_cli("size", "-m", "llama-3-8b", "--kv-memory", "34.81GiB", "--max-model-len", "32768")
+    assert "34.81GiB is 37,376,952,893.44 bytes: 37,376,952,893 whole bytes are used" in table.stdout
+    assert "give --kv-memory" not in table.stdout  # it was given
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--memory", ""], "error: --memory: cannot read the memory size ''"),
+    (["--memory", "0"], "error: --memory: the memory size '0' must be positive"),
+    (["--gpu", "H200", "--kv-memory", "lots"], "error: --kv-memory: cannot read the memory size 'lots'"),
+    (["--kv-memory", "0.1"], "error: --kv-memory: the memory size '0.1' is less than one byte"),
+    (["--gpu", "H200", "--weight-dtype", ""], "error: --weight-dtype '' is not a known precision"),  # named --dtype
+])
+def test_size_options_are_named_in_their_errors(run_cli, args, message):
+    result = run_cli("size", "-m", "llama-3-8b", *args)
+    assert result.exit_code == 2 and result.stderr.startswith(message) and result.stderr.count("\n") == 1
+
+
+def test_config_from_standard_input():
+    from typer.testing import CliRunner
+
+    from kvcalc.cli.app import app
+
+    config = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "num_hidden_layers": 32, "max_position_embeddings": 8192}
+    result = CliRunner().invoke(app, ["size", "--config", "-", "--json"], input=json.dumps(config))
+    assert result.exit_code == 0 and json.loads(result.stdout)["bytes_per_token"] == 32 * 2 * 8 * 128 * 2

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcalc.core.units import format_bytes, parse_bytes, parse_int, plural
+from kvcalc.core.units import format_bytes, parse_bytes, parse_int, parse_logged_bytes, plural
 
 _IEC_POWER = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6, "ZiB": 7, "YiB": 8}
 
@@ -177,3 +177,15 @@ def test_format_int_short():
     assert format_int_short(2**62 + 1) == "4611686018427387905"  # exact below 10^30
     assert format_int_short(-(10**29)) == "-100000000000000000000000000000"
     assert format_int_short(10**400) == "1.000e+400"
+
+
+def test_logged_sizes_are_rounded_down_to_whole_bytes_and_say_so():
+    # 34.81 · 2^30 = 37,376,952,893.44 exactly (0.01 · 2^30 = 10,737,418.24)
+    note = ("34.81GiB is 37,376,952,893.44 bytes: 37,376,952,893 whole bytes are used (rounded down by less than "
+            "one byte)")
+    assert parse_logged_bytes("34.81GiB") == (37_376_952_893, note)
+    assert parse_logged_bytes("80GiB") == (80 * 2**30, None)
+    for text, message in (("0.4", "less than one byte"), ("-1GiB", "must be positive"), ("1e400", "1024 YiB"),
+                          ("lots", "cannot read")):
+        with pytest.raises(ValueError, match=message):
+            parse_logged_bytes(text)
