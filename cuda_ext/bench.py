@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ParameterError
+from ..core.units import format_int_short
 
 CUDA_SHAPES = ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048), (256, 1024))
 CPU_SHAPES = ((1, 2048), (4, 512), (8, 256))
@@ -30,6 +31,7 @@ GRID_GROUPS = (1, 4, 16)
 GRID_BLOCK_SIZES = (1, 16, 256)
 GRID_KV_HEADS = 2
 CPU_LABEL = "reference implementation on CPU"
+MAX_RUNS = 100_000  # timed or warm-up runs of one shape: a median is stable long before; 1e18 would never end
 IDENTICAL_WHY = (
     "bit-identical: paged and contiguous run the same kernel code with the same tiles, split points and "
     "accumulation order; only the address of each 16-byte load differs"
@@ -60,25 +62,34 @@ class BenchConfig:
         if self.dtype not in TOLERANCE:
             raise ParameterError(f"dtype {self.dtype!r} is not supported by the kernel; use fp16 or bf16", "dtype")
         if self.head_dim not in (64, 128, 256):
-            raise ParameterError(f"head_dim {self.head_dim} is not supported; use 64, 128 or 256", "head_dim")
+            raise ParameterError(f"head_dim {format_int_short(self.head_dim)} is not supported; use 64, 128 or 256",
+                                 "head_dim")
         if self.num_kv_heads < 1:
-            raise ParameterError(f"num_kv_heads {self.num_kv_heads} must be at least 1", "num_kv_heads")
+            raise ParameterError(f"num_kv_heads {format_int_short(self.num_kv_heads)} must be at least 1",
+                                 "num_kv_heads")
         if self.num_q_heads < 1 or self.num_q_heads % self.num_kv_heads or not 1 <= self.group <= 16:
-            raise ParameterError(f"num_q_heads {self.num_q_heads} must be 1 to 16 times num_kv_heads "
-                                 f"{self.num_kv_heads} (the kernel's GQA group sizes)", "num_q_heads", "num_kv_heads")
+            raise ParameterError(f"num_q_heads {format_int_short(self.num_q_heads)} must be 1 to 16 times num_kv_heads "
+                                 f"{format_int_short(self.num_kv_heads)} (the kernel's GQA group sizes)", "num_q_heads",
+                                 "num_kv_heads")
         if not 1 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
-            raise ParameterError(f"block_size {self.block_size} must be a power of two in 1..256", "block_size")
+            raise ParameterError(f"block_size {format_int_short(self.block_size)} must be a power of two in 1..256",
+                                 "block_size")
         for batch, context in self.shapes:
             if batch < 1 or context < 1:
-                raise ParameterError(f"batch {batch} and context {context} must both be at least 1", "batch",
-                                     "context")
+                raise ParameterError(f"batch {format_int_short(batch)} and context {format_int_short(context)} must "
+                                     "both be at least 1", "batch", "context")
         if self.iters < 1:
             raise ParameterError(f"iters {self.iters} must be at least 1 (timed runs; the median is reported)",
                                  "iters")
         if self.warmup < 0:
             raise ParameterError(f"warmup {self.warmup} must be 0 or more", "warmup")
+        for name, runs in (("iters", self.iters), ("warmup", self.warmup)):
+            if runs > MAX_RUNS:
+                raise ParameterError(f"{name} {format_int_short(runs)} is more than {MAX_RUNS:,} runs of each shape "
+                                     "(a median is stable long before, and a CUDA run records two events a run): "
+                                     f"lower {name}", name)
         if self.num_splits is not None and not 1 <= self.num_splits <= 1024:
-            raise ParameterError(f"num_splits {self.num_splits} must lie in 1..1024", "num_splits")
+            raise ParameterError(f"num_splits {format_int_short(self.num_splits)} must lie in 1..1024", "num_splits")
         if self.seed < 0:
             raise ParameterError(f"seed {self.seed} must be 0 or more", "seed")
 

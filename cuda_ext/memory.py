@@ -22,12 +22,12 @@ optional comparators (SDPA, FlexAttention), whose failure is recorded in their r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from ..core.blocks import ceil_div
 from ..core.errors import ParameterError
 from ..core.host_memory import available_bytes
-from ..core.units import format_bytes, format_count
+from ..core.units import format_bytes, format_count_short
 from .bench import SWEEP_BLOCK_SIZES, SWEEP_SHAPE, BenchConfig
 from .ops import choose_num_splits
 from .timing import L2_FLUSH_BYTES
@@ -49,7 +49,7 @@ class ShapeBytes:
 def shape_bytes(batch: int, context: int, block_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 device: str, num_splits: int = 1, elem_bytes: int = 2) -> ShapeBytes:
     """The module docstring's sum for one shape; `device` "cpu" puts every term on the host."""
-    num_blocks = math.ceil(context / block_size)
+    num_blocks = ceil_div(context, block_size)  # in integers: a context of 1e400 tokens overflows a float
     capacity = num_blocks * block_size
     token_bytes = num_kv_heads * head_dim * elem_bytes  # one token of K (or of V)
     caches = 2 * (batch * num_blocks + 1) * block_size * token_bytes
@@ -79,7 +79,7 @@ def check_run_fits(config: BenchConfig, device_available: tuple[int, str] | None
     if config.sweep_block:
         shapes += [(*SWEEP_SHAPE[config.device], block_size) for block_size in SWEEP_BLOCK_SIZES]
     for batch, context, block_size in shapes:
-        capacity = math.ceil(context / block_size) * block_size  # the kernel's max_len: the table's capacity
+        capacity = ceil_div(context, block_size) * block_size  # the kernel's max_len: the table's capacity
         splits = config.num_splits or (choose_num_splits(batch, config.num_kv_heads, capacity, sm_count)
                                        if sm_count else 1)
         need = shape_bytes(batch, context, block_size, config.num_q_heads, config.num_kv_heads, config.head_dim,
@@ -95,7 +95,8 @@ def _check(label: str, need_bytes: int, available: tuple[int, str] | None, batch
         return
     have, source = available
     raise ParameterError(
-        f"batch {batch} and context {format_count(context)} (block size {block_size}) need "
-        f"{format_bytes(need_bytes)} of {label} memory at once ({need_bytes:,} bytes: K/V caches, their contiguous "
-        f"copy and working set), but {format_bytes(have)} is available ({source}): lower batch or context",
+        f"batch {format_count_short(batch)} and context {format_count_short(context)} (block size {block_size}) "
+        f"need {format_bytes(need_bytes)} of {label} memory at once ({format_count_short(need_bytes)} bytes: K/V "
+        f"caches, their contiguous copy and working set), but {format_bytes(have)} is available ({source}): "
+        "lower batch or context",
         "batch", "context")

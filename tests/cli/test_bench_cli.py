@@ -102,6 +102,11 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
     (("--device", "cpu", "--seed", "-1"), "--seed -1 is negative: give a whole number from 0 to 2**63-1"),
     (("--device", "cpu", "--seed", "2**64"), "--seed '2**64' is not an integer"),
     (("--device", "cpu", "--seed", "1e19"), "--seed 10000000000000000000 is too large"),
+    # these ran for ever, or raised OverflowError from a float division
+    (("--device", "cpu", "--iters", "1e18"), "--iters 1000000000000000000 is more than 100,000 runs"),
+    (("--device", "cpu", "--warmup", "1e400"), "--warmup 1.000e+400 is more than 100,000 runs"),
+    (("--device", "cpu", "--batch", "1", "--context", "1e400"), "--context 1.000e+400 (block size 16) need"),
+    (("--device", "cpu", "--head-dim", "1e400"), "--head-dim 1.000e+400 is not supported"),
 ])
 def test_bad_input_is_one_line_exit_2(run_cli, args, message):
     result = run_cli("bench", *args)
