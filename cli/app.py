@@ -138,7 +138,9 @@ def _describe(exc: Exception) -> str:
             IsADirectoryError: "is a directory, not a file",
             PermissionError: "cannot be read (permission denied)",
         }[type(exc)]
-        return f"{exc.filename}: {reason}; check the path"
+        name = str(exc.filename)
+        shown = name if name and name == name.strip() else repr(name)  # a blank or padded path is seen quoted
+        return f"{shown}: {reason}; check the path"
     return str(exc)
 
 
@@ -179,11 +181,45 @@ def _load_command(name: str, module_name: str) -> Any:
     single.command(name=name, help=doc, short_help=short_help, context_settings=_CONTEXT)(module.command)
     command = typer.main.get_command(single)
     command.name = name
+    parse_args = command.parse_args
+
+    def parse_once(ctx: Any, args: list[str]) -> Any:
+        check_given_once(command.params, args)
+        return parse_args(ctx, args)
+
+    command.parse_args = parse_once  # type: ignore[method-assign]
     for param in command.params:
         _no_flag_metavar(param)
     get_help_option = command.get_help_option
     command.get_help_option = lambda ctx: _no_flag_metavar(get_help_option(ctx))  # type: ignore[method-assign]
     return command
+
+
+def check_given_once(params: list[Any], args: list[str]) -> None:
+    """A value option given twice (`--tokens 10 --tokens 20`) is a usage error naming both values: click would
+    keep the last one silently, and which one was meant is a guess. Options that take several (`frag --block`)
+    and flags (`--json`) may repeat."""
+    options = {opt: p for p in params if getattr(p, "opts", None) is not None for opt in (*p.opts, *p.secondary_opts)}
+    seen: dict[Any, tuple[str, str]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return
+        name, eq, attached = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
+        param = options.get(name) if arg.startswith("-") else None
+        i += 1
+        if param is None or getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        nargs = max(param.nargs, 1)
+        value = attached if (eq or attached) else " ".join(args[i : i + nargs])
+        i += 0 if (eq or attached) else nargs
+        if getattr(param, "multiple", False):
+            continue
+        if param in seen:
+            flag, first = seen[param]
+            raise click_exc.UsageError(f"{flag} is given twice ({first!r} and {value!r}): give it once")
+        seen[param] = (next((opt for opt in param.opts if opt.startswith("--")), name), value)
 
 
 def _no_flag_metavar(param: Any) -> Any:

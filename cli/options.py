@@ -22,7 +22,7 @@ try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
 except ImportError:  # pragma: no cover
     from click.exceptions import UsageError
 
-from ..core.units import parse_int
+from ..core.units import format_int_short, parse_int
 from .output import Format
 
 
@@ -49,7 +49,8 @@ def _parse_seed(value: Any) -> int:
     seed = integer("--seed")(value)
     if not 0 <= seed <= MAX_SEED:
         problem = "is negative" if seed < 0 else "is too large"
-        raise UsageError(f"--seed {seed} {problem}: give a whole number from 0 to 2**63-1 (e.g. --seed 0)")
+        raise UsageError(f"--seed {format_int_short(seed)} {problem}: give a whole number from 0 to 2**63-1 "
+                         "(e.g. --seed 0)")
     return seed
 
 

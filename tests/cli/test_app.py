@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_help_lists_every_command(run_cli):
     result = run_cli("--help")
@@ -143,3 +145,31 @@ def test_every_seed_is_one_option_that_refuses_a_negative(run_cli):
         assert result.exit_code == 2 and result.stdout == "", args
         assert result.stderr.startswith("error: --seed -1 is negative: give a whole number from 0 to 2**63-1"), args
         assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [
+    ("size", "-m", "llama-3-8b", "--tokens", "10", "--tokens", "20"),
+    ("size", "-m", "llama-3-8b", "-n", "10", "--tokens=20"),
+    ("frag", "--lengths", "10", "--lengths", "20"),
+    ("frag", "--dist", "uniform:high=9", "--dist", "uniform:high=8"),
+    ("share", "--prefix", "10", "--prefix", "20"),
+    ("sim", "--rate", "1", "--rate", "2"),
+    ("bench", "--device", "cpu", "--batch", "2", "--batch", "4"),
+])
+def test_a_value_option_given_twice_is_refused_naming_both_values(run_cli, args):
+    # click keeps the last value silently; which one was meant is a guess
+    result = run_cli(*args)
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: --") and "is given twice (" in result.stderr
+
+
+def test_options_that_take_several_values_and_flags_may_repeat(run_cli):
+    assert run_cli("frag", "--block", "16", "--block", "32", "--json").json()["paged"][1]["block_size"] == 32
+    assert run_cli("size", "-m", "llama-3-8b", "--tokens", "16", "--json", "--json").exit_code == 0
+    # a value after `--` or one that looks like an option is a value, not a second option
+    assert run_cli("frag", "--lengths-file", "/nonexistent/--lengths").stderr.startswith("error: /nonexistent/")
+
+
+def test_a_blank_path_is_quoted_in_the_message(run_cli):
+    result = run_cli("size", "--config", " ")
+    assert result.exit_code == 2 and result.stderr == "error: ' ': no such file; check the path\n"
