@@ -13,7 +13,6 @@ from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.spec.models import ModelSpec, resolve_model
 from ..core.spec.sizing import SizeResult, compute_size
-from ..core.spec_decode import speculation_from, speculative_size
 from ..core.units import format_count_short, parse_bytes, parse_logged_bytes
 from .options import (
     ConfigOpt,
@@ -29,7 +28,6 @@ from .options import (
     int_option,
 )
 from .output import Format, Report, emit, err_console, resolve_format
-from .size_gpu import gpu_report
 from .size_presets import presets_report
 from .size_report import (
     UNITS_NOTE,
@@ -103,7 +101,11 @@ def command(
     dtype = parse_dtype(dtype)
     fmt = resolve_format(json_flag, fmt)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
-    speculation = speculation_from(spec_tokens, spec_method)
+    speculation = None
+    if spec_tokens is not None or spec_method is not None:  # imported only then: `size --json` starts lean
+        from ..core.spec_decode import speculation_from
+
+        speculation = speculation_from(spec_tokens, spec_method)
     gpu_options = {"--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
                    "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype}
     if spec is None:
@@ -117,7 +119,7 @@ def command(
                 f"{', '.join(given)} {verb} a model: add --model NAME (or org/name), --config DIR, "
                 "or --layers/--kv-heads/--head-dim"
             )
-        emit(presets_report(dtype, tokens), fmt)
+        emit(presets_report(dtype, tokens, tables=fmt is not Format.json), fmt)
         return
     if gpu is None and kv_memory_bytes is None:
         stray = [name for name, value in gpu_options.items() if value is not None]
@@ -149,6 +151,7 @@ def command(
         err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     report = _model_report(result, [*spec.notes, *warnings])
     if speculation is not None:
+        from ..core.spec_decode import speculative_size
         from .size_speculative import add_speculative
 
         add_speculative(report, speculative_size(
@@ -167,6 +170,7 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
                   batched_tokens: int | None, weight_dtype: str | None) -> None:
     from ..core.gpus import get_gpu
     from ..core.spec.gpu_plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
+    from .size_gpu import gpu_report
 
     if max_model_len is None:
         if spec.max_position_embeddings is None:

@@ -12,7 +12,8 @@ from .output import Field, Report, record_table
 from .size_report import UNITS_NOTE, exceeds_max_positions, model_doc
 
 
-def presets_report(dtype: str, tokens: int | None) -> Report:
+def presets_report(dtype: str, tokens: int | None, tables: bool = True) -> Report:
+    """The report; `tables=False` (for --json, which prints only the document) skips formatting ~250 cells."""
     contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
     rows = preset_rows(list(PRESETS.values()), dtype, contexts)
     bits = DTYPE_BITS[dtype]
@@ -77,5 +78,7 @@ def presets_report(dtype: str, tokens: int | None) -> Report:
                      "layers; kvcalc size --model NAME shows each kind of layer.")
     notes += [UNITS_NOTE,
               "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB --gpu H100-SXM]."]
+    if not tables:
+        return Report(doc=doc, notes=notes)
     table = record_table(f"KV cache per token and per sequence ({dtype})", fields, records)
     return Report(doc=doc, tables=[table], notes=notes)
