@@ -127,7 +127,7 @@ def command(
         "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
         "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
         "speculative.")] = None,
-    inject: Annotated[list[str] | None, typer.Option(
+    inject: Annotated[str | None, typer.Option(
         "--inject", help="Plant a fault in the block pool that the checks must catch (exit 1): early-free, "
         "skip-cow, stale-hash or no-rollback.")] = None,
     seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
@@ -140,10 +140,6 @@ def command(
     """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
     check every token against each request decoded alone with a contiguous KV cache."""
     output_format = resolve_format(json_flag, fmt)
-    if inject is not None and len(inject) > 1:
-        # a list, not a plain option, only to refuse this: the last fault would silently replace the others
-        raise ValueError(f"--inject is given {len(inject)} times ({', '.join(inject)}): plant one fault per run, "
-                         "e.g. --inject " + inject[0])
     _require_torch(device)
     import torch
 
@@ -152,8 +148,8 @@ def command(
     from ..cuda_ext.verify.scenarios import SCENARIOS
     from ..cuda_ext.verify.suite import VerifyConfig, run_verify
 
-    config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS),
-                          inject=inject[0] if inject else None, seed=seed, hf_model=hf_model)
+    config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
+                          seed=seed, hf_model=hf_model)
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)

@@ -105,7 +105,8 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
     (("--inject", "double-free"), "error: --inject 'double-free' is not a known fault; use one of early-free,"),
     (("--seed", "-1"), "error: --seed -1 is negative"),
     # the second used to replace the first silently: the user believed both faults planted
-    (("--inject", "early-free", "--inject", "skip-cow"), "error: --inject is given 2 times (early-free, skip-cow)"),
+    (("--inject", "early-free", "--inject", "skip-cow"),
+     "error: --inject is given twice ('early-free' and 'skip-cow')"),
     (("--inject", ""), "error: --inject '' is not a known fault"),
     (("--json", "--format", "csv"), "error: "),
 ])
