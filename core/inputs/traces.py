@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
+from ..units import format_int_short
 from .sources import InputSource, decode_text, read_source
 from .trace_formats import read_azure, read_mooncake
 
@@ -86,9 +88,9 @@ class Trace(RequestArrays):
 def check_mooncake_block_size(block_size: int) -> None:
     """Mooncake's content keys exist per 512-token hash id, so a block must tile one id exactly."""
     if block_size < 1 or MOONCAKE_BLOCK_TOKENS % block_size:
-        raise ValueError(
-            f"block size {block_size} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one Mooncake hash id: "
-            "use a divisor such as 8, 16, 32 or 64"
+        raise ParameterError(
+            f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one "
+            "Mooncake hash id: use a divisor such as 8, 16, 32 or 64", "block_size"
         )
 
 

@@ -12,12 +12,27 @@ import math
 import sys
 
 from ..errors import ParameterError
-from ..units import parse_bytes
+from ..units import format_int_short, parse_bytes
 
 # Requests per run. Measured on a 2-core machine: 10,000 constructed requests take 6 s at 1 req/s and 18 s
 # overloaded at 100 req/s, so 10^6 requests take tens of minutes to hours, silently off a TTY. Above the limit the
 # run is refused (the option's help states the limit); more requests do not change the statistics much.
 MAX_REQUESTS = 1_000_000
+
+# Upper bounds of the integer options, checked before any arithmetic: past them a count reaches float
+# arithmetic (memory plan, step time) or a numpy int64 array and overflows instead of being refused. Token and
+# sequence counts stop at int32, as the pool's block ids and per-block fills do; tp at 1,024 GPUs per replica,
+# well past any real tensor-parallel group. Each option's help states its bound.
+INT32_MAX = 2**31 - 1
+MAX_TP = 1024
+INT_BOUNDS = {
+    "tp": MAX_TP,
+    "block_size": INT32_MAX,
+    "max_batched_tokens": INT32_MAX,
+    "max_seqs": INT32_MAX,
+    "max_model_len": INT32_MAX,
+    "spec_tokens": INT32_MAX,
+}
 
 # Options of a constructed workload, refused with a trace.
 CONSTRUCTED_ONLY = ("rate", "requests", "prompt_dist", "output_dist", "arrival", "burstiness")
@@ -56,6 +71,15 @@ def byte_count(name: str, text: str, unit: str = "bytes") -> int:
         raise ParameterError(f"{name} {text}: too large to compute with (above {sys.float_info.max:.3g}); "
                              "give the real figure", name)
     return value
+
+
+def check_int_bounds(values: dict[str, int | None]) -> None:
+    """Refuse an integer option above its bound in INT_BOUNDS (None: not given)."""
+    for name, bound in INT_BOUNDS.items():
+        value = values.get(name)
+        if value is not None and value > bound:
+            raise ParameterError(f"{name} {format_int_short(value)} is above its limit of {bound:,}; give a real "
+                                 "figure", name)
 
 
 def check_mode_options(*, trace: bool, given: dict[str, bool], limit: bool, time_scale: bool) -> None:

@@ -129,6 +129,13 @@ def plan_memory(
             f"utilisation {memory_utilization:g} gives {plan.budget_bytes / gib:.2f} GiB: "
             f"{(plan.weights_bytes - plan.budget_bytes) / gib:.2f} GiB short; use a larger GPU or more tp", "tp"
         )
+    if plan.num_blocks < 1 and plan.pool_bytes > 0:
+        # Room is left, just not for one block this large: the block size is at fault, not the weights.
+        raise ParameterError(
+            f"block_size {block_size}: one KV block needs {block_size * plan.kv_bytes_per_token / gib:.2f} GiB per "
+            f"GPU but {spec.name} on {gpu.name} x{tp} leaves {plan.pool_bytes / gib:.2f} GiB for the KV pool; use a "
+            "smaller block_size (e.g. 16)", "block_size"
+        )
     if plan.num_blocks < 1:
         short = plan.block_size * plan.kv_bytes_per_token - plan.pool_bytes
         raise ParameterError(

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DEFAULT_DTYPE
-from .checks import MAX_REQUESTS
+from .checks import INT32_MAX, MAX_REQUESTS, MAX_TP
 
 DEFAULT_MODEL = "OPT-13B"
 DEFAULT_GPU = "A100-40GB"
@@ -73,24 +73,27 @@ class SimOptions:
     bandwidth: str | None = option(None, "Custom GPU: HBM bytes/s, e.g. 3.35e12.")
     flops: float | None = option(None, "Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).")
     tp: int = option(1, "Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of them "
-                        "(as kvcalc size).")
+                        f"(as kvcalc size); at most {MAX_TP:,}.")
     memory_utilization: float = option(0.9, "Share of GPU memory used.")
     workspace_bytes: str | None = option(None, "Activation workspace (overrides the estimate).")
-    block_size: int = option(DEFAULT_BLOCK_SIZE, "Paged: block size in tokens.", flag="--block", short="-b")
+    block_size: int = option(DEFAULT_BLOCK_SIZE, f"Paged: block size in tokens, at most {INT32_MAX:,}.",
+                                  flag="--block", short="-b")
     # policies and scheduling
     policy: str | None = option(
         None, f"paged, reserve-max, reserve-pow2 or reserve-oracle (default: {DEFAULT_POLICY}).")
     compare: str | None = option(
         None, "Instead of --policy: several distinct policies side by side, comma-separated.")
-    max_batched_tokens: int = option(8192, "Token budget per step.")
-    max_seqs: int = option(256, "Most running requests.")
+    max_batched_tokens: int = option(8192, f"Token budget per step, at most {INT32_MAX:,}.")
+    max_seqs: int = option(256, f"Most running requests, at most {INT32_MAX:,}.")
     max_model_len: int | None = option(
-        None, "Longest request, prompt + output tokens (default: the model's max_position_embeddings).")
+        None, "Longest request, prompt + output tokens (default: the model's max_position_embeddings); "
+              f"at most {INT32_MAX:,}.")
     preempt: str = option("recompute", "recompute or swap.")
     swap_bandwidth: str | None = option(
         None, f"With --preempt swap: swap bytes/s over the host link (default: {DEFAULT_SWAP_BANDWIDTH}).")
     cancel_fraction: float = option(0.0, "Share of requests cancelled midway.")
-    timeout_s: float | None = option(
+    # Text, as rate: a float would read an overflowing 1e400 as inf, the documented "no timeout".
+    timeout_s: str | None = option(
         None, "Drop requests without a first token after s seconds (inf = no timeout, the default).", flag="--timeout")
     seed: int | None = option(None, "Seed of the constructed samples and of --cancel-fraction's picks (default: "
                                     f"{DEFAULT_SEED}); runs are reproducible.")
@@ -110,7 +113,8 @@ class SimOptions:
     fast_forward: bool = option(True, "Simulate every step one by one.", flag="--no-fast-forward", negate=True)
     # speculative decoding
     spec_tokens: int | None = option(
-        None, "Speculative decoding: K drafts verified per decode step (1 + K query tokens); off by default.",
+        None, f"Speculative decoding: K drafts verified per decode step (1 + K query tokens), at most {INT32_MAX:,}; "
+              "off by default.",
         metavar="K")
     spec_acceptance: float | None = option(
         None, "With --spec-tokens: probability A that a draft is accepted (independently, until the first "

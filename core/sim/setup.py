@@ -17,7 +17,15 @@ from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..spec.models import ModelSpec, get_preset, resolve_model
-from .checks import CONSTRUCTED_ONLY, byte_count, check_mode_options, check_requests, finite_float
+from .checks import (
+    CONSTRUCTED_ONLY,
+    INT_BOUNDS,
+    byte_count,
+    check_int_bounds,
+    check_mode_options,
+    check_requests,
+    finite_float,
+)
 from .hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
 from .metrics import Slo, parse_slo
 from .options import (
@@ -112,6 +120,7 @@ def _gpu(o: SimOptions):
 
 
 def build(o: SimOptions) -> Setup:
+    check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
     _check_ignored(o)
     policies = choose_policies(o.policy, o.compare)
     slo = parse_slo(o.slo)

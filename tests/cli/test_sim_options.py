@@ -207,3 +207,42 @@ def test_seed_of_constructed_samples_defaults_to_zero(run_cli):
     default = run_cli("sim", *TINY, "--json")
     assert explicit.json() == default.json()
     assert run_cli("sim", *TINY, "--seed", "1", "--json").json() != default.json()
+
+
+# ---- integer options past their bounds, checked before any arithmetic -----------------------------------------------
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--tp", "1e400", "--json"), "--tp 1.000e+400 is above its limit of 1,024"),  # was an OverflowError (step time)
+    (("--tp", "1025"), "--tp 1025 is above its limit of 1,024"),
+    (("--block", "1e400"), "--block 1.000e+400 is above its limit of 2,147,483,647"),  # plan_memory overflowed
+    (("--block", "3e9"), "--block 3000000000 is above its limit"),  # blamed the weights
+    (("--max-batched-tokens", "1e400"), "--max-batched-tokens 1.000e+400 is above its limit"),
+    (("--max-seqs", "1e400"), "--max-seqs 1.000e+400 is above its limit"),
+    (("--policy", "reserve-max", "--max-model-len", "1e400", "--json"), "--max-model-len 1.000e+400 is above"),
+    (("--spec-tokens", "1e400"), "--spec-tokens 1.000e+400 is above"),  # echoed 401 digits
+    (("--timeout", "1e400"), "--timeout 1e400: give a finite number (1e400 overflows a float)"),  # became inf
+])
+def test_integer_options_past_their_bounds_are_one_line(run_cli, args, needle):
+    assert needle in one_error_line(run_cli("sim", *TINY, *args))
+
+
+def test_a_block_larger_than_the_pool_names_block_not_the_weights(run_cli):
+    # OPT-13B: 40 layers · 2 (K, V) · 5,120 · 2 B = 819,200 B per token; 10^9 tokens = 762,939 GiB, far above
+    # the ~11 GiB that A100-40GB leaves after the weights and workspace.
+    line = one_error_line(run_cli("sim", *TINY, "--block", "1e9"))
+    assert "--block 1000000000: one KV block needs 762939.45 GiB" in line and "smaller --block" in line
+    assert "larger GPU" not in line
+
+
+def test_bounds_are_in_the_help(run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough that rich folds no help text
+    help_text = " ".join(run_cli("sim", "--help").stdout.replace("│", " ").split())
+    assert "at most 1,024" in help_text and "at most 2,147,483,647" in help_text
+
+
+def test_mooncake_block_size_names_the_flag(run_cli, tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}\n')
+    assert "error: --block 1024 does not divide 512" in one_error_line(
+        run_cli("sim", "--trace", "mooncake", str(path), "-b", "1024"))
+    assert "--block 1.000e+400 is above its limit" in one_error_line(
+        run_cli("sim", "--trace", "mooncake", str(path), "-b", "1e400"))
