@@ -69,6 +69,25 @@ def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
         raise ValueError(f"{flag} {path}: the directory {path.parent} {problem}; create it or write {what} elsewhere")
 
 
+def number(flag: str, example: str) -> Callable[[Any], float]:
+    """A typer `parser=` for a float option `flag`: what `float()` reads (nan and inf too: the command checks
+    the range), and one line naming the flag, the text and an `example` otherwise (typer's "is not a valid
+    float" gives no fix)."""
+
+    def parse(value: Any) -> float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"{flag} {str(value)!r} is not a number: write e.g. {flag} {example}") from None
+
+    return parse
+
+
+def float_option(*param_decls: str, example: str, help: str) -> Any:
+    """`typer.Option` for a float with `number`'s one-line error."""
+    return typer.Option(*param_decls, parser=number(param_decls[0], example), metavar="<float>", help=help)
+
+
 def int_option(*param_decls: str, help: str) -> Any:
     """`typer.Option` for an integer count that accepts `1e12` and `1_000_000` (see `integer`)."""
     return typer.Option(*param_decls, parser=integer(param_decls[0]), metavar="<int>", help=help)

@@ -25,6 +25,7 @@ from .options import (
     ModelOpt,
     SpecMethodOpt,
     SpecTokensOpt,
+    float_option,
     int_option,
 )
 from .output import Format, Report, emit, err_console, resolve_format
@@ -57,8 +58,8 @@ MemoryOpt = Annotated[
 GpuOpt = Annotated[str | None, typer.Option(
     "--gpu", help="GPU preset (A100-40GB, A100-80GB, H100-SXM, H200): the KV memory, blocks, tokens and "
                   "concurrency vLLM reports at start-up.")]
-UtilizationOpt = Annotated[float | None, typer.Option(
-    "--gpu-memory-utilization", help="With --gpu: the share of GPU memory vLLM may use (default 0.9).")]
+UtilizationOpt = Annotated[float | None, float_option(
+    "--gpu-memory-utilization", example="0.9", help="With --gpu: the share of GPU memory vLLM may use (default 0.9).")]
 MaxModelLenOpt = Annotated[int | None, int_option(
     "--max-model-len", help="With --gpu: tokens per request (default: the model's max length).")]
 KvMemoryOpt = Annotated[str | None, typer.Option(

@@ -327,6 +327,9 @@ def test_kv_memory_as_vllm_logs_it(run_cli):
     (["--gpu", "H200", "--kv-memory", "lots"], "error: --kv-memory: cannot read the memory size 'lots'"),
     (["--kv-memory", "0.1"], "error: --kv-memory: the memory size '0.1' is less than one byte"),
     (["--gpu", "H200", "--weight-dtype", ""], "error: --weight-dtype '' is not a known precision"),  # named --dtype
+    (["--gpu", "H200", "--gpu-memory-utilization", ""], "error: --gpu-memory-utilization '' is not a number: write "
+                                                       "e.g. --gpu-memory-utilization 0.9"),  # typer's gave no fix
+    (["--gpu", "H200", "--gpu-memory-utilization", "nan"], "error: --gpu-memory-utilization must be in (0, 1]"),
 ])
 def test_size_options_are_named_in_their_errors(run_cli, args, message):
     result = run_cli("size", "-m", "llama-3-8b", *args)
