@@ -61,7 +61,11 @@ def seed_option(help: str) -> Any:
 
 def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
     """Fail before any work when `flag`'s output file cannot be created: its directory is missing, is not a
-    directory, or the path is itself a directory. Raises ValueError (one `error:` line, exit 2)."""
+    directory, or the path is itself a directory, or it is `-` (which would make a file named '-': stdout
+    carries the report). Raises ValueError (one `error:` line, exit 2)."""
+    if str(path) == "-":
+        raise ValueError(f"{flag} -: give a file name; {what} is not written to standard output, which carries "
+                         "the report")
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory: give a file name inside it")
     if not path.parent.is_dir():

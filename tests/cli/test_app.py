@@ -173,3 +173,10 @@ def test_options_that_take_several_values_and_flags_may_repeat(run_cli):
 def test_a_blank_path_is_quoted_in_the_message(run_cli):
     result = run_cli("size", "--config", " ")
     assert result.exit_code == 2 and result.stderr == "error: ' ': no such file; check the path\n"
+
+
+@pytest.mark.parametrize("args", [("bench", "--device", "cpu", "--save", "-"), ("sim", "--timeline", "-")])
+def test_dash_for_an_output_file_is_refused_not_written_as_a_file_named_dash(run_cli, args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(*args)
+    assert result.exit_code == 2 and "-: give a file name" in result.stderr and not (tmp_path / "-").exists()
