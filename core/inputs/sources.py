@@ -45,6 +45,8 @@ def read_source(source: InputSource, expected: str) -> tuple[str, bytes]:
         return STDIN_NAME, getattr(stream, "buffer", stream).read()
     if not isinstance(source, (str, Path)):
         return source_name(source), source.read()
+    if isinstance(source, str) and not source:  # Path("") is ".", which would be reported as a directory
+        raise ValueError(f"the path is empty: give the path of the file ({expected})")
     path = Path(source)
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a file: give the path of the file itself ({expected})")

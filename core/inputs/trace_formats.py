@@ -15,10 +15,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..paging import MAX_LENGTH
-from ..units import format_int_short
+from ..units import format_int_short, plural
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+MOONCAKE_BLOCK_TOKENS = 512  # prompt tokens covered by one Mooncake hash id
 
 
 class TraceColumns(NamedTuple):
@@ -161,7 +162,7 @@ _INT64_MAX = 2**63 - 1
 def _timestamp_ms(value: object, where: str) -> float:
     fix = "a Mooncake timestamp is a number of ms >= 0 from the start of the trace; fix or remove that line"
     try:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError
         ms = min(value, _MAX_TIMESTAMP_MS + 1) if isinstance(value, int) else float(value)  # 10^400 overflows float
     except (TypeError, ValueError):
@@ -190,6 +191,28 @@ def _hash_ids(value: object, where: str) -> list[int]:
     return value
 
 
+def _json_number(record: dict, field: str, kind: str, where: str) -> object:
+    """A numeric field of a JSON line as written: a quoted number ("100") is refused, not read as 100, for the
+    same reason 100.5 and true are: the file is not what the writer meant, and guessing hides it."""
+    value = record[field]
+    if isinstance(value, str):
+        raise ValueError(f"{where}: {field} {_shown(value)} is not {kind} but a string; write it as a JSON number, "
+                         "without quotes")
+    return value
+
+
+def _check_id_count(ids: list[int], prompt: int, where: str) -> None:
+    """Mooncake's hash ids cover the prompt, one per 512 tokens: more than that would key blocks that hold
+    no prompt token (and grow the pool needed without limit). Fewer is accepted, as the readers of the
+    blocks refuse a prompt block that no id covers."""
+    need = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) > need:
+        raise ValueError(
+            f"{where}: {len(ids):,} hash_ids for input_length {prompt:,}, which needs {need:,} (one per "
+            f"{MOONCAKE_BLOCK_TOKENS} prompt tokens); drop the ids past the prompt or fix input_length"
+        )
+
+
 def read_mooncake(text: str, name: str) -> TraceColumns:
     """Mooncake trace: JSON lines with timestamp (ms), input_length, output_length, hash_ids."""
     arrivals: list[float] = []
@@ -197,7 +220,8 @@ def read_mooncake(text: str, name: str) -> TraceColumns:
     outputs: list[int] = []
     ids: list[int] = []
     offsets = [0]
-    any_ids = True
+    with_ids = 0
+    first_without: str | None = None
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -218,18 +242,28 @@ def read_mooncake(text: str, name: str) -> TraceColumns:
                 f"{where}: missing field {', '.join(missing)}; a Mooncake line has "
                 "timestamp, input_length, output_length and hash_ids"
             )
-        arrivals.append(_timestamp_ms(record["timestamp"], where) / 1000.0)
-        prompts.append(_parse_count(record["input_length"], "input_length", where))
-        outputs.append(_parse_count(record["output_length"], "output_length", where))
+        arrivals.append(_timestamp_ms(_json_number(record, "timestamp", "a number", where), where) / 1000.0)
+        for field, column in (("input_length", prompts), ("output_length", outputs)):
+            column.append(_parse_count(_json_number(record, field, "an integer", where), field, where))
         hashes = record.get("hash_ids")
         if hashes is None:
-            any_ids = False
+            first_without = first_without or where
         else:
-            ids.extend(_hash_ids(hashes, where))
+            request_ids = _hash_ids(hashes, where)
+            _check_id_count(request_ids, prompts[-1], where)
+            ids.extend(request_ids)
+            with_ids += 1
         offsets.append(len(ids))
+        if with_ids and first_without is not None:  # a mix would drop every line's ids, or invent empty ones
+            verb = "has" if with_ids == 1 else "have"
+            raise ValueError(
+                f"{first_without}: no hash_ids, but {plural(with_ids, 'other line')} {verb} them; give every request "
+                "its hash_ids (prefix-block ids), or remove them from every line for a trace without prefix ids"
+            )
     arrival = np.array(arrivals, dtype=np.float64)
     if len(arrival):
         arrival -= arrival.min()
+    any_ids = with_ids > 0
     hash_ids = np.array(ids, dtype=np.int64) if any_ids else None
     hash_offsets = np.array(offsets, dtype=np.int64) if any_ids else None
     return TraceColumns(arrival, np.array(prompts, np.int64), np.array(outputs, np.int64), hash_ids, hash_offsets)

@@ -14,12 +14,11 @@ import numpy as np
 
 from ..blocks import ceil_div
 from ..errors import ParameterError
-from ..units import format_int_short
+from ..units import format_int_short, plural
 from .sources import InputSource, decode_text, read_source
-from .trace_formats import read_azure, read_mooncake
+from .trace_formats import MOONCAKE_BLOCK_TOKENS, read_azure, read_mooncake
 
 TRACE_KINDS = ("azure", "mooncake")
-MOONCAKE_BLOCK_TOKENS = 512  # tokens covered by one Mooncake hash id
 _EXPECTED = {
     "azure": "an Azure trace: a CSV with the columns TIMESTAMP, ContextTokens, GeneratedTokens",
     "mooncake": "a Mooncake trace: JSON lines with timestamp, input_length, output_length, hash_ids",
@@ -70,7 +69,7 @@ class Trace(RequestArrays):
 
     @property
     def description(self) -> str:
-        return f"real trace: {self.kind} {self.path} ({len(self):,} requests)"
+        return f"real trace: {self.kind} {self.path} ({plural(len(self), 'request')})"
 
     def head(self, limit: int) -> Trace:
         """The first `limit` requests (all of them when limit >= N)."""

@@ -43,7 +43,8 @@ def option(default: Any, help: str | None = None, **cli: Any) -> Any:
 @dataclass(frozen=True)
 class SimOptions:
     # workload: a trace, or a constructed one
-    trace: tuple[str, Path] | None = option(
+    # The path as text: typer would turn an empty one into Path(""), which is "." (a directory).
+    trace: tuple[str, str] | None = option(
         None, "A trace file: 'azure F' or 'mooncake F' (prefix ids); its own arrivals and lengths.",
         metavar="KIND FILE")
     time_scale: float = option(1.0, "With --trace: arrivals x times faster (0.5 = slower).")

@@ -246,3 +246,16 @@ def test_mooncake_block_size_names_the_flag(run_cli, tmp_path):
         run_cli("sim", "--trace", "mooncake", str(path), "-b", "1024"))
     assert "--block 1.000e+400 is above its limit" in one_error_line(
         run_cli("sim", "--trace", "mooncake", str(path), "-b", "1e400"))
+
+
+def test_mooncake_trace_with_ids_on_some_lines_only_and_an_empty_path(run_cli, tmp_path):
+    line = '{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}\n'
+    path = tmp_path / "m.jsonl"
+    path.write_text(line * 2 + '{"timestamp": 2, "input_length": 1000, "output_length": 10}\n')
+    assert "m.jsonl:3: no hash_ids, but 2 other lines have them" in one_error_line(
+        run_cli("sim", "--trace", "mooncake", str(path)))
+    assert "error: the path is empty" in one_error_line(run_cli("sim", "--trace", "mooncake", ""))
+    path.write_text(line)
+    one = run_cli("sim", "--trace", "mooncake", str(path))
+    assert one.exit_code == 0, one.stderr
+    assert "(1 request)" in one.stdout and "(1 requests)" not in one.stdout

@@ -59,7 +59,7 @@ def test_workload_shares_the_trace_accessors(tmp_path: Path) -> None:
     [
         ({"timestamp": 0, "input_length": 3.7, "output_length": 1}, r"input_length 3\.7 is not an integer"),
         ({"timestamp": 0, "input_length": True, "output_length": 1}, "input_length True is not an integer"),
-        ({"timestamp": 0, "input_length": "12", "output_length": -1}, "output_length is negative"),
+        ({"timestamp": 0, "input_length": 12, "output_length": -1}, "output_length is negative"),
         ({"timestamp": 0, "input_length": 1e400, "output_length": 1}, "input_length inf is not an integer"),
         ({"timestamp": "soon", "input_length": 1, "output_length": 1}, "timestamp 'soon' is not a number"),
         ({"input_length": 1, "output_length": 1}, "missing field timestamp"),
@@ -178,7 +178,7 @@ _GOOD = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}
         ("timestamp", float("nan"), "timestamp nan is not finite"),
         ("timestamp", float("inf"), "timestamp inf is not finite"),
         ("timestamp", float("-inf"), "timestamp -inf is not finite"),
-        ("timestamp", "NaN", "timestamp 'NaN' is not finite"),
+        ("timestamp", "NaN", "timestamp 'NaN' is not a number but a string"),  # quoted: refused as any string
         ("timestamp", -5, "timestamp -5 is negative"),
         ("timestamp", -0.5, "timestamp -0.5 is negative"),
         ("timestamp", 2**60, "timestamp 1152921504606846976 is past 2^53 ms"),
@@ -221,7 +221,7 @@ def test_out_of_order_and_zero_timestamps_are_fine(tmp_path: Path) -> None:
 
 
 def test_largest_hash_id_is_read_exactly(tmp_path: Path) -> None:
-    path = _mooncake(tmp_path, dict(_GOOD, hash_ids=[0, 2**63 - 1]))
+    path = _mooncake(tmp_path, dict(_GOOD, input_length=1024, hash_ids=[0, 2**63 - 1]))  # two ids of 512 tokens
     assert read_trace("mooncake", path).hash_ids.tolist() == [0, 2**63 - 1]
 
 
@@ -295,3 +295,69 @@ def test_azure_span_past_int64_nanoseconds_is_refused(tmp_path: Path) -> None:
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1900-01-01 00:00:00,5,1\n2150-01-01 00:00:00,5,1\n")
     days = 250 * 365 + 61  # 1900..2150: 61 leap days (1900 and 2100 are not leap years)
     assert read_trace("azure", path).arrival_s.tolist() == [0.0, days * 86_400.0]
+
+
+# --- hash_ids on some lines only, quoted numbers, ids past the prompt ------------------------------------------
+
+_IDS = {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}  # ceil(1000 / 512) = 2 ids
+
+
+@pytest.mark.parametrize("without", [
+    {"timestamp": 2, "input_length": 1000, "output_length": 10},  # missing
+    {"timestamp": 2, "input_length": 1000, "output_length": 10, "hash_ids": None},  # null
+])
+def test_hash_ids_on_some_lines_only_is_refused_naming_the_first_line_without(tmp_path: Path, without: dict) -> None:
+    # was: one line without ids dropped every line's ids, so the two identical requests shared nothing
+    path = _mooncake(tmp_path, _IDS, _IDS, without)
+    with pytest.raises(ValueError, match=r"m\.jsonl:3: no hash_ids, but 2 other lines have them; give every request"):
+        read_trace("mooncake", path)
+    first = _mooncake(tmp_path, without, _IDS)  # the line without comes first: it is named, found once line 2 has ids
+    with pytest.raises(ValueError, match=r"m\.jsonl:1: no hash_ids, but 1 other line has them"):
+        read_trace("mooncake", first)
+
+
+def test_no_line_with_hash_ids_is_a_trace_without_prefix_ids(tmp_path: Path) -> None:
+    bare = {"timestamp": 0, "input_length": 1000, "output_length": 10}
+    trace = read_trace("mooncake", _mooncake(tmp_path, bare, dict(bare, hash_ids=None)))
+    assert not trace.has_prefix_ids and len(trace) == 2
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("timestamp", "0", "timestamp '0' is not a number but a string"),
+    ("input_length", "100", "input_length '100' is not an integer but a string"),
+    ("output_length", "10", "output_length '10' is not an integer but a string"),
+])
+def test_quoted_numbers_are_refused(tmp_path: Path, field: str, value: str, message: str) -> None:
+    path = _mooncake(tmp_path, _GOOD, dict(_GOOD, **{field: value}))
+    with pytest.raises(ValueError, match=message) as info:
+        read_trace("mooncake", path)
+    assert f"{path}:2" in str(info.value)
+
+
+def test_more_hash_ids_than_the_prompt_covers_are_refused(tmp_path: Path) -> None:
+    # 1,000 tokens are ceil(1000 / 512) = 2 ids; a third would key a block with no prompt token in it
+    path = _mooncake(tmp_path, _IDS, dict(_IDS, hash_ids=[1, 2, 3]))
+    with pytest.raises(ValueError, match=r"m\.jsonl:2: 3 hash_ids for input_length 1,000, which needs 2"):
+        read_trace("mooncake", path)
+    exact = read_trace("mooncake", _mooncake(tmp_path, dict(_IDS, input_length=1024), dict(_IDS, input_length=1025,
+                                                                                          hash_ids=[1, 2, 3])))
+    assert exact.hash_offsets.tolist() == [0, 2, 5]  # 1,024 = 2 · 512 exactly; 1,025 needs a third
+
+
+@pytest.mark.parametrize("name", ["mooncake_conversation.jsonl", "mooncake_synthetic.jsonl"])
+def test_real_traces_have_exactly_one_id_per_512_prompt_tokens(name: str) -> None:
+    path = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / name
+    if not path.exists():
+        pytest.skip(f"{name} is not on this machine")
+    trace = read_trace("mooncake", path)
+    counts = np.diff(trace.hash_offsets)
+    assert np.array_equal(counts, -(-trace.prompt_tokens // 512))
+
+
+def test_one_request_is_said_in_the_singular(tmp_path: Path) -> None:
+    assert read_trace("mooncake", _mooncake(tmp_path, _IDS)).description.endswith("(1 request)")
+
+
+def test_an_empty_path_is_said_to_be_empty() -> None:
+    with pytest.raises(ValueError, match="the path is empty"):
+        read_trace("mooncake", "")
