@@ -154,7 +154,7 @@ def test_text_lengths_file_of_ten_million_lines(tmp_path):
 
 
 def test_per_seq_json_and_csv_over_a_million_lengths():
-    from kvcalc.cli.frag import _per_seq_table
+    from kvcalc.cli.frag_report import per_seq_table as _per_seq_table
     from kvcalc.cli.output import to_json
 
     tokens = LengthDistribution.parse("lognormal:mean=1366,sigma=0.8").sample(1_000_000, np.random.default_rng(0))
