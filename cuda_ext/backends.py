@@ -16,16 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import CudaUnavailableError
-from .bench import CPU_LABEL, Backend, BenchConfig, run_bench
+from .bench import CPU_LABEL, Backend, BenchConfig, DecodeInputs, run_bench
 from .flex_paged import flex_paged_op
 
 CUDA_LABEL = "CUDA extension (kvcalc.cuda_ext, paged and contiguous decode kernels)"
 
 
-def _into(x: dict[str, Any], result: Any) -> Any:
-    if "out" in x:
-        x["out"].copy_(result)
-        return x["out"]
+def _into(x: DecodeInputs, result: Any) -> Any:
+    if x.out is not None:
+        x.out.copy_(result)
+        return x.out
     return result
 
 
@@ -34,22 +34,22 @@ class CpuReferenceBackend(Backend):
 
     label = CPU_LABEL
 
-    def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def paged(self, x: DecodeInputs, num_splits: int | None) -> Any:
         import torch
 
         from .reference import paged_decode_attention_reference
 
-        out = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"],
+        out = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens,
                                                compute_dtype=torch.float32)
-        return _into(x, out.to(x["q"].dtype))
+        return _into(x, out.to(x.q.dtype))
 
-    def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def contiguous(self, x: DecodeInputs, num_splits: int | None) -> Any:
         import torch
 
         from .reference import decode_attention_reference
 
-        out = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"], compute_dtype=torch.float32)
-        return _into(x, out.to(x["q"].dtype))
+        out = decode_attention_reference(x.q, x.k, x.v, x.seq_lens, compute_dtype=torch.float32)
+        return _into(x, out.to(x.q.dtype))
 
 
 class CudaBackend(Backend):
@@ -57,27 +57,27 @@ class CudaBackend(Backend):
 
     label = CUDA_LABEL
 
-    def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def paged(self, x: DecodeInputs, num_splits: int | None) -> Any:
         from .ops import paged_decode_attention
 
-        return paged_decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"],
-                                      num_splits=num_splits, out=x.get("out"), validate="out" not in x)
+        return paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens,
+                                      num_splits=num_splits, out=x.out, validate=x.out is None)
 
-    def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def contiguous(self, x: DecodeInputs, num_splits: int | None) -> Any:
         from .ops import contiguous_decode_attention
 
-        return contiguous_decode_attention(x["q"], x["k"], x["v"], x["seq_lens"], num_splits=num_splits,
-                                           out=x.get("out"), validate="out" not in x)
+        return contiguous_decode_attention(x.q, x.k, x.v, x.seq_lens, num_splits=num_splits,
+                                           out=x.out, validate=x.out is None)
 
 
-def sdpa_op(x: dict[str, Any]) -> Callable[[], Any]:
+def sdpa_op(x: DecodeInputs) -> Callable[[], Any]:
     """torch SDPA on the contiguous cache (timing inputs have one length, so no mask is needed)."""
     import torch.nn.functional as F
 
-    context = int(x["seq_lens"][0])
-    q = x["q"].unsqueeze(2)  # [B, Hq, 1, D]
-    k = x["k"][:, :context].transpose(1, 2)  # [B, Hkv, T, D], a view
-    v = x["v"][:, :context].transpose(1, 2)
+    context = int(x.seq_lens[0])
+    q = x.q.unsqueeze(2)  # [B, Hq, 1, D]
+    k = x.k[:, :context].transpose(1, 2)  # [B, Hkv, T, D], a view
+    v = x.v[:, :context].transpose(1, 2)
     return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 

@@ -12,6 +12,7 @@ block-table entries and seq_lens. Achieved TB/s = bytes / paged time (1 TB = 1e1
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,8 +105,31 @@ def torch_dtype(name: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
+@dataclass(frozen=True)
+class DecodeInputs:
+    """One decode step's inputs in both layouts (make_inputs), the same K/V in each.
+
+    q             [batch, num_q_heads, head_dim]
+    k_cache       [num_blocks, block_size, num_kv_heads, head_dim]  the paged layout; v_cache the same
+    block_tables  [batch, max_blocks] int32, physical block ids, unused entries -1
+    seq_lens      [batch] int32
+    k             [batch, max_len, num_kv_heads, head_dim]  the contiguous layout; v the same
+    out           [batch, num_q_heads, head_dim] or None: where a timed run writes (no checks, no allocation);
+                  None on untimed runs, which validate and allocate
+    """
+
+    q: Any
+    k_cache: Any
+    v_cache: Any
+    block_tables: Any
+    seq_lens: Any
+    k: Any
+    v: Any
+    out: Any | None = None
+
+
 def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
-                device: Any, gen: Any) -> dict[str, Any]:
+                device: Any, gen: Any) -> DecodeInputs:
     """Random q/K/V (standard normal) made on `device` with `gen` (a generator on that device), physical
     blocks in a random order, unused table entries -1, and the same K/V in the contiguous layout with
     max_len = the table capacity."""
@@ -129,11 +153,10 @@ def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: 
     q = torch.randn(batch, num_q_heads, head_dim, generator=gen, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     capacity = max_blocks * block_size
-    return {
-        "q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables.to(device),
-        "seq_lens": seq_lens.to(device), "k": gather_paged_kv(k_cache, tables, seq_lens, capacity),
-        "v": gather_paged_kv(v_cache, tables, seq_lens, capacity),
-    }
+    return DecodeInputs(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=tables.to(device), seq_lens=seq_lens.to(device),
+        k=gather_paged_kv(k_cache, tables, seq_lens, capacity), v=gather_paged_kv(v_cache, tables, seq_lens, capacity),
+    )
 
 
 def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int | None,
@@ -150,10 +173,10 @@ class Backend:
 
     label: str
 
-    def paged(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def paged(self, x: DecodeInputs, num_splits: int | None) -> Any:
         raise NotImplementedError
 
-    def contiguous(self, x: dict[str, Any], num_splits: int | None) -> Any:
+    def contiguous(self, x: DecodeInputs, num_splits: int | None) -> Any:
         raise NotImplementedError
 
 
@@ -175,7 +198,7 @@ def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[s
                                     torch_dtype(dtype), device, gen)
                     paged = backend.paged(x, None)
                     contiguous = backend.contiguous(x, None)
-                    ref = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"])
+                    ref = decode_attention_reference(x.q, x.k, x.v, x.seq_lens)
                     err = float((paged.double() - ref).abs().max())
                     rel = err / max(float(ref.abs().max()), 1e-30)
                     diff = float((paged.double() - contiguous.double()).abs().max())
@@ -205,7 +228,7 @@ def correctness_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., float], device: Any,
               device_info: dict[str, Any], copy_tbps: float | None, tick: Callable[[str], None],
-              extra_timers: dict[str, Callable[[dict[str, Any]], Callable[[], Any] | None]] | None = None
+              extra_timers: dict[str, Callable[[DecodeInputs], Callable[[], Any] | None]] | None = None
               ) -> dict[str, Any]:
     """Runs the suite and returns the JSON document of `kvcalc bench`."""
     import torch
@@ -239,13 +262,13 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
                         torch_dtype(config.dtype), device, gen)
         expected = backend.paged(x, config.num_splits).clone()  # validated once; timed launches skip the checks
-        timed = dict(x, out=torch.empty_like(x["q"]))  # with `out`: no checks, no allocation per run
-        poison = lambda: timed["out"].fill_(float("nan"))  # noqa: E731
+        timed = dataclasses.replace(x, out=torch.empty_like(x.q))  # with `out`: no checks, no allocation per run
+        poison = lambda: timed.out.fill_(float("nan"))  # noqa: E731
         paged_us = time_op(lambda: backend.paged(timed, config.num_splits), poison)
         # The output was poisoned before the last timed run: it must hold the full, same answer again.
-        outputs_match = bool(torch.equal(timed["out"], expected))
+        outputs_match = bool(torch.equal(timed.out, expected))
         contiguous_us = time_op(lambda: backend.contiguous(timed, config.num_splits), poison)
-        outputs_match = outputs_match and bool(torch.equal(timed["out"], expected))
+        outputs_match = outputs_match and bool(torch.equal(timed.out, expected))
         moved = bytes_moved(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size)
         tbps = moved / (paged_us * 1e-6) / 1e12
         row = {

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .bench import DecodeInputs
 
 
-def flex_paged_op(x: dict[str, Any], *, compile: bool = True, scale: float | None = None) -> Callable[[], Any] | None:
-    """A closure that runs flex paged decode on `x` (make_inputs' dict) -> out [B, Hq, 1, D], or None."""
+def flex_paged_op(x: DecodeInputs, *, compile: bool = True, scale: float | None = None) -> Callable[[], Any] | None:
+    """A closure that runs flex paged decode on `x` (make_inputs' DecodeInputs) -> out [B, Hq, 1, D], or None."""
     try:
         import torch
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    q, k_cache, v_cache = x["q"], x["k_cache"], x["v_cache"]
-    tables, lens = x["block_tables"].to(torch.int64), x["seq_lens"].to(torch.int64)
+    q, k_cache, v_cache = x.q, x.k_cache, x.v_cache
+    tables, lens = x.block_tables.to(torch.int64), x.seq_lens.to(torch.int64)
     batch, _, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     if block_size < 16:  # flex's kernels tile KV in blocks of at least 16

@@ -18,11 +18,15 @@ is spent. Never a product path: a helper for whoever tunes the kernel next.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvcalc.cuda_ext.bench import DecodeInputs
 
 
 def main() -> int:
@@ -56,7 +60,7 @@ def main() -> int:
                                "splits": splits, "layout": "paged" if paged else "contiguous"}
         try:
             x = make_inputs([context] * batch, q_heads, 8, 128, 16, torch.bfloat16, device, gen)
-            x["out"] = torch.empty_like(x["q"])
+            x = dataclasses.replace(x, out=torch.empty_like(x.q))
             us = timer.median_us(lambda: _launch(ops, x, splits, paged), iters=args.iters, warmup=3)
             moved = bytes_moved([context] * batch, q_heads, 8, 128, 16 if paged else None)
             tbps = moved / (us * 1e-6) / 1e12
@@ -97,12 +101,12 @@ def main() -> int:
     return 0
 
 
-def _launch(ops: Any, x: dict[str, Any], splits: int | None, paged: bool) -> Any:
-    """One unchecked launch into x["out"] (shapes come from make_inputs, which the harness validates)."""
+def _launch(ops: Any, x: DecodeInputs, splits: int | None, paged: bool) -> Any:
+    """One unchecked launch into x.out (shapes come from make_inputs, which the harness validates)."""
     if paged:
-        return ops.paged_decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"],
-                                          num_splits=splits, out=x["out"], validate=False)
-    return ops.contiguous_decode_attention(x["q"], x["k"], x["v"], x["seq_lens"], num_splits=splits, out=x["out"],
+        return ops.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens,
+                                          num_splits=splits, out=x.out, validate=False)
+    return ops.contiguous_decode_attention(x.q, x.k, x.v, x.seq_lens, num_splits=splits, out=x.out,
                                            validate=False)
 
 

@@ -186,7 +186,7 @@ def test_sdpa_comparator_matches_reference_on_cpu():
 
     x = make_inputs([32, 32], 8, 2, 64, 16, torch.float64, "cpu", torch.Generator().manual_seed(0))
     out = sdpa_op(x)().squeeze(2)
-    torch.testing.assert_close(out, decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"]))
+    torch.testing.assert_close(out, decode_attention_reference(x.q, x.k, x.v, x.seq_lens))
 
 
 def test_an_output_left_unwritten_in_a_timed_run_fails_the_bench():
@@ -199,7 +199,7 @@ def test_an_output_left_unwritten_in_a_timed_run_fails_the_bench():
 
     class LazyBackend(CpuReferenceBackend):
         def paged(self, x, num_splits):
-            return x["out"] if "out" in x else super().paged(x, num_splits)
+            return x.out if x.out is not None else super().paged(x, num_splits)
 
     config = BenchConfig(device="cpu", shapes=((1, 16),), iters=1, warmup=0, correctness=False)
     doc = run_bench(config, LazyBackend(), device=torch.device("cpu"), device_info={"type": "cpu"}, copy_tbps=None,

@@ -3,6 +3,7 @@ input validation, the split heuristic and the byte count, all on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -51,8 +52,8 @@ def naive_decode(q, k_cache, v_cache, tables, lens, scale):
 def test_paged_reference_matches_token_by_token(block_size, group, lengths):
     gen = torch.Generator().manual_seed(block_size)
     x = make_inputs(lengths, 2 * group, 2, 64, block_size, torch.float32, "cpu", gen)
-    out = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
-    expected = naive_decode(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], 1 / 8)
+    out = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens)
+    expected = naive_decode(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, 1 / 8)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     for i, n in enumerate(lengths):
         if n == 0:
@@ -62,8 +63,8 @@ def test_paged_reference_matches_token_by_token(block_size, group, lengths):
 def test_paged_equals_contiguous_reference_exactly():
     gen = torch.Generator().manual_seed(7)
     x = make_inputs([37, 0, 91, 128], 8, 2, 128, 16, torch.bfloat16, "cpu", gen)
-    paged = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
-    contiguous = decode_attention_reference(x["q"], x["k"], x["v"], x["seq_lens"])
+    paged = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens)
+    contiguous = decode_attention_reference(x.q, x.k, x.v, x.seq_lens)
     assert torch.equal(paged, contiguous)
 
 
@@ -86,8 +87,8 @@ def test_scale_parameter_and_single_token():
     # With one token the softmax weight is 1 whatever the scale: the output is that token's V exactly.
     gen = torch.Generator().manual_seed(0)
     x = make_inputs([1], 4, 1, 64, 16, torch.float64, "cpu", gen)
-    out = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], 5.0)
-    v = x["v_cache"][int(x["block_tables"][0, 0]), 0, 0]
+    out = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, 5.0)
+    v = x.v_cache[int(x.block_tables[0, 0]), 0, 0]
     torch.testing.assert_close(out[0], v.expand(4, 64))
 
 
@@ -105,8 +106,8 @@ def test_gather_zeroes_positions_past_the_length():
 def test_property_paged_reference_matches_naive(lengths, log2_block, group):
     gen = torch.Generator().manual_seed(sum(lengths) + group)
     x = make_inputs(lengths, group, 1, 64, 2**log2_block, torch.float64, "cpu", gen)
-    out = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
-    expected = naive_decode(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], 1 / 8)
+    out = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens)
+    expected = naive_decode(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, 1 / 8)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
 
 
@@ -119,8 +120,8 @@ def good_inputs():
 
 
 def check(x, **changes):
-    y = dict(x, **changes)
-    ops.validate_paged(y["q"], y["k_cache"], y["v_cache"], y["block_tables"], y["seq_lens"], require_cuda=False)
+    y = dataclasses.replace(x, **changes)
+    ops.validate_paged(y.q, y.k_cache, y.v_cache, y.block_tables, y.seq_lens, require_cuda=False)
 
 
 def test_valid_inputs_pass():
@@ -128,20 +129,20 @@ def test_valid_inputs_pass():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda x: {"q": x["q"].float()}, "float16 or bfloat16"),
-    (lambda x: {"k_cache": x["k_cache"].to(torch.bfloat16)}, "dtype torch.bfloat16"),
-    (lambda x: {"q": x["q"][:, :, :32].contiguous()}, "head_dim 32"),
-    (lambda x: {"q": x["q"].transpose(0, 1).contiguous().transpose(0, 1)}, "not contiguous"),
-    (lambda x: {"k_cache": torch.cat([x["k_cache"], x["k_cache"][..., :1, :]], 2),  # 8 q heads over 3 KV heads
-                "v_cache": torch.cat([x["v_cache"], x["v_cache"][..., :1, :]], 2)}, "GQA group"),
-    (lambda x: {"block_tables": x["block_tables"].long()}, "block_tables has dtype torch.int64"),
-    (lambda x: {"block_tables": x["block_tables"].clone().fill_(99)}, "block id 99"),
-    (lambda x: {"block_tables": x["block_tables"].clone().fill_(-1)}, "block id -1"),
+    (lambda x: {"q": x.q.float()}, "float16 or bfloat16"),
+    (lambda x: {"k_cache": x.k_cache.to(torch.bfloat16)}, "dtype torch.bfloat16"),
+    (lambda x: {"q": x.q[:, :, :32].contiguous()}, "head_dim 32"),
+    (lambda x: {"q": x.q.transpose(0, 1).contiguous().transpose(0, 1)}, "not contiguous"),
+    (lambda x: {"k_cache": torch.cat([x.k_cache, x.k_cache[..., :1, :]], 2),  # 8 q heads over 3 KV heads
+                "v_cache": torch.cat([x.v_cache, x.v_cache[..., :1, :]], 2)}, "GQA group"),
+    (lambda x: {"block_tables": x.block_tables.long()}, "block_tables has dtype torch.int64"),
+    (lambda x: {"block_tables": x.block_tables.clone().fill_(99)}, "block id 99"),
+    (lambda x: {"block_tables": x.block_tables.clone().fill_(-1)}, "block id -1"),
     (lambda x: {"seq_lens": torch.tensor([5, 21], dtype=torch.int32)}, "seq_lens must lie in 0..20"),
     (lambda x: {"seq_lens": torch.tensor([-1, 3], dtype=torch.int32)}, "seq_lens must lie"),
-    (lambda x: {"seq_lens": x["seq_lens"][:1].contiguous()}, "but q has batch 2"),
-    (lambda x: {"v_cache": x["v_cache"][:3].contiguous()}, "differ in shape"),
-    (lambda x: {"q": x["q"].reshape(2, 4, 128)}, "differs from q's 128"),
+    (lambda x: {"seq_lens": x.seq_lens[:1].contiguous()}, "but q has batch 2"),
+    (lambda x: {"v_cache": x.v_cache[:3].contiguous()}, "differ in shape"),
+    (lambda x: {"q": x.q.reshape(2, 4, 128)}, "differs from q's 128"),
 ])
 def test_bad_inputs_name_the_value(change, message):
     x = good_inputs()
@@ -151,7 +152,7 @@ def test_bad_inputs_name_the_value(change, message):
 
 def test_unused_table_entries_may_hold_anything():
     x = good_inputs()
-    tables = x["block_tables"].clone()
+    tables = x.block_tables.clone()
     tables[0, 2:] = 12345  # sequence 0 (5 tokens, block size 4) reads only entries 0 and 1
     check(x, block_tables=tables)
 
@@ -159,22 +160,22 @@ def test_unused_table_entries_may_hold_anything():
 def test_block_size_must_be_a_power_of_two():
     x = good_inputs()
     with pytest.raises(ValueError, match="block_size 3"):
-        check(x, k_cache=x["k_cache"][:, :3].contiguous(), v_cache=x["v_cache"][:, :3].contiguous())
+        check(x, k_cache=x.k_cache[:, :3].contiguous(), v_cache=x.v_cache[:, :3].contiguous())
 
 
 def test_cpu_tensors_are_rejected_by_the_op():
     x = good_inputs()
     with pytest.raises(ValueError, match="expected a CUDA device"):
-        ops.paged_decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
+        ops.paged_decode_attention(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens)
     with pytest.raises(ValueError, match="expected a CUDA device"):
-        ops.contiguous_decode_attention(x["q"], x["k"], x["v"], x["seq_lens"])
+        ops.contiguous_decode_attention(x.q, x.k, x.v, x.seq_lens)
 
 
 def test_contiguous_validation():
     x = good_inputs()
-    ops.validate_contiguous(x["q"], x["k"], x["v"], x["seq_lens"], require_cuda=False)
+    ops.validate_contiguous(x.q, x.k, x.v, x.seq_lens, require_cuda=False)
     with pytest.raises(ValueError, match=r"seq_lens must lie in 0..20"):
-        ops.validate_contiguous(x["q"], x["k"], x["v"], torch.tensor([1, 30], dtype=torch.int32), require_cuda=False)
+        ops.validate_contiguous(x.q, x.k, x.v, torch.tensor([1, 30], dtype=torch.int32), require_cuda=False)
 
 
 @pytest.mark.parametrize(("batch", "kv_heads", "max_len", "sms", "expected"), [
@@ -210,7 +211,7 @@ def test_flex_paged_comparator_matches_reference_on_cpu():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # eager flex warns that it is unfused
         out = op().squeeze(2)
-    ref = paged_decode_attention_reference(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"])
+    ref = paged_decode_attention_reference(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     small = make_inputs([5], 8, 2, 64, 8, torch.float32, "cpu", gen)
     assert flex_paged_op(small, compile=False) is None  # pages below 16 tokens are not supported by flex
