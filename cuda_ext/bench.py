@@ -180,7 +180,48 @@ class Backend:
         raise NotImplementedError
 
 
-def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[str], None]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class CorrectnessRow:
+    """One case of the correctness grid; `to_dict()` is its record in the JSON's "correctness" list."""
+
+    dtype: str
+    head_dim: int
+    group_size: int
+    block_size: int
+    lengths: tuple[int, ...]
+    max_abs_err: float
+    rel_err: float  # max |err| / max |reference|
+    tolerance: float
+    paged_vs_contiguous_max_diff: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "lengths": list(self.lengths)}
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    """One timed shape; `to_dict()` is its record in the JSON's "timing" / "block_sweep" lists: these fields
+    in order, then `extras` (an optional comparator's time, e.g. sdpa_us, and its *_error when it failed)."""
+
+    batch: int
+    context: int
+    block_size: int
+    paged_us: float
+    contiguous_us: float
+    paged_over_contiguous: float
+    bytes: int
+    achieved_tbps: float
+    fraction_of_copy: float | None
+    timed_outputs_match: bool
+    extras: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
+        return {**fields, **dict(self.extras)}
+
+
+def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[str], None]) -> list[CorrectnessRow]:
     """Every dtype x head dim x group x block size, with ragged lengths: 0, 1, mid-block, several blocks."""
     import torch
 
@@ -203,12 +244,12 @@ def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[s
                     rel = err / max(float(ref.abs().max()), 1e-30)
                     diff = float((paged.double() - contiguous.double()).abs().max())
                     zeros_ok = bool(torch.count_nonzero(paged[0]) == 0)
-                    rows.append({
-                        "dtype": dtype, "head_dim": head_dim, "group_size": group, "block_size": block_size,
-                        "lengths": lens, "max_abs_err": err, "rel_err": rel, "tolerance": TOLERANCE[dtype],
-                        "paged_vs_contiguous_max_diff": diff,
-                        "passed": bool(rel < TOLERANCE[dtype] and zeros_ok and math.isfinite(err)),
-                    })
+                    rows.append(CorrectnessRow(
+                        dtype=dtype, head_dim=head_dim, group_size=group, block_size=block_size,
+                        lengths=tuple(lens), max_abs_err=err, rel_err=rel, tolerance=TOLERANCE[dtype],
+                        paged_vs_contiguous_max_diff=diff,
+                        passed=bool(rel < TOLERANCE[dtype] and zeros_ok and math.isfinite(err)),
+                    ))
     return rows
 
 
@@ -245,9 +286,11 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         "correctness": [],
         "timing": [],
     }
+    grid: list[CorrectnessRow] = []
     if config.correctness:
-        doc["correctness"] = correctness_grid(backend, device, config.seed, tick)
-        max_diff = max(row["paged_vs_contiguous_max_diff"] for row in doc["correctness"])
+        grid = correctness_grid(backend, device, config.seed, tick)
+        doc["correctness"] = [row.to_dict() for row in grid]
+        max_diff = max(row.paged_vs_contiguous_max_diff for row in grid)
         why = IDENTICAL_WHY if config.device == "cuda" else CPU_IDENTICAL_WHY
         doc["paged_vs_contiguous"] = {
             "bit_identical": max_diff == 0.0,
@@ -256,7 +299,7 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         }
     gen = torch.Generator(device=device).manual_seed(config.seed + 1)
 
-    def measure(batch: int, context: int, block_size: int, with_extras: bool) -> dict[str, Any]:
+    def measure(batch: int, context: int, block_size: int, with_extras: bool) -> TimingRow:
         tick(f"timing batch={batch} context={context} block={block_size}")
         lens = [context] * batch
         x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
@@ -271,35 +314,38 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         outputs_match = outputs_match and bool(torch.equal(timed.out, expected))
         moved = bytes_moved(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size)
         tbps = moved / (paged_us * 1e-6) / 1e12
-        row = {
-            "batch": batch, "context": context, "block_size": block_size, "paged_us": paged_us,
-            "contiguous_us": contiguous_us, "paged_over_contiguous": paged_us / contiguous_us, "bytes": moved,
-            "achieved_tbps": tbps, "fraction_of_copy": tbps / copy_tbps if copy_tbps else None,
-            "timed_outputs_match": outputs_match,
-        }
+        extras: list[tuple[str, Any]] = []
         for name, make in (extra_timers or {}).items() if with_extras else ():
             try:  # an optional comparator (SDPA, FlexAttention) must not sink the run: record why it failed
                 op = make(x)
-                row[name] = time_op(op, None) if op is not None else None
+                extras.append((name, time_op(op, None) if op is not None else None))
             except Exception as exc:
-                row[name] = None
-                row[name.removesuffix("_us") + "_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        return row
+                extras.append((name, None))
+                extras.append((name.removesuffix("_us") + "_error",
+                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+        return TimingRow(
+            batch=batch, context=context, block_size=block_size, paged_us=paged_us, contiguous_us=contiguous_us,
+            paged_over_contiguous=paged_us / contiguous_us, bytes=moved, achieved_tbps=tbps,
+            fraction_of_copy=tbps / copy_tbps if copy_tbps else None, timed_outputs_match=outputs_match,
+            extras=tuple(extras),
+        )
 
-    for batch, context in config.shapes:
-        doc["timing"].append(measure(batch, context, config.block_size, with_extras=True))
+    timing = [measure(batch, context, config.block_size, with_extras=True) for batch, context in config.shapes]
+    doc["timing"] = [row.to_dict() for row in timing]
+    sweep: list[TimingRow] = []
     if config.sweep_block:
         batch, context = SWEEP_SHAPE[config.device]
-        doc["block_sweep"] = [measure(batch, context, bs, with_extras=False) for bs in SWEEP_BLOCK_SIZES]
-    timed_rows = doc["timing"] + doc.get("block_sweep", [])
+        sweep = [measure(batch, context, bs, with_extras=False) for bs in SWEEP_BLOCK_SIZES]
+        doc["block_sweep"] = [row.to_dict() for row in sweep]
+    timed_rows = timing + sweep
     # `passed`: every check that ran passed; `correctness_checked` says whether the reference grid was one of
     # them (--skip-correctness leaves only the timed outputs compared with their own first run).
     doc["correctness_checked"] = config.correctness
     # Paged and contiguous run the same arithmetic on the same shapes (see IDENTICAL_WHY / CPU_IDENTICAL_WHY),
     # so a difference between them is a paging bug, not rounding: it fails the run, one verdict.
     identical = doc.get("paged_vs_contiguous", {}).get("bit_identical", True)
-    doc["passed"] = identical and all(row["passed"] for row in doc["correctness"]) and all(
-        row["timed_outputs_match"] for row in timed_rows)
+    doc["passed"] = identical and all(row.passed for row in grid) and all(
+        row.timed_outputs_match for row in timed_rows)
     return doc
 
 

@@ -236,3 +236,25 @@ def test_save_into_a_missing_directory_is_refused_before_the_run(run_cli, tmp_pa
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == (f"error: --save {target}: the directory {target.parent} does not exist; "
                              "create it or write the file elsewhere\n")
+
+
+def test_a_failing_comparator_is_recorded_after_the_row_fields_in_order():
+    # TimingRow.to_dict: the row's fields, then each comparator's time and, when it raised, its *_error.
+    import torch
+
+    from kvcalc.cuda_ext.backends import CpuReferenceBackend
+    from kvcalc.cuda_ext.bench import BenchConfig, run_bench
+    from kvcalc.cuda_ext.timing import cpu_median_us
+
+    def broken(x):
+        raise RuntimeError("no  such\nkernel")
+
+    config = BenchConfig(device="cpu", shapes=((1, 16),), iters=1, warmup=0, correctness=False)
+    doc = run_bench(config, CpuReferenceBackend(), device=torch.device("cpu"), device_info={"type": "cpu"},
+                    copy_tbps=None, tick=lambda _: None,
+                    time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=1, warmup=0),
+                    extra_timers={"broken_us": broken, "none_us": lambda x: None})
+    row = doc["timing"][0]
+    assert list(row)[-4:] == ["timed_outputs_match", "broken_us", "broken_error", "none_us"]
+    assert row["broken_us"] is None and row["broken_error"] == "RuntimeError: no such kernel"
+    assert row["none_us"] is None and doc["passed"] is True
