@@ -65,7 +65,7 @@ def command(
     ] = None,
     column: Annotated[str | None, typer.Option("--column", help="The CSV column of --lengths-file.")] = None,
     trace: Annotated[
-        tuple[str, Path] | None,
+        tuple[str, str] | None,
         typer.Option(
             "--trace",
             metavar="KIND FILE",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -53,7 +52,7 @@ def command(
     seed: Annotated[int | None, seed_option("With --mode beam: seed of the beam selection (default: 0).")] = None,
     block: Annotated[int, int_option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
     trace: Annotated[
-        tuple[str, Path] | None,
+        tuple[str, str] | None,
         typer.Option("--trace", metavar="KIND FILE", help="Replay a real trace: 'mooncake F' (or 'azure F')."),
     ] = None,
     limit: Annotated[int | None, int_option("--limit", help="With --trace: only the first N requests.")] = None,

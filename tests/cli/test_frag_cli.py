@@ -427,3 +427,10 @@ def test_progress_bar_goes_to_a_terminal_on_stderr_and_never_to_stdout(tmp_path)
     doc = json.loads(proc.stdout)
     assert doc["lengths"]["count"] == PROGRESS_FROM
     assert b"drawing lengths" in drawn or b"paging" in drawn, drawn[:300]
+
+
+def test_an_empty_trace_path_is_refused_as_empty(run_cli) -> None:
+    result = run_cli("frag", "--trace", "mooncake", "")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the path is empty: give the path")
+    assert "is a directory" not in result.stderr

@@ -314,3 +314,10 @@ def test_huge_and_empty_trace_values(run_cli, tmp_path: Path, mooncake: Path) ->
     one_line_error(run_cli("share", "--trace", "azure", str(azure), "--block", "1e400"), "--block 1.000e+400")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "llama-3-8b", "--dtype", ""),
                    "--dtype ''")
+
+
+def test_an_empty_trace_path_is_refused_as_empty(run_cli) -> None:
+    result = run_cli("share", "--trace", "mooncake", "")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the path is empty: give the path")
+    assert "is a directory" not in result.stderr
