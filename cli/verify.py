@@ -140,6 +140,9 @@ def command(
     """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
     check every token against each request decoded alone with a contiguous KV cache."""
     output_format = resolve_format(json_flag, fmt)
+    if hf_model is not None and hf_model.is_file():  # before torch: it would look for FILE/config.json
+        raise ValueError(f"--hf-model {hf_model} is a file: give the folder that holds config.json "
+                         f"(--hf-model {hf_model.parent})")
     _require_torch(device)
     import torch
 

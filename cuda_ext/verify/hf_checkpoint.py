@@ -42,6 +42,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def read_llama_config(directory: Path) -> ModelConfig:
     """config.json -> ModelConfig; ValueError naming the field that the verify model cannot compute."""
+    if Path(directory).is_file():
+        raise ValueError(f"{directory} is a file: give the folder that holds config.json ({Path(directory).parent})")
     path = Path(directory) / "config.json"
     cfg = _read_json(path)
     if cfg.get("model_type") != "llama":

@@ -142,3 +142,12 @@ def test_markdown_escapes_the_bars_of_max_delta_logit(run_cli):
     assert result.exit_code == 0
     header = next(line for line in result.stdout.splitlines() if line.startswith("| scenario"))
     assert "max \\|Δlogit\\|" in header and header.count(" | ") == 6  # seven cells, six inner separators
+
+
+def test_hf_model_given_config_json_asks_for_its_folder(run_cli, tmp_path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    result = run_cli("verify", "--device", "cpu", "--hf-model", str(config))
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: --hf-model {config} is a file: give the folder that holds config.json "
+                             f"(--hf-model {tmp_path})\n")

@@ -112,3 +112,10 @@ def test_cli_reads_a_checkpoint_and_refuses_a_missing_one(run_cli, checkpoint, t
     assert result.exit_code == 0 and json.loads(result.stdout)["passed"]
     missing = run_cli("verify", "--hf-model", str(tmp_path / "none"))
     assert missing.exit_code == 2 and missing.stderr.startswith("error: ") and "config.json" in missing.stderr
+
+
+def test_the_config_file_itself_is_refused_with_its_folder(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    with pytest.raises(ValueError, match=r"is a file: give the folder that holds config\.json"):
+        read_llama_config(config)
