@@ -26,6 +26,7 @@ from .options import (
     ModelOpt,
     check_output_path,
     int_option,
+    number,
     seed_option,
 )
 from .output import Format, emit, err_console, resolve_format
@@ -63,6 +64,10 @@ def _parameters() -> list[inspect.Parameter]:
                 option = seed_option(meta["help"])
             elif int in typing.get_args(kind) or kind is int:
                 option = int_option(*decls, help=meta["help"])
+            elif float in typing.get_args(kind) or kind is float:  # one `error:` line naming the flag, with a fix
+                example = meta.get("example", f"{f.default:g}" if f.default is not None else "1")
+                option = typer.Option(*decls, parser=number(decls[0], example), help=meta["help"],
+                                      metavar=meta.get("metavar", "<float>"))
             else:
                 option = typer.Option(*decls, help=meta["help"], metavar=meta.get("metavar"))
             annotation = Annotated[kind, option]

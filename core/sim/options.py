@@ -36,7 +36,8 @@ DEFAULT_KV_DTYPE = DEFAULT_DTYPE
 
 def option(default: Any, help: str | None = None, **cli: Any) -> Any:
     """A field with its default and, for the command line, its help (None: the shared option's) and any of
-    `flag`, `short`, `metavar`, `negate`."""
+    `flag`, `short`, `metavar`, `negate`, `example` (a float option's value in its error message; else the
+    default)."""
     return field(default=default, metadata={"help": help, **cli})
 
 
@@ -52,7 +53,7 @@ class SimOptions:
     rate: str | None = option(None, "Constructed (no --trace): mean arrival rate, requests/s; inf = all at time 0 "
                                     f"(an offline batch; default: {DEFAULT_RATE:g}).", metavar="REQ/S")
     arrival: str | None = option(None, f"Constructed: poisson or gamma arrivals (default: {DEFAULT_ARRIVAL}).")
-    burstiness: float | None = option(None, "With --arrival gamma: shape b (1 = Poisson, < 1 burstier).")
+    burstiness: float | None = option(None, "With --arrival gamma: shape b (1 = Poisson, < 1 burstier).", example="0.5")
     requests: int | None = option(
         None, f"Constructed: number of requests, at most {MAX_REQUESTS:,} (default: {DEFAULT_REQUESTS:,}).")
     prompt_dist: str | None = option(
@@ -72,7 +73,7 @@ class SimOptions:
     gpu: str | None = option(None, f"A100-40GB, A100-80GB, H100-SXM or H200 (default: {DEFAULT_GPU}).")
     gpu_memory: str | None = option(None, "Custom GPU: memory, e.g. 80GiB.")
     bandwidth: str | None = option(None, "Custom GPU: HBM bytes/s, e.g. 3.35e12.")
-    flops: float | None = option(None, "Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).")
+    flops: float | None = option(None, "Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).", example="989e12")
     tp: int = option(1, "Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of them "
                         f"(as kvcalc size); at most {MAX_TP:,}.")
     memory_utilization: float = option(0.9, "Share of GPU memory used.")
@@ -109,7 +110,7 @@ class SimOptions:
     find_max_rate: bool = option(False, "Search each policy's highest rate under --slo.", flag="--max-rate")
     target_attainment: float | None = option(
         None, f"With --max-rate: share of requests that must meet the SLO (default: {DEFAULT_ATTAINMENT:g}).",
-        flag="--attainment")
+        flag="--attainment", example=f"{DEFAULT_ATTAINMENT:g}")
     prefix_caching: bool = option(True, "Ignore Mooncake prefix ids.", flag="--no-prefix-caching", negate=True)
     fast_forward: bool = option(True, "Simulate every step one by one.", flag="--no-fast-forward", negate=True)
     # speculative decoding
@@ -119,13 +120,13 @@ class SimOptions:
         metavar="K")
     spec_acceptance: float | None = option(
         None, "With --spec-tokens: probability A that a draft is accepted (independently, until the first "
-              "rejection; seeded).", metavar="A")
+              "rejection; seeded).", metavar="A", example="0.7")
     spec_method: str | None = option(
         None, "With --spec-tokens: draft (a draft model / EAGLE / MTP: K lookahead slots per step; the default) or "
               "ngram (no drafter model, no lookahead).")
     draft_cost: float | None = option(
         None, "With --spec-method draft: one draft pass as a share of the target's decode step (default: 0.1).",
-        metavar="F")
+        metavar="F", example="0.1")
     rollback_policy: str | None = option(
         None, "With --spec-tokens and the paged policy: keep (vLLM v1: rejected slots' blocks stay, the default) "
               "or free (SGLang: blocks past the accepted tokens are freed).")

@@ -223,3 +223,11 @@ def test_progress_bar_goes_to_a_terminal_on_stderr_and_never_to_stdout():
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["requests"] == PROGRESS_FROM
     assert b"simulating paged" in drawn, bytes(drawn[:300])
+
+
+@pytest.mark.parametrize("flag", ["--time-scale", "--memory-utilization", "--flops", "--attainment", "--draft-cost"])
+def test_a_float_option_that_is_not_a_number_names_it_and_a_fix(run_cli, flag):
+    result = run_cli("sim", "--requests", "3", flag, "")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {flag} '' is not a number: write e.g. {flag} ")
