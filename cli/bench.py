@@ -30,15 +30,16 @@ BENCH_INSTALL = "pip install 'kvcalc[bench]'"
 CPU_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
 
-def _require_torch(device: str) -> None:
-    """torch is the bench extra: its absence is an install step to name (exit 3 where CUDA was asked for)."""
+def require_torch(command: str, device: str) -> None:
+    """torch is the bench extra (bench and verify need it): its absence is an install step to name, exit 3
+    where CUDA was asked for."""
     try:
         import torch  # noqa: F401
     except ImportError:
         if device == "cuda":
             raise CudaUnavailableError(f"--device cuda needs PyTorch with CUDA, which is not installed: "
                                        f"{BENCH_INSTALL}") from None
-        raise ValueError(f"kvcalc bench needs PyTorch, which is not installed: {BENCH_INSTALL} (on a machine "
+        raise ValueError(f"kvcalc {command} needs PyTorch, which is not installed: {BENCH_INSTALL} (on a machine "
                          f"without a GPU, first the CPU build: {CPU_TORCH_INSTALL})") from None
 
 
@@ -154,7 +155,7 @@ def command(
         raise ValueError(f"--device {device!r} is not one of auto, cuda, cpu")
     if save is not None:
         check_output_path("--save", save)  # before a run of minutes
-    _require_torch(device)
+    require_torch("bench", device)
     from ..cuda_ext.backends import run_suite
     from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.errors import CudaUnavailableError
-from .bench import BENCH_INSTALL, CPU_TORCH_INSTALL
+from .bench import require_torch
 from .options import FormatOpt, JsonOpt, seed_option
 from .output import Field, Format, Report, emit, record_table, resolve_format
 from .progress import progress_bar
@@ -27,17 +27,6 @@ EVENT_LABELS = {
     "eos_finishes": "EOS", "beams_dropped": "dropped", "cancelled_blocks_reused": "reused",
     "deferred_free_blocks": "deferred", "rollbacks": "rollbacks",
 }
-
-
-def _require_torch(device: str) -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        if device == "cuda":
-            raise CudaUnavailableError(f"--device cuda needs PyTorch with CUDA, which is not installed: "
-                                       f"{BENCH_INSTALL}") from None
-        raise ValueError(f"kvcalc verify needs PyTorch, which is not installed: {BENCH_INSTALL} (on a machine "
-                         f"without a GPU, first the CPU build: {CPU_TORCH_INSTALL})") from None
 
 
 def _events_cell(scenario: dict[str, Any]) -> str:
@@ -143,7 +132,7 @@ def command(
     if hf_model is not None and hf_model.is_file():  # before torch: it would look for FILE/config.json
         raise ValueError(f"--hf-model {hf_model} is a file: give the folder that holds config.json "
                          f"(--hf-model {hf_model.parent})")
-    _require_torch(device)
+    require_torch("verify", device)
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
