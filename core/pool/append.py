@@ -46,13 +46,8 @@ def write_tokens(
     copies: list[tuple[int, int]] = []
     if last >= 0:
         if copy:
-            dst = store.take_one(int(store.fill[last]))
-            store.ref[last] -= 1  # others still hold it (ref was > 1)
-            seq.table[seq.num_blocks - 1] = dst
-            copies.append((last, dst))
-            store.counters["cow_copies"] += 1
-            last = dst
-        added = min(B - old % B, num_tokens)
+            last = copy_last_block(store, seq, last, copies)
+        added = min(B - old % B, num_tokens)  # NOTE: inline, not a call: decode appends take this path
         store.fill[last] += added
         store.useful_tokens += added
     if new_total > len(seq.table):
@@ -66,6 +61,17 @@ def write_tokens(
             seq.table[seq.num_blocks : new_total] = store.take(new_blocks, (new_blocks - 1) * B + last_fill)
     seq.num_blocks, seq.num_tokens = new_total, old + num_tokens
     return copies
+
+
+def copy_last_block(store: BlockStore, seq: SeqTable, last: int, copies: list[tuple[int, int]]) -> int:
+    """Copy-on-write of `seq`'s partially filled last block `last`, which another table holds too (no block
+    with ref > 1 is written): `seq` gets a fresh copy, the copy goes into `copies`. Returns the copy's id."""
+    dst = store.take_one(int(store.fill[last]))
+    store.ref[last] -= 1  # others still hold it (ref was > 1)
+    seq.table[seq.num_blocks - 1] = dst
+    copies.append((last, dst))
+    store.counters["cow_copies"] += 1
+    return dst
 
 
 def completed_keys(prefix: PrefixIndex, seq: SeqTable, old: int, new: int, block_keys: BlockKeys) -> np.ndarray | None:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..blocks import ceil_div
 from ..errors import ParameterError
-from .append import SeqTable, completed_keys, register_completed
+from .append import SeqTable, completed_keys, copy_last_block, register_completed
 from .prefix_lookup import PrefixIndex
 from .store import BlockKeys, BlockStore, PoolExhaustedError
 
@@ -217,12 +217,7 @@ class SpeculativeSlots:
         if old % B:
             last = int(seq.table[seq.num_blocks - 1])
             if copy:
-                dst = store.take_one(int(store.fill[last]))
-                store.ref[last] -= 1  # others still hold it (ref was > 1)
-                seq.table[seq.num_blocks - 1] = dst
-                copies.append((last, dst))
-                store.counters["cow_copies"] += 1
-                last = dst
+                last = copy_last_block(store, seq, last, copies)
             added = min(B - old % B, num_slots)
             store.fill[last] += added
             store.useful_tokens += added
