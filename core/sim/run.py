@@ -16,13 +16,13 @@ from ..errors import ParameterError
 from .engine import Engine
 from .fastforward import FastForward
 from .options import DEFAULT_POLICY
-from .paged import PagedPolicy, mooncake_prompt_keys
+from .paged import PagedPolicy
 from .paged_exact import ExactPagedPolicy
 from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
 from .reserve import ReservationPolicy
-from .settings import SimSetup, token_block_keys
+from .settings import SimSetup, prompt_block_keys
 from .steptime import StepTimeExecutor
 from .workload import Workload, cancellation_points, length_streams
 
@@ -63,12 +63,7 @@ def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_t
     n = len(workload)
     forks = workload.fork_parent is not None
     if name == "paged":
-        keys = None
-        if setup.prefix_caching and workload.prompt_token_ids is not None:
-            keys = [token_block_keys(p, setup.block_size) for p in workload.prompt_token_ids]
-        elif setup.prefix_caching and workload.hash_ids is not None and workload.hash_offsets is not None:
-            keys = mooncake_prompt_keys(workload.hash_ids, workload.hash_offsets, workload.prompt_tokens,
-                                        setup.block_size)
+        keys = prompt_block_keys(workload, setup)
         policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy
         return policy(setup.capacity_blocks, setup.block_size, n, keys)
     if forks:

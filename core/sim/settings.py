@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .hardware import MemoryPlan
+from .paged import mooncake_prompt_keys
 from .scheduler import SchedulerConfig
 from .speculative import SimSpeculation
 from .steptime import StepTimeModel
+from .workload import Workload
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,16 @@ class SimSetup:
 def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
     """The content key of each full block of a prompt: its token ids (the pool interns them)."""
     return [tuple(token_ids[i : i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
+
+
+def prompt_block_keys(workload: Workload, setup: SimSetup) -> list | np.ndarray | None:
+    """The paged pool's content keys of every prompt's full blocks, when prefix caching is on and the workload
+    says what its prompts hold (token ids, or Mooncake hash ids); None otherwise."""
+    if not setup.prefix_caching:
+        return None
+    if workload.prompt_token_ids is not None:
+        return [token_block_keys(p, setup.block_size) for p in workload.prompt_token_ids]
+    if workload.hash_ids is not None and workload.hash_offsets is not None:
+        return mooncake_prompt_keys(workload.hash_ids, workload.hash_offsets, workload.prompt_tokens,
+                                    setup.block_size)
+    return None

@@ -29,13 +29,12 @@ import numpy as np
 from ..blocks import ceil_div
 from ..pool.block_pool import BlockPool
 from .engine import Engine
-from .paged import mooncake_prompt_keys
 from .paged_exact import ExactPagedPolicy
 from .plan import Executor, StepOutcome, StepPlan
 from .record import RunRecord
 from .reserve import ReservationPolicy
 from .scheduler import Scheduler
-from .settings import SimSetup, token_block_keys
+from .settings import SimSetup, prompt_block_keys
 from .speculative import SimSpeculation, SpeculativeStepTimeExecutor, SpeculativeTotals
 from .workload import Workload
 
@@ -252,12 +251,7 @@ def make_speculative_policy(name: str, workload: Workload, setup: SimSetup, spec
     extra = speculation.speculation.extra_slots
     max_len = setup.scheduler.max_model_len
     if name == "paged":
-        keys = None
-        if setup.prefix_caching and workload.prompt_token_ids is not None:
-            keys = [token_block_keys(p, setup.block_size) for p in workload.prompt_token_ids]
-        elif setup.prefix_caching and workload.hash_ids is not None and workload.hash_offsets is not None:
-            keys = mooncake_prompt_keys(workload.hash_ids, workload.hash_offsets, workload.prompt_tokens,
-                                        setup.block_size)
+        keys = prompt_block_keys(workload, setup)
         return SpeculativePagedPolicy(setup.capacity_blocks, setup.block_size, len(workload), keys,
                                       speculation.rollback_policy, extra, max_len)
     return SpeculativeReservationPolicy(name, setup.capacity_blocks * setup.block_size, workload.prompt_tokens,

@@ -12,7 +12,8 @@ import pytest
 from kvcalc.core.sim.metrics import latencies
 from kvcalc.core.sim.plan import StepOutcome, StepPlan
 from kvcalc.core.sim.record import COMPLETED
-from kvcalc.core.sim.run import run_policy, token_block_keys
+from kvcalc.core.sim.run import run_policy
+from kvcalc.core.sim.settings import token_block_keys
 from kvcalc.core.sim.steptime import StepTimeExecutor
 from kvcalc.core.sim.workload import Workload, from_token_ids
 
