@@ -42,3 +42,31 @@ def run_cli() -> Callable[..., CliResult]:
         return CliResult(result.exit_code, result.stdout, result.stderr)
 
     return run
+
+
+def _cuda_skip_reason() -> str | None:
+    """Why tests marked `cuda` cannot run here, or None: torch sees no GPU, or nvcc cannot be found."""
+    import shutil
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"no CUDA device visible to torch {torch.__version__}"
+    if shutil.which("nvcc") is None:
+        from kvcalc.core.errors import CudaUnavailableError
+        from kvcalc.cuda_ext.build import find_nvcc
+
+        try:
+            find_nvcc()
+        except CudaUnavailableError:
+            return "nvcc is not installed"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test marked `cuda` is skipped, with the reason, where there is no GPU (one rule for all files)."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    reason = _cuda_skip_reason() if marked else None
+    if reason is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))

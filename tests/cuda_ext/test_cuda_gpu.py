@@ -1,9 +1,7 @@
 """The CUDA extension on a GPU against the float64 reference (marked `cuda`; skipped with a reason when
-there is no GPU, nvcc or torch CUDA build). Run with `python -m pytest -m cuda tests/test_cuda_gpu.py`."""
+there is no GPU, nvcc or torch CUDA build). Run with `python -m pytest -m cuda tests/cuda_ext/test_cuda_gpu.py`."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
@@ -12,22 +10,7 @@ torch = pytest.importorskip("torch")
 from kvcalc.cuda_ext.bench import TOLERANCE, make_inputs  # noqa: E402
 from kvcalc.cuda_ext.reference import decode_attention_reference  # noqa: E402
 
-
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return f"no CUDA device visible to torch {torch.__version__}"
-    if shutil.which("nvcc") is None:
-        from kvcalc.core.errors import CudaUnavailableError
-        from kvcalc.cuda_ext.build import find_nvcc
-
-        try:
-            find_nvcc()
-        except CudaUnavailableError:
-            return "nvcc is not installed"
-    return None
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+pytestmark = pytest.mark.cuda  # skipped with a reason where there is no GPU or nvcc (tests/conftest.py)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -4,8 +4,6 @@ reason when there is no GPU or no nvcc). Run with `python -m pytest -m cuda test
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,22 +13,7 @@ from kvcalc.cuda_ext.verify.config import ModelConfig  # noqa: E402
 from kvcalc.cuda_ext.verify.contiguous import reference_generate  # noqa: E402
 from kvcalc.cuda_ext.verify.weights import init_weights  # noqa: E402
 
-
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return f"no CUDA device visible to torch {torch.__version__}"
-    if shutil.which("nvcc") is None:
-        from kvcalc.core.errors import CudaUnavailableError
-        from kvcalc.cuda_ext.build import find_nvcc
-
-        try:
-            find_nvcc()
-        except CudaUnavailableError:
-            return "nvcc is not installed"
-    return None
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+pytestmark = pytest.mark.cuda  # skipped with a reason where there is no GPU or nvcc (tests/conftest.py)
 PROMPTS = [[3], [17, 4, 99, 250, 8], list(range(40, 57)), [7] * 10 + [1]]
 NEW_TOKENS = 8
 
