@@ -10,7 +10,7 @@ import typer
 from ..core.dtypes import DEFAULT_DTYPE, dtype_bits, parse_dtype
 from ..core.frag import analyse, block_sizes_for, check_memory
 from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, load_lengths
-from ..core.spec.models import resolve_model
+from ..core.model.models import resolve_model
 from ..core.spec_decode import speculation_from
 from ..core.units import format_count, format_percent, plural
 from .chart import check_plot_target, write_waste_plot

@@ -9,11 +9,11 @@ import typer
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.inputs.traces import read_trace
+from ..core.model.models import ModelSpec, resolve_model
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
 from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, pool_bytes
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
-from ..core.spec.models import ModelSpec, resolve_model
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
 from .options import (
     ConfigOpt,

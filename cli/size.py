@@ -11,8 +11,8 @@ import typer
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
-from ..core.spec.models import ModelSpec, resolve_model
-from ..core.spec.sizing import SizeResult, compute_size
+from ..core.model.models import ModelSpec, resolve_model
+from ..core.model.sizing import SizeResult, compute_size
 from ..core.units import format_count_short, parse_bytes, parse_logged_bytes
 from .options import (
     ConfigOpt,
@@ -170,7 +170,7 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
                   utilization: float | None, max_model_len: int | None, kv_memory: str | None,
                   batched_tokens: int | None, weight_dtype: str | None) -> None:
     from ..core.gpus import get_gpu
-    from ..core.spec.gpu_plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
+    from ..core.model.gpu_plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
     from .size_gpu import gpu_report
 
     if max_model_len is None:

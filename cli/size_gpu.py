@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.spec.gpu_plan import GpuPlan
+from ..core.model.gpu_plan import GpuPlan
 from ..core.units import format_bytes, format_count
 from .output import Field, Report, quantity_table, record_table
 

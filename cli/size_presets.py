@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.dtypes import DTYPE_BITS
-from ..core.spec.models import PRESETS
-from ..core.spec.sizing import PRESET_CONTEXTS, preset_rows
+from ..core.model.models import PRESETS
+from ..core.model.sizing import PRESET_CONTEXTS, preset_rows
 from ..core.units import format_bytes, format_count
 from .output import Field, Report, record_table
 from .size_report import UNITS_NOTE, exceeds_max_positions, model_doc

@@ -7,9 +7,9 @@ from fractions import Fraction
 from typing import Any
 
 from ..core.dtypes import DTYPE_BITS
-from ..core.spec.layers import LayerGroup, bits_to_bytes
-from ..core.spec.models import ModelSpec
-from ..core.spec.sizing import PRESET_CONTEXTS, SizeResult
+from ..core.model.layers import LayerGroup, bits_to_bytes
+from ..core.model.models import ModelSpec
+from ..core.model.sizing import PRESET_CONTEXTS, SizeResult
 from ..core.units import format_bytes, format_count, plural
 from .output import NOT_APPLICABLE, Field, Report, Table, quantity_table, record_table
 

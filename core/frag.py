@@ -12,7 +12,7 @@ import numpy as np
 from . import paged_bytes, paging
 from .errors import ParameterError
 from .host_memory import check_fits
-from .spec.models import ModelSpec
+from .model.models import ModelSpec
 from .spec_decode import Speculation
 from .units import format_count_short
 

@@ -7,7 +7,7 @@ ceil(n/B) − floor(max(n − window, 0)/B) blocks (engines such as vLLM free th
 gives such a layer a ring buffer of min(M, window). Block ids address a block in every layer of a
 KV-cache group, so each sequence has one block table per group: one for the full-attention layers and one
 per window or chunk size (vLLM's hybrid allocator keeps a table per group). The bits of a held token in
-each kind of layer come from the model's layer groups (core/spec/layers.py, equation 1).
+each kind of layer come from the model's layer groups (core/model/layers.py, equation 1).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .model.layers import bits_to_bytes, window_terms
+from .model.models import ModelSpec
 from .paging import PASS_CHUNK, FixedReservation, PagedAllocation, exact_sum
-from .spec.layers import bits_to_bytes, window_terms
-from .spec.models import ModelSpec
 
 
 @dataclass(frozen=True)

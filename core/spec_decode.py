@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .blocks import ceil_div
 from .errors import ParameterError
-from .spec.layers import LayerGroup, bits_to_bytes, state_bits, window_terms
+from .model.layers import LayerGroup, bits_to_bytes, state_bits, window_terms
 
 SPEC_METHODS = {"draft": "a draft model, EAGLE or MTP", "ngram": "n-gram drafting"}  # method: its drafters
 DEFAULT_SPEC_METHOD = "draft"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ParameterError
-from ..spec.models import ModelSpec
-from ..spec.sizing import bits_to_bytes
+from ..model.models import ModelSpec
+from ..model.sizing import bits_to_bytes
 from ..units import format_bytes
 
 

@@ -8,7 +8,7 @@ dimensions); `--weights-bytes` overrides. The activation workspace follows what 
 measures: one forward pass over `max_batched_tokens` tokens, whose peak is dominated by the MLP's
 gate+up output (2 · intermediate) plus a few hidden-sized buffers (residual, norm output, attention
 output, QKV ≈ 4 · hidden), in the activation dtype (2 bytes), plus fp32 logits for `max_seqs` sequences
-(sampling) (core/spec/gpu_plan.py). It is an estimate; `--workspace-bytes` overrides it. A hybrid model's
+(sampling) (core/model/gpu_plan.py). It is an estimate; `--workspace-bytes` overrides it. A hybrid model's
 recurrent layers keep a constant state per sequence (Mamba, linear attention): `max_seqs` of them are
 reserved before the pool, as an engine must hold them for every running sequence.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
-from ..spec.gpu_plan import activation_bytes_estimate
-from ..spec.layers import bits_to_bytes
-from ..spec.models import ModelSpec
-from ..spec.weights import estimate_params
+from ..model.gpu_plan import activation_bytes_estimate
+from ..model.layers import bits_to_bytes
+from ..model.models import ModelSpec
+from ..model.weights import estimate_params
 
 __all__ = ["GPU_PRESETS", "GpuSpec", "MemoryPlan", "custom_gpu", "get_gpu", "plan_memory"]
 
@@ -34,7 +34,7 @@ MAX_POOL_BLOCKS = 2**24
 
 
 def estimate_num_params(spec: ModelSpec) -> int:
-    """Parameters from the model's dimensions when no count is known (core/spec/weights.py: dense, MoE with
+    """Parameters from the model's dimensions when no count is known (core/model/weights.py: dense, MoE with
     routed and shared experts, Mamba and linear-attention mixers)."""
     return estimate_params(spec).total
 
@@ -85,7 +85,7 @@ def _count(n: int) -> str:
 
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, kv_dtype_bits: int, tp: int) -> int:
     """KV bytes of one token on one GPU: equation 1 over the model's layers, each split by its own KV heads
-    (core/spec/layers.py: tp divides them, or is a multiple of them, replicated); MLA latents on every GPU."""
+    (core/model/layers.py: tp divides them, or is a multiple of them, replicated); MLA latents on every GPU."""
     return bits_to_bytes(spec.kv_bits(1, kv_dtype_bits, tp))
 
 

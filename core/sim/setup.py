@@ -16,7 +16,7 @@ from ..dtypes import dtype_bits, parse_dtype
 from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
-from ..spec.models import ModelSpec, get_preset, resolve_model
+from ..model.models import ModelSpec, get_preset, resolve_model
 from .checks import (
     CONSTRUCTED_ONLY,
     INT_BOUNDS,

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ParameterError
-from ..spec.models import ModelSpec
+from ..model.models import ModelSpec
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.sim.hardware import kv_bytes_per_token_per_gpu
-from kvcalc.core.spec.models import get_preset
 
 TINY = ("--requests", "3", "--rate", "4")
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvcalc.core.spec.models import PRESETS
+from kvcalc.core.model.models import PRESETS
 
 GIB = 2**30
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core import paged_bytes, paging
-from kvcalc.core.spec.models import ModelSpec, get_preset
+from kvcalc.core.model.models import ModelSpec, get_preset
 from kvcalc.core.units import format_percent
 
 WORKED = np.array([37, 91, 128, 201, 511], dtype=np.int64)

@@ -14,8 +14,8 @@ from kvcalc.core import frag as frag_module
 from kvcalc.core import paging
 from kvcalc.core.errors import ParameterError
 from kvcalc.core.frag import analyse, peak_block_counts
+from kvcalc.core.model.presets import get_preset
 from kvcalc.core.pool.block_pool import BlockPool
-from kvcalc.core.spec.presets import get_preset
 from kvcalc.core.spec_decode import Speculation, speculation_from, speculative_size
 
 WORKED = np.array([37, 91, 128, 201, 511], dtype=np.int64)

@@ -7,11 +7,11 @@ import pytest
 
 from kvcalc.core import host_memory
 from kvcalc.core.errors import ParameterError
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.pool.block_pool import BlockPool
 from kvcalc.core.pool.store import BlockStore
 from kvcalc.core.share.forks import ScenarioSpec, run_scenario
 from kvcalc.core.share.memory import block_bytes, blocks_in_memory, bytes_upper_bound, pool_bytes
-from kvcalc.core.spec.models import get_preset
 
 MIB = 2**20
 

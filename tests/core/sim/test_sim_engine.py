@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.sim.hardware import get_gpu, plan_memory
 from kvcalc.core.sim.metrics import latencies
 from kvcalc.core.sim.paged import PagedPolicy
@@ -13,7 +14,6 @@ from kvcalc.core.sim.run import SimSetup, run_policy, unlimited
 from kvcalc.core.sim.scheduler import SchedulerConfig
 from kvcalc.core.sim.steptime import Efficiencies, StepTimeModel, build_model
 from kvcalc.core.sim.workload import Workload, cancellation_points, constructed, length_streams
-from kvcalc.core.spec.models import get_preset
 
 POLICIES = ("paged", "reserve-max", "reserve-pow2", "reserve-oracle")
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcalc.core.model.models import ModelSpec, get_preset
 from kvcalc.core.sim.hardware import get_gpu, plan_memory
 from kvcalc.core.sim.steptime import Efficiencies, StepTimeModel, build_model, moe_shares
-from kvcalc.core.spec.models import ModelSpec, get_preset
 
 
 def test_expert_shares_of_a_tiny_moe_by_hand():

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.inputs.traces import Trace
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.sim.alloc import FirstFitAllocator
 from kvcalc.core.sim.hardware import GPU_PRESETS, estimate_num_params, get_gpu, plan_memory
 from kvcalc.core.sim.metrics import Slo, parse_slo
@@ -23,7 +24,6 @@ from kvcalc.core.sim.steptime import (
     prefill_positions,
 )
 from kvcalc.core.sim.workload import cancellation_points, constructed, from_trace, unit_rate_arrivals
-from kvcalc.core.spec.models import get_preset
 
 
 # ---- first-fit allocator ------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.sim.hardware import get_gpu, plan_memory
 from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.steptime import Efficiencies, StepTimeModel, build_model
-from kvcalc.core.spec.models import get_preset
 
 from .test_sim_engine import assert_same_run, make_setup, opt13b_steptime, random_workload
 

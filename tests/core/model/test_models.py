@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcalc.core.spec.models import PRESETS, ModelSpec, get_preset, resolve_model, with_overrides
+from kvcalc.core.model.models import PRESETS, ModelSpec, get_preset, resolve_model, with_overrides
 
 KIB = 1024
 

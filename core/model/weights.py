@@ -3,7 +3,7 @@
     total  = embeddings + Σ_layers (attention or recurrent mixer + MLP / MoE + norms)
     active = total − the routed experts a token does not pick (experts − experts_per_token per MoE layer)
 
-Per layer, from its layer group (core/spec/layers.py) and its FFN group:
+Per layer, from its layer group (core/model/layers.py) and its FFN group:
 
 * attention: Q hidden·h_q·d_K (twice as wide with a query gate), K hidden·h_KV·d_K, V hidden·h_KV·d_V (none
   when K = V), O h_q·d_V·hidden; MLA: q_a hidden·q_lora + q_b q_lora·h_q·d_K (or hidden·h_q·d_K without
@@ -19,7 +19,7 @@ Per layer, from its layer group (core/spec/layers.py) and its FFN group:
 * embeddings vocab·hidden, twice unless tied.
 
 Biases, norms and small per-head vectors are left out (well under 1 % of any model here); it is an estimate
-and says so. Checked against published parameter counts in tests/core/spec/test_weights.py.
+and says so. Checked against published parameter counts in tests/core/model/test_weights.py.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def window_terms(groups: Iterable[LayerGroup], dtype_bits: int, tp: int = 1) -> 
 
 @dataclass(frozen=True)
 class FfnGroup:
-    """The MLP / MoE blocks of `count` layers, for the weight estimate (core/spec/weights.py).
+    """The MLP / MoE blocks of `count` layers, for the weight estimate (core/model/weights.py).
 
     `dense_intermediate`: width of the MLP every token passes through (a dense MLP, or the shared experts
     of a MoE layer together, or Gemma-4's dense MLP beside its experts); `experts` routed experts of

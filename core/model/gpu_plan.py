@@ -6,7 +6,7 @@
     max_concurrency  = num_blocks / Σ_groups blocks one request of max_model_len needs
     kv_cache_tokens  = int(max_concurrency × max_model_len)                 (vLLM's current log line)
 
-Weights are the parameter count (the preset's, or core/spec/weights.py's estimate) × the checkpoint dtype's
+Weights are the parameter count (the preset's, or core/model/weights.py's estimate) × the checkpoint dtype's
 bytes (bf16 when the config names none). The activation peak is what vLLM's profiling forward pass over
 `max_num_batched_tokens` leaves: the MLP's gate and up outputs (2 · intermediate) and about four hidden-sized
 buffers per token in bf16, over tp, plus fp32 logits of `max_num_seqs` sequences; non-torch memory (CUDA

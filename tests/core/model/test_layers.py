@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core.spec.layers import LayerGroup, bits_to_bytes, kv_bits, state_bits, window_terms
-from kvcalc.core.spec.model_spec import ModelSpec
-from kvcalc.core.spec.state import RecurrentState
+from kvcalc.core.model.layers import LayerGroup, bits_to_bytes, kv_bits, state_bits, window_terms
+from kvcalc.core.model.model_spec import ModelSpec
+from kvcalc.core.model.state import RecurrentState
 
 MAMBA2 = RecurrentState("mamba2", conv_dtype="bf16", ssm_dtype="fp32", d_inner=16384, d_conv=4, d_state=256,
                         heads=256, head_dim=64, n_groups=8)

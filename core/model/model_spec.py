@@ -3,7 +3,7 @@
 A spec is made either from uniform dimensions (`layers` KV layers of `kv_heads` × `head_dim`, the first
 `layers − num_sliding_layers` full attention and the rest sliding; MLA when `kv_lora_rank` is given) or
 from explicit `layer_groups`, as config.json readers make it. Either way `layer_groups` is what equation 1
-sums (core/spec/layers.py); with explicit groups the uniform fields summarise them for display and for
+sums (core/model/layers.py); with explicit groups the uniform fields summarise them for display and for
 the step-time model: `layers` counts the layers that keep KV, `kv_heads` / `head_dim` are those of the
 attention group with the most layers, `sliding_window` / `num_sliding_layers` those of the windowed
 layers (the largest window when they differ).
@@ -22,7 +22,7 @@ from .layers import UNKNOWN_STATE_NOTE, FfnGroup, LayerGroup
 class ModelSpec:
     """See the module docstring. Weights: `num_params` is the total parameter count (weights memory),
     `num_active_params` what one token passes through (MoE: shared weights plus the routed experts it picks;
-    None when every parameter is active); both None when unknown (core/spec/weights.py estimates them from
+    None when every parameter is active); both None when unknown (core/model/weights.py estimates them from
     the dimensions). `max_position_embeddings` is None when the config does not say. MoE: `num_experts`
     routed experts per MoE layer, `experts_per_token` of them per token (shared experts are not counted
     here). `num_kv_free_layers` counts the layers that keep no KV (recurrent, no-op, KV-shared).

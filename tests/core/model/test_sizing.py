@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core.spec.models import PRESETS, ModelSpec, get_preset
-from kvcalc.core.spec.sizing import compute_size, kv_heads_per_gpu, preset_rows
+from kvcalc.core.model.models import PRESETS, ModelSpec, get_preset
+from kvcalc.core.model.sizing import compute_size, kv_heads_per_gpu, preset_rows
 
 GIB = 2**30
 
@@ -186,7 +186,7 @@ def test_tp_split_sums_back(spec, tokens, seqs, exponent):
         assert r.per_gpu_bits == r.total_bits
     else:
         # Every head is on replicas_per_head GPUs: the GPUs together hold that many copies of the whole KV.
-        # A hybrid's recurrent state splits by its own heads (replicated Mamba groups: tests/core/spec/test_state.py).
+        # A hybrid's recurrent state splits by its own heads (replicated Mamba groups: tests/core/model/test_state.py).
         kv_per_gpu = r.per_gpu_kv_bits_per_seq * seqs
         assert kv_per_gpu * tp == (r.total_bits - seqs * r.state_bits_per_seq) * r.replicas_per_head
         assert r.per_gpu_bits == kv_per_gpu + seqs * spec.state_bits(tp)

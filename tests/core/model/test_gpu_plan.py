@@ -4,9 +4,9 @@ groups of hybrids by vLLM's hybrid allocator rules, computed by hand."""
 import pytest
 
 from kvcalc.core.gpus import get_gpu
-from kvcalc.core.spec.gpu_plan import cache_groups, plan_gpu
-from kvcalc.core.spec.layers import LayerGroup
-from kvcalc.core.spec.models import ModelSpec, get_preset
+from kvcalc.core.model.gpu_plan import cache_groups, plan_gpu
+from kvcalc.core.model.layers import LayerGroup
+from kvcalc.core.model.models import ModelSpec, get_preset
 
 GIB = 2**30
 

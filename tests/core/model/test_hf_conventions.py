@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from kvcalc.core.spec.hf_config import load_config
-from kvcalc.core.spec.hub import cached_config
-from kvcalc.core.spec.models import resolve_model
+from kvcalc.core.model.hf_config import load_config
+from kvcalc.core.model.hub import cached_config
+from kvcalc.core.model.models import resolve_model
 
 BASE = {"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
         "num_hidden_layers": 4, "vocab_size": 1000, "intermediate_size": 4096, "max_position_embeddings": 4096}

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from kvcalc.core.spec.hf_config import load_config
-from kvcalc.core.spec.models import get_preset, resolve_model
+from kvcalc.core.model.hf_config import load_config
+from kvcalc.core.model.models import get_preset, resolve_model
 
 LLAMA_3_8B = {  # meta-llama/Meta-Llama-3-8B
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
@@ -232,7 +232,7 @@ def test_linear_attention_layers_keep_no_kv(tmp_path):
               "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12}
     spec = load_config(write(tmp_path, config))
     assert spec.layers == 12 and spec.num_kv_free_layers == 36 and "36 of 48 layers keep no KV cache" in spec.source
-    from kvcalc.core.spec.sizing import model_layers
+    from kvcalc.core.model.sizing import model_layers
 
     assert model_layers(spec) == 48  # 12 that keep KV + 36 that do not
     assert spec.bytes_per_token(16) == 2 * 12 * 2 * 256 * 2

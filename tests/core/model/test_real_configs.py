@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from kvcalc.core.spec.hf_config import load_config
-from kvcalc.core.spec.weights import estimate_params
+from kvcalc.core.model.hf_config import load_config
+from kvcalc.core.model.weights import estimate_params
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

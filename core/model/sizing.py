@@ -1,6 +1,6 @@
 """Equation 1 for a model, a precision, a context and a batch: per token, block, sequence, GPU; capacity.
 
-The sum over layers itself is core/spec/layers.py (`kv_bits`, `state_bits`); this module applies it to a
+The sum over layers itself is core/model/layers.py (`kv_bits`, `state_bits`); this module applies it to a
 query. Everything is counted in bits with Python integers, so int4 and 10^12 tokens × 10^7 sequences stay
 exact; byte counts round up once (the rule in layers.py).
 
