@@ -130,7 +130,9 @@ class PrefixIndex:
         max_hit = min(len(keys), max(num_tokens - 1, 0) // B)
         present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
         cand = present[:max_hit]
-        if max_hit and cand[-1] < 0:  # verify only up to the first block not in the index: no hit after it
+        # verify only up to the first block not in the index: a hole ends the chain, whatever follows it
+        # (a miss is -1, which as a block id would read the last block: it must never reach verification)
+        if max_hit and cand.min() < 0:
             cand = cand[: int(np.argmin(cand >= 0))]
         num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
         return Probe(cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
