@@ -1,0 +1,196 @@
+"""KV cache groups and the one memory plan (core/model/kv_groups.py) for the eight models of issue 19 and a
+Llama-class model, every figure worked by hand from the configs (bf16 KV, block 16 asked for, 40 GiB of KV)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcalc.core.errors import ParameterError
+from kvcalc.core.model.kv_groups import blocks_held, kv_layout, plan_blocks, request_blocks
+from kvcalc.core.model.layers import LayerGroup
+from kvcalc.core.model.models import ModelSpec, get_preset
+from kvcalc.core.model.state import RecurrentState
+
+GIB = 2**30
+KV = 40 * GIB  # 42,949,672,960 B
+ATTN_8x128 = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 32}  # 2 · 8 · 128 · 2 B = 4,096 B
+
+
+def jamba() -> ModelSpec:
+    # ai21labs/AI21-Jamba-1.5-Mini: 32 layers, attention at 4, 12, 20, 28 (8 KV heads of 128), 28 Mamba-1 layers of
+    # d_inner 2 · 4096 = 8192, d_conv 4, d_state 16, bf16 state.
+    return ModelSpec.from_groups("Jamba-1.5-Mini", (
+        LayerGroup("full", 4, **ATTN_8x128),
+        LayerGroup("none", 28, note="mamba1", state=RecurrentState("mamba1", "bf16", "bf16", d_inner=8192, d_conv=4,
+                                                                   d_state=16, dt_rank=256))),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=262_144)
+
+
+def granite_h_small() -> ModelSpec:
+    # ibm-granite/granite-4.0-h-small: 40 layers, 4 attention (8 KV heads of 128), 36 Mamba-2: 128 heads of 64,
+    # n_groups 1, d_state 128, d_conv 4, expand 2 (d_inner 8192), bf16 state.
+    return ModelSpec.from_groups("Granite-4.0-H-Small", (
+        LayerGroup("full", 4, **ATTN_8x128),
+        LayerGroup("none", 36, note="mamba2", state=RecurrentState("mamba2", "bf16", "bf16", d_inner=8192, d_conv=4,
+                                                                   d_state=128, heads=128, head_dim=64, n_groups=1))),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=131_072)
+
+
+def qwen3_next() -> ModelSpec:
+    # Qwen/Qwen3-Next-80B-A3B: 48 layers, every 4th full attention (2 KV heads of 256), 36 Gated DeltaNet:
+    # 16 key heads of 128, 32 value heads of 128, conv kernel 4, bf16 state.
+    return ModelSpec.from_groups("Qwen3-Next-80B", (
+        LayerGroup("full", 12, kv_heads=2, k_head_dim=256, v_head_dim=256, q_heads=16),
+        LayerGroup("none", 36, note="gated_deltanet", state=RecurrentState(
+            "gated_deltanet", "bf16", "bf16", d_conv=4, heads=32, head_dim=128, k_heads=16, k_dim=128))),
+        num_attention_heads=16, hidden_size=2048, max_position_embeddings=262_144)
+
+
+def summary(layout):
+    return [(g.kind, g.window, g.layers, g.padded_layers, g.block_tokens, g.tables, g.block_bytes)
+            for g in layout.groups]
+
+
+def test_llama_class_is_one_group_unchanged():
+    # Llama-3-8B: 32 layers · 4,096 B per token each; a block id = 32 pages of 16 · 4,096 = 65,536 B = 2 MiB.
+    spec = get_preset("Llama-3-8B")
+    for name in ("vllm", "ideal"):
+        layout = kv_layout(spec, 16, 16, layout=name)
+        assert summary(layout) == [("full", None, 32, 32, 16, 1, 2 * 2**20)]
+        assert layout.page_bytes == 2 * 2**20 and layout.groups[0].pages_per_block == 1
+        assert plan_blocks(layout, KV) == 20_480  # 40 GiB / 2 MiB
+    # the same blocks as equation 1's capacity: budget // (bytes per token · block)
+    assert plan_blocks(kv_layout(spec, 16, 16), KV) == KV // (spec.bytes_per_token(16) * 16)
+
+
+def test_gemma3_27b():
+    # 52 sliding (W 1024) + 10 full, 16 KV heads of 128: 8,192 B per token per layer, a page of 16 tokens 131,072 B.
+    # G = 10 (52 ≥ 1.5 · 10): full 1 table; sliding ceil(52 / 10) = 6 tables, padded to 60 layers (8 padding).
+    layout = kv_layout(get_preset("Gemma-3-27B"), 16)
+    assert layout.group_size == 10 and layout.page_bytes == 10 * 131_072 == 1_310_720
+    assert summary(layout) == [("full", None, 10, 10, 16, 1, 1_310_720), ("sliding", 1024, 52, 60, 16, 6, 7_864_320)]
+    assert layout.num_tables == 7
+    assert plan_blocks(layout, KV) == 32_768  # 42,949,672,960 / 1,310,720
+    # ideal: full 10 · 131,072 = 1,310,720 B, sliding 52 · 131,072 = 6,815,744 B; gcd 262,144 -> 5 and 26 units
+    ideal = kv_layout(get_preset("Gemma-3-27B"), 16, layout="ideal")
+    assert ideal.page_bytes == 262_144 and [g.pages_per_block for g in ideal.groups] == [5, 26]
+    assert plan_blocks(ideal, KV) == 163_840
+    # one sequence of 32,768 tokens: full ceil(32768/16) = 2,048; sliding 2,048 − floor((32768 − 1024)/16) = 64 per
+    # table: vllm 2,048 + 6 · 64 = 2,432 block ids; ideal 5 · 2,048 + 26 · 64 = 11,904 units of 262,144 B
+    full, sliding = layout.groups
+    assert blocks_held(full, 32_768) == 2048 and blocks_held(sliding, 32_768) == 64
+    assert sum(g.pages_per_block * blocks_held(g, 32_768) for g in layout.groups) == 2_432
+    assert sum(g.pages_per_block * blocks_held(g, 32_768) for g in ideal.groups) == 11_904
+    # the padding costs 8 / 60 of the sliding bytes: 2,432 · 1,310,720 vs 11,904 · 262,144
+    assert 2_432 * 1_310_720 - 11_904 * 262_144 == 8 * 64 * 131_072
+
+
+def test_gpt_oss_120b():
+    # 18 full + 18 sliding (W 128), 8 KV heads of 64: 2,048 B per token per layer, page 32,768 B; G = 18, 2 tables.
+    layout = kv_layout(get_preset("gpt-oss-120b"), 16)
+    assert layout.page_bytes == 18 * 32_768 == 589_824
+    assert summary(layout) == [("full", None, 18, 18, 16, 1, 589_824), ("sliding", 128, 18, 18, 16, 1, 589_824)]
+    assert plan_blocks(layout, KV) == 72_817  # 42,949,672,960 / 589,824 = 72,817.8
+    # no padding: the ideal layout pages the same bytes
+    assert plan_blocks(kv_layout(get_preset("gpt-oss-120b"), 16, layout="ideal"), KV) == 72_817
+
+
+def test_llama4_scout_chunked():
+    # 36 chunked (C 8192) + 12 full, 8 KV heads of 128: page 65,536 B; G = 12, chunked 3 tables.
+    layout = kv_layout(get_preset("Llama-4-Scout"), 16)
+    assert summary(layout) == [("chunked", 8192, 36, 36, 16, 3, 3 * 786_432), ("full", None, 12, 12, 16, 1, 786_432)]
+    assert plan_blocks(layout, KV) == 54_613  # 42,949,672,960 / 786,432 = 54,613.3
+    chunked = layout.groups[0]
+    # the current chunk only: n = 20,000 -> chunk start 8192 · floor(19,999 / 8192) = 16,384; blocks
+    # ceil(20000/16) − 16384/16 = 1,250 − 1,024 = 226 (the last C tokens would be 512)
+    assert blocks_held(chunked, 20_000) == 226
+    assert blocks_held(chunked, 8192) == 512 and blocks_held(chunked, 8193) == 1
+
+
+@pytest.mark.parametrize(("spec", "block", "state_bytes", "group_size", "state_tables", "padded", "blocks"), [
+    # Jamba: state conv 8192 · 3 · 2 = 49,152 + ssm 8192 · 16 · 2 = 262,144 -> 311,296 B; 16 · ceil(311,296 / 65,536)
+    # = 16 · 5 = 80; page 80 · 4,096 = 327,680; G = 4, 7 state tables; block id 1,310,720 -> 32,768 blocks
+    (jamba, 80, 311_296, 4, 7, 28, 32_768),
+    # Granite-4-H-Small: conv 3 · (8192 + 2 · 128) · 2 = 50,688 + ssm 128 · 64 · 128 · 2 = 2,097,152 -> 2,147,840 B;
+    # 16 · ceil(2,147,840 / 65,536) = 16 · 33 = 528; page 2,162,688; G = 4, 9 tables; id 8,650,752 -> 4,964
+    (granite_h_small, 528, 2_147_840, 4, 9, 36, 4_964),
+    # Nemotron-H-56B: conv 3 · (16384 + 2 · 8 · 256) · 2 = 122,880 + ssm 256 · 64 · 256 · 4 (fp32) = 16,777,216
+    # -> 16,900,096 B; 16 · ceil(16,900,096 / 65,536) = 16 · 258 = 4,128; page 16,908,288; G = 10 (54 ≥ 15),
+    # 6 state tables padded to 60 layers; id 169,082,880 -> 254 blocks
+    (lambda: get_preset("Nemotron-H-56B"), 4128, 16_900_096, 10, 6, 60, 254),
+])
+def test_mamba_hybrids_raise_the_block(spec, block, state_bytes, group_size, state_tables, padded, blocks):
+    layout = kv_layout(spec(), 16)
+    page = block * 4096
+    assert (layout.block_size, layout.group_size, layout.page_bytes) == (block, group_size, page * group_size)
+    attention, state = layout.groups
+    assert (attention.kind, attention.block_tokens, attention.tables) == ("full", block, 1)
+    assert (state.kind, state.tables, state.padded_layers) == ("state", state_tables, padded)
+    assert (state.layer_page_bytes, state.layer_used_bytes) == (page, state_bytes)
+    assert f"block {block}: the" in layout.reason and "_align_hybrid_block_size" in layout.reason
+    assert plan_blocks(layout, KV) == blocks
+    # the ideal layout keeps the block asked for
+    assert kv_layout(spec(), 16, layout="ideal").block_size == 16
+
+
+def test_qwen3_next():
+    # attention 2 · 2 · 256 · 2 = 2,048 B per token; state conv 3 · (2·16·128 + 32·128) · 2 = 49,152 + recurrent
+    # 32 · 128 · 128 · 2 = 1,048,576 -> 1,097,728 B; 16 · ceil(1,097,728 / 32,768) = 16 · 34 = 544; page
+    # 544 · 2,048 = 1,114,112 (state padded 1.49 %); G = 12, 3 state tables; id 13,369,344 -> 3,212 blocks
+    layout = kv_layout(qwen3_next(), 16)
+    assert layout.block_size == 544 and layout.page_bytes == 13_369_344
+    assert "padded by 1.49 %" in layout.reason
+    assert [(g.kind, g.tables) for g in layout.groups] == [("full", 1), ("state", 3)]
+    assert plan_blocks(layout, KV) == 3_212
+    # a block of 32 asked for: alignment 32, 32 · ceil(1,097,728 / 65,536) = 32 · 17 = 544 again; a block of 1024
+    # already holds the state: kept, the state padded to 1024 · 2,048
+    assert kv_layout(qwen3_next(), 16, 32).block_size == 544
+    big = kv_layout(qwen3_next(), 16, 1024)
+    assert big.block_size == 1024 and big.groups[1].layer_page_bytes == 1024 * 2048
+    # state pages per sequence: none 1, align 2 (the running state and the last saved), all one per block
+    state = layout.groups[1]
+    assert [blocks_held(state, 5000, mode) for mode in ("none", "align", "all")] == [1, 2, 10]  # ceil(5000/544)
+
+
+def test_mamba_cache_mode_all_needs_the_chunk():
+    with pytest.raises(ParameterError, match="mamba_chunk_size"):
+        kv_layout(get_preset("Nemotron-H-56B"), 16, mamba_cache_mode="all")
+    # chunk 128: lcm(128, 16) = 128; tokens per state ceil(16,900,096 / 4,096) = 4,127 -> 128 · ceil(4127/128) = 4,224
+    layout = kv_layout(get_preset("Nemotron-H-56B"), 16, mamba_cache_mode="all", mamba_chunk_size=128)
+    assert layout.block_size == 4224
+
+
+def test_request_blocks_vllm_worst_case():
+    # Gemma-3-27B at max_model_len 131,072, 8,192 batched tokens: full cdiv(131072, 16) = 8,192; sliding
+    # cdiv(min(1023 + 8192, 131072), 16) + 1 = 576 + 1 = 577 per table
+    full, sliding = kv_layout(get_preset("Gemma-3-27B"), 16).groups
+    assert request_blocks(full, 131_072, 8192) == 8192 and request_blocks(sliding, 131_072, 8192) == 577
+    # Llama-4-Scout chunked: cdiv(min(8192 + 8192, L), 16) = 1,024
+    chunked = kv_layout(get_preset("Llama-4-Scout"), 16).groups[0]
+    assert request_blocks(chunked, 131_072, 8192) == 1024
+
+
+def test_bad_inputs_name_the_parameter():
+    with pytest.raises(ParameterError, match="layout 'best'"):
+        kv_layout(get_preset("Llama-3-8B"), 16, layout="best")
+    with pytest.raises(ParameterError, match="block_size 0"):
+        kv_layout(get_preset("Llama-3-8B"), 16, 0)
+    with pytest.raises(ParameterError, match="mamba_cache_mode"):
+        kv_layout(get_preset("Llama-3-8B"), 16, mamba_cache_mode="some")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12_000), st.sampled_from([1, 8, 16, 32, 64, 128, 256]))
+def test_blocks_held_cover_exactly_what_is_kept(tokens, block):
+    """Independent check by enumeration: the blocks held are those with at least one kept token position."""
+    for spec in (get_preset("Gemma-3-27B"), get_preset("Llama-4-Scout")):
+        for g in kv_layout(spec, 16, block, layout="ideal").groups:
+            if g.kind == "sliding":
+                kept = range(max(tokens - g.window, 0), tokens)  # the last W positions
+            elif g.kind == "chunked":
+                kept = range(g.window * ((tokens - 1) // g.window), tokens)  # the last token's chunk
+            else:
+                kept = range(tokens)
+            assert blocks_held(g, tokens) == len({p // block for p in kept})
