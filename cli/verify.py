@@ -1,10 +1,12 @@
 """`kvcalc verify`: a small transformer decoded through the real pool, scheduler and paged attention, against
 each request decoded alone with a contiguous KV cache.
 
-torch is imported only inside the command body (and kvcalc.cuda_ext), as for `kvcalc bench`. Exit codes:
-0 every scenario passed, 1 one failed, or a fault was injected (caught as it must be, or with nothing to act
-on: the report says which), 2 bad input or torch missing (the message says how to install it), 3 --device
-cuda without a GPU.
+torch is imported only inside the command body (and kvcalc.cuda_ext), as for `kvcalc bench`. Exit codes
+(cuda_ext/verify/suite.py's exit_code): 0 every scenario passed — with --inject: the fault was caught in every
+scenario it acted in; 1 a scenario failed — with --inject: the fault acted unnoticed somewhere, or a scenario
+it never acted in failed; 2 bad input or torch missing (the message says how to install it); 3 --device cuda
+without a GPU; 4 not exercised — a scenario missed an event its name promises (and none failed), or with
+--inject the fault never acted.
 """
 
 from __future__ import annotations
@@ -37,20 +39,18 @@ def _events_cell(scenario: dict[str, Any]) -> str:
 
 
 def _verdict_cell(scenario: dict[str, Any]) -> str:
+    if scenario["status"] == "not exercised":
+        return "not exercised (events)"
     if scenario["passed"]:
-        return "pass"
-    reasons = []
-    if scenario["mismatched_tokens"]:
-        reasons.append("tokens")
-    if scenario["content_errors"]:
-        reasons.append("content")
-    if scenario["invariant_error"]:
-        reasons.append("invariants")
-    if scenario["error"]:
-        reasons.append("error")
-    if scenario["missing_events"]:
-        reasons.append("events")
-    return "FAIL" + (f" ({', '.join(reasons)})" if reasons else " (logits)")
+        cell = "pass"
+    else:
+        reasons = [label for key, label in (("mismatched_tokens", "tokens"), ("content_errors", "content"),
+                                             ("invariant_error", "invariants"), ("error", "error")) if scenario[key]]
+        cell = "FAIL" + (f" ({', '.join(reasons)})" if reasons else " (logits)")
+    if scenario["fault"] is not None:
+        cell += {"caught": "; fault caught", "undetected": "; fault UNDETECTED",
+                 "not exercised": "; fault idle"}[scenario["fault"]]
+    return cell
 
 
 def _report(doc: dict[str, Any]) -> Report:
@@ -95,16 +95,25 @@ def _report(doc: dict[str, Any]) -> Report:
             if s[key]:
                 notes.append(f"{s['name']}: {label}: {s[key]}")
     if doc["inject"]:
-        caught, missed = doc["inject_caught_by"], doc["inject_undetected_in"]
-        if not doc["inject_fired"]:
-            notes.append(f"--inject {doc['inject']}: the fault never acted in these scenarios (nothing shares the "
-                         "blocks it corrupts): nothing to catch")
-        else:
-            notes.append(f"--inject {doc['inject']}: the fault acted {doc['inject_fired']:,} times; caught by "
-                         f"{', '.join(caught) or 'NO scenario'}"
-                         + (f"; UNDETECTED in {', '.join(missed)}" if missed else ""))
-    notes.append("verdict: all scenarios passed" if doc["passed"] else "verdict: FAILED")
+        notes.append(_inject_note(doc))
+    notes.append({"passed": "verdict: all scenarios passed", "failed": "verdict: FAILED",
+                  "not exercised": "verdict: NOT EXERCISED (no check failed, but a scenario missed an event its name "
+                                   "promises)"}[doc["status"]])
     return Report(doc=doc, tables=[record_table(title, fields, records)], notes=notes)
+
+
+def _inject_note(doc: dict[str, Any]) -> str:
+    fault, fired = f"--inject {doc['inject']}", doc["inject_fired"]
+    status, caught, missed = doc["inject_status"], doc["inject_caught_by"], doc["inject_undetected_in"]
+    idle = doc["inject_not_exercised_in"]
+    if status == "not exercised":
+        return f"{fault}: NOT EXERCISED: the fault never acted in these scenarios (nothing for it to corrupt)"
+    where = f"acted {fired:,} times; caught by {', '.join(caught) or 'NO scenario'}"
+    where += f"; UNDETECTED in {', '.join(missed)}" if missed else ""
+    where += f"; never acted in {', '.join(idle)}" if idle else ""
+    verdict = {"caught": "CAUGHT wherever it acted", "undetected": "UNDETECTED where it acted",
+               "failed": "a scenario it never acted in FAILED"}[status]
+    return f"{fault}: {verdict}: {where}"
 
 
 def command(
@@ -117,8 +126,9 @@ def command(
         "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
         "speculative.")] = None,
     inject: Annotated[str | None, typer.Option(
-        "--inject", help="Plant a fault in the block pool that the checks must catch (exit 1): early-free, "
-        "skip-cow, stale-hash or no-rollback.")] = None,
+        "--inject", help="Plant a fault in the block pool that the checks must catch: early-free, skip-cow, "
+        "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "
+        "(or a scenario it never acted in failed); 4: it never acted.")] = None,
     seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
     hf_model: Annotated[Path | None, typer.Option(
         "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
@@ -127,7 +137,11 @@ def command(
     fmt: FormatOpt = Format.table,
 ) -> int:
     """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
-    check every token against each request decoded alone with a contiguous KV cache."""
+    check every token against each request decoded alone with a contiguous KV cache.
+
+    Exit codes: 0 passed (with --inject: the fault caught wherever it acted); 1 a scenario failed (with
+    --inject: the fault went unnoticed somewhere); 2 bad input; 3 no GPU for --device cuda; 4 not exercised
+    (a scenario missed an event its name promises; with --inject: the fault never acted)."""
     output_format = resolve_format(json_flag, fmt)
     if hf_model is not None and hf_model.is_file():  # before torch: it would look for FILE/config.json
         raise ValueError(f"--hf-model {hf_model} is a file: give the folder that holds config.json "
@@ -138,12 +152,11 @@ def command(
     if device == "cuda" and not torch.cuda.is_available():
         raise CudaUnavailableError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
     from ..cuda_ext.verify.scenarios import SCENARIOS
-    from ..cuda_ext.verify.suite import VerifyConfig, run_verify
+    from ..cuda_ext.verify.suite import VerifyConfig, exit_code, run_verify
 
     config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
                           seed=seed, hf_model=hf_model)
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)
-    # a negative control never exits 0: its fault is caught, or it never acted, or it went unnoticed
-    return 0 if doc["passed"] and doc["inject"] is None else 1
+    return exit_code(doc)

@@ -59,6 +59,8 @@ class ScenarioResult:
     invariant_error: str | None = None
     error: str | None = None  # the run stopped with an exception
     fault_fired: int | None = None
+    status: str = "passed"  # passed | failed (a check failed) | not exercised (checks clean, a needed event 0)
+    fault: str | None = None  # with a fault planted: caught | undetected | not exercised (it never acted here)
     steps: int = 0
     wall_s: float = 0.0
 
@@ -148,6 +150,15 @@ def _decoding(executor: ModelExecutor, rid: int, weights: ModelWeights, top_k: i
     return Decoding(tuple(req.output), req.logits or torch.zeros(0, weights.config.vocab_size), top_k)
 
 
+def fault_verdict(fired: int, status: str) -> str:
+    """A planted fault in one scenario: caught (it acted and a check failed), undetected (it acted and every
+    check passed: a hole in the checks), or not exercised (it never acted here). A scenario that only missed
+    its events did not catch anything."""
+    if not fired:
+        return "not exercised"
+    return "caught" if status == "failed" else "undetected"
+
+
 def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attention_backend: str,
                  fault: Fault | None = None) -> ScenarioResult:
     started = time.perf_counter()
@@ -162,9 +173,12 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
         result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
     result.needs = list(scenario.needs)
     result.missing_events = [e for e in scenario.needs if not result.events.get(e)]
-    result.passed = result.passed and not (result.missing_events or result.content_errors or result.invariant_error
-                                           or result.error)
-    result.fault_fired = None if fault is None else fault.fired
+    checks_failed = not result.passed or result.content_errors or result.invariant_error or result.error
+    result.status = "failed" if checks_failed else "not exercised" if result.missing_events else "passed"
+    result.passed = result.status == "passed"
+    if fault is not None:
+        result.fault_fired = fault.fired
+        result.fault = fault_verdict(fault.fired, result.status)
     result.wall_s = time.perf_counter() - started
     return result
 

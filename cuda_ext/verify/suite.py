@@ -1,12 +1,15 @@
 """`kvcalc verify`'s run: the model, the device, the scenarios asked for, one fault maybe -> one JSON document.
 
     {"device", "device_name", "dtype", "attention_backend", "model": {dims..., "seed", "weights"}, "inject",
-     "pass_rule": {...}, "scenarios": [ScenarioResult.to_dict(), ...], "passed", "wall_s"}
+     "pass_rule": {...}, "scenarios": [ScenarioResult.to_dict(), ...], "passed", "status", "wall_s"}
 
 `model.seed` seeds the prompts, and the weights unless they come from a checkpoint (`model.weights` says
-which). `passed` is True only when every scenario passed. With a fault injected the document also says
-how often it acted (`inject_fired`), which scenarios it acted in caught it (`inject_caught_by`) and in
-which it acted unnoticed (`inject_undetected_in`: a hole in the checks).
+which). `passed` is True only when every scenario passed; `status` is passed, failed (a check failed
+somewhere) or not exercised (no check failed, but a scenario missed an event its name promises). With a
+fault injected the document also says how often it acted (`inject_fired`), which scenarios it acted in
+caught it (`inject_caught_by`), in which it acted unnoticed (`inject_undetected_in`: a hole in the checks),
+in which it never acted (`inject_not_exercised_in`), and the whole control's `inject_status`; `exit_code`
+turns a document into the command's exit code.
 
 torch runs on one intra-op thread meanwhile: these are thousands of tiny ops, and on a small CPU a second
 thread spins more than it works (the default run on a loaded 2-core machine: 4-8 s with one thread, 94-147 s
@@ -28,7 +31,7 @@ from .attention import default_attention_backend
 from .config import DTYPE_NAMES, ModelConfig, torch_dtype
 from .faults import INJECTIONS, Fault
 from .hf_checkpoint import load_llama_weights
-from .runner import run_scenario
+from .runner import ScenarioResult, run_scenario
 from .scenarios import BLOCK_SIZE, SCENARIOS, build
 from .verdict import FP32_LOGIT_TOLERANCE, TOP_K
 from .weights import init_weights
@@ -113,10 +116,43 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         "pass_rule": pass_rule(config.dtype),
         "scenarios": [r.to_dict() for r in results],
         "passed": all(r.passed for r in results),
+        "status": run_status([r.status for r in results]),
         "wall_s": time.perf_counter() - started,
     }
     if config.inject is not None:
         doc["inject_fired"] = sum(r.fault_fired for r in results)
-        doc["inject_caught_by"] = [r.name for r in results if r.fault_fired and not r.passed]
-        doc["inject_undetected_in"] = [r.name for r in results if r.fault_fired and r.passed]
+        doc["inject_caught_by"] = [r.name for r in results if r.fault == "caught"]
+        doc["inject_undetected_in"] = [r.name for r in results if r.fault == "undetected"]
+        doc["inject_not_exercised_in"] = [r.name for r in results if r.fault == "not exercised"]
+        doc["inject_status"] = inject_status(results)
     return doc
+
+
+def run_status(statuses: list[str]) -> str:
+    """failed if any scenario failed, else not exercised if any missed an event it names, else passed."""
+    return next((s for s in ("failed", "not exercised") if s in statuses), "passed")
+
+
+def inject_status(results: list[ScenarioResult]) -> str:
+    """The negative control as a whole:
+
+        caught         the fault acted, and every scenario it acted in failed a check
+        undetected     it acted in a scenario whose checks all passed (a hole in the checks)
+        failed         a scenario it never acted in failed (a failure the fault cannot explain)
+        not exercised  it never acted in any scenario run (nothing to catch)
+    """
+    if any(r.fault == "undetected" for r in results):
+        return "undetected"
+    if any(r.fault == "not exercised" and r.status == "failed" for r in results):
+        return "failed"
+    return "caught" if any(r.fault == "caught" for r in results) else "not exercised"
+
+
+# the exit code of each outcome: the same numbers for a plain run and a negative control
+EXIT_CODES = {"passed": 0, "caught": 0, "failed": 1, "undetected": 1, "not exercised": 4}
+
+
+def exit_code(doc: dict[str, Any]) -> int:
+    """0 passed (or: the planted fault was caught wherever it acted), 1 failed (or: it went unnoticed
+    somewhere), 4 not exercised (a scenario missed an event it names, or the fault never acted)."""
+    return EXIT_CODES[doc["inject_status"] if doc["inject"] is not None else doc["status"]]

@@ -1,5 +1,6 @@
-"""`kvcalc verify` through the CLI: the default run and its JSON contract, the negative controls (exit 1),
-bf16, exit 3 without a GPU, bad input (exit 2, one line) and the message when torch is missing."""
+"""`kvcalc verify` through the CLI: the default run and its JSON contract, the negative controls (exit 0 when
+caught wherever they acted, 1 when not, 4 when they never acted), a scenario not exercised (exit 4), bf16, exit 3
+without a GPU, bad input (exit 2, one line) and the message when torch is missing."""
 
 from __future__ import annotations
 
@@ -54,30 +55,79 @@ def test_table_names_every_scenario_and_the_verdict(run_cli):
     ("early-free", "cancel-reuse"), ("skip-cow", "parallel-sampling"), ("stale-hash", "prefix-cache"),
     ("no-rollback", "speculative"),
 ])
-def test_each_inject_is_caught_with_exit_1(run_cli, fault, scenario):
+def test_each_inject_is_caught_with_exit_0(run_cli, fault, scenario):
     result = run_cli("verify", "--inject", fault, "--scenario", scenario, "--scenario", "ragged", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 0  # the negative control did its job: the fault was caught where it acted
     doc = json.loads(result.stdout)
-    assert doc["inject"] == fault and not doc["passed"]
+    assert doc["inject"] == fault and not doc["passed"] and doc["status"] == "failed"
     caught, untouched = doc["scenarios"]
-    assert not caught["passed"] and caught["fault_fired"] > 0
+    assert not caught["passed"] and caught["fault_fired"] > 0 and caught["fault"] == "caught"
     assert untouched["passed"] and untouched["fault_fired"] == 0  # ragged shares nothing: the fault cannot act
+    assert untouched["fault"] == "not exercised"
     assert doc["inject_caught_by"] == [scenario] and doc["inject_undetected_in"] == []
+    assert doc["inject_not_exercised_in"] == ["ragged"] and doc["inject_status"] == "caught"
     assert doc["inject_fired"] == caught["fault_fired"]
 
 
-def test_an_inject_with_nothing_to_act_on_still_exits_1_and_says_so(run_cli):
+def test_an_inject_with_nothing_to_act_on_exits_4_and_says_so(run_cli):
     result = run_cli("verify", "--inject", "skip-cow", "--scenario", "ragged")
-    assert result.exit_code == 1
-    assert "the fault never acted in these scenarios" in result.stdout
+    assert result.exit_code == 4
+    assert "NOT EXERCISED: the fault never acted in these scenarios" in result.stdout
     assert "verdict: all scenarios passed" in result.stdout
+
+
+def test_an_inject_that_acts_unnoticed_exits_1(run_cli, monkeypatch):
+    # a check with a hole: the fault acts (fired > 0) but changes nothing a check can see, so the run must
+    # say so (exit 1), not report it caught
+    from kvcalc.cuda_ext.verify import faults
+
+    def harmless(self, pool):
+        release = pool.release
+
+        def counted(seq_id, reason=faults.ReleaseReason.FINISHED):
+            self.fired += 1
+            release(seq_id, reason)
+
+        pool.release = counted
+
+    monkeypatch.setattr(faults.Fault, "_early_free", harmless)
+    result = run_cli("verify", "--inject", "early-free", "--scenario", "ragged", "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["inject_status"] == "undetected" and doc["inject_undetected_in"] == ["ragged"]
+    assert doc["scenarios"][0]["fault"] == "undetected" and doc["scenarios"][0]["passed"]
 
 
 def test_inject_table_says_what_caught_it(run_cli):
     result = run_cli("verify", "--inject", "stale-hash", "--scenario", "prefix-cache")
-    assert result.exit_code == 1
-    assert "FAIL (tokens, content, invariants, error)" in result.stdout
-    assert "caught by prefix-cache" in result.stdout and "verdict: FAILED" in result.stdout
+    assert result.exit_code == 0
+    assert "FAIL (tokens, content, invariants, error); fault caught" in result.stdout
+    assert "CAUGHT wherever it acted" in result.stdout and "caught by prefix-cache" in result.stdout
+    assert "verdict: FAILED" in result.stdout
+
+
+def test_a_scenario_missing_its_events_is_not_exercised_exit_4(run_cli, monkeypatch):
+    # ragged's end-of-sequence token chosen where no request produces it: no EOS finish, every token still
+    # right -> "not exercised", not "failed"
+    from kvcalc.cuda_ext.verify import runner
+
+    monkeypatch.setattr(runner, "_truncate", lambda tokens, eos: len(tokens))
+    real_references = runner._references
+
+    def no_eos(weights, requests, seed, *args, **kw):
+        generations, lengths, _ = real_references(weights, requests, seed, *args, **kw)
+        return generations, [len(g.output_ids) for g in generations], None
+
+    monkeypatch.setattr(runner, "_references", no_eos)
+    result = run_cli("verify", "--scenario", "ragged", "--json")
+    assert result.exit_code == 4
+    doc = json.loads(result.stdout)
+    (s,) = doc["scenarios"]
+    assert s["status"] == "not exercised" and s["missing_events"] == ["eos_finishes"] and s["mismatched_tokens"] == 0
+    assert doc["status"] == "not exercised" and not doc["passed"]
+    table = run_cli("verify", "--scenario", "ragged")
+    assert table.exit_code == 4 and "not exercised (events)" in table.stdout and "EOS 0!" in table.stdout
+    assert "verdict: NOT EXERCISED" in table.stdout
 
 
 def test_bf16_passes_by_the_top_k_rule(run_cli):
