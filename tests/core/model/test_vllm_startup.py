@@ -1,0 +1,147 @@
+"""kvcalc's prediction of vLLM's start-up against real start-up logs: vLLM 0.19.0 on H100 80GB, from the
+llm-d planner's accuracy study (llm-d-incubation/llm-d-planner, Apache-2.0), read from ../shared/vllm_startup/.
+
+Every row that logged "Available KV cache memory" and whose model kvcalc can build (a config.json in
+configs/, or a built-in preset of the same checkpoint) is checked; the others are skipped naming why. One
+model for all rows (core/model/vllm_memory.py): nothing here is tuned per row.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from kvcalc.core.model.hf_config import load_config
+from kvcalc.core.model.models import PRESETS, ModelSpec
+from kvcalc.core.model.vllm_memory import GIB, pp_layers, predict_memory
+
+DATA = Path(__file__).resolve().parents[4] / "shared" / "vllm_startup"
+pytestmark = pytest.mark.skipif(not (DATA / "startup.csv").exists(), reason=f"{DATA} is absent (the shared logs)")
+
+_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+_QUANT = {"None": None, "": None, "fp8": "fp8", "mxfp4": "mxfp4"}  # vLLM's --quantization values kvcalc models
+
+
+def _rows() -> list[dict[str, str]]:
+    if not (DATA / "startup.csv").exists():
+        return []
+    with open(DATA / "startup.csv", newline="", encoding="utf-8") as f:
+        return [r for r in csv.DictReader(f) if r["available_kv_gib"]]
+
+
+def _spec(model: str) -> ModelSpec | None:
+    base = re.sub(r"-(instruct|it|chat|hf)$", "", model, flags=re.IGNORECASE)
+    for name in (model, base):  # an -Instruct / -Chat checkpoint has its base model's dimensions
+        path = DATA / "configs" / name.replace("/", "--") / "config.json"
+        if path.exists():
+            return load_config(path, name=model)
+    base = base.lower()
+    for spec in PRESETS.values():
+        if spec.source.split()[0].lower() in (model.lower(), base):
+            return spec
+    return None
+
+
+def expressed(row: dict[str, str]) -> tuple[ModelSpec, str | None] | str:
+    """(spec, quantization) for a row, or the reason kvcalc cannot express it."""
+    spec = _spec(row["model"])
+    if spec is None:
+        return f"{row['model']}: no config.json in {DATA / 'configs'} and no built-in preset"
+    if row["quantization"] not in _QUANT:
+        return f"{row['model']}: checkpoint quantization {row['quantization']!r} needs its config.json"
+    quant = _QUANT[row["quantization"]]
+    dtype = _DTYPES[row["dtype"]]
+    spec = dataclasses.replace(spec, weight_dtype="fp8" if quant == "fp8" else dtype)
+    return spec, quant
+
+
+def predict(row: dict[str, str]):
+    spec, quant = expressed(row)  # type: ignore[misc]
+    return spec, predict_memory(
+        spec, gpu_memory_bytes=int(float(row["gpu_total_gib"]) * GIB),
+        gpu_memory_utilization=float(row["gpu_memory_utilization"]), tp=int(row["tp"]), pp=int(row["pp"]),
+        max_num_batched_tokens=int(row["max_num_batched_tokens"]), max_num_seqs=int(row["max_num_seqs"]),
+        version=row["vllm_version"], quantization=quant)
+
+
+def _logged_stage(row: dict[str, str]) -> int:
+    """The stage whose worker printed the line (Worker_PP0 / Worker_TP0 / EngineCore: the first)."""
+    m = re.search(r"PP(\d+)", row["available_kv_logged_by"])
+    return int(m.group(1)) if m else 0
+
+
+ROWS = _rows()
+IDS = [f"{r['model']}-tp{r['tp']}pp{r['pp']}-{r['dtype'][6:]}-{r['quantization']}-kv{r['kv_cache_dtype']}-"
+       f"{r['max_model_len']}-{i}" for i, r in enumerate(ROWS)]
+
+
+def relative_errors() -> list[tuple[str, float]]:
+    out = []
+    for ident, row in zip(IDS, ROWS, strict=True):
+        if isinstance(expressed(row), str):
+            continue
+        _, m = predict(row)
+        logged = float(row["available_kv_gib"])
+        out.append((ident, (m.stages[_logged_stage(row)].available / GIB - logged) / logged))
+    return out
+
+
+def test_available_kv_memory_distribution():
+    errors = relative_errors()
+    assert len(errors) >= 20  # the logs hold 28 expressible rows; fewer means rows stopped being read
+    absolute = sorted(abs(e) for _, e in errors)
+    assert statistics.median(absolute) <= 0.01, errors
+    worst = max(errors, key=lambda e: abs(e[1]))
+    # Known miss: Qwen2.5-72B at tp 2 leaves only 3.04 GiB (weights 67.80 GiB logged vs 67.74 counted,
+    # non-torch 2.09 vs 2.07): +3.3 %. Every other row is within 1.4 %.
+    within = [e for e in errors if abs(e[1]) > 0.03]
+    assert all(ident.startswith("Qwen/Qwen2.5-72B") for ident, _ in within), worst
+    assert all(abs(e) <= 0.035 for _, e in errors), worst
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_each_row(row):
+    reason = expressed(row)
+    if isinstance(reason, str):
+        pytest.skip(reason)
+    _, m = predict(row)
+    logged = float(row["available_kv_gib"])
+    assert m.stages[_logged_stage(row)].available / GIB == pytest.approx(logged, rel=0.035)
+    # The term vLLM logs per worker: requested = total × utilization, printed with two decimals.
+    assert f"{m.requested / GIB:.2f}" == row["requested_gib"]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_token_and_concurrency_lines(row):
+    """From the logged GiB (± 0.005, vLLM's two decimals) the block arithmetic must bracket the logged lines."""
+    reason = expressed(row)
+    if isinstance(reason, str):
+        pytest.skip(reason)
+    spec, _ = expressed(row)  # type: ignore[misc]
+    if len(spec.layer_groups) != 1 or spec.num_sliding_layers:
+        pytest.skip(f"{row['model']}: several KV-cache groups (their blocks are kv_groups.py's, H4)")
+    tp, pp = int(row["tp"]), int(row["pp"])
+    bits = 8 if row["kv_cache_dtype"].startswith("fp8") else (32 if row["dtype"] == "torch.float32" else 16)
+    per_layer = spec.layer_groups[0].bits_per_token(bits, tp) * 16 // 8  # one 16-token page of one layer
+    # The tokens follow the stage with the least memory per layer's page (the engine takes the minimum blocks).
+    mins = row["available_kv_gib_min_worker"] or row["available_kv_gib"]
+    per_worker = [float(x) for x in (row["available_kv_gib_per_worker"] or row["available_kv_gib"]).split(";")]
+    layers = pp_layers(spec.model_layers, pp)
+    if pp > 1:  # the stage that logged the minimum: its layers set the block bytes
+        stage_layers = max(layers)
+        assert float(mins) == min(per_worker)
+    else:
+        stage_layers = layers[0]
+    block = per_layer * stage_layers
+    low = int((float(mins) - 0.005) * GIB) // block
+    high = int((float(mins) + 0.005) * GIB) // block
+    tokens = int(row["kv_cache_tokens"])
+    assert tokens % 16 == 0 and low * 16 <= tokens <= high * 16
+    length = int(row["max_concurrency_len"])
+    concurrency = float(row["max_concurrency"])
+    assert low / -(-length // 16) - 0.005 <= concurrency <= high / -(-length // 16) + 0.005
