@@ -35,6 +35,7 @@ PARAMETER_FLAGS: dict[str, dict[str, str]] = {
     "frag": {"block_size": "--block", "block_sizes": "--block", "per_sequence": "--per-seq"},
     "share": {"block_size": "--block", "prefix_tokens": "--prefix", "gen_tokens": "--gen", "memory_bytes": "--memory"},
     "sim": {"block_size": "--block", "rate_per_s": "--rate"},
+    "plan": {"block_size": "--block", "rate_per_s": "--rate", "kv_dtype": "--dtype", "ray_address": "--ray"},
     "bench": {"num_q_heads": "--q-heads", "num_kv_heads": "--kv-heads", "num_splits": "--splits"},
 }
 

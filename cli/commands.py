@@ -6,5 +6,6 @@ COMMANDS: list[tuple[str, str]] = [
     ("share", "share"),
     ("bench", "bench"),
     ("sim", "sim"),
+    ("plan", "plan"),
     ("verify", "verify"),
 ]

@@ -102,4 +102,4 @@ def test_core_has_few_top_level_modules_and_one_folder_per_concept():
     modules = [p.name for p in CORE.glob("*.py") if p.name != "__init__.py"]
     folders = sorted(p.name for p in CORE.iterdir() if (p / "__init__.py").is_file())
     assert len(modules) <= 12, modules
-    assert folders == ["inputs", "model", "pool", "share", "sim"]
+    assert folders == ["inputs", "model", "plan", "pool", "share", "sim"]
