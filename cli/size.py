@@ -56,7 +56,8 @@ MemoryOpt = Annotated[
     str | None, typer.Option("--memory", help="KV budget (per GPU with --tp), e.g. 80GiB, 80GB, 80e9.")
 ]
 GpuOpt = Annotated[str | None, typer.Option(
-    "--gpu", help="GPU preset (A100-40GB, A100-80GB, H100-SXM, H200): the KV memory, blocks, tokens and "
+    "--gpu", help="GPU preset (A100-40GB, A100-80GB, H100-SXM, H200, B200, B300, GB200, MI300X, MI355X, L40S, "
+                  "RTX-6000-Pro): the KV memory, blocks, tokens and "
                   "concurrency vLLM reports at start-up.")]
 UtilizationOpt = Annotated[float | None, float_option(
     "--gpu-memory-utilization", example="0.9", help="With --gpu: the share of GPU memory vLLM may use (default 0.9).")]
@@ -66,6 +67,17 @@ KvMemoryOpt = Annotated[str | None, typer.Option(
     "--kv-memory", help="KV memory per GPU (as vLLM logs it, e.g. 34.81GiB) instead of estimating it from --gpu.")]
 BatchedTokensOpt = Annotated[int | None, int_option(
     "--max-num-batched-tokens", help="With --gpu: tokens per step (activation peak, sliding blocks; default 8192).")]
+VllmVersionOpt = Annotated[str | None, typer.Option(
+    "--vllm-version", help="With --gpu: the vLLM whose start-up to predict: 0.19 (utilization 0.9 by default, CUDA "
+                           "graphs not subtracted) or 0.21 (0.21 and later: 0.92, graphs subtracted; the default).")]
+PpOpt = Annotated[int | None, int_option("--pp", help="With --gpu: pipeline-parallel stages (layers split across "
+                                                     "them; default 1).")]
+MaxSeqsOpt = Annotated[int | None, int_option(
+    "--max-num-seqs", help="With --gpu: vLLM's max_num_seqs (the sampler warm-up's requests; default 1,024 on a GPU "
+                           "of 70 GiB or more other than A100, else 256, as vllm serve).")]
+QuantizationOpt = Annotated[str | None, typer.Option(
+    "--quantization", help="With --gpu: vLLM's --quantization: fp8 (linear layers in fp8, embeddings and head "
+                           "16-bit) or mxfp4 (routed experts in 4.25 bits).")]
 WeightDtypeOpt = Annotated[str | None, typer.Option(
     "--weight-dtype", help="With --gpu: weight precision (default: the config's torch_dtype, else bf16).")]
 
@@ -88,6 +100,10 @@ def command(
     kv_memory_bytes: KvMemoryOpt = None,
     max_num_batched_tokens: BatchedTokensOpt = None,
     weight_dtype: WeightDtypeOpt = None,
+    vllm_version: VllmVersionOpt = None,
+    pp: PpOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    quantization: QuantizationOpt = None,
     spec_tokens: SpecTokensOpt = None,
     spec_method: SpecMethodOpt = None,
     json_flag: JsonOpt = False,
@@ -101,14 +117,17 @@ def command(
     """
     dtype = parse_dtype(dtype)
     fmt = resolve_format(json_flag, fmt)
-    spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    spec = resolve_model(model, config, layers, kv_heads, head_dim, kv_free=True)
     speculation = None
     if spec_tokens is not None or spec_method is not None:  # imported only then: `size --json` starts lean
         from ..core.spec_decode import speculation_from
 
         speculation = speculation_from(spec_tokens, spec_method)
     gpu_options = {"--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
-                   "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype}
+                   "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype,
+                   "--vllm-version": vllm_version, "--pp": pp, "--max-num-seqs": max_num_seqs,
+                   "--quantization": quantization}
+    _check_counts(seqs, tokens, tp, spec)
     if spec is None:
         given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
                                           ("--gpu", gpu), ("--kv-memory", kv_memory_bytes),
@@ -140,7 +159,8 @@ def command(
         report = no_context_report(spec, dtype, 1 if tp is None else tp, block_size)
         if gpu is not None or kv_memory_bytes is not None:
             _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
-                          kv_memory_bytes, max_num_batched_tokens, weight_dtype)
+                          kv_memory_bytes, max_num_batched_tokens, weight_dtype,
+                      (vllm_version, pp, max_num_seqs, quantization))
         emit(report, fmt)
         return
     result = compute_size(
@@ -162,15 +182,18 @@ def command(
         ))
     if gpu is not None or kv_memory_bytes is not None:
         _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
-                      kv_memory_bytes, max_num_batched_tokens, weight_dtype)
+                      kv_memory_bytes, max_num_batched_tokens, weight_dtype,
+                      (vllm_version, pp, max_num_seqs, quantization))
     emit(report, fmt)
 
 
 def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, block_size: int, gpu: str | None,
                   utilization: float | None, max_model_len: int | None, kv_memory: str | None,
-                  batched_tokens: int | None, weight_dtype: str | None) -> None:
+                  batched_tokens: int | None, weight_dtype: str | None,
+                  startup: tuple[str | None, int | None, int | None, str | None] = (None, None, None, None)) -> None:
     from ..core.gpus import get_gpu
-    from ..core.model.gpu_plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
+    from ..core.model.gpu_plan import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
+    from ..core.model.vllm_memory import DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
     from .size_gpu import gpu_report
 
     if max_model_len is None:
@@ -183,17 +206,53 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
         spec = dataclasses.replace(spec, weight_dtype=parse_dtype(weight_dtype, "weight_dtype"))
     kv_memory_bytes, rounding = (None, None) if kv_memory is None else _flagged("--kv-memory", parse_logged_bytes,
                                                                                 kv_memory)
+    version_name, pp, max_num_seqs, quantization = startup
+    version = get_version(version_name or DEFAULT_VLLM_VERSION)
+    if quantization is not None and quantization not in ("fp8", "mxfp4"):
+        raise ValueError(f"--quantization {quantization!r} is not modelled: give fp8 or mxfp4 (or --weight-dtype "
+                         "for a checkpoint stored at one precision)")
+    if quantization == "fp8":
+        spec, quantization = dataclasses.replace(spec, weight_dtype="fp8"), None
+    if block_size not in VLLM_BLOCK_SIZES:
+        raise ValueError(f"--block {block_size}: vLLM's start-up figures need a block size vLLM accepts "
+                         f"({', '.join(map(str, VLLM_BLOCK_SIZES))}); drop --gpu/--kv-memory for the accounting "
+                         "alone, which takes any block size")
     plan = plan_gpu(
         spec, kv_dtype_bits=DTYPE_BITS[dtype], block_size=block_size, max_model_len=max_model_len,
         tp=1 if tp is None else tp, gpu_name=device.name if device else "",
         gpu_memory_bytes=device.memory_bytes if device else None,
-        gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization,
+        gpu_memory_utilization=version.default_gpu_memory_utilization if utilization is None else utilization,
+        pp=1 if pp is None else pp, vllm_version=version.name, quantization=quantization,
+        max_num_seqs=max_num_seqs or default_max_num_seqs(device.memory_bytes if device else 0,
+                                                          device.name if device else ""),
         kv_memory_bytes=kv_memory_bytes,
         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched_tokens is None else batched_tokens,
     )
     gpu_report(report, plan)
     if rounding is not None:
         report.notes.append(f"--kv-memory {rounding}.")
+
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
+#                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
+MAX_COUNT = 2**63 - 1  # the largest --seqs / --tokens: a signed 64-bit count, what JSON consumers hold exactly
+
+
+def _check_counts(seqs: int | None, tokens: int | None, tp: int | None, spec: ModelSpec | None) -> None:
+    """One-line refusals for counts beyond what a result can mean (see MAX_COUNT and vllm_memory.MAX_TP)."""
+    from ..core.model.vllm_memory import MAX_TP
+
+    for flag, value in (("--seqs", seqs), ("--tokens", tokens)):
+        if value is not None and value > MAX_COUNT:
+            raise ValueError(f"{flag} {format_count_short(value)} is above 2**63-1, the largest count kvcalc takes; "
+                             f"give a smaller {flag}")
+    if tp is not None:
+        heads = spec.num_attention_heads if spec is not None else 0
+        bound = min(MAX_TP, heads) if heads else MAX_TP
+        if tp > bound:
+            raise ValueError(f"--tp {format_count_short(tp)} is above {bound}: each GPU needs at least one of "
+                             f"{spec.name if spec else 'the model'}'s attention heads (and kvcalc takes at most "
+                             f"{MAX_TP}); give --tp {bound} or fewer")
 
 
 def _flagged(flag: str, parse: Callable[[str], T], text: str) -> T:

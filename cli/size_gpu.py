@@ -29,6 +29,10 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         "groups": [{"kind": g.kind, "layers": g.layers, "block_size": g.block_size or None,
                     "blocks_per_request": g.blocks_per_request} for g in plan.groups],
         "estimates": list(plan.estimates), "log_lines": log,
+        "vllm_version": plan.vllm_version or None, "pp": plan.pp, "cuda_graph_bytes": plan.cuda_graph_bytes,
+        "stages": [{"layers": s.layers, "weights_bytes": s.weights, "activation_bytes": s.activation,
+                    "non_torch_bytes": s.non_torch, "cuda_graph_bytes": s.cuda_graphs,
+                    "kv_cache_bytes": s.available} for s in plan.stages],
     }
     report.doc["gpu_plan"] = doc
     estimated = set(plan.estimates)
@@ -37,6 +41,8 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         return f"{text} (estimate)" if any(n in e for e in estimated for n in names) else text
 
     where = f"{plan.gpu} ×{plan.tp}" if plan.gpu else f"one of {plan.tp} GPUs" if plan.tp > 1 else "one GPU"
+    if plan.pp > 1:
+        where += f", {plan.pp} pipeline stages (the stage with the least KV memory per layer)"
     fields = [
         Field("memory_bytes", "GPU memory" if plan.memory_bytes else None, _gib),
         Field("requested_bytes", f"× {plan.gpu_memory_utilization:g} utilization" if plan.requested_bytes else None,
@@ -44,13 +50,16 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         Field("weights_bytes", label("weights", "weights") if plan.weights_bytes is not None else None, _gib),
         Field("activation_bytes", label("activation peak", "activation") if plan.activation_bytes else None, _gib),
         Field("non_torch_bytes", label("non-torch memory", "non-torch") if plan.non_torch_bytes else None, _gib),
+        Field("cuda_graph_bytes", (label("CUDA graphs", "CUDA graphs") if "CUDA graphs" in estimated else
+                                   "CUDA graphs (logged, not subtracted)") if plan.cuda_graph_bytes else None, _gib),
         Field("kv_cache_bytes", "available KV cache memory", _gib),
         Field("block_size", "block size (tokens)", format_count),
         Field("num_blocks", "blocks", format_count),
         Field("kv_cache_tokens", "GPU KV cache size (tokens)", format_count),
         Field("max_concurrency", f"max concurrency at {plan.max_model_len:,} tokens", lambda c: f"{c:.2f}x"),
     ]
-    report.tables.append(quantity_table(f"vLLM start-up figures on {where} (per GPU)", ["quantity", "value"],
+    version = f"vLLM {plan.vllm_version} " if plan.vllm_version and plan.stages else "vLLM "
+    report.tables.append(quantity_table(f"{version}start-up figures on {where} (per GPU)", ["quantity", "value"],
                                         fields, [doc]))
     if len(plan.groups) > 1:
         report.tables.append(record_table(
@@ -60,6 +69,11 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
                                           Field("blocks_per_request", "blocks per request", format_count)],
             doc["groups"]))
     report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
+    if plan.stages:
+        from ..core.model.vllm_memory import get_version
+
+        report.notes.append(f"Memory model: {get_version(plan.vllm_version).about}; see docs/size.md for its "
+                            "error against real start-up logs.")
     estimated = [e for e in plan.estimates if e != "kv_cache_bytes given"]
     if estimated:
         hint = ("" if plan.weights_bytes is None else

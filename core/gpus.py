@@ -1,7 +1,10 @@
 """Accelerators: memory, bandwidth and dense FLOP/s, for `sim`'s step-time model and `size --gpu`.
 
-Memory is the capacity the driver reports (nvidia-smi MiB) for the datasheet's size; bandwidth and dense
-(no sparsity) BF16 Tensor Core FLOP/s are the SXM figures of NVIDIA's datasheets:
+Memory is what the serving engine sees: the total that cudaMemGetInfo / torch.cuda.mem_get_info reports,
+which vLLM multiplies by gpu_memory_utilization. Where no log or measurement of that total was found, it is
+DERIVED, and the preset says so: nominal capacity in GiB × 79.19 / 80, the share of its 80 GiB of HBM that an
+H100 80GB shows the engine (vLLM 0.19.0's logs in ../shared/vllm_startup: total_memory=79.19GiB). Bandwidth
+and dense (no sparsity) BF16 FLOP/s are the datasheets' (SXM / OAM parts):
 
 - A100: "NVIDIA A100 Tensor Core GPU" datasheet (2021): 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s;
   BF16 Tensor Core 312 TFLOPS (624 with sparsity).
@@ -27,13 +30,40 @@ class GpuSpec:
     source: str = ""
 
 
+def _gib(text: str) -> int:
+    """A logged GiB figure (two decimals) in bytes, to the MiB."""
+    return round(float(text) * 1024) * 2**20
+
+
+def _derived(nominal_gib: int) -> int:
+    """Nominal capacity (GiB of memory) × 79.19 / 80: the H100's engine-visible share (see the docstring)."""
+    return round(nominal_gib * 79.19 / 80 * 1024) * 2**20
+
+
 GPU_PRESETS: dict[str, GpuSpec] = {
     g.name.lower(): g
     for g in (
         GpuSpec("A100-40GB", 40_960 * 2**20, 1.555e12, 312e12, "NVIDIA A100 datasheet, SXM4 40GB"),
         GpuSpec("A100-80GB", 81_920 * 2**20, 2.039e12, 312e12, "NVIDIA A100 datasheet, SXM4 80GB"),
-        GpuSpec("H100-SXM", 81_559 * 2**20, 3.35e12, 989.5e12, "NVIDIA H100 datasheet, SXM5 80GB"),
-        GpuSpec("H200", 143_771 * 2**20, 4.8e12, 989.5e12, "NVIDIA H200 datasheet, SXM 141GB"),
+        # measured: vLLM 0.19.0's "total_memory=79.19GiB" on H100 80GB HBM3 (llm-d planner logs); 79.19 GiB.
+        GpuSpec("H100-SXM", _gib("79.19"), 3.35e12, 989.5e12, "vLLM 0.19.0 logs (memory); H100 datasheet, SXM5 80GB"),
+        # 141 GB HBM3e; the engine's total not found in a log here: DERIVED 141 × 79.19 / 80 = 139.57 GiB.
+        GpuSpec("H200", _derived(141), 4.8e12, 989.5e12, "derived memory; NVIDIA H200 datasheet, SXM 141GB"),
+        # B200 (HGX, 180 GB HBM3e usable per GPU), 8 TB/s, 2.25 PFLOPS dense BF16: DERIVED 180 × 79.19 / 80.
+        GpuSpec("B200", _derived(180), 8e12, 2.25e15, "derived memory; NVIDIA HGX B200 datasheet"),
+        # B300 (Blackwell Ultra, 288 GB HBM3e), 8 TB/s, ~2.25 PFLOPS dense BF16: DERIVED 288 × 79.19 / 80.
+        GpuSpec("B300", _derived(288), 8e12, 2.25e15, "derived memory; NVIDIA HGX B300 datasheet"),
+        # GB200 NVL72 (186 GB HBM3e per Blackwell GPU), 8 TB/s, 2.5 PFLOPS dense BF16: DERIVED 186 × 79.19 / 80.
+        GpuSpec("GB200", _derived(186), 8e12, 2.5e15, "derived memory; NVIDIA GB200 NVL72 datasheet (per GPU)"),
+        # AMD Instinct MI300X: 192 GB HBM3, 5.3 TB/s, 1.307 PFLOPS dense BF16: DERIVED 192 × 79.19 / 80.
+        GpuSpec("MI300X", _derived(192), 5.3e12, 1.307e15, "derived memory; AMD Instinct MI300X datasheet"),
+        # AMD Instinct MI355X: 288 GB HBM3E, 8 TB/s, 2.5 PFLOPS dense BF16: DERIVED 288 × 79.19 / 80.
+        GpuSpec("MI355X", _derived(288), 8e12, 2.5e15, "derived memory; AMD Instinct MI355X datasheet"),
+        # NVIDIA L40S: 48 GB GDDR6, 864 GB/s, 362 TFLOPS dense BF16: DERIVED 48 × 79.19 / 80.
+        GpuSpec("L40S", _derived(48), 0.864e12, 362e12, "derived memory; NVIDIA L40S datasheet"),
+        # NVIDIA RTX PRO 6000 Blackwell: 96 GB GDDR7, 1.792 TB/s, ~500 TFLOPS dense BF16: DERIVED 96 × 79.19 / 80.
+        GpuSpec("RTX-6000-Pro", _derived(96), 1.792e12, 500e12, "derived memory; NVIDIA RTX PRO 6000 Blackwell "
+                                                                 "datasheet"),
     )
 }
 

@@ -12,35 +12,28 @@ bytes (bf16 when the config names none). The activation peak is what vLLM's prof
 buffers per token in bf16, over tp, plus fp32 logits of `max_num_seqs` sequences; non-torch memory (CUDA
 context, NCCL buffers) a flat figure. Both are estimates and labelled so; `kv_memory_bytes` skips all three.
 
-KV-cache groups follow vLLM's hybrid allocator. Layers with the same cache spec (kind, window, bytes per
-token per GPU; a recurrent layer: its state bytes) are one type. A model of one type (or of attention
-layers that all hold every token) has one group: a block holds `block_size` tokens of every layer. Mixed
-types are cut into groups of G layers each, G the smallest type's layer count (the largest's when that is
-under 1.25 × the smallest), the last group of a type padded; every group pages the same bytes: with
-recurrent layers the attention block grows to the multiple of 16 tokens whose page holds a layer's state
-(the state's page padded to it), and a smaller attention page grows its block until it matches the
-largest. A group's blocks for one request: full and MLA cdiv(max_model_len, block); sliding
-cdiv(min(W − 1 + max_num_batched_tokens, max_model_len), block) + 1; chunked
-cdiv(min(C + max_num_batched_tokens, max_model_len), block); recurrent 1.
+KV-cache groups are core/model/kv_groups.py's `kv_layout` (vLLM's hybrid allocator, or the ideal layout), and
+the blocks a KV budget holds are its `plan_blocks`: the one memory plan that size, sim, share and frag share.
+A group's blocks for one request (vLLM's worst case, for max concurrency) are `request_blocks`: full and MLA
+cdiv(max_model_len, block); sliding cdiv(min(W − 1 + max_num_batched_tokens, max_model_len), block) + 1;
+chunked cdiv(min(C + max_num_batched_tokens, max_model_len), block); recurrent 1 (2 with mamba_cache_mode
+"align").
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..blocks import ceil_div
 from ..dtypes import dtype_bits
 from ..errors import ParameterError
-from .layers import bits_to_bytes
+from .kv_groups import KVLayout, kv_layout, plan_blocks, request_blocks
 from .model_spec import ModelSpec
 from .weights import param_count
 
 ACTIVATION_BYTES = 2  # bf16/fp16 activations
 LOGIT_BYTES = 4  # fp32 logits for sampling
 NON_TORCH_BYTES = 512 * 2**20  # CUDA context and communication buffers outside torch's allocator: an estimate
-ATTENTION_BLOCK_ALIGNMENT = 16  # tokens: attention kernels' block granularity when a block must grow
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
@@ -81,6 +74,12 @@ class GpuPlan:
     group_size: int
     groups: tuple[CacheGroup, ...]
     estimates: tuple[str, ...]
+    layout: KVLayout
+    pp: int = 1
+    vllm_version: str = ""
+    cuda_graph_bytes: int | None = None  # the estimate; subtracted only by versions that do
+    stages: tuple = ()  # vllm_memory.StageMemory per pipeline stage (empty when kv_cache_bytes was given)
+    stage_layers: int = 0  # with pp > 1: the layers of the stage whose memory sets the blocks
 
     @property
     def block_bytes(self) -> int:
@@ -89,7 +88,10 @@ class GpuPlan:
 
     @property
     def num_blocks(self) -> int:
-        return self.kv_cache_bytes // self.block_bytes
+        if self.stage_layers:  # one group split across stages: this stage pages stage_layers of its layers
+            total = sum(g.layers for g in self.groups)
+            return plan_blocks(self.layout, self.kv_cache_bytes * total // self.stage_layers)
+        return plan_blocks(self.layout, self.kv_cache_bytes)
 
     @property
     def blocks_per_request(self) -> int:
@@ -101,6 +103,9 @@ class GpuPlan:
 
     @property
     def kv_cache_tokens(self) -> int:
+        """vLLM 0.19 prints num_blocks // groups × block size; later versions int(concurrency × max_model_len)."""
+        if self.vllm_version == "0.19":
+            return self.num_blocks // len(self.groups) * self.block_size
         return int(self.max_concurrency * self.max_model_len)
 
     @property
@@ -122,6 +127,11 @@ def plan_gpu(
     kv_memory_bytes: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    kv_layout_name: str = "vllm",
+    mamba_cache_mode: str = "none",
+    pp: int = 1,
+    vllm_version: str = "0.21",
+    quantization: str | None = None,
 ) -> GpuPlan:
     """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`)."""
     for name, value in (("block_size", block_size), ("max_model_len", max_model_len), ("tp", tp),
@@ -131,9 +141,13 @@ def plan_gpu(
     if not 0 < gpu_memory_utilization <= 1:
         raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
                              "gpu_memory_utilization")
-    page, group_size, groups = cache_groups(spec, kv_dtype_bits, block_size, max_model_len, tp,
-                                            max_num_batched_tokens)
+    layout = kv_layout(spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
+    groups = _cache_groups(layout, max_model_len, max_num_batched_tokens)
+    page, group_size = layout.page_bytes // layout.group_size, layout.group_size
     estimates: list[str] = []
+    stages: tuple = ()
+    cuda_graphs = None
+    stage_layers = 0
     if kv_memory_bytes is not None:
         if kv_memory_bytes <= 0:
             raise ParameterError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}", "kv_memory_bytes")
@@ -145,20 +159,29 @@ def plan_gpu(
         if gpu_memory_bytes is None:
             raise ParameterError("kv_memory_bytes or the GPU's memory (gpu_memory_bytes) is needed for a GPU plan",
                                  "kv_memory_bytes", "gpu_memory_bytes")
-        requested = int(gpu_memory_bytes * gpu_memory_utilization)
-        params = param_count(spec)
-        weight_dtype = spec.weight_dtype or "bf16"
-        weights = ceil_div(params.total * dtype_bits(weight_dtype), 8 * tp)
-        if params.estimated:
+        from .vllm_memory import predict_memory
+
+        memory = predict_memory(spec, gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                                tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens,
+                                max_num_seqs=max_num_seqs, version=vllm_version, quantization=quantization)
+        requested = memory.requested
+        limiting = min(memory.stages, key=lambda st: st.available * spec.model_layers // st.layers)
+        weights, activation, non_torch = limiting.weights, limiting.activation, limiting.non_torch
+        if param_count(spec).estimated:
             estimates.append("weights: parameters estimated from the dimensions")
         if spec.weight_dtype is None:
             estimates.append("weights: bf16 assumed (the model names no dtype)")
-        elif dtype_bits(weight_dtype) < 16:
-            estimates.append(f"weights: {weight_dtype} per parameter (a quantized checkpoint; scales aside)")
-        activation = activation_bytes_estimate(spec, max_num_batched_tokens, max_num_seqs, tp)
-        non_torch = NON_TORCH_BYTES
-        estimates += ["activation peak", "non-torch memory"]
-        kv = requested - weights - activation - non_torch
+        elif quantization or dtype_bits(spec.weight_dtype) < 16:
+            estimates.append(f"weights: {quantization or spec.weight_dtype} linear layers, 16-bit embeddings and head")
+        estimates += ["activation peak", "non-torch memory"] + (
+            ["CUDA graphs"] if memory.version.subtracts_cuda_graphs else [])
+        kv = limiting.available
+        stages, cuda_graphs = memory.stages, memory.cuda_graphs
+        if pp > 1:
+            if len(groups) > 1:
+                raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups; kvcalc splits only one "
+                                     "group's layers across pipeline stages", "pp")
+            stage_layers = limiting.layers
         if kv <= 0:
             raise ParameterError(
                 f"tp {tp}: {spec.name} on {gpu_name or 'the GPU'}: weights {weights / 2**30:.2f} GiB, activations "
@@ -169,61 +192,29 @@ def plan_gpu(
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")
     return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,
-                   activation, non_torch, kv, page, group_size, groups, tuple(estimates))
+                   activation, non_torch, kv, page, group_size, groups, tuple(estimates), layout, pp, vllm_version,
+                   cuda_graphs, stages, stage_layers)
 
 
 def cache_groups(
-    spec: ModelSpec, kv_dtype_bits: int, block_size: int, max_model_len: int, tp: int, max_num_batched_tokens: int
+    spec: ModelSpec, kv_dtype_bits: int, block_size: int, max_model_len: int, tp: int, max_num_batched_tokens: int,
+    layout: str = "vllm", mamba_cache_mode: str = "none",
 ) -> tuple[int, int, tuple[CacheGroup, ...]]:
-    """(page bytes, layers per group, the groups) by the rules in the module docstring."""
-    types: Counter[tuple[str, int | None, int]] = Counter()
-    for g in spec.layer_groups:
-        if g.keeps_kv:
-            types[(g.kind, g.window, g.bits_per_token(kv_dtype_bits, tp))] += g.count
-        elif g.state is not None:
-            types[(g.state.kind, None, g.state.bits(tp))] += g.count
+    """(bytes of one layer slot's page, layer slots per block id, vLLM's groups: one per block table)."""
+    kv = kv_layout(spec, kv_dtype_bits, block_size, layout, tp, mamba_cache_mode)
+    return kv.page_bytes // kv.group_size, kv.group_size, _cache_groups(kv, max_model_len, max_num_batched_tokens)
 
-    def blocks(kind: str, window: int | None, tokens_per_block: int) -> int:
-        if kind in ("full", "mla"):
-            return ceil_div(max_model_len, tokens_per_block)
-        if kind == "sliding":
-            assert window is not None
-            return ceil_div(min(window - 1 + max_num_batched_tokens, max_model_len), tokens_per_block) + 1
-        if kind == "chunked":
-            assert window is not None
-            return ceil_div(min(window + max_num_batched_tokens, max_model_len), tokens_per_block)
-        return 1  # a recurrent state: one block per sequence
 
-    attention = {key: n for key, n in types.items() if key[0] in ("full", "sliding", "chunked", "mla")}
-    if len({(kind, window) for kind, window, _ in attention}) == 1 and len(attention) == len(types):
-        # One block table: a block holds block_size tokens of every layer. Equal layers share one page size
-        # (group_size of them); unequal ones (per-layer heads) page side by side, one page of their sum.
-        (kind, window, bits), layers = next(iter(attention.items()))
-        group = (CacheGroup(kind, sum(attention.values()), block_size, blocks(kind, window, block_size)),)
-        if len(attention) == 1:
-            return bits_to_bytes(bits * block_size), layers, group
-        return bits_to_bytes(block_size * sum(b * n for (_, _, b), n in attention.items())), 1, group
-    states = {key: n for key, n in types.items() if key not in attention}
-    attention_block = block_size
-    if states:
-        one_layer = max(bits for _, _, bits in attention)
-        state_page = max(bits for _, _, bits in states)
-        aligned = ATTENTION_BLOCK_ALIGNMENT * ceil_div(state_page, ATTENTION_BLOCK_ALIGNMENT * one_layer)
-        attention_block = max(block_size, aligned)
-    page_bits = max([bits * attention_block for _, _, bits in attention] + [bits for _, _, bits in states])
-    counts = list(types.values())
-    group_size = max(counts) if max(counts) < 1.25 * min(counts) else min(counts)
+def _cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> tuple[CacheGroup, ...]:
+    """A layer type spans `tables` block tables, each of `group_size` layer slots (the last one padded)."""
     groups = []
-    for (kind, window, bits), n in types.items():
-        if (kind, window, bits) in states:
-            tokens_per_block = 0
-        else:
-            if page_bits % bits:
-                raise ValueError(f"{spec.name}: vLLM cannot page its {kind} layers ({bits // 8} B per token) with "
-                                 f"the others ({page_bits // 8} B pages): no whole number of tokens per block")
-            tokens_per_block = page_bits // bits
-        for start in range(0, n, group_size):
-            groups.append(CacheGroup(kind, min(group_size, n - start), tokens_per_block,
-                                     blocks(kind, window, tokens_per_block or 1)))
-    return bits_to_bytes(page_bits), group_size, tuple(groups)
-
+    for g in kv.groups:
+        kind = g.source if g.kind == "state" or g.source == "mla" else g.kind
+        # per block table; under the ideal layout (one table) a block costs pages_per_block units of the plan
+        blocks = request_blocks(g, max_model_len, max_num_batched_tokens, kv.mamba_cache_mode) * (
+            g.pages_per_block // g.tables)
+        slots = g.padded_layers // g.tables
+        for table in range(g.tables):
+            layers = min(slots, g.layers - table * slots)
+            groups.append(CacheGroup(kind, layers, 0 if g.kind == "state" else g.block_tokens, blocks))
+    return tuple(groups)

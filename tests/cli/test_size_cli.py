@@ -345,3 +345,32 @@ def test_config_from_standard_input():
               "num_hidden_layers": 32, "max_position_embeddings": 8192}
     result = CliRunner().invoke(app, ["size", "--config", "-", "--json"], input=json.dumps(config))
     assert result.exit_code == 0 and json.loads(result.stdout)["bytes_per_token"] == 32 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--block", "3"], "error: --block 3: vLLM's start-up figures need a "
+                                                                  "block size vLLM accepts"),
+    (["-m", "llama-3-8b", "--seqs", "1e400"], "error: --seqs 1.000e+400 is above 2**63-1"),
+    (["-m", "llama-3-8b", "--tp", "1000000"], "error: --tp 1,000,000 is above 32"),
+    (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--tp", "3"], "error: --tp 3 does not divide the 8 KV heads"),
+    (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--vllm-version", "0.5"], "is not modelled"),
+])
+def test_also_found_refusals(run_cli, args, message):
+    result = run_cli("size", *args)
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_block_3_accounting_still_works(run_cli):
+    doc = run_cli("size", "-m", "llama-3-8b", "--block", "3", "--json").json()
+    assert doc["bytes_per_block"] == 3 * 131_072
+
+
+def test_version_and_pipeline_in_the_output(run_cli):
+    plan = run_cli("size", "-m", "llama-3.1-8b", "--gpu", "H100-SXM", "--max-model-len", "8192", "--pp", "2",
+                   "--vllm-version", "0.19", "--gpu-memory-utilization", "0.95", "--json").json()["gpu_plan"]
+    assert plan["vllm_version"] == "0.19" and plan["pp"] == 2 and len(plan["stages"]) == 2
+    # the last stage holds the LM head and samples: it has the least KV memory and sets the blocks
+    assert plan["kv_cache_bytes"] == min(s["kv_cache_bytes"] for s in plan["stages"])
+    assert plan["num_blocks"] == plan["kv_cache_bytes"] // (16 * 16 * 4096)  # 16 layers' 4 KiB pages of 16 tokens
+    table = run_cli("size", "-m", "llama-3.1-8b", "--gpu", "B200", "--max-model-len", "8192").stdout
+    assert "vLLM 0.21 start-up figures on B200" in table and "0.92 utilization" in table

@@ -53,17 +53,38 @@ def test_public_log_lines(bytes_per_token, printed, blocks, max_model_len, concu
 def test_memory_from_the_gpu():
     spec = get_preset("Llama-3-8B")
     plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, gpu_name="H100-SXM",
-                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes)
-    requested = int(81_559 * 2**20 * 0.9)
-    weights = 8_030_261_248 * 2  # bf16 assumed: the preset names no dtype
+                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes, gpu_memory_utilization=0.9,
+                    max_num_seqs=1024, vllm_version="0.19")
+    requested = int(81_091 * 2**20 * 0.9)  # the engine sees 79.19 GiB (81,091 MiB) on an H100 80GB
+    # weights: 8,030,261,248 params at bf16; embeddings and untied head 2 · 128,256 · 4,096 (vocab a multiple of
+    # 64 already); plus the rotary cache 8,192 positions · 128 · 2 B
+    weights = 8_030_261_248 * 2 + 8192 * 128 * 2
+    # activation: max(forward 8,192 · 5 · 14,336 · 2 B, sampler 12.4 B + 2 B per request per vocab entry ·
+    # 1,024 · 128,256 + 8,192 · 4,096 · 2 B held hidden states + 64 MiB) — the sampler
+    sampler = -(-(144 * 1024 * 128_256) // 10) + 8192 * 4096 * 2 + 64 * 2**20
+    assert sampler > 8192 * 5 * 14_336 * 2
     assert plan.requested_bytes == requested and plan.weights_bytes == weights
-    assert plan.kv_cache_bytes == requested - weights - plan.activation_bytes - plan.non_torch_bytes
+    assert plan.activation_bytes == sampler and plan.non_torch_bytes == 256 * 2**20
+    assert plan.kv_cache_bytes == requested - weights - sampler - 256 * 2**20
     assert plan.num_blocks == plan.kv_cache_bytes // (16 * 131_072)  # 32 layers' pages of 16 tokens · 4 KiB
+    assert plan.kv_cache_tokens == plan.num_blocks * 16  # 0.19's line: blocks // groups × block size
     assert any("activation" in e for e in plan.estimates) and any("bf16 assumed" in e for e in plan.estimates)
-    # --tp 2: half the weights and half the KV heads on each GPU
+    # --tp 2: half the weights (the rotary cache is on every GPU) and half the KV heads on each GPU
     two = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, tp=2,
                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes)
-    assert two.weights_bytes == weights // 2 and two.page_bytes == 16 * 2 * 4 * 128 * 2
+    assert two.weights_bytes == 8_030_261_248 + 8192 * 128 * 2 and two.page_bytes == 16 * 2 * 4 * 128 * 2
+    # 0.21: the 0.84-GiB CUDA graph estimate is subtracted too
+    later = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, gpu_memory_utilization=0.9,
+                     gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes, max_num_seqs=1024, vllm_version="0.21")
+    assert plan.kv_cache_bytes - later.kv_cache_bytes == 860 * 2**20
+
+
+def test_pipeline_stages_split_layers_as_vllm():
+    from kvcalc.core.model.vllm_memory import pp_layers
+
+    assert pp_layers(32, 4) == (8, 8, 8, 8)
+    assert pp_layers(33, 4) == (8, 8, 9, 8)  # the remainder goes to the stages before the last
+    assert pp_layers(35, 4) == (9, 9, 9, 8)
 
 
 def test_sliding_window_bound_and_groups():
