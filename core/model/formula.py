@@ -13,7 +13,9 @@ from .model_spec import ModelSpec
 def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, total_bits: int) -> str:
     """Equation 1 with numbers substituted and its value in IEC units (exact, half bytes included)."""
     scalar = f"{bits_per_scalar / 8:g} B"
-    if spec.is_uniform:
+    if not spec.keeps_kv:
+        text = "no KV"  # a pure recurrent model: the state below is all it keeps
+    elif spec.is_uniform:
         text = " · ".join([*_uniform_terms(spec, tokens), scalar])
     else:
         parts = [_group_term(g, tokens) for g in spec.layer_groups if g.keeps_kv]
@@ -22,7 +24,7 @@ def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, to
                         f"{g.indexer_bytes} B indexer" for g in spec.layer_groups if g.indexer_bytes)
     states = [g for g in spec.layer_groups if g.state is not None]
     if states:
-        text = f"{text} + " + " + ".join(
+        text = ("" if not spec.keeps_kv else f"{text} + ") + " + ".join(
             f"{plural(g.count, g.note + ' layer')} · {format_count(bits_to_bytes(g.state_bits()))} B state"
             for g in states
         )

@@ -10,8 +10,11 @@ so it has twice as many cached layers; context `max_position_embeddings` (`n_pos
 `seq_length`, `max_seq_len`; None when the config names none). Multimodal models keep the language model
 under `text_config` (or `llm_config`).
 
-A missing field raises ValueError naming the field and the file; so does a file that is not JSON, and a
-field that could change which layers keep KV, or how much, that nothing here reads (hf_fields.py).
+A missing field raises ValueError naming the field and the file; so does a file that is not JSON. Fields are
+judged by the architecture (`model_type`, hf_families.py): a known one reads the fields that shape its cache
+and ignores the rest; an unknown one is read as a plain decoder only when nothing unread could change the
+cache, else refused in one line naming the model_type and every such field. Pure recurrent models (Mamba,
+Mamba-2, RWKV) keep no KV: hf_recurrent.py.
 The spec is named after `name` (a hub repo id), else `_name_or_path`'s last part, else the folder.
 """
 
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs.sources import is_stdin, read_source
+from .hf_families import family_of, judge_unread, refusal
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
 from .hf_groups import model_dtype, read_groups
+from .hf_recurrent import recurrent_spec
 from .model_spec import ModelSpec
 
 _TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype")
@@ -104,6 +109,25 @@ def spec_from_config(
     fill = {"num_hidden_layers": layers, "head_dim": head_dim}
     config = {**config, **{k: v for k, v in fill.items() if v is not None and config.get(k) is None}}
     f = ConfigFields(config, source)
+    if family_of(f.raw("model_type")) is not None:
+        spec = _read(f, name)
+    else:
+        try:
+            spec = _read(f, name)
+        except ValueError as exc:  # an architecture kvcalc does not know, whose layers it cannot place
+            unread = f.unread_structural()
+            if not unread:
+                raise
+            raise refusal(f, unread, why=str(exc).removeprefix(f"{f.source}: ")) from None
+    judge_unread(f)
+    return spec
+
+
+def _read(f: ConfigFields, name: str) -> ModelSpec:
+    """The spec of one (text) config, by the rules of its family (hf_families.py)."""
+    if family_of(f.raw("model_type")) == "recurrent":
+        return recurrent_spec(f, name)
+    source = f.source
     n = f.required_int("num_hidden_layers", "n_layer", "num_layers", "n_layers",
                        fix="add it to the file or give --layers")
     if f.raw("model_type") == "longcat_flash" and f.key_of("num_hidden_layers") is None:
@@ -119,27 +143,29 @@ def spec_from_config(
     if kv_layers < n:
         source = f"{source} ({n - kv_layers} of {n} layers keep no KV cache)"
     experts, per_token = expert_counts(f)
-    spec = ModelSpec.from_groups(
+    return ModelSpec.from_groups(
         name, groups,
         num_attention_heads=heads,
         hidden_size=hidden if hidden is not None else heads * groups_head_dim(groups),
-        max_position_embeddings=f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
-                                      "max_seq_len"),
+        max_position_embeddings=max_positions(f),
         intermediate_size=uniform_intermediate(f, n),
         vocab_size=f.int("vocab_size", "padded_vocab_size"),
         num_experts=experts,
         experts_per_token=per_token,
         ffn_groups=ffn_groups(f, n, hidden or heads * groups_head_dim(groups)),
-        tie_word_embeddings=_tied(f),
-        weight_dtype=_weight_dtype(f),
+        tie_word_embeddings=tied(f),
+        weight_dtype=weight_dtype(f),
         source=source,
         notes=tuple(notes),
     )
-    f.check_all_understood()
-    return spec
 
 
-def _tied(f: ConfigFields) -> bool | None:
+def max_positions(f: ConfigFields) -> int | None:
+    return f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len",
+                 "context_length")
+
+
+def tied(f: ConfigFields) -> bool | None:
     """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma: tied)."""
     tied = f.flag("tie_word_embeddings")
     if tied is None and str(f.raw("model_type")).startswith("gemma"):
@@ -151,7 +177,7 @@ def _tied(f: ConfigFields) -> bool | None:
 _QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_4bit": "int4"}
 
 
-def _weight_dtype(f: ConfigFields) -> str | None:
+def weight_dtype(f: ConfigFields) -> str | None:
     """The checkpoint's weight precision: a quantization_config's, else the model dtype (None if unnamed)."""
     quant = f.raw("quantization_config")
     if isinstance(quant, Mapping):

@@ -1,10 +1,11 @@
-"""A config.json object that remembers which fields were read, so that an unread field that could change
-which layers keep KV (or how much) is an error naming it, never ignored.
+"""A config.json object that remembers which fields were read, so that the unread fields that could change
+which layers keep KV (or how much) can be named.
 
 `STRUCTURAL` is the pattern of field names that may describe the KV cache layer by layer (layer kinds,
 patterns, windows, chunks, KV sharing, recurrent state, head counts and widths, sparse or compressed
-attention). After a config is read, a field that matches it, holds a value (not null / false / 0 / empty)
-and was not read is refused, unless `KNOWN_NO_KV` lists it as a field that does not touch the cache.
+attention). After a config is read, the fields that match it, hold a value (not null / false / 0 / empty),
+were not read and are not listed in `KNOWN_NO_KV` are `unread_structural`; what that means depends on the
+architecture (hf_families.py): nothing for one kvcalc knows, a refusal naming them all for one it does not.
 """
 
 from __future__ import annotations
@@ -104,15 +105,9 @@ class ConfigFields:
             raise self.error(f"{key} lists {len(value)} layers but num_hidden_layers is {length}; fix one")
         return value
 
-    def check_all_understood(self) -> None:
-        """Refuse a set structural field that nothing read (see the module docstring)."""
-        for key, value in self.data.items():
-            if key in self.read or key in KNOWN_NO_KV or KNOWN_NO_KV_PATTERN.search(key) or not STRUCTURAL.search(key):
-                continue
-            if value in (None, False, 0, "", [], {}):
-                continue
-            raise self.error(
-                f"field '{key}' may change which layers keep KV or how much, and kvcalc does not read it; "
-                "the KV it reports could be wrong, so it stops here (remove the field if it does not touch "
-                "the KV cache)"
-            )
+    def unread_structural(self) -> list[str]:
+        """The set fields (not null / false / 0 / empty) whose name may describe the KV cache and that nothing
+        read, in the file's order (see the module docstring); hf_families.py judges them."""
+        return [key for key, value in self.data.items()
+                if key not in self.read and key not in KNOWN_NO_KV and not KNOWN_NO_KV_PATTERN.search(key)
+                and STRUCTURAL.search(key) and value not in (None, False, 0, "", [], {})]

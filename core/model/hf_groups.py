@@ -58,7 +58,7 @@ def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[
     else:
         kinds = layer_kinds(f, n)
         recurrent = any(kind in ("recurrent", "lightning", "kda", "conv", "hybrid") for kind in kinds)
-        dtypes = _state_dtypes(f, notes) if recurrent else ("bf16", "bf16")
+        dtypes = state_dtypes(f, notes) if recurrent else ("bf16", "bf16")
         layers = [g for kind in kinds for g in _layer(f, kind, heads, head_dim, dtypes)]
         layers = _per_layer_overrides(f, layers, n)
     layers = _kv_shared(f, layers, n)
@@ -75,7 +75,7 @@ def model_dtype(f: ConfigFields) -> str | None:
     return None if value is None else _dtype(f, value, f.key_of("torch_dtype", "dtype") or "torch_dtype")
 
 
-def _state_dtypes(f: ConfigFields, notes: list[str]) -> tuple[str, str]:
+def state_dtypes(f: ConfigFields, notes: list[str]) -> tuple[str, str]:
     """(conv state dtype, SSM / recurrent state dtype) by the rule in the module docstring."""
     conv = model_dtype(f)
     if conv is None:
@@ -204,14 +204,17 @@ def _state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
                       "its recurrent layers use")
     if mamba_heads is not None:
         d_head = f.raw("mamba_head_dim", "mamba_d_head", "mamba_headdim")
-        # Nemotron-H's `expand` and the others' `mamba_expand` are d_inner / hidden_size. Falcon-H1's mamba_d_ssm
-        # overrides it (transformers uses expand only when d_ssm is absent); heads · head_dim must agree with it.
+        # `mamba_expand` (Zamba2, Bamba ...) is d_inner / hidden_size and heads · head_dim must agree with it;
+        # Falcon-H1's mamba_d_ssm overrides it (transformers uses expand only when d_ssm is absent).
         expand, expand_key = f.int("mamba_expand", "expand"), f.key_of("mamba_expand", "expand")
         d_inner = f.int("mamba_d_ssm") or (
             mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head", "mamba_headdim") if d_head != "auto"
             else (expand or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
         )
-        if f.int("mamba_d_ssm") is None and expand is not None and expand * hidden != d_inner:
+        # Nemotron-H (Nemotron-3-Nano: expand 2 · 2688 = 5376, but 64 heads · 64 = 4096): transformers' mixer
+        # and vLLM's both take heads · head_dim and never read `expand`, so neither does kvcalc
+        by_heads = f.raw("model_type") == "nemotron_h" and d_head != "auto"
+        if not by_heads and f.int("mamba_d_ssm") is None and expand is not None and expand * hidden != d_inner:
             raise f.error(f"{expand_key} {expand} · hidden_size {hidden} = {expand * hidden} is not the Mamba inner "
                           f"width {mamba_heads} heads · {d_inner // mamba_heads} = {d_inner}; fix one")
         return RecurrentState(
@@ -286,8 +289,11 @@ def _per_layer_overrides(f: ConfigFields, layers: list[LayerGroup], n: int) -> l
 
 
 def _kv_shared(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:
-    if f.flag("use_cla") is False:
-        f.raw("cla_share_factor")  # Hunyuan ships a factor with cross-layer attention off: no layer shares KV
+    cla = f.flag("use_cla")
+    factor = f.int("cla_share_factor")  # Hunyuan ships a factor with cross-layer attention off: no layer shares KV
+    if cla and factor is not None and factor > 1:
+        raise f.error(f"use_cla true with 'cla_share_factor' {factor}: cross-layer attention shares one layer's KV "
+                      f"among {factor} layers, which kvcalc does not model yet; its KV would be a guess, so it stops")
     shared = f.int("num_kv_shared_layers", minimum=0) or 0
     if not shared:
         return layers

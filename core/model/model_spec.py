@@ -6,7 +6,9 @@ from explicit `layer_groups`, as config.json readers make it. Either way `layer_
 sums (core/model/layers.py); with explicit groups the uniform fields summarise them for display and for
 the step-time model: `layers` counts the layers that keep KV, `kv_heads` / `head_dim` are those of the
 attention group with the most layers, `sliding_window` / `num_sliding_layers` those of the windowed
-layers (the largest window when they differ).
+layers (the largest window when they differ). A pure recurrent model (Mamba, RWKV) keeps no KV: its
+`layers`, `kv_heads`, `head_dim` (and `num_attention_heads` when it has none) are 0, and every layer
+group holds a recurrent state.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ class ModelSpec:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        kv_free = self.layer_groups and not any(g.keeps_kv for g in self.layer_groups)
         for name in ("layers", "num_attention_heads", "kv_heads", "head_dim", "hidden_size"):
             value = getattr(self, name)
+            if kv_free and name != "hidden_size" and value == 0:
+                continue  # a pure recurrent model (Mamba, RWKV): no attention, no KV
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
         for name in ("max_position_embeddings", "intermediate_size", "vocab_size", "num_params", "num_active_params",
@@ -135,7 +140,12 @@ class ModelSpec:
         (num_attention_heads, hidden_size, max_position_embeddings, ...)."""
         kv = [g for g in groups if g.keeps_kv]
         if not kv:
-            raise ValueError(f"model {name!r}: no layer keeps a KV cache (every layer is recurrent, no-op or shared)")
+            if not any(g.state is not None for g in groups):
+                raise ValueError(f"model {name!r}: no layer keeps a KV cache or a recurrent state")
+            # a pure recurrent model: no KV at all, a constant state per sequence in every layer
+            fields.setdefault("num_attention_heads", 0)
+            return cls(name=name, layer_groups=groups, layers=0, kv_heads=0, head_dim=0,
+                       num_kv_free_layers=sum(g.count for g in groups), **fields)  # type: ignore[arg-type]
         main = max(kv, key=lambda g: g.count)  # max keeps the first of equal counts
         windowed = [g for g in kv if g.window is not None]
         mla = next((g for g in kv if g.kind == "mla"), None)
@@ -152,14 +162,22 @@ class ModelSpec:
         return cls(name=name, layer_groups=groups, **summary, **fields)  # type: ignore[arg-type]
 
     @property
+    def keeps_kv(self) -> bool:
+        """False for a pure recurrent model (Mamba, RWKV): every layer keeps a state, none keeps KV."""
+        return self.layers > 0
+
+    @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
 
     @property
     def attention(self) -> str:
-        """'mla', 'mqa' (one KV head), 'mha' (KV heads = query heads) or 'gqa' (of the main attention layers)."""
+        """'mla', 'mqa' (one KV head), 'mha' (KV heads = query heads) or 'gqa' (of the main attention layers);
+        'none' for a pure recurrent model."""
         if self.is_mla:
             return "mla"
+        if not self.keeps_kv:
+            return "none"
         if self.kv_heads == 1 and self.num_attention_heads > 1:
             return "mqa"
         if self.kv_heads == self.num_attention_heads:

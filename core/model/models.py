@@ -21,8 +21,12 @@ def resolve_model(
     layers: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    kv_free: bool = False,
 ) -> ModelSpec | None:
     """The model of the shared options `--model`, `--config`, `--layers`, `--kv-heads`, `--head-dim`.
+
+    A pure recurrent model (Mamba, RWKV: no KV, a state per sequence) is returned only with `kv_free`
+    (`kvcalc size` sizes its state); the commands that page KV refuse it naming the model.
 
     `--model` is a preset name, or `org/name` read offline from the local Hugging Face hub cache; `--config`
     a config.json or the folder that holds one; or fully explicit dimensions (a spec named "custom", MHA: as
@@ -58,6 +62,13 @@ def resolve_model(
             hidden_size=kv_heads * head_dim, max_position_embeddings=None,
             source="explicit --layers/--kv-heads/--head-dim",
         )
+    if not spec.keeps_kv and not kv_free:
+        raise ValueError(f"{spec.name} keeps no KV cache (every layer is recurrent: a state of "
+                         f"{spec.state_bits() // 8:,} B per sequence); this command pages KV, so "
+                         "there is nothing to page: size its state with `kvcalc size`")
+    if not spec.keeps_kv and (layers is not None or kv_heads is not None or head_dim is not None):
+        raise ValueError(f"{spec.name} keeps no KV cache, so --layers, --kv-heads and --head-dim have nothing to "
+                         "override; drop them")
     return with_overrides(spec, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
 
 

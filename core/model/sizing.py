@@ -16,6 +16,10 @@ Capacity for a KV budget (per GPU when tp > 1):
   tokens per sequence, so how many tokens fit depends on how they are split into sequences (`max_seqs`);
 * `max_seqs`: whole sequences of `tokens` tokens (windows applied, recurrent state included) that fit;
 * `num_blocks`: paged blocks of `block_size` tokens (every layer) that fit.
+
+A pure recurrent model (Mamba, RWKV) keeps no KV: a sequence costs its state whatever its length, so
+`max_seqs` is budget // state, `num_blocks` is the same count (one state page per sequence, as vLLM pages
+a Mamba-only model) and `max_tokens` is what those sequences hold (max_seqs · tokens).
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ def _main_group(spec: ModelSpec) -> LayerGroup:
 
 
 def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
-    """KV heads one of `tp` GPUs holds in the model's main layers (every KV layer is checked; MLA: 1)."""
+    """KV heads one of `tp` GPUs holds in the model's main layers (every KV layer is checked; MLA: 1; 0 for a
+    pure recurrent model)."""
+    if not spec.keeps_kv:
+        return 0
     return spec.kv_heads_per_gpu(tp)[_main_group(spec)]
 
 
@@ -121,6 +128,8 @@ class SizeResult:
     @property
     def replicas_per_head(self) -> int:
         """GPUs that hold each KV head of the main layers (1 unless tp > KV heads; MLA: tp, on every GPU)."""
+        if not self.spec.keeps_kv:
+            return 1
         main = _main_group(self.spec)
         if main.kind == "mla":
             return self.tp
@@ -232,11 +241,17 @@ def compute_size(
     if memory_bytes <= 0:
         raise ValueError(f"--memory must be positive, got {memory_bytes}")
     memory_bits = memory_bytes * 8
+    max_seqs = memory_bits // result.per_gpu_bits_per_seq
+    if not spec.keeps_kv:  # pure recurrent: one state page per sequence, whatever its length
+        capacity = Capacity(memory_bytes=memory_bytes, per_gpu=tp > 1, max_tokens=max_seqs * tokens,
+                            max_seqs=max_seqs, num_blocks=max_seqs, block_size=block_size,
+                            fits=result.per_gpu_bits <= memory_bits)
+        return dataclasses.replace(result, capacity=capacity)
     capacity = Capacity(
         memory_bytes=memory_bytes,
         per_gpu=tp > 1,
         max_tokens=memory_bits // result.per_gpu_bits_per_token,
-        max_seqs=memory_bits // result.per_gpu_bits_per_seq,
+        max_seqs=max_seqs,
         num_blocks=memory_bits // (result.per_gpu_bits_per_token * block_size),
         block_size=block_size,
         fits=result.per_gpu_bits <= memory_bits,

@@ -13,6 +13,8 @@ mirrors the models' own caches), per GPU of `tp`:
     kda (Kimi-Linear)      conv q, k, v 3 × [d_conv − 1, heads/tp · head_dim]
                            recurrent [heads/tp, head_dim, head_dim]
     short_conv (LFM2)      conv [d_conv − 1, d_inner/tp]
+    rwkv (RWKV-4)          token shift 2 × [hidden] in the model dtype; wkv (numerator, denominator,
+                           running max) 3 × [hidden] in float32 (transformers' RwkvModel); no TP split
 
 `g` is the Mamba-2 group count on one GPU: n_groups/tp when tp divides it, else 1 (the groups are
 replicated so that each head shard has its group, as vLLM does), which needs tp to be a multiple of n_groups.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from ..dtypes import dtype_bits
 
-STATE_KINDS = ("mamba1", "mamba2", "gated_deltanet", "lightning", "kda", "short_conv")
+STATE_KINDS = ("mamba1", "mamba2", "gated_deltanet", "lightning", "kda", "short_conv", "rwkv")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class RecurrentState:
 
     mamba1 / short_conv: d_inner, d_conv (and d_state for mamba1); mamba2: d_inner, d_conv, d_state,
     heads, head_dim, n_groups; gated_deltanet: d_conv, heads (value heads), head_dim (value dim),
-    k_heads, k_dim; lightning: heads, head_dim; kda: heads, head_dim, d_conv.
+    k_heads, k_dim; lightning: heads, head_dim; kda: heads, head_dim, d_conv; rwkv: d_inner (hidden_size;
+    conv_dtype for the two token-shift vectors, ssm_dtype for the three wkv vectors).
     """
 
     kind: str
@@ -81,6 +84,11 @@ class RecurrentState:
             if self.kind == "lightning":
                 return (recurrent,)
             return ("conv", 3 * (self.d_conv - 1) * heads * self.head_dim, conv_bits), recurrent
+        if self.kind == "rwkv":
+            if tp != 1:
+                raise ValueError(f"--tp {tp}: RWKV-4 has no tensor-parallel split in transformers (and vLLM does not "
+                                 "serve it), so its state per GPU is not defined; use --tp 1")
+            return ("token_shift", 2 * self.d_inner, conv_bits), ("wkv", 3 * self.d_inner, ssm_bits)
         d_inner = _split(self.d_inner, tp, "the short-convolution width")
         return (("conv", d_inner * (self.d_conv - 1), conv_bits),)
 
@@ -91,7 +99,7 @@ class RecurrentState:
     def describe(self) -> str:
         """'mamba2 state (conv bf16, ssm fp32)', for the layer table: the dtype of each tensor it has."""
         names = [name for name, _, _ in self.tensors()]
-        dtypes = {name: self.conv_dtype if name == "conv" else self.ssm_dtype for name in names}
+        dtypes = {name: self.conv_dtype if name in ("conv", "token_shift") else self.ssm_dtype for name in names}
         if len(set(dtypes.values())) == 1:
             text = next(iter(dtypes.values()))
         else:

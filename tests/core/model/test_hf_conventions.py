@@ -20,15 +20,42 @@ def write(tmp_path, config, folder="model"):
     return directory
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("index_topk", 2048),  # DeepSeek-V3.2's sparse-attention indexer keeps its own cache
-    ("compress_ratios", [4, 4, 4, 4]),
-    ("global_attn_every_n_layers", 3),
-    ("kv_sharing_stride", 2),
-])
-def test_an_unread_field_that_may_change_the_kv_is_refused_by_name(tmp_path, field, value):
-    with pytest.raises(ValueError, match=f"'{field}'"):
-        load_config(write(tmp_path, {**BASE, field: value}))
+UNKNOWN = {"index_topk": 2048,  # DeepSeek-V3.2's sparse-attention indexer keeps its own cache
+           "compress_ratios": [4, 4, 4, 4], "kv_sharing_stride": 2, "linear_attn_beta": 0.5}
+
+
+def test_an_unknown_architecture_is_refused_in_one_line_naming_every_unread_field(tmp_path):
+    config = {**BASE, "model_type": "acme_lm", **UNKNOWN}
+    with pytest.raises(ValueError) as refused:
+        load_config(write(tmp_path, config))
+    message = str(refused.value)
+    assert "\n" not in message and "model_type 'acme_lm' is not an architecture kvcalc knows" in message
+    assert "does not read its fields index_topk, compress_ratios, kv_sharing_stride, linear_attn_beta," in message
+    assert "remove" not in message and "delete" not in message  # never advise deleting a field
+    # without a model_type: the same rule
+    with pytest.raises(ValueError, match="a config without a model_type is not an architecture kvcalc knows"):
+        load_config(write(tmp_path, {k: v for k, v in config.items() if k != "model_type"}, folder="none"))
+
+
+def test_an_unknown_architecture_with_only_fields_kvcalc_reads_is_a_plain_decoder(tmp_path):
+    spec = load_config(write(tmp_path, {**BASE, "model_type": "acme_lm", "rope_theta": 1e6}))
+    assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2  # 4 layers · K, V · 2 KV heads · 128 · 2 B = 4,096
+
+
+def test_an_unknown_architecture_whose_layers_cannot_be_placed_names_why_and_the_fields(tmp_path):
+    # transformers' RWKV-7 style: no num_attention_heads, a head_dim and low-rank fields kvcalc does not read
+    config = {"model_type": "rwkv7", "hidden_size": 2048, "num_hidden_layers": 24, "head_dim": 64,
+              "a_low_rank_dim": 96, "decay_low_rank_dim": 96, "v_low_rank_dim": 64, "gate_low_rank_dim": 256}
+    with pytest.raises(ValueError, match=r"model_type 'rwkv7' is not an architecture kvcalc knows \(missing the "
+                                         r"field 'num_attention_heads'.*\), and it does not read its fields head_dim"):
+        load_config(write(tmp_path, config))
+
+
+@pytest.mark.parametrize("field", sorted(UNKNOWN))
+def test_a_known_architecture_ignores_fields_it_does_not_read(tmp_path, field):
+    # Llama's engines (transformers' LlamaConfig, vLLM's LlamaForCausalLM) read none of these: neither does kvcalc
+    spec = load_config(write(tmp_path, {**BASE, field: UNKNOWN[field]}))
+    assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2 == 4_096
 
 
 def test_kimi_linear_kda_layers(tmp_path):

@@ -121,6 +121,11 @@ def test_layer_group_validation():
         LayerGroup("sliding", 1, kv_heads=1, k_head_dim=1, v_head_dim=1)
     with pytest.raises(ValueError, match="either KV or a recurrent state"):
         LayerGroup("full", 1, kv_heads=1, k_head_dim=1, v_head_dim=1, state=MAMBA2)
-    with pytest.raises(ValueError, match="no layer keeps a KV cache"):
-        ModelSpec.from_groups("m", (LayerGroup("none", 4, state=MAMBA2),), num_attention_heads=1, hidden_size=1,
+    with pytest.raises(ValueError, match="no layer keeps a KV cache or a recurrent state"):
+        ModelSpec.from_groups("m", (LayerGroup("none", 4, note="MLP only"),), num_attention_heads=1, hidden_size=1,
                               max_position_embeddings=None)
+    # a pure recurrent model: no KV layer, no KV head, a state in every layer
+    pure = ModelSpec.from_groups("m", (LayerGroup("none", 4, state=MAMBA2),), hidden_size=1,
+                                 max_position_embeddings=None)
+    assert (pure.layers, pure.kv_heads, pure.head_dim, pure.keeps_kv, pure.attention) == (0, 0, 0, False, "none")
+    assert pure.kv_bits(1_000_000, 16) == 0 and pure.state_bits() == 4 * MAMBA2.bits()

@@ -1,0 +1,71 @@
+"""Which architectures kvcalc reads, and how a config field is judged: by the architecture that owns it.
+
+A config's `model_type` names its architecture, and the engines (transformers, vLLM) build the model from
+the fields that architecture reads and ignore every other field. kvcalc does the same:
+
+* a `model_type` of `FAMILIES` is read by the rules of hf_layers.py / hf_groups.py / hf_recurrent.py for
+  its family, which read every field that shapes that family's KV cache and recurrent state; any other
+  field of the file is ignored (a field the architecture does not read cannot change what it caches);
+* any other `model_type` (or none) is read as a plain decoder only when every field whose name says it
+  could describe the cache (`hf_fields.STRUCTURAL`) was read; otherwise it is refused in one line naming the
+  model_type and all of those fields at once. kvcalc never suggests deleting a field: a field it does not
+  understand on an architecture it does not know may be exactly the one that changes the cache
+  (DeepSeek-V4's `compress_ratios`: its layers keep a compressed cache that no other reader models).
+"""
+
+from __future__ import annotations
+
+from .hf_fields import ConfigFields
+
+# model_type -> family (the reader conventions of the family are in the modules named above).
+FAMILIES: dict[str, str] = {
+    # dense and MoE decoders: K and V of every KV head on every attention layer (sliding, chunked, NoPE ...)
+    **dict.fromkeys((
+        "llama", "mistral", "mistral3", "ministral", "pixtral", "llava", "llava_next", "mixtral", "qwen2",
+        "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma", "gemma2",
+        "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "cohere", "cohere2", "exaone4",
+        "phi", "phi3", "phi4_multimodal", "phimoe", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe",
+        "internlm2", "internlm3", "smollm3", "starcoder2", "gpt2", "gpt_neox", "gpt_bigcode", "gptj", "opt",
+        "bloom", "mpt", "falcon", "RefinedWeb", "RefinedWebModel", "nemotron", "nemotron-nas", "deci", "afmoe",
+        "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm4_moe", "chatglm",
+        "gpt_oss", "minimax_m2", "mimo", "mimo_v2_flash", "llama4", "llama4_text", "seed_oss", "arcee",
+        "step3p5", "step3_text",
+    ), "decoder"),
+    # multi-head latent attention (one latent per token), with DeepSeek sparse attention's indexer keys
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa"),
+                    "mla"),
+    # attention + Mamba / linear attention / short convolution in one stack
+    **dict.fromkeys(("nemotron_h", "jamba", "bamba", "granitemoehybrid", "zamba", "zamba2", "falcon_h1",
+                     "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax",
+                     "minimax_m1", "minimax_text_01", "lfm2", "lfm2_moe", "kimi_linear", "kimi_k3", "kimi_k3_text"),
+                    "hybrid"),
+    # no KV at all: a constant state per sequence (hf_recurrent.py)
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv"), "recurrent"),
+}
+
+
+def family_of(model_type: object) -> str | None:
+    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
+
+
+def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
+    """The one-line refusal of an architecture kvcalc does not know: its model_type and every unread field
+    that could change the KV or the state, at once."""
+    model_type = f.data.get("model_type")
+    which = f"model_type {model_type!r}" if model_type else "a config without a model_type"
+    listed = ", ".join(fields) if fields else "(none)"
+    because = f" ({why})" if why else ""
+    return f.error(
+        f"{which} is not an architecture kvcalc knows{because}, and it does not read its fields {listed}, "
+        "which could change which layers keep KV or how much; its KV would be a guess, so kvcalc stops "
+        "(for a plain decoder, give its shape with --layers, --kv-heads and --head-dim instead)"
+    )
+
+
+def judge_unread(f: ConfigFields) -> None:
+    """After a config was read: nothing to judge for a known family; else refuse unread structural fields."""
+    if family_of(f.data.get("model_type")) is not None:
+        return
+    unread = f.unread_structural()
+    if unread:
+        raise refusal(f, unread)
