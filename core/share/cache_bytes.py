@@ -1,0 +1,69 @@
+"""Bytes of one cached prefix block, per KV cache group of the model (the per-group pool's view).
+
+A cached block of B tokens holds, in every attention group, that group's block of those B tokens: full
+attention for every prefix; sliding-window and chunked groups too, because vLLM frees a block that falls
+out of the window with its hash and it stays cached (LRU) until evicted — so a windowed group costs cache
+bytes like a full one (an engine that dropped them would hold less: the figures are then an upper bound).
+A Mamba / linear-attention hybrid can resume only from a recurrent state saved at exactly the hit's
+boundary: to hit at every block boundary, as the curve assumes, each cached block carries one saved state
+per state group (vLLM's mamba_cache_mode "align"/"all"); `state_bytes` is that cost. With mode "none" a
+hybrid caches no prefix at all, which is refused rather than answered with attention bytes alone.
+Groups are the ``ideal`` layout of core.model.kv_groups (each layer type pooled on its own, no padding, the
+block size as given), per GPU of `tp`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ParameterError
+from ..model.kv_groups import kv_layout
+from ..model.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class GroupBytes:
+    label: str  # "full", "sliding 4,096", "state mamba2", ...
+    layers: int
+    bytes_per_block: int
+
+
+@dataclass(frozen=True)
+class CachedBlockBytes:
+    """Bytes of one cached block of `block_size` tokens, split by KV cache group."""
+
+    model: str
+    dtype: str
+    block_size: int
+    tp: int
+    groups: tuple[GroupBytes, ...]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(g.bytes_per_block for g in self.groups)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(g.bytes_per_block for g in self.groups if g.label.startswith("state"))
+
+    def split(self, blocks: int) -> dict[str, int]:
+        """Bytes of `blocks` cached blocks, per group label."""
+        return {g.label: blocks * g.bytes_per_block for g in self.groups}
+
+
+def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, tp: int = 1,
+                       mamba_cache_mode: str = "align") -> CachedBlockBytes:
+    """The bytes of one cached prefix block of `spec` (module docstring)."""
+    layout = kv_layout(spec, dtype_bits, block_size, "ideal", tp, mamba_cache_mode)
+    groups = []
+    for g in layout.groups:
+        if g.is_state:
+            if mamba_cache_mode == "none":
+                raise ParameterError(
+                    f"mamba_cache_mode 'none': {spec.name} has recurrent-state layers, and without saved states it "
+                    "caches no prefix: use align or all", "mamba_cache_mode")
+            label = f"state {g.source}"
+        else:
+            label = g.kind if g.window is None else f"{g.kind} {g.window:,}"
+        groups.append(GroupBytes(label, g.layers, g.block_bytes))
+    return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups))
