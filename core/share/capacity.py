@@ -36,11 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from ..errors import ParameterError
 from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
+from ..units import parse_bytes, parse_int
 from .trace_blocks import check_requests, in_arrival_order
 
 _PROGRESS_EVERY = 500  # requests between progress calls
@@ -328,8 +330,6 @@ MAX_SWEEP_POINTS = 200
 
 
 def _one_capacity(text: str) -> CapacityValue:
-    from ..units import parse_bytes, parse_int
-
     raw = text.strip()
     if raw.endswith("B"):  # 1GiB, 512MB, 4096B: bytes
         try:
@@ -337,15 +337,13 @@ def _one_capacity(text: str) -> CapacityValue:
         except ValueError as e:
             raise ParameterError(f"capacity {raw!r}: {e}", "capacity") from None
     number = raw.removesuffix("tokens").removesuffix("tok").strip()
-    scale = _SI.get(number[-1:], None) if number and not number[-1:].isdigit() else 1
+    scale = _SI.get(number[-1:]) if number and not number[-1:].isdigit() else 1
     if scale is None:
         raise ParameterError(f"capacity {raw!r} is neither tokens (3M, 500k, 2e6) nor bytes (4GiB, 80GB)",
                              "capacity")
     if scale != 1:
         number = number[:-1]
     try:
-        from fractions import Fraction
-
         exact = Fraction(number) * scale
     except (ValueError, ZeroDivisionError):
         try:
@@ -379,7 +377,7 @@ def parse_capacities(text: str) -> list[CapacityValue]:
             raise ParameterError(f"capacity range {part!r} needs 0 < LOW < HIGH in one unit (tokens or bytes)",
                                  "capacity")
         grid = np.geomspace(low.amount, high.amount, count)
-        amounts = [low.amount, *(int(round(a)) for a in grid[1:-1]), high.amount]
+        amounts = [low.amount, *(round(float(a)) for a in grid[1:-1]), high.amount]
         values += [CapacityValue(a, low.unit, f"{a}") for a in amounts]
     if len(values) > MAX_SWEEP_POINTS:
         raise ParameterError(f"capacity gives {len(values)} points: at most {MAX_SWEEP_POINTS}", "capacity")
