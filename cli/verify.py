@@ -27,7 +27,8 @@ EVENT_LABELS = {
     "prefix_hit_tokens": "hits", "cow_copies": "CoW", "forks": "forks", "preemptions": "preempt", "swaps": "swaps",
     "cancellations": "cancel", "evictions": "evict", "prefill_chunks": "chunks", "mixed_steps": "mixed",
     "eos_finishes": "EOS", "beams_dropped": "dropped", "cancelled_blocks_reused": "reused",
-    "deferred_free_blocks": "deferred", "rollbacks": "rollbacks",
+    "deferred_free_blocks": "deferred", "rollbacks": "rollbacks", "mid_block_chunks": "mid-block chunks",
+    "capped_hits": "capped hits", "cow_tight_fits": "CoW-decided fits", "late_reads": "late reads",
 }
 
 
@@ -45,7 +46,8 @@ def _verdict_cell(scenario: dict[str, Any]) -> str:
         cell = "pass"
     else:
         reasons = [label for key, label in (("mismatched_tokens", "tokens"), ("content_errors", "content"),
-                                             ("invariant_error", "invariants"), ("error", "error")) if scenario[key]]
+                                             ("invariant_error", "invariants"), ("hit_error", "hits"),
+                                             ("error", "error")) if scenario[key]]
         cell = "FAIL" + (f" ({', '.join(reasons)})" if reasons else " (logits)")
     if scenario["fault"] is not None:
         cell += {"caught": "; fault caught", "undetected": "; fault UNDETECTED",
@@ -75,7 +77,10 @@ def _report(doc: dict[str, Any]) -> Report:
     notes = ["events: those the scenario's name needs — hits = prefix-cache hit tokens, CoW = copy-on-write "
              "copies, chunks = prefill chunks, mixed = steps batching prefill and decode, EOS = end-of-sequence "
              "finishes, dropped = beams dropped, reused = a cancelled request's blocks handed out in the next step, "
-             "deferred = blocks held back by the pool's step window; all events in --json"]
+             "deferred = blocks held back by the pool's step window, mid-block chunks = prefill chunks ending inside a "
+             "keyed prompt block, capped hits = whole cached block-aligned prompts hit one block short, CoW-decided "
+             "fits = growths that fit only without their copy-on-write copies, late reads = contexts read again one "
+             "step later; all events in --json"]
     rule = doc["pass_rule"]
     if doc["dtype"] == "fp32":
         notes.append(f"pass rule: every token identical, |Δlogit| <= {rule['fp32_logit_tolerance']:.0e}; the pool's "
@@ -90,7 +95,7 @@ def _report(doc: dict[str, Any]) -> Report:
             tokens = [("none (it stopped)" if t is None else t) for t in (m["reference_token"], m["test_token"])]
             notes.append(f"{s['name']}: first divergence at request {m['request']}, output token {m['position']}: "
                          f"reference {tokens[0]}, paged {tokens[1]}")
-        for key, label in (("error", "stopped"), ("invariant_error", "pool invariant"),
+        for key, label in (("error", "stopped"), ("invariant_error", "pool invariant"), ("hit_error", "hits"),
                            ("first_content_error", "content check")):
             if s[key]:
                 notes.append(f"{s['name']}: {label}: {s[key]}")
@@ -124,7 +129,7 @@ def command(
     scenario: Annotated[list[str] | None, typer.Option(
         "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
         "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
-        "speculative.")] = None,
+        "speculative, prefix-chunked, aligned-repeat, fork-pressure, evict-return, async-cancel.")] = None,
     inject: Annotated[str | None, typer.Option(
         "--inject", help="Plant a fault in the block pool that the checks must catch: early-free, skip-cow, "
         "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "

@@ -96,6 +96,8 @@ class ModelExecutor:
         self.counts: Counter[str] = Counter()
         self._tables: dict[int, set[int]] = {}  # request id -> its blocks in the last plan it ran in
         self.content_errors: list[str] = []
+        self.first_start: dict[int, int] = {}  # request id -> computed tokens when first scheduled (its hit)
+        self._read: list[tuple[int, np.ndarray, np.ndarray, torch.Tensor]] = []  # see remember_reads
 
     # ---- the step ------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> StepOutcome:
@@ -159,6 +161,16 @@ class ModelExecutor:
                                         for rid, end in zip(plan.request_ids.tolist(), ends.tolist(), strict=True))
         new = plan.num_new_tokens
         counts["mixed_steps"] += bool((new > 1).any() and (new == 1).any())
+        B = self.kv.block_size
+        for rid, start, end in zip(plan.request_ids.tolist(), plan.num_computed_tokens.tolist(), ends.tolist(),
+                                   strict=True):
+            prompt = len(self.requests[rid].prompt)
+            if rid not in self.first_start:
+                self.first_start[rid] = start
+                # a whole-block prompt cached in full: the hit stops one block short, at the last token's block
+                counts["capped_hits"] += bool(start and prompt % B == 0 and start == prompt - B)
+            # a prefill chunk that stops inside a full prompt block (one with a content key)
+            counts["mid_block_chunks"] += bool(end % B and end < prompt // B * B)
         tables = {rid: set(t.tolist()) for rid, t in zip(plan.request_ids.tolist(), plan.blocks.block_tables,
                                                           strict=True)}
         cancelled = [rid for rid, reason in events.released if reason == "cancelled"]
@@ -199,6 +211,35 @@ class ModelExecutor:
             block_tables=torch.from_numpy(padded).to(device),
         )
         return batch, np.asarray(idents, dtype=np.int64)
+
+    # ---- a reader one step late (an asynchronous executor, as on a GPU stream) ----------------------
+    def _context(self, table: np.ndarray, length: int) -> torch.Tensor:
+        """The K and V of positions 0..length-1 through `table`, every layer: [2, layers, length, Hkv, D]."""
+        B = self.kv.block_size
+        positions = np.arange(length)
+        slots = torch.as_tensor(table[positions // B] * B + positions % B, device=self.kv.k[0].device)
+        return torch.stack([torch.stack([c.flatten(0, 1)[slots] for c in caches]) for caches in (self.kv.k, self.kv.v)])
+
+    def remember_reads(self, plan: StepPlan) -> None:
+        """Keep what this step read (each request's context after its writes) for `late_read`."""
+        self._read = []
+        for rid, table, end in zip(plan.request_ids.tolist(), plan.blocks.block_tables,
+                                   (plan.num_computed_tokens + plan.num_new_tokens).tolist(), strict=True):
+            ident = np.asarray(self.requests[rid].ident[:end], dtype=np.int64)
+            self._read.append((rid, np.array(table), ident, self._context(table, end).clone()))
+
+    def late_read(self, step: int) -> None:
+        """Read the remembered step's contexts again, now, after the next step's copies, swaps and writes (a
+        GPU runs a step's attention after the host has planned the next): every slot must hold what it held."""
+        for rid, table, ident, kv in self._read:
+            self.counts["late_reads"] += 1
+            wrong = self.shadow.first_wrong(table, ident)
+            if wrong is None and torch.equal(self._context(table, len(ident)), kv):
+                continue
+            where = f"position {wrong} (block {int(table[wrong // self.kv.block_size])})" if wrong is not None else (
+                "a slot's K/V")
+            self.content_errors.append(f"step {step}: request {rid} read one step late: {where} was overwritten")
+        self._read = []
 
     def _check_contexts(self, plan: StepPlan) -> None:
         for rid, table, start in zip(plan.request_ids.tolist(), plan.blocks.block_tables,

@@ -39,7 +39,7 @@ from .weights import ModelWeights
 
 EVENTS = ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions",
           "prefill_chunks", "mixed_steps", "eos_finishes", "beams_dropped", "cancelled_blocks_reused",
-          "deferred_free_blocks", "rollbacks")
+          "deferred_free_blocks", "rollbacks", "mid_block_chunks", "capped_hits", "cow_tight_fits", "late_reads")
 
 
 @dataclass
@@ -57,6 +57,7 @@ class ScenarioResult:
     content_errors: int = 0
     first_content_error: str | None = None
     invariant_error: str | None = None
+    hit_error: str | None = None  # a prefix-cache hit other than the scenario's construction implies
     error: str | None = None  # the run stopped with an exception
     fault_fired: int | None = None
     status: str = "passed"  # passed | failed (a check failed) | not exercised (checks clean, a needed event 0)
@@ -70,12 +71,19 @@ class ScenarioResult:
 
 class _CheckedExecutor:
     """The model executor, with the pool's invariants checked before every plan (the first failure kept),
-    and the pool's step window opened as the plan starts to run (`_WindowedEngine` closes it)."""
+    and the pool's step window opened as the plan starts to run (`close_window` closes it).
 
-    def __init__(self, executor: ModelExecutor, pool: BlockPool) -> None:
-        self.executor, self.pool = executor, pool
+    `late`: an asynchronous executor — a step's K/V is read again one step later, after the next plan's copies,
+    swaps and writes (as a GPU runs a step's attention after the host planned the next one), so the step's
+    window may only close then: it stays open through the releases of the step and the next plan.
+    """
+
+    def __init__(self, executor: ModelExecutor, pool: BlockPool, late: bool = False) -> None:
+        self.executor, self.pool, self.late = executor, pool, late
         self.invariant_error: str | None = None
         self.in_window = False
+        self.deferred_free_blocks = 0
+        self._step = -1
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         if self.invariant_error is None:
@@ -83,28 +91,46 @@ class _CheckedExecutor:
                 self.pool.check_invariants()
             except AssertionError as exc:
                 self.invariant_error = f"before step {plan.step}: {exc}"
+        if not self.late:
+            self.pool.begin_step()
+            self.in_window = True
+            return self.executor.execute(plan)
+        outcome = self.executor.execute(plan)
+        self.close_window()  # the previous step's reads happen only now, after this step's writes
         self.pool.begin_step()
-        self.in_window = True
-        return self.executor.execute(plan)
+        self.in_window, self._step = True, plan.step
+        self.executor.remember_reads(plan)
+        return outcome
+
+    def close_window(self) -> None:
+        if self.in_window:
+            if self.late:
+                self.executor.late_read(self._step)
+            self.deferred_free_blocks += self.pool.usage().pending_free_blocks
+            self.in_window = False
+            self.pool.end_step()
 
 
 class _WindowedEngine(Engine):
     """The engine with each step's releases inside the pool's step window: the window opens when the
-    executor starts the plan and closes after the step's finishes and cancellations were released."""
+    executor starts the plan and closes after the step's finishes and cancellations were released (with a
+    late executor: when the next step has run, or nothing is left to run)."""
 
     def __init__(self, *args: Any, checked: _CheckedExecutor, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.checked = checked
-        self.deferred_free_blocks = 0
+
+    @property
+    def deferred_free_blocks(self) -> int:
+        return self.checked.deferred_free_blocks
 
     def step(self) -> None:
         try:
             super().step()
         finally:
-            if self.checked.in_window:
-                self.deferred_free_blocks += self.checked.pool.usage().pending_free_blocks
-                self.checked.in_window = False
-                self.checked.pool.end_step()
+            s = self.scheduler
+            if not self.checked.late or not (s.running or s.waiting):
+                self.checked.close_window()
 
 
 def block_keys(prompt: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:
@@ -124,7 +150,7 @@ def _references(weights: ModelWeights, requests: Requests, seed: int) -> tuple[l
     for row, (i, _) in enumerate(rows):
         new = requests.cancel_after.get(row, requests.max_new_tokens[i])
         generations.append(reference_generate(weights, requests.prompts[i], new, sampling_of_row(requests, row, seed)))
-    eos = None
+    eos = requests.eos_token
     if requests.eos_from_reference:  # a token the longest decoding produces half-way: some requests stop at it
         longest = max(generations, key=lambda g: len(g.output_ids))
         eos = longest.output_ids[len(longest.output_ids) // 2]
@@ -139,7 +165,8 @@ def _events(pool: BlockPool, executor: ModelExecutor, **extra: int) -> dict[str,
         "evictions": stats.evictions, "prefill_chunks": counts["prefill_chunks"], "mixed_steps": counts["mixed_steps"],
         "eos_finishes": counts["eos"], "beams_dropped": 0,
         "cancelled_blocks_reused": counts["cancelled_blocks_reused"], "deferred_free_blocks": 0,
-        "rollbacks": pool.speculative_stats().rolled_back_slots,
+        "rollbacks": pool.speculative_stats().rolled_back_slots, "mid_block_chunks": counts["mid_block_chunks"],
+        "capped_hits": counts["capped_hits"], "cow_tight_fits": 0, "late_reads": counts["late_reads"],
     }
     events.update(extra)
     return events
@@ -173,7 +200,8 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
         result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
     result.needs = list(scenario.needs)
     result.missing_events = [e for e in scenario.needs if not result.events.get(e)]
-    checks_failed = not result.passed or result.content_errors or result.invariant_error or result.error
+    checks_failed = (not result.passed or result.content_errors or result.invariant_error or result.error
+                     or result.hit_error)
     result.status = "failed" if checks_failed else "not exercised" if result.missing_events else "passed"
     result.passed = result.status == "passed"
     if fault is not None:
@@ -202,13 +230,13 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
                               list(reqs.num_samples), description=f"verify {scenario.name}")
     prompts = workload.prompt_token_ids
     keys = [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None
-    policy = ExactPagedPolicy(scenario.num_blocks, B, len(workload), keys)
+    policy = _ObservedPolicy(scenario.num_blocks, B, len(workload), keys)
     if fault is not None:
         fault.install(policy.pool)
     generations, lengths, eos = _references(weights, reqs, seed)
     sampling = [sampling_of_row(reqs, row, seed) for row in range(len(workload))]
     executor = _new_executor(weights, scenario, attention_backend, prompts, sampling, eos)
-    checked = _CheckedExecutor(executor, policy.pool)
+    checked = _CheckedExecutor(executor, policy.pool, late=scenario.async_reads)
     cancel_at = np.zeros(len(workload), np.int64)
     for row, tokens in reqs.cancel_after.items():
         cancel_at[row] = tokens
@@ -227,11 +255,38 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
     return ScenarioResult(
         scenario.name, len(workload), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
         verdict.max_abs_logit_diff, verdict.passed,
-        _events(policy.pool, executor, deferred_free_blocks=engine.deferred_free_blocks),
+        _events(policy.pool, executor, deferred_free_blocks=engine.deferred_free_blocks,
+                cow_tight_fits=policy.cow_tight_fits),
         content_errors=len(executor.content_errors),
         first_content_error=executor.content_errors[0] if executor.content_errors else None,
         invariant_error=checked.invariant_error, error=error, steps=executor.counts["steps"],
+        hit_error=_hit_error(scenario, executor) if error is None else None,
     )
+
+
+def _hit_error(scenario: Scenario, executor: ModelExecutor) -> str | None:
+    """The first request whose prefix-cache hit differs from what the scenario's construction implies."""
+    for row, tokens in scenario.expect_hits:
+        got = executor.first_start.get(row)
+        if got != tokens:
+            return f"request {row} hit {got} tokens; its construction implies {tokens} (an LRU cache of whole blocks)"
+    return None
+
+
+class _ObservedPolicy(ExactPagedPolicy):
+    """The exact paged policy, counting growths whose fit the copy-on-write copies decided (`cow_tight_fits`:
+    the new blocks alone fit the free blocks, with the copies they do not)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.cow_tight_fits = 0
+
+    def _copies_needed(self, rids: np.ndarray, totals: np.ndarray) -> int:
+        copies = super()._copies_needed(rids, totals)
+        if copies:
+            need = int((-(-totals // self.block_size) - self.held_blocks[rids]).sum())
+            self.cow_tight_fits += need <= self.pool.num_free_blocks < need + copies
+        return copies
 
 
 def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str,

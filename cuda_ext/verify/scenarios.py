@@ -24,6 +24,18 @@ cross boundaries, fill partial blocks and share them.
                                                                                       cancellations, evictions
     speculative        K = 3 greedy drafts by a smaller model, verified in one pass;  rollbacks, preemptions,
                        rollback keep and free, prefix caching, a pool that preempts   prefix_hit_tokens
+    prefix-chunked     a shared system prompt under a 7-token step budget             prefix_hit_tokens, prefill_chunks,
+                                                                                      mid_block_chunks
+    aligned-repeat     whole-block prompts sent again while cached (hit = len - B,    prefix_hit_tokens, capped_hits
+                       checked)
+    fork-pressure      parallel samples in an 18-block pool                          forks, cow_copies, preemptions,
+                                                                                      cow_tight_fits
+    evict-return       a prefix returns after a request took every other block (its   prefix_hit_tokens, evictions
+                       hit checked against least-recently-used eviction)
+    async-cancel       cancel-reuse with each step's K/V read again one step later    cancellations, late_reads,
+                                                                                      deferred_free_blocks
+
+With `source` (real chat prompts, chat.py) the prompts are the source's and the pools scale with their length.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ class Requests:
     sampling: SamplingParams = GREEDY
     cancel_after: dict[int, int] = field(default_factory=dict)  # row -> generated tokens at its cancellation
     eos_from_reference: bool = False  # pick an end-of-sequence token that some reference output contains
+    eos_token: int | None = None  # the model's own end-of-sequence token (real prompts); None: ignore EOS
 
 
 @dataclass(frozen=True)
@@ -66,10 +79,27 @@ class Scenario:
     beam_width: int = 3
     beam_tokens: int = 8
     spec_tokens: int = 0  # speculative decoding: K drafts per decode step (speculative.py runs it)
+    expect_hits: tuple[tuple[int, int], ...] = ()  # (row, prefix-cache hit tokens its construction implies)
+    async_reads: bool = False  # each step's K/V read again one step later, after the next step's writes
 
 
-def _prompts(rng: np.random.Generator, vocab: int, lengths: list[int], prefix: tuple[int, ...] = ()) -> list[tuple]:
-    return [prefix + tuple(int(t) for t in rng.integers(0, vocab, n)) for n in lengths]
+class RandomPrompts:
+    """Prompts of seeded random token ids (the built-in model's): exactly the lengths asked for."""
+
+    def __init__(self, rng: np.random.Generator, vocab: int) -> None:
+        self.rng, self.vocab = rng, vocab
+
+    def system(self, length: int) -> tuple[int, ...]:
+        """A shared prefix (a system prompt) of `length` tokens."""
+        return tuple(int(t) for t in self.rng.integers(0, self.vocab, length))
+
+    def tokens(self, lengths: list[int], prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+        """One prompt per length: the prefix, then that many fresh tokens."""
+        return [prefix + self.system(n) for n in lengths]
+
+    def aligned(self, lengths: list[int], prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+        """Prompts whose whole length is a multiple of the block size."""
+        return [prefix + self.system(n - len(prefix)) for n in lengths]
 
 
 def _requests(prompts: list[tuple], new: list[int], arrival_steps: list[int], samples: list[int] | None = None,
@@ -78,63 +108,164 @@ def _requests(prompts: list[tuple], new: list[int], arrival_steps: list[int], sa
                     tuple(samples or [1] * len(prompts)), **kw)
 
 
-def build(name: str, vocab: int, seed: int) -> Scenario:
-    """The scenario `name` with prompts drawn from `seed` over a vocabulary of `vocab` token ids."""
+def _blocks(prompts: list[tuple], new: list[int], block_size: int) -> int:
+    """The blocks requests hold at most, each alone: prompt + output − 1 tokens (the last one is never written)."""
+    return sum(-(-(len(p) + n - 1) // block_size) for p, n in zip(prompts, new, strict=True))
+
+
+def _common(a: tuple, b: tuple) -> int:
+    """Length of the common prefix of two prompts."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def expected_hit(cached: tuple, prompt: tuple, block_size: int) -> int:
+    """The hit tokens of `prompt` on a cache holding `cached`'s full blocks: the whole blocks of their common
+    prefix, never the block of the prompt's last token (it must be recomputed to produce logits)."""
+    return min(_common(cached, prompt), len(prompt) - 1) // block_size * block_size
+
+
+def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
+    """The scenario `name` with prompts drawn from `seed` over a vocabulary of `vocab` token ids, or from
+    `source` (an object with RandomPrompts' methods: real chat prompts, `chat.ChatPrompts`). Pool sizes are
+    written for the random prompts' lengths and scaled by the prompts' real token count, so a pool under
+    pressure stays under pressure with longer prompts."""
     rng = np.random.default_rng([seed, SCENARIOS.index(name)])
-    tokens = lambda lengths, prefix=(): _prompts(rng, vocab, lengths, prefix)  # noqa: E731
+    src = source if source is not None else RandomPrompts(rng, vocab)
+    tokens = src.tokens
+    B = BLOCK_SIZE
+
+    def pool(num_blocks: int, prompts: list[tuple], new: list[int], nominal: list[int]) -> int:
+        """`num_blocks` for prompts of the `nominal` lengths, scaled to these prompts' demand."""
+        if source is None:
+            return num_blocks
+        nominal_blocks = sum(-(-(n + m - 1) // B) for n, m in zip(nominal, new, strict=True))
+        return max(-(-num_blocks * _blocks(prompts, new, B) // nominal_blocks), 1)
+
+    eos = getattr(source, "eos_token_id", None)  # real prompts: the model's own end of sequence (ragged, speculative)
     if name == "ragged":
         lengths = [1, 17, 5, 40, 12, 3, 26, 9, 33, 2, 21, 7]
-        reqs = _requests(tokens(lengths), [12, 5, 9, 16, 4, 10, 8, 14, 6, 11, 7, 13],
-                         [0, 0, 0, 1, 2, 3, 5, 8, 8, 12, 15, 20], eos_from_reference=True)
-        return Scenario(name, ("mixed_steps", "eos_finishes"), num_blocks=128, requests=reqs)
+        new = [12, 5, 9, 16, 4, 10, 8, 14, 6, 11, 7, 13] if eos is None else [24, 5, 9, 32, 4, 10, 8, 28, 6, 11, 7, 13]
+        prompts = tokens(lengths)
+        reqs = _requests(prompts, new, [0, 0, 0, 1, 2, 3, 5, 8, 8, 12, 15, 20], eos_from_reference=eos is None,
+                         eos_token=eos)
+        return Scenario(name, ("mixed_steps", "eos_finishes"), num_blocks=pool(128, prompts, new, lengths),
+                        requests=reqs)
     if name == "chunked-prefill":
-        reqs = _requests(tokens([45, 61, 30, 9, 23]), [6, 6, 8, 10, 5], [0, 0, 2, 4, 6])
-        return Scenario(name, ("prefill_chunks",), num_blocks=96, requests=reqs,
+        lengths, new = [45, 61, 30, 9, 23], [6, 6, 8, 10, 5]
+        prompts = tokens(lengths)
+        reqs = _requests(prompts, new, [0, 0, 2, 4, 6])
+        return Scenario(name, ("prefill_chunks",), num_blocks=pool(96, prompts, new, lengths), requests=reqs,
                         scheduler=replace(DEFAULT_SCHEDULER, max_batched_tokens=16))
     if name == "prefix-cache":
-        first, second = tuple(tokens([20])[0]), tuple(tokens([18])[0])
+        first, second = src.system(20), src.system(18)
         prompts = tokens([3, 6], first) + tokens([5, 2, 7, 4], second) + tokens([1, 6, 3], first)
-        reqs = _requests(prompts, [6] * 9, [0, 0, 15, 15, 16, 16, 40, 40, 41])
-        return Scenario(name, ("prefix_hit_tokens", "evictions"), num_blocks=20, requests=reqs, prefix_caching=True)
+        new = [6] * 9
+        nominal = [23, 26, 23, 20, 25, 22, 21, 26, 23]
+        reqs = _requests(prompts, new, [0, 0, 15, 15, 16, 16, 40, 40, 41])
+        return Scenario(name, ("prefix_hit_tokens", "evictions"), num_blocks=pool(20, prompts, new, nominal),
+                        requests=reqs, prefix_caching=True)
     if name == "parallel-sampling":
-        reqs = _requests(tokens([13, 22, 7]), [8, 6, 10], [0, 0, 4], [3, 2, 4], sampling=SAMPLED)
-        return Scenario(name, ("forks", "cow_copies"), num_blocks=96, requests=reqs)
+        lengths, new = [13, 22, 7], [8, 6, 10]
+        prompts = tokens(lengths)
+        reqs = _requests(prompts, new, [0, 0, 4], [3, 2, 4], sampling=SAMPLED)
+        return Scenario(name, ("forks", "cow_copies"), num_blocks=pool(96, prompts, new, lengths), requests=reqs)
     if name == "beam-search":
-        return Scenario(name, ("forks", "cow_copies", "beams_dropped"), num_blocks=64,
-                        beam_prompts=tuple(tuple(p) for p in tokens([11, 6])))
+        prompts = tokens([11, 6])
+        return Scenario(name, ("forks", "cow_copies", "beams_dropped"), num_blocks=pool(64, prompts, [8, 8], [11, 6]),
+                        beam_prompts=tuple(tuple(p) for p in prompts))
     if name in ("preempt-recompute", "preempt-swap"):
         mode = name.removeprefix("preempt-")
-        reqs = _requests(tokens([10, 14, 18, 11, 20, 13]), [20, 24, 16, 22, 18, 20], [0] * 6)
+        lengths, new = [10, 14, 18, 11, 20, 13], [20, 24, 16, 22, 18, 20]
+        prompts = tokens(lengths)
+        reqs = _requests(prompts, new, [0] * 6)
         needs = ("preemptions",) if mode == "recompute" else ("preemptions", "swaps")
-        return Scenario(name, needs, num_blocks=24, requests=reqs,
+        return Scenario(name, needs, num_blocks=pool(24, prompts, new, lengths), requests=reqs,
                         scheduler=replace(DEFAULT_SCHEDULER, preempt=mode))
-    if name == "cancel-reuse":
-        system = tuple(tokens([10])[0])
+    if name in ("cancel-reuse", "async-cancel"):
+        system = src.system(10)
         prompts = tokens([3, 5, 2, 6], system) + tokens([7, 9, 4, 8, 6])
-        reqs = _requests(prompts, [16, 14, 16, 12, 10, 10, 10, 10, 10], [0, 0, 0, 0, 1, 1, 2, 2, 3],
+        new = [16, 14, 16, 12, 10, 10, 10, 10, 10]
+        reqs = _requests(prompts, new, [0, 0, 0, 0, 1, 1, 2, 2, 3],
                          [2, 1, 2, 1, 1, 1, 1, 1, 1], cancel_after={0: 5, 2: 3, 3: 7, 5: 4, 8: 6})
+        num_blocks = pool(40, prompts, new, [13, 15, 12, 16, 7, 9, 4, 8, 6])
+        if name == "async-cancel":  # blocks come back one step later: no reuse in the very next plan
+            return Scenario(name, ("cancellations", "deferred_free_blocks", "late_reads"), num_blocks=num_blocks,
+                            requests=reqs, scheduler=replace(DEFAULT_SCHEDULER, max_seqs=5), async_reads=True)
         return Scenario(name, ("cancellations", "cancelled_blocks_reused", "deferred_free_blocks"),
-                        num_blocks=40, requests=reqs,
-                        scheduler=replace(DEFAULT_SCHEDULER, max_seqs=5))
+                        num_blocks=num_blocks, requests=reqs, scheduler=replace(DEFAULT_SCHEDULER, max_seqs=5))
     if name == "tiny-pool":
-        system = tuple(tokens([9])[0])
+        system = src.system(9)
         prompts = tokens([4, 7, 2], system) + tokens([15, 6, 22]) + tokens([5, 3], system)
-        reqs = _requests(prompts, [14, 10, 12, 9, 16, 8, 11, 10], [0, 0, 1, 2, 3, 5, 9, 12],
+        new = [14, 10, 12, 9, 16, 8, 11, 10]
+        reqs = _requests(prompts, new, [0, 0, 1, 2, 3, 5, 9, 12],
                          [2, 1, 2, 1, 1, 1, 2, 1], sampling=SAMPLED, cancel_after={1: 4, 5: 5, 9: 3})
         return Scenario(name, ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations",
-                               "evictions"), num_blocks=24, requests=reqs, prefix_caching=True,
+                               "evictions"), num_blocks=pool(24, prompts, new, [13, 16, 11, 15, 6, 22, 14, 12]),
+                        requests=reqs, prefix_caching=True,
                         scheduler=replace(DEFAULT_SCHEDULER, max_batched_tokens=24, preempt="swap"))
     if name == "speculative":
-        system = tuple(tokens([10])[0])
+        system = src.system(10)
         prompts = tokens([3, 6, 2], system) + tokens([9, 14, 5])
-        reqs = _requests(prompts, [18, 14, 20, 16, 12, 18], [0, 0, 4, 6, 8, 8], eos_from_reference=True)
-        return Scenario(name, ("rollbacks", "preemptions", "prefix_hit_tokens"), num_blocks=22, requests=reqs,
+        new = [18, 14, 20, 16, 12, 18]
+        reqs = _requests(prompts, new, [0, 0, 4, 6, 8, 8], eos_from_reference=eos is None, eos_token=eos)
+        return Scenario(name, ("rollbacks", "preemptions", "prefix_hit_tokens"),
+                        num_blocks=pool(22, prompts, new, [13, 16, 12, 9, 14, 5]), requests=reqs,
                         prefix_caching=True, spec_tokens=3)
+    if name == "prefix-chunked":
+        # a 7-token step budget (not a multiple of the block size): prefill chunks end inside full prompt
+        # blocks, whose content keys the pool must get only once the block is written
+        system = src.system(18)
+        lengths, new = [5, 9, 3, 11, 7, 6], [5, 4, 6, 5, 4, 6]
+        prompts = tokens(lengths, system)
+        reqs = _requests(prompts, new, [0, 0, 6, 6, 12, 14])
+        return Scenario(name, ("prefix_hit_tokens", "prefill_chunks", "mid_block_chunks"),
+                        num_blocks=pool(64, prompts, new, [18 + n for n in lengths]), requests=reqs,
+                        prefix_caching=True, scheduler=replace(DEFAULT_SCHEDULER, max_batched_tokens=7))
+    if name == "aligned-repeat":
+        # prompts a whole number of blocks long, sent again while cached: the hit stops one block short (the
+        # block of the last prompt token is recomputed for its logits), exactly len - B tokens
+        system = src.system(8)
+        originals = src.aligned([16, 12], system) + src.aligned([20])
+        prompts = originals + originals
+        new = [5] * 6
+        expect = tuple((3 + i, expected_hit(p, p, B)) for i, p in enumerate(originals))
+        reqs = _requests(prompts, new, [0, 0, 0, 12, 12, 13])
+        return Scenario(name, ("prefix_hit_tokens", "capped_hits"), num_blocks=pool(64, prompts, new, [16, 12, 20] * 2),
+                        requests=reqs, prefix_caching=True, expect_hits=expect)
+    if name == "fork-pressure":
+        # parallel samples forked in a pool that is nearly full: a step's growth fits only if its
+        # copy-on-write copies of shared partial blocks are counted too
+        lengths, new = [13, 10, 7, 15, 9], [10, 12, 9, 8, 11]
+        prompts = tokens(lengths)
+        reqs = _requests(prompts, new, [0, 0, 1, 2, 3], [3, 2, 4, 3, 2], sampling=SAMPLED)
+        return Scenario(name, ("forks", "cow_copies", "preemptions", "cow_tight_fits"),
+                        num_blocks=pool(18, prompts, new, lengths), requests=reqs)
+    if name == "evict-return":
+        # a returns (b2 shares b's system prompt) after z evicted all but b2's prefix blocks: the least recently
+        # used cached blocks go first, a block's chain from its first block on, so exactly that prefix is left
+        first, second = src.system(12), src.system(16)
+        a, b = tokens([6], first)[0], tokens([7], second)[0]
+        z = tokens([40])[0]
+        b2, a2 = tokens([5], second)[0], tokens([6], first)[0]
+        prompts, new = [a, b, z, b2, a2], [4, 4, 6, 4, 4]
+        q = expected_hit(b, b2, B) // B
+        # z holds every block but b2's q prefix blocks at its peak: the pool is exactly that big
+        num_blocks = q + _blocks([z], [6], B)
+        assert num_blocks >= max(_blocks([p], [m], B) for p, m in zip(prompts, new, strict=True)), "a request alone"
+        reqs = _requests(prompts, new, [0, 10, 20, 40, 50])
+        return Scenario(name, ("prefix_hit_tokens", "evictions"), num_blocks=num_blocks, requests=reqs,
+                        prefix_caching=True, expect_hits=((3, q * B),))
     raise ValueError(f"scenario {name!r} is unknown; use one of {', '.join(SCENARIOS)}")
 
 
 SCENARIOS = ("ragged", "chunked-prefill", "prefix-cache", "parallel-sampling", "beam-search", "preempt-recompute",
-             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative")
+             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative", "prefix-chunked", "aligned-repeat",
+             "fork-pressure", "evict-return", "async-cancel")
 
 
 def sampling_of_row(requests: Requests, row: int, seed: int) -> SamplingParams:

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("torch")
 
 SCENARIOS = ["ragged", "chunked-prefill", "prefix-cache", "parallel-sampling", "beam-search", "preempt-recompute",
-             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative"]
+             "preempt-swap", "cancel-reuse", "tiny-pool", "speculative", "prefix-chunked", "aligned-repeat",
+             "fork-pressure", "evict-return", "async-cancel"]
 SCENARIO_KEYS = {"name", "requests", "tokens_compared", "mismatched_tokens", "first_mismatch", "max_abs_logit_diff",
                  "passed", "events"}
 EVENT_KEYS = {"prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations", "evictions"}
@@ -115,7 +116,7 @@ def test_a_scenario_missing_its_events_is_not_exercised_exit_4(run_cli, monkeypa
     real_references = runner._references
 
     def no_eos(weights, requests, seed, *args, **kw):
-        generations, lengths, _ = real_references(weights, requests, seed, *args, **kw)
+        generations, _, _ = real_references(weights, requests, seed, *args, **kw)
         return generations, [len(g.output_ids) for g in generations], None
 
     monkeypatch.setattr(runner, "_references", no_eos)
