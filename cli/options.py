@@ -117,5 +117,6 @@ SpecTokensOpt = Annotated[int | None, int_option(
     "--spec-tokens", help="Speculative decoding: K drafts per step; adds each sequence's peak blocks (its last "
                           "step reserves n + K drafts + lookahead slots).")]
 SpecMethodOpt = Annotated[str | None, typer.Option(
-    "--spec-method", help="With --spec-tokens: draft (a draft model, EAGLE or MTP: K lookahead slots, as vLLM "
-                          "reserves; default) or ngram (no lookahead).")]
+    "--spec-method", help="With --spec-tokens: draft (a draft model; default), eagle (an EAGLE head) or mtp (the "
+                          "model's multi-token-prediction layers): K lookahead slots, as vLLM reserves; in size, "
+                          "their KV too; or ngram (no lookahead, no drafter KV).")]

@@ -78,6 +78,9 @@ MaxSeqsOpt = Annotated[int | None, int_option(
 QuantizationOpt = Annotated[str | None, typer.Option(
     "--quantization", help="With --gpu: vLLM's --quantization: fp8 (linear layers in fp8, embeddings and head "
                            "16-bit) or mxfp4 (routed experts in 4.25 bits).")]
+DraftConfigOpt = Annotated[str | None, typer.Option(
+    "--draft-config", help="With --spec-method draft|eagle: the drafter's config.json (or its folder); its layers' "
+                           "KV joins the target's.")]
 WeightDtypeOpt = Annotated[str | None, typer.Option(
     "--weight-dtype", help="With --gpu: weight precision (default: the config's torch_dtype, else bf16).")]
 
@@ -106,6 +109,7 @@ def command(
     quantization: QuantizationOpt = None,
     spec_tokens: SpecTokensOpt = None,
     spec_method: SpecMethodOpt = None,
+    draft_config: DraftConfigOpt = None,
     json_flag: JsonOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -123,6 +127,7 @@ def command(
         from ..core.spec_decode import speculation_from
 
         speculation = speculation_from(spec_tokens, spec_method)
+    spec = _with_drafter(spec, speculation, draft_config)
     gpu_options = {"--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
                    "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype,
                    "--vllm-version": vllm_version, "--pp": pp, "--max-num-seqs": max_num_seqs,
@@ -185,6 +190,24 @@ def command(
                       kv_memory_bytes, max_num_batched_tokens, weight_dtype,
                       (vllm_version, pp, max_num_seqs, quantization))
     emit(report, fmt)
+
+
+def _with_drafter(spec: ModelSpec | None, speculation: Any, draft_config: str | None) -> ModelSpec | None:
+    """The model with its drafter's KV under --spec-method eagle|mtp|draft (core/model/models.with_drafter);
+    what was added, or that MTP layers exist and are not counted, goes into the spec's notes."""
+    if draft_config is not None and (spec is None or speculation is None):
+        raise ValueError("--draft-config needs a model and --spec-tokens K --spec-method draft|eagle|mtp")
+    if spec is None:
+        return None
+    from ..core.model.models import with_drafter
+
+    draft = None
+    if draft_config is not None:
+        from ..core.model.hf_config import load_config
+
+        draft = _flagged("--draft-config", load_config, draft_config)
+    spec, note = with_drafter(spec, None if speculation is None else speculation.method, draft)
+    return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
 
 
 def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, block_size: int, gpu: str | None,

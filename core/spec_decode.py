@@ -29,7 +29,8 @@ from .blocks import ceil_div
 from .errors import ParameterError
 from .model.layers import LayerGroup, bits_to_bytes, state_bits, window_terms
 
-SPEC_METHODS = {"draft": "a draft model, EAGLE or MTP", "ngram": "n-gram drafting"}  # method: its drafters
+SPEC_METHODS = {"draft": "a draft model", "eagle": "an EAGLE head", "mtp": "multi-token-prediction layers",
+                "ngram": "n-gram drafting"}  # method: its drafters (all but ngram keep KV: K lookahead slots)
 DEFAULT_SPEC_METHOD = "draft"
 
 
@@ -48,14 +49,14 @@ class Speculation:
             )
         if self.method not in SPEC_METHODS:
             raise ParameterError(
-                f"spec_method {self.method!r} is not a drafting method: use draft ({SPEC_METHODS['draft']}: K "
-                f"lookahead slots) or ngram ({SPEC_METHODS['ngram']}: none)", "spec_method",
+                f"spec_method {self.method!r} is not a drafting method: use draft, eagle or mtp (a drafter with KV "
+                f"of its own: K lookahead slots) or ngram ({SPEC_METHODS['ngram']}: none)", "spec_method",
             )
 
     @property
     def lookahead_slots(self) -> int:
         """λ: vLLM's num_lookahead_tokens (K for a drafter with its own KV, 0 for n-gram)."""
-        return self.spec_tokens if self.method == "draft" else 0
+        return 0 if self.method == "ngram" else self.spec_tokens
 
     @property
     def slots_per_step(self) -> int:
@@ -70,7 +71,7 @@ class Speculation:
     @property
     def formula(self) -> str:
         """The peak in blocks, e.g. 'ceil((n + 2·4) / B)'."""
-        if self.method == "draft":
+        if self.method != "ngram":
             return f"ceil((n + 2·{self.spec_tokens}) / B)"
         return f"ceil((n + {self.spec_tokens}) / B)"
 

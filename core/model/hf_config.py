@@ -20,6 +20,7 @@ The spec is named after `name` (a hub repo id), else `_name_or_path`'s last part
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
 from .hf_groups import model_dtype, read_groups
 from .hf_recurrent import recurrent_spec
+from .layers import LayerGroup
 from .model_spec import ModelSpec
 
 _TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype")
@@ -143,8 +145,9 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     if kv_layers < n:
         source = f"{source} ({n - kv_layers} of {n} layers keep no KV cache)"
     experts, per_token = expert_counts(f)
+    drafter_field, drafters = drafter_groups(f, groups)
     return ModelSpec.from_groups(
-        name, groups,
+        name, groups, drafter_groups=drafters, drafter_field=drafter_field,
         num_attention_heads=heads,
         hidden_size=hidden if hidden is not None else heads * groups_head_dim(groups),
         max_position_embeddings=max_positions(f),
@@ -158,6 +161,25 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
         source=source,
         notes=tuple(notes),
     )
+
+
+# Multi-token-prediction layers: each a decoder layer with the model's own (full or MLA) attention, which keeps
+# KV only when speculative decoding drafts with it (vLLM's MTP / EAGLE proposers run them on the same KV pool).
+DRAFTER_FIELDS = ("num_nextn_predict_layers",  # DeepSeek-V3/V3.2, GLM-4.5/5, MiMo, Step
+                  "mtp_num_hidden_layers")  # Qwen3-Next, Qwen3.5
+
+
+def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...]) -> tuple[str | None, tuple[LayerGroup, ...]]:
+    """(the field that names them, the MTP layers as one group) — (None, ()) when the config has none."""
+    for field in DRAFTER_FIELDS:
+        count = f.int(field, minimum=0)
+        if count:
+            main = next((g for g in groups if g.kind in ("full", "mla")), None)
+            if main is None:
+                raise f.error(f"{field} {count}: the model has no full-attention layer for its MTP layers to copy, "
+                              "so their KV is not known; kvcalc stops")
+            return field, (dataclasses.replace(main, count=count, note=f"MTP drafter ({field})"),)
+    return None, ()
 
 
 def max_positions(f: ConfigFields) -> int | None:

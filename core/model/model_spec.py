@@ -29,7 +29,9 @@ class ModelSpec:
     routed experts per MoE layer, `experts_per_token` of them per token (shared experts are not counted
     here). `num_kv_free_layers` counts the layers that keep no KV (recurrent, no-op, KV-shared).
     `ffn_groups` (optional) describe the MLP / MoE blocks for the weight estimate; `weight_dtype` is the
-    checkpoint's precision (config `torch_dtype`), None when unknown.
+    checkpoint's precision (config `torch_dtype`), None when unknown. `drafter_groups` are the layers that
+    keep KV only under speculative decoding (multi-token-prediction layers, named by the config's
+    `drafter_field`): not in `layer_groups`; models.with_drafter adds them when a drafting method uses them.
     """
 
     name: str
@@ -56,6 +58,8 @@ class ModelSpec:
     tie_word_embeddings: bool | None = None
     weight_dtype: str | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)
+    drafter_groups: tuple[LayerGroup, ...] = ()
+    drafter_field: str | None = None
 
     def __post_init__(self) -> None:
         kv_free = self.layer_groups and not any(g.keeps_kv for g in self.layer_groups)
@@ -160,6 +164,11 @@ class ModelSpec:
             "num_kv_free_layers": sum(g.count for g in groups if not g.keeps_kv),
         }
         return cls(name=name, layer_groups=groups, **summary, **fields)  # type: ignore[arg-type]
+
+    @property
+    def drafter_layers(self) -> int:
+        """Layers that keep KV only under speculative decoding (MTP); 0 when the config has none."""
+        return sum(g.count for g in self.drafter_groups)
 
     @property
     def keeps_kv(self) -> bool:

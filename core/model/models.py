@@ -124,3 +124,55 @@ def with_overrides(
     # layer_groups=() re-derives the groups from the changed uniform fields; estimated weights no longer apply.
     return dataclasses.replace(spec, name=f"{spec.name} ({label})", source=f"{spec.source}; overridden: {label}",
                                layer_groups=(), **changes)
+
+
+DRAFTER_METHODS = ("draft", "eagle", "mtp")  # the drafting methods whose drafter keeps KV of its own
+
+
+def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = None) -> tuple[ModelSpec, str | None]:
+    """`spec` with the KV its drafter keeps under speculative decoding `method`, and a sentence saying what
+    was added (or, with no method, that the config's MTP layers exist and are not counted; None if nothing).
+
+    * mtp, eagle: the config's own multi-token-prediction layers (`drafter_groups`), or `draft`'s layers when a
+      draft config is given (an EAGLE head is its own small model);
+    * draft: the draft model's layers (`draft`, from --draft-config); without one the drafter's KV is unknown;
+    * ngram, or no method: no drafter KV.
+
+    The drafter's layers join the target's in the same KV pool, at the same precision and TP split (vLLM).
+    """
+    mtp = spec.drafter_layers
+    field = spec.drafter_field
+    if draft is not None and method not in DRAFTER_METHODS:
+        raise ValueError(f"--draft-config gives a drafter's layers, which only --spec-method "
+                         f"{' | '.join(DRAFTER_METHODS)} uses; add --spec-method draft")
+    if method not in DRAFTER_METHODS:
+        if mtp:
+            return spec, (f"{spec.name}'s config has {mtp} MTP layer{'s' if mtp > 1 else ''} ({field} {mtp}), "
+                          "which keep KV only under speculative decoding: not counted here (--spec-tokens K "
+                          "--spec-method mtp adds them)")
+        return spec, None
+    if draft is not None:
+        if not draft.keeps_kv:
+            raise ValueError(f"--draft-config: {draft.name} keeps no KV cache; a recurrent drafter is not modelled")
+        added = tuple(dataclasses.replace(g, note=f"drafter {draft.name}" + (f": {g.note}" if g.note else ""))
+                      for g in draft.layer_groups)
+        what = f"the draft model {draft.name} ({draft.model_layers} layer{'s' if draft.model_layers > 1 else ''}, " \
+               f"{draft.layers} with KV)"
+    elif method == "draft":
+        return spec, ("--spec-method draft without --draft-config: the draft model's own KV is not counted (give "
+                      "--draft-config PATH to add it)")
+    elif not mtp:
+        raise ValueError(f"--spec-method {method}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "
+                         "mtp_num_hidden_layers) for the drafter; give the drafter's config with --draft-config PATH")
+    else:
+        added = spec.drafter_groups
+        what = f"{mtp} MTP drafter layer{'s' if mtp > 1 else ''} ({field} {mtp})"
+    kv = sum(g.count for g in added if g.keeps_kv)
+    groups = spec.layer_groups + added
+    merged = dataclasses.replace(
+        spec, name=f"{spec.name} + {method} drafter", layer_groups=groups, layers=spec.layers + kv,
+        num_kv_free_layers=spec.num_kv_free_layers + sum(g.count for g in added if not g.keeps_kv),
+        drafter_groups=(), source=f"{spec.source}; with {what}",
+    )
+    return merged, f"--spec-method {method}: the KV of {what} is included in every figure (vLLM keeps it in the " \
+                   "same KV pool, at the same precision)"

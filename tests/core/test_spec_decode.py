@@ -106,7 +106,7 @@ def test_the_pool_under_vllm_steps_reaches_the_formula(method: str) -> None:
     (-1, "draft", "spec_tokens -1 is not a number of drafts", ("spec_tokens",)),
     (1.5, "draft", "spec_tokens 1.5 is not a number of drafts", ("spec_tokens",)),
     (True, "draft", "spec_tokens True is not a number of drafts", ("spec_tokens",)),
-    (2, "eagle", "spec_method 'eagle' is not a drafting method: use draft", ("spec_method",)),
+    (2, "medusa", "spec_method 'medusa' is not a drafting method: use draft, eagle or mtp", ("spec_method",)),
 ])
 def test_bad_speculation_is_refused_by_name(spec_tokens: object, method: str, message: str,
                                             params: tuple[str, ...]) -> None:
