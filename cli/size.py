@@ -133,6 +133,7 @@ def command(
                    "--vllm-version": vllm_version, "--pp": pp, "--max-num-seqs": max_num_seqs,
                    "--quantization": quantization}
     _check_counts(seqs, tokens, tp, spec)
+    checkpoint = _checkpoint(model, config, spec) if gpu is not None else (0, None)
     if spec is None:
         given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
                                           ("--gpu", gpu), ("--kv-memory", kv_memory_bytes),
@@ -153,6 +154,8 @@ def command(
     for warning in spec.notes:
         err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     block_size = DEFAULT_BLOCK_SIZE if block is None else block
+    if tokens is None and spec.max_position_embeddings is None and max_model_len is not None:
+        tokens = max_model_len  # explicit dimensions name no context: the request length stands in for it
     from_config = config is not None or (model is not None and "/" in model)
     if tokens is None and spec.max_position_embeddings is None and from_config:
         # A config that names no context length: what needs none (per token, layer, block; common contexts).
@@ -165,7 +168,7 @@ def command(
         if gpu is not None or kv_memory_bytes is not None:
             _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
                           kv_memory_bytes, max_num_batched_tokens, weight_dtype,
-                      (vllm_version, pp, max_num_seqs, quantization))
+                      (vllm_version, pp, max_num_seqs, quantization, checkpoint))
         emit(report, fmt)
         return
     result = compute_size(
@@ -188,7 +191,7 @@ def command(
     if gpu is not None or kv_memory_bytes is not None:
         _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
                       kv_memory_bytes, max_num_batched_tokens, weight_dtype,
-                      (vllm_version, pp, max_num_seqs, quantization))
+                      (vllm_version, pp, max_num_seqs, quantization, checkpoint))
     emit(report, fmt)
 
 
@@ -213,7 +216,8 @@ def _with_drafter(spec: ModelSpec | None, speculation: Any, draft_config: str | 
 def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, block_size: int, gpu: str | None,
                   utilization: float | None, max_model_len: int | None, kv_memory: str | None,
                   batched_tokens: int | None, weight_dtype: str | None,
-                  startup: tuple[str | None, int | None, int | None, str | None] = (None, None, None, None)) -> None:
+                  startup: tuple[str | None, int | None, int | None, str | None, tuple[int, str | None]] = (
+                      None, None, None, None, (0, None))) -> None:
     from ..core.gpus import get_gpu
     from ..core.model.gpu_plan import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
     from ..core.model.vllm_memory import DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
@@ -229,7 +233,10 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
         spec = dataclasses.replace(spec, weight_dtype=parse_dtype(weight_dtype, "weight_dtype"))
     kv_memory_bytes, rounding = (None, None) if kv_memory is None else _flagged("--kv-memory", parse_logged_bytes,
                                                                                 kv_memory)
-    version_name, pp, max_num_seqs, quantization = startup
+    version_name, pp, max_num_seqs, quantization, (vision_params, stored) = startup
+    if stored is not None and quantization is None and weight_dtype is None:  # the config's quantization_config
+        quantization, spec = ("mxfp4", spec) if stored == "mxfp4" else (None, dataclasses.replace(
+            spec, weight_dtype=stored))
     version = get_version(version_name or DEFAULT_VLLM_VERSION)
     if quantization is not None and quantization not in ("fp8", "mxfp4"):
         raise ValueError(f"--quantization {quantization!r} is not modelled: give fp8 or mxfp4 (or --weight-dtype "
@@ -245,7 +252,7 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
         tp=1 if tp is None else tp, gpu_name=device.name if device else "",
         gpu_memory_bytes=device.memory_bytes if device else None,
         gpu_memory_utilization=version.default_gpu_memory_utilization if utilization is None else utilization,
-        pp=1 if pp is None else pp, vllm_version=version.name, quantization=quantization,
+        pp=1 if pp is None else pp, vllm_version=version.name, quantization=quantization, vision_params=vision_params,
         max_num_seqs=max_num_seqs or default_max_num_seqs(device.memory_bytes if device else 0,
                                                           device.name if device else ""),
         kv_memory_bytes=kv_memory_bytes,
@@ -259,6 +266,26 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
 #                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
 MAX_COUNT = 2**63 - 1  # the largest --seqs / --tokens: a signed 64-bit count, what JSON consumers hold exactly
+
+
+def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, str | None]:
+    """(vision-tower parameters, the weights' quantization) of the config.json behind --config / org/name."""
+    import json
+    from pathlib import Path
+
+    from ..core.model.weights import checkpoint_quantization, config_vision_params
+
+    path: Path | None = None
+    if config is not None:
+        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+    elif model is not None and "/" in model:
+        from ..core.model.hub import cached_config
+
+        path = Path(cached_config(model)[0])
+    if path is None:
+        return 0, None
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return config_vision_params(raw, spec.hidden_size), checkpoint_quantization(raw)
 
 
 def _check_counts(seqs: int | None, tokens: int | None, tp: int | None, spec: ModelSpec | None) -> None:

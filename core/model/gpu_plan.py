@@ -132,6 +132,7 @@ def plan_gpu(
     pp: int = 1,
     vllm_version: str = "0.21",
     quantization: str | None = None,
+    vision_params: int = 0,
 ) -> GpuPlan:
     """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`)."""
     for name, value in (("block_size", block_size), ("max_model_len", max_model_len), ("tp", tp),
@@ -163,12 +164,15 @@ def plan_gpu(
 
         memory = predict_memory(spec, gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
                                 tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens,
-                                max_num_seqs=max_num_seqs, version=vllm_version, quantization=quantization)
+                                max_num_seqs=max_num_seqs, version=vllm_version, quantization=quantization,
+                                vision_params=vision_params)
         requested = memory.requested
         limiting = min(memory.stages, key=lambda st: st.available * spec.model_layers // st.layers)
         weights, activation, non_torch = limiting.weights, limiting.activation, limiting.non_torch
         if param_count(spec).estimated:
             estimates.append("weights: parameters estimated from the dimensions")
+        if vision_params:
+            estimates.append(f"weights: vision tower of {vision_params / 1e6:,.0f}M parameters from vision_config")
         if spec.weight_dtype is None:
             estimates.append("weights: bf16 assumed (the model names no dtype)")
         elif quantization or dtype_bits(spec.weight_dtype) < 16:

@@ -16,7 +16,8 @@ Each term here, and where it comes from (0.19.0's logs on H100 80GB in the llm-d
 Apache-2.0, read by tests/core/model/test_vllm_startup.py):
 
 * weights: parameters (the preset's count or core/model/weights.py's estimate) × the checkpoint's bytes; a
-  quantized checkpoint stores its linear layers at its precision (int4 with one fp16 scale per 128 weights)
+  quantized checkpoint stores its linear layers at its precision (int4 with a 16-bit scale and a 4-bit zero
+  point per 128 weights)
   and keeps the embeddings and the LM head in 16 bits (Llama-3.1-8B: 14.99 GiB bf16, 8.49 fp8, 5.38 int4).
   The vocabulary is padded to a multiple of 64 (VocabParallelEmbedding). Tensor parallelism divides all of
   it; pipeline parallelism gives each stage its layers (vLLM's `get_pp_indices`: ⌊L / pp⌋ each, the
@@ -63,7 +64,8 @@ from .weights import param_count
 GIB = 2**30
 MIB = 2**20
 VOCAB_PADDING = 64  # vLLM's VocabParallelEmbedding pads the vocabulary to a multiple of 64
-INT4_GROUP = 128  # weights per fp16 scale of an int4 checkpoint (GPTQ / AWQ / compressed-tensors w4a16)
+INT4_GROUP = 128  # weights per group of an int4 checkpoint (GPTQ / AWQ / compressed-tensors w4a16)
+INT4_GROUP_BITS = 20  # per group: a 16-bit scale and a 4-bit zero point (GPTQ and AWQ store both)
 FORWARD_BUFFERS = 5  # intermediate-wide buffers per token at the forward pass's peak (see the docstring)
 SAMPLER_FP32_BYTES = Fraction(62, 5)  # 12.4 B per request per vocabulary entry, plus the logits in model dtype
 SAMPLER_FIXED_BYTES = 64 * MIB
@@ -164,12 +166,15 @@ def expert_params(spec: ModelSpec) -> int:
                for f in _ffn(spec) if f.experts)
 
 
-def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = None) -> tuple[int, ...]:
+def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = None,
+                  vision_params: int = 0) -> tuple[int, ...]:
     """Weight bytes on one GPU of each pipeline stage (see the module docstring).
 
     `quantization` "mxfp4" stores only the routed experts in 4.25 bits (4-bit values, one e8m0 scale per 32)
     and the rest in 16 bits; otherwise the spec's weight_dtype applies to everything but the embeddings and
     the LM head. Each stage also holds the rotary cos/sin cache: max positions × head dim in the model dtype.
+    A multimodal checkpoint's vision tower (`vision_params`, weights.vision_tower_params) sits on the first
+    stage in the model dtype (quantized checkpoints leave it unquantized), split by tp.
     """
     params = param_count(spec).total
     vocab = spec.vocab_size or 0
@@ -182,7 +187,7 @@ def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = 
         bits, body_bits = 16, experts * 17 // 4 + (body - experts) * 16
     else:
         bits = dtype_bits(spec.weight_dtype or "bf16")
-        body_bits = body * bits + (body * 16 // INT4_GROUP if bits == 4 else 0)
+        body_bits = body * bits + (body * INT4_GROUP_BITS // INT4_GROUP if bits == 4 else 0)
     table_bytes = padded * spec.hidden_size * (b if bits < 16 else bits // 8)
     rotary = (spec.max_position_embeddings or 0) * spec.head_dim * b
     layers = pp_layers(spec.model_layers, pp)
@@ -190,7 +195,7 @@ def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = 
     for stage, n in enumerate(layers):
         total = body_bits * n // (8 * spec.model_layers)
         if stage == 0:
-            total += table_bytes
+            total += table_bytes + vision_params * b
         if stage == pp - 1 and (pp > 1 or tables == 2):
             total += table_bytes
         out.append(ceil_div(total, tp) + rotary)
@@ -251,6 +256,7 @@ def predict_memory(
     max_num_seqs: int = 1024,
     version: str = DEFAULT_VLLM_VERSION,
     quantization: str | None = None,
+    vision_params: int = 0,
 ) -> MemoryPrediction:
     """The memory profile vLLM `version` measures on each pipeline stage, and the KV memory it leaves."""
     v = get_version(version)
@@ -273,7 +279,8 @@ def predict_memory(
     non_torch = non_torch_bytes(tp, pp)
     stages = []
     for stage, (layers, weights) in enumerate(zip(pp_layers(spec.model_layers, pp),
-                                                         stage_weights(spec, tp, pp, quantization), strict=True)):
+                                                         stage_weights(spec, tp, pp, quantization, vision_params),
+                                                         strict=True)):
         activation = max(forward, sampler if stage == pp - 1 else 0) + workspace
         subtracted = graphs if v.subtracts_cuda_graphs else 0
         available = requested - weights - activation - non_torch - subtracted

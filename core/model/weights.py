@@ -24,7 +24,9 @@ and says so. Checked against published parameter counts in tests/core/model/test
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .layers import FfnGroup, LayerGroup
 from .model_spec import ModelSpec
@@ -48,7 +50,8 @@ def param_count(spec: ModelSpec) -> ParamCount:
 def estimate_params(spec: ModelSpec) -> ParamCount:
     """Total and active parameters from the spec's dimensions (see the module docstring)."""
     if spec.vocab_size is None:
-        raise ValueError(f"model {spec.name!r} has no vocab_size to count its embeddings: give --weights-bytes")
+        raise ValueError(f"model {spec.name!r} has no vocab_size to count its embedding weights: use a preset or a "
+                         "config.json that names one, or give the KV memory itself (size --kv-memory)")
     hidden = spec.hidden_size
     mixer = sum(g.count * _mixer_params(g, hidden) for g in spec.layer_groups)
     ffn_groups = spec.ffn_groups or _default_ffn(spec)
@@ -63,7 +66,8 @@ def _default_ffn(spec: ModelSpec) -> tuple[FfnGroup, ...]:
     """One gated MLP (or one MoE block of `intermediate_size` experts) in every layer."""
     if spec.intermediate_size is None:
         raise ValueError(
-            f"model {spec.name!r} has no intermediate_size to count its MLP weights: give --weights-bytes"
+            f"model {spec.name!r} has no intermediate_size to count its MLP weights: use a preset or a config.json "
+            "that names one, or give the KV memory itself (size --kv-memory)"
         )
     if spec.num_experts:
         assert spec.experts_per_token is not None
@@ -110,3 +114,74 @@ def _recurrent_params(s: RecurrentState, hidden: int) -> int:
     if s.kind in ("lightning", "kda"):
         return hidden * 4 * s.heads * s.head_dim + s.heads * s.head_dim * hidden
     return hidden * 3 * s.d_inner + s.d_inner * s.d_conv + s.d_inner * hidden  # short_conv
+
+
+def vision_tower_params(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Parameters of a multimodal checkpoint's vision tower (its `vision_config`) and a projector into the text
+    model: an estimate, labelled so by its callers.
+
+        per layer: Q, K, V, O 4·h² + 4·h biases; MLP (3 matrices when gated, `hidden_act` silu, else 2)·h·I
+                   + I + h biases; two LayerNorms 4·h
+        patches:   channels · patch² · h + h;  positions (image / patch)² · h;  final LayerNorm 2·h
+        projector: h · text_hidden + text_hidden² (a two-layer MLP; models that merge patches first differ)
+
+    SigLIP-so400m (27 layers, h 1,152, I 4,304, patch 14, image 384): 412,987,248 + 6,553,600 for a 2,048-wide
+    text model (granite-vision-3.3-2b: vLLM 0.19 loads 0.80 GiB more than for granite-3.1-2b; this gives 0.78).
+    """
+    def field(*names: str, default: int | None = None) -> int:
+        for name in names:
+            value = vision.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        if default is None:
+            raise ValueError(f"vision_config has no {' / '.join(names)} to count the vision tower's weights")
+        return default
+
+    h = field("hidden_size", "embed_dim", "width")
+    inter = field("intermediate_size", "mlp_dim", default=4 * h)
+    layers = field("num_hidden_layers", "depth", "num_layers")
+    patch = field("patch_size", default=14)
+    image = field("image_size", default=0)
+    channels = field("num_channels", "in_channels", "in_chans", default=3)
+    gated = str(vision.get("hidden_act", "")).lower() in ("silu", "swiglu")
+    per_layer = 4 * h * h + 4 * h + (3 if gated else 2) * h * inter + inter + h + 4 * h
+    positions = (image // patch) ** 2 * h if image else 0
+    tower = layers * per_layer + channels * patch * patch * h + h + positions + 2 * h
+    return tower + h * text_hidden + text_hidden * text_hidden
+
+
+def config_vision_params(config: Mapping[str, Any], text_hidden: int) -> int:
+    """The vision tower's parameters of a config.json (0 when it has no `vision_config`)."""
+    vision = config.get("vision_config")
+    return vision_tower_params(vision, text_hidden) if isinstance(vision, Mapping) else 0
+
+
+def checkpoint_quantization(config: Mapping[str, Any]) -> str | None:
+    """How a config.json's `quantization_config` stores the linear weights: "mxfp4" (routed experts only, as
+    gpt-oss), "fp8", "int8", "int4", or None when it names no quantization kvcalc reads.
+
+    compressed-tensors (RedHat's w8a8, w4a16, fp8-dynamic checkpoints) gives the weights' `num_bits` and `type`
+    per config group; GPTQ / AWQ give `bits`; fp8 and mxfp4 are named by `quant_method`.
+    """
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        return "mxfp4"
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    bits = quant.get("bits") or quant.get("w_bit")
+    kind = "int"
+    groups = quant.get("config_groups")
+    if isinstance(groups, Mapping):
+        for group in groups.values():
+            weights = group.get("weights") if isinstance(group, Mapping) else None
+            if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
+                bits, kind = weights["num_bits"], str(weights.get("type", "int")).lower()
+                break
+    if bits == 8:
+        return "fp8" if kind == "float" else "int8"
+    if bits == 4:
+        return "int4"
+    return None

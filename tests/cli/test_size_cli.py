@@ -374,3 +374,33 @@ def test_version_and_pipeline_in_the_output(run_cli):
     assert plan["num_blocks"] == plan["kv_cache_bytes"] // (16 * 16 * 4096)  # 16 layers' 4 KiB pages of 16 tokens
     table = run_cli("size", "-m", "llama-3.1-8b", "--gpu", "B200", "--max-model-len", "8192").stdout
     assert "vLLM 0.21 start-up figures on B200" in table and "0.92 utilization" in table
+
+
+def test_gpu_plan_reads_vision_tower_and_quantization_from_the_config(run_cli, tmp_path):
+    import json
+
+    text = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+            "torch_dtype": "bfloat16"}
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "config.json").write_text(json.dumps(text))
+    vision = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 14,
+              "image_size": 384, "hidden_act": "gelu_pytorch_tanh"}
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(json.dumps({**text, "vision_config": vision}))
+    quant = {"quant_method": "compressed-tensors",
+             "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int"}, "targets": ["Linear"]}}}
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "config.json").write_text(json.dumps({**text, "quantization_config": quant}))
+
+    def plan(name):
+        return run_cli("size", "--config", str(tmp_path / name), "--gpu", "H100-SXM", "--json").json()["gpu_plan"]
+
+    plain, vl, q = plan("plain"), plan("vl"), plan("q")
+    # the SigLIP tower, 412,987,248 parameters (tests/core/model/test_vllm_startup.py), and a projector into
+    # the 4,096-wide text model 1152 · 4096 + 4096², at bf16
+    assert vl["weights_bytes"] - plain["weights_bytes"] == (412_987_248 + 1152 * 4096 + 4096 * 4096) * 2
+    assert any("vision tower" in e for e in vl["estimates"])
+    # int8 linear layers: the body (all but the two 128,256 x 4,096 tables) takes half the bytes
+    body = (plain["weights_bytes"] - 2 * 128_256 * 4096 * 2 - 8192 * 128 * 2) // 2
+    assert plain["weights_bytes"] - q["weights_bytes"] == body

@@ -145,3 +145,70 @@ def test_token_and_concurrency_lines(row):
     length = int(row["max_concurrency_len"])
     concurrency = float(row["max_concurrency"])
     assert low / -(-length // 16) - 0.005 <= concurrency <= high / -(-length // 16) + 0.005
+
+
+def _row(model: str, **match: str) -> dict[str, str]:
+    rows = [r for r in ROWS if r["model"] == model and all(r[k] == v for k, v in match.items())]
+    if not rows:
+        pytest.skip(f"{model} is not in {DATA / 'startup.csv'}")
+    return rows[0]
+
+
+@pytest.mark.parametrize(("model", "dtype", "scheme"), [
+    # RedHat's checkpoints of Llama-3.1-8B: linear layers int8 (w8a8, compressed-tensors) or int4 (w4a16, GPTQ
+    # run by Marlin); embeddings and LM head stay 16-bit. vLLM logs the weights it loaded.
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "torch.float16", "int8"),
+    ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "torch.float16", "int4"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "torch.bfloat16", "fp8"),  # vLLM --quantization fp8, online
+])
+def test_quantized_weights_against_the_logs(model, dtype, scheme):
+    from kvcalc.core.model.vllm_memory import stage_weights
+
+    row = _row(model, dtype=dtype, quantization={"int8": "compressed-tensors", "int4": "gptq_marlin",
+                                                 "fp8": "fp8"}[scheme])
+    base = _spec("meta-llama/Llama-3.1-8B-Instruct")
+    assert base is not None
+    # body 8,029,995,008 − 2 · 128,256 · 4,096 = 6,979,321,856 parameters; int8: 6,979,321,856 B + two 16-bit
+    # tables 2 · 1,050,673,152 B + rotary 131,072 · 128 · 2 B = 9,114,116,096 B = 8.488 GiB (logged 8.49);
+    # int4: 6,979,321,856 · (4 + 20/128) / 8 B (a 16-bit scale and a 4-bit zero per 128) + the same = 5.37 GiB
+    # (logged 5.38)
+    (weights,) = stage_weights(dataclasses.replace(base, weight_dtype=scheme), 1, 1)
+    if scheme == "int8":
+        assert weights == 6_979_321_856 + 2 * 1_050_673_152 + 131_072 * 128 * 2
+    assert weights / GIB == pytest.approx(float(row["weights_gib"]), abs=0.03)
+
+
+def test_vision_tower_against_the_logs():
+    """granite-vision-3.3-2b is granite-3.1-2b plus a SigLIP-so400m tower: vLLM loads 0.80 GiB more for it."""
+    from kvcalc.core.model.weights import vision_tower_params
+
+    vision = _row("ibm-granite/granite-vision-3.3-2b")
+    text = _row("ibm-granite/granite-3.1-2b-instruct")
+    siglip = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 14,
+              "image_size": 384, "hidden_act": "gelu_pytorch_tanh"}
+    # per layer 4·1152² + 4·1152 + 2·1152·4304 + 4304 + 1152 + 4·1152 = 15,239,504; × 27 = 411,466,608;
+    # patches 3·14²·1152 + 1152 = 678,528; positions 27² · 1152 = 839,808; final norm 2,304;
+    # projector 1152 · 2048 + 2048² = 6,553,600
+    params = vision_tower_params(siglip, 2048)
+    assert params == 411_466_608 + 678_528 + 839_808 + 2_304 + 6_553_600
+    logged = float(vision["weights_gib"]) - float(text["weights_gib"])
+    assert params * 2 / GIB == pytest.approx(logged, abs=0.03)  # 0.78 vs 0.80 GiB (its projector is wider)
+
+
+@pytest.mark.parametrize(("quantization_config", "expected"), [
+    ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "int4"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}, "targets": ["Linear"]}}}, "int8"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}, "targets": ["Linear"]}}}, "fp8"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}, "targets": ["Linear"]}}}, "int4"),
+    ({"quant_method": "bitnet"}, None),
+])
+def test_checkpoint_quantization(quantization_config, expected):
+    from kvcalc.core.model.weights import checkpoint_quantization
+
+    assert checkpoint_quantization({"quantization_config": quantization_config}) == expected
+    assert checkpoint_quantization({}) is None
