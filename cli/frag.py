@@ -10,6 +10,7 @@ import typer
 from ..core.dtypes import DEFAULT_DTYPE, dtype_bits, parse_dtype
 from ..core.frag import analyse, block_sizes_for, check_memory
 from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, load_lengths
+from ..core.model.kv_groups import DEFAULT_LAYOUT
 from ..core.model.models import resolve_model
 from ..core.spec_decode import speculation_from
 from ..core.units import format_count, format_percent, plural
@@ -19,7 +20,9 @@ from .frag_report import (
     bytes_table,
     chart,
     document,
+    groups_table,
     header,
+    model_notes,
     per_seq_table,
     speculative_note,
     speculative_table,
@@ -96,7 +99,8 @@ def command(
         int_option("--block", "-b", help="Block size in tokens; repeat for several (default: 16 and 32)."),
     ] = None,
     sweep: Annotated[
-        bool, typer.Option("--sweep", help="Block sizes 1, 2, 4 … 256 (plus any --block) and a chart of waste.")
+        bool, typer.Option("--sweep", help="Block sizes 1, 2, 4 … 256 (plus any --block) and a chart of waste; with "
+                           "a model, the best block size for bytes held (KV, state and block tables).")
     ] = False,
     max_len: Annotated[
         int | None,
@@ -122,6 +126,13 @@ def command(
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
+    layout: Annotated[
+        str | None,
+        typer.Option("--layout", metavar="vllm|ideal",
+                     help="With a model: how its KV cache groups are paged: vllm (default; vLLM v1's hybrid "
+                     "allocator: groups padded to one size, one page size, Mamba hybrids' block raised to hold a "
+                     "state) or ideal (each layer type pooled on its own at the block size given, no padding)."),
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write a figure of waste vs block size (.png or .svg).")
     ] = None,
@@ -152,12 +163,16 @@ def command(
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
+    if spec is None and layout is not None:
+        raise ValueError("--layout applies to a model's KV cache groups: give a model too (--model, --config or "
+                         "--layers/--kv-heads/--head-dim)")
     dtype_name = parse_dtype(DEFAULT_DTYPE if dtype is None else dtype)  # --dtype "" is an error, not the default
     passes = 1 if speculation is None else 2  # the speculative peaks take a pass of their own
     with progress_bar("paging", total=passes * source.count, enabled=source.count >= PROGRESS_FROM) as advance:
         result = analyse(
             source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
             spec=spec, dtype_bits=dtype_bits(dtype_name), progress=advance, speculation=speculation,
+            layout=DEFAULT_LAYOUT if layout is None else layout,
         )
 
     report = Report(doc=document(source, result, dtype_name), text=header(source))
@@ -175,19 +190,8 @@ def command(
         "block tables hold int32 ids: exact = Σ ceil(n/B) entries, dense = N × ceil(M/B) entries.",
     ]
     if result.model_bytes is not None:
-        model_spec, groups = result.model_bytes.spec, result.model_bytes.kv_cache_groups
-        note = "bytes in IEC units (KiB = 2^10 B); one block table per sequence"
-        if model_spec.sliding_window is not None and model_spec.num_sliding_layers:
-            note += (
-                f" per KV-cache group ({groups}); sliding-window layers keep only the blocks that hold one of the "
-                f"last {format_count(model_spec.sliding_window)} tokens"
-            )
-        report.notes.append(note + ".")
-        if model_spec.num_sliding_layers:
-            report.notes.append(
-                "The token-position table (and the per-sequence rows) ignore sliding windows: every layer holds "
-                "every position; the KV bytes table applies them."
-            )
+        report.tables.insert(2, groups_table(result.model_bytes))
+        report.notes += model_notes(result.model_bytes, sweep)
     if result.speculative is not None:
         report.notes.append(speculative_note(result.speculative, max_len is None))
     emit(report, out_format)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..core.frag import FragAnalysis, ModelBytes, SpeculativePeaks
 from ..core.inputs.lengths import Lengths
+from ..core.paged_bytes import GroupBytes
 from ..core.paging import PerSequence
 from ..core.spec_decode import SPEC_METHODS
 from ..core.units import format_bytes, format_count, format_percent, plural
@@ -51,35 +52,72 @@ def document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str
     }
     model = result.model_bytes
     if model is not None:
-        spec = model.spec
-        doc["model"] = {
-            "name": spec.name,
-            "attention": spec.attention,
-            "dtype": dtype_name,
-            "bits_per_scalar": model.dtype_bits,
-            "bytes_per_token": spec.bytes_per_token(model.dtype_bits),
-            "sliding_window": spec.sliding_window,
-            "num_sliding_layers": spec.num_sliding_layers,
-            "kv_cache_groups": model.kv_cache_groups,
-        }
+        doc["model"] = model_doc(model, dtype_name)
         doc["fixed"].update(
             useful_kv_bytes=model.fixed.useful_kv_bytes,
             allocated_kv_bytes=model.fixed.allocated_kv_bytes,
             reservation_waste_bytes=model.fixed.waste_kv_bytes,
+            state_bytes=model.fixed.state_bytes,
+            allocated_state_bytes=model.fixed.allocated_state_bytes,
+            held_bytes=model.fixed.held_bytes,
         )
-        for entry, kv in zip(doc["paged"], model.paged, strict=True):
+        for entry, kv, layout in zip(doc["paged"], model.paged, model.layouts, strict=True):
             entry.update(
+                used_block_size=kv.used_block_size,
+                block_size_reason=layout.reason,
+                engine_accepts=kv.engine_accepts,
                 useful_kv_bytes=kv.useful_kv_bytes,
                 allocated_kv_bytes=kv.allocated_kv_bytes,
-                fragmentation_bytes=kv.waste_kv_bytes,
+                fragmentation_bytes=kv.fragmentation_bytes,
+                padding_bytes=kv.padding_bytes,
+                state_bytes=kv.state_bytes,
+                allocated_state_bytes=kv.allocated_state_bytes,
                 block_table_bytes_exact=kv.block_table_bytes_exact,
                 block_table_bytes_dense=kv.block_table_bytes_dense,
+                held_bytes=kv.held_bytes,
+                groups=[group_doc(g) for g in kv.groups],
             )
+        best = model.best
+        doc["best_block_size"] = {
+            "objective": BEST_OBJECTIVE, "block_size": best.block_size, "used_block_size": best.used_block_size,
+            "held_bytes": best.held_bytes, "among": list(best.candidates),
+        }
     if result.speculative is not None:
         doc["speculative"] = speculative_doc(result.speculative)
     if result.per_sequence is not None:
         doc["per_seq"] = result.per_sequence.records()
     return doc
+
+
+BEST_OBJECTIVE = "fewest bytes held: KV and recurrent state allocated, plus exact block tables"
+
+
+def model_doc(model: ModelBytes, dtype_name: str) -> dict[str, Any]:
+    spec, layout = model.spec, model.layouts[0]
+    return {
+        "name": spec.name,
+        "attention": spec.attention,
+        "dtype": dtype_name,
+        "bits_per_scalar": model.dtype_bits,
+        "bytes_per_token": spec.bytes_per_token(model.dtype_bits),
+        "sliding_window": spec.sliding_window,
+        "num_sliding_layers": spec.num_sliding_layers,
+        "kv_cache_groups": model.kv_cache_groups,
+        "layout": layout.layout,
+        "group_size": layout.group_size,
+        "state_bytes_per_seq": model.state_bytes_per_seq,
+    }
+
+
+def group_doc(g: GroupBytes) -> dict[str, Any]:
+    group = g.group
+    return {
+        "kind": group.kind, "source": group.source, "window": group.window, "layers": group.layers,
+        "padded_layers": group.padded_layers, "block_tables": group.tables, "block_tokens": group.block_tokens,
+        "block_bytes": group.block_bytes, "blocks": g.block_ids, "useful_bytes": g.useful_bytes,
+        "allocated_bytes": g.allocated_bytes, "padding_bytes": g.padding_bytes,
+        "block_table_bytes": g.block_table_bytes,
+    }
 
 
 def speculative_doc(peaks: SpeculativePeaks) -> dict[str, Any]:
@@ -202,40 +240,140 @@ def token_table(result: FragAnalysis) -> Table:
     return record_table("Fixed reservation vs paging (token positions)", fields, records)
 
 
+def scheme_used(record: dict[str, Any]) -> str:
+    """'paged, B = 16', or 'paged, B = 16 → 544' when the layout pages attention in other blocks."""
+    text = scheme(record)
+    used = record.get("used_block_size")
+    if record["scheme"] == "paged" and used is not None and used != record["block_size"]:
+        text += f" → {format_count(used)}"
+    return text
+
+
 def bytes_table(model: ModelBytes, dtype_name: str) -> Table:
-    """KV bytes per scheme; CSV keys as the JSON's: reservation_waste_bytes (fixed), fragmentation_bytes (paged)."""
+    """Bytes per scheme; CSV keys as the JSON's: reservation_waste_bytes (fixed), fragmentation_bytes (paged)."""
     bytes_per_token = model.spec.bytes_per_token(model.dtype_bits)
     fixed = model.fixed
-    common = {"model": model.spec.name, "dtype": dtype_name, "bytes_per_token": bytes_per_token}
+    common = {"model": model.spec.name, "dtype": dtype_name, "bytes_per_token": bytes_per_token,
+              "layout": model.layout}
     records: list[dict[str, Any]] = [{
-        "scheme": "fixed", "block_size": None, "useful_kv_bytes": fixed.useful_kv_bytes,
-        "reservation_waste_bytes": fixed.waste_kv_bytes, "fragmentation_bytes": None,
-        "waste_kv_bytes": fixed.waste_kv_bytes, "block_table_bytes_exact": None, "block_table_bytes_dense": None,
-        "allocated_kv_bytes": fixed.allocated_kv_bytes, **common,
+        "scheme": "fixed", "block_size": None, "used_block_size": None, "useful_kv_bytes": fixed.useful_kv_bytes,
+        "state_bytes": fixed.state_bytes, "reservation_waste_bytes": fixed.waste_kv_bytes,
+        "fragmentation_bytes": None, "waste_kv_bytes": fixed.waste_kv_bytes, "padding_bytes": 0,
+        "block_table_bytes_exact": None, "block_table_bytes_dense": None,
+        "allocated_kv_bytes": fixed.allocated_kv_bytes, "allocated_state_bytes": fixed.allocated_state_bytes,
+        "held_bytes": fixed.held_bytes, **common,
     }]
     records += [{
-        "scheme": "paged", "block_size": kv.block_size, "useful_kv_bytes": kv.useful_kv_bytes,
-        "reservation_waste_bytes": None, "fragmentation_bytes": kv.waste_kv_bytes, "waste_kv_bytes": kv.waste_kv_bytes,
-        "block_table_bytes_exact": kv.block_table_bytes_exact, "block_table_bytes_dense": kv.block_table_bytes_dense,
-        "allocated_kv_bytes": kv.allocated_kv_bytes, **common,
+        "scheme": "paged", "block_size": kv.block_size, "used_block_size": kv.used_block_size,
+        "useful_kv_bytes": kv.useful_kv_bytes, "state_bytes": kv.state_bytes, "reservation_waste_bytes": None,
+        "fragmentation_bytes": kv.fragmentation_bytes, "waste_kv_bytes": kv.fragmentation_bytes,
+        "padding_bytes": kv.padding_bytes, "block_table_bytes_exact": kv.block_table_bytes_exact,
+        "block_table_bytes_dense": kv.block_table_bytes_dense, "allocated_kv_bytes": kv.allocated_kv_bytes,
+        "allocated_state_bytes": kv.allocated_state_bytes, "held_bytes": kv.held_bytes, **common,
     } for kv in model.paged]
+    state = model.has_state
+    padding = any(kv.padding_bytes for kv in model.paged)
     fields = [
-        Field(None, "scheme", scheme),
+        Field(None, "scheme", scheme_used),
         Field("scheme"),
         Field("block_size"),
+        Field("used_block_size"),
         Field("useful_kv_bytes", "useful KV", format_bytes),
+        Field("state_bytes", "recurrent state" if state else None, format_bytes),
         Field("reservation_waste_bytes"),
         Field("fragmentation_bytes"),
         Field(None, "waste (reservation / tail blocks)", lambda r: format_bytes(r["waste_kv_bytes"])),
+        Field("padding_bytes", "padding" if padding else None, format_bytes),
         Field("block_table_bytes_exact", "block tables (exact)", format_bytes),
         Field("block_table_bytes_dense", "block tables (dense)", format_bytes),
         Field("allocated_kv_bytes", "KV allocated", format_bytes),
+        Field("allocated_state_bytes", "state allocated" if state else None, format_bytes),
+        Field("held_bytes", "held", format_bytes),
         Field("model"),
         Field("dtype"),
         Field("bytes_per_token"),
+        Field("layout"),
     ]
-    title = f"KV bytes — {model.spec.name}, {dtype_name} ({format_bytes(bytes_per_token)} per token)"
+    title = (f"KV bytes — {model.spec.name}, {dtype_name} ({format_bytes(bytes_per_token)} per token), "
+             f"layout {model.layout}")
     return record_table(title, fields, records)
+
+
+def groups_table(model: ModelBytes) -> Table:
+    """Each KV cache group for each block size (the best one only when more than two were asked for);
+    CSV keys as the JSON's paged[].groups entries, with the block size."""
+    shown = model.paged if len(model.paged) <= 2 else [kv for kv in model.paged
+                                                         if kv.block_size == model.best.block_size]
+    records = [{"block_size": kv.block_size, **group_doc(g)} for kv in shown for g in kv.groups]
+    fields = [
+        Field("block_size", "B", format_count),
+        Field(None, "group", _group_name),
+        Field("kind"),
+        Field("source"),
+        Field("window"),
+        Field("layers", "layers", format_count),
+        Field("padded_layers", "padded to", format_count),
+        Field("block_tables", "tables", format_count),
+        Field("block_tokens", "tokens per block", format_count),
+        Field("block_bytes", "block", format_bytes),
+        Field("blocks", "blocks held", format_count),
+        Field("useful_bytes", "useful", format_bytes),
+        Field("allocated_bytes", "allocated", format_bytes),
+        Field("padding_bytes", "padding", format_bytes),
+        Field("block_table_bytes", "block tables", format_bytes),
+    ]
+    return record_table(f"KV cache groups — layout {model.layout}", fields, records)
+
+
+def _group_name(record: dict[str, Any]) -> str:
+    if record["kind"] == "state":
+        return f"state ({record['source'].replace('_', ' ')})"
+    if record["window"] is None:
+        return "full (MLA)" if record["source"] == "mla" else "full"
+    return f"{record['kind']} {format_count(record['window'])}"
+
+
+def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
+    """What the bytes tables assume: the layout and why its block size, windows and chunks, the state, the
+    best block size."""
+    layout = model.layouts[0]
+    by_reason: dict[str, list[str]] = {}  # the block sizes given that the layout pages alike, by why
+    for kv, lay in zip(model.paged, model.layouts, strict=True):
+        reason = lay.reason.removeprefix(f"block {lay.block_size}: as given; ") if kv.used_block_size == \
+            kv.block_size else lay.reason
+        by_reason.setdefault(reason, []).append(str(kv.block_size))
+    notes = [f"Layout {layout.layout}: " + " | ".join(
+        f"B = {', '.join(sizes)}: {reason}" for reason, sizes in by_reason.items()) + "."]
+    kinds = {g.kind for g in layout.groups}
+    text = (f"Bytes in IEC units (KiB = 2^10 B); one block table per sequence per KV cache group "
+            f"({model.kv_cache_groups})")
+    if "sliding" in kinds:
+        text += "; sliding-window layers keep only the blocks that hold one of the last W tokens"
+    if "chunked" in kinds:
+        text += ("; chunked layers keep only the current chunk (blocks before C · floor((n − 1)/C) are freed), "
+                 "not the last C tokens")
+    if kinds & {"sliding", "chunked"}:
+        text += "; a freed block stays in its table as a null entry (vLLM's tables keep their length)"
+    notes.append(text + ".")
+    if model.has_state:
+        notes.append(
+            f"Recurrent state: {format_bytes(model.state_bytes_per_seq)} per sequence in every recurrent layer, "
+            f"its own column; paged as {layout.mamba_cache_mode!r} mamba_cache_mode (one state page per running "
+            "sequence, no prefix caching of it); state allocated includes the padding of each state page.")
+    if kinds & {"sliding", "chunked"} or model.has_state:
+        notes.append("The token-position table (and the per-sequence rows) ignore windows, chunks and states: "
+                     "every layer holds every position at the block size asked for; the KV bytes tables apply "
+                     "them at the block size used.")
+    best = model.best
+    if len(best.candidates) > 1:
+        used = f" (paged as {format_count(best.used_block_size)})" if best.used_block_size != best.block_size else ""
+        among = "the sizes vLLM's block_size accepts" if layout.layout == "vllm" else "the sizes given"
+        notes.append(f"Best block size for {BEST_OBJECTIVE}: B = {best.block_size}{used}, "
+                     f"{format_bytes(best.held_bytes)}; chosen among {among}: "
+                     f"{', '.join(str(b) for b in best.candidates)}.")
+    elif sweep or len(model.paged) > 1:
+        notes.append(f"Best block size: only B = {best.block_size} of those given is one vLLM accepts.")
+    return notes
 
 
 def per_seq_table(rows: PerSequence, max_len: int) -> Table:

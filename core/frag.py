@@ -12,6 +12,8 @@ import numpy as np
 from . import paged_bytes, paging
 from .errors import ParameterError
 from .host_memory import check_fits
+from .model.kv_groups import KVLayout, kv_layout
+from .model.layers import bits_to_bytes
 from .model.models import ModelSpec
 from .spec_decode import Speculation
 from .units import format_count_short
@@ -24,16 +26,52 @@ _ROW_OUTPUT_BYTES_PER_VALUE = 150
 
 @dataclass(frozen=True)
 class ModelBytes:
-    """The same comparison in bytes for `spec` at `dtype_bits` per scalar; `paged` aligns with the token results."""
+    """The same comparison in bytes for `spec` at `dtype_bits` per scalar, group by group under `layout`
+    ("vllm" or "ideal"); `layouts` and `paged` align with the token results (one per block size asked for)."""
 
     spec: ModelSpec
     dtype_bits: int
     fixed: paged_bytes.KvBytes
     paged: list[paged_bytes.KvBytes]
+    layouts: list[KVLayout]
+
+    @property
+    def layout(self) -> str:
+        return self.layouts[0].layout
 
     @property
     def kv_cache_groups(self) -> int:
-        return paged_bytes.kv_cache_groups(self.spec)
+        """Block tables per sequence at the first block size."""
+        return self.layouts[0].num_tables
+
+    @property
+    def has_state(self) -> bool:
+        return any(g.is_state for g in self.layouts[0].groups)
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """One sequence's recurrent state in every layer (0 without recurrent layers)."""
+        return bits_to_bytes(self.spec.state_bits())
+
+    @property
+    def best(self) -> BestBlock:
+        """The block size that holds the fewest bytes (KV, state and exact block tables); under the vllm
+        layout among the sizes vLLM accepts; ties go to the smaller block size used, then asked for."""
+        candidates = [kv for kv in self.paged if kv.engine_accepts] or self.paged
+        kv = min(candidates, key=lambda k: (k.held_bytes, k.used_block_size, k.block_size))
+        assert kv.block_size is not None and kv.used_block_size is not None
+        return BestBlock(kv.block_size, kv.used_block_size, kv.held_bytes,
+                         tuple(k.block_size for k in candidates if k.block_size is not None))
+
+
+@dataclass(frozen=True)
+class BestBlock:
+    """The answer to "which block size is best?" for bytes held (KV + state + exact block tables)."""
+
+    block_size: int  # as asked for
+    used_block_size: int  # as the layout pages it
+    held_bytes: int
+    candidates: tuple[int, ...]  # the block sizes it was chosen among
 
 
 @dataclass(frozen=True)
@@ -66,9 +104,11 @@ class SpeculativePeak:
 
     @property
     def extra_kv_bytes(self) -> int | None:
+        """Extra bytes held at the peak: KV and state pages allocated (block tables aside)."""
         if self.plain_bytes is None or self.peak_bytes is None:
             return None
-        return self.peak_bytes.allocated_kv_bytes - self.plain_bytes.allocated_kv_bytes
+        return (self.peak_bytes.allocated_kv_bytes + self.peak_bytes.allocated_state_bytes
+                - self.plain_bytes.allocated_kv_bytes - self.plain_bytes.allocated_state_bytes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +135,8 @@ class FragAnalysis:
 
 
 def block_sizes_for(blocks: list[int] | None, sweep: bool) -> list[int]:
-    """The union of the given block sizes and (with `sweep`) 1, 2, 4 … 256; 16 and 32 when neither is given."""
+    """The union of the given block sizes and (with `sweep`) 1, 2, 4 … 256 (which hold every size vLLM's
+    block_size accepts: 1, 8, 16 … 256); 16 and 32 when neither is given."""
     sizes = sorted(set(blocks or ()) | set(paging.SWEEP_BLOCK_SIZES if sweep else ()))
     sizes = sizes or list(DEFAULT_BLOCK_SIZES)
     paging.check_block_sizes(sizes)
@@ -134,10 +175,12 @@ def analyse(
     dtype_bits: int = 16,
     progress: Callable[[int], None] | None = None,
     speculation: Speculation | None = None,
+    layout: str = "vllm",
 ) -> FragAnalysis:
     """Equations 2–3 for the lengths `tokens` int64 [N]; `max_len` defaults to the next power of two (of the
     longest speculative peak with `speculation`: M must hold it). `progress(n)`: n more lengths through a
-    paging pass (the ones that grow with the block sizes; two with `speculation`)."""
+    paging pass (the ones that grow with the block sizes; two with `speculation`). With `spec`, bytes group by
+    group under `layout` (core/model/kv_groups.py)."""
     if speculation is not None:
         max_len = _check_speculative_room(tokens, speculation, max_len)
     if max_len is None:
@@ -147,22 +190,22 @@ def analyse(
     fixed, paged = paging.fixed_and_paged(tokens, block_sizes, max_len, progress)
     rows = paging.per_sequence(tokens, block_sizes, max_len) if per_sequence else None
     model_bytes = None
+    layouts: list[KVLayout] = []
     if spec is not None:
-        model_bytes = ModelBytes(
-            spec,
-            dtype_bits,
-            paged_bytes.fixed_kv_bytes(tokens, spec, dtype_bits, fixed),
-            [paged_bytes.paged_kv_bytes(tokens, spec, dtype_bits, p) for p in paged],
-        )
+        layouts = [kv_layout(spec, dtype_bits, p.block_size, layout) for p in paged]
+        kv = [paged_bytes.paged_kv_bytes(tokens, lay, max_len) for lay in layouts]
+        model_bytes = ModelBytes(spec, dtype_bits, paged_bytes.fixed_kv_bytes(layouts[0], fixed, kv[0]), kv, layouts)
     speculative = None
     if speculation is not None:
         counts = peak_block_counts(tokens, block_sizes, speculation.extra_slots, progress)
         peaks = [paging.PagedAllocation(p.block_size, p.num_seqs, max_len, p.useful_tokens, n)
                  for p, n in zip(paged, counts, strict=True)]
         plain_bytes = [None] * len(peaks) if model_bytes is None else model_bytes.paged
+        peak_bytes = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, speculation.extra_slots) for lay in layouts] \
+            if layouts else [None] * len(peaks)
         speculative = SpeculativePeaks(speculation, [
-            SpeculativePeak(p, q, kv, None if spec is None else paged_bytes.paged_kv_bytes(tokens, spec, dtype_bits, q))
-            for p, q, kv in zip(paged, peaks, plain_bytes, strict=True)
+            SpeculativePeak(p, q, kv, peak)
+            for p, q, kv, peak in zip(paged, peaks, plain_bytes, peak_bytes, strict=True)
         ])
     return FragAnalysis(fixed, paged, rows, model_bytes, speculative)
 

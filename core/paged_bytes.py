@@ -1,13 +1,26 @@
-"""Equations 2 and 3 in bytes for a model: what fixed reservation and paging allocate in every layer.
+"""Equations 2 and 3 in bytes for a model, group by group: what fixed reservation and paging hold.
 
-A paged engine allocates one block per B token positions in every full-attention layer, so those layers
-hold A_B(n) positions. A sliding-window layer only keeps the last h = min(n, window) positions
-[n − h, n): the blocks that still hold one of them are blocks floor((n − h)/B) … ceil(n/B) − 1, i.e.
-ceil(n/B) − floor(max(n − window, 0)/B) blocks (engines such as vLLM free the rest); fixed reservation
-gives such a layer a ring buffer of min(M, window). Block ids address a block in every layer of a
-KV-cache group, so each sequence has one block table per group: one for the full-attention layers and one
-per window or chunk size (vLLM's hybrid allocator keeps a table per group). The bits of a held token in
-each kind of layer come from the model's layer groups (core/model/layers.py, equation 1).
+A model's layers fall into KV cache groups (core/model/kv_groups.py, layout `vllm` or `ideal`). For a
+sequence of n tokens each group holds, per block table, the blocks of the module docstring there:
+
+    full      ceil(n / B)                                        tokens held n
+    sliding   ceil(n / B) − floor(max(n − W, 0) / B)            tokens held min(n, W)
+    chunked   ceil(n / B) − floor(C · floor((n − 1) / C) / B)   tokens held n − C · floor((n − 1) / C)
+    state     1 page ("none"), 2 ("align"), ceil(n / B) ("all")   one state
+
+with B the group's own tokens per block (vLLM may raise it: Mamba hybrids, unified pages). A block costs
+the group's `block_bytes` (padding layers and padded state pages included); what the real layers store in
+it is `used_block_bytes`. So for each scheme:
+
+    useful     equation 1 over the sequences (the current chunk for chunked layers), the state apart
+    allocated  Σ blocks · block_bytes over the attention groups; the state groups apart
+    padding    Σ blocks · (block_bytes − used_block_bytes): padding layers and padded state pages
+    tables     int32 entries: ceil(n / B) per table (exact; blocks freed by a window stay as null entries, as
+               vLLM keeps them; a state table 1 entry in "none"), or N × ceil(M / B) per table (dense)
+    held       allocated KV + allocated state + exact block tables: the objective of the block-size sweep
+
+Fixed reservation gives every full layer M positions, a sliding or chunked layer min(M, W), a recurrent
+layer one state; no padding and no block tables.
 """
 
 from __future__ import annotations
@@ -17,80 +30,182 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model.layers import bits_to_bytes, window_terms
+from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
+from .model.kv_groups import VLLM_BLOCK_SIZES, KVCacheGroup, KVLayout, kv_layout
+from .model.layers import bits_to_bytes
 from .model.models import ModelSpec
-from .paging import PASS_CHUNK, FixedReservation, PagedAllocation, exact_sum
+from .paging import PASS_CHUNK, FixedReservation, exact_sum
+
+
+@dataclass(frozen=True)
+class GroupBytes:
+    """One KV cache group's share of a scheme: blocks per table summed over the sequences, and bytes."""
+
+    group: KVCacheGroup
+    blocks: int  # Σ over sequences of the blocks one of the group's block tables holds
+    held_tokens: int  # Σ over sequences of the tokens its layers hold (state groups: the sequences)
+    table_entries: int  # Σ over sequences of one table's entries (freed blocks stay as null entries)
+
+    @property
+    def block_ids(self) -> int:
+        """Blocks in all of the group's tables (vllm: block ids; ideal: blocks of the group's own size)."""
+        return self.blocks * self.group.tables
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.blocks * self.group.block_bytes
+
+    @property
+    def useful_bytes(self) -> int:
+        return bits_to_bytes(self.held_tokens * self.group.token_bits)
+
+    @property
+    def padding_bytes(self) -> int:
+        return self.blocks * self.group.padding_bytes_per_block
+
+    @property
+    def block_table_bytes(self) -> int:
+        return self.table_entries * self.group.tables * BLOCK_TABLE_ENTRY_BYTES
 
 
 @dataclass(frozen=True)
 class KvBytes:
-    """KV bytes of one scheme for a model; `block_size` None means fixed reservation."""
+    """Bytes of one scheme for a model; `block_size` None is fixed reservation, else the block size asked
+    for, `used_block_size` the one the layout pages attention with. State bytes are kept apart from KV."""
 
     block_size: int | None
     useful_kv_bytes: int
     allocated_kv_bytes: int
     block_table_bytes_exact: int = 0
     block_table_bytes_dense: int = 0
+    state_bytes: int = 0  # what the sequences' recurrent states hold
+    allocated_state_bytes: int = 0  # the state pages allocated for them (padded, two per sequence in "align")
+    padding_bytes: int = 0  # of the allocated bytes (KV and state): padding layers and padded state pages
+    used_block_size: int | None = None
+    groups: tuple[GroupBytes, ...] = ()
+    engine_accepts: bool = True  # vllm layout: the block size is one vLLM's block_size option accepts
 
     @property
     def waste_kv_bytes(self) -> int:
-        """Tail-block fragmentation (paged) or reservation waste (fixed)."""
+        """Allocated minus useful KV: reservation waste (fixed), or tail blocks and padding layers (paged)."""
         return self.allocated_kv_bytes - self.useful_kv_bytes
+
+    @property
+    def kv_padding_bytes(self) -> int:
+        """Padding in the attention groups' blocks (padding layers); the state's is with the state."""
+        return sum(g.padding_bytes for g in self.groups if not g.group.is_state)
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """The tail-block part of the KV waste: partly filled blocks (and blocks a window or chunk still holds
+        for a few tokens), padding layers aside."""
+        return self.waste_kv_bytes - self.kv_padding_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """What the scheme holds: KV and state allocated, and the exact block tables."""
+        return self.allocated_kv_bytes + self.allocated_state_bytes + self.block_table_bytes_exact
 
 
 def kv_cache_groups(spec: ModelSpec) -> int:
-    """Block tables per sequence: one per distinct window among the layers that keep KV (full-attention
-    layers one, each window or chunk size another; vLLM's hybrid allocator keeps a table per group)."""
-    return len(window_terms(spec.layer_groups, 1))
+    """Block tables per sequence under vLLM's layout at the default block size (its KV cache groups)."""
+    return kv_layout(spec, 16).num_tables
 
 
-def useful_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int) -> int:
-    """Σ over sequences of equation 1 (each layer holds at most its window or chunk)."""
-    bits = 0
-    for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items():
-        if window is None:
-            bits += bits_per_token * exact_sum(tokens)
-        else:
-            bits += bits_per_token * _chunked_sum(tokens, lambda chunk, out, w=window: np.minimum(chunk, w, out=out))
-    return bits_to_bytes(bits)
-
-
-def _chunked_sum(tokens: np.ndarray, transform: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> int:
-    """Σ transform(chunk) over the lengths, exact; `transform(chunk, out)` writes into a reused scratch, so
-    a pass over 10^9 lengths allocates 2 MiB instead of 8 GB."""
+def _chunked_sum(tokens: np.ndarray, transform: Callable[[np.ndarray, np.ndarray], np.ndarray], extra: int = 0) -> int:
+    """Σ transform(chunk + extra) over the lengths, exact; `transform(chunk, out)` writes into a reused
+    scratch, so a pass over 10^9 lengths allocates a few MiB instead of 8 GB."""
     scratch = np.empty(min(tokens.size, PASS_CHUNK), dtype=np.int64)
-    return sum(
-        exact_sum(transform(tokens[i : i + PASS_CHUNK], scratch[: min(PASS_CHUNK, tokens.size - i)]))
-        for i in range(0, tokens.size, PASS_CHUNK)
-    )
+    shifted = np.empty(min(tokens.size, PASS_CHUNK), dtype=np.int64) if extra else None
+    total = 0
+    for i in range(0, tokens.size, PASS_CHUNK):
+        chunk = tokens[i : i + PASS_CHUNK]
+        if shifted is not None:
+            chunk = np.add(chunk, extra, out=shifted[: chunk.size])
+        total += exact_sum(transform(chunk, scratch[: chunk.size]))
+    return total
 
 
-def fixed_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, fixed: FixedReservation) -> KvBytes:
-    per_seq = sum(bits_per_token * (fixed.max_len if window is None else min(fixed.max_len, window))
-                  for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items())
-    return KvBytes(None, useful_kv_bytes(tokens, spec, dtype_bits), bits_to_bytes(fixed.num_seqs * per_seq))
+def _chunk_start(chunk: np.ndarray, out: np.ndarray, c: int) -> np.ndarray:
+    """C · floor((n − 1) / C): the first position of the last token's chunk."""
+    start = np.subtract(chunk, 1, out=out)
+    start = np.floor_divide(start, c, out=start)
+    return np.multiply(start, c, out=start)
 
 
-def paged_kv_bytes(tokens: np.ndarray, spec: ModelSpec, dtype_bits: int, paged: PagedAllocation) -> KvBytes:
-    """Bytes for one block size; `paged` is the token-level result for the same `tokens`. A chunked layer
-    counts as a window of its chunk size (at most C tokens: an upper bound on its current chunk)."""
-    b = paged.block_size
-    bits = 0
-    for window, bits_per_token in window_terms(spec.layer_groups, dtype_bits).items():
-        if window is None:
-            bits += bits_per_token * paged.allocated_tokens
-            continue
+def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str = "none", extra: int = 0) -> GroupBytes:
+    """Σ blocks held per table and Σ tokens held over the lengths `tokens` + `extra` (int64 [N]), exact."""
+    b, w, n = group.block_tokens, group.window, int(tokens.size)
 
-        def freed(chunk: np.ndarray, out: np.ndarray, w: int = window) -> np.ndarray:
+    def total(transform: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> int:
+        return _chunked_sum(tokens, transform, extra)
+
+    def ceil_blocks(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return np.floor_divide(np.add(chunk, b - 1, out=out), b, out=out)
+
+    if group.kind == "state":
+        if mamba_cache_mode == "none":
+            return GroupBytes(group, n, n, n)
+        entries = total(ceil_blocks)
+        return GroupBytes(group, entries if mamba_cache_mode == "all" else 2 * n, n, entries)
+    blocks = total(ceil_blocks)
+    if group.kind == "full":
+        return GroupBytes(group, blocks, exact_sum(tokens) + n * extra, blocks)
+    assert w is not None
+    if group.kind == "sliding":
+        def freed(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
             beyond = np.maximum(np.subtract(chunk, w, out=out), 0, out=out)  # positions out of the window
             return np.floor_divide(beyond, b, out=beyond)
 
-        bits += bits_per_token * b * (paged.num_blocks - _chunked_sum(tokens, freed))
-    groups = kv_cache_groups(spec)
+        held = total(lambda chunk, out: np.minimum(chunk, w, out=out))
+        return GroupBytes(group, blocks - total(freed), held, blocks)
+
+    def freed_chunks(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return np.floor_divide(_chunk_start(chunk, out, w), b, out=out)
+
+    before = total(lambda chunk, out: _chunk_start(chunk, out, w))
+    return GroupBytes(group, blocks - total(freed_chunks), exact_sum(tokens) + n * extra - before, blocks)
+
+
+def paged_kv_bytes(tokens: np.ndarray, layout: KVLayout, max_len: int, extra: int = 0) -> KvBytes:
+    """Bytes of paging the lengths `tokens` (+ `extra` each: a speculative peak) under `layout`; dense tables
+    are N × ceil(max_len / B) entries per table."""
+    groups = tuple(group_totals(tokens, g, layout.mamba_cache_mode, extra) for g in layout.groups)
+    kv = [g for g in groups if not g.group.is_state]
+    state = [g for g in groups if g.group.is_state]
+    dense_entries = sum(g.tables * _dense_entries(g, max_len, layout.mamba_cache_mode) for g in layout.groups)
+    accepts = layout.layout != "vllm" or layout.requested_block_size in VLLM_BLOCK_SIZES
     return KvBytes(
-        b,
-        useful_kv_bytes(tokens, spec, dtype_bits),
-        bits_to_bytes(bits),
-        groups * paged.block_table_bytes_exact,
-        groups * paged.block_table_bytes_dense,
+        layout.requested_block_size,
+        sum(g.useful_bytes for g in kv),
+        sum(g.allocated_bytes for g in kv),
+        sum(g.block_table_bytes for g in groups),
+        int(tokens.size) * dense_entries * BLOCK_TABLE_ENTRY_BYTES,
+        sum(g.useful_bytes for g in state),
+        sum(g.allocated_bytes for g in state),
+        sum(g.padding_bytes for g in groups),
+        layout.block_size,
+        groups,
+        accepts,
     )
+
+
+def _dense_entries(group: KVCacheGroup, max_len: int, mode: str) -> int:
+    """Columns of the group's [num_seqs, max_blocks] block-table tensor: ceil(M / B) (a state in "none": 1)."""
+    if group.is_state and mode == "none":
+        return 1
+    return ceil_div(max_len, group.block_tokens)
+
+
+def fixed_kv_bytes(layout: KVLayout, fixed: FixedReservation, paged: KvBytes) -> KvBytes:
+    """Fixed reservation to M = fixed.max_len: M tokens per full layer, min(M, W) per windowed one, one state
+    per recurrent layer; the useful bytes are those of `paged` (any block size of the same lengths)."""
+    kv_bits = state_bits = 0
+    for g in layout.groups:
+        if g.is_state:
+            state_bits += g.token_bits
+        else:
+            kv_bits += g.token_bits * (fixed.max_len if g.window is None else min(fixed.max_len, g.window))
+    n = fixed.num_seqs
+    return KvBytes(None, paged.useful_kv_bytes, bits_to_bytes(n * kv_bits), state_bytes=paged.state_bytes,
+                   allocated_state_bytes=bits_to_bytes(n * state_bits))

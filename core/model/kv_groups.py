@@ -48,6 +48,7 @@ from .layers import bits_to_bytes
 from .model_spec import ModelSpec
 
 LAYOUTS = ("vllm", "ideal")
+DEFAULT_LAYOUT = "vllm"
 GROUP_KINDS = ("full", "sliding", "chunked", "state")
 MAMBA_CACHE_MODES = ("none", "align", "all")
 KERNEL_BLOCK_ALIGNMENT = 16  # tokens: the attention kernels' smallest block granularity (FlashAttention, FlashInfer)
@@ -77,15 +78,21 @@ class KVCacheGroup:
     layer_page_bytes: int = 0
     layer_used_bytes: int = 0
     source: str = ""
+    token_bits: int = 0  # the real layers together: bits of one token (attention) or of one sequence's state
 
     @property
     def is_state(self) -> bool:
         return self.kind == "state"
 
     @property
+    def used_block_bytes(self) -> int:
+        """Bytes one block holds in the real layers: B tokens of each (attention) or one state each."""
+        return bits_to_bytes(self.token_bits if self.is_state else self.token_bits * self.block_tokens)
+
+    @property
     def padding_bytes_per_block(self) -> int:
-        """Bytes of a block that hold nothing: padding layers and the padded part of a state page."""
-        return self.block_bytes - self.layers * self.layer_used_bytes
+        """Bytes of a block that hold nothing: padding layers and the padded part of each state page."""
+        return self.block_bytes - self.used_block_bytes
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ def _ideal(types: list[_LayerType], block_size: int, mode: str) -> KVLayout:
     unit = math.gcd(*(block_bytes for _, _, block_bytes in blocks))
     groups = tuple(
         KVCacheGroup(t.kind, t.window, t.count, t.count, block_size, block_bytes, 1, block_bytes // unit,
-                     layer_page, layer_page, t.source)
+                     layer_page, layer_page, t.source, t.bits * t.count)
         for t, layer_page, block_bytes in blocks
     )
     reason = f"block {block_size}: as given; each layer type pooled on its own, no padding (ideal layout)"
@@ -201,7 +208,7 @@ def _vllm(name: str, types: list[_LayerType], block_size: int, mode: str, chunk_
             layer_page, group_size = bits_to_bytes(block_size * sum(a.bits * a.count for a in attention)), 1
         source = "+".join(dict.fromkeys(a.source for a in attention))
         group = KVCacheGroup(t.kind, t.window, layers, layers, block_size, layer_page * group_size, 1, 1,
-                             layer_page, layer_page, source)
+                             layer_page, layer_page, source, sum(a.bits * a.count for a in attention))
         reason = f"block {block_size}: as given (one KV cache group)"
         return KVLayout("vllm", (group,), block_size, reason, layer_page * group_size, group_size, block_size, mode)
     attn_block, reason = block_size, f"block {block_size}: as given"
@@ -226,8 +233,7 @@ def _vllm(name: str, types: list[_LayerType], block_size: int, mode: str, chunk_
         used = bits_to_bytes(t.bits) if t.kind == "state" else page
         groups.append(KVCacheGroup(t.kind, t.window, t.count, tables * group_size,
                                    attn_block if t.kind == "state" else tokens[t], tables * page * group_size,
-                                   tables, tables,
-                                   page, used, t.source))
+                                   tables, tables, page, used, t.source, t.bits * t.count))
     unified = [t for t in attention if tokens[t] != attn_block]
     if unified:
         reason += "; " + ", ".join(f"{t.kind} pages hold {tokens[t]} tokens" for t in unified) + (

@@ -326,8 +326,98 @@ def test_one_length_is_singular(run_cli):
 
 def test_sliding_window_model_notes_which_table_applies_the_window(run_cli):
     out = run_cli("frag", "--model", "mistral-7b-v0.1", "--lengths", "5000").stdout
-    assert "The token-position table (and the per-sequence rows) ignore sliding windows" in " ".join(out.split())
-    assert "ignore sliding windows" not in run_cli("frag", "--model", "llama-3-8b", "--lengths", "5000").stdout
+    assert "The token-position table (and the per-sequence rows) ignore windows" in " ".join(out.split())
+    assert "ignore windows" not in run_cli("frag", "--model", "llama-3-8b", "--lengths", "5000").stdout
+
+
+# --- hybrid models: KV cache groups, the state, the layouts (issue 19) ---------------------------------------
+
+
+def test_gemma3_groups_vllm_against_ideal(run_cli):
+    # Gemma-3-27B, one sequence of 5,000 tokens, B = 16, bf16: 8,192 B per token per layer.
+    # full: 10 layers · ceil(5000/16) = 313 blocks · 16 tokens = 5,008 positions -> 10 · 5,008 · 8,192 B
+    # sliding (W 1024): blocks ceil(5000/16) − floor((5000 − 1024)/16) = 313 − 248 = 65 per table;
+    #   vllm: 6 tables of 10 layer slots (52 layers padded to 60) -> 6 · 65 · 10 · 16 · 8,192 B
+    #   ideal: 52 layers -> 65 · 52 · 16 · 8,192 B; padding 8 · 65 · 16 · 8,192 B
+    vllm = run_cli("frag", "--model", "gemma-3-27b", "--lengths", "5000", "--block", "16", "--json").json()
+    ideal = run_cli("frag", "--model", "gemma-3-27b", "--lengths", "5000", "--block", "16", "--layout", "ideal",
+                    "--json").json()
+    full = 10 * 5_008 * 8192
+    v16, i16 = vllm["paged"][0], ideal["paged"][0]
+    assert v16["allocated_kv_bytes"] == full + 60 * 65 * 16 * 8192
+    assert i16["allocated_kv_bytes"] == full + 52 * 65 * 16 * 8192
+    assert v16["padding_bytes"] == 8 * 65 * 16 * 8192 and i16["padding_bytes"] == 0
+    # useful: 10 · 5,000 + 52 · 1,024 layer-tokens, the same under both layouts; the tail blocks alike
+    assert v16["useful_kv_bytes"] == i16["useful_kv_bytes"] == (10 * 5000 + 52 * 1024) * 8192
+    assert v16["fragmentation_bytes"] == i16["fragmentation_bytes"]
+    # block tables: vllm 7 tables of 313 entries, ideal 2 (each freed sliding block stays as a null entry)
+    assert (v16["block_table_bytes_exact"], i16["block_table_bytes_exact"]) == (7 * 313 * 4, 2 * 313 * 4)
+    assert vllm["model"]["layout"] == "vllm" and vllm["model"]["kv_cache_groups"] == 7
+    groups = {g["kind"]: g for g in v16["groups"]}
+    assert (groups["sliding"]["padded_layers"], groups["sliding"]["block_tables"]) == (60, 6)
+
+
+def test_llama4_chunked_layers_hold_the_current_chunk(run_cli):
+    # Llama-4-Scout: 36 chunked (C 8192) + 12 full layers, 4,096 B per token per layer. n = 20,000, B = 16:
+    # the current chunk starts at 8192 · floor(19,999/8192) = 16,384: 3,616 tokens in 1,250 − 1,024 = 226 blocks
+    # (the last C tokens would have been 8,192 tokens, 512 blocks).
+    doc = run_cli("frag", "--model", "llama-4-scout", "--lengths", "20000", "--block", "16", "--json").json()
+    b16 = doc["paged"][0]
+    chunked = next(g for g in b16["groups"] if g["kind"] == "chunked")
+    assert chunked["blocks"] == 3 * 226  # 3 tables of 12 layer slots
+    assert chunked["useful_bytes"] == 36 * 3616 * 4096
+    assert chunked["allocated_bytes"] == 36 * 226 * 16 * 4096
+    out = " ".join(run_cli("frag", "--model", "llama-4-scout", "--lengths", "20000").stdout.split())
+    assert "chunked 8,192" in out and "keep only the current chunk" in out and "sliding" not in out
+
+
+def test_nemotron_h_state_is_its_own_column_and_the_block_is_forced(run_cli):
+    # Nemotron-H-56B: 54 Mamba-2 layers of 16,900,096 B of state each per sequence = 912,605,184 B; vllm pages
+    # attention in blocks of 4,128 tokens (16 · ceil(16,900,096 / (16 · 4,096))) and each state page is padded to
+    # 4,128 · 4,096 = 16,908,288 B in 6 tables of 10 slots (54 layers padded to 60).
+    doc = run_cli("frag", "--model", "nemotron-h-56b", "--lengths", "100,5000", "--block", "16", "--json").json()
+    b16 = doc["paged"][0]
+    assert b16["used_block_size"] == 4128 and "forces it" in b16["block_size_reason"]
+    assert b16["state_bytes"] == 2 * 912_605_184
+    assert b16["allocated_state_bytes"] == 2 * 60 * 16_908_288
+    # attention: 10 layers, ceil(100/4128) + ceil(5000/4128) = 3 blocks of 4,128 tokens · 4,096 B
+    assert b16["allocated_kv_bytes"] == 3 * 10 * 4128 * 4096
+    assert b16["held_bytes"] == b16["allocated_kv_bytes"] + b16["allocated_state_bytes"] + b16[
+        "block_table_bytes_exact"]
+    assert doc["model"]["state_bytes_per_seq"] == 912_605_184
+    ideal = run_cli("frag", "--model", "nemotron-h-56b", "--lengths", "100,5000", "--block", "16", "--layout",
+                    "ideal", "--json").json()["paged"][0]
+    assert ideal["used_block_size"] == 16 and ideal["allocated_state_bytes"] == 2 * 912_605_184
+    out = run_cli("frag", "--model", "nemotron-h-56b", "--lengths", "100,5000", "--block", "16").stdout
+    out = " ".join(out.split())
+    assert "recurrent state" in out and "paged, B = 16 → 4,128" in out and "_align_hybrid_block_size" in out
+
+
+def test_sweep_names_the_best_block_size(run_cli):
+    # Llama-3-8B over the worked example: held = 131,072 B · Σ A_B(n) + 4 B · Σ ceil(n/B). B = 1: 968 positions +
+    # 968 entries; B = 8: 1,000 + 125 entries ... the fewest bytes at B = 1 (KV dominates the tables).
+    doc = run_cli("frag", "--model", "llama-3-8b", "--sweep", "--json").json()
+    best = doc["best_block_size"]
+    assert best["block_size"] == 1 and best["held_bytes"] == 968 * 131072 + 968 * 4
+    assert best["among"] == [1, 8, 16, 32, 64, 128, 256]  # the sizes vLLM accepts: not 2 or 4
+    held = {p["block_size"]: p["held_bytes"] for p in doc["paged"]}
+    assert held[2] < held[8] and all(held[1] <= held[b] for b in held)
+    # a Mamba hybrid under vllm: every size is raised to 4,128, so the tie goes to the smallest asked for
+    doc = run_cli("frag", "--model", "nemotron-h-56b", "--block", "16", "--block", "32", "--json").json()
+    assert (doc["best_block_size"]["block_size"], doc["best_block_size"]["used_block_size"]) == (16, 4128)
+
+
+def test_layout_needs_a_model_and_a_known_name(run_cli):
+    _assert_bad_input(run_cli("frag", "--layout", "ideal"), "--layout applies to a model's KV cache groups")
+    _assert_bad_input(run_cli("frag", "--model", "llama-3-8b", "--layout", "best"), "--layout 'best' is not one of")
+
+
+def test_single_group_results_are_the_same_under_both_layouts(run_cli):
+    vllm = run_cli("frag", "--model", "llama-3-8b", "--sweep", "--json").json()
+    ideal = run_cli("frag", "--model", "llama-3-8b", "--sweep", "--layout", "ideal", "--json").json()
+    keys = ("allocated_kv_bytes", "useful_kv_bytes", "fragmentation_bytes", "block_table_bytes_exact",
+            "block_table_bytes_dense", "held_bytes")
+    assert [{k: p[k] for k in keys} for p in vllm["paged"]] == [{k: p[k] for k in keys} for p in ideal["paged"]]
 
 
 def test_the_mean_is_exact_past_a_double(run_cli, tmp_path):

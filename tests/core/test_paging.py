@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core import paged_bytes, paging
+from kvcalc.core.model.kv_groups import kv_layout
+from kvcalc.core.model.layers import LayerGroup
 from kvcalc.core.model.models import ModelSpec, get_preset
+from kvcalc.core.model.state import RecurrentState
 from kvcalc.core.units import format_percent
 
 WORKED = np.array([37, 91, 128, 201, 511], dtype=np.int64)
@@ -171,28 +174,55 @@ TOY_HYBRID = ModelSpec(  # 2 full + 2 sliding layers (window 10); 2 · 1 KV head
 def test_model_bytes_full_attention_by_hand():
     spec = get_preset("llama-3-8b")  # 32 layers · 2 · 8 KV heads · 128 · 2 B = 131072 B per token at fp16
     fixed = paging.fixed_reservation(WORKED, 512)
-    b16, _ = paging.paged_allocations(WORKED, [16, 32], 512)
-    kv = paged_bytes.paged_kv_bytes(WORKED, spec, 16, b16)
+    layout = kv_layout(spec, 16, 16)
+    kv = paged_bytes.paged_kv_bytes(WORKED, layout, 512)
     assert kv.useful_kv_bytes == 968 * 131072
     assert kv.allocated_kv_bytes == 992 * 131072 and kv.waste_kv_bytes == 24 * 131072
+    assert (kv.padding_bytes, kv.state_bytes, kv.allocated_state_bytes) == (0, 0, 0)
     assert (kv.block_table_bytes_exact, kv.block_table_bytes_dense) == (248, 640)  # one KV-cache group
-    fixed_kv = paged_bytes.fixed_kv_bytes(WORKED, spec, 16, fixed)
+    assert kv.held_bytes == 992 * 131072 + 248
+    fixed_kv = paged_bytes.fixed_kv_bytes(layout, fixed, kv)
     assert fixed_kv.allocated_kv_bytes == 2560 * 131072 and fixed_kv.waste_kv_bytes == 1592 * 131072
 
 
 def test_model_bytes_sliding_window_by_hand():
     tokens = np.array([25], dtype=np.int64)
-    (b4,) = paging.paged_allocations(tokens, [4], 32)
-    kv = paged_bytes.paged_kv_bytes(tokens, TOY_HYBRID, 16, b4)  # fp16: 8 scalars · 2 B = 16 B per layer-position
+    layout = kv_layout(TOY_HYBRID, 16, 4)  # fp16: 8 scalars · 2 B = 16 B per layer-position; G = 2, two groups
+    kv = paged_bytes.paged_kv_bytes(tokens, layout, 32)
     # useful: full layers 2 · 25 + sliding layers 2 · min(25, 10) = 70 layer-positions -> 1120 B
     assert kv.useful_kv_bytes == 70 * 16
     # full layers: 2 · A_4(25) = 2 · 28 = 56. Sliding: the last 10 positions are 15..24, in blocks
     # floor(15/4) = 3 … ceil(25/4) − 1 = 6 -> 4 blocks = 16 positions, 2 layers -> 32. Total 88 -> 1408 B.
     assert kv.allocated_kv_bytes == 88 * 16
-    # two KV-cache groups (full, sliding): exact 2 · 7 entries · 4 B = 56 B; dense 2 · 8 · 4 B = 64 B
+    # two KV-cache groups (full, sliding), each table ceil(25/4) = 7 entries (the 3 blocks the window freed stay
+    # as null entries): exact 2 · 7 · 4 B = 56 B; dense 2 · ceil(32/4) · 4 B = 64 B
     assert (kv.block_table_bytes_exact, kv.block_table_bytes_dense) == (56, 64)
-    fixed_kv = paged_bytes.fixed_kv_bytes(tokens, TOY_HYBRID, 16, paging.fixed_reservation(tokens, 32))
+    fixed_kv = paged_bytes.fixed_kv_bytes(layout, paging.fixed_reservation(tokens, 32), kv)
     assert fixed_kv.allocated_kv_bytes == (2 * 32 + 2 * 10) * 16  # sliding layers reserve a ring of 10
+
+
+def test_model_bytes_chunked_and_state_by_hand():
+    # 1 chunked layer (C = 8) + 1 full layer, 8 B per layer-token (fp16, 1 KV head of 2), and 1 recurrent layer
+    # whose state is 100 B; the ideal layout (no alignment): block 4.
+    spec = ModelSpec.from_groups("toy", (
+        LayerGroup("chunked", 1, window=8, kv_heads=1, k_head_dim=2, v_head_dim=2),
+        LayerGroup("full", 1, kv_heads=1, k_head_dim=2, v_head_dim=2),
+        LayerGroup("none", 1, state=RecurrentState("short_conv", "bf16", "bf16", d_inner=50, d_conv=2))),
+        num_attention_heads=1, hidden_size=2, max_position_embeddings=None)
+    layout = kv_layout(spec, 16, 4, layout="ideal")
+    tokens = np.array([19, 8], dtype=np.int64)
+    kv = paged_bytes.paged_kv_bytes(tokens, layout, 32)
+    # n = 19: the last token's chunk starts at 8 · floor(18/8) = 16: holds 16..18 (3 tokens) in block 4 only (the
+    # last C = 8 tokens would have been 11..18, blocks 2..4); n = 8: chunk 0..7, blocks 0, 1.
+    chunked, full, state = kv.groups
+    assert (chunked.blocks, chunked.held_tokens) == (1 + 2, 3 + 8)
+    assert (full.blocks, full.held_tokens) == (5 + 2, 27)
+    assert (state.blocks, state.held_tokens) == (2, 2)
+    assert kv.useful_kv_bytes == (11 + 27) * 8 and kv.allocated_kv_bytes == (3 + 7) * 4 * 8
+    # the state: short conv 50 · (2 − 1) scalars · 2 B = 100 B per sequence, one page each (ideal: no padding)
+    assert kv.state_bytes == kv.allocated_state_bytes == 2 * 100
+    # table entries: chunked and full ceil(n/4) = 5 + 2 each, the state 1 per sequence: (7 + 7 + 2) · 4 B
+    assert kv.block_table_bytes_exact == 16 * 4
 
 
 @settings(max_examples=100, deadline=None)
@@ -203,12 +233,25 @@ def test_sliding_blocks_against_position_by_position_reference(lengths, block_si
         max_position_embeddings=None, sliding_window=window, num_sliding_layers=1,
     )
     tokens = np.array(lengths, dtype=np.int64)
-    (paged,) = paging.paged_allocations(tokens, [block_size], 128)
-    kv = paged_bytes.paged_kv_bytes(tokens, spec, 8, paged)  # 8 scalars per position, int8: 8 B
+    kv = paged_bytes.paged_kv_bytes(tokens, kv_layout(spec, 8, block_size), 128)  # 8 scalars per position, int8
     # reference: the set of blocks that hold at least one of the last min(n, window) positions
     blocks = sum(len({p // block_size for p in range(max(n - window, 0), n)}) for n in lengths)
     assert kv.allocated_kv_bytes == blocks * block_size * 8
     assert kv.useful_kv_bytes == sum(min(n, window) for n in lengths) * 8
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=20), st.integers(1, 40), st.integers(1, 30))
+def test_chunked_blocks_against_position_by_position_reference(lengths, block_size, chunk):
+    spec = ModelSpec.from_groups("toy-chunked", (LayerGroup("chunked", 1, window=chunk, kv_heads=1, k_head_dim=2,
+                                                            v_head_dim=2),), num_attention_heads=1, hidden_size=2,
+                                 max_position_embeddings=None)
+    tokens = np.array(lengths, dtype=np.int64)
+    kv = paged_bytes.paged_kv_bytes(tokens, kv_layout(spec, 8, block_size), 128)  # 4 scalars, int8: 4 B
+    # reference: the positions of the last token's chunk, and the blocks that hold one of them
+    kept = [range(chunk * ((n - 1) // chunk), n) for n in lengths]
+    assert kv.allocated_kv_bytes == sum(len({p // block_size for p in r}) for r in kept) * block_size * 4
+    assert kv.useful_kv_bytes == sum(len(r) for r in kept) * 4
 
 
 def test_analyse_and_block_sizes():
@@ -266,6 +309,7 @@ def test_analyse_reports_progress_over_every_length():
 def test_sliding_window_bytes_in_chunks(monkeypatch):
     monkeypatch.setattr(paged_bytes, "PASS_CHUNK", 3)  # up to 20 lengths: several chunks, a short last one
     test_sliding_blocks_against_position_by_position_reference()
+    test_chunked_blocks_against_position_by_position_reference()
 
 
 def test_per_sequence_rows_that_cannot_fit_are_refused_before_allocating(monkeypatch):
