@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +16,7 @@ from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, pool_b
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
+from . import share_capacity
 from .options import (
     ConfigOpt,
     FormatOpt,
@@ -62,6 +64,26 @@ def command(
     memory: Annotated[
         str | None, typer.Option("--memory", help="With --trace and a model: KV memory for the pool, e.g. 40GiB.")
     ] = None,
+    capacity: Annotated[str | None, typer.Option("--capacity", help=(
+        "With --trace: prefix-cache sizes to sweep, tokens (3M) or bytes with a model (4GiB): a list 1M,4M or a "
+        "log range 1M:64M[:POINTS]; hit rate per size, the unbounded ceiling, the sizes reaching 50/90/99 %."))] = None,
+    blocks: Annotated[
+        str | None, typer.Option("--blocks", help="With --capacity: block sizes to sweep, e.g. 16,64,512.")
+    ] = None,
+    gpu_cache: Annotated[str | None, typer.Option("--gpu-cache", help=(
+        "With --trace: GPU prefix cache (tokens or bytes); with --host-cache/--disk-cache, a tiered cache."))] = None,
+    host_cache: Annotated[str | None, typer.Option("--host-cache", help="Host (CPU) tier below --gpu-cache.")] = None,
+    disk_cache: Annotated[str | None, typer.Option("--disk-cache", help="Disk tier below --host-cache.")] = None,
+    host_bw: Annotated[str | None, typer.Option("--host-bw", help="Host link per GPU (default 25GB/s).")] = None,
+    disk_bw: Annotated[str | None, typer.Option("--disk-bw", help="Disk read per GPU (default 5GB/s).")] = None,
+    tier_mode: Annotated[str | None, typer.Option("--tier-mode", metavar="exclusive|inclusive", help=(
+        "exclusive (default): evictions demote a tier down; inclusive: write-through (vLLM offload, LMCache)."))
+    ] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="With tiers and a model: GPU of the load-or-recompute "
+                                                          "rule (default H100-SXM).")] = None,
+    tp: Annotated[int | None, int_option("--tp", help="With --capacity or tiers and a model: tensor parallel.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --capacity: write hit rate vs capacity (.png/.svg).")
+                    ] = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
     dtype: Annotated[
@@ -87,6 +109,19 @@ def command(
     trace_given = [o for o, v in (("--limit", limit), ("--capacity-blocks", capacity_blocks),
                                    ("--memory", memory)) if v is not None]
     fmt = resolve_format(json_flag, fmt)
+    curve_given = [o for o, v in (("--capacity", capacity), ("--blocks", blocks), ("--gpu-cache", gpu_cache),
+                                   ("--host-cache", host_cache), ("--disk-cache", disk_cache), ("--host-bw", host_bw),
+                                   ("--disk-bw", disk_bw), ("--tier-mode", tier_mode), ("--gpu", gpu), ("--tp", tp),
+                                   ("--plot", plot)) if v is not None]
+    if curve_given:
+        pool_given = scenario_given + [o for o in trace_given if o != "--limit"]
+        if pool_given:
+            raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
+                             "--capacity and the tiers size a prefix cache; drop one of them")
+        options = share_capacity.parse_options(trace, limit, block, blocks, capacity, gpu_cache, host_cache,
+                                               disk_cache, host_bw, disk_bw, tier_mode, gpu, tp, plot, spec)
+        share_capacity.run(options, spec, dtype, bits, fmt)
+        return
     if trace is None:
         if trace_given:
             raise ValueError(f"{', '.join(trace_given)} applies only to trace mode: add --trace KIND FILE")

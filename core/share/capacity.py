@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
-from ..units import parse_bytes, parse_int
+from ..units import format_bytes, format_count, parse_bytes, parse_int
 from .trace_blocks import check_requests, in_arrival_order
 
 _PROGRESS_EVERY = 500  # requests between progress calls
@@ -378,7 +378,8 @@ def parse_capacities(text: str) -> list[CapacityValue]:
                                  "capacity")
         grid = np.geomspace(low.amount, high.amount, count)
         amounts = [low.amount, *(round(float(a)) for a in grid[1:-1]), high.amount]
-        values += [CapacityValue(a, low.unit, f"{a}") for a in amounts]
+        values += [CapacityValue(a, low.unit, format_count(a) if low.unit == "tokens" else format_bytes(a))
+                   for a in amounts]
     if len(values) > MAX_SWEEP_POINTS:
         raise ParameterError(f"capacity gives {len(values)} points: at most {MAX_SWEEP_POINTS}", "capacity")
     return values
