@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcalc.core.model.gpu_plan import plan_gpu
 from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.models import PRESETS, ModelSpec
 from kvcalc.core.model.vllm_memory import GIB, pp_layers, predict_memory
@@ -118,32 +119,34 @@ def test_each_row(row):
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
 def test_token_and_concurrency_lines(row):
-    """From the logged GiB (± 0.005, vLLM's two decimals) the block arithmetic must bracket the logged lines."""
+    """From the logged GiB (± 0.005, vLLM's two decimals) kvcalc's blocks must bracket the logged lines: 0.19's
+    "GPU KV cache size" (blocks // groups × block size) and "Maximum concurrency" (blocks / blocks per request),
+    hybrids (Gemma-2's sliding and full groups, gpt-oss's) included."""
     reason = expressed(row)
     if isinstance(reason, str):
         pytest.skip(reason)
     spec, _ = expressed(row)  # type: ignore[misc]
-    if len(spec.layer_groups) != 1 or spec.num_sliding_layers:
-        pytest.skip(f"{row['model']}: several KV-cache groups (their blocks are kv_groups.py's, H4)")
     tp, pp = int(row["tp"]), int(row["pp"])
     bits = 8 if row["kv_cache_dtype"].startswith("fp8") else (32 if row["dtype"] == "torch.float32" else 16)
-    per_layer = spec.layer_groups[0].bits_per_token(bits, tp) * 16 // 8  # one 16-token page of one layer
-    # The tokens follow the stage with the least memory per layer's page (the engine takes the minimum blocks).
-    mins = row["available_kv_gib_min_worker"] or row["available_kv_gib"]
-    per_worker = [float(x) for x in (row["available_kv_gib_per_worker"] or row["available_kv_gib"]).split(";")]
-    layers = pp_layers(spec.model_layers, pp)
-    if pp > 1:  # the stage that logged the minimum: its layers set the block bytes
-        stage_layers = max(layers)
-        assert float(mins) == min(per_worker)
-    else:
-        stage_layers = layers[0]
-    block = per_layer * stage_layers
-    low = int((float(mins) - 0.005) * GIB) // block
-    high = int((float(mins) + 0.005) * GIB) // block
-    tokens = int(row["kv_cache_tokens"])
-    assert tokens % 16 == 0 and low * 16 <= tokens <= high * 16
+    tokens, concurrency = int(row["kv_cache_tokens"]), float(row["max_concurrency"])
     length = int(row["max_concurrency_len"])
-    concurrency = float(row["max_concurrency"])
+    if pp == 1:
+        bounds = [plan_gpu(spec, kv_dtype_bits=bits, block_size=16, max_model_len=length, tp=tp,
+                           kv_memory_bytes=int((float(row["available_kv_gib"]) + d) * GIB), vllm_version="0.19",
+                           max_num_batched_tokens=int(row["max_num_batched_tokens"])) for d in (-0.005, 0.005)]
+        assert bounds[0].kv_cache_tokens <= tokens <= bounds[1].kv_cache_tokens
+        assert float(bounds[0].max_concurrency) - 0.005 <= concurrency <= float(bounds[1].max_concurrency) + 0.005
+        return
+    # Pipeline stages: the engine takes the least blocks over the stages; that stage's layers page each block.
+    assert len(spec.layer_groups) == 1
+    per_layer = spec.layer_groups[0].bits_per_token(bits, tp) * 16 // 8  # one 16-token page of one layer
+    per_worker = [float(x) for x in row["available_kv_gib_per_worker"].split(";")]
+    least = float(row["available_kv_gib_min_worker"])
+    assert least == min(per_worker)
+    block = per_layer * max(pp_layers(spec.model_layers, pp))  # Llama's 32 layers split evenly: any stage
+    low = int((least - 0.005) * GIB) // block
+    high = int((least + 0.005) * GIB) // block
+    assert tokens % 16 == 0 and low * 16 <= tokens <= high * 16
     assert low / -(-length // 16) - 0.005 <= concurrency <= high / -(-length // 16) + 0.005
 
 
