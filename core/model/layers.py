@@ -11,7 +11,8 @@ A model is a list of layer groups: equal layers, counted once. Each has a kind:
 
 Equation 1, for one sequence of n tokens on one of `tp` GPUs, b bits per scalar:
 
-    M_KV(n) = Σ_layers held(n) · (s · b + x)   held(n) = n (full, mla), min(n, window) (sliding, chunked), 0 (none)
+    M_KV(n) = Σ_layers held(n) · (s · b + x)   held(n) = n (full, mla), min(n, W) (sliding), 0 (none),
+                                              n − C · ⌊(n − 1) / C⌋ (chunked: the current chunk, at most C)
                                               s = h_KV,gpu · (d_K + d_V)   (mla: kv_lora_rank + rope dim)
                                               x = a sparse-attention indexer's bits per token (usually 0)
 
@@ -98,9 +99,12 @@ class LayerGroup:
         """Tokens of a `tokens`-token sequence this layer holds."""
         if self.kind in ("full", "mla"):
             return tokens
-        if self.kind in ("sliding", "chunked"):
+        if self.kind == "sliding":
             assert self.window is not None
             return min(tokens, self.window)
+        if self.kind == "chunked":  # the last token's chunk, which starts at C · floor((n − 1) / C)
+            assert self.window is not None
+            return tokens - self.window * ((tokens - 1) // self.window) if tokens > 0 else 0
         return 0
 
     def kv_heads_per_gpu(self, tp: int, where: str = "these layers") -> int:
@@ -160,7 +164,8 @@ def window_terms(groups: Iterable[LayerGroup], dtype_bits: int, tp: int = 1) -> 
     """{window (None: every token held): bits of one held token, summed over the layers with that window}.
 
     The same sum as `kv_bits`, grouped by how many tokens a layer holds, for callers that apply
-    held(n) = min(n, window) to many lengths at once: kv_bits(n) = Σ_w bits_w · held_w(n).
+    held(n) = min(n, window) to many lengths at once: kv_bits(n) = Σ_w bits_w · held_w(n) for sliding windows;
+    a chunked layer holds only its current chunk (`tokens_held`), so for it min(n, C) is an upper bound.
     """
     terms: dict[int | None, int] = {}
     for g in groups:

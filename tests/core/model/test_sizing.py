@@ -170,7 +170,18 @@ def test_linear_in_tokens_below_the_window_and_in_seqs(spec, dtype, a, b, seqs):
 @settings(max_examples=200, deadline=None)
 @given(spec=specs, tokens=st.integers(1, 10**12), big=st.integers(1, 10**12))
 def test_longer_context_never_costs_less(spec, tokens, big):
+    if any(g.kind == "chunked" for g in spec.layer_groups):  # a new chunk starts empty: see the test below
+        return
     assert compute_size(spec, tokens=tokens + big).total_bits >= compute_size(spec, tokens=tokens).total_bits
+
+
+def test_chunked_layers_hold_the_current_chunk():
+    # Llama-4-Scout: 36 chunked layers (C 8,192) and 12 full, 4,096 B per token per layer at bf16. At 8,192
+    # tokens the chunked layers hold the whole first chunk; at 8,193 only the new chunk's one token; at 20,000
+    # the chunk that starts at 8,192 · floor(19,999 / 8,192) = 16,384: 3,616 tokens.
+    spec = get_preset("Llama-4-Scout")
+    for tokens, chunk in ((8192, 8192), (8193, 1), (20_000, 3616)):
+        assert compute_size(spec, tokens=tokens).kv_bytes_per_seq == (36 * chunk + 12 * tokens) * 4096
 
 
 @settings(max_examples=200, deadline=None)
