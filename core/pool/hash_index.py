@@ -7,11 +7,19 @@ also keeps `slot_of` (int32 [num_blocks], -1 when not indexed): where each index
 so that deleting an evicted block's entry costs no look-up.
 
 Locality: block i of a chain has its home slot in the 16-slot line (one 64-byte cache line) that the hash
-of block i - i mod 16 picks, at offset (i + that hash) mod 16; probing steps to the next line (+17: odd, so
-a run visits every slot and never gets stuck in a crowded offset). A prompt's hundreds of look-ups then
-touch one cache line per 16 blocks instead of one per block: random memory accesses, not arithmetic, are
-what a look-up costs (about 0.1 µs each without huge pages). The map is from (hash, home): two equal hashes
-at different chain positions — a 64-bit collision — may both be entries; a hit is verified by the pool.
+of block i - i mod 16 picks, at offset (i + that hash) mod 16. A prompt's hundreds of look-ups then touch
+one cache line per 16 blocks instead of one per block: random memory accesses, not arithmetic, are what a
+look-up costs (about 0.1 µs each without huge pages).
+
+Probe sequence: home, then the key's *own* slot (the low bits of its own hash), then steps of +17 from
+there (odd, so a run visits every slot; the next line, as near as a new line can be, so a run leaves a
+line filled by one chain in one step). Only the first probe is shared by the blocks of a line: a prefix
+shared by every request (a system prompt, Mooncake's first hash id) puts the blocks after it of every
+request on one line, and a run that stayed on it — as a run from the home line did before — grows with
+every request (56,274 keys on one line at block 64 of the Mooncake conversation trace: quadratic). From
+the second probe on, runs of different keys are independent, as in any open-addressing table at load
+<= 3/4. The map is from (hash, home): two equal hashes at different chain positions — a 64-bit collision
+— may both be entries; a hit is verified by the pool.
 
 At most one block per hash: a block whose hash is already taken stays unindexed (see the pool).
 Deletions leave tombstones, which lengthen probe runs like live entries; the table is rebuilt when
@@ -61,6 +69,11 @@ class HashIndex:
         # the offset turns with the base hash, so that short chains spread over all 16 offset classes
         return (line & ~(_LINE - 1)) | ((positions + line) & (_LINE - 1))
 
+    def own_slots(self, hashes: np.ndarray) -> np.ndarray:
+        """int64 [n]: the second probe of each hash in uint64 [n], its own slot (the hash's low bits; the
+        home line takes the top bits of the line's base hash)."""
+        return (hashes & np.uint64(self._mask)).astype(np.int64)
+
     def find(self, hashes: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(block ids intp [n] or -1, slots int64 [n]) for each hash in uint64 [n] with home slots int64 [n].
 
@@ -83,8 +96,8 @@ class HashIndex:
         if not len(active):
             return found, homes
         found_slots = homes.copy()
-        slots = (homes[active] + _STEP) & self._mask
         mine = hashes[active]
+        slots = self.own_slots(mine)  # the second probe: each key's own slot (see the module docstring)
         while len(active) > _STRAGGLERS:
             vals = table.take(slots)
             hit = (hash_of.take(vals) == mine) & (vals >= 0)
@@ -171,32 +184,27 @@ class HashIndex:
     ) -> None:
         """The keys whose free slot another key of the batch took: duplicates drop out, the rest go on.
 
-        Every probe run through a slot continues the same way from it (one fixed step), so the keys that
-        lost one slot share the rest of their runs: they take the next free slots (empty or tombstone) after
-        it one after another — one walk per contested slot, not one per key.
+        Each goes on along its own probe run from the slot it lost (its own slot next if that was its home,
+        else +17), past the entries written since, to the next free slot (empty or tombstone): every slot
+        between its home and that one is taken, so `find` meets it before its run ends. An equal hash of
+        this batch placed before it is met on the way (it followed the same run), and drops it.
         """
         table, hash_of, mask = self.vals, self.hash_of, self._mask
-        lost_slots = free_slots[lost]
-        dup = hash_of[table[lost_slots]] == hashes[lost]  # an equal hash of this batch took the slot
-        inserted[lost[dup]] = False
-        lost, lost_slots = lost[~dup], lost_slots[~dup]
-        order = np.argsort(lost_slots, kind="stable")
-        last_placed: dict[int, int] = {}  # contested slot -> slot of the last key placed after it
-        placed: dict[int, set[int]] = {}  # contested slot -> hashes placed after it
-        for i, contested in zip(lost[order].tolist(), lost_slots[order].tolist(), strict=True):
-            h = int(hashes[i])
-            seen = placed.setdefault(contested, set())
-            if h in seen:
-                inserted[i] = False
-                continue
-            slot = (last_placed.get(contested, contested) + _STEP) & mask
+        lost = lost.tolist()
+        owns = self.own_slots(hashes[lost]).tolist()
+        for i, own in zip(lost, owns, strict=True):
+            h = hashes[i]
+            slot = int(free_slots[i])
+            at_home = slot == int(homes[i])
             while (v := int(table[slot])) >= 0:
-                slot = (slot + _STEP) & mask
-            self.num_tombstones -= v == _TOMBSTONE
-            table[slot] = block_ids[i]
-            self.slot_of[block_ids[i]] = slot
-            last_placed[contested] = slot
-            seen.add(h)
+                if hash_of[v] == h:  # an equal hash of this batch took a slot of this run
+                    inserted[i] = False
+                    break
+                slot, at_home = (own if at_home else (slot + _STEP) & mask), False
+            else:
+                self.num_tombstones -= v == _TOMBSTONE
+                table[slot] = block_ids[i]
+                self.slot_of[block_ids[i]] = slot
 
     def delete(self, block_ids: np.ndarray) -> None:
         """Drop the entries of these indexed blocks (their slots become tombstones); no look-up."""
