@@ -108,7 +108,9 @@ ModelOpt = Annotated[
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="A Hugging Face config.json, or the folder that holds it.")
 ]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV precision: fp32, fp16, bf16, fp8, int8, int4.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help=(
+    "KV precision: fp32, fp16, bf16, fp8, int8, int4; as vLLM pages them: fp8_per_token_head, int8_per_token_head "
+    "(+ a float32 scale per KV head for K and V), nvfp4 (d/2 + d/16 B a head), fp8_ds_mla (656 B a MLA token)."))]
 LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers (overrides the model's).")]
 KvHeadsOpt = Annotated[int | None, int_option("--kv-heads", help="Number of KV heads (overrides the model's).")]
 HeadDimOpt = Annotated[int | None, int_option("--head-dim", help="Head dimension (overrides the model's).")]

@@ -13,8 +13,14 @@ from .model_spec import ModelSpec
 def kv_formula(spec: ModelSpec, tokens: int, bits_per_scalar: int, seqs: int, total_bits: int) -> str:
     """Equation 1 with numbers substituted and its value in IEC units (exact, half bytes included)."""
     scalar = f"{bits_per_scalar / 8:g} B"
+    layout = getattr(bits_per_scalar, "name", None)
     if not spec.keeps_kv:
         text = "no KV"  # a pure recurrent model: the state below is all it keeps
+    elif layout is not None:  # a quantized page (scales beside the scalars): each kind's bytes per token-layer
+        parts = [f"{plural(g.count, g.kind + ' layer')} · {plural(g.tokens_held(tokens), 'token')} · "
+                 f"{format_count(bits_to_bytes(g.bits_per_token(bits_per_scalar)))} B ({layout})"
+                 for g in spec.layer_groups if g.keeps_kv]
+        text = "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]
     elif spec.is_uniform:
         text = " · ".join([*_uniform_terms(spec, tokens), scalar])
     else:

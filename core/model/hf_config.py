@@ -146,6 +146,9 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
         source = f"{source} ({n - kv_layers} of {n} layers keep no KV cache)"
     experts, per_token = expert_counts(f)
     drafter_field, drafters = drafter_groups(f, groups)
+    kv_note = checkpoint_kv_note(f)
+    if kv_note is not None:
+        notes.append(kv_note)
     return ModelSpec.from_groups(
         name, groups, drafter_groups=drafters, drafter_field=drafter_field,
         num_attention_heads=heads,
@@ -180,6 +183,44 @@ def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...]) -> tuple[str
                               "so their KV is not known; kvcalc stops")
             return field, (dataclasses.replace(main, count=count, note=f"MTP drafter ({field})"),)
     return None, ()
+
+
+def checkpoint_kv_note(f: ConfigFields) -> str | None:
+    """What the checkpoint's quantization_config says of the KV cache (`kv_cache_scheme`, ModelOpt's
+    `kv_cache_quant_algo`) and what vLLM does with it; None when it says nothing.
+
+    vLLM (vllm/utils/torch_utils.py, resolve_kv_cache_dtype_string) resolves --kv-cache-dtype auto to the
+    checkpoint's KV precision only for ModelOpt checkpoints (quant_method modelopt*: a static 8-bit float
+    scheme or "FP8" -> fp8_e4m3; anything else -> the model dtype). A compressed-tensors kv_cache_scheme
+    only supplies scales: the KV is fp8 only with --kv-cache-dtype fp8. Either way its fp8 scales are per
+    tensor (two numbers a layer), so the page holds 1 B a scalar and nothing per token."""
+    quant = f.raw("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", ""))
+    inner = quant.get("quantization") if isinstance(quant.get("quantization"), Mapping) else quant
+    scheme = next((place[key] for key in ("kv_cache_scheme", "kv_cache_quant_algo") for place in (inner, quant)
+                   if place.get(key) is not None), None)
+    if scheme is None:
+        return None
+    fp8 = (isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8) or (
+        isinstance(scheme, str) and scheme.lower() == "fp8")
+    if isinstance(scheme, Mapping):
+        what = (f"{scheme.get('num_bits')}-bit {scheme.get('type')}, {scheme.get('strategy', 'tensor')} scales"
+                + (", dynamic" if scheme.get("dynamic") else ""))
+    else:
+        what = scheme
+    said = f"the checkpoint's quantization_config ({method or 'no quant_method'}) gives the KV cache as {what}"
+    static = not (isinstance(scheme, Mapping) and scheme.get("dynamic"))
+    if method.startswith("modelopt"):
+        if fp8 and static:
+            return (f"{said}: vLLM's --kv-cache-dtype auto takes it and pages fp8 (per-tensor scales, nothing per "
+                    "token); kvcalc sizes the precision given, so give --dtype fp8 to match")
+        return f"{said}: vLLM's auto does not map it and keeps the model dtype; kvcalc sizes the precision given"
+    if fp8:
+        return (f"{said}: vLLM pages fp8 only with --kv-cache-dtype fp8 (these are its per-tensor scales; auto "
+                "keeps the model dtype); kvcalc sizes the precision given (--dtype fp8 for that)")
+    return f"{said}: not a KV format vLLM pages from the checkpoint; kvcalc sizes the precision given"
 
 
 def max_positions(f: ConfigFields) -> int | None:

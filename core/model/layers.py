@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
 from .state import RecurrentState
 
 KINDS = ("full", "sliding", "chunked", "mla", "none")
@@ -142,8 +143,30 @@ class LayerGroup:
         return self.kv_heads_per_gpu(tp) * (self.k_head_dim + self.v_head_dim)
 
     def bits_per_token(self, dtype_bits: int, tp: int = 1) -> int:
-        """Bits one token costs in one layer on one GPU: its cached scalars at `dtype_bits`, and an indexer."""
-        return self.scalars_per_token(tp) * dtype_bits + 8 * self.indexer_bytes
+        """Bits one token costs in one layer on one GPU: its cached scalars at `dtype_bits`, and an indexer.
+
+        A `KvBits` precision pages more than its scalars (core/dtypes.py): per-token-head scales add 2 · 32
+        bits per KV head; nvfp4 stores d//2 + d//16 bytes per head for K and for V; fp8_ds_mla 656 B per
+        MLA token. A format vLLM does not page for this kind of layer is a ParameterError naming dtype."""
+        layout = getattr(dtype_bits, "layout", None)
+        indexer = 8 * self.indexer_bytes
+        if layout is None:
+            return self.scalars_per_token(tp) * dtype_bits + indexer
+        name = getattr(dtype_bits, "name", layout)
+        if layout == "fp8_ds_mla":
+            if self.kind != "mla" or (self.kv_lora_rank, self.rope_dim) != (512, 64):
+                raise ParameterError(f"dtype {name!r} is DeepSeek's sparse-MLA page (a 512 + 64 latent); these "
+                                     f"{self.kind} layers are not that: use fp8 or bf16", "dtype")
+            return 656 * 8 + indexer
+        if self.kind == "mla":
+            raise ParameterError(f"dtype {name!r}: vLLM pages an MLA latent in the model's own precision, fp8 or "
+                                 f"fp8_ds_mla, not {name}; choose one of those", "dtype")
+        heads = self.kv_heads_per_gpu(tp)
+        if layout == "per_token_head":
+            return heads * (self.k_head_dim + self.v_head_dim) * 8 + heads * 2 * 32 + indexer
+        assert layout == "nvfp4", layout
+        packed = sum(d // 2 + d // 16 for d in (self.k_head_dim, self.v_head_dim))
+        return heads * packed * 8 + indexer
 
     def state_bits(self, tp: int = 1) -> int:
         """Bits of one sequence's recurrent state in one layer on one GPU (0 without a state)."""
