@@ -75,6 +75,8 @@ def describe(spec: ModelSpec) -> str:
     else:
         layers = plural(spec.layers, "layer")
     kv_groups = [g for g in spec.layer_groups if g.keeps_kv]
+    if not kv_groups:  # a pure recurrent model (Mamba, RWKV)
+        return f"{spec.name}: no KV cache, {layers}: a constant recurrent state per sequence"
     if len(kv_groups) > 1 and not spec.is_uniform:
         return f"{spec.name}: {layers}, {len(kv_groups)} kinds of KV layer (the layer table shows each)"
     if spec.is_mla:

@@ -218,7 +218,9 @@ def test_pure_recurrent_models_are_sized_by_size_and_refused_by_paging_commands(
         resolve_model(None, folder)
     assert resolve_model(None, folder, kv_free=True).state_bits() // 8 == 138_149_888
     doc = run_cli("size", "--config", str(folder), "--tokens", "32768", "--memory", "10GiB", "--json").json()
-    assert doc["model"]["layers"] == 0
+    assert doc["model"]["layers"] == 0 and doc["bytes_per_token"] == 0 and doc["bytes_per_seq"] == 138_149_888
+    table = run_cli("size", "--config", str(folder), "--tokens", "32768").stdout
+    assert table.startswith("model: no KV cache, 0 of 64 layers keep KV (64 mamba2): a constant recurrent state")
     result = run_cli("share", "--config", str(folder))
     assert result.exit_code == 2 and "keeps no KV cache" in result.stderr
 
