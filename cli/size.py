@@ -32,6 +32,7 @@ from .output import Format, Report, emit, err_console, resolve_format
 from .size_presets import presets_report
 from .size_report import (
     UNITS_NOTE,
+    capacity_notes,
     capacity_table,
     describe,
     exceeds_max_positions,
@@ -375,14 +376,17 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "per_gpu": cap.per_gpu,
             "max_tokens": cap.max_tokens,
             "max_tokens_is_lower_bound": bool(spec.num_sliding_layers),  # windows not applied to max_tokens
+            "max_tokens_counts_state": spec.has_state,  # one sequence's state taken off the budget first
             "max_seqs": cap.max_seqs,
             "num_blocks": cap.num_blocks,
             "block_size": cap.block_size,
             "fits": cap.fits,
+            "vllm_num_blocks": cap.layout_blocks,
+            "vllm_block_size": None if cap.layout is None else cap.layout.block_size,
+            "vllm_layout": None if cap.layout is None else cap.layout.reason,
         }
         tables.append(capacity_table(r, doc["capacity"]))
-        if spec.num_sliding_layers:
-            notes.append("max tokens ignores the sliding window (a lower bound); max sequences applies it.")
+        notes.extend(capacity_notes(r))
     notes.append(UNITS_NOTE)
     heading = f"{describe(spec)}; {r.dtype} ({r.bits_per_scalar} bits per scalar)"
     return Report(doc=doc, tables=tables, notes=notes, text=[heading])

@@ -186,20 +186,51 @@ def capacity_table(r: SizeResult, capacity_doc: dict[str, Any]) -> Table:
     assert cap is not None
     where = f"on each of {r.tp} GPUs" if cap.per_gpu else "on one GPU"
     record = {**capacity_doc, "tokens": r.tokens, "seqs": r.seqs}
+    hybrid = cap.layout is not None and len(cap.layout.groups) > 1  # vLLM's blocks differ from equation 1's
     fields = [
         Field("memory_bytes"),
         Field("per_gpu"),
-        Field("max_tokens", "max tokens (every layer holds every token)", format_count),
+        Field("max_tokens", "max tokens (every layer holds every token" + (
+            "; one sequence's state counted)" if r.spec.has_state else ")"), format_count),
         Field("max_tokens_is_lower_bound"),
+        Field("max_tokens_counts_state"),
         Field("tokens"),
         Field("max_seqs", f"max sequences of {plural(r.tokens, 'token')}", format_count),
         Field("block_size"),
-        Field("num_blocks", f"blocks of {plural(cap.block_size, 'token')}", format_count),
+        Field("num_blocks", f"blocks of {plural(cap.block_size, 'token')}" + (
+            " (every layer, no padding)" if hybrid else ""), format_count),
+        Field("vllm_num_blocks", None if cap.layout is None or not hybrid else
+              f"vLLM block ids (block {cap.layout.block_size:,}, {plural(cap.layout.num_tables, 'group')})",
+              format_count),
+        Field("vllm_block_size"),
+        Field("vllm_layout"),
         Field("seqs"),
         Field("fits", f"{r.seqs:,} × {plural(r.tokens, 'token')} fit", lambda fits: "yes" if fits else "no"),
     ]
     return quantity_table(f"What fits in {format_bytes(cap.memory_bytes)} of KV {where}", ["quantity", "count"],
                           fields, [record])
+
+
+def capacity_notes(r: SizeResult) -> list[str]:
+    """What max tokens counts, and why vLLM pages the same --memory into other blocks than equation 1."""
+    spec, cap = r.spec, r.capacity
+    assert cap is not None
+    notes = []
+    if spec.num_sliding_layers:
+        notes.append("max tokens ignores the windows and chunks (a lower bound); max sequences applies them.")
+    if spec.has_state:
+        notes.append("max tokens takes one sequence's recurrent state off the budget first (the fewest any tokens "
+                     "need): for tokens split into more sequences, each with its state, it is an upper bound; max "
+                     "sequences counts every state.")
+    layout = cap.layout
+    if layout is not None and cap.layout_blocks is not None and len(layout.groups) > 1:
+        notes.append(
+            f"--memory is the KV budget as equation 1 pages it: blocks of {cap.block_size} tokens in every layer, "
+            f"nothing padded. vLLM pages the same budget (--kv-memory) by its KV cache groups — {layout.reason} — "
+            f"into {cap.layout_blocks:,} block ids of {format_bytes(layout.page_bytes)}: padding layers and padded "
+            "state pages hold nothing, and sliding, chunked and state groups hold fewer blocks per sequence. "
+            "--gpu also subtracts the weights, activations, non-torch memory and CUDA graphs first.")
+    return notes
 
 
 def tp_note(r: SizeResult) -> str:

@@ -11,11 +11,16 @@ exact; byte counts round up once (the rule in layers.py).
 
 Capacity for a KV budget (per GPU when tp > 1):
 
-* `max_tokens`: token positions that fit when every layer holds every token: budget // (bytes per token on
-  one GPU). With windows this ignores them, a lower bound on what fits: a windowed layer stores at most W
-  tokens per sequence, so how many tokens fit depends on how they are split into sequences (`max_seqs`);
+* `max_tokens`: token positions that fit when every layer holds every token, after the recurrent state of
+  one sequence (the fewest states any tokens need; 0 without recurrent layers): (budget − state) // (bytes
+  per token on one GPU). With windows or chunks this ignores them, a lower bound on what fits: a windowed
+  layer stores at most W tokens per sequence, so how many tokens fit depends on how they are split into
+  sequences (`max_seqs`); with a state it is an upper bound on tokens split into more than one sequence;
 * `max_seqs`: whole sequences of `tokens` tokens (windows applied, recurrent state included) that fit;
-* `num_blocks`: paged blocks of `block_size` tokens (every layer) that fit.
+* `num_blocks`: paged blocks of `block_size` tokens (every layer) that fit: equation 1, no padding;
+* `layout`, `layout_blocks`: the same budget paged as vLLM pages it (core/model/kv_groups.py: groups padded
+  to one size, Mamba hybrids' block raised to hold a state), the block ids `plan_blocks` gives — what
+  `size --kv-memory` with this budget reports.
 
 A pure recurrent model (Mamba, RWKV) keeps no KV: a sequence costs its state whatever its length, so
 `max_seqs` is budget // state, `num_blocks` is the same count (one state page per sequence, as vLLM pages
@@ -29,7 +34,9 @@ from dataclasses import dataclass
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DTYPE_BITS, parse_dtype
+from ..errors import ParameterError
 from .formula import kv_formula
+from .kv_groups import KVLayout, kv_layout, plan_blocks
 from .layers import LayerGroup, bits_to_bytes
 from .model_spec import ModelSpec
 
@@ -67,6 +74,8 @@ class Capacity:
     num_blocks: int
     block_size: int
     fits: bool  # the requested seqs x tokens fit in the budget
+    layout: KVLayout | None = None  # vLLM's layout of the model's KV cache groups at `block_size`
+    layout_blocks: int | None = None  # its block ids in the budget (plan_blocks)
 
 
 @dataclass(frozen=True)
@@ -247,14 +256,20 @@ def compute_size(
                             max_seqs=max_seqs, num_blocks=max_seqs, block_size=block_size,
                             fits=result.per_gpu_bits <= memory_bits)
         return dataclasses.replace(result, capacity=capacity)
+    try:
+        layout: KVLayout | None = kv_layout(spec, result.bits_per_scalar, block_size, "vllm", tp)
+    except ParameterError:  # pages vLLM cannot unify: equation 1's capacity stands alone
+        layout = None
     capacity = Capacity(
         memory_bytes=memory_bytes,
         per_gpu=tp > 1,
-        max_tokens=memory_bits // result.per_gpu_bits_per_token,
+        max_tokens=max(memory_bits - spec.state_bits(tp), 0) // result.per_gpu_bits_per_token,
         max_seqs=max_seqs,
         num_blocks=memory_bits // (result.per_gpu_bits_per_token * block_size),
         block_size=block_size,
         fits=result.per_gpu_bits <= memory_bits,
+        layout=layout,
+        layout_blocks=None if layout is None else plan_blocks(layout, memory_bytes),
     )
     return dataclasses.replace(result, capacity=capacity)
 
