@@ -119,7 +119,7 @@ def command(
             raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
                              "--capacity and the tiers size a prefix cache; drop one of them")
         options = share_capacity.parse_options(trace, limit, block, blocks, capacity, gpu_cache, host_cache,
-                                               disk_cache, host_bw, disk_bw, tier_mode, gpu, tp, plot, spec)
+                                               disk_cache, host_bw, disk_bw, tier_mode, gpu, tp, plot, spec, bits)
         share_capacity.run(options, spec, dtype, bits, fmt)
         return
     if trace is None:

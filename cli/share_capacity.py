@@ -83,7 +83,7 @@ def parse_options(
     trace: tuple[str, str] | None, limit: int | None, block: int, blocks: str | None, capacity: str | None,
     gpu_cache: str | None, host_cache: str | None, disk_cache: str | None, host_bw: str | None,
     disk_bw: str | None, tier_mode: str | None, gpu: str | None, tp: int | None, plot: Path | None,
-    spec: ModelSpec | None,
+    spec: ModelSpec | None, bits: int,
 ) -> CurveOptions:
     """Every input error of the curve and tier options, before any work."""
     tiered = any(v is not None for v in (gpu_cache, host_cache, disk_cache))
@@ -118,11 +118,13 @@ def parse_options(
         if value.unit == "bytes" and spec is None:
             raise ValueError(f"{value.text} is bytes: give a model (--model) to turn bytes into blocks, or tokens "
                              "(e.g. 3M)")
-    if tp is not None and tp < 1:
-        raise ValueError(f"--tp {tp} must be at least 1")
+    if tp is not None and not 1 <= tp <= 1024:
+        raise ValueError(f"--tp {tp} must be in 1..1,024")
+    if gpu is not None and tiers is None:
+        raise ValueError("--gpu times the tiers' load-or-recompute rule: add --gpu-cache (and lower tiers)")
     gpu_name = DEFAULT_GPU if gpu is None else gpu
-    if spec is not None and tiers is not None:
-        get_gpu(gpu_name)  # an unknown name before any work
+    if spec is not None and tiers is not None:  # an unknown GPU, or weights that do not fit, before any work
+        step_time_model(spec, get_gpu(gpu_name, "as --gpu"), bits, block_sizes[0], 1 if tp is None else tp)
     if plot is not None:
         from .chart import check_plot_target
 

@@ -1,0 +1,123 @@
+"""`kvcalc share --trace … --capacity` and the tier options through the CLI: the JSON contract on a trace
+worked by hand (tests/core/share/test_capacity.py has the arithmetic), the other formats, the figure, and
+every bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# Block 512: hits at capacity C are 0, 1, 2, 4, 5, 5 blocks for C = 0..5 (see test_capacity.HAND)
+HAND = [(1536, [1, 2, 3]), (1537, [1, 2, 3, 4]), (1024, [5, 6]), (2048, [1, 2, 7, 8])]
+LLAMA3_8B_BLOCK_512 = 2 * 32 * 8 * 128 * 2 * 512  # K and V, layers, KV heads, head dim, bf16 bytes, tokens = 64 MiB
+
+
+@pytest.fixture
+def hand_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "hand.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 1, "hash_ids": ids})
+                            + "\n" for i, (p, ids) in enumerate(HAND)))
+    return path
+
+
+def test_curve_json(run_cli, hand_trace: Path) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity",
+                     "512,1536,2048", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    (curve,) = doc["curves"]
+    assert [p["capacity_blocks"] for p in curve["points"]] == [1, 3, 4]
+    assert [p["hit_tokens"] for p in curve["points"]] == [512, 4 * 512, 5 * 512]
+    assert curve["unbounded_hit_tokens"] == 2560 and curve["prompt_tokens"] == 6145
+    assert curve["unbounded_hit_rate"] == pytest.approx(2560 / 6145)
+    assert {k: v["capacity_blocks"] for k, v in curve["reach"].items()} == {"50pct": 3, "90pct": 4, "99pct": 4}
+
+
+def test_block_sweep_and_bytes(run_cli, hand_trace: Path) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--blocks", "256,512", "--capacity",
+                     "192MiB", "--model", "Llama-3-8B", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert [c["block_size"] for c in doc["curves"]] == [256, 512]
+    by_block = {c["block_size"]: c for c in doc["curves"]}
+    assert by_block[512]["cached_block_bytes"] == LLAMA3_8B_BLOCK_512
+    # 192 MiB = 3 blocks of 64 MiB at block 512: 4 hit blocks; = 6 blocks of 32 MiB at block 256
+    assert by_block[512]["points"][0]["capacity_blocks"] == 3 and by_block[512]["points"][0]["hit_tokens"] == 2048
+    assert by_block[256]["points"][0]["capacity_blocks"] == 6
+
+
+def test_tiers_json(run_cli, hand_trace: Path) -> None:
+    # GPU 1 block, host 2 blocks, no disk (hand-worked in test_capacity.test_hand_worked_tiers)
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--gpu-cache", "512",
+                     "--host-cache", "1024", "--model", "Llama-3-8B", "--json")
+    assert result.exit_code == 0, result.stderr
+    tiers = result.json()["tiers"]
+    gpu, host, disk = tiers["by_tier"]
+    assert (gpu["hit_tokens"], host["hit_tokens"], disk["hit_tokens"]) == (512, 3 * 512, 0)
+    assert (host["read_blocks"], host["write_blocks"], tiers["dropped_blocks"]) == (3, 6, 4)
+    assert host["read_bytes"] == 3 * LLAMA3_8B_BLOCK_512 and host["write_bytes"] == 6 * LLAMA3_8B_BLOCK_512
+    assert host["read_bytes_by_group"] == {"full": 3 * LLAMA3_8B_BLOCK_512}
+    assert host["bandwidth_bytes_per_s"] == 25e9 and disk["bandwidth_bytes_per_s"] == 5e9
+    # the trace spans 3 s; every request in its own 1 s bin: the peak second is the busiest request's bytes
+    assert tiers["duration_s"] == 3.0
+    assert host["mean_read_bytes_per_s"] == pytest.approx(3 * LLAMA3_8B_BLOCK_512 / 3.0)
+    assert host["loading_pays"] in (True, False) and host["break_even_bytes_per_s"] > 0
+
+
+def test_tier_bandwidths_and_mode(run_cli, hand_trace: Path) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--gpu-cache", "512",
+                     "--host-cache", "1024", "--host-bw", "64GB/s", "--tier-mode", "inclusive", "--json")
+    assert result.exit_code == 0, result.stderr
+    tiers = result.json()["tiers"]
+    assert tiers["mode"] == "inclusive" and tiers["by_tier"][1]["bandwidth_bytes_per_s"] == 64e9
+
+
+@pytest.mark.parametrize("fmt", ["csv", "markdown", "table"])
+def test_other_formats(run_cli, hand_trace: Path, fmt: str) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "512:2048:3",
+                     "--gpu-cache", "512", "--format", fmt)
+    assert result.exit_code == 0, result.stderr
+    assert "2,560" in result.stdout or "2560" in result.stdout
+
+
+def test_plot(run_cli, hand_trace: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "curve.png"
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "512:4096",
+                     "--plot", str(figure))
+    assert result.exit_code == 0, result.stderr
+    assert figure.stat().st_size > 1000 and figure.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--capacity", "1GiB"], "give a model"),
+    (["--capacity", "3X"], "--capacity '3X' is neither tokens"),
+    (["--capacity", "1M", "--memory", "1GiB"], "different modes"),
+    (["--capacity", "1M", "--prefix", "10"], "different modes"),
+    (["--gpu-cache", "1M", "--blocks", "16,32"], "one block size"),
+    (["--host-cache", "1M"], "add --gpu-cache"),
+    (["--capacity", "1M", "--tier-mode", "x"], "--tier-mode applies to tiers"),
+    (["--gpu-cache", "1M", "--tier-mode", "x"], "--tier-mode 'x' is not one of"),
+    (["--gpu-cache", "1M", "--host-bw", "fast"], "--host-bw 'fast' is not a bandwidth"),
+    (["--gpu-cache", "1M,2M"], "--gpu-cache '1M,2M' gives 2 sizes"),
+    (["--capacity", "1M", "--plot", "x.txt"], ".png or .svg"),
+    (["--capacity", "1M", "--block", "24"], "--block 24 does not divide 512"),
+    (["--capacity", "1M", "--blocks", "16,x"], "--blocks '16,x'"),
+    (["--capacity", "1M", "--gpu", "H100-SXM"], "applies to a model"),
+    (["--capacity", "1M", "--model", "Llama-3-8B", "--gpu", "H100-SXM"], "add --gpu-cache"),
+    (["--gpu-cache", "1M", "--model", "Llama-3-8B", "--gpu", "H999"], "unknown GPU 'H999'"),
+    (["--gpu-cache", "1M", "--model", "Llama-3-70B"], "more --tp"),
+    (["--plot", "x.png"], "add --capacity"),
+])
+def test_bad_input_is_one_line(run_cli, hand_trace: Path, args: list[str], message: str) -> None:
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), *args)
+    assert result.exit_code == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_capacity_needs_a_trace(run_cli) -> None:
+    result = run_cli("share", "--capacity", "1M")
+    assert result.exit_code == 2 and "add --trace" in result.stderr
