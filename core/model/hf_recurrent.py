@@ -46,14 +46,14 @@ def recurrent_spec(f: ConfigFields, name: str) -> ModelSpec:
         state = RecurrentState("mamba2", conv, ssm, d_inner=heads * head_dim, heads=heads, head_dim=head_dim,
                                d_state=f.required_int("state_size"), n_groups=f.int("n_groups") or 1,
                                d_conv=f.required_int("conv_kernel"))
-        ffn_groups = ()
+        ffn_groups = (FfnGroup(n),)  # no MLP: the mixer is the whole layer
     else:  # mamba, falcon_mamba
         d_inner = f.int("intermediate_size") or (f.int("expand") or 2) * hidden
         rank = f.raw("time_step_rank")
         state = RecurrentState("mamba1", conv, ssm, d_inner=d_inner, d_state=f.required_int("state_size"),
                                d_conv=f.required_int("conv_kernel"),
                                dt_rank=-(-hidden // 16) if rank in (None, "auto") else rank)
-        ffn_groups = ()
+        ffn_groups = (FfnGroup(n),)  # no MLP: the mixer is the whole layer
     group = LayerGroup("none", n, note=state.kind, state=state)
     return ModelSpec.from_groups(
         name, (group,), hidden_size=hidden, max_position_embeddings=max_positions(f),

@@ -113,6 +113,8 @@ def _recurrent_params(s: RecurrentState, hidden: int) -> int:
                 + value_dim * hidden)
     if s.kind in ("lightning", "kda"):
         return hidden * 4 * s.heads * s.head_dim + s.heads * s.head_dim * hidden
+    if s.kind == "rwkv":  # RWKV-4: time mixing's key, value, receptance, output + channel mixing's receptance
+        return 5 * hidden * hidden
     return hidden * 3 * s.d_inner + s.d_inner * s.d_conv + s.d_inner * hidden  # short_conv
 
 

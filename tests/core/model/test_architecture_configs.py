@@ -120,6 +120,35 @@ def test_mamba2_codestral_keeps_no_kv_only_state(tmp_path):
         load_config(write(tmp_path, {**MAMBA_CODESTRAL, "expand": 4}, folder="bad"))
 
 
+# https://huggingface.co/tiiuae/falcon-mamba-7b/blob/main/config.json: Mamba-1, no attention (`expand` 16 is
+# overridden by intermediate_size 8192, as transformers' config sets the saved value last)
+FALCON_MAMBA_7B = {
+    "architectures": ["FalconMambaForCausalLM"], "model_type": "falcon_mamba", "hidden_size": 4096,
+    "num_hidden_layers": 64, "intermediate_size": 8192, "expand": 16, "state_size": 16, "conv_kernel": 4,
+    "time_step_rank": 256, "residual_in_fp32": True, "use_conv_bias": True, "use_bias": False,
+    "vocab_size": 65024, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def test_falcon_mamba_keeps_no_kv_only_state(tmp_path):
+    spec = load_config(write(tmp_path, FALCON_MAMBA_7B))
+    assert spec.layers == 0 and spec.max_position_embeddings is None
+    # 64 layers: conv 8192 · (4 − 1) + SSM 8192 · 16 = 155,648 bf16 scalars = 311,296 B each
+    assert spec.state_bits() // 8 == 64 * (8192 * 3 + 8192 * 16) * 2 == 19_922_944
+    # --tp 4 (vLLM splits d_inner): a quarter of each
+    assert spec.state_bits(4) // 8 == 19_922_944 // 4
+
+
+@pytest.mark.parametrize(("config", "published"), [
+    (FALCON_MAMBA_7B, 7.27e9),  # model card
+    (MAMBA_CODESTRAL, 7.285e9),  # 7,285,403,648 in the safetensors index
+], ids=["falcon_mamba", "mamba2"])
+def test_pure_recurrent_weights_match_published_counts(tmp_path, config, published):
+    from kvcalc.core.model.weights import estimate_params
+
+    assert estimate_params(load_config(write(tmp_path, config))).total == pytest.approx(published, rel=0.01)
+
+
 # https://huggingface.co/RWKV/rwkv-4-169m-pile/blob/main/config.json: RWKV-4, no num_attention_heads at all
 RWKV4_169M = {
     "architectures": ["RwkvForCausalLM"], "model_type": "rwkv", "hidden_size": 768, "attention_hidden_size": 768,
@@ -138,6 +167,11 @@ def test_rwkv4_keeps_no_kv_only_state(tmp_path):
     assert bf16.state_bits() // 8 == 12 * 768 * (2 * 2 + 3 * 4) == 147_456  # the wkv vectors stay fp32
     with pytest.raises(ValueError, match="--tp 2: RWKV-4 has no tensor-parallel split"):
         spec.state_bits(2)
+    from kvcalc.core.model.weights import estimate_params
+
+    # 12 layers · (time mixing 4 h² + channel mixing: receptance h² + key, value 2 · h · 3072) + embedding and
+    # head 2 · 50,277 · 768 = 92,012,544 + 77,225,472 = 169,238,016 (the model's name: 169M)
+    assert estimate_params(spec).total == 12 * (5 * 768 * 768 + 2 * 768 * 3072) + 2 * 50277 * 768 == 169_238_016
 
 
 # https://huggingface.co/LiquidAI/LFM2-1.2B/blob/main/config.json: 6 attention and 10 short-convolution layers;
