@@ -265,9 +265,11 @@ def _curve_notes(o: CurveOptions, has_ids: bool, per_block: dict[int, CachedBloc
         if cbb is None:
             continue
         split = ", ".join(f"{g.label} {format_bytes(g.bytes_per_block)}" for g in cbb.groups)
+        windowed = any(g.label.startswith(("sliding", "chunked")) for g in cbb.groups)
         notes.append(f"{cbb.model}, {cbb.dtype}, tp {cbb.tp}: a cached block of {b} tokens is "
-                     f"{format_bytes(cbb.bytes_per_block)} per GPU ({split}; windowed groups keep their blocks "
-                     "cached as vLLM does).")
+                     f"{format_bytes(cbb.bytes_per_block)} per GPU ({split})"
+                     + ("; windowed groups keep every block cached, as vLLM does, though a hit needs only the "
+                        "window's: an upper bound" if windowed else "") + ". Capacities in bytes are per GPU.")
         if cbb.state_bytes:
             share = format_percent(cbb.state_bytes / cbb.bytes_per_block)
             notes.append(f"block {b}: saved recurrent states are {share}"
@@ -400,7 +402,7 @@ def _group_table(result: HierarchyResult, cbb: CachedBlockBytes) -> Table:
             record[f"{t.name}_read_bytes"] = t.read_blocks * g.bytes_per_block
             record[f"{t.name}_write_bytes"] = t.write_blocks * g.bytes_per_block
         records.append(record)
-    fields = [Field("group"), Field("layers", "layers"), Field("block_bytes", "per block", format_bytes)]
+    fields = [Field("group", "group"), Field("layers", "layers"), Field("block_bytes", "per block", format_bytes)]
     for t in result.tiers[1:]:
         fields += [Field(f"{t.name}_read_bytes", f"{t.name} read", format_bytes),
                    Field(f"{t.name}_write_bytes", f"{t.name} written", format_bytes)]
