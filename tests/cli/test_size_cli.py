@@ -404,3 +404,14 @@ def test_gpu_plan_reads_vision_tower_and_quantization_from_the_config(run_cli, t
     # int8 linear layers: the body (all but the two 128,256 x 4,096 tables) takes half the bytes
     body = (plain["weights_bytes"] - 2 * 128_256 * 4096 * 2 - 8192 * 128 * 2) // 2
     assert plain["weights_bytes"] - q["weights_bytes"] == body
+
+
+def test_gpu_plan_holds_for_hybrids(run_cli):
+    # Nemotron-H (Mamba-2 + attention): the memory model and the grown attention block; pipeline stages of a
+    # model with several KV-cache groups are refused rather than guessed
+    plan = run_cli("size", "-m", "Nemotron-H-56B", "--gpu", "H100-SXM", "--tp", "8", "--json").json()["gpu_plan"]
+    assert plan["block_size"] == 4128 and plan["kv_cache_bytes"] > 0 and plan["vllm_version"] == "0.21"
+    result = run_cli("size", "-m", "Nemotron-H-56B", "--gpu", "H100-SXM", "--tp", "8", "--pp", "2")
+    assert result.exit_code == 2 and "several KV-cache groups" in result.stderr
+    refused = run_cli("size", "-m", "Gemma-3-27B", "--gpu", "H200", "--block", "24")
+    assert refused.exit_code == 2 and "--block 24" in refused.stderr

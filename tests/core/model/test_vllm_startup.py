@@ -215,3 +215,31 @@ def test_checkpoint_quantization(quantization_config, expected):
 
     assert checkpoint_quantization({"quantization_config": quantization_config}) == expected
     assert checkpoint_quantization({}) is None
+
+
+def test_preset_and_its_config_give_one_activation():
+    """Qwen3-30B-A3B: the preset's intermediate_size is the experts' (768), the config's the unused dense 6,144;
+    both read as 48 MoE layers of 128 experts × 768, so the activation peak is one figure."""
+    from kvcalc.core.model.models import get_preset
+    from kvcalc.core.model.vllm_memory import forward_peak, moe_workspace
+
+    config = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+              "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+              "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16"}
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(config))
+        from_config = load_config(Path(d) / "config.json")
+    preset = get_preset("Qwen3-30B-A3B")
+    for spec in (from_config, preset):
+        # no dense MLP: the forward's buffers fall back to 4 · hidden wide, 8,192 · 5 · 8,192 · 2 B = 0.625 GiB;
+        # the MoE workspace 8,192 tokens · 8 experts · (max(2 · 768, 2,048) + 768) · 2 B = 0.34375 GiB
+        assert forward_peak(spec, 8192, 1) == 8192 * 5 * 8192 * 2
+        assert moe_workspace(spec, 8192, 1) == 8192 * 8 * (2048 + 768) * 2
+    one = predict_memory(from_config, gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.9, version="0.19")
+    two = predict_memory(preset, gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.9, version="0.19")
+    assert one.stages[0].activation == two.stages[0].activation
