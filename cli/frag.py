@@ -190,7 +190,8 @@ def command(
         "block tables hold int32 ids: exact = Σ ceil(n/B) entries, dense = N × ceil(M/B) entries.",
     ]
     if result.model_bytes is not None:
-        report.tables.insert(2, groups_table(result.model_bytes))
+        if result.model_bytes.kv_cache_groups > 1:
+            report.tables.insert(2, groups_table(result.model_bytes))
         report.notes += model_notes(result.model_bytes, sweep)
     if result.speculative is not None:
         report.notes.append(speculative_note(result.speculative, max_len is None))

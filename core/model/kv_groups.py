@@ -209,7 +209,7 @@ def _vllm(name: str, types: list[_LayerType], block_size: int, mode: str, chunk_
         source = "+".join(dict.fromkeys(a.source for a in attention))
         group = KVCacheGroup(t.kind, t.window, layers, layers, block_size, layer_page * group_size, 1, 1,
                              layer_page, layer_page, source, sum(a.bits * a.count for a in attention))
-        reason = f"block {block_size}: as given (one KV cache group)"
+        reason = f"block {block_size}: as given; one KV cache group (every layer in one block table)"
         return KVLayout("vllm", (group,), block_size, reason, layer_page * group_size, group_size, block_size, mode)
     attn_block, reason = block_size, f"block {block_size}: as given"
     state_page = 0
