@@ -194,3 +194,54 @@ def test_blocks_held_cover_exactly_what_is_kept(tokens, block):
             else:
                 kept = range(tokens)
             assert blocks_held(g, tokens) == len({p // block for p in kept})
+
+
+EIGHT = {
+    "Gemma-3-27B": lambda: get_preset("Gemma-3-27B"), "gpt-oss-120b": lambda: get_preset("gpt-oss-120b"),
+    "Llama-4-Scout": lambda: get_preset("Llama-4-Scout"), "Granite-4.0-H-Small": granite_h_small,
+    "Qwen3-Next": qwen3_next, "Jamba": jamba, "Nemotron-H-56B": lambda: get_preset("Nemotron-H-56B"),
+    "Llama-3-8B": lambda: get_preset("Llama-3-8B"),
+}
+
+
+@pytest.mark.parametrize("name", list(EIGHT))
+def test_one_memory_plan_for_size_and_frag(name):
+    """size --kv-memory (gpu_plan), size --memory's vLLM row (sizing) and frag's layout count the same blocks."""
+    from kvcalc.core.model.gpu_plan import plan_gpu
+    from kvcalc.core.model.sizing import compute_size
+
+    spec = EIGHT[name]()
+    layout = kv_layout(spec, 16, 16)
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, kv_memory_bytes=KV)
+    capacity = compute_size(spec, "bf16", tokens=8192, block_size=16, memory_bytes=KV).capacity
+    assert plan.num_blocks == capacity.layout_blocks == plan_blocks(layout, KV)
+    assert plan.block_size == layout.block_size
+    # every group's block is a whole number of the layout's units, and the padding never negative
+    for g in layout.groups:
+        assert g.block_bytes == g.pages_per_block * layout.page_bytes and g.padding_bytes_per_block >= 0
+
+
+def test_tensor_parallel_halves_the_pages():
+    # Gemma-3-27B at tp 2: 8 of the 16 KV heads per GPU, 4,096 B per token per layer: the same groups, half pages
+    one, two = kv_layout(get_preset("Gemma-3-27B"), 16, 16), kv_layout(get_preset("Gemma-3-27B"), 16, 16, tp=2)
+    assert two.page_bytes * 2 == one.page_bytes and summary(two)[1][:6] == summary(one)[1][:6]
+
+
+def test_unequal_pages_are_unified_by_growing_the_block():
+    # sliding layers of 2 KV heads (2 · 2 · 64 · 2 = 512 B per token) beside full layers of 1 head (256 B): the
+    # full page of 16 tokens (4,096 B) is half the sliding one (8,192 B), so full blocks hold 32 tokens
+    spec = ModelSpec.from_groups("m", (LayerGroup("full", 4, kv_heads=1, k_head_dim=64, v_head_dim=64),
+                                      LayerGroup("sliding", 4, window=128, kv_heads=2, k_head_dim=64,
+                                                 v_head_dim=64)), num_attention_heads=2, hidden_size=128,
+                                 max_position_embeddings=4096)
+    layout = kv_layout(spec, 16, 16)
+    assert [(g.kind, g.block_tokens) for g in layout.groups] == [("full", 32), ("sliding", 16)]
+    assert layout.page_bytes == 4 * 8192 and "pages unified" in layout.reason
+    # a ratio that is not whole is refused by name, with the layout that pages it
+    odd = ModelSpec.from_groups("odd", (LayerGroup("full", 4, kv_heads=2, k_head_dim=64, v_head_dim=64),
+                                       LayerGroup("sliding", 4, window=128, kv_heads=3, k_head_dim=64,
+                                                  v_head_dim=64)), num_attention_heads=6, hidden_size=384,
+                                max_position_embeddings=4096)
+    with pytest.raises(ParameterError, match="use layout 'ideal'"):
+        kv_layout(odd, 16, 16)
+    assert kv_layout(odd, 16, 16, layout="ideal").block_size == 16
