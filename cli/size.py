@@ -254,8 +254,8 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
         gpu_memory_bytes=device.memory_bytes if device else None,
         gpu_memory_utilization=version.default_gpu_memory_utilization if utilization is None else utilization,
         pp=1 if pp is None else pp, vllm_version=version.name, quantization=quantization, vision_params=vision_params,
-        max_num_seqs=max_num_seqs or default_max_num_seqs(device.memory_bytes if device else 0,
-                                                          device.name if device else ""),
+        max_num_seqs=default_max_num_seqs(device.memory_bytes if device else 0, device.name if device else "")
+        if max_num_seqs is None else max_num_seqs,
         kv_memory_bytes=kv_memory_bytes,
         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched_tokens is None else batched_tokens,
     )

@@ -156,6 +156,11 @@ def plan_gpu(
         requested = int((gpu_memory_bytes or 0) * gpu_memory_utilization)
         kv = kv_memory_bytes
         estimates.append("kv_cache_bytes given")
+        if pp > 1:  # the given memory is one stage's GPU: the stage with the most layers pages the most per block
+            from .vllm_memory import check_parallel, pp_layers
+
+            check_parallel(spec, tp, pp)
+            stage_layers = max(pp_layers(spec.model_layers, pp))
     else:
         if gpu_memory_bytes is None:
             raise ParameterError("kv_memory_bytes or the GPU's memory (gpu_memory_bytes) is needed for a GPU plan",
@@ -182,9 +187,6 @@ def plan_gpu(
         kv = limiting.available
         stages, cuda_graphs = memory.stages, memory.cuda_graphs
         if pp > 1:
-            if len(groups) > 1:
-                raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups; kvcalc splits only one "
-                                     "group's layers across pipeline stages", "pp")
             stage_layers = limiting.layers
         if kv <= 0:
             raise ParameterError(
@@ -193,6 +195,9 @@ def plan_gpu(
                 f"the {requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher "
                 "gpu_memory_utilization", "tp", "gpu_memory_utilization"
             )
+    if stage_layers and len(groups) > 1:
+        raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups; kvcalc splits only one group's "
+                             "layers across pipeline stages", "pp")
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")
     return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,

@@ -415,3 +415,12 @@ def test_gpu_plan_holds_for_hybrids(run_cli):
     assert result.exit_code == 2 and "several KV-cache groups" in result.stderr
     refused = run_cli("size", "-m", "Gemma-3-27B", "--gpu", "H200", "--block", "24")
     assert refused.exit_code == 2 and "--block 24" in refused.stderr
+
+
+def test_pipeline_stages_with_the_kv_memory_given(run_cli):
+    # 10 GiB on a GPU of one of 2 stages: 16 of Llama-3-8B's 32 layers, 64 KiB per token: 163,840 tokens
+    plan = run_cli("size", "-m", "llama-3-8b", "--kv-memory", "10GiB", "--pp", "2", "--max-model-len", "8192",
+                   "--json").json()["gpu_plan"]
+    assert plan["kv_cache_tokens"] == 10 * 2**30 // (16 * 4096)
+    result = run_cli("size", "-m", "llama-3-8b", "--gpu", "H100-SXM", "--max-num-seqs", "0")
+    assert result.exit_code == 2 and "--max-num-seqs must be a positive integer" in result.stderr
