@@ -61,7 +61,9 @@ GpuOpt = Annotated[str | None, typer.Option(
                   "RTX-6000-Pro): the KV memory, blocks, tokens and "
                   "concurrency vLLM reports at start-up.")]
 UtilizationOpt = Annotated[float | None, float_option(
-    "--gpu-memory-utilization", example="0.9", help="With --gpu: the share of GPU memory vLLM may use (default 0.9).")]
+    "--gpu-memory-utilization", example="0.9",
+    help="With --gpu: the share of GPU memory vLLM may use (default: --vllm-version's, 0.92 from 0.21 on, 0.9 in "
+         "0.19).")]
 MaxModelLenOpt = Annotated[int | None, int_option(
     "--max-model-len", help="With --gpu: tokens per request (default: the model's max length).")]
 KvMemoryOpt = Annotated[str | None, typer.Option(
