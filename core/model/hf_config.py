@@ -120,9 +120,10 @@ def spec_from_config(
             unread = f.unread_structural()
             if not unread:
                 raise
-            raise refusal(f, unread, why=str(exc).removeprefix(f"{f.source}: ")) from None
-    judge_unread(f)
-    return spec
+            why = str(exc).removeprefix(f"{f.source}: ")  # a missing common field says why; other failures are
+            raise refusal(f, unread, why=why if why.startswith("missing the field") else "") from None  # noise
+    note = judge_unread(f)
+    return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
 
 
 def _read(f: ConfigFields, name: str) -> ModelSpec:

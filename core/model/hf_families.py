@@ -44,6 +44,21 @@ FAMILIES: dict[str, str] = {
 }
 
 
+# Fields whose names look like the cache's (hf_fields.STRUCTURAL) but that a known architecture's engines do not
+# read for it, each with why; a known architecture's other unread look-alikes are ignored too, and named in a
+# note (never silently).
+IGNORED: dict[str, dict[str, str]] = {
+    "decoder": {
+        "full_attn_mod": "Phi-4-mini (phi3): read by no Phi-3 engine; every layer is the same attention",
+    },
+    "hybrid": {
+        "mamba_use_mlp": "Falcon-H1: whether a layer has an MLP (weights, not state)",
+        "conv_dim_out": "LFM2: the short convolution's output projection width (the state is conv_dim wide)",
+        "activation_situ_linear_beta": "Kimi-K3: a constant of the SiTU activation",
+    },
+}
+
+
 def family_of(model_type: object) -> str | None:
     return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
@@ -62,10 +77,18 @@ def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
     )
 
 
-def judge_unread(f: ConfigFields) -> None:
-    """After a config was read: nothing to judge for a known family; else refuse unread structural fields."""
-    if family_of(f.data.get("model_type")) is not None:
-        return
+def judge_unread(f: ConfigFields) -> str | None:
+    """After a config was read. A known family: None, or a note naming the unread look-alike fields that `IGNORED`
+    does not explain (ignored, as the family's engines ignore them). An unknown one: refused if any is unread."""
+    model_type = f.data.get("model_type")
+    family = family_of(model_type)
     unread = f.unread_structural()
-    if unread:
-        raise refusal(f, unread)
+    if family is None:
+        if unread:
+            raise refusal(f, unread)
+        return None
+    other = [key for key in unread if key not in IGNORED.get(family, {})]
+    if not other:
+        return None
+    return (f"{model_type} does not read {', '.join(other)}: ignored, as its engines (transformers, vLLM) ignore "
+            f"{'them' if len(other) > 1 else 'it'}")

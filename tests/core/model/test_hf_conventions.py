@@ -56,6 +56,7 @@ def test_a_known_architecture_ignores_fields_it_does_not_read(tmp_path, field):
     # Llama's engines (transformers' LlamaConfig, vLLM's LlamaForCausalLM) read none of these: neither does kvcalc
     spec = load_config(write(tmp_path, {**BASE, field: UNKNOWN[field]}))
     assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2 == 4_096
+    assert f"llama does not read {field}: ignored, as its engines (transformers, vLLM) ignore it" in spec.notes
 
 
 def test_kimi_linear_kda_layers(tmp_path):
