@@ -135,7 +135,9 @@ def command(
                    "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype,
                    "--vllm-version": vllm_version, "--pp": pp, "--max-num-seqs": max_num_seqs,
                    "--quantization": quantization}
-    _check_counts(seqs, tokens, tp, spec)
+    _check_counts(spec, tp, {"--seqs": seqs, "--tokens": tokens, "--block": block, "--max-model-len": max_model_len,
+                             "--max-num-batched-tokens": max_num_batched_tokens, "--max-num-seqs": max_num_seqs,
+                             "--pp": pp})
     checkpoint = _checkpoint(model, config, spec) if gpu is not None else (0, None)
     if spec is None:
         given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
@@ -268,7 +270,7 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
 #                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
-MAX_COUNT = 2**63 - 1  # the largest --seqs / --tokens: a signed 64-bit count, what JSON consumers hold exactly
+MAX_COUNT = 2**63 - 1  # the largest count option (--seqs, --tokens, --block, ...): a signed 64-bit count
 
 
 def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, str | None]:
@@ -291,11 +293,11 @@ def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, s
     return config_vision_params(raw, spec.hidden_size), checkpoint_quantization(raw)
 
 
-def _check_counts(seqs: int | None, tokens: int | None, tp: int | None, spec: ModelSpec | None) -> None:
+def _check_counts(spec: ModelSpec | None, tp: int | None, counts: dict[str, int | None]) -> None:
     """One-line refusals for counts beyond what a result can mean (see MAX_COUNT and vllm_memory.MAX_TP)."""
     from ..core.model.vllm_memory import MAX_TP
 
-    for flag, value in (("--seqs", seqs), ("--tokens", tokens)):
+    for flag, value in counts.items():
         if value is not None and value > MAX_COUNT:
             raise ValueError(f"{flag} {format_count_short(value)} is above 2**63-1, the largest count kvcalc takes; "
                              f"give a smaller {flag}")
