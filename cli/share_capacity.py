@@ -175,7 +175,7 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         b = o.block_sizes[0]
         _add_tiers(report, o, distances[b], per_block[b], spec, bits)
     if o.plot is not None:
-        _write_curve_plot(o.plot, loaded.description, distances, curves)
+        _write_curve_plot(o.plot, f"{Path(o.trace[1]).name} ({len(loaded):,} requests)", distances, curves)
         report.notes.append(f"figure written to {o.plot}")
     emit(report, fmt)
 
@@ -409,7 +409,7 @@ def _group_table(result: HierarchyResult, cbb: CachedBlockBytes) -> Table:
     return record_table("tier traffic by KV cache group", fields, records)
 
 
-def _write_curve_plot(path: Path, description: str, distances: dict[int, StackDistances],
+def _write_curve_plot(path: Path, title: str, distances: dict[int, StackDistances],
                       curves: list[CapacityCurve]) -> None:
     """Hit rate against capacity in tokens, log x: the exact curve on a fine grid, the swept points marked."""
     import matplotlib
@@ -435,6 +435,6 @@ def _write_curve_plot(path: Path, description: str, distances: dict[int, StackDi
     ax.set_ylabel("token hit rate (%)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    ax.set_title(f"{description}: LRU hit rate (dotted: unbounded)", fontsize="small")
+    ax.set_title(f"{title}: LRU prefix-cache hit rate (dotted: unbounded)", fontsize="small")
     fig.savefig(path)
     plt.close(fig)
