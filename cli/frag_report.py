@@ -337,13 +337,18 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     """What the bytes tables assume: the layout and why its block size, windows and chunks, the state, the
     best block size."""
     layout = model.layouts[0]
-    by_reason: dict[str, list[str]] = {}  # the block sizes given that the layout pages alike, by why
-    for kv, lay in zip(model.paged, model.layouts, strict=True):
-        reason = lay.reason.removeprefix(f"block {lay.block_size}: as given; ") if kv.used_block_size == \
-            kv.block_size else lay.reason
-        by_reason.setdefault(reason, []).append(str(kv.block_size))
-    notes = [f"Layout {layout.layout}: " + " | ".join(
-        f"B = {', '.join(sizes)}: {reason}" for reason, sizes in by_reason.items()) + "."]
+    raised: dict[int, list[str]] = {}  # used block size -> the sizes given that the layout raised to it
+    for kv in model.paged:
+        if kv.used_block_size != kv.block_size:
+            raised.setdefault(kv.used_block_size, []).append(str(kv.block_size))
+    if raised:
+        mapping = "; ".join(f"B = {', '.join(given)} → {format_count(used)}" for used, given in raised.items())
+        first = next(lay for kv, lay in zip(model.paged, model.layouts, strict=True)
+                     if kv.used_block_size != kv.block_size)
+        notes = [f"Layout {layout.layout}: {mapping}. Why, for B = {first.requested_block_size}: {first.reason}."]
+    else:
+        common = layout.reason.removeprefix(f"block {layout.block_size}: as given; ")
+        notes = [f"Layout {layout.layout}: the block sizes as given; {common}."]
     kinds = {g.kind for g in layout.groups}
     text = (f"Bytes in IEC units (KiB = 2^10 B); one block table per sequence per KV cache group "
             f"({model.kv_cache_groups})")
@@ -357,7 +362,7 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     notes.append(text + ".")
     if model.has_state:
         notes.append(
-            f"Recurrent state: {format_bytes(model.state_bytes_per_seq)} per sequence in every recurrent layer, "
+            f"Recurrent state: {format_bytes(model.state_bytes_per_seq)} per sequence across its recurrent layers, "
             f"its own column; paged as {layout.mamba_cache_mode!r} mamba_cache_mode (one state page per running "
             "sequence, no prefix caching of it); state allocated includes the padding of each state page.")
     if kinds & {"sliding", "chunked"} or model.has_state:
