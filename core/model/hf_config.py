@@ -171,12 +171,16 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
 # KV only when speculative decoding drafts with it (vLLM's MTP / EAGLE proposers run them on the same KV pool).
 DRAFTER_FIELDS = ("num_nextn_predict_layers",  # DeepSeek-V3/V3.2, GLM-4.5/5, MiMo, Step
                   "mtp_num_hidden_layers")  # Qwen3-Next, Qwen3.5
+# and MiniMax-M2's use_mtp: num_mtp_modules × mtp_transformer_layers layers (the field named is num_mtp_modules)
 
 
 def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...]) -> tuple[str | None, tuple[LayerGroup, ...]]:
     """(the field that names them, the MTP layers as one group) — (None, ()) when the config has none."""
-    for field in DRAFTER_FIELDS:
-        count = f.int(field, minimum=0)
+    counts = [(field, f.int(field, minimum=0)) for field in DRAFTER_FIELDS]
+    if f.flag("use_mtp"):  # MiniMax-M2: num_mtp_modules modules of mtp_transformer_layers layers each
+        modules, per_module = f.int("num_mtp_modules", minimum=0), f.int("mtp_transformer_layers", minimum=0)
+        counts.append(("num_mtp_modules", (modules or 0) * (1 if per_module is None else per_module)))
+    for field, count in counts:
         if count:
             main = next((g for g in groups if g.kind in ("full", "mla")), None)
             if main is None:

@@ -99,3 +99,17 @@ def test_size_cli_adds_and_states_the_drafter(tmp_path, run_cli):
     assert eagle["bytes_per_token"] == 135_168
     bad = run_cli("size", "-m", "llama-3-8b", "--draft-config", head)
     assert bad.exit_code == 2 and "--draft-config needs" in bad.stderr
+
+
+def test_minimax_m2_mtp_modules(tmp_path):
+    # https://huggingface.co/MiniMaxAI/MiniMax-M2/blob/main/config.json: use_mtp, 3 modules of 1 transformer layer
+    config = {"model_type": "minimax_m2", "hidden_size": 3072, "head_dim": 128, "num_attention_heads": 48,
+              "num_key_value_heads": 8, "num_hidden_layers": 62, "attn_type_list": [1] * 62, "use_mtp": True,
+              "num_mtp_modules": 3, "mtp_transformer_layers": 1, "torch_dtype": "bfloat16"}
+    spec = load_config(write(tmp_path, config))
+    assert (spec.drafter_layers, spec.drafter_field) == (3, "num_mtp_modules")
+    assert spec.bytes_per_token(16) == 62 * 2 * 8 * 128 * 2 == 253_952
+    # + 3 full-attention layers of 8 KV heads of 128: 65 · 4,096 = 266,240 B a token
+    assert with_drafter(spec, "mtp")[0].bytes_per_token(16) == 65 * 2 * 8 * 128 * 2 == 266_240
+    off = load_config(write(tmp_path, {**config, "use_mtp": False}, folder="off"))
+    assert off.drafter_layers == 0
