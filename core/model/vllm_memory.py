@@ -17,12 +17,14 @@ Apache-2.0, read by tests/core/model/test_vllm_startup.py):
 
 * weights: parameters (the preset's count or core/model/weights.py's estimate) × the checkpoint's bytes; a
   quantized checkpoint stores its linear layers at its precision (int4 with a 16-bit scale and a 4-bit zero
-  point per 128 weights)
-  and keeps the embeddings and the LM head in 16 bits (Llama-3.1-8B: 14.99 GiB bf16, 8.49 fp8, 5.38 int4).
-  The vocabulary is padded to a multiple of 64 (VocabParallelEmbedding). Tensor parallelism divides all of
-  it; pipeline parallelism gives each stage its layers (vLLM's `get_pp_indices`: ⌊L / pp⌋ each, the
-  remainder one by one to the stages before the last), the embeddings to the first and the LM head to the
-  last (Llama-3.1-8B at pp 4: 4.26, 3.28, 3.28, 4.26 GiB).
+  point per 128 weights; mxfp4 only the routed experts, at 4.25 bits) and keeps the embeddings and the LM head
+  in 16 bits; a multimodal one adds its vision tower (weights.vision_tower_params); every GPU also holds the
+  rotary cos/sin cache (max positions × head dim × dtype). Llama-3.1-8B: 14.99 GiB bf16, 8.49 fp8 and int8,
+  5.37 int4 (logged 14.99, 8.49, 8.49, 5.38). The vocabulary is padded to a multiple of 64
+  (VocabParallelEmbedding). Tensor parallelism divides all but the rotary cache; pipeline parallelism gives
+  each stage its layers (vLLM's `get_pp_indices`: ⌊L / pp⌋ each, the remainder one by one to the stages
+  before the last), the embeddings (and a vision tower) to the first and the LM head to the last
+  (Llama-3.1-8B at pp 4: 4.26, 3.28, 3.28, 4.26 GiB, as logged).
 * activation peak (per stage): the larger of the forward pass and, on the last stage, the sampler, plus the
   fused-MoE workspace, which stays allocated:
   - forward: 5 intermediate-wide buffers per token in the model dtype over tp (gate and up, their product and
@@ -36,7 +38,7 @@ Apache-2.0, read by tests/core/model/test_vllm_startup.py):
     bound runs: Llama-3.1-8B 1.89 GiB (predicted 1.89), Gemma-2-2B 3.62 (3.61), Qwen2.5-7B 2.21 (2.21),
     gpt-oss-20b 2.87 (2.87), phi-2 0.79 (0.80);
   - fused-MoE workspace (16-bit experts): tokens × experts per token × (max(2N / tp, hidden) + N / tp) × 2 B,
-    N the expert width (DeepSeek-V2-Lite 1.93 GiB logged, 1.92 predicted; Qwen1.5-MoE 2.47, 2.47); mxfp4 /
+    N the expert width (DeepSeek-V2-Lite 1.93 GiB logged, 1.89 predicted; Qwen1.5-MoE 2.47, 2.44); mxfp4 /
     int4 experts run kernels without it (gpt-oss-20b's peak is its sampler's).
 * non-torch memory: 0.25 GiB on one GPU, 0.07 GiB per stage of a pipeline on one GPU per stage, 2.07 GiB at
   tp 2 and 2.15 GiB at tp 4 or more (custom all-reduce and NCCL buffers); the logs: 0.24–0.26 (two Granite
