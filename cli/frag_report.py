@@ -214,11 +214,13 @@ def token_table(result: FragAnalysis) -> Table:
         "useful": fixed.useful_tokens, "allocated": fixed.allocated_tokens, "waste": fixed.waste_tokens,
         "utilization": float(fixed.utilization), "block_table_bytes_exact": None, "block_table_bytes_dense": None,
     }]
-    # Block tables are one per sequence, or one per KV-cache group when a model mixes full and
-    # sliding-window layers: with a model, the model's figures (as the JSON's paged entries carry them).
-    tables = [(kv.block_table_bytes_exact, kv.block_table_bytes_dense) for kv in result.model_bytes.paged] \
-        if result.model_bytes is not None else [(p.block_table_bytes_exact, p.block_table_bytes_dense)
-                                                for p in result.paged]
+    # Block tables are one per sequence, or one per KV cache group of a model: with a model, the model's
+    # figures (as the JSON's paged entries carry them), unless its layout pages another block size than the
+    # row's (a Mamba hybrid under vllm), where the row keeps its own positions' table.
+    tables = [(p.block_table_bytes_exact, p.block_table_bytes_dense) for p in result.paged]
+    if result.model_bytes is not None:
+        tables = [(kv.block_table_bytes_exact, kv.block_table_bytes_dense) if kv.used_block_size == p.block_size
+                  else own for kv, p, own in zip(result.model_bytes.paged, result.paged, tables, strict=True)]
     records += [{
         "scheme": "paged", "max_len": None, "block_size": p.block_size, "blocks": p.num_blocks,
         "useful": p.useful_tokens, "allocated": p.allocated_tokens, "waste": p.waste_tokens,
