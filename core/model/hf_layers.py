@@ -51,6 +51,7 @@ _LAST_LAYER_GLOBAL = frozenset({"gemma4", "gemma4_text"})  # transformers' Gemma
 _INTERVAL_DEFAULT_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 _JAMBA_TYPES = frozenset({"jamba"})
 _LLAMA4_TYPES = frozenset({"llama4", "llama4_text"})
+_KDA_TYPES = frozenset({"kimi_linear", "kimi_k3", "kimi_k3_text"})  # linear_attention is Kimi Delta Attention
 
 
 def layer_kinds(f: ConfigFields, n: int) -> list[str]:
@@ -89,7 +90,7 @@ def _named_kinds(f: ConfigFields, n: int, model_type: str):
     if types is not None:
         # linear_attention is MiniMax's lightning attention, and Kimi Delta Attention in transformers 5's
         # Kimi-Linear (its own configs use linear_attn_config)
-        linear = "lightning" if model_type.startswith("minimax") else "kda" if model_type == "kimi_linear" else None
+        linear = "lightning" if model_type.startswith("minimax") else "kda" if model_type in _KDA_TYPES else None
         yield "layer_types", [linear if linear and t == "linear_attention" else
                               _kind(f, "layer_types", t, _LAYER_TYPES) for t in types]
     attn_types = f.int_list("attn_type_list", n)

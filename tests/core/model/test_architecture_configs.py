@@ -47,6 +47,13 @@ def test_kimi_k3(tmp_path):
     # 20 KDA layers: conv q, k, v 3 · (4 − 1) · 32 · 128 bf16 = 73,728 B; recurrent 32 · 128 · 128 fp32 =
     # 2,097,152 B; 2,170,880 B each, 43,417,600 B a sequence
     assert spec.state_bits() // 8 == 20 * (3 * 3 * 4096 * 2 + 32 * 128 * 128 * 4) == 43_417_600
+    # transformers 5 writes the layout as layer_types and the KDA dims at the top level: the same cache
+    text = {k: v for k, v in KIMI_K3["text_config"].items() if k != "linear_attn_config"}
+    full = (4, 8, 12, 16, 20, 24, 27)
+    text.update(layer_types=["full_attention" if i + 1 in full else "linear_attention" for i in range(27)],
+                linear_num_heads=32, linear_head_dim=128, linear_conv_kernel_dim=4)
+    again = load_config(write(tmp_path, {**KIMI_K3, "text_config": text}, folder="t5"))
+    assert (again.bytes_per_token(16), again.state_bits()) == (spec.bytes_per_token(16), spec.state_bits())
 
 
 # https://huggingface.co/tiiuae/Falcon-H1-0.5B-Base/blob/main/config.json (as Megatron-Bridge's Falcon-H1 test
