@@ -13,16 +13,9 @@ from ..core.gpus import get_gpu
 from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, read_trace
 from ..core.model.models import ModelSpec
 from ..core.share.cache_bytes import CachedBlockBytes, cached_block_bytes
-from ..core.share.capacity import (
-    REACH_FRACTIONS,
-    CapacityCurve,
-    CapacityValue,
-    StackDistances,
-    capacity_curve,
-    parse_capacities,
-    stack_distances,
-)
+from ..core.share.capacity import REACH_FRACTIONS, CapacityCurve, CapacityValue, capacity_curve, parse_capacities
 from ..core.share.load_or_recompute import LoadOrRecompute, break_even_bandwidth, step_time_model, tier_verdict
+from ..core.share.stack_distance import StackDistances, stack_distances
 from ..core.share.tiers import (
     DEFAULT_DISK_BANDWIDTH,
     DEFAULT_HOST_BANDWIDTH,

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from .cache_bytes import CachedBlockBytes
-from .capacity import StackDistances
+from .stack_distance import StackDistances
 
 TIER_NAMES = ("gpu", "host", "disk")
 MODES = ("exclusive", "inclusive")

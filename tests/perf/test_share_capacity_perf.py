@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from kvcalc.core.inputs.traces import read_trace
-from kvcalc.core.share.capacity import capacity_curve, stack_distances
+from kvcalc.core.share.capacity import capacity_curve
 from kvcalc.core.share.replay import replay
+from kvcalc.core.share.stack_distance import stack_distances
 
 pytestmark = pytest.mark.perf
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.traces import Trace, read_trace
-from kvcalc.core.share.capacity import capacity_curve, parse_capacities, stack_distances
+from kvcalc.core.share.capacity import capacity_curve, parse_capacities
 from kvcalc.core.share.replay import replay
+from kvcalc.core.share.stack_distance import stack_distances
 from kvcalc.core.share.tiers import simulate_tiers
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
