@@ -28,6 +28,7 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         "max_concurrency": concurrency,
         "groups": [{"kind": g.kind, "layers": g.layers, "block_size": g.block_size or None,
                     "blocks_per_request": g.blocks_per_request} for g in plan.groups],
+        "layout": plan.layout.layout, "block_size_reason": plan.layout.reason,
         "estimates": list(plan.estimates), "log_lines": log,
         "vllm_version": plan.vllm_version or None, "pp": plan.pp, "cuda_graph_bytes": plan.cuda_graph_bytes,
         "stages": [{"layers": s.layers, "weights_bytes": s.weights, "activation_bytes": s.activation,
@@ -68,6 +69,8 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
                                           Field("block_size", "tokens per block", format_count),
                                           Field("blocks_per_request", "blocks per request", format_count)],
             doc["groups"]))
+    if len(plan.groups) > 1 or plan.layout.block_size != plan.layout.requested_block_size:
+        report.notes.append(f"Layout {plan.layout.layout}: {plan.layout.reason} (core/model/kv_groups.py).")
     report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
     if plan.stages:
         from ..core.model.vllm_memory import get_version
