@@ -190,14 +190,16 @@ def capacity_table(r: SizeResult, capacity_doc: dict[str, Any]) -> Table:
     fields = [
         Field("memory_bytes"),
         Field("per_gpu"),
-        Field("max_tokens", "max tokens (every layer holds every token" + (
+        Field("max_tokens", "tokens those sequences hold (no KV: a sequence costs its state at any length)"
+              if not r.spec.keeps_kv else "max tokens (every layer holds every token" + (
             "; one sequence's state counted)" if r.spec.has_state else ")"), format_count),
         Field("max_tokens_is_lower_bound"),
         Field("max_tokens_counts_state"),
         Field("tokens"),
         Field("max_seqs", f"max sequences of {plural(r.tokens, 'token')}", format_count),
         Field("block_size"),
-        Field("num_blocks", f"blocks of {plural(cap.block_size, 'token')}" + (
+        Field("num_blocks", "state pages (no KV: one page a sequence, as vLLM pages a recurrent-only model)"
+              if not r.spec.keeps_kv else f"blocks of {plural(cap.block_size, 'token')}" + (
             " (every layer, no padding)" if hybrid else ""), format_count),
         Field("vllm_num_blocks", None if cap.layout is None or not hybrid else
               f"vLLM block ids (block {cap.layout.block_size:,}, {plural(cap.layout.num_tables, 'group')})",
