@@ -49,3 +49,21 @@ def id_replay(requests: list[tuple[int, list[int]]], block_size: int) -> tuple[i
                 cached_tokens += now - covered[node] if B <= ID_TOKENS else B
                 covered[node] = now
     return hit_blocks * B, hit_blocks, cached_tokens // B
+
+
+def read_mooncake(path: str) -> list[tuple[int, list[int]]]:
+    """(prompt tokens, hash ids) of a Mooncake JSONL trace in arrival order (stable by timestamp)."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows.sort(key=lambda r: r["timestamp"])
+    return [(int(r["input_length"]), [int(h) for h in r["hash_ids"]]) for r in rows]
+
+
+if __name__ == "__main__":  # the plain replay as a whole process: python id_replay.py TRACE BLOCK_SIZE
+    import json
+    import sys
+
+    hit_tokens, hit_blocks, cached = id_replay(read_mooncake(sys.argv[1]), int(sys.argv[2]))
+    print(json.dumps({"hit_tokens": hit_tokens, "hit_blocks": hit_blocks, "cached_blocks": cached}))

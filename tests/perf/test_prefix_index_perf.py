@@ -1,0 +1,91 @@
+"""`kvcalc share --trace mooncake` against a plain-Python replay over hash ids, at every block size
+(issue 18; run with `python -m pytest -m perf tests/perf/test_prefix_index_perf.py -s`).
+
+Whole processes, in turn, in one run: `kvcalc share ... --block B --json` and the plain replay
+(tests/core/pool/id_replay.py run as a script: json + dicts, no numpy), each the best of three; wall time
+and peak resident memory from the kernel's accounting of each child (os.wait4). Then the time of the
+replay in-process on 10 / 50 / 100 % of the trace, and the exponent of a least-squares fit of log time on
+log prompt tokens: linear is 1. Goals (issue 18): <= 1.5x the plain replay, <= 128 MiB, exponent <= 1.2.
+Block 4,096 is not in the CLI's reach (Mooncake keys exist per 512-token id and share takes divisors of
+512); the pool itself is checked at 4,096 by tests/core/pool/test_prefix_replay.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcalc.core.inputs.traces import read_trace
+from kvcalc.core.share.replay import replay
+from kvcalc.core.share.trace_blocks import in_arrival_order
+
+pytestmark = pytest.mark.perf
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+ID_REPLAY = Path(__file__).resolve().parents[1] / "core" / "pool" / "id_replay.py"
+MAX_RATIO, MAX_MIB, MAX_EXPONENT = 1.5, 128, 1.2
+
+
+def run_process(args: list[str]) -> tuple[str, float, float]:
+    """(stdout, wall seconds, peak resident MiB) of one child process (its output is small: no pipe fills)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, err
+    return out, wall, usage.ru_maxrss / 1024  # kilobytes on Linux
+
+
+@pytest.mark.parametrize("name", ["mooncake_conversation.jsonl", "mooncake_synthetic.jsonl"])
+@pytest.mark.parametrize("block_size", [16, 64, 512])
+def test_share_against_the_plain_replay(name: str, block_size: int) -> None:
+    path = TRACES / name
+    if not path.is_file():
+        pytest.skip(f"the Mooncake trace is not at {path} (see ../shared/traces/README.md)")
+    share = [sys.executable, "-m", "kvcalc", "share", "--trace", "mooncake", str(path), "--block", str(block_size),
+             "--json"]
+    plain = [sys.executable, str(ID_REPLAY), str(path), str(block_size)]
+    rounds = [(run_process(share), run_process(plain)) for _ in range(3)]  # in turn: the same machine load
+    doc, wall, mib = rounds[0][0][0], min(r[0][1] for r in rounds), max(r[0][2] for r in rounds)
+    ref, ref_wall, ref_mib = rounds[0][1][0], min(r[1][1] for r in rounds), max(r[1][2] for r in rounds)
+    got, expected = json.loads(doc), json.loads(ref)
+    assert (got["hit_tokens"], got["hit_blocks"]) == (expected["hit_tokens"], expected["hit_blocks"])
+    assert got["peak_cached_blocks"] == expected["cached_blocks"]
+    ratio = wall / ref_wall
+    print(f"\n{name} block {block_size}: share {wall:.2f} s, {mib:.0f} MiB; plain replay {ref_wall:.2f} s, "
+          f"{ref_mib:.0f} MiB; ratio {ratio:.2f}x")
+    assert ratio <= MAX_RATIO, f"share takes {ratio:.2f}x the plain replay (goal {MAX_RATIO}x)"
+    assert mib <= MAX_MIB, f"share peaks at {mib:.0f} MiB (goal {MAX_MIB})"
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 512])
+def test_share_is_linear_in_the_trace(block_size: int) -> None:
+    path = TRACES / "mooncake_conversation.jsonl"
+    if not path.is_file():
+        pytest.skip(f"the Mooncake trace is not at {path} (see ../shared/traces/README.md)")
+    trace = in_arrival_order(read_trace("mooncake", path))
+    tokens, seconds = [], []
+    for fraction in (0.1, 0.5, 1.0):
+        part = trace.head(max(1, round(fraction * len(trace))))
+        best = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            replay(part, block_size, None, True)
+            best = min(best, time.perf_counter() - start)
+        tokens.append(int(part.prompt_tokens.sum()))
+        seconds.append(best)
+    exponent = float(np.polyfit(np.log(tokens), np.log(seconds), 1)[0])
+    print(f"\nblock {block_size}: " + ", ".join(f"{t:,} tokens {s:.2f} s" for t, s in zip(tokens, seconds, strict=True))
+          + f"; time ~ tokens^{exponent:.2f}")
+    assert exponent <= MAX_EXPONENT, f"time grows as tokens^{exponent:.2f} (goal <= {MAX_EXPONENT})"
