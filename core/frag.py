@@ -191,9 +191,10 @@ def analyse(
     rows = paging.per_sequence(tokens, block_sizes, max_len) if per_sequence else None
     model_bytes = None
     layouts: list[KVLayout] = []
+    sums: paged_bytes.Sums = {}  # passes over the lengths that groups and block sizes share
     if spec is not None:
         layouts = [kv_layout(spec, dtype_bits, p.block_size, layout) for p in paged]
-        kv = [paged_bytes.paged_kv_bytes(tokens, lay, max_len) for lay in layouts]
+        kv = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, sums=sums) for lay in layouts]
         model_bytes = ModelBytes(spec, dtype_bits, paged_bytes.fixed_kv_bytes(layouts[0], fixed, kv[0]), kv, layouts)
     speculative = None
     if speculation is not None:
@@ -201,8 +202,8 @@ def analyse(
         peaks = [paging.PagedAllocation(p.block_size, p.num_seqs, max_len, p.useful_tokens, n)
                  for p, n in zip(paged, counts, strict=True)]
         plain_bytes = [None] * len(peaks) if model_bytes is None else model_bytes.paged
-        peak_bytes = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, speculation.extra_slots) for lay in layouts] \
-            if layouts else [None] * len(peaks)
+        peak_bytes = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, speculation.extra_slots, sums)
+                      for lay in layouts] if layouts else [None] * len(peaks)
         speculative = SpeculativePeaks(speculation, [
             SpeculativePeak(p, q, kv, peak)
             for p, q, kv, peak in zip(paged, peaks, plain_bytes, peak_bytes, strict=True)

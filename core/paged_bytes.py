@@ -133,12 +133,23 @@ def _chunk_start(chunk: np.ndarray, out: np.ndarray, c: int) -> np.ndarray:
     return np.multiply(start, c, out=start)
 
 
-def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str = "none", extra: int = 0) -> GroupBytes:
-    """Σ blocks held per table and Σ tokens held over the lengths `tokens` + `extra` (int64 [N]), exact."""
-    b, w, n = group.block_tokens, group.window, int(tokens.size)
+Sums = dict[tuple[str, int, int], int]  # (pass, its parameter, extra) -> Σ over the lengths
 
-    def total(transform: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> int:
-        return _chunked_sum(tokens, transform, extra)
+
+def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str = "none", extra: int = 0,
+                 sums: Sums | None = None) -> GroupBytes:
+    """Σ blocks held per table and Σ tokens held over the lengths `tokens` + `extra` (int64 [N]), exact.
+
+    `sums` keeps the passes already made over these lengths (Σ ceil(n/B), Σ min(n, W), ...), so that groups
+    and block sizes that share one are counted once."""
+    b, w, n = group.block_tokens, group.window, int(tokens.size)
+    memo: Sums = {} if sums is None else sums
+
+    def total(name: str, param: int, transform: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> int:
+        key = (name, param, extra)
+        if key not in memo:
+            memo[key] = _chunked_sum(tokens, transform, extra)
+        return memo[key]
 
     def ceil_blocks(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.floor_divide(np.add(chunk, b - 1, out=out), b, out=out)
@@ -146,31 +157,35 @@ def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str 
     if group.kind == "state":
         if mamba_cache_mode == "none":
             return GroupBytes(group, n, n, n)
-        entries = total(ceil_blocks)
+        entries = total("ceil", b, ceil_blocks)
         return GroupBytes(group, entries if mamba_cache_mode == "all" else 2 * n, n, entries)
-    blocks = total(ceil_blocks)
+    blocks = total("ceil", b, ceil_blocks)
+    if ("sum", 0, 0) not in memo:
+        memo[("sum", 0, 0)] = exact_sum(tokens)
+    tokens_total = memo[("sum", 0, 0)] + n * extra  # Σ (n + extra)
     if group.kind == "full":
-        return GroupBytes(group, blocks, exact_sum(tokens) + n * extra, blocks)
+        return GroupBytes(group, blocks, tokens_total, blocks)
     assert w is not None
     if group.kind == "sliding":
         def freed(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
             beyond = np.maximum(np.subtract(chunk, w, out=out), 0, out=out)  # positions out of the window
             return np.floor_divide(beyond, b, out=beyond)
 
-        held = total(lambda chunk, out: np.minimum(chunk, w, out=out))
-        return GroupBytes(group, blocks - total(freed), held, blocks)
+        held = total("min", w, lambda chunk, out: np.minimum(chunk, w, out=out))
+        return GroupBytes(group, blocks - total(f"window-freed/{w}", b, freed), held, blocks)
 
     def freed_chunks(chunk: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.floor_divide(_chunk_start(chunk, out, w), b, out=out)
 
-    before = total(lambda chunk, out: _chunk_start(chunk, out, w))
-    return GroupBytes(group, blocks - total(freed_chunks), exact_sum(tokens) + n * extra - before, blocks)
+    before = total("chunk-start", w, lambda chunk, out: _chunk_start(chunk, out, w))
+    return GroupBytes(group, blocks - total(f"chunk-freed/{w}", b, freed_chunks), tokens_total - before, blocks)
 
 
-def paged_kv_bytes(tokens: np.ndarray, layout: KVLayout, max_len: int, extra: int = 0) -> KvBytes:
+def paged_kv_bytes(tokens: np.ndarray, layout: KVLayout, max_len: int, extra: int = 0,
+                   sums: Sums | None = None) -> KvBytes:
     """Bytes of paging the lengths `tokens` (+ `extra` each: a speculative peak) under `layout`; dense tables
-    are N × ceil(max_len / B) entries per table."""
-    groups = tuple(group_totals(tokens, g, layout.mamba_cache_mode, extra) for g in layout.groups)
+    are N × ceil(max_len / B) entries per table. `sums`: see `group_totals` (one dict per set of lengths)."""
+    groups = tuple(group_totals(tokens, g, layout.mamba_cache_mode, extra, sums) for g in layout.groups)
     kv = [g for g in groups if not g.group.is_state]
     state = [g for g in groups if g.group.is_state]
     dense_entries = sum(g.tables * _dense_entries(g, max_len, layout.mamba_cache_mode) for g in layout.groups)
