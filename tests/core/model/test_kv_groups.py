@@ -245,3 +245,40 @@ def test_unequal_pages_are_unified_by_growing_the_block():
     with pytest.raises(ParameterError, match="use layout 'ideal'"):
         kv_layout(odd, 16, 16)
     assert kv_layout(odd, 16, 16, layout="ideal").block_size == 16
+
+
+GEMMA2 = {  # 21/13/23 sliding (W 4096) + as many full layers; KV heads × head dim from the configs
+    "google/gemma-2-2b-it": ModelSpec(name="Gemma-2-2B", layers=26, num_attention_heads=8, kv_heads=4, head_dim=256,
+                                      hidden_size=2304, max_position_embeddings=8192, sliding_window=4096,
+                                      num_sliding_layers=13),
+    "google/gemma-2-9b-it": get_preset("Gemma-2-9B"),
+    "google/gemma-2-27b-it": ModelSpec(name="Gemma-2-27B", layers=46, num_attention_heads=32, kv_heads=16,
+                                       head_dim=128, hidden_size=4608, max_position_embeddings=8192,
+                                       sliding_window=4096, num_sliding_layers=23),
+}
+
+
+def test_two_groups_against_real_vllm_logs():
+    """vLLM 0.19.0 on an H100 (../shared/vllm_startup, llm-d planner, Apache-2.0): Gemma-2's sliding and full
+    layers are 2 groups of L/2 layers; it prints "GPU KV cache size" as blocks // 2 groups × 16. From the
+    logged GiB (two decimals: ± 0.005 GiB) our blocks must reach the logged token count. Gemma-2-2B: a block id
+    is 13 pages of 16 · 2 · 4 · 256 · 2 B = 851,968 B; 66.47 GiB / 851,968 B = 83,772 blocks; the logged
+    670,160 tokens = 41,885 · 16 are 83,770 or 83,771 blocks: 1.6 MiB under the printed GiB, within ± 5.1 MiB."""
+    import csv
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[3] / ".." / "shared" / "vllm_startup" / "startup.csv"
+    if not table.exists():
+        pytest.skip(f"{table} is absent (the shared vLLM start-up logs)")
+    rows = [r for r in csv.DictReader(table.open()) if r["model"] in GEMMA2 and r["status"] == "ok"]
+    assert len(rows) == 3
+    for row in rows:
+        layout = kv_layout(GEMMA2[row["model"]], 16, 16)
+        assert layout.num_tables == 2 and int(row["block_size"] or 16) == 16
+        gib = float(row["available_kv_gib"])
+        low, high = (plan_blocks(layout, int((gib + d) * GIB)) for d in (-0.005, 0.005))
+        logged = int(row["kv_cache_tokens"])
+        assert any(blocks // 2 * 16 == logged for blocks in range(low, high + 1)), (row["model"], low, high)
+    two_b = next(r for r in rows if r["model"] == "google/gemma-2-2b-it")
+    assert plan_blocks(kv_layout(GEMMA2["google/gemma-2-2b-it"], 16, 16), int(66.47 * GIB)) == 83_772
+    assert int(two_b["kv_cache_tokens"]) == 670_160
