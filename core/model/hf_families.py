@@ -45,17 +45,14 @@ FAMILIES: dict[str, str] = {
 
 
 # Fields whose names look like the cache's (hf_fields.STRUCTURAL) but that a known architecture's engines do not
-# read for it, each with why; a known architecture's other unread look-alikes are ignored too, and named in a
-# note (never silently).
+# read for it, by model_type, each with why; a known architecture's other unread look-alikes are ignored too,
+# and named in a note (never silently).
+_KIMI_K3 = {"activation_situ_linear_beta": "a constant of the SiTU activation"}
 IGNORED: dict[str, dict[str, str]] = {
-    "decoder": {
-        "full_attn_mod": "Phi-4-mini (phi3): read by no Phi-3 engine; every layer is the same attention",
-    },
-    "hybrid": {
-        "mamba_use_mlp": "Falcon-H1: whether a layer has an MLP (weights, not state)",
-        "conv_dim_out": "LFM2: the short convolution's output projection width (the state is conv_dim wide)",
-        "activation_situ_linear_beta": "Kimi-K3: a constant of the SiTU activation",
-    },
+    "phi3": {"full_attn_mod": "Phi-4-mini: read by no Phi-3 engine; every layer is the same attention"},
+    "falcon_h1": {"mamba_use_mlp": "whether a layer has an MLP (weights, not state)"},
+    "lfm2": {"conv_dim_out": "the short convolution's output projection width (the state is conv_dim wide)"},
+    "kimi_k3": _KIMI_K3, "kimi_k3_text": _KIMI_K3,
 }
 
 
@@ -87,7 +84,7 @@ def judge_unread(f: ConfigFields) -> str | None:
         if unread:
             raise refusal(f, unread)
         return None
-    other = [key for key in unread if key not in IGNORED.get(family, {})]
+    other = [key for key in unread if key not in IGNORED.get(model_type, {})]
     if not other:
         return None
     return (f"{model_type} does not read {', '.join(other)}: ignored, as its engines (transformers, vLLM) ignore "

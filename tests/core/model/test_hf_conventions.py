@@ -4,6 +4,8 @@ file, a folder, a byte-order mark and the local Hugging Face hub cache are read.
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.hub import cached_config
@@ -249,3 +251,25 @@ def test_hub_cache_roots_and_revisions(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     with pytest.raises(ValueError, match=r"user/\.cache/huggingface/hub"):
         resolve_model("acme/Tiny-1B", None)
+
+
+# Names that look like the cache's (each matches hf_fields.STRUCTURAL) but that no reader of kvcalc reads.
+_LOOKALIKES = ["compress_ratios", "kv_sharing_stride", "linear_attn_beta", "mamba_use_mlp", "window_new_thing",
+               "ssm_new_flag", "conv_dim_out", "full_attn_mod", "index_new_field", "head_dim_scale_new"]
+
+
+@given(fields=st.lists(st.sampled_from(_LOOKALIKES), min_size=1, max_size=5, unique=True),
+       value=st.one_of(st.integers(1, 10**6), st.floats(0.01, 10), st.just(True), st.just([4, 128])))
+@settings(max_examples=40, deadline=None)
+def test_lookalike_fields_leave_a_known_architecture_alone_and_stop_an_unknown_one(tmp_path_factory, fields, value):
+    """Property: on Llama (known) any set of unread look-alike fields changes no figure and is named in one note;
+    on an unknown model_type the same fields are all named, in one line, and nothing is computed."""
+    folder = tmp_path_factory.mktemp("cfg")
+    extra = dict.fromkeys(fields, value)
+    spec = load_config(write(folder, {**BASE, **extra}))
+    assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2  # 4 layers · K, V · 2 KV heads · 128 · 2 B
+    assert f"llama does not read {', '.join(fields)}: ignored" in " ".join(spec.notes)
+    with pytest.raises(ValueError) as refused:
+        load_config(write(folder, {**BASE, "model_type": "acme_lm", **extra}, folder="unknown"))
+    message = str(refused.value)
+    assert "\n" not in message and f"does not read its fields {', '.join(fields)}," in message
