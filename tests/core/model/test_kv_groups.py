@@ -282,3 +282,22 @@ def test_two_groups_against_real_vllm_logs():
     two_b = next(r for r in rows if r["model"] == "google/gemma-2-2b-it")
     assert plan_blocks(kv_layout(GEMMA2["google/gemma-2-2b-it"], 16, 16), int(66.47 * GIB)) == 83_772
     assert int(two_b["kv_cache_tokens"]) == 670_160
+
+
+@pytest.mark.parametrize(("config", "block"), [("QWEN3_NEXT", 544), ("JAMBA_15_MINI", 80), ("NEMOTRON_H_56B", 4128)])
+def test_real_configs_give_the_engine_block(tmp_path, config, block):
+    """The public config.json files of test_real_configs.py, read by kvcalc's own reader, give the block sizes
+    vLLM logs for them (issue 19: 544 / 80 / 4,128)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from kvcalc.core.model.hf_config import load_config
+
+    path = Path(__file__).with_name("test_real_configs.py")
+    module_spec = importlib.util.spec_from_file_location("real_configs", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    (tmp_path / "config.json").write_text(json.dumps(getattr(module, config)))
+    assert kv_layout(load_config(tmp_path), 16, 16).block_size == block
