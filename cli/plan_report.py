@@ -25,6 +25,13 @@ def _max_rate(record: dict) -> str:
     return ("≥ " if bracket[1] is None else "") + f"{record['max_rate_rps']:.4g}"
 
 
+def _headroom(record: dict) -> str:
+    """max rate / load, '≥' when the search stopped doubling before any rate failed."""
+    if record["headroom"] is None:
+        return "–"
+    return ("≥ " if record["bracket_rps"][1] is None else "") + f"{record['headroom']:.2f}x"
+
+
 def _metric_label(metric: str) -> str:
     """'ttft_p99_s' -> 'TTFT p99'."""
     name, stat, _ = metric.split("_")
@@ -40,17 +47,21 @@ def sim_command(result: PlanResult, index: int) -> str:
 
 
 def _fields(result: PlanResult) -> list[Field]:
+    """Every quantity in CSV; on screen the settings that the space varies (the text names the others)."""
     metric = result.metric
     metric_label = _metric_label(metric)
+    space = result.request.space
+    shown = {"replicas": len(space.replicas) > 1, "block_size": len(space.block_sizes) > 1,
+             "max_batched_tokens": len(space.max_batched_tokens) > 1, "kv_dtype": len(space.kv_dtypes) > 1}
     return [
         Field("index", "#"),
         Field("gpu", "GPU"),
         Field("tp", "TP"),
-        Field("replicas", "replicas"),
+        Field("replicas", "replicas" if shown["replicas"] else None),
         Field("gpus"),
-        Field("block_size", "block"),
-        Field("max_batched_tokens", "max batched"),
-        Field("kv_dtype", "KV"),
+        Field("block_size", "block" if shown["block_size"] else None),
+        Field("max_batched_tokens", "max batched" if shown["max_batched_tokens"] else None),
+        Field("kv_dtype", "KV" if shown["kv_dtype"] else None),
         Field("price_per_gpu_hour"),
         Field("cost_per_hour", "$/hour", _money),
         Field("verdict_text", "verdict"),
@@ -61,7 +72,8 @@ def _fields(result: PlanResult) -> list[Field]:
         Field(None, "max (req/s)", lambda r: _max_rate(r)),
         Field("max_rate_rps"),
         Field("max_rps_per_gpu", "req/s/GPU", "{:.4g}".format),
-        Field("headroom", "headroom", "{:.2f}x".format),
+        Field(None, "headroom", lambda r: _headroom(r)),
+        Field("headroom"),
         Field("front_text", "front"),
         Field("on_cost_front"),
         Field("on_efficiency_front"),
@@ -87,7 +99,7 @@ def _table_records(result: PlanResult) -> list[dict[str, Any]]:
 
 
 def build_report(result: PlanResult) -> Report:
-    slo = result.slo
+    slo, space = result.slo, result.request.space
     records = _table_records(result)
     fields = _fields(result)
     doc: dict[str, Any] = {
@@ -111,14 +123,20 @@ def build_report(result: PlanResult) -> Report:
         f"with ≥ {format_percent(result.target_attainment)} of requests meeting {slo.describe()}",
         f"{len(result.points)} points: " + ", ".join(f"{n} {VERDICTS[v]}" for v, n in counts.items()),
     ]
+    fixed = [f"{name} {values[0]}" for name, values in (
+        ("replicas", space.replicas), ("block", space.block_sizes), ("max batched tokens", space.max_batched_tokens),
+        ("KV", space.kv_dtypes)) if len(values) == 1]
+    if fixed:
+        text.append("every point: " + ", ".join(fixed))
     if result.chosen is None:
         text.append("no point serves the workload under the SLO: see why each lost below")
     else:
         chosen = result.points[result.chosen]
         text += [
             f"chosen: #{chosen['index']} {chosen['point'].label()} at {_money(chosen['cost_per_hour'])} per hour "
-            f"({chosen['gpus']} GPUs), {_metric_label(result.metric)} {_ms(chosen[result.metric])} ms, max "
-            f"{_max_rate(chosen)} req/s per replica (headroom {chosen['headroom']:.2f}x)",
+            f"({chosen['gpus']} GPU{'s' if chosen['gpus'] > 1 else ''}), {_metric_label(result.metric)} "
+            f"{_ms(chosen[result.metric])} ms, max "
+            f"{_max_rate(chosen)} req/s per replica (headroom {_headroom(chosen)})",
             f"reproduce it: {doc['sim_command']}",
         ]
     front_records = [r for r in records if r["on_cost_front"]]
