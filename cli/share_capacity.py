@@ -10,10 +10,17 @@ from typing import Any
 import numpy as np
 
 from ..core.gpus import get_gpu
-from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, read_trace
+from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, read_trace
 from ..core.model.models import ModelSpec
 from ..core.share.cache_bytes import CachedBlockBytes, cached_block_bytes
-from ..core.share.capacity import REACH_FRACTIONS, CapacityCurve, CapacityValue, capacity_curve, parse_capacities
+from ..core.share.capacity import (
+    REACH_FRACTIONS,
+    CapacityCurve,
+    CapacityValue,
+    capacity_curve,
+    parse_capacities,
+    saved_state_hit_blocks,
+)
 from ..core.share.load_or_recompute import step_time_model
 from ..core.share.stack_distance import StackDistances, stack_distances
 from ..core.share.tiers import (
@@ -157,6 +164,7 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         bpb = None if per_block[b] is None else per_block[b].bytes_per_block
         curves.append(capacity_curve(distances[b], [v.blocks(b, bpb) for v in o.capacities]))
     report = _curve_report(loaded.description, loaded.has_prefix_ids, o, curves, per_block, spec)
+    _add_saved_state_rule(report, loaded, curves, per_block)
     if o.tiers is not None:
         b = o.block_sizes[0]
         add_tiers(report, o.tiers, distances[b], per_block[b], spec, bits)
@@ -164,6 +172,24 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         _write_curve_plot(o.plot, f"{Path(o.trace[1]).name} ({len(loaded):,} requests)", distances, curves)
         report.notes.append(f"figure written to {o.plot}")
     emit(report, fmt)
+
+
+def _add_saved_state_rule(report: Report, loaded: Trace, curves: list[CapacityCurve],
+                          per_block: dict[int, CachedBlockBytes | None]) -> None:
+    """For a recurrent hybrid: the unbounded hit rate when states are saved only where prompts end."""
+    for doc, curve in zip(report.doc["curves"], curves, strict=True):
+        cbb = per_block[curve.block_size]
+        if cbb is None or not cbb.state_bytes:
+            continue
+        rate = saved_state_hit_blocks(loaded, curve.block_size) * curve.block_size / max(curve.prompt_tokens, 1)
+        doc["unbounded_hit_rate_states_at_prompt_ends"] = rate
+        report.notes.append(
+            f"block {curve.block_size}: if states are saved only where a prompt's full blocks end (vLLM's align "
+            f"mode, one prefill chunk), the unbounded hit rate is {format_percent(rate)}, not "
+            f"{format_percent(curve.hit_rate(curve.ceiling))}"
+            + (" (below block 512 a Mooncake trace hides how a prompt continues inside its last hash id: read "
+               "this at --block 512)" if curve.block_size < MOONCAKE_BLOCK_TOKENS and loaded.kind == "mooncake"
+               else "") + ".")
 
 
 def _capacity_bytes(blocks: int | None, cbb: CachedBlockBytes | None) -> int | None:

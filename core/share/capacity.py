@@ -12,8 +12,10 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import ParameterError
+from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
 from ..units import format_bytes, format_count, parse_bytes, parse_int
-from .stack_distance import StackDistances
+from .stack_distance import StackDistances, chain_nodes
+from .trace_blocks import check_requests, in_arrival_order
 
 
 def check_capacity_blocks(capacity_blocks: int) -> None:
@@ -159,3 +161,35 @@ def _points(text: str, part: str) -> int:
         raise ParameterError(f"capacity range {part!r}: POINTS must be a whole number in 2..{MAX_SWEEP_POINTS}",
                              "capacity")
     return count
+
+
+def saved_state_hit_blocks(trace: Trace, block_size: int) -> int:
+    """Hit blocks of an unbounded cache for a Mamba / linear-attention hybrid that saves a recurrent state only
+    where a request's prompt blocks end (vLLM's mamba_cache_mode "align" with one prefill chunk): a request
+    can resume only at the end of an earlier request's full prompt blocks that are a prefix of its own, at
+    most floor((p - 1) / B) blocks in. The curve's figures assume a state at every block boundary."""
+    check_requests(trace, block_size, None)
+    trace = in_arrival_order(trace)
+    if not trace.has_prefix_ids:
+        return 0
+    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    nodes = chain_nodes(trace).tolist()
+    offsets = trace.hash_offsets.tolist()
+    saved: dict[int, set[int]] = {}  # id node -> blocks (1..per_id) of it after which a state was saved
+    hits = 0
+    for r, (p, m) in enumerate(zip(trace.prompt_tokens.tolist(), (trace.prompt_tokens // block_size).tolist(),
+                                   strict=True)):
+        eligible = max(p - 1, 0) // block_size
+        best = 0
+        for i in range(-(-eligible // per_id)):
+            ends = saved.get(nodes[offsets[r] + i])
+            if ends:
+                room = eligible - i * per_id
+                usable = [e for e in ends if e <= room]
+                if usable:
+                    best = i * per_id + max(usable)
+        hits += best
+        if m:
+            i, within = divmod(m - 1, per_id)
+            saved.setdefault(nodes[offsets[r] + i], set()).add(within + 1)
+    return hits

@@ -120,7 +120,7 @@ class StackDistances:
         return int(corners[k]) + -(-(hit_blocks - int(at_corner[k])) // int(slope[k])) - 1
 
 
-def _chain_nodes(trace: Trace) -> np.ndarray:
+def chain_nodes(trace: Trace) -> np.ndarray:
     """int64 [H]: a node id per hash id of every request: equal ids and equal prefixes give equal nodes."""
     assert trace.hash_ids is not None and trace.hash_offsets is not None
     nodes = np.empty(len(trace.hash_ids), dtype=np.int64)
@@ -172,7 +172,7 @@ def stack_distances(
         return StackDistances(block_size, trace.arrival_s, prompts, touched, eligible,
                               np.zeros(n, dtype=np.int64), empty, empty, empty, empty)
     per_id = MOONCAKE_BLOCK_TOKENS // block_size
-    nodes = _chain_nodes(trace).tolist()
+    nodes = chain_nodes(trace).tolist()
     offsets = trace.hash_offsets.tolist()
     m_list = touched.tolist()
     last_full: dict[int, int] = {}  # node -> latest request that held all per_id blocks of it

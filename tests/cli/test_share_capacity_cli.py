@@ -121,3 +121,16 @@ def test_bad_input_is_one_line(run_cli, hand_trace: Path, args: list[str], messa
 def test_capacity_needs_a_trace(run_cli) -> None:
     result = run_cli("share", "--capacity", "1M")
     assert result.exit_code == 2 and "add --trace" in result.stderr
+
+
+def test_recurrent_hybrid_states_at_prompt_ends(run_cli, hand_trace: Path) -> None:
+    # Nemotron-H (Mamba-2 hybrid): with states only where prompts end, 3 of the 5 hit blocks remain
+    # (tests/core/share/test_capacity.py works it by hand)
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1TiB",
+                     "--model", "Nemotron-H-56B", "--json")
+    assert result.exit_code == 0, result.stderr
+    (curve,) = result.json()["curves"]
+    assert curve["unbounded_hit_tokens"] == 5 * 512
+    assert curve["unbounded_hit_rate_states_at_prompt_ends"] == pytest.approx(3 * 512 / 6145)
+    groups = result.json()["model"]["cached_block_bytes_by_group"]["512"]
+    assert set(groups) == {"full", "state mamba2"} and groups["state mamba2"] > groups["full"]

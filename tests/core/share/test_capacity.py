@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.traces import Trace, read_trace
-from kvcalc.core.share.capacity import capacity_curve, parse_capacities
+from kvcalc.core.share.capacity import capacity_curve, parse_capacities, saved_state_hit_blocks
 from kvcalc.core.share.replay import replay
 from kvcalc.core.share.stack_distance import stack_distances
 from kvcalc.core.share.tiers import simulate_tiers
@@ -193,6 +193,34 @@ def test_random_traces_match_the_independent_replay(raw, block_size: int, caps: 
         need = -(-target * round(share * 100) // 100)
         c = d.capacity_for(need)
         assert d.total_hit_blocks(c) >= need and (c == 0 or d.total_hit_blocks(c - 1) < need)
+
+
+def test_states_saved_only_where_prompts_end_by_hand() -> None:
+    # HAND at block 512: r0 saves a state after its 3rd block ([1,2,3]); r1 (eligible 3) resumes there: 3 hits;
+    # r2 saves after [5,6]; r3 [1,2,7,8] shares [1,2] but no state was saved after 1 or [1,2]: 0 (was 2)
+    assert saved_state_hit_blocks(make_trace(HAND), 512) == 3
+
+
+def saved_state_reference(requests: list[tuple[list[int], int]]) -> int:
+    """A set of chain keys after which a state was saved (a request's last full block); the hit is the
+    deepest saved boundary among its first `eligible` blocks."""
+    saved: set[int] = set()
+    hits = 0
+    for keys, eligible in requests:
+        hits += max((j + 1 for j in range(eligible) if keys[j] in saved), default=0)
+        if keys:
+            saved.add(keys[-1])
+    return hits
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.lists(st.integers(0, 3), min_size=6, max_size=6)),
+                min_size=1, max_size=25),
+       st.sampled_from([64, 256, 512]))
+def test_states_saved_only_where_prompts_end(raw, block_size: int) -> None:
+    trace = make_trace([(p, ids[: -(-p // 512)]) for p, ids in raw])
+    assert saved_state_hit_blocks(trace, block_size) == saved_state_reference(chain_keys(trace, block_size))
+    assert saved_state_hit_blocks(trace, block_size) <= stack_distances(trace, block_size).total_hit_blocks(None)
 
 
 def test_ceiling_equals_the_pool_replay() -> None:
