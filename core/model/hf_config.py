@@ -186,7 +186,10 @@ def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...]) -> tuple[str
             if main is None:
                 raise f.error(f"{field} {count}: the model has no full-attention layer for its MTP layers to copy, "
                               "so their KV is not known; kvcalc stops")
-            return field, (dataclasses.replace(main, count=count, note=f"MTP drafter ({field})"),)
+            # GLM-5's index_share_for_mtp_iteration: the MTP layer reuses the model's indexer, caching no keys itself
+            indexer = 0 if f.flag("index_share_for_mtp_iteration") else main.indexer_bytes
+            drafter = dataclasses.replace(main, count=count, note=f"MTP drafter ({field})", indexer_bytes=indexer)
+            return field, (drafter,)
     return None, ()
 
 

@@ -53,6 +53,8 @@ IGNORED: dict[str, dict[str, str]] = {
     "falcon_h1": {"mamba_use_mlp": "whether a layer has an MLP (weights, not state)"},
     "lfm2": {"conv_dim_out": "the short convolution's output projection width (the state is conv_dim wide)"},
     "kimi_k3": _KIMI_K3, "kimi_k3_text": _KIMI_K3,
+    "glm_moe_dsa": {"index_topk_freq": "how often the indexer picks the top-k tokens (compute, not cache)",
+                    "index_skip_topk_offset": "the first layers that skip the top-k selection (compute)"},
 }
 
 
@@ -87,5 +89,5 @@ def judge_unread(f: ConfigFields) -> str | None:
     other = [key for key in unread if key not in IGNORED.get(model_type, {})]
     if not other:
         return None
-    return (f"{model_type} does not read {', '.join(other)}: ignored, as its engines (transformers, vLLM) ignore "
-            f"{'them' if len(other) > 1 else 'it'}")
+    return (f"{model_type}: {', '.join(other)} ignored (not among the fields kvcalc reads for this architecture's "
+            "KV and state)")

@@ -61,6 +61,7 @@ def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[
         dtypes = state_dtypes(f, notes) if recurrent else ("bf16", "bf16")
         layers = [g for kind in kinds for g in _layer(f, kind, heads, head_dim, dtypes)]
         layers = _per_layer_overrides(f, layers, n)
+        layers = _shared_indexers(f, layers, n)
     layers = _kv_shared(f, layers, n)
     unknown = sum(1 for g in layers if g.note == UNKNOWN_STATE_NOTE)
     if unknown:
@@ -286,6 +287,21 @@ def _per_layer_overrides(f: ConfigFields, layers: list[LayerGroup], n: int) -> l
         layers[index] = dataclasses.replace(g, kv_heads=values.get("num_key_value_heads", g.kv_heads),
                                             k_head_dim=dim, v_head_dim=dim)
     return layers
+
+
+def _shared_indexers(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:
+    """GLM-5 (glm_moe_dsa) `indexer_types`, one per layer: "full" layers carry DeepSeek sparse attention's
+    indexer and cache its keys; "shared" layers have no indexer (they reuse an anchor layer's top-k), so they
+    cache no indexer keys."""
+    types = f.str_list("indexer_types", n)
+    if types is None:
+        return layers
+    if len(layers) != n or set(types) - {"full", "shared"} or "full" not in types:
+        raise f.error(f"indexer_types must give each of the {n} layers 'full' or 'shared' (at least one full), "
+                      f"got {sorted(set(types))}")
+    if not any(g.indexer_bytes for g in layers):
+        raise f.error("indexer_types is set but the layers have no sparse-attention indexer (index_head_dim)")
+    return [dataclasses.replace(g, indexer_bytes=0) if t == "shared" else g for g, t in zip(layers, types, strict=True)]
 
 
 def _kv_shared(f: ConfigFields, layers: list[LayerGroup], n: int) -> list[LayerGroup]:

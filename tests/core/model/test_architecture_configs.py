@@ -214,6 +214,40 @@ def test_phi4_mini(tmp_path):
     assert spec.kv_bytes(131072, 16) == 131_072 * 131072  # every token of the longest context held
 
 
+# GLM-5 (glm_moe_dsa, as a public C++ test quotes the released config.json): MLA + DeepSeek sparse attention,
+# whose `indexer_types` mark the layers that carry an indexer ("full") and those that reuse one ("shared": no
+# indexer keys cached); the MTP layer shares the indexer too (index_share_for_mtp_iteration). The file generates
+# indexer_types; here: full on the first 3 layers and every 4th after (index_skip_topk_offset 3, index_topk_freq 4)
+GLM5_TYPES = ["full" if i < 3 or (i - 3) % 4 == 0 else "shared" for i in range(78)]
+GLM5 = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144,
+    "num_hidden_layers": 78, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 192,
+    "kv_lora_rank": 512, "q_lora_rank": 2048, "qk_head_dim": 256, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+    "v_head_dim": 256, "index_head_dim": 128, "index_n_heads": 32, "index_topk": 2048, "index_topk_freq": 4,
+    "index_skip_topk_offset": 3, "index_share_for_mtp_iteration": True, "indexer_types": GLM5_TYPES,
+    "num_nextn_predict_layers": 1, "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "intermediate_size": 12288,
+    "max_position_embeddings": 1048576, "vocab_size": 154880, "dtype": "bfloat16",
+}
+
+
+def test_glm5_shared_indexers_and_mtp_layer(tmp_path):
+    from kvcalc.core.model.models import with_drafter
+
+    spec = load_config(write(tmp_path, GLM5))
+    assert GLM5_TYPES.count("full") == 3 + 19 == 22
+    assert not any("ignored (not among" in note for note in spec.notes)
+    # 78 MLA layers · (512 + 64) · 2 B = 89,856 B, plus the indexer keys of the 22 "full" layers: 22 · (128 fp8 +
+    # one float32 scale) = 2,904 B: 92,760 B a token
+    assert spec.bytes_per_token(16) == 78 * 576 * 2 + 22 * 132 == 92_760
+    # --spec-method mtp: one more MLA layer, without indexer keys of its own: + 1,152 B
+    assert with_drafter(spec, "mtp")[0].bytes_per_token(16) == 92_760 + 1_152 == 93_912
+    everywhere = load_config(write(tmp_path, {k: v for k, v in GLM5.items() if k != "indexer_types"}, folder="all"))
+    assert everywhere.bytes_per_token(16) == 78 * (1_152 + 132) == 100_152
+    with pytest.raises(ValueError, match="indexer_types must give each of the 78 layers 'full' or 'shared'"):
+        load_config(write(tmp_path, {**GLM5, "indexer_types": ["dense"] * 78}, folder="bad"))
+
+
 # DeepSeek-V4 (Flash-like, dimensions as vLLM / SGLang / Megatron readers of it show them): compressed sparse
 # attention. Each layer keeps a 128-token window plus a cache compressed 4× or 128× (compress_ratios) and an
 # indexer's keys; no reader in kvcalc models that, and taking the file as plain attention gave 11.3 MB per 32K.
@@ -248,7 +282,7 @@ def test_a_field_of_a_known_architecture_that_it_does_not_read_is_ignored_and_na
     the fields the family documents as not its cache's (hf_families.IGNORED) pass silently, others are named."""
     config = KNOWN[name]
     base = load_config(write(tmp_path, config))
-    assert not any("does not read" in note for note in base.notes)
+    assert not any("ignored (not among" in note for note in base.notes)
     extra = {"linear_new_constant": 1.5, "mamba_new_flag": True}
     if "text_config" in config:
         changed = {**config, "text_config": {**config["text_config"], **extra}}
@@ -256,7 +290,8 @@ def test_a_field_of_a_known_architecture_that_it_does_not_read_is_ignored_and_na
         changed = {**config, **extra}
     again = load_config(write(tmp_path, changed, folder="extra"))
     assert (again.layer_groups, again.state_bits()) == (base.layer_groups, base.state_bits())
-    assert any("does not read linear_new_constant, mamba_new_flag: ignored" in note for note in again.notes)
+    assert any(": linear_new_constant, mamba_new_flag ignored (not among the fields kvcalc reads" in note
+               for note in again.notes)
 
 
 def test_every_real_config_of_a_known_architecture_is_read_without_an_unexplained_field(tmp_path):
@@ -272,7 +307,7 @@ def test_every_real_config_of_a_known_architecture_is_read_without_an_unexplaine
     assert len(configs) >= 30
     for name, config in configs.items():
         spec = load_config(write(tmp_path, config, folder=name))
-        assert not any("does not read" in note for note in spec.notes), (name, spec.notes)
+        assert not any("ignored (not among" in note for note in spec.notes), (name, spec.notes)
 
 
 def test_pure_recurrent_models_are_sized_by_size_and_refused_by_paging_commands(tmp_path, run_cli):

@@ -58,7 +58,8 @@ def test_a_known_architecture_ignores_fields_it_does_not_read(tmp_path, field):
     # Llama's engines (transformers' LlamaConfig, vLLM's LlamaForCausalLM) read none of these: neither does kvcalc
     spec = load_config(write(tmp_path, {**BASE, field: UNKNOWN[field]}))
     assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2 == 4_096
-    assert f"llama does not read {field}: ignored, as its engines (transformers, vLLM) ignore it" in spec.notes
+    assert f"llama: {field} ignored (not among the fields kvcalc reads for this architecture's KV and state)" \
+        in spec.notes
 
 
 def test_kimi_linear_kda_layers(tmp_path):
@@ -268,7 +269,7 @@ def test_lookalike_fields_leave_a_known_architecture_alone_and_stop_an_unknown_o
     extra = dict.fromkeys(fields, value)
     spec = load_config(write(folder, {**BASE, **extra}))
     assert spec.bytes_per_token(16) == 4 * 2 * 2 * 128 * 2  # 4 layers · K, V · 2 KV heads · 128 · 2 B
-    assert f"llama does not read {', '.join(fields)}: ignored" in " ".join(spec.notes)
+    assert f"llama: {', '.join(fields)} ignored (not among" in " ".join(spec.notes)
     with pytest.raises(ValueError) as refused:
         load_config(write(folder, {**BASE, "model_type": "acme_lm", **extra}, folder="unknown"))
     message = str(refused.value)
