@@ -98,7 +98,9 @@ def command(
     """Sharing through the real block pool. Scenario mode (default): K branches forked from one P-token
     prompt each generate G tokens — logical vs physical blocks, copy-on-write copies, blocks and bytes
     saved, peak blocks. Trace mode (--trace mooncake F): prefix-cache replay in arrival order — hit tokens,
-    token hit rate, peak blocks, LRU evictions, with and without prefix caching."""
+    token hit rate, peak blocks, LRU evictions, with and without prefix caching. Capacity mode (--trace with
+    --capacity SIZES, or --gpu-cache/--host-cache/--disk-cache): hit rate against prefix-cache size from one
+    LRU stack pass, and a GPU → host → disk cache's hits, traffic and load-or-recompute verdict."""
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")
