@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .blocks import ceil_div
 from .errors import ParameterError
-from .model.layers import LayerGroup, bits_to_bytes, state_bits, window_terms
+from .model.layers import LayerGroup, bits_to_bytes, state_bits
 
 SPEC_METHODS = {"draft": "a draft model", "eagle": "an EAGLE head", "mtp": "multi-token-prediction layers",
                 "ngram": "n-gram drafting"}  # method: its drafters (all but ngram keep KV: K lookahead slots)
@@ -98,15 +98,22 @@ def speculation_from(spec_tokens: int | None, spec_method: str | None = None) ->
 def paged_bits_per_seq(groups: tuple[LayerGroup, ...], num_tokens: int, end: int, block_size: int,
                        dtype_bits: int, tp: int = 1) -> int:
     """Bits the blocks of one sequence take (on one of `tp` GPUs) when it holds `num_tokens` committed and
-    its table reaches slot `end` (>= num_tokens): a full-attention layer ceil(end/B) blocks; a window or
-    chunk W the blocks from the one holding position n − W on (engines free those before it, counted on
-    the committed tokens); plus the recurrent state. With end = n: equation 2 in bits, windows applied."""
+    its table reaches slot `end` (>= num_tokens): a full-attention layer ceil(end/B) blocks; a sliding window
+    W the blocks from the one holding position n − W on, a chunked layer (chunk C) those from the one holding
+    the current chunk's start C · floor((n − 1)/C) on (engines free those before it, counted on the committed
+    tokens); plus the recurrent state. With end = n: equation 2 in bits, windows and chunks applied."""
     bits = 0
-    for window, bits_per_token in window_terms(groups, dtype_bits, tp).items():
+    for g in groups:
+        if not g.keeps_kv:
+            continue
         blocks = ceil_div(end, block_size)
-        if window is not None:
-            blocks -= max(num_tokens - window, 0) // block_size
-        bits += bits_per_token * block_size * blocks
+        if g.kind == "sliding":
+            assert g.window is not None
+            blocks -= max(num_tokens - g.window, 0) // block_size
+        elif g.kind == "chunked" and num_tokens > 0:
+            assert g.window is not None
+            blocks -= g.window * ((num_tokens - 1) // g.window) // block_size
+        bits += g.count * g.bits_per_token(dtype_bits, tp) * block_size * blocks
     return bits + state_bits(groups, tp)
 
 

@@ -230,3 +230,13 @@ def test_size_with_windows_and_state() -> None:
     with_state = speculative_size(nemotron.layer_groups, Speculation(2), 1000, 16, 16)
     state_bytes = nemotron.state_bits() // 8
     assert with_state.plain_bytes_per_seq - state_bytes == 63 * 16 * nemotron.bytes_per_token(16)
+
+
+def test_chunked_layers_free_before_the_current_chunk() -> None:
+    # Llama-4-Scout, 20,000 committed tokens, B = 16, 4 drafts + 4 lookahead slots: 12 full layers hold
+    # ceil(20,000/16) = 1,250 blocks (peak ceil(20,008/16) = 1,251); 36 chunked layers (C 8,192) free the blocks
+    # before the current chunk's start 8,192 · floor(19,999/8,192) = 16,384, i.e. 1,024 blocks: 226 (peak 227)
+    # blocks, not the 512 + 1 that "the last C tokens" would keep. A block: 16 tokens · 4,096 B per layer.
+    size = speculative_size(get_preset("Llama-4-Scout").layer_groups, Speculation(4, "draft"), 20_000, 16, 16)
+    assert size.plain_bytes_per_seq == (12 * 1250 + 36 * 226) * 16 * 4096
+    assert size.peak_bytes_per_seq == (12 * 1251 + 36 * 227) * 16 * 4096
