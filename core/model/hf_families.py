@@ -54,7 +54,8 @@ IGNORED: dict[str, dict[str, str]] = {
     "lfm2": {"conv_dim_out": "the short convolution's output projection width (the state is conv_dim wide)"},
     "kimi_k3": _KIMI_K3, "kimi_k3_text": _KIMI_K3,
     "glm_moe_dsa": {"index_topk_freq": "how often the indexer picks the top-k tokens (compute, not cache)",
-                    "index_skip_topk_offset": "the first layers that skip the top-k selection (compute)"},
+                    "index_skip_topk_offset": "the first layers that skip the top-k selection (compute)",
+                    "indexer_rope_interleave": "how the indexer rotates its keys (values, not their count)"},
 }
 
 

@@ -225,6 +225,7 @@ GLM5 = {
     "kv_lora_rank": 512, "q_lora_rank": 2048, "qk_head_dim": 256, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
     "v_head_dim": 256, "index_head_dim": 128, "index_n_heads": 32, "index_topk": 2048, "index_topk_freq": 4,
     "index_skip_topk_offset": 3, "index_share_for_mtp_iteration": True, "indexer_types": GLM5_TYPES,
+    "indexer_rope_interleave": True,
     "num_nextn_predict_layers": 1, "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1,
     "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "intermediate_size": 12288,
     "max_position_embeddings": 1048576, "vocab_size": 154880, "dtype": "bfloat16",
