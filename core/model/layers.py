@@ -154,9 +154,10 @@ class LayerGroup:
             return self.scalars_per_token(tp) * dtype_bits + indexer
         name = getattr(dtype_bits, "name", layout)
         if layout == "fp8_ds_mla":
-            if self.kind != "mla" or (self.kv_lora_rank, self.rope_dim) != (512, 64):
-                raise ParameterError(f"dtype {name!r} is DeepSeek's sparse-MLA page (a 512 + 64 latent); these "
-                                     f"{self.kind} layers are not that: use fp8 or bf16", "dtype")
+            if self.kind != "mla" or (self.kv_lora_rank, self.rope_dim) != (512, 64) or not self.indexer_bytes:
+                what = "dense MLA (no sparse-attention indexer)" if self.kind == "mla" else f"{self.kind} layers"
+                raise ParameterError(f"dtype {name!r} is the page of vLLM's sparse-MLA backend (DeepSeek sparse "
+                                     f"attention, a 512 + 64 latent); these are {what}: use fp8 or bf16", "dtype")
             return 656 * 8 + indexer
         if self.kind == "mla":
             raise ParameterError(f"dtype {name!r}: vLLM pages an MLA latent in the model's own precision, fp8 or "

@@ -69,15 +69,16 @@ def test_nvfp4_floors_a_head_dim_that_is_not_a_multiple_of_16(tmp_path):
 
 
 def test_fp8_ds_mla_is_656_bytes_a_token_layer(tmp_path):
-    spec = load_config(write(tmp_path, DEEPSEEK_V3))
-    # 512 fp8 latent + 4 float32 scales + 64 bf16 rope = 512 + 16 + 128 = 656 B, 61 layers
-    assert per_token(spec, "fp8_ds_mla") == 61 * (512 + 4 * 4 + 64 * 2) == 40_016
-    assert per_token(spec, "fp8") == 61 * 576 == 35_136  # plain fp8 latent
     v32 = load_config(write(tmp_path, {**DEEPSEEK_V3, "model_type": "deepseek_v32", "index_head_dim": 128,
                                        "index_n_heads": 64, "index_topk": 2048}, folder="v32"))
-    # with the indexer's keys beside it: 128 fp8 + one float32 scale = 132 B a token-layer
-    assert per_token(v32, "fp8_ds_mla") == 61 * (656 + 132) == 48_068
-    assert compute_size(spec, "fp8_ds_mla", tokens=32768).kv_bytes_per_seq == 40_016 * 32768
+    # 512 fp8 latent + 4 float32 scales + 64 bf16 rope = 512 + 16 + 128 = 656 B, and the indexer's keys beside
+    # it: 128 fp8 + one float32 scale = 132 B; 61 layers
+    assert per_token(v32, "fp8_ds_mla") == 61 * ((512 + 4 * 4 + 64 * 2) + 132) == 48_068
+    assert per_token(v32, "fp8") == 61 * (576 + 132) == 43_188  # a plain fp8 latent
+    assert compute_size(v32, "fp8_ds_mla", tokens=32768).kv_bytes_per_seq == 48_068 * 32768
+    dense = load_config(write(tmp_path, DEEPSEEK_V3))  # dense MLA: vLLM's sparse backend does not serve it
+    with pytest.raises(ParameterError, match=r"'fp8_ds_mla' is the page of vLLM's sparse-MLA backend .* dense MLA"):
+        per_token(dense, "fp8_ds_mla")
 
 
 def test_formats_vllm_does_not_page_for_a_layer_kind_are_refused_naming_dtype(tmp_path):
@@ -86,7 +87,7 @@ def test_formats_vllm_does_not_page_for_a_layer_kind_are_refused_naming_dtype(tm
         with pytest.raises(ParameterError, match=f"dtype '{dtype}': vLLM pages an MLA latent") as info:
             per_token(spec, dtype)
         assert info.value.params == ("dtype",)
-    with pytest.raises(ParameterError, match="'fp8_ds_mla' is DeepSeek's sparse-MLA page"):
+    with pytest.raises(ParameterError, match="'fp8_ds_mla' is the page of vLLM's sparse-MLA backend"):
         per_token(LLAMA3_8B, "fp8_ds_mla")
     with pytest.raises(ParameterError, match="weight_dtype 'fp8_ds_mla' is not a known precision"):
         parse_dtype("fp8_ds_mla", "weight_dtype")
@@ -120,4 +121,4 @@ def test_size_cli_formula_names_the_page_format(run_cli):
     assert doc["bytes_per_token"] == 36_864
     assert doc["formula"] == "32 full layers · 8,192 tokens · 1,152 B (nvfp4) = 288.00 MiB"
     bad = run_cli("size", "-m", "llama-3-8b", "--dtype", "fp8_ds_mla")
-    assert bad.exit_code == 2 and "--dtype 'fp8_ds_mla' is DeepSeek's sparse-MLA page" in bad.stderr
+    assert bad.exit_code == 2 and "--dtype 'fp8_ds_mla' is the page of vLLM's sparse-MLA backend" in bad.stderr
