@@ -133,6 +133,13 @@ def command(
                      "allocator: groups padded to one size, one page size, Mamba hybrids' block raised to hold a "
                      "state) or ideal (each layer type pooled on its own at the block size given, no padding)."),
     ] = None,
+    mamba_cache_mode: Annotated[
+        str | None,
+        typer.Option("--mamba-cache-mode", metavar="none|align",
+                     help="With a recurrent model: none (default: one state page per sequence, vLLM without "
+                     "prefix caching) or align (two: the running state and the last one saved at a block "
+                     "boundary, vLLM's prefix caching of Mamba states)."),
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write a figure of waste vs block size (.png or .svg).")
     ] = None,
@@ -163,6 +170,12 @@ def command(
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
+    if mamba_cache_mode not in (None, "none", "align"):
+        raise ValueError(f"--mamba-cache-mode {mamba_cache_mode!r} is not one of none, align ('all' needs the "
+                         "Mamba kernel's chunk size, which frag does not take)")
+    if spec is None and mamba_cache_mode is not None:
+        raise ValueError("--mamba-cache-mode applies to a model's recurrent layers: give a model too (--model or "
+                         "--config)")
     if spec is None and layout is not None:
         raise ValueError("--layout applies to a model's KV cache groups: give a model too (--model, --config or "
                          "--layers/--kv-heads/--head-dim)")
@@ -172,7 +185,7 @@ def command(
         result = analyse(
             source.tokens, block_sizes, max_len, per_sequence=per_seq or source.count <= PER_SEQ_LIMIT,
             spec=spec, dtype_bits=dtype_bits(dtype_name), progress=advance, speculation=speculation,
-            layout=DEFAULT_LAYOUT if layout is None else layout,
+            layout=DEFAULT_LAYOUT if layout is None else layout, mamba_cache_mode=mamba_cache_mode or "none",
         )
 
     report = Report(doc=document(source, result, dtype_name), text=header(source))

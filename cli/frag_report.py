@@ -89,6 +89,12 @@ def document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str
     return doc
 
 
+STATE_PAGES = {
+    "none": "one state page per sequence (no prefix caching of the state)",
+    "align": "two state pages per sequence, the running state and the last one saved at a block boundary "
+             "(prefix caching)",
+    "all": "one state page per block",
+}
 BEST_OBJECTIVE = "fewest bytes held: KV and recurrent state allocated, plus exact block tables"
 
 
@@ -365,8 +371,8 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     if model.has_state:
         notes.append(
             f"Recurrent state: {format_bytes(model.state_bytes_per_seq)} per sequence across its recurrent layers, "
-            f"its own column; paged as {layout.mamba_cache_mode!r} mamba_cache_mode (one state page per running "
-            "sequence, no prefix caching of it); state allocated includes the padding of each state page.")
+            f"its own column; mamba_cache_mode {layout.mamba_cache_mode!r}: {STATE_PAGES[layout.mamba_cache_mode]}; "
+            "state allocated includes the padding of each state page.")
     if kinds & {"sliding", "chunked"} or model.has_state:
         notes.append("The token-position table (and the per-sequence rows) ignore windows, chunks and states: "
                      "every layer holds every position at the block size asked for; the KV bytes tables apply "

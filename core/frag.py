@@ -176,11 +176,12 @@ def analyse(
     progress: Callable[[int], None] | None = None,
     speculation: Speculation | None = None,
     layout: str = "vllm",
+    mamba_cache_mode: str = "none",
 ) -> FragAnalysis:
     """Equations 2–3 for the lengths `tokens` int64 [N]; `max_len` defaults to the next power of two (of the
     longest speculative peak with `speculation`: M must hold it). `progress(n)`: n more lengths through a
     paging pass (the ones that grow with the block sizes; two with `speculation`). With `spec`, bytes group by
-    group under `layout` (core/model/kv_groups.py)."""
+    group under `layout` (core/model/kv_groups.py), recurrent states paged by `mamba_cache_mode`."""
     if speculation is not None:
         max_len = _check_speculative_room(tokens, speculation, max_len)
     if max_len is None:
@@ -193,7 +194,8 @@ def analyse(
     layouts: list[KVLayout] = []
     sums: paged_bytes.Sums = {}  # passes over the lengths that groups and block sizes share
     if spec is not None:
-        layouts = [kv_layout(spec, dtype_bits, p.block_size, layout) for p in paged]
+        layouts = [kv_layout(spec, dtype_bits, p.block_size, layout, mamba_cache_mode=mamba_cache_mode)
+                   for p in paged]
         kv = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, sums=sums) for lay in layouts]
         model_bytes = ModelBytes(spec, dtype_bits, paged_bytes.fixed_kv_bytes(layouts[0], fixed, kv[0]), kv, layouts)
     speculative = None

@@ -524,3 +524,16 @@ def test_an_empty_trace_path_is_refused_as_empty(run_cli) -> None:
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the path is empty: give the path")
     assert "is a directory" not in result.stderr
+
+
+def test_mamba_cache_mode_align_holds_two_state_pages(run_cli):
+    # Nemotron-H-56B, the worked example's 5 sequences: under vllm a state block is 6 tables · 10 slots · the padded
+    # page 16,908,288 B = 1,014,497,280 B; "none" holds one per sequence, "align" two (prefix caching of the state)
+    none = run_cli("frag", "--model", "nemotron-h-56b", "--json").json()["paged"][0]
+    align = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "align", "--json").json()["paged"][0]
+    assert none["allocated_state_bytes"] == 5 * 1_014_497_280
+    assert align["allocated_state_bytes"] == 2 * 5 * 1_014_497_280
+    assert none["state_bytes"] == align["state_bytes"] == 5 * 912_605_184  # what the states hold, padding aside
+    _assert_bad_input(run_cli("frag", "--mamba-cache-mode", "align"), "--mamba-cache-mode applies to a model")
+    _assert_bad_input(run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "all"),
+                      "--mamba-cache-mode 'all' is not one of none, align")
