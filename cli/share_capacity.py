@@ -233,7 +233,7 @@ def _curve_report(description: str, has_ids: bool, o: CurveOptions, curves: list
     with_bytes = spec is not None
     fields = [
         Field("block_size", "block"),
-        Field("capacity", "capacity"),
+        Field(None, "capacity", lambda r: r["capacity"]),  # as typed; CSV has blocks, tokens and bytes
         Field("capacity_blocks"),
         Field("capacity_tokens", "tokens", format_count),
         Field("capacity_bytes", "bytes" if with_bytes else None, format_bytes),

@@ -23,7 +23,7 @@ from ..model.model_spec import ModelSpec
 
 @dataclass(frozen=True)
 class GroupBytes:
-    label: str  # "full", "sliding 4,096", "state mamba2", ...
+    label: str  # "full", "sliding_4096", "chunked_8192", "state_mamba2", ...
     layers: int
     bytes_per_block: int
 
@@ -44,7 +44,7 @@ class CachedBlockBytes:
 
     @property
     def state_bytes(self) -> int:
-        return sum(g.bytes_per_block for g in self.groups if g.label.startswith("state"))
+        return sum(g.bytes_per_block for g in self.groups if g.label.startswith("state_"))
 
     def split(self, blocks: int) -> dict[str, int]:
         """Bytes of `blocks` cached blocks, per group label."""
@@ -62,8 +62,8 @@ def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size:
                 raise ParameterError(
                     f"mamba_cache_mode 'none': {spec.name} has recurrent-state layers, and without saved states it "
                     "caches no prefix: use align or all", "mamba_cache_mode")
-            label = f"state {g.source}"
+            label = f"state_{g.source}"
         else:
-            label = g.kind if g.window is None else f"{g.kind} {g.window:,}"
+            label = g.kind if g.window is None else f"{g.kind}_{g.window}"
         groups.append(GroupBytes(label, g.layers, g.block_bytes))
     return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups))

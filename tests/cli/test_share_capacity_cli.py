@@ -4,7 +4,9 @@ every bad input as one line, exit 2."""
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,4 +135,27 @@ def test_recurrent_hybrid_states_at_prompt_ends(run_cli, hand_trace: Path) -> No
     assert curve["unbounded_hit_tokens"] == 5 * 512
     assert curve["unbounded_hit_rate_states_at_prompt_ends"] == pytest.approx(3 * 512 / 6145)
     groups = result.json()["model"]["cached_block_bytes_by_group"]["512"]
-    assert set(groups) == {"full", "state mamba2"} and groups["state mamba2"] > groups["full"]
+    assert set(groups) == {"full", "state_mamba2"} and groups["state_mamba2"] > groups["full"]
+
+
+CELL = re.compile(r"|true|false|-?\d+|-?\d+\.\d+(e[-+]\d+)?|-?\d+e[-+]\d+|[A-Za-z][A-Za-z0-9_.+\-]*")
+
+
+def test_csv_cells_are_machine_readable(run_cli, hand_trace: Path) -> None:
+    """Every CSV cell empty, a number, true/false or a plain label (tests/cli/test_csv_output.py's rule); one
+    CSV table per table people see; the capacity as typed (1GiB) is display only."""
+    args = ["share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "64MiB:1GiB:3",
+            "--gpu-cache", "64MiB", "--host-cache", "128MiB", "--model", "Gemma-3-27B"]
+    result = run_cli(*args, "--format", "csv")
+    assert result.exit_code == 0, result.stderr
+    chunks = result.stdout.rstrip("\n").split("\n\n")
+    assert len(chunks) == run_cli(*args, "--format", "markdown").stdout.count("### ") == 4
+    for chunk in chunks:
+        title, *lines = chunk.split("\n")
+        assert title.startswith("# ")
+        header, *rows = list(csv.reader(lines))
+        for row in rows:
+            assert len(row) == len(header)
+            for cell in row:
+                assert CELL.fullmatch(cell), (header, cell)
+    assert "sliding_1024" in result.stdout and "capacity_bytes" in result.stdout

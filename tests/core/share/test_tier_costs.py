@@ -32,7 +32,7 @@ def test_sliding_window_groups_are_cached_too() -> None:
     # per layer per block -> 1.25 MiB full, 6.5 MiB sliding
     c = cached_block_bytes(model("Gemma-3-27B"), "bf16", 16, 16)
     assert {g.label: (g.layers, g.bytes_per_block) for g in c.groups} == {
-        "full": (10, 10 * 128 * 2**10), "sliding 1,024": (52, 52 * 128 * 2**10)}
+        "full": (10, 10 * 128 * 2**10), "sliding_1024": (52, 52 * 128 * 2**10)}
 
 
 def test_mamba_hybrid_pays_a_state_per_cached_block() -> None:
