@@ -30,7 +30,7 @@ from ..inputs.sources import is_stdin, read_source
 from .hf_families import family_of, judge_unread, refusal
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
-from .hf_groups import model_dtype, read_groups
+from .hf_groups import attention_layer, model_dtype, read_groups
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
@@ -110,6 +110,7 @@ def spec_from_config(
             break
     fill = {"num_hidden_layers": layers, "head_dim": head_dim}
     config = {**config, **{k: v for k, v in fill.items() if v is not None and config.get(k) is None}}
+    config = _step_layer_types(config)
     f = ConfigFields(config, source)
     if family_of(f.raw("model_type")) is not None:
         spec = _read(f, name)
@@ -146,7 +147,7 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     if kv_layers < n:
         source = f"{source} ({n - kv_layers} of {n} layers keep no KV cache)"
     experts, per_token = expert_counts(f)
-    drafter_field, drafters = drafter_groups(f, groups)
+    drafter_field, drafters = drafter_groups(f, groups, heads, _head_dim(f, heads, hidden))
     kv_note = checkpoint_kv_note(f)
     if kv_note is not None:
         notes.append(kv_note)
@@ -174,8 +175,28 @@ DRAFTER_FIELDS = ("num_nextn_predict_layers",  # DeepSeek-V3/V3.2, GLM-4.5/5, Mi
 # and MiniMax-M2's use_mtp: num_mtp_modules × mtp_transformer_layers layers (the field named is num_mtp_modules)
 
 
-def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...]) -> tuple[str | None, tuple[LayerGroup, ...]]:
-    """(the field that names them, the MTP layers as one group) — (None, ()) when the config has none."""
+def _step_layer_types(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Step-3.5/3.7 size `layer_types` over the decoder layers and then the num_nextn_predict_layers MTP layers:
+    the first num_hidden_layers entries are the decoder's, the rest (as `mtp_layer_types`) the MTP layers'."""
+    types, n, mtp = config.get("layer_types"), config.get("num_hidden_layers"), config.get("num_nextn_predict_layers")
+    if config.get("model_type") not in ("step3p5", "step3p7") or not isinstance(types, list):
+        return config
+    if isinstance(n, int) and isinstance(mtp, int) and mtp > 0 and len(types) == n + mtp:
+        return {**config, "layer_types": types[:n], "mtp_layer_types": types[n:]}
+    return config
+
+
+def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...], heads: int = 0,
+                   head_dim: int = 0) -> tuple[str | None, tuple[LayerGroup, ...]]:
+    """(the field that names them, the MTP layers' groups) — (None, ()) when the config has none."""
+    step = f.str_list("mtp_layer_types")
+    if step is not None:  # Step: each MTP layer of the type its layer_types entry names
+        layers = [dataclasses.replace(attention_layer(f, t, heads, head_dim),
+                                      note="MTP drafter (num_nextn_predict_layers)") for t in step]
+        merged: dict[LayerGroup, int] = {}
+        for g in layers:
+            merged[g] = merged.get(g, 0) + 1
+        return "num_nextn_predict_layers", tuple(dataclasses.replace(g, count=c) for g, c in merged.items())
     counts = [(field, f.int(field, minimum=0)) for field in DRAFTER_FIELDS]
     if f.flag("use_mtp"):  # MiniMax-M2: num_mtp_modules modules of mtp_transformer_layers layers each
         modules, per_module = f.int("num_mtp_modules", minimum=0), f.int("mtp_transformer_layers", minimum=0)

@@ -29,7 +29,7 @@ FAMILIES: dict[str, str] = {
         "bloom", "mpt", "falcon", "RefinedWeb", "RefinedWebModel", "nemotron", "nemotron-nas", "deci", "afmoe",
         "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm4_moe", "chatglm",
         "gpt_oss", "minimax_m2", "mimo", "mimo_v2_flash", "llama4", "llama4_text", "seed_oss", "arcee",
-        "step3p5", "step3_text",
+        "step3p5", "step3p7",
     ), "decoder"),
     # multi-head latent attention (one latent per token), with DeepSeek sparse attention's indexer keys
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa"),

@@ -128,8 +128,30 @@ def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGr
         q_heads, window = f.int("swa_num_attention_heads") or heads, sliding_window(f)
     else:
         window = chunk_size(f)
+    other = f.raw("attention_other_setting")  # Step-3.5/3.7: one layer type's own heads and widths
+    if isinstance(other, Mapping) and other.get("attention_type") == f"{kind}_attention":
+        values = {key: other.get(key) for key in ("num_attention_heads", "num_attention_groups",
+                                                  "num_key_value_heads", "head_dim") if other.get(key) is not None}
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values.values()):
+            raise f.error(f"attention_other_setting must give positive integers, got {dict(other)!r}")
+        q_heads = values.get("num_attention_heads", q_heads)
+        kv_heads = values.get("num_attention_groups", values.get("num_key_value_heads", kv_heads))
+        k_dim = v_dim = values.get("head_dim", k_dim)
     return LayerGroup(kind, 1, kv_heads=kv_heads, k_head_dim=k_dim, v_head_dim=v_dim, window=window,
                       q_heads=q_heads, gated_query=bool(f.flag("attn_output_gate")), k_eq_v=k_eq_v)
+
+
+def attention_layer(f: ConfigFields, layer_type: str, heads: int, head_dim: int) -> LayerGroup:
+    """One attention layer named as layer_types names it (full_attention, sliding_attention, ...)."""
+    kind = _LAYER_TYPE_KINDS.get(layer_type)
+    if kind is None:
+        raise f.error(f"{layer_type!r} is not an attention layer type kvcalc knows (full_attention, "
+                      "sliding_attention, chunked_attention)")
+    return _attention(f, kind, heads, head_dim)
+
+
+_LAYER_TYPE_KINDS = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding",
+                     "chunked_attention": "chunked"}
 
 
 def _indexer_bytes(f: ConfigFields) -> int:
@@ -151,10 +173,12 @@ def kv_heads_of(f: ConfigFields, heads: int) -> int:
         f.raw("num_kv_heads")
         return 1 if f.flag("multi_query") else heads
     value = f.int("num_key_value_heads", "num_kv_heads", "n_head_kv")
-    groups = f.int("num_query_groups")  # Megatron's name for the KV heads (Zamba2 writes both)
+    # Megatron's name for the KV heads (Zamba2 writes both); Step-3.5/3.7's num_attention_groups
+    groups = f.int("num_query_groups", "num_attention_groups")
     if value is not None and groups is not None and groups != value:
-        raise f.error(f"num_query_groups {groups} and {f.key_of('num_key_value_heads', 'num_kv_heads', 'n_head_kv')} "
-                      f"{value} disagree on the KV heads; fix one")
+        raise f.error(f"{f.key_of('num_query_groups', 'num_attention_groups')} {groups} and "
+                      f"{f.key_of('num_key_value_heads', 'num_kv_heads', 'n_head_kv')} {value} disagree on the KV "
+                      "heads; fix one")
     value = value if value is not None else groups
     if value is not None:
         return value

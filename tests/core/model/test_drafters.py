@@ -113,3 +113,36 @@ def test_minimax_m2_mtp_modules(tmp_path):
     assert with_drafter(spec, "mtp")[0].bytes_per_token(16) == 65 * 2 * 8 * 128 * 2 == 266_240
     off = load_config(write(tmp_path, {**config, "use_mtp": False}, folder="off"))
     assert off.drafter_layers == 0
+
+
+# Step-3.7-Flash's schema (step3p7 around a step3p5 text_config, as a public loader test quotes the published
+# checkpoint): KV heads as num_attention_groups, sliding layers' own heads in attention_other_setting, and
+# layer_types sized over the decoder layers PLUS the num_nextn_predict_layers MTP layers. Trimmed to 6 + 2 layers.
+STEP37 = {
+    "architectures": ["Step3p7ForConditionalGeneration"], "model_type": "step3p7",
+    "text_config": {
+        "architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5", "hidden_size": 4096,
+        "num_hidden_layers": 6, "num_nextn_predict_layers": 2, "num_attention_heads": 64, "num_attention_groups": 8,
+        "head_dim": 128, "sliding_window": 512, "max_position_embeddings": 65536, "vocab_size": 128896,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "attention_other_setting": {"attention_type": "sliding_attention", "num_attention_heads": 96,
+                                    "num_attention_groups": 8, "head_dim": 128},
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+def test_step37_layer_types_cover_the_mtp_layers(tmp_path):
+    spec = load_config(write(tmp_path, STEP37))
+    kinds = {(g.kind, g.window, g.kv_heads, g.q_heads): g.count for g in spec.layer_groups}
+    assert kinds == {("full", None, 8, 64): 2, ("sliding", 512, 8, 96): 4}  # the first 6 entries; 8 KV heads
+    # 6 layers · 2 · 8 · 128 · 2 B = 24,576 B a token (64 KV heads, as without num_attention_groups: 196,608)
+    assert spec.bytes_per_token(16) == 6 * 4_096 == 24_576
+    # 32K: 2 full layers hold every token, 4 sliding ones 512: (2 · 32,768 + 4 · 512) · 4,096 B
+    assert spec.kv_bytes(32768, 16) == (2 * 32768 + 4 * 512) * 4096 == 276_824_064
+    assert (spec.drafter_layers, spec.drafter_field) == (2, "num_nextn_predict_layers")
+    drafted, note = with_drafter(spec, "mtp")
+    # + the MTP layers as layer_types' last two entries say: one sliding (512), one full
+    assert drafted.kv_bytes(32768, 16) == (3 * 32768 + 5 * 512) * 4096 == 413_138_944
+    assert "2 MTP drafter layers (num_nextn_predict_layers 2)" in note
