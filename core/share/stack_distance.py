@@ -166,11 +166,12 @@ def stack_distances(
     touched = prompts // block_size
     eligible = np.maximum(prompts - 1, 0) // block_size
     empty = np.zeros(0, dtype=np.int64)
-    if not trace.has_prefix_ids:
+    if not trace.has_prefix_ids:  # no content ids: every request's blocks are its own, seen once, never hit
         if progress is not None:
             progress(n)
-        return StackDistances(block_size, trace.arrival_s, prompts, touched, eligible,
-                              np.zeros(n, dtype=np.int64), empty, empty, empty, empty)
+        seen_before = np.concatenate(([0], np.cumsum(touched)[:-1])).astype(np.int64)
+        return StackDistances(block_size, trace.arrival_s, prompts, touched, eligible, seen_before,
+                              empty, empty, empty, empty)
     per_id = MOONCAKE_BLOCK_TOKENS // block_size
     nodes = chain_nodes(trace).tolist()
     offsets = trace.hash_offsets.tolist()

@@ -232,9 +232,15 @@ def test_ceiling_equals_the_pool_replay() -> None:
 
 
 def test_a_trace_without_ids_hits_nothing() -> None:
-    trace = Trace("azure", "t", np.zeros(2), np.array([100, 200]), np.array([1, 1]), None, None)
+    trace = Trace("azure", "t", np.arange(3.0), np.array([100, 200, 50]), np.array([1, 1, 1]), None, None)
     d = stack_distances(trace, 16)
     assert d.total_hit_blocks(None) == 0 and capacity_curve(d, [10]).reach == {0.5: None, 0.9: None, 0.99: None}
+    # its blocks still pass through the tiers, each request's its own: 6, 12 and 3 blocks
+    keys = [(list(range(0, 6)), 6), (list(range(6, 18)), 12), (list(range(18, 21)), 3)]
+    for caps in ((4, 8, 2), (20, 0, 0), (0, 0, 5)):
+        result = simulate_tiers(d, caps, None)
+        assert ([t.hit_blocks for t in result.tiers], [t.write_blocks for t in result.tiers],
+                result.dropped_blocks) == exclusive_tiers(keys, caps)
 
 
 # ---- capacities as typed ---------------------------------------------------------------------------------
