@@ -14,6 +14,19 @@ def _ms(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value * 1e3:,.1f}"
 
 
+def _groups_doc(plan) -> dict | None:
+    """The hybrid pool's KV cache groups (None: one group of full attention, the plain pool)."""
+    layout = plan.layout
+    if layout is None:
+        return None
+    return {
+        "layout": layout.layout, "block_size": layout.block_size, "requested_block_size": layout.requested_block_size,
+        "reason": layout.reason, "block_bytes": layout.page_bytes, "mamba_cache_mode": layout.mamba_cache_mode,
+        "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padded_layers": g.padded_layers,
+                    "block_tables": g.pages_per_block, "source": g.source} for g in layout.groups],
+    }
+
+
 def _policy_record(policy: str, summary: dict) -> dict:
     """One policy's summary flattened for CSV: ttft_s.p99 -> ttft_p99_s, memory.free -> free (a share of the pool)."""
     record = {key: value for key, value in summary.items() if not isinstance(value, dict)}
@@ -164,8 +177,9 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         },
         "sliding_window": None if not setup.spec.num_sliding_layers else {
             "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
-            "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": False,
+            "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": setup.sim.groups is not None,
         },
+        "kv_cache_groups": _groups_doc(plan),
         "moe_weight_reads": "uniform_routing_expectation" if setup.sim.steptime.num_experts else None,
         "slo": None
         if slo_spec.is_empty
@@ -210,6 +224,11 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
         f"{format_bytes(plan.kv_bytes_per_token)} per token in {setup.kv_dtype}) per GPU",
     ]
+    if plan.layout is not None:
+        text.append(f"KV cache groups ({plan.layout.layout} layout, block {plan.block_size}, a block "
+                    f"{format_bytes(plan.block_bytes)}): " + "; ".join(
+                        f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block} "
+                        f"({g.layers} {g.source} layers)" for g in plan.layout.groups))
     notes = [
         f"latencies come from the step-time model, not a measurement: {setup.latency_source}",
         f"workload is {setup.workload.kind}: {setup.workload.description}",

@@ -28,11 +28,12 @@ class SeqTable:
     num_hashed: int  # leading blocks whose chain hash is known
     last_hash: int  # hash of block num_hashed - 1 (the root hash when 0)
     hit_tokens: int = 0
+    num_skipped: int = 0  # leading logical blocks freed (a sliding, chunked or state group): NULL_BLOCK entries
 
     @property
     def blocks(self) -> np.ndarray:
-        """int64 [num_blocks]: the block table (a view)."""
-        return self.table[: self.num_blocks]
+        """int64 [num_blocks - num_skipped]: the blocks the table holds (a view), skipped entries left out."""
+        return self.table[self.num_skipped : self.num_blocks]
 
 
 def write_tokens(
@@ -80,6 +81,7 @@ def completed_keys(prefix: PrefixIndex, seq: SeqTable, old: int, new: int, block
     hashed blocks stopped before the block of token `old`)."""
     B = prefix.store.block_size
     if block_keys is None or not prefix.store.enable_prefix_caching or seq.num_hashed != old // B:
+        # (a state group whose state was written over rejected drafts has num_hashed -1: never hashed again)
         return None
     keys = prefix.key_array(block_keys)
     completed = new // B - seq.num_hashed

@@ -104,10 +104,12 @@ def append_many(store: BlockStore, seqs: list[SeqTable], num_tokens: int) -> tup
 def fork_many(store: BlockStore, parents: list[SeqTable]) -> list[SeqTable]:
     """A child table for each parent (a parent may come several times): shares every block of it."""
     children = [
-        SeqTable(p.table.copy(), p.num_blocks, p.num_tokens, p.extra_id, p.num_hashed, p.last_hash) for p in parents
+        SeqTable(p.table.copy(), p.num_blocks, p.num_tokens, p.extra_id, p.num_hashed, p.last_hash,
+                 num_skipped=p.num_skipped)
+        for p in parents
     ]
     if children:
-        np.add.at(store.ref, np.concatenate([c.table[: c.num_blocks] for c in children]), _one(store))
+        np.add.at(store.ref, np.concatenate([c.blocks for c in children]), _one(store))
     return children
 
 
@@ -116,7 +118,7 @@ def release_many(store: BlockStore, seqs: list[SeqTable], *, defer: bool) -> Non
     nobody holds any more go to the free side (or, `defer`, wait until the step ends)."""
     if not seqs:
         return
-    held = np.concatenate([s.table[: s.num_blocks][::-1] for s in seqs])  # the order releases drop blocks in
+    held = np.concatenate([s.blocks[::-1] for s in seqs])  # the order releases drop blocks in
     np.subtract.at(store.ref, held, _one(store))
     assert store.ref[held].min(initial=0) >= 0, "a reference count went below zero"
     gone = np.flatnonzero(store.ref[held] == 0)

@@ -90,11 +90,13 @@ from .speculative import (
 from .store import BlockKeys, BlockStore, PoolExhaustedError
 
 __all__ = [
-    "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError", "PoolStats",
-    "PoolUsage", "ReleaseReason", "Reservation", "SpeculativeStats", "SpeculativeUsage",
+    "NULL_BLOCK", "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError",
+    "PoolStats", "PoolUsage", "ReleaseReason", "Reservation", "SpeculativeStats", "SpeculativeUsage",
 ]
 
 # the stats counter of each release reason, looked up by member or by value
+NULL_BLOCK = -1  # a block-table entry whose block was freed (skip_blocks); never a physical id
+
 _RELEASED = {key: r.counter for r in ReleaseReason for key in (r, r.value)}
 
 
@@ -111,15 +113,20 @@ class BlockPool:
 
     def __init__(
         self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-        rollback_policy: str = DEFAULT_ROLLBACK_POLICY,
+        rollback_policy: str = DEFAULT_ROLLBACK_POLICY, shared: tuple[BlockStore, PrefixIndex] | None = None,
     ) -> None:
-        self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-        self.prefix = PrefixIndex(self.store)
+        # `shared`: the store and prefix index of a hybrid pool (core/pool/hybrid.py), of which this is one
+        # layer group's block tables; num_blocks and block_size are then the store's
+        if shared is None:
+            self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+            self.prefix = PrefixIndex(self.store)
+        else:
+            self.store, self.prefix = shared
         self.spec = SpeculativeSlots(self.store, self.prefix, rollback_policy)
         self.num_blocks = self.store.num_blocks
         self.block_size = self.store.block_size
         self.seqs: dict[Hashable, SeqTable] = {}
-        self.logical_blocks = 0  # Σ over live sequences of their table lengths
+        self.logical_blocks = 0  # Σ over live sequences of the blocks their tables hold
         self.logical_tokens = 0
         self._in_step = False
         self._epoch = 0  # bumped by every change; keys the memo of the last look-up (can_allocate -> allocate)
@@ -144,6 +151,21 @@ class BlockPool:
         so a following can_allocate / allocate of the same arguments does not look up again)."""
         return len(self._probe(num_tokens, block_keys, extra_key).hits) * self.block_size
 
+    def allocate_need(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
+                      max_hit_blocks: int | None = None, first_block: int = 0) -> int:
+        """Free blocks an `allocate` with these arguments takes now (a hybrid pool sums it over its groups)."""
+        hits = self._probe(num_tokens, block_keys, extra_key).hits
+        if max_hit_blocks is not None:
+            hits = hits[:max_hit_blocks]
+        total = self.store.blocks_needed(num_tokens)
+        fresh_from = max(len(hits), min(first_block, total))
+        held = hits[first_block:]
+        return total - fresh_from + int(np.count_nonzero(self.store.state[held] == FREE_CACHED))
+
+    def hit_blocks(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> np.ndarray:
+        """The cached blocks an `allocate` would reuse now, in table order (a pure look-up)."""
+        return self._probe(num_tokens, block_keys, extra_key).hits
+
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> bool:
         hits = self._probe(num_tokens, block_keys, extra_key).hits
         need = self.store.blocks_needed(num_tokens)
@@ -152,39 +174,57 @@ class BlockPool:
         return need <= len(self.store.queue)
 
     def allocate(
-        self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None
+        self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
+        max_hit_blocks: int | None = None, first_block: int = 0,
     ) -> int:
-        """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens."""
+        """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens.
+
+        For a layer group of a hybrid pool (core/pool/hybrid.py): `max_hit_blocks` caps the hit (the hit is
+        the shortest that every group can serve); the table holds no block before `first_block` (NULL_BLOCK
+        entries: a window, chunk or state that the prompt's layers never read), which is at most the hit
+        when the prompt has block keys."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
         probe = self._probe(num_tokens, block_keys, extra_key)
+        if max_hit_blocks is not None and len(probe.hits) > max_hit_blocks:
+            probe = probe._replace(hits=probe.hits[:max_hit_blocks])
         store, hits = self.store, probe.hits
         B, num_hits = self.block_size, len(hits)
         total = ceil_div(num_tokens, B)
-        need = total
-        if num_hits:  # cached hits come off the free queue; hits held by others or pending do not
+        fresh_from = num_hits
+        if first_block:
+            if len(probe.keys) and first_block > num_hits:
+                raise ValueError(f"first_block {first_block} is past the {num_hits} hit blocks of a keyed prompt")
+            first_block = min(first_block, total)
+            hits = hits[first_block:]
+            fresh_from = max(num_hits, first_block)
+        need = total - fresh_from
+        if len(hits):  # cached hits come off the free queue; hits held by others or pending do not
             hit_state = store.state.take(hits)
             num_cached = np.count_nonzero(hit_state == FREE_CACHED)
-            need += num_cached - num_hits
+            need += num_cached
         if need > len(store.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(store.queue)} free blocks")
         self._epoch += 1
         extra_id = self.prefix.extra_id(extra_key)
-        if num_hits:
+        if len(hits):
             store.share(hits, hit_state, num_cached)
         evictions = store.counters["evictions"]
-        fresh = store.take(total - num_hits, num_tokens - num_hits * B)
+        fresh = store.take(total - fresh_from, num_tokens - fresh_from * B)
         table = np.empty(max(total, 4) * 2, dtype=np.int64)
-        if num_hits:
-            table[:num_hits] = hits
-        table[num_hits:total] = fresh
-        seq = SeqTable(table, total, num_tokens, extra_id, len(probe.keys), root_hash(extra_id), num_hits * B)
+        if num_hits:  # skipped hits too: a block registered later is chained after its parent's id
+            table[:num_hits] = probe.hits
+        if first_block > num_hits:
+            table[num_hits:first_block] = NULL_BLOCK
+        table[fresh_from:total] = fresh
+        seq = SeqTable(table, total, num_tokens, extra_id, len(probe.keys), root_hash(extra_id), num_hits * B,
+                       first_block)
         if len(probe.keys):
             seq.last_hash = int(probe.hashes[-1])
             if num_hits < len(probe.keys):
                 self.prefix.register_prompt(table, probe, store.counters["evictions"] != evictions)
         self.seqs[seq_id] = seq
-        self.logical_blocks += total
+        self.logical_blocks += total - first_block
         self.logical_tokens += num_tokens
         counters = store.counters
         counters["hit_blocks"] += num_hits
@@ -200,6 +240,16 @@ class BlockPool:
         if self.spec.tracked and self.spec.tracks(seq_id):
             return seq_id not in self.spec.reservations and self.can_reserve(seq_id, num_tokens)
         return self._append_need(seq, num_tokens) <= len(self.store.queue)
+
+    def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free blocks an append of `num_tokens` takes now: its new blocks (kept speculative blocks first) and
+        the copy of a shared, partially filled last block. A hybrid pool sums this over its groups."""
+        seq = self._seq(seq_id)
+        if num_tokens <= 0:
+            return 0
+        if self.spec.tracked and self.spec.tracks(seq_id):
+            return self.spec.need(seq_id, seq, num_tokens, self._copies_last(seq))
+        return self._append_need(seq, num_tokens)
 
     def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
         """Reserve slots for `num_tokens` more tokens; returns the copy-on-write copies [(src, dst)] (see append).
@@ -242,11 +292,12 @@ class BlockPool:
         self.spec.refuse_reserved([parent_id], "forked")
         self._epoch += 1
         table = parent.table.copy()
-        self.store.ref[table[: parent.num_blocks]] += 1
+        self.store.ref[table[parent.num_skipped : parent.num_blocks]] += 1
         self.seqs[child_id] = SeqTable(
-            table, parent.num_blocks, parent.num_tokens, parent.extra_id, parent.num_hashed, parent.last_hash
+            table, parent.num_blocks, parent.num_tokens, parent.extra_id, parent.num_hashed, parent.last_hash,
+            num_skipped=parent.num_skipped,
         )
-        self.logical_blocks += parent.num_blocks
+        self.logical_blocks += parent.num_blocks - parent.num_skipped
         self.logical_tokens += parent.num_tokens
         self.store.counters["forks"] += 1
 
@@ -263,18 +314,20 @@ class BlockPool:
         store = self.store
         if self.spec.tracked:
             self.logical_blocks -= self.spec.release(seq_id, defer=self._in_step)
-        table = seq.table[: seq.num_blocks]
+        skipped = seq.num_skipped
+        table = seq.table[skipped : seq.num_blocks]
         refs = store.ref[table]
         refs -= 1
         store.ref[table] = refs
         if not np.count_nonzero(refs):
             # the common case, no block shared: all of them drop (every ref is 0, so none went below), and
             # together they hold exactly the sequence's tokens (each holder agrees on every block's fill)
-            store.drop(table[::-1], seq.num_tokens, defer=self._in_step)  # tail first: the least shareable
+            held_tokens = seq.num_tokens - skipped * self.block_size  # skipped blocks were full
+            store.drop(table[::-1], held_tokens, defer=self._in_step)  # tail first: the least shareable
         else:
             assert refs.min() >= 0, "a reference count went below zero"
             store.drop(table[refs == 0][::-1], defer=self._in_step)
-        self.logical_blocks -= seq.num_blocks
+        self.logical_blocks -= seq.num_blocks - skipped
         self.logical_tokens -= seq.num_tokens
         store.counters[counter] += 1
 
@@ -307,7 +360,7 @@ class BlockPool:
         children = fork_many(self.store, parents)
         self._epoch += 1
         self.seqs.update(zip(child_ids, children, strict=True))
-        self.logical_blocks += sum(c.num_blocks for c in children)
+        self.logical_blocks += sum(c.num_blocks - c.num_skipped for c in children)
         self.logical_tokens += sum(c.num_tokens for c in children)
         self.store.counters["forks"] += len(children)
 
@@ -325,7 +378,7 @@ class BlockPool:
         for seq_id in seq_ids:
             del self.seqs[seq_id]
         release_many(self.store, seqs, defer=self._in_step)
-        self.logical_blocks -= sum(s.num_blocks for s in seqs)
+        self.logical_blocks -= sum(s.num_blocks - s.num_skipped for s in seqs)
         self.logical_tokens -= sum(s.num_tokens for s in seqs)
         self.store.counters[counter] += len(seqs)
 
@@ -347,6 +400,16 @@ class BlockPool:
         return self.prefix.hash_prompts(block_keys, offsets, extra_key)
 
     # ---- speculative slots (see speculative) ----------------------------------------------------
+    def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
+        """Free blocks a `reserve` of `num_slots` takes now."""
+        seq = self._seq(seq_id)
+        return 0 if num_slots <= 0 else self.spec.need(seq_id, seq, num_slots, self._copies_last(seq))
+
+    def stop_hashing(self, seq_id: Hashable) -> None:
+        """No block the sequence completes from now on is hashed (a state group's pages after a rollback
+        hold a state computed over rejected drafts: no hit may ever restore it)."""
+        self._seq(seq_id).num_hashed = -1
+
     def can_reserve(self, seq_id: Hashable, num_slots: int) -> bool:
         seq = self._seq(seq_id)
         return num_slots <= 0 or self.spec.need(seq_id, seq, num_slots, self._copies_last(seq)) <= len(self.store.queue)
@@ -393,7 +456,38 @@ class BlockPool:
 
     # ---- reading --------------------------------------------------------------------------------
     def block_table(self, seq_id: Hashable) -> np.ndarray:
-        return self._seq(seq_id).blocks.copy()
+        """int64 [blocks of its tokens]: logical block i -> physical id; NULL_BLOCK (-1) where a sliding,
+        chunked or state group freed the block (see skip_blocks)."""
+        seq = self._seq(seq_id)
+        table = seq.table[: seq.num_blocks].copy()
+        table[: seq.num_skipped] = NULL_BLOCK
+        return table
+
+    def num_skipped_blocks(self, seq_id: Hashable) -> int:
+        return self._seq(seq_id).num_skipped
+
+    # ---- a layer group that forgets (sliding window, chunked local attention, recurrent state) ---------
+    def skip_blocks(self, seq_id: Hashable, first_block: int) -> int:
+        """Free the sequence's blocks before logical block `first_block` (its layers never read them again:
+        outside a sliding window, before the current chunk, an older state); their table entries become
+        NULL_BLOCK. Returns how many were freed now. Only whole, written blocks can be skipped."""
+        seq = self._seq(seq_id)
+        first_block = min(first_block, seq.num_blocks)
+        if first_block <= seq.num_skipped:
+            return 0
+        if first_block * self.block_size > self.spec.committed(seq_id, seq):
+            raise ValueError(f"sequence {seq_id!r}: block {first_block - 1} holds uncommitted slots and cannot be "
+                             "skipped")
+        self._epoch += 1
+        store = self.store
+        gone = seq.table[seq.num_skipped : first_block]
+        refs = store.ref[gone]
+        refs -= 1
+        store.ref[gone] = refs
+        store.drop(gone[refs == 0][::-1], defer=self._in_step)
+        seq.num_skipped = first_block
+        self.logical_blocks -= len(gone)
+        return len(gone)
 
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._seq(seq_id).num_tokens
@@ -452,11 +546,15 @@ class BlockPool:
     def check_invariants(self) -> None:
         """Assert every invariant the pool promises (see invariants and speculative); O(pool + table entries)."""
         check_pool_invariants(
-            self.store, [(s.blocks, s.num_tokens) for s in self.seqs.values()], in_step=self._in_step,
+            self.store, self.tables(), in_step=self._in_step,
             logical_blocks=self.logical_blocks, logical_tokens=self.logical_tokens,
             spare=list(self.spec.kept.values()),
         )
         check_speculative(self.spec, self.seqs)
+
+    def tables(self) -> list[tuple[np.ndarray, int, int]]:
+        """(held blocks, tokens, skipped blocks) of every live sequence, for the invariants."""
+        return [(s.blocks, s.num_tokens, s.num_skipped) for s in self.seqs.values()]
 
     # ---- internals ------------------------------------------------------------------------------
     def _seq(self, seq_id: Hashable) -> SeqTable:

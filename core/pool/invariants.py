@@ -3,7 +3,8 @@ table entries)):
 
     free + used + pending = total; pending only inside a step; a free or pending block has ref 0
     ref(b) = the number of live tables holding b, each table holding a block at most once; a table of n
-    tokens has ceil(n / B) blocks (kept speculative blocks are held past it: ref 1, empty)
+    tokens has ceil(n / B) blocks less the s leading ones it skipped (a sliding, chunked or state group
+    freed them; they were full); kept speculative blocks are held past it: ref 1, empty
     every holder of a block agrees on its fill (no block with ref > 1 was written behind the others' back)
     counters (used blocks, useful and logical tokens, logical blocks) equal what they count
     hash-index entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
@@ -22,11 +23,12 @@ from .store import BlockStore
 
 
 def check_pool_invariants(
-    store: BlockStore, tables: Sequence[tuple[np.ndarray, int]], *, in_step: bool, logical_blocks: int,
+    store: BlockStore, tables: Sequence[tuple[np.ndarray, int, int]], *, in_step: bool, logical_blocks: int,
     logical_tokens: int, spare: Sequence[np.ndarray] = (),
 ) -> None:
-    """Raise AssertionError naming the first broken invariant of a pool: its store, the (block table, tokens)
-    of every live sequence, whether a step is running, and its logical-block and logical-token counters.
+    """Raise AssertionError naming the first broken invariant of a pool: its store, the (held blocks, tokens,
+    skipped blocks) of every live sequence (of every layer group of a hybrid pool), whether a step is
+    running, and its logical-block (blocks held) and logical-token counters.
     `spare`: blocks that sequences hold past their tables (speculative slots kept by a rollback)."""
     n, B = store.num_blocks, store.block_size
     state, ref, fill, hashed = store.state, store.ref, store.fill, store.hashed
@@ -39,23 +41,23 @@ def check_pool_invariants(
     store.queue.check()
     assert np.all(ref[state != USED] == 0), "a free or pending block has ref > 0"
     # ref(b) = number of live tables holding b; a table holds a block at most once
-    held = np.concatenate([t for t, _ in tables] + list(spare)) if tables else np.empty(0, dtype=np.int64)
-    for t, num_tokens in tables:
+    held = np.concatenate([t for t, _, _ in tables] + list(spare)) if tables else np.empty(0, dtype=np.int64)
+    for t, num_tokens, skipped in tables:
         assert len(np.unique(t)) == len(t), "a block table holds one block twice"
-        assert len(t) == ceil_div(num_tokens, B), "a block table's length disagrees with its tokens"
+        assert len(t) == ceil_div(num_tokens, B) - skipped, "a block table's length disagrees with its tokens"
     expected_ref = np.bincount(held, minlength=n)
     bad = np.flatnonzero(expected_ref != ref)
     assert len(bad) == 0, f"block {bad[:1].tolist()} ref {ref[bad[:1]].tolist()} but held by {expected_ref[bad[:1]]}"
     assert np.all(state[held] == USED), "a live table holds a free block"
     # every holder agrees on how full a block is: nobody wrote a shared block behind the others' back
-    for t, num_tokens in tables:
-        implied = np.minimum(B, num_tokens - B * np.arange(len(t)))
+    for t, num_tokens, skipped in tables:
+        implied = np.minimum(B, num_tokens - B * np.arange(skipped, skipped + len(t)))
         assert np.array_equal(fill[t], implied), "a block's fill disagrees with a table"
     assert np.all(fill[state == FREE_PLAIN] == 0), "a block on the plain free stack still holds tokens"
     assert all(np.all(fill[s] == 0) for s in spare), "a kept speculative block holds tokens"
     assert store.useful_tokens == int(fill[state == USED].sum()), "useful-token counter is off"
     assert logical_blocks == len(held), "logical-block counter is off"
-    assert logical_tokens == sum(num_tokens for _, num_tokens in tables), "logical-token counter is off"
+    assert logical_tokens == sum(num_tokens for _, num_tokens, _ in tables), "logical-token counter is off"
     # hash entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
     store.index.check()
     keys, vals = store.index.items()

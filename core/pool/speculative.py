@@ -254,7 +254,7 @@ class SpeculativeSlots:
         store, B = self.store, self.store.block_size
         keep = ceil_div(num_tokens, B)
         tail = seq.table[keep : seq.num_blocks].copy()
-        if keep:
+        if keep > seq.num_skipped:  # (a layer group may have freed the block already: then it was full)
             store.fill[seq.table[keep - 1]] = num_tokens - (keep - 1) * B
         store.fill[tail] = 0
         store.useful_tokens -= seq.num_tokens - num_tokens

@@ -21,6 +21,7 @@ from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
 from ..model.gpu_plan import activation_bytes_estimate
+from ..model.kv_groups import KVLayout, plan_blocks
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
 from ..model.weights import estimate_params
@@ -59,6 +60,9 @@ class MemoryPlan:
     kv_bytes_per_token: int  # per GPU
     block_size: int
     state_bytes: int = 0  # per GPU: the recurrent state of max_seqs sequences (0 without recurrent layers)
+    # a hybrid model's KV cache groups (core/model/kv_groups.py): the pool is counted in its pages, and the
+    # state comes from the pool per running sequence (state_bytes 0); None: one group of full attention
+    layout: KVLayout | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -70,7 +74,14 @@ class MemoryPlan:
 
     @property
     def num_blocks(self) -> int:
+        if self.layout is not None:
+            return plan_blocks(self.layout, max(self.pool_bytes, 0))
         return self.pool_bytes // (self.block_size * self.kv_bytes_per_token)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of the pool (a hybrid layout: one page in every layer slot of a group)."""
+        return self.layout.page_bytes if self.layout is not None else self.block_size * self.kv_bytes_per_token
 
     @property
     def capacity_tokens(self) -> int:
@@ -102,8 +113,11 @@ def plan_memory(
     workspace_bytes: int | None = None,
     max_batched_tokens: int = 8192,
     max_seqs: int = 256,
+    layout: KVLayout | None = None,
 ) -> MemoryPlan:
-    """The memory plan; ValueError when the weights (or weights + workspace) do not fit, saying by how much."""
+    """The memory plan; ValueError when the weights (or weights + workspace) do not fit, saying by how much.
+    `layout`: a hybrid model's KV cache groups; the pool then holds the state too (none reserved up front),
+    and its block size is the layout's."""
     if tp < 1:
         raise ParameterError(f"tp {tp} must be at least 1", "tp")
     if not 0 < memory_utilization <= 1:
@@ -120,7 +134,8 @@ def plan_memory(
     plan = MemoryPlan(
         gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=ceil_div(weights_bytes, tp),
         workspace_bytes=int(workspace_bytes), kv_bytes_per_token=kv_bytes_per_token_per_gpu(spec, kv_dtype_bits, tp),
-        block_size=block_size, state_bytes=max_seqs * bits_to_bytes(spec.state_bits(tp)),
+        block_size=block_size if layout is None else layout.block_size,
+        state_bytes=0 if layout is not None else max_seqs * bits_to_bytes(spec.state_bits(tp)), layout=layout,
     )
     gib = 2**30
     if plan.weights_bytes > plan.budget_bytes:
@@ -129,15 +144,21 @@ def plan_memory(
             f"utilisation {memory_utilization:g} gives {plan.budget_bytes / gib:.2f} GiB: "
             f"{(plan.weights_bytes - plan.budget_bytes) / gib:.2f} GiB short; use a larger GPU or more tp", "tp"
         )
+    if plan.num_blocks < 1 and plan.pool_bytes > 0 and layout is not None and layout.block_size != block_size:
+        raise ParameterError(
+            f"{spec.name} on {gpu.name} x{tp} leaves {plan.pool_bytes / gib:.2f} GiB for the KV pool, less than one "
+            f"block of its {layout.layout} layout ({plan.block_bytes / gib:.2f} GiB: {layout.reason}); use a larger "
+            "GPU or more tp", "tp", "gpu_memory"
+        )
     if plan.num_blocks < 1 and plan.pool_bytes > 0:
         # Room is left, just not for one block this large: the block size is at fault, not the weights.
         raise ParameterError(
-            f"block_size {block_size}: one KV block needs {block_size * plan.kv_bytes_per_token / gib:.2f} GiB per "
+            f"block_size {block_size}: one KV block needs {plan.block_bytes / gib:.2f} GiB per "
             f"GPU but {spec.name} on {gpu.name} x{tp} leaves {plan.pool_bytes / gib:.2f} GiB for the KV pool; use a "
             "smaller block_size (e.g. 16)", "block_size"
         )
     if plan.num_blocks < 1:
-        short = plan.block_size * plan.kv_bytes_per_token - plan.pool_bytes
+        short = plan.block_bytes - plan.pool_bytes
         raise ParameterError(
             f"{spec.name} on {gpu.name} x{tp}: weights ({plan.weights_bytes / gib:.2f} GiB) and workspace "
             f"({plan.workspace_bytes / gib:.2f} GiB) leave no room for one KV block ({short / gib:.2f} GiB short); "

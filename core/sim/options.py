@@ -80,6 +80,15 @@ class SimOptions:
     workspace_bytes: str | None = option(None, "Activation workspace (overrides the estimate).")
     block_size: int = option(DEFAULT_BLOCK_SIZE, f"Paged: block size in tokens, at most {INT32_MAX:,}.",
                                   flag="--block", short="-b")
+    layout: str | None = option(
+        None, "How a hybrid model's KV cache groups are paged: vllm (default; vLLM v1's hybrid allocator: groups "
+              "padded to one size, one page size, a Mamba hybrid's block raised to hold a state) or ideal (each "
+              "layer type on its own at the block size given).", metavar="vllm|ideal")
+    mamba_cache_mode: str | None = option(
+        None, "A Mamba / linear-attention hybrid's prefix caching of the state (vLLM's mamba_cache_mode): none "
+              "(the default: one state page per running request, no prefix-cache hits), align (two pages: the "
+              "running state and the last one saved at a block boundary, which hits can restore) or all.",
+        metavar="none|align|all")
     # policies and scheduling
     policy: str | None = option(
         None, f"paged, reserve-max, reserve-pow2 or reserve-oracle (default: {DEFAULT_POLICY}).")

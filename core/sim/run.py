@@ -8,6 +8,7 @@ caller brings one (a model runner); block tables are then kept exact for its pla
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from .fastforward import FastForward
 from .options import DEFAULT_POLICY
 from .paged import PagedPolicy
 from .paged_exact import ExactPagedPolicy
+from .paged_groups import GroupedPagedPolicy
 from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
@@ -64,6 +66,12 @@ def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_t
     forks = workload.fork_parent is not None
     if name == "paged":
         keys = prompt_block_keys(workload, setup)
+        if setup.groups is not None:
+            if exact_block_tables:
+                raise ValueError("a hybrid model's pool has one block table per group: an executor that reads "
+                                 "block tables cannot run on it yet")
+            return GroupedPagedPolicy(setup.capacity_blocks, setup.block_size, setup.groups, setup.state_mode, n,
+                                      keys, setup.scheduler.max_batched_tokens)
         policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy
         return policy(setup.capacity_blocks, setup.block_size, n, keys)
     if forks:
@@ -98,5 +106,6 @@ def unlimited(setup: SimSetup, workload: Workload) -> SimSetup:
     """The same setup with a pool large enough that no policy ever waits for memory (tests, ablations)."""
     need = int(np.sum(workload.prompt_tokens + workload.output_tokens)) + setup.scheduler.max_model_len
     blocks = ceil_div(max(need, setup.scheduler.max_model_len * len(workload)), setup.block_size) + 1
-    return SimSetup(blocks, setup.block_size, setup.steptime, setup.scheduler, setup.cancel_fraction, setup.seed,
-                    setup.prefix_caching, setup.speculation)
+    if setup.groups is not None:  # every group may hold every token
+        blocks *= len(setup.groups)
+    return replace(setup, capacity_blocks=blocks)

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..pool.groups import PoolGroup
 from .hardware import MemoryPlan
 from .paged import mooncake_prompt_keys
+from .paged_groups import pool_groups
 from .scheduler import SchedulerConfig
 from .speculative import SimSpeculation
 from .steptime import StepTimeModel
@@ -28,10 +30,15 @@ class SimSetup:
     seed: int = 0
     prefix_caching: bool = True
     speculation: SimSpeculation | None = None  # speculative decoding (spec_run.py runs it)
+    # a hybrid model's pool groups (paged_groups.py), one per block table; None: one group of full attention
+    groups: tuple[PoolGroup, ...] | None = None
+    state_mode: str = "none"  # mamba_cache_mode of the state groups
 
     @classmethod
     def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
-        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, **kw)
+        groups = None if plan.layout is None else pool_groups(plan.layout)
+        mode = "none" if plan.layout is None else plan.layout.mamba_cache_mode
+        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, groups=groups, state_mode=mode, **kw)
 
 
 def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:

@@ -16,6 +16,7 @@ from ..dtypes import dtype_bits, parse_dtype
 from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
+from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
 from .checks import (
     CONSTRUCTED_ONLY,
@@ -40,6 +41,7 @@ from .options import (
     DEFAULT_SWAP_BANDWIDTH,
     SimOptions,
 )
+from .paged_groups import pool_groups
 from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
@@ -143,13 +145,20 @@ def build(o: SimOptions) -> Setup:
         notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
     if max_model_len < 1:
         raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
+    layout = _layout(o, spec, kv_bits)
+    hybrid = pool_groups(layout) is not None
     plan = plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
         weight_bytes_per_param=weight_bits / 8,
         weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
         workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
-        max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs,
+        max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout if hybrid else None,
     )
+    if hybrid:
+        _check_hybrid(o, spec, policies)
+        notes.append(f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the "
+                     f"state from it per running request (mamba_cache_mode {layout.mamba_cache_mode})"
+                     if layout.state_groups else f"KV cache groups ({layout.layout} layout): {layout.reason}")
     attn_eff = o.attn_eff
     source = (f"roofline on {gpu.name} x{o.tp}, efficiencies compute {o.compute_eff:g}, weights {o.weight_eff:g}, "
               f"attention {{attn:g}}, overhead {o.step_overhead_ms:g} ms/step")
@@ -181,11 +190,37 @@ def build(o: SimOptions) -> Setup:
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching, speculation=speculation)
     if workload.has_prefix_ids and o.prefix_caching:
-        check_mooncake_block_size(o.block_size)
+        check_mooncake_block_size(plan.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
     notes += model_notes(spec, steptime)
     return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes), kv_dtype, tuple(policies),
                  slo, o.find_max_rate, target_attainment)
+
+
+def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
+    """The model's KV cache groups under layout / mamba_cache_mode (core/model/kv_groups.py)."""
+    if o.block_size < 1:
+        raise ParameterError(f"block_size {o.block_size} must be at least 1", "block_size")
+    name = DEFAULT_LAYOUT if o.layout is None else o.layout.strip().lower()
+    has_state = any(g.state is not None for g in spec.layer_groups)
+    if o.mamba_cache_mode is not None and not has_state:
+        raise ParameterError(f"mamba_cache_mode {o.mamba_cache_mode} applies to a model with recurrent layers "
+                             f"(Mamba, linear attention); {spec.name} has none: drop mamba_cache_mode",
+                             "mamba_cache_mode")
+    mode = "none" if o.mamba_cache_mode is None else o.mamba_cache_mode.strip().lower()
+    return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)
+
+
+def _check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
+    """What the hybrid pool does not run yet is refused by name."""
+    others = [p for p in policies if p != "paged"]
+    if others:
+        raise ParameterError(f"policy {others[0]}: the reservation policies reserve one region of full-attention "
+                             f"KV; {spec.name} has several KV cache groups (windows, chunks or a recurrent state): "
+                             "use policy paged", "policy", "compare")
+    if o.spec_tokens is not None:
+        raise ParameterError(f"spec_tokens: speculative decoding is not simulated on a hybrid pool yet ({spec.name} "
+                             "has several KV cache groups): drop spec_tokens", "spec_tokens")
 
 
 def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
@@ -194,8 +229,8 @@ def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
     if spec.num_sliding_layers:
         notes.append(
             f"sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers: applied "
-            "to the attention FLOPs and KV reads of each step, not to the pool, which stores every token of every "
-            "layer (no hybrid allocator), so past the window the KV capacity is a lower bound"
+            "to the attention FLOPs and KV reads of each step; the pool frees each sequence's blocks that left the "
+            "window"
         )
     if steptime.num_experts:
         notes.append(

@@ -70,7 +70,7 @@ def test_csv_carries_the_caveats_of_the_notes(run_cli):
                     "--format", "csv").stdout.splitlines()
     row = dict(zip(lines[1].split(","), lines[2].split(","), strict=True))
     assert row["latency_source"] == "step_time_model" and row["workload_kind"] == "constructed"
-    assert row["sliding_window_pool_modelled"] == "false" and row["moe_weight_reads"] == ""
+    assert row["sliding_window_pool_modelled"] == "true" and row["moe_weight_reads"] == ""
     lines = run_cli("sim", "--requests", "5", "--format", "csv").stdout.splitlines()
     row = dict(zip(lines[1].split(","), lines[2].split(","), strict=True))
     assert row["sliding_window_pool_modelled"] == ""  # OPT-13B has no sliding window

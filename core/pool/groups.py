@@ -1,0 +1,108 @@
+"""The layer groups of a hybrid pool: what each kind of layer must keep of a sequence, block by block.
+
+A model's layers fall into KV cache groups (vLLM v1's hybrid KV cache manager). One physical pool of
+blocks of B token slots; a sequence holds one block table per group. What a group's table holds after
+`computed` tokens are written and the table grows to `n` tokens (the next tokens are being computed):
+
+    kind      holds                                        frees blocks before logical block
+    full      every token                                  0
+    sliding   the last W tokens                            max(0, computed − W + 1) // B
+    chunked   the current chunk of C tokens                (computed // C) · C // B
+    state     the recurrent state (Mamba, linear attention), one page a block boundary:
+                mode none   the running state only (1)     (n − 1) // B
+                mode align  it and the last saved one (2)  max(0, n // B − 1)
+                mode all    a saved state at every block   0
+
+Freed table entries are NULL_BLOCK (block_pool). A freed block with a content hash stays in the prefix
+cache's LRU and can serve a later hit until it is evicted.
+
+    position:      0 ........ 15|16 ....... 31|32 ....... 47|48 .. 52        B = 16, W = 20, n = 53
+    full table:   [    7     ] [    2      ] [    9      ] [  4  ]
+    sliding:      [  NULL    ] [  NULL     ] [    9      ] [  4  ]  the token at 52 reads 33..52
+
+A state page holds a sequence's recurrent state as it stood after the last token of its block; its
+`fill` counts those tokens, so the same counts and invariants hold for every group. A prefix-cache hit of
+a state group is a page saved at exactly that boundary (the chain of pages up to it verified, as for any
+block); mode none saves none, so a Mamba hybrid then has no prefix-cache hits at all (as vLLM). Mode align
+saves one at the end of each scheduled chunk; the pool keeps its two pages but does not record which
+boundary a chunk ended on, so it serves no hit (a lower bound on align's hits, said in every output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..blocks import ceil_div
+
+GROUP_KINDS = ("full", "sliding", "chunked", "state")
+STATE_MODES = ("none", "align", "all")  # vLLM's mamba_cache_mode
+DEFAULT_STATE_MODE = "align"
+
+
+def check_state_mode(mode: str) -> str:
+    mode = mode.strip().lower()
+    if mode not in STATE_MODES:
+        raise ValueError(f"mamba_cache_mode {mode!r}: choose one of {', '.join(STATE_MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class PoolGroup:
+    """One KV cache group of a hybrid pool. `window`: W (sliding) or C (chunked). `label` names its layers
+    for reports (e.g. "sliding 1,024 · 52 layers")."""
+
+    kind: str
+    window: int | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GROUP_KINDS:
+            raise ValueError(f"unknown pool group kind {self.kind!r}: choose one of {', '.join(GROUP_KINDS)}")
+        if (self.kind in ("sliding", "chunked")) != (self.window is not None):
+            raise ValueError(f"a {self.kind} group {'needs' if self.window is None else 'takes no'} window")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"a {self.kind} group needs a positive window, got {self.window}")
+
+    @property
+    def name(self) -> str:
+        return self.label or (self.kind if self.window is None else f"{self.kind} {self.window:,}")
+
+    def first_block(self, computed: int, num_tokens: int, block_size: int, state_mode: str) -> int:
+        """The first logical block the table must hold once `computed` tokens are written and it holds
+        `num_tokens` (see the module docstring); blocks before it can be freed."""
+        B = block_size
+        if self.kind == "sliding":
+            return max(0, computed - self.window + 1) // B  # type: ignore[operator]
+        if self.kind == "chunked":
+            return computed // self.window * self.window // B  # type: ignore[operator]
+        if self.kind == "state" and num_tokens:
+            if state_mode == "none":
+                return (num_tokens - 1) // B
+            if state_mode == "align":
+                return max(0, num_tokens // B - 1)
+        return 0
+
+    def first_block_before_growth(self, computed: int, block_size: int, state_mode: str) -> int:
+        """Blocks freed before an append (so that it can reuse them): as `first_block`, except that a state
+        group frees only whole pages the next token does not write: none moves its running state out of a
+        full page into the next one, align keeps the last saved state."""
+        if self.kind == "state":
+            if state_mode == "none":
+                return computed // block_size
+            if state_mode == "align":
+                return max(0, computed // block_size - 1)
+            return 0
+        return self.first_block(computed, computed, block_size, state_mode)
+
+    def held_blocks(self, num_tokens: int, block_size: int, state_mode: str) -> int:
+        """Blocks a decoding sequence of `num_tokens` holds in this group (computed = num_tokens − 1): the
+        closed form of what the pool does, for plans and checks."""
+        if num_tokens <= 0:
+            return 0
+        total = ceil_div(num_tokens, block_size)
+        skipped = max(self.first_block(num_tokens - 1, num_tokens, block_size, state_mode),
+                      self.first_block_before_growth(num_tokens - 1, block_size, state_mode))
+        return total - min(skipped, total)
+
+
+FULL = PoolGroup("full")

@@ -1,0 +1,344 @@
+"""The hybrid block pool: one physical pool, one block table per layer group per sequence.
+
+    HybridPool                          one BlockStore + one PrefixIndex, shared
+      ├── group 0  BlockPool (full)     the tables of its layers: grow with the sequence
+      ├── group 1  BlockPool (sliding)  ... free the blocks that fell out of the window (skip_blocks)
+      └── group 2  BlockPool (state)    ... one page per block boundary, older pages freed (see groups)
+
+Each group is a `BlockPool` over the shared store: the same code that runs a single-group pool runs
+every group here, with the group's rule (core/pool/groups.py) for which leading blocks it may free. Block
+ids are unique across groups (one store), so copy-on-write copies are plain (src, dst) pairs. A group's
+prefix-cache chains are seeded with its index, so no two groups ever share a block.
+
+Operations, "check, then change" over all groups together (a failed operation changes nothing, except
+`free_skipped`, which only frees what no layer reads any more, as vLLM's remove_skipped_blocks):
+
+    allocate(seq, n, keys)   the hit is the longest prefix that every group can serve (each group's
+                             verified chain, the shortest wins; a state group serves only in mode all);
+                             each group then holds only what its layers read: a sliding group the blocks
+                             of the last W tokens before the hit, a state group its pages (see groups)
+    append(seq, n, keys)     free_skipped, then the sum over groups of the blocks each takes must fit
+    fork(parent, child)      every group's table shared; a state page is copied before either branch
+                             writes it (copy-on-write: the copy is each branch's own state)
+    release(seq, reason)     every group through BlockPool's one release path
+    reserve / commit         per group; a state group's chain stops at a rollback (a state computed over
+                             rejected drafts is never reachable by hash)
+    check_invariants()       the pool's invariants over every group's tables at once, then each group's
+
+With one full group this is a BlockPool and nothing else: `kvcalc` uses a plain BlockPool there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .accounting import PoolUsage, ReleaseReason
+from .block_pool import BlockPool
+from .free_queue import FREE_CACHED
+from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
+from .invariants import check_pool_invariants
+from .prefix_lookup import PrefixIndex
+from .speculative import DEFAULT_ROLLBACK_POLICY, check_speculative
+from .store import BlockKeys, BlockStore, PoolExhaustedError
+
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """One group's part of the pool now: the distinct blocks its tables hold (no block is in two groups),
+    its table entries and its logical tokens."""
+
+    group: PoolGroup
+    held_blocks: int  # distinct physical blocks its live tables hold
+    table_entries: int  # Σ over its live tables of their length, NULL entries included
+    logical_tokens: int
+
+
+class HybridPool:
+    """`num_blocks` blocks of `block_size` slots shared by `groups`; see the module docstring."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, groups: Sequence[PoolGroup] = (FULL,), *,
+        enable_prefix_caching: bool = True, state_mode: str = DEFAULT_STATE_MODE,
+        rollback_policy: str = DEFAULT_ROLLBACK_POLICY,
+    ) -> None:
+        if not groups:
+            raise ValueError("a hybrid pool needs at least one layer group")
+        self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.prefix = PrefixIndex(self.store)
+        self.groups = tuple(groups)
+        self.state_mode = check_state_mode(state_mode)
+        shared = (self.store, self.prefix)
+        self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=shared)
+                      for _ in self.groups]
+        self.num_blocks, self.block_size = self.store.num_blocks, self.store.block_size
+        # a state group serves a prefix only where a state was saved at exactly that boundary: mode all saves
+        # one at every block boundary; mode none saves none. NOTE: align saves only at the end of a scheduled
+        # chunk, which these pages do not record yet, so it serves no hit here (a lower bound on its hits)
+        self.caches = enable_prefix_caching and not (
+            self.state_mode != "all" and any(g.kind == "state" for g in self.groups))
+
+    # ---- reading --------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.store.queue)
+
+    @property
+    def num_used(self) -> int:
+        return self.store.num_used
+
+    def has_seq(self, seq_id: Hashable) -> bool:
+        return self.pools[0].has_seq(seq_id)
+
+    @property
+    def seq_ids(self) -> list[Hashable]:
+        return list(self.pools[0].seqs)
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        return self.pools[0].num_tokens(seq_id)
+
+    def block_tables(self, seq_id: Hashable) -> list[np.ndarray]:
+        """One table per group (NULL_BLOCK where a group freed the block)."""
+        return [p.block_table(seq_id) for p in self.pools]
+
+    def group_usage(self) -> list[GroupUsage]:
+        out = []
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            held = [s.blocks for s in pool.seqs.values()]
+            distinct = len(np.unique(np.concatenate(held))) if held else 0
+            out.append(GroupUsage(group, distinct, sum(s.num_blocks for s in pool.seqs.values()), pool.logical_tokens))
+        return out
+
+    def usage(self) -> PoolUsage:
+        """The store's usage; logical blocks and tokens summed over groups (max table: the longest of any)."""
+        store = self.store
+        return PoolUsage(
+            num_blocks=self.num_blocks, block_size=self.block_size, used_blocks=store.num_used,
+            cached_free_blocks=store.queue.num_cached, free_blocks=len(store.queue),
+            pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
+            logical_blocks=sum(p.logical_blocks for p in self.pools),
+            logical_tokens=sum(p.logical_tokens for p in self.pools), useful_tokens=store.useful_tokens,
+            max_table_blocks=max((s.num_blocks for p in self.pools for s in p.seqs.values()), default=0),
+        )
+
+    def stats(self):
+        return self.pools[0].stats()
+
+    # ---- check, then allocate -------------------------------------------------------------------
+    def _keys(self, block_keys: BlockKeys) -> BlockKeys:
+        return block_keys if self.caches else None
+
+    def _hit_blocks(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> int:
+        keys = self._keys(block_keys)
+        if keys is None:
+            return 0
+        return min(p.hit_tokens(num_tokens, keys, (g, extra_key)) for g, p in enumerate(self.pools)) // self.block_size
+
+    def hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> int:
+        """The tokens an allocate of this prompt would find cached in every group; a pure look-up."""
+        return self._hit_blocks(num_tokens, block_keys, extra_key) * self.block_size
+
+    def _allocate_plan(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable,
+                       computed_tokens: int) -> tuple[int, list[int], int]:
+        """(hit blocks, first held block per group, free blocks the allocation takes)."""
+        hit = self._hit_blocks(num_tokens, block_keys, extra_key)
+        B, mode = self.block_size, self.state_mode
+        computed = max(hit * B, computed_tokens)
+        # NOTE: a state group under align or all takes every page of the prompt (each one a state saved at a
+        # block boundary the prefix cache can hit); align then keeps the last two
+        firsts = [g.first_block(computed, num_tokens, B, mode) if g.kind != "state" or mode == "none" else 0
+                  for g in self.groups]
+        keys = self._keys(block_keys)
+        need = 0
+        for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
+            need += pool.allocate_need(num_tokens, keys, (g, extra_key), hit, first)
+        return hit, firsts, need
+
+    def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
+                     computed_tokens: int = 0) -> bool:
+        return self._allocate_plan(num_tokens, block_keys, extra_key, computed_tokens)[2] <= len(self.store.queue)
+
+    def allocate(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None,
+                 extra_key: Hashable = None, computed_tokens: int = 0) -> int:
+        """Tables in every group for a prompt of `num_tokens`; returns the hit tokens (the same in every group).
+        `computed_tokens`: of them, how many are written already without a hit (KV swapped back in from the
+        host, without keys): a sliding group then takes only the blocks of its window."""
+        if self.has_seq(seq_id):
+            raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
+        if computed_tokens and block_keys is not None:
+            raise ValueError("computed_tokens is for KV swapped back in, which has no block keys: give either")
+        hit, firsts, need = self._allocate_plan(num_tokens, block_keys, extra_key, computed_tokens)
+        if need > len(self.store.queue):
+            raise PoolExhaustedError(f"{num_tokens} tokens need {need} blocks over {len(self.groups)} groups, "
+                                     f"{len(self.store.queue)} free")
+        keys = self._keys(block_keys)
+        # NOTE: every group's hits are held before any group takes fresh blocks, which may evict cached ones:
+        # a hit of one group must not be evicted by another's allocation (vLLM touches all hits first, too)
+        store, pins = self.store, []
+        if hit:
+            for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
+                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[first:hit]
+                if len(held):
+                    state = store.state.take(held)
+                    store.share(held, state, int(np.count_nonzero(state == FREE_CACHED)))
+                    pins.append(held)
+        for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
+            got = pool.allocate(seq_id, num_tokens, keys, (g, extra_key), max_hit_blocks=hit, first_block=first)
+            assert got == hit * self.block_size, f"group {g}: hit {got} tokens, the pool's plan said {hit} blocks"
+            self._changed()
+        for held in pins:
+            store.ref[held] -= 1  # the pin; the new tables hold them now
+        self._skip(seq_id, after_growth=True)
+        return hit * self.block_size
+
+    # ---- check, then grow -----------------------------------------------------------------------
+    def free_skipped(self, seq_id: Hashable) -> int:
+        """Free, in every attention group, the blocks that the sequence's next tokens will not read (left the
+        window, an old chunk); returns how many table entries were freed. `append` and `reserve` call it
+        first, so that what they take may reuse them. (A state page is replaced only by `append` itself.)"""
+        return self._skip(seq_id, after_growth=False, states=False)
+
+    def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free blocks an append takes once `free_skipped` has run (Σ over groups), less the state pages it
+        replaces (a full page whose state moves into the next one, none; an older saved state, align)."""
+        if num_tokens <= 0:
+            return 0
+        need = sum(p.append_need(seq_id, num_tokens) for p in self.pools)
+        B, mode = self.block_size, self.state_mode
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            if group.kind == "state":
+                seq = pool.seqs[seq_id]
+                first = group.first_block_before_growth(pool.committed_tokens(seq_id), B, mode)
+                need -= int(np.count_nonzero(pool.store.ref[seq.table[seq.num_skipped : first]] == 1))
+        return need
+
+    def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
+        self.free_skipped(seq_id)
+        return self.append_need(seq_id, num_tokens) <= len(self.store.queue)
+
+    def append(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None) -> list[tuple[int, int]]:
+        """Slots for `num_tokens` more tokens in every group; returns the copy-on-write copies [(src, dst)]."""
+        self.free_skipped(seq_id)
+        if num_tokens == 0:
+            return []
+        need = self.append_need(seq_id, num_tokens)
+        if need > len(self.store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks over {len(self.groups)} "
+                                     f"groups, {len(self.store.queue)} free")
+        keys = self._keys(block_keys)
+        copies = []
+        self._skip(seq_id, after_growth=False, states=True, attention=False)
+        for pool in self.pools:
+            copies += pool.append(seq_id, num_tokens, keys)
+            self._changed()
+        self._skip(seq_id, after_growth=True)
+        return copies
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """The child shares every group's blocks; a state page is copied when either branch writes it."""
+        for pool in self.pools:
+            pool.fork(parent_id, child_id)
+        self._changed()
+
+    def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
+        self.pools[0]._seq(seq_id)  # not live: the error names it before any group changes
+        for pool in self.pools:
+            pool.release(seq_id, reason)
+        self._changed()
+
+    # ---- speculative slots ----------------------------------------------------------------------
+    def can_reserve(self, seq_id: Hashable, num_slots: int) -> bool:
+        self._skip(seq_id, after_growth=False, states=False)
+        return num_slots <= 0 or self.reserve_need(seq_id, num_slots) <= len(self.store.queue)
+
+    def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
+        return sum(p.reserve_need(seq_id, num_slots) for p in self.pools)
+
+    def reserve(self, seq_id: Hashable, num_slots: int) -> list[tuple[int, int]]:
+        """`num_slots` speculative slots in every group (never hashed) until `commit`. A state group keeps its
+        page until the commit: a rollback returns to the state it holds."""
+        self._skip(seq_id, after_growth=False, states=False)
+        need = self.reserve_need(seq_id, num_slots)
+        if need > len(self.store.queue):
+            raise PoolExhaustedError(f"{num_slots} slots need {need} blocks, {len(self.store.queue)} free")
+        copies = []
+        for pool in self.pools:
+            copies += pool.reserve(seq_id, num_slots)
+            self._changed()
+        return copies
+
+    def commit(self, seq_id: Hashable, num_accepted: int, block_keys: BlockKeys = None) -> int:
+        """Keep the first `num_accepted` slots in every group; returns the slots rolled back. A state group
+        whose pages were written over rejected drafts stops hashing this sequence (vLLM #48375)."""
+        res = self.pools[0].reservation(seq_id)
+        if res is None:
+            raise ValueError(f"sequence {seq_id!r} has no open reservation: a reservation is committed once")
+        if not 0 <= num_accepted <= res.num_slots:
+            raise ValueError(f"num_accepted {num_accepted} is outside 0..{res.num_slots}, the reserved slots")
+        keys = self._keys(block_keys)
+        rolled_back = 0
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            rolled_back = pool.commit(seq_id, num_accepted, keys)
+            if group.kind == "state" and rolled_back:
+                pool.stop_hashing(seq_id)
+            self._changed()
+        self._skip(seq_id, after_growth=True)
+        return rolled_back
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Every invariant of the pool over all groups' tables at once, and each group's speculative rules
+        and group rule (no table holds a block its group rule lets go, past the current step's growth)."""
+        tables = [t for p in self.pools for t in p.tables()]
+        spare = [k for p in self.pools for k in p.spec.kept.values()]
+        check_pool_invariants(
+            self.store, tables, in_step=False, logical_blocks=sum(p.logical_blocks for p in self.pools),
+            logical_tokens=sum(p.logical_tokens for p in self.pools), spare=spare,
+        )
+        ids = set(self.pools[0].seqs)
+        B, mode = self.block_size, self.state_mode
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            assert set(pool.seqs) == ids, f"group {group.name} holds other sequences than group 0"
+            check_speculative(pool.spec, pool.seqs)
+            for seq_id, seq in pool.seqs.items():
+                assert seq.num_tokens == self.pools[0].seqs[seq_id].num_tokens, "groups disagree on a length"
+                n, skipped = pool.committed_tokens(seq_id), seq.num_skipped
+                # never freed early: the next token (position n) reads every block from `skipped` on
+                if group.kind == "sliding":
+                    assert skipped * B <= max(0, n - group.window + 1), (  # type: ignore[operator]
+                        f"sliding group: sequence {seq_id!r} freed a block inside its window")
+                elif group.kind == "chunked":
+                    assert skipped * B <= n // group.window * group.window, (  # type: ignore[operator]
+                        f"chunked group: sequence {seq_id!r} freed a block of its current chunk")
+                elif group.kind == "state":  # and nothing held that the rule lets go
+                    first = group.first_block(n, n, B, mode)
+                    assert skipped == min(first, seq.num_blocks) or n < seq.num_tokens, (
+                        f"state group: sequence {seq_id!r} holds pages from {skipped}, its rule from {first}")
+                else:
+                    assert skipped == 0, f"full group: sequence {seq_id!r} freed a block"
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _skip(self, seq_id: Hashable, *, after_growth: bool, states: bool = True, attention: bool = True) -> int:
+        """Free the blocks each group's rule lets go: before growth, given the tokens written (committed);
+        after it, a state group's older pages (its rule depends on the new length)."""
+        B, mode, freed = self.block_size, self.state_mode, 0
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            if group.kind == "full" or (after_growth and group.kind != "state") or (
+                    not states and group.kind == "state") or (not attention and group.kind != "state"):
+                continue
+            computed = pool.committed_tokens(seq_id)
+            if after_growth:
+                first = group.first_block(computed, computed, B, mode)
+            else:
+                first = group.first_block_before_growth(computed, B, mode)
+            freed += pool.skip_blocks(seq_id, first)
+        if freed:
+            self._changed()
+        return freed
+
+    def _changed(self) -> None:
+        """Every group's memoised look-up is stale once any group changes the shared store."""
+        for pool in self.pools:
+            pool._epoch += 1

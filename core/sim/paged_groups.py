@@ -1,0 +1,178 @@
+"""The `paged` memory policy on a hybrid pool: every KV cache group of the model paged as vLLM v1 pages it
+(core/pool/hybrid.py), the recurrent state included, taken per running request from the same blocks.
+
+A model with one group of full-attention layers runs on `PagedPolicy` (paged.py), which is this with one
+group; a model with sliding-window, chunked or recurrent layers runs here. The differences:
+
+* every growth goes to the pool at once: each group first frees what its layers no longer read (a block
+  that left the window, an old chunk, a replaced state page), then the sum over groups of the new blocks
+  must fit (vLLM's remove_skipped_blocks, then allocate_slots);
+* no runs of decode steps are fast-forwarded (a window frees as it slides; `decode_steps_available` is 0);
+* the memory parts are the pool's own (state pages count as used blocks), and `group_blocks` says how many
+  blocks each group holds, for the report.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
+from ..errors import ParameterError
+from ..model.kv_groups import KVLayout
+from ..pool.block_pool import ReleaseReason
+from ..pool.groups import PoolGroup
+from ..pool.hybrid import HybridPool
+
+MAX_POOL_GROUPS = 256  # block tables per sequence a simulated hybrid pool keeps
+
+
+def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
+    """The pool groups of a layout: one per block table, so a layer type that spans k of vLLM's groups (or
+    takes k pages of the ideal layout's unit) is k groups alike. None for one table of full attention (the
+    plain PagedPolicy)."""
+    if len(layout.groups) == 1 and layout.groups[0].kind == "full" and layout.groups[0].pages_per_block == 1:
+        return None
+    mixed = [g for g in layout.groups if g.block_tokens != layout.block_size]
+    if mixed:
+        raise ParameterError(
+            f"{layout.layout} layout: the {mixed[0].kind} layers' blocks hold {mixed[0].block_tokens} tokens, the "
+            f"pool's {layout.block_size}: a pool whose groups page different tokens per block is not simulated; "
+            "use layout ideal", "layout")
+    groups = []
+    for g in layout.groups:
+        label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
+        groups += [PoolGroup(g.kind, g.window, label)] * g.pages_per_block
+    if len(groups) > MAX_POOL_GROUPS:
+        raise ParameterError(
+            f"{layout.layout} layout: {len(groups):,} block tables per sequence (pages of {layout.page_bytes:,} B), "
+            f"above the simulator's {MAX_POOL_GROUPS}; use layout vllm", "layout")
+    return tuple(groups)
+
+
+class GroupedPagedPolicy:
+    """Paging over a HybridPool of `groups` (see the module docstring)."""
+
+    name = "paged"
+    exact_block_tables = False
+    releases_in_segment = False
+
+    def __init__(self, num_blocks: int, block_size: int, groups: tuple[PoolGroup, ...], state_mode: str,
+                 num_requests: int, prompt_keys: list | None = None, max_batched_tokens: int = 8192) -> None:
+        self.block_size = block_size
+        self.capacity_slots = num_blocks * block_size
+        self.groups = groups
+        self.pool = HybridPool(num_blocks, block_size, groups, enable_prefix_caching=prompt_keys is not None,
+                               state_mode=state_mode)
+        self.prompt_keys = prompt_keys
+        self.max_batched_tokens = max_batched_tokens
+        self.copies: list[tuple[int, int]] = []
+
+    # ---- admission ---------------------------------------------------------------------------------
+    def peak_blocks(self, total_tokens: int) -> int:
+        """The most blocks one request of `total_tokens` can hold at once (prefill chunks of at most
+        max_batched_tokens T): full ceil(n / B); sliding the window and a chunk, ceil((W − 1 + T) / B) + 1;
+        chunked C + T; a state page (none), two (align: but a prompt chunk's pages are taken first), every
+        page (all)."""
+        B, n, T = self.block_size, total_tokens, self.max_batched_tokens
+        mode, blocks = self.pool.state_mode, 0
+        for g in self.groups:
+            if g.kind == "full" or (g.kind == "state" and mode == "all"):
+                blocks += ceil_div(n, B)
+            elif g.kind == "sliding":
+                blocks += min(ceil_div(n, B), ceil_div(g.window - 1 + T, B) + 1)  # type: ignore[operator]
+            elif g.kind == "chunked":
+                blocks += min(ceil_div(n, B), ceil_div(g.window + T, B) + 1)  # type: ignore[operator]
+            else:
+                blocks += 1 if mode == "none" else max(2, min(ceil_div(n, B), ceil_div(T, B) + 1))
+        return blocks
+
+    def never_fits(self, rid: int, total_tokens: int) -> bool:
+        return self.peak_blocks(max(total_tokens - 1, 1)) > self.pool.num_blocks
+
+    def _keys(self, rid: int, num_tokens: int) -> np.ndarray | list | None:
+        if self.prompt_keys is None:
+            return None
+        return self.prompt_keys[rid][: num_tokens // self.block_size]
+
+    def hit_tokens(self, rid: int, num_tokens: int) -> int:
+        keys = self._keys(rid, num_tokens)
+        return 0 if keys is None else self.pool.hit_tokens(num_tokens, keys)
+
+    def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        if from_swap:
+            return self.pool.can_allocate(total_tokens, computed_tokens=start_tokens)
+        return self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
+
+    def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        if not self.can_admit(rid, start_tokens, total_tokens, from_swap):
+            return False
+        if from_swap:
+            self.pool.allocate(rid, total_tokens, computed_tokens=start_tokens)
+            return True
+        hit = self.pool.allocate(rid, total_tokens, self._keys(rid, total_tokens))
+        assert hit == start_tokens, f"request {rid}: pool hit {hit}, probe said {start_tokens}"
+        return True
+
+    # ---- growth --------------------------------------------------------------------------------------
+    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
+                  check: bool = True) -> bool:
+        pool = self.pool
+        ids, targets = rids.tolist(), totals.tolist()
+        for rid in ids:
+            pool.free_skipped(rid)
+        adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
+        if check and sum(pool.append_need(r, a) for r, a in zip(ids, adds, strict=True)) > pool.num_free_blocks:
+            return False
+        for rid, add in zip(ids, adds, strict=True):
+            if add:
+                self.copies += pool.append(rid, add)
+        return True
+
+    def grow(self, rid: int, total: int) -> bool:
+        return self.grow_many(np.array([rid]), np.array([total]))
+
+    def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
+        return 0, None  # step by step (see the module docstring)
+
+    def segment_integrals(self, *args):  # pragma: no cover - decode_steps_available is always 0
+        raise AssertionError("a hybrid pool's decode steps are not fast-forwarded")
+
+    def finish_segment(self, *args):  # pragma: no cover - releases_in_segment is False
+        raise AssertionError("a hybrid pool's decode steps are not fast-forwarded")
+
+    # ---- release, forks --------------------------------------------------------------------------------
+    def release(self, rid: int, reason: ReleaseReason | str) -> None:
+        self.pool.release(rid, ReleaseReason(reason))
+
+    def fork(self, parent: int, child: int) -> None:
+        self.pool.fork(parent, child)
+
+    def block_table(self, rid: int) -> np.ndarray:
+        raise AssertionError("a hybrid pool has one block table per group: plans do not carry them yet")
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self.copies = self.copies, []
+        return copies
+
+    def sync(self) -> None:
+        """Nothing is owed: every growth went to the pool at once."""
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
+        """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
+        slots count as used, its fill as useful)."""
+        usage = self.pool.usage()
+        B = self.block_size
+        used, cached = usage.used_blocks * B, usage.cached_free_blocks * B
+        parts = np.array([usage.useful_tokens, usage.tail_fragmentation_slots, 0, 0, cached,
+                          self.capacity_slots - used - cached], dtype=np.int64)
+        return parts, usage.logical_blocks * BLOCK_TABLE_ENTRY_BYTES
+
+    def group_blocks(self) -> list[int]:
+        """Blocks each group's tables hold now (a block is in one group only)."""
+        return [u.held_blocks for u in self.pool.group_usage()]
+
+    def check_whole(self) -> None:
+        self.pool.check_invariants()
+        assert not self.pool.seq_ids, f"{len(self.pool.seq_ids)} sequences still hold blocks after the run"
+        assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
