@@ -169,11 +169,9 @@ def simulate_tiers(
             int(np.asarray(writes).sum()), _rate_peak(d.arrival_s, reads * per_block, bin_s),
             _rate_peak(d.arrival_s, np.asarray(writes) * per_block, bin_s), per_block,
         ))
+    # a block leaves the hierarchy when it falls past the last depth any tier holds (inclusive: the largest tier's)
     last = bounds[3]
-    if mode == "exclusive":
-        dropped_total = int((_others_moving(d, last, last, None) + _request_dropped(d, last)).sum())
-    else:
-        dropped_total = 0  # each tier evicts its own copies; a block leaves the hierarchy when the largest does
+    dropped_total = int((_others_moving(d, last, last, None) + _request_dropped(d, last)).sum())
     duration = float(d.arrival_s.max() - d.arrival_s.min()) if d.requests else 0.0
     return HierarchyResult(mode, d.block_size, d.requests, int(d.prompt_tokens.sum()), duration, bin_s,
                            tuple(tiers), dropped_total)

@@ -188,6 +188,9 @@ def test_random_traces_match_the_independent_replay(raw, block_size: int, caps: 
     inclusive = simulate_tiers(d, tuple(caps), None, mode="inclusive")
     assert ([t.hit_blocks for t in inclusive.tiers], [t.write_blocks for t in inclusive.tiers]) == \
         inclusive_tiers(keys, tuple(caps))
+    # inclusive: the hierarchy holds what its largest tier holds, an LRU of that size on its own
+    largest = max(caps)
+    assert inclusive.dropped_blocks == exclusive_tiers(keys, (largest, 0, 0))[2]
     target = d.total_hit_blocks(None)
     for share in (0.5, 0.9, 1.0):
         need = -(-target * round(share * 100) // 100)
