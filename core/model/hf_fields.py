@@ -17,7 +17,8 @@ from typing import Any
 STRUCTURAL = re.compile(
     r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
     r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
-    r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_channels|"
+    r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_group|"
+    r"attention_group|kv_channels|"
     r"index_|indexer|sparse_attention|compress|linear_|conv_|cla_|_cla\b|attention_hidden_size"
 )
 
