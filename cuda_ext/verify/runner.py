@@ -29,7 +29,7 @@ from ...core.sim.paged_exact import ExactPagedPolicy
 from ...core.sim.plan import StepOutcome, StepPlan
 from ...core.sim.workload import from_token_ids
 from .beam import paged_beam_search, reference_beam_search
-from .contiguous import reference_generate
+from .contiguous import Generation, reference_generate
 from .executor import ModelExecutor
 from .faults import Fault
 from .paged import allocate_paged_kv
@@ -64,9 +64,14 @@ class ScenarioResult:
     fault: str | None = None  # with a fault planted: caught | undetected | not exercised (it never acted here)
     steps: int = 0
     wall_s: float = 0.0
+    logit_tolerance: float | None = None  # fp32: the bound on max_abs_logit_diff (verdict.fp32_logit_tolerance)
+    # per request: (prompt, reference tokens, paged tokens), for a report that shows text; not in to_dict
+    outputs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        del doc["outputs"]
+        return doc
 
 
 class _CheckedExecutor:
@@ -143,13 +148,29 @@ def _truncate(tokens: tuple[int, ...], eos: int | None) -> int:
     return tokens.index(eos) + 1 if eos is not None and eos in tokens else len(tokens)
 
 
+_MEMO: list = [None, {}]  # [the weights, {(prompt, sampling): Generation}]: one model's references at a time
+
+
+def memo_reference(weights: ModelWeights, prompt: tuple[int, ...], new: int, sampling) -> Generation:
+    """reference_generate, remembered per (prompt, sampling) for these weights: a decoding of n tokens is the
+    first n of a longer one (each token depends on its prefix alone; a seeded draw on (seed, position)), so
+    scenarios that send the same prompt share one decoding, cut to each one's length."""
+    if _MEMO[0] is not weights:
+        _MEMO[:] = [weights, {}]
+    memo = _MEMO[1]
+    generation = memo.get((prompt, sampling))
+    if generation is None or len(generation.output_ids) < new:
+        generation = memo[(prompt, sampling)] = reference_generate(weights, prompt, new, sampling)
+    return Generation(generation.prompt_ids, generation.output_ids[:new], generation.logits[:new])
+
+
 def _references(weights: ModelWeights, requests: Requests, seed: int) -> tuple[list, list[int], int | None]:
     """(reference Generation per row, its expected length, the end-of-sequence token or None)."""
     rows = [(i, j) for i, n in enumerate(requests.num_samples) for j in range(n)]
     generations = []
     for row, (i, _) in enumerate(rows):
         new = requests.cancel_after.get(row, requests.max_new_tokens[i])
-        generations.append(reference_generate(weights, requests.prompts[i], new, sampling_of_row(requests, row, seed)))
+        generations.append(memo_reference(weights, requests.prompts[i], new, sampling_of_row(requests, row, seed)))
     eos = requests.eos_token
     if requests.eos_from_reference:  # a token the longest decoding produces half-way: some requests stop at it
         longest = max(generations, key=lambda g: len(g.output_ids))
@@ -251,7 +272,7 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
     k = TOP_K if reqs.sampling.greedy else max(TOP_K, reqs.sampling.top_k or weights.config.vocab_size)
     refs = [Decoding(g.output_ids[:n], g.logits[:n], k) for g, n in zip(generations, lengths, strict=True)]
     tests = [_decoding(executor, row, weights, k) for row in range(len(workload))]
-    verdict = compare(refs, tests, exact=weights.dtype == "fp32")
+    verdict = compare(refs, tests, exact=weights.dtype == "fp32", num_layers=weights.config.num_layers)
     return ScenarioResult(
         scenario.name, len(workload), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
         verdict.max_abs_logit_diff, verdict.passed,
@@ -261,6 +282,8 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
         first_content_error=executor.content_errors[0] if executor.content_errors else None,
         invariant_error=checked.invariant_error, error=error, steps=executor.counts["steps"],
         hit_error=_hit_error(scenario, executor) if error is None else None,
+        logit_tolerance=verdict.logit_tolerance,
+        outputs=[(tuple(prompts[row]), r.tokens, t.tokens) for row, (r, t) in enumerate(zip(refs, tests, strict=True))],
     )
 
 
@@ -315,11 +338,12 @@ def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str
     ref_beams = [Decoding(t, lg) for r in refs for t, lg in zip(r.tokens, r.logits, strict=True)]
     test_beams = [Decoding(t, lg) for r in results for t, lg in zip(r.tokens, r.logits, strict=True)]
     test_beams += [Decoding((), torch.zeros(0, weights.config.vocab_size))] * (len(ref_beams) - len(test_beams))
-    verdict = compare(ref_beams, test_beams, exact=weights.dtype == "fp32")
+    verdict = compare(ref_beams, test_beams, exact=weights.dtype == "fp32", num_layers=weights.config.num_layers)
     return ScenarioResult(
         scenario.name, len(prompts), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
         verdict.max_abs_logit_diff, verdict.passed, _events(pool, executor, beams_dropped=dropped),
         content_errors=len(executor.content_errors),
         first_content_error=executor.content_errors[0] if executor.content_errors else None,
         invariant_error=invariant_error, error=error, steps=executor.counts["steps"],
+        logit_tolerance=verdict.logit_tolerance,
     )

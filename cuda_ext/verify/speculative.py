@@ -193,7 +193,8 @@ def _one_run(scenario: Scenario, weights: ModelWeights, draft: ModelWeights, see
         error = f"{rollback_policy}: {type(exc).__name__}: {exc}"
     refs = [Decoding(g.output_ids[:n], g.logits[:n], TOP_K) for g, n in zip(generations, lengths, strict=True)]
     tests = [_decoding(executor, row, weights, TOP_K) for row in range(len(workload))]
-    return SpeculativeRun(compare(refs, tests, exact=weights.dtype == "fp32"), policy, executor, engine, checked,
+    return SpeculativeRun(compare(refs, tests, exact=weights.dtype == "fp32", num_layers=weights.config.num_layers),
+                          policy, executor, engine, checked,
                           error)
 
 
@@ -220,4 +221,5 @@ def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed:
         max(v.max_abs_logit_diff for v in verdicts), all(v.passed for v in verdicts), events,
         content_errors=len(content), first_content_error=content[0] if content else None,
         invariant_error=invariant, error="; ".join(errors) or None, steps=steps,
+        logit_tolerance=None if verdicts[0].logit_tolerance is None else min(v.logit_tolerance for v in verdicts),
     )

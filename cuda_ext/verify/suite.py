@@ -28,15 +28,19 @@ import torch
 
 from ...core.errors import CudaUnavailableError, ParameterError
 from .attention import default_attention_backend
+from .bpe import ByteBPE
+from .chat import ChatPrompts
 from .config import DTYPE_NAMES, ModelConfig, torch_dtype
 from .faults import INJECTIONS, Fault
+from .gguf_model import GGUF_MODELS, find_gguf, load_gguf_model
 from .hf_checkpoint import load_llama_weights
 from .runner import ScenarioResult, run_scenario
 from .scenarios import BLOCK_SIZE, SCENARIOS, build
-from .verdict import FP32_LOGIT_TOLERANCE, TOP_K
+from .verdict import FP32_ULPS_PER_LAYER, TOP_K
 from .weights import init_weights
 
 DEVICES = ("auto", "cpu", "cuda")
+REAL_MODEL_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class VerifyConfig:
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     hf_model: Path | None = None  # a local Llama checkpoint instead of `model` with seeded weights
+    model_name: str | None = None  # a real model from its installed GGUF (gguf_model.GGUF_MODELS), real chat prompts
+    num_texts: int = 3  # with a real model: requests whose decoded text the document shows
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -61,6 +67,10 @@ class VerifyConfig:
         repeated = sorted({s for s in self.scenarios if self.scenarios.count(s) > 1})
         if repeated:
             raise ParameterError(f"scenario {', '.join(repeated)} is given twice; name each scenario once", "scenario")
+        if self.model_name is not None and self.model_name not in GGUF_MODELS:
+            raise ParameterError(f"model {self.model_name!r} is not known; use {', '.join(GGUF_MODELS)}", "model")
+        if self.model_name is not None and self.hf_model is not None:
+            raise ParameterError("model and hf_model both name the weights; give one of them", "model")
         if self.inject is not None and self.inject not in INJECTIONS:
             raise ParameterError(f"inject {self.inject!r} is not a known fault; use one of {', '.join(INJECTIONS)}",
                                  "inject")
@@ -77,7 +87,8 @@ def resolve_device(device: str) -> torch.device:
 
 def pass_rule(dtype: str) -> dict[str, Any]:
     if dtype == "fp32":
-        return {"tokens": "identical", "fp32_logit_tolerance": FP32_LOGIT_TOLERANCE}
+        return {"tokens": "identical", "fp32_logit_tolerance": f"{FP32_ULPS_PER_LAYER} x num_layers x 2^-23 x "
+                "max |reference logit| (per scenario: its logit_tolerance)"}
     return {"tokens": f"at the first mismatch each side's token is in the other's top {TOP_K} "
                       "(seeded sampling: in the other's sampling top_k)", "top_k": TOP_K}
 
@@ -87,30 +98,40 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
     device = resolve_device(config.device)
     started = time.perf_counter()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    # a real model's GEMMs are big enough for a second thread to pay (see the module docstring for the tiny one)
+    torch.set_num_threads(1 if config.model_name is None else min(threads, REAL_MODEL_THREADS))
+    tokenizer = None
     try:
-        if config.hf_model is None:
+        if config.model_name is not None:
+            weights, vocab = load_gguf_model(find_gguf(config.model_name), config.dtype, device)
+            tokenizer = ByteBPE(vocab)
+        elif config.hf_model is None:
             weights = init_weights(config.model, seed=config.seed, dtype=config.dtype, device=device)
         else:
             weights = load_llama_weights(config.hf_model, config.dtype, device)
         model = weights.config
         backend = default_attention_backend(model, torch_dtype(config.dtype), device, BLOCK_SIZE)
-        results = []
+        results, texts = [], []
         for name in config.scenarios:
             fault = Fault(config.inject) if config.inject else None
-            scenario = build(name, model.vocab_size, config.seed)
+            source = None if tokenizer is None else ChatPrompts(tokenizer)  # the same questions: shared references
+            scenario = build(name, model.vocab_size, config.seed, source)
             results.append(run_scenario(scenario, weights, seed=config.seed, attention_backend=backend, fault=fault))
+            if source is not None:
+                texts += _texts(results[-1], source, tokenizer, config.num_texts - len(texts))
             if progress is not None:
                 progress(1)
     finally:
         torch.set_num_threads(threads)
+    weights_name = ("seeded" if config.model_name is None and config.hf_model is None
+                    else config.model_name or str(config.hf_model))
     doc = {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": config.dtype,
         "attention_backend": backend,
         "model": {**model.to_dict(), "seed": config.seed,
-                  "weights": "seeded" if config.hf_model is None else str(config.hf_model)},
+                  "weights": weights_name},
         "block_size": BLOCK_SIZE,
         "inject": config.inject,
         "pass_rule": pass_rule(config.dtype),
@@ -119,6 +140,8 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         "status": run_status([r.status for r in results]),
         "wall_s": time.perf_counter() - started,
     }
+    if tokenizer is not None:
+        doc["texts"] = texts
     if config.inject is not None:
         doc["inject_fired"] = sum(r.fault_fired for r in results)
         doc["inject_caught_by"] = [r.name for r in results if r.fault == "caught"]
@@ -126,6 +149,17 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         doc["inject_not_exercised_in"] = [r.name for r in results if r.fault == "not exercised"]
         doc["inject_status"] = inject_status(results)
     return doc
+
+
+def _texts(result: ScenarioResult, source: ChatPrompts, tokenizer: ByteBPE, count: int) -> list[dict[str, Any]]:
+    """Up to `count` requests of a scenario as text: the user's message, the reference's answer, the paged one's."""
+    out = []
+    for row, (prompt, reference, paged) in enumerate(result.outputs[: max(count, 0)]):
+        text = source.texts.get(prompt, "")
+        user = text.split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
+        out.append({"scenario": result.name, "request": row, "user": user, "reference": tokenizer.decode(reference),
+                    "paged": tokenizer.decode(paged), "identical": reference == paged})
+    return out
 
 
 def run_status(statuses: list[str]) -> str:
