@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs.sources import is_stdin, read_source
-from .hf_families import family_of, judge_unread, refusal
+from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
 from .hf_groups import attention_layer, model_dtype, read_groups
@@ -112,6 +112,7 @@ def spec_from_config(
     config = {**config, **{k: v for k, v in fill.items() if v is not None and config.get(k) is None}}
     config = _step_layer_types(config)
     f = ConfigFields(config, source)
+    refuse_unsupported(f)
     if family_of(f.raw("model_type")) is not None:
         spec = _read(f, name)
     else:
@@ -203,10 +204,8 @@ def drafter_groups(f: ConfigFields, groups: tuple[LayerGroup, ...], heads: int =
         counts.append(("num_mtp_modules", (modules or 0) * (1 if per_module is None else per_module)))
     for field, count in counts:
         if count:
-            main = next((g for g in groups if g.kind in ("full", "mla")), None)
-            if main is None:
-                raise f.error(f"{field} {count}: the model has no full-attention layer for its MTP layers to copy, "
-                              "so their KV is not known; kvcalc stops")
+            # the model's full (or MLA) attention layer; a model whose every attention layer is windowed: that one
+            main = next((g for g in groups if g.kind in ("full", "mla")), None) or next(g for g in groups if g.keeps_kv)
             # GLM-5's index_share_for_mtp_iteration: the MTP layer reuses the model's indexer, caching no keys itself
             indexer = 0 if f.flag("index_share_for_mtp_iteration") else main.indexer_bytes
             drafter = dataclasses.replace(main, count=count, note=f"MTP drafter ({field})", indexer_bytes=indexer)

@@ -59,6 +59,15 @@ IGNORED: dict[str, dict[str, str]] = {
 }
 
 
+# Architectures known NOT to be placeable by any reader here: refused by model_type, whatever fields the file
+# keeps (DeepSeek-V4 with its compress_ratios, window_size and index_* fields deleted reads as 43 sliding layers of
+# one 512-wide head: 11.3 MB per 32K sequence, about 19x too little).
+UNSUPPORTED: dict[str, str] = {
+    "deepseek_v4": "compressed sparse attention: each layer keeps a 128-token window, a cache compressed 4x or "
+                   "128x (compress_ratios) and an indexer's keys, which kvcalc does not model yet",
+}
+
+
 def family_of(model_type: object) -> str | None:
     return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
@@ -75,6 +84,14 @@ def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
         "which could change which layers keep KV or how much; its KV would be a guess, so kvcalc stops "
         "(for a plain decoder, give its shape with --layers, --kv-heads and --head-dim instead)"
     )
+
+
+def refuse_unsupported(f: ConfigFields) -> None:
+    """An architecture of `UNSUPPORTED`: refused before any reading, naming it, why, and its cache fields."""
+    model_type = f.data.get("model_type")
+    why = UNSUPPORTED.get(model_type) if isinstance(model_type, str) else None
+    if why is not None:
+        raise refusal(f, f.unread_structural(), why=why)
 
 
 def judge_unread(f: ConfigFields) -> str | None:

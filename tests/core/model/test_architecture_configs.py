@@ -270,7 +270,17 @@ def test_deepseek_v4_is_refused_naming_its_architecture_and_every_unread_field(t
     assert "\n" not in message and "model_type 'deepseek_v4' is not an architecture kvcalc knows" in message
     for field in ("q_lora_rank", "compress_ratios", "window_size", "index_n_heads", "index_head_dim", "index_topk"):
         assert field in message
-    assert "remove" not in message
+    assert "remove" not in message and "compressed sparse attention" in message
+    # with every one of those fields deleted it would read as 43 sliding layers of one 512-wide head:
+    # 43 · 128 tokens · 2 · 512 · 2 B = 11,272,192 B per 32K sequence (the 11.3 MB, ~19x too little);
+    # the model_type alone is refused
+    stripped = {k: v for k, v in DEEPSEEK_V4.items()
+                if k not in ("q_lora_rank", "compress_ratios", "window_size", "index_n_heads", "index_head_dim",
+                             "index_topk", "qk_rope_head_dim")}
+    with pytest.raises(ValueError, match="model_type 'deepseek_v4' is not an architecture kvcalc knows"):
+        load_config(write(tmp_path, stripped, folder="stripped"))
+    as_plain = load_config(write(tmp_path, {**stripped, "model_type": "llama"}, folder="plain"))
+    assert as_plain.kv_bytes(32768, 16) == 43 * 128 * 2 * 512 * 2 == 11_272_192
 
 
 KNOWN = {"kimi_k3": KIMI_K3, "falcon_h1": FALCON_H1_05B, "nemotron3_nano": NEMOTRON3_NANO, "mamba2": MAMBA_CODESTRAL,
