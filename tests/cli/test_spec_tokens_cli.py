@@ -87,7 +87,7 @@ def test_size_trims_at_the_max_model_len(run_cli):
 @pytest.mark.parametrize(("args", "fragments"), [
     (("frag", "--spec-tokens", "-1"), ("--spec-tokens -1 is not a number of drafts",)),
     (("frag", "--spec-method", "ngram"), ("--spec-method 'ngram' applies to speculative decoding", "--spec-tokens")),
-    (("frag", "--spec-tokens", "2", "--spec-method", "eagle"), ("--spec-method 'eagle' is not a drafting method",)),
+    (("frag", "--spec-tokens", "2", "--spec-method", "medusa"), ("--spec-method 'medusa' is not a drafting method",)),
     (("frag", "--spec-tokens", "4", "--max-len", "512"),
      ("--max-len 512 cannot hold the speculative peak", "511 tokens + 8 slots", "at least 519", "--spec-tokens")),
     (("frag", "--spec-tokens", "4611686018427387904"), ("--spec-tokens 4.612e+18 is too many", "2^62")),
