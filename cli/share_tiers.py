@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.gpus import get_gpu
 from ..core.model.models import ModelSpec
-from ..core.share.cache_bytes import CachedBlockBytes
+from ..core.share.cache_bytes import CachedBlockBytes, vllm_cache_groups
 from ..core.share.capacity import CapacityValue
 from ..core.share.load_or_recompute import LoadOrRecompute, break_even_bandwidth, step_time_model, tier_verdict
 from ..core.share.stack_distance import StackDistances
@@ -56,6 +56,15 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
     report.doc["tiers"] = _tier_doc(result, verdicts, cbb, paper_break_even, o)
     if cbb is not None and len(cbb.groups) > 1:
         report.tables.append(_group_table(result, cbb))
+    if spec is not None and caps[1]:
+        groups = vllm_cache_groups(spec, bits, b, o.tp)
+        report.doc["tiers"]["vllm_cache_groups"] = groups
+        if groups > 1:
+            report.notes.append(
+                f"vLLM #56871: its native CPU offloading stores each (block hash, group) as a row of every group, "
+                f"so with {spec.name}'s {groups} KV cache groups (vLLM's layout) its host tier holds 1/{groups} "
+                f"of this one: {format_count(caps[1] // groups)} blocks, not {format_count(caps[1])} (to see its "
+                f"hits, give --host-cache {o.sizes[1].text} / {groups}).")
     report.notes.append(
         f"tiers ({o.mode}): " + ("a block lives in one tier; GPU evictions are written to host, host "
                                       "evictions to disk; a lower-tier hit is read back and promoted"

@@ -67,3 +67,13 @@ def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size:
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
         groups.append(GroupBytes(label, g.layers, g.block_bytes))
     return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups))
+
+
+def vllm_cache_groups(spec: ModelSpec, dtype_bits: int, block_size: int, tp: int = 1,
+                      mamba_cache_mode: str = "align") -> int:
+    """vLLM's KV cache group count for `spec` (its block tables: core.model.kv_groups' ``vllm`` layout).
+
+    It matters to host offloading: vLLM #56871 (open) reports that the native offloading connector stores
+    every (block hash, group) key as a row holding all groups, so its host capacity is divided by this count.
+    """
+    return kv_layout(spec, dtype_bits, block_size, "vllm", tp, mamba_cache_mode).num_tables

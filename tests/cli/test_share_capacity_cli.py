@@ -66,6 +66,17 @@ def test_tiers_json(run_cli, hand_trace: Path) -> None:
     assert tiers["duration_s"] == 3.0
     assert host["mean_read_bytes_per_s"] == pytest.approx(3 * LLAMA3_8B_BLOCK_512 / 3.0)
     assert host["loading_pays"] in (True, False) and host["break_even_bytes_per_s"] > 0
+    assert tiers["vllm_cache_groups"] == 1 and "#56871" not in result.stdout
+
+
+def test_vllm_56871_note_for_a_model_with_several_groups(run_cli, hand_trace: Path) -> None:
+    # Gemma-3-27B under vLLM's layout: 10 full layers set the group size, so 52 sliding layers span
+    # ceil(52 / 10) = 6 block tables: 7 KV cache groups. A 512-token block is 32 · (1.25 + 6.5) MiB = 248 MiB,
+    # so 1 GiB of host holds 4 blocks; under #56871 4 // 7 = 0
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--gpu-cache", "512",
+                     "--host-cache", "1GiB", "--model", "Gemma-3-27B")
+    assert result.exit_code == 0, result.stderr
+    assert "7 KV cache groups" in result.stdout and "0 blocks, not 4" in result.stdout
 
 
 def test_tier_bandwidths_and_mode(run_cli, hand_trace: Path) -> None:
