@@ -1,0 +1,340 @@
+"""The hybrid model decoded through the per-group pool and the scheduler: each layer group reads its K/V (or its
+state) only through its own block table.
+
+    HybridPool (core/pool/hybrid.py, through GroupedPagedPolicy)   one table per group per request
+      group full     the full-attention layer's K/V, every token
+      group sliding  the sliding layers' K/V, blocks wholly before n − W + 1 freed (NULL entries)
+      group state    the recurrent layer's state pages: page j holds the state after the last written token
+                     of block j (mode all keeps every page: a saved state at every block boundary, which a
+                     prefix-cache hit restores; copy-on-write gives a fork its own copy)
+
+`HybridStore` is one physical store: every array is indexed by the pool's block id (ids are unique across
+groups), so a copy-on-write copy or a swap moves a block whatever group it belongs to. Beside the arrays, a
+content check: each K/V slot and each state page carries the identity of the prefix it was computed from
+(shadow.prefix_ids); before every forward pass each request's context is read back through its tables — the
+window's slots, the state page it resumes from — and any slot that holds another prefix, or a NULL entry
+inside the window, is recorded in `content_errors`.
+
+A step (`execute(plan)`), in the plan's order: swap-outs (from the tables the policy kept when it released the
+request), swap-ins (into the new tables, every group), copy-on-write copies, then per request its new tokens
+through `hybrid_forward` with paged callbacks, sampling, fork children's first tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+
+from ...core.pool.block_pool import NULL_BLOCK, ReleaseReason
+from ...core.pool.groups import PoolGroup
+from ...core.sim.paged_groups import GroupedPagedPolicy
+from ...core.sim.plan import StepOutcome, StepPlan
+from .executor import STEP_S, RequestState
+from .hybrid_model import HybridWeights, hybrid_forward, masked_attention, recurrence
+from .layers import lm_logits
+from .sampling import SamplingParams, sample_token
+from .shadow import prefix_ids
+
+GROUP_OF_KIND = {"full": "full", "sliding": "sliding", "recurrent": "state"}
+STATE_MODE = "all"  # a saved state at every block boundary: the mode in which a hybrid's prefix cache can hit
+_UNWRITTEN = -1
+
+
+def hybrid_pool_groups(weights: HybridWeights) -> tuple[PoolGroup, ...]:
+    """One pool group per layer kind present, full first (the scheduler's plans carry group 0's table)."""
+    cfg = weights.config
+    groups = [PoolGroup("full", label="full")]
+    if cfg.layers_of("sliding"):
+        groups.append(PoolGroup("sliding", cfg.window, label=f"sliding {cfg.window}"))
+    if cfg.layers_of("recurrent"):
+        groups.append(PoolGroup("state", label="state"))
+    return tuple(groups)
+
+
+class HybridExactPolicy(GroupedPagedPolicy):
+    """GroupedPagedPolicy whose plans carry block tables (group 0's, the full group), and which keeps every
+    group's tables of a request it preempts, for the executor's swap-out. Counts `window_frees`: sliding
+    table entries freed as the window moved on."""
+
+    exact_block_tables = True
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        assert self.groups[0].kind == "full", "group 0 must be full attention"
+        self.preempted_tables: dict[int, list[np.ndarray]] = {}
+        self.window_frees = 0
+        for group, bp in zip(self.groups, self.pool.pools, strict=True):
+            if group.kind == "sliding":
+                self._count_frees(bp)
+
+    def _count_frees(self, bp) -> None:
+        skip = bp.skip_blocks
+
+        def counted(seq_id: Hashable, first_block: int) -> int:
+            freed = skip(seq_id, first_block)
+            self.window_frees += freed
+            return freed
+
+        bp.skip_blocks = counted
+
+    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
+                  check: bool = True) -> bool:
+        """GroupedPagedPolicy.grow_many, with the keys of the prompt blocks each growth completes (as the plain
+        PagedPolicy._pool_append passes them). NOTE: the parent passes none, so a prompt block that a later
+        prefill chunk completes is never cached and a hit stops at the first chunk's blocks (verify's
+        hybrid-prefix-chunked found it: 4 tokens hit of 20); test_hybrid_verify.py keeps the reproduction."""
+        pool = self.pool
+        ids, targets = rids.tolist(), totals.tolist()
+        for rid in ids:
+            pool.free_skipped(rid)
+        adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
+        if check and sum(pool.append_need(r, a) for r, a in zip(ids, adds, strict=True)) > pool.num_free_blocks:
+            return False
+        for rid, add in zip(ids, adds, strict=True):
+            if add:
+                old, B = pool.num_tokens(rid), self.block_size
+                keys = None if self.prompt_keys is None else self.prompt_keys[rid][old // B : (old + add) // B]
+                self.copies += pool.append(rid, add, keys if keys else None)
+        return True
+
+    def block_table(self, rid: int) -> np.ndarray:
+        return self.pool.pools[0].block_table(rid)
+
+    def release(self, rid: int, reason: ReleaseReason | str) -> None:
+        if ReleaseReason(reason) == ReleaseReason.PREEMPTED:
+            self.preempted_tables[rid] = [t.copy() for t in self.pool.block_tables(rid)]
+        super().release(rid, reason)
+
+
+class HybridStore:
+    """K/V [num_blocks, B, Hkv, D] per attention layer, a state [num_blocks, S] per recurrent layer, and the
+    content tags (see the module docstring). Blocks start as finite garbage: a read nobody wrote shows."""
+
+    def __init__(self, weights: HybridWeights, num_blocks: int, block_size: int) -> None:
+        cfg, base = weights.config, weights.config.base
+        gen = torch.Generator().manual_seed(1234)
+        kw = {"dtype": weights.body.torch_dtype, "device": weights.device}
+
+        def garbage(*shape: int) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * 30).to(**kw)
+
+        kv = (num_blocks, block_size, base.num_kv_heads, base.head_dim)
+        self.k = {i: garbage(*kv) for i, kind in enumerate(cfg.kinds) if kind != "recurrent"}
+        self.v = {i: garbage(*kv) for i in self.k}
+        self.state = {i: garbage(num_blocks, cfg.state_size) for i in cfg.layers_of("recurrent")}
+        self.slot_tag = np.full((num_blocks, block_size), _UNWRITTEN, np.int64)  # prefix id of each K/V slot
+        self.state_tag = np.full(num_blocks, _UNWRITTEN, np.int64)  # prefix id a state page was computed from
+        self.state_pos = np.full(num_blocks, _UNWRITTEN, np.int64)  # the position of its last token
+
+    def _arrays(self) -> list:
+        return [*self.k.values(), *self.v.values(), *self.state.values(), self.slot_tag, self.state_tag,
+                self.state_pos]
+
+    def copy(self, src: int, dst: int) -> None:
+        for a in self._arrays():
+            a[dst] = a[src]
+
+    def save(self, block_ids: np.ndarray) -> list:
+        idx = torch.as_tensor(block_ids, dtype=torch.int64)
+        return [a[idx].clone() if isinstance(a, torch.Tensor) else a[block_ids].copy() for a in self._arrays()]
+
+    def load(self, block_ids: np.ndarray, saved: list, rows: np.ndarray) -> None:
+        idx, ridx = torch.as_tensor(block_ids, dtype=torch.int64), torch.as_tensor(rows, dtype=torch.int64)
+        for a, s in zip(self._arrays(), saved, strict=True):
+            if isinstance(a, torch.Tensor):
+                a[idx] = s[ridx]
+            else:
+                a[block_ids] = s[rows]
+
+
+class HybridExecutor:
+    """Runs the scheduler's plans for the hybrid model over `policy`'s HybridPool (see the module docstring).
+    `fault`: a HybridFault whose executor-side part (stale-state) acts here."""
+
+    def __init__(self, weights: HybridWeights, policy: HybridExactPolicy, prompts: Sequence[Sequence[int]],
+                 sampling: Sequence[SamplingParams], eos_token_id: int | None = None, fault=None) -> None:
+        self.weights, self.policy, self.pool = weights, policy, policy.pool
+        self.B = policy.block_size
+        self.store = HybridStore(weights, self.pool.num_blocks, self.B)
+        kinds = [g.kind for g in policy.groups]
+        self.group_of_layer = {i: kinds.index(GROUP_OF_KIND[k]) for i, k in enumerate(weights.config.kinds)}
+        self.state_group = kinds.index("state") if "state" in kinds else None
+        self.requests = {rid: RequestState(tuple(p), s) for rid, (p, s) in enumerate(zip(prompts, sampling,
+                                                                                          strict=True))}
+        self.eos_token_id, self.fault = eos_token_id, fault
+        self.host: dict[int, tuple[list[np.ndarray], list]] = {}
+        self.counts: Counter[str] = Counter()
+        self.content_errors: list[str] = []
+        self.first_start: dict[int, int] = {}
+
+    # ---- the step ------------------------------------------------------------------------------------
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        assert plan.token_ids is not None and plan.blocks is not None, "plans need token ids and exact tables"
+        self.counts["steps"] += 1
+        ev = plan.events
+        for p in ev.preempted:
+            self.counts["preemptions"] += 1
+            tables = self.policy.preempted_tables.pop(p.request_id)
+            if p.mode == "swap":
+                held = np.concatenate(tables)
+                self.host[p.request_id] = (tables, self.store.save(held[held != NULL_BLOCK]))
+        for s in ev.swapped_in:
+            self._swap_in(s.request_id)
+        for _, reason in ev.released:
+            self.counts["cancellations"] += reason == "cancelled"
+        self._copy_on_write(plan.blocks.cow_copies)
+        hits = plan.prefix_hit_tokens
+        self.counts["prefix_hit_tokens"] += sum(hits.values())
+        tokens_out: dict[int, int] = {}
+        finished = set()
+        rows: dict[int, torch.Tensor] = {}
+        news = plan.num_new_tokens.tolist()
+        self.counts["mixed_steps"] += min(news) == 1 and max(news) > 1
+        for i, rid in enumerate(plan.request_ids.tolist()):
+            c, n = int(plan.num_computed_tokens[i]), news[i]
+            self.first_start.setdefault(rid, c)
+            self.counts["prefill_chunks"] += not plan.samples[i]
+            row = self._forward(rid, c, plan.token_ids[i], restored=hits.get(rid, 0))
+            if plan.samples[i]:
+                rows[rid] = row
+                tokens_out[rid] = self._sample(rid, row, c + n)
+        for parent, child in ev.forks:
+            self.counts["forks"] += 1
+            tokens_out[child] = self._sample(child, rows[parent], len(self.requests[child].prompt))
+        for rid, token in tokens_out.items():
+            if self.eos_token_id is not None and token == self.eos_token_id:
+                finished.add(rid)
+                self.counts["eos"] += 1
+        return StepOutcome(STEP_S, tokens_out, frozenset(finished))
+
+    def _sample(self, rid: int, row: torch.Tensor, position: int) -> int:
+        req = self.requests[rid]
+        token = sample_token(row, req.sampling, position)
+        req.add(token, row)
+        return token
+
+    # ---- swaps and copies ------------------------------------------------------------------------------
+    def _swap_in(self, rid: int) -> None:
+        """The host copy back into the new tables: block j of a group from block j of the old table."""
+        old_tables, saved = self.host.pop(rid)
+        self.counts["swaps"] += 1
+        row_of, r = {}, 0
+        for g, old in enumerate(old_tables):
+            for j, b in enumerate(old.tolist()):
+                if b != NULL_BLOCK:
+                    row_of[g, j], r = r, r + 1
+        dst, rows = [], []
+        for g, new in enumerate(self.pool.block_tables(rid)):
+            for j, b in enumerate(new.tolist()):
+                if b != NULL_BLOCK and (g, j) in row_of:
+                    dst.append(b)
+                    rows.append(row_of[g, j])
+                    self.counts["swapped_state_pages"] += g == self.state_group
+        if dst:
+            self.store.load(np.array(dst), saved, np.array(rows))
+
+    def _copy_on_write(self, copies: Sequence[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        state_blocks = set()
+        if self.state_group is not None:
+            for rid in self.pool.seq_ids:
+                state_blocks.update(self.pool.block_tables(rid)[self.state_group].tolist())
+        for src, dst in copies:
+            self.store.copy(src, dst)
+            self.counts["cow_copies"] += 1
+            self.counts["state_copies"] += dst in state_blocks
+
+    # ---- the forward pass --------------------------------------------------------------------------------
+    def _forward(self, rid: int, c: int, new_tokens: Sequence[int], restored: int) -> torch.Tensor:
+        """The request's new tokens at positions c.. through its tables -> the logits [vocab] of the last one."""
+        req, B, cfg, store = self.requests[rid], self.B, self.weights.config, self.store
+        known = [*req.prompt, *req.output]
+        assert tuple(known[c : c + len(new_tokens)]) == tuple(new_tokens), f"request {rid}: plan tokens differ"
+        n = len(new_tokens)
+        ident = prefix_ids(known[: c + n])
+        tables = self.pool.block_tables(rid)
+        device = self.weights.device
+        positions = torch.arange(c, c + n, device=device)
+        # the content check: the context this step reads, as the tables give it
+        for g, group in enumerate(self.policy.groups):
+            if group.kind == "state":
+                continue
+            lo = 0 if group.kind == "full" else max(0, c - cfg.window + 1)
+            self._check_slots(rid, g, tables[g], np.arange(lo, c), ident)
+        state_page = None
+        if self.state_group is not None and c:
+            page = (c - 1) // B
+            if self.fault is not None and restored:
+                page = self.fault.restored_page(page, restored, B)
+            state_page = int(tables[self.state_group][page])
+            if state_page == NULL_BLOCK or store.state_tag[state_page] != ident[c - 1]:
+                self.content_errors.append(
+                    f"request {rid}: resumes at position {c} from state page {state_page} (logical {page}), which "
+                    f"holds the state after position {store.state_pos[state_page] if state_page >= 0 else None} "
+                    f"of {'this' if state_page >= 0 and store.state_tag[state_page] in ident else 'another'} prefix")
+        write = [(p, int(tables[g][p // B]), p % B) for g in range(len(tables)) for p in range(c, c + n)
+                 if self.policy.groups[g].kind != "state"]
+        for p, b, _ in write:
+            if b == NULL_BLOCK:
+                self.content_errors.append(f"request {rid}: writes position {p} into a NULL table entry")
+        saved_pages: list[tuple[int, int]] = []
+
+        def slots(g: int, ps: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            blocks = tables[g][ps // B]  # a NULL entry (-1) aliases the last block, as a buggy kernel would read it
+            return torch.as_tensor(blocks, device=device), torch.as_tensor(ps % B, device=device)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            g = self.group_of_layer[layer]
+            window = cfg.window if cfg.kinds[layer] == "sliding" else None
+            wb, wo = slots(g, np.arange(c, c + n))
+            store.k[layer][wb, wo], store.v[layer][wb, wo] = k, v
+            read = np.arange(0 if window is None else max(0, c - window + 1), c + n)
+            rb, ro = slots(g, read)
+            return masked_attention(q, store.k[layer][rb, ro], store.v[layer][rb, ro], positions,
+                                    torch.as_tensor(read, device=device), window)
+
+        def recur(layer: int, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            table = tables[self.state_group]
+            s = store.state[layer][state_page] if c else torch.zeros_like(x[0])
+            out = []
+            for t in range(n):
+                s = recurrence(s, a[t], x[t])
+                out.append(s)
+                p = c + t
+                page = int(table[p // B])
+                # the state after the last token of its block, or of the chunk: page p // B, where the table
+                # holds one (mode align keeps only the last pages of a long chunk)
+                if (p % B == B - 1 or t == n - 1) and page != NULL_BLOCK:
+                    store.state[layer][page] = s
+                    saved_pages.append((p, page))
+            return torch.stack(out)
+
+        ids = torch.as_tensor(list(new_tokens), device=device)
+        hidden = hybrid_forward(self.weights, ids, positions, attend, recur)
+        for p, b, off in write:
+            store.slot_tag[b, off] = ident[p]
+        for p, b in saved_pages:
+            store.state_tag[b], store.state_pos[b] = ident[p], p
+        if restored:
+            self.counts["state_restores"] += self.state_group is not None
+        return lm_logits(self.weights.body, hidden[-1:])[0]
+
+    def _check_slots(self, rid: int, g: int, table: np.ndarray, ps: np.ndarray, ident: np.ndarray) -> None:
+        if not len(ps):
+            return
+        blocks = table[ps // self.B]
+        group = self.policy.groups[g].name
+        if (blocks == NULL_BLOCK).any():
+            p = int(ps[np.argmax(blocks == NULL_BLOCK)])
+            self.content_errors.append(f"request {rid}: group {group}: position {p}, which the next token reads, "
+                                       "is in a freed block (NULL table entry)")
+            return
+        bad = self.store.slot_tag[blocks, ps % self.B] != ident[ps]
+        if bad.any():
+            p = int(ps[np.argmax(bad)])
+            self.content_errors.append(f"request {rid}: group {group}: the slot of position {p} (block "
+                                       f"{int(table[p // self.B])}) holds another prefix's K/V")
