@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from ..core.gpus import get_gpu
 from ..core.model.models import ModelSpec
 from ..core.share.cache_bytes import CachedBlockBytes, vllm_cache_groups
@@ -57,9 +58,12 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
     if cbb is not None and len(cbb.groups) > 1:
         report.tables.append(_group_table(result, cbb))
     if spec is not None and caps[1]:
-        groups = vllm_cache_groups(spec, bits, b, o.tp)
+        try:
+            groups = vllm_cache_groups(spec, bits, b, o.tp)
+        except ParameterError:  # a model vLLM's layout cannot page (kvcalc frag --layout vllm says why): no note
+            groups = None
         report.doc["tiers"]["vllm_cache_groups"] = groups
-        if groups > 1:
+        if groups is not None and groups > 1:
             report.notes.append(
                 f"vLLM #56871: its native CPU offloading stores each (block hash, group) as a row of every group, "
                 f"so with {spec.name}'s {groups} KV cache groups (vLLM's layout) its host tier holds 1/{groups} "
