@@ -110,7 +110,7 @@ def command(**values: Any) -> None:
         for name in setup.policies:
             err_console.print(f"searching the max rate of {name} …", highlight=False)
         with progress_bar("max-rate search (simulated runs)", total=None) as advance:
-            searches = search_max_rates(setup, progress=advance, workers=workers)
+            searches = search_max_rates(setup, progress=advance, workers=workers, records=records)
     result = Simulation.from_runs(setup, records, searches)
     plain = None
     if setup.sim.speculation is not None:

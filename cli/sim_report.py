@@ -197,6 +197,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
                 "attainment_target": target,
                 "bracket_rps": list(s.bracket_rps),
                 "evaluations": [list(e) for e in s.evaluations],
+                "unattainable": s.unattainable,
             }
             for name, s in searches.items()
         }
@@ -234,5 +235,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         f"workload is {setup.workload.kind}: {setup.workload.description}",
         *setup.workload.notes,
         *setup.notes,
+        *(f"max rate of {name}: the target is out of reach at any rate: {s.unattainable}"
+          for name, s in searches.items() if s.unattainable),
     ]
     return Report(doc=doc, tables=tables, notes=notes, text=text)

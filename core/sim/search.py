@@ -12,6 +12,12 @@ rescaled to mean rate R. The search
 
 Attainment falls with load but a finite sample is not perfectly monotone, so the answer is a rate that
 was observed to pass, with the bracket it came from; every run uses the same seed.
+
+The first run (at R0) is the workload as it is — the run `kvcalc sim` has just done, which the caller may
+hand over instead of running it again — and no rate is run twice. A target that no rate can reach is
+reported after that first run, with its reason: requests rejected at arrival (longer than the model's
+max length, or more KV than the whole pool) are rejected at every rate, so attainment can never exceed
+the share of the others.
 """
 
 from __future__ import annotations
@@ -19,9 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import ParameterError
 from .metrics import Slo, attainment
 from .options import DEFAULT_ATTAINMENT
+from .record import CANCELLED, REJECTED, RunRecord
 from .run import run_policy
 from .settings import SimSetup
 from .workload import Workload
@@ -33,6 +42,24 @@ class RateSearch:
     max_rate_rps: float
     bracket_rps: tuple[float, float]
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
+    unattainable: str | None = None  # why no rate can reach the target (then max_rate_rps is 0), or None
+
+
+def attainment_ceiling(record: RunRecord, target: float) -> tuple[float, str | None]:
+    """(the highest attainment any arrival rate can give this workload, why the target is out of reach or
+    None): requests rejected at arrival are rejected at every rate (the checks depend only on the request:
+    its length against the max length, its KV against the whole pool), so at most the others meet the
+    SLO. Cancelled requests are outside the share, as in `attainment`."""
+    counted = len(record.status) - int(np.count_nonzero(record.status == CANCELLED))
+    rejected = int(np.count_nonzero(record.status == REJECTED))
+    if not counted:
+        return 0.0, None
+    ceiling = (counted - rejected) / counted
+    if ceiling >= target:
+        return ceiling, None
+    reasons = "; ".join(f"{reason}: {count:,}" for reason, count in sorted(record.rejected_reason.items()))
+    return ceiling, (f"{rejected:,} of {counted:,} requests ({rejected / counted:.1%}) are rejected at any rate "
+                     f"({reasons}), so at most {ceiling:.1%} can meet the SLO, below the {target:.1%} target")
 
 
 def check_attainment(find_max_rate: bool, target: float | None) -> float:
@@ -54,25 +81,40 @@ def check_search(slo: Slo, target: float) -> None:
 
 def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float, *,
              rel_tol: float = 0.02, max_doublings: int = 12,
-             on_evaluation: Callable[[float, float], None] | None = None) -> RateSearch:
-    """Bracketing + bisection as in the module docstring."""
+             on_evaluation: Callable[[float, float], None] | None = None,
+             first: RunRecord | None = None) -> RateSearch:
+    """Bracketing + bisection as in the module docstring. `first`: the run of `workload` itself (at its own
+    rate, R0) when the caller has it; the search then starts from it instead of running it again."""
     check_search(slo, target)
     if len(workload) < 2:
         raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
                              "find_max_rate")
     evaluations: list[tuple[float, float]] = []
+    seen: dict[float, float] = {}  # rate -> attainment: no rate is run twice
 
-    def passes(rate: float) -> bool:
-        record = run_policy(workload.at_rate(rate), policy, setup)
-        share = attainment(record, slo)
+    def share_at(rate: float, record: RunRecord | None = None) -> float:
+        if rate in seen:
+            return seen[rate]
+        if record is None:
+            record = run_policy(workload if rate == start else workload.at_rate(rate), policy, setup)
+        share = seen[rate] = attainment(record, slo)
         evaluations.append((rate, share))
         if on_evaluation is not None:
             on_evaluation(rate, share)
-        return share >= target
+        return share
+
+    def passes(rate: float) -> bool:
+        return share_at(rate) >= target
 
     start = workload.mean_rate_per_s  # a trace's own rate
     if workload.unit_arrival_s is not None:  # a constructed workload's nominal rate R (arrivals = unit / R)
         start = workload.unit_arrival_s[-1] / workload.arrival_s[-1] if workload.span_s > 0 else 1.0
+    if first is None:
+        first = run_policy(workload, policy, setup)
+    if share_at(start, first) < target:
+        _, reason = attainment_ceiling(first, target)
+        if reason is not None:
+            return RateSearch(policy, 0.0, (0.0, start), evaluations, reason)
     if passes(start):
         lo, hi = start, None
         for _ in range(max_doublings):

@@ -66,7 +66,7 @@ def simulate(setup: Setup, *, record_timeline: bool = False, progress: Callable[
              workers: int = 1) -> Simulation:
     """Every policy's run and, with `find_max_rate`, its max-rate search; `progress` as run_policies'."""
     records = run_policies(setup, record_timeline=record_timeline, progress=progress, workers=workers)
-    searches = search_max_rates(setup, workers=workers) if setup.find_max_rate else {}
+    searches = search_max_rates(setup, workers=workers, records=records) if setup.find_max_rate else {}
     return Simulation.from_runs(setup, records, searches)
 
 
@@ -80,10 +80,14 @@ def run_policies(setup: Setup, *, record_timeline: bool = False, progress: Calla
 
 
 def search_max_rates(setup: Setup, *, progress: Callable[[int], None] | None = None,
-                     workers: int = 1) -> dict[str, RateSearch]:
-    """policy -> its max-rate search (search.py); `progress` is called once per simulated run."""
+                     workers: int = 1, records: dict[str, RunRecord] | None = None) -> dict[str, RateSearch]:
+    """policy -> its max-rate search (search.py); `progress` is called once per simulated run. `records`:
+    the policies' runs of the workload as it is (run_policies'), which each search starts from instead of
+    running them again."""
     names = list(setup.policies)
-    calls = [(setup.workload, name, setup.sim, setup.slo, setup.target_attainment) for name in names]
+    records = records or {}
+    calls = [(setup.workload, name, setup.sim, setup.slo, setup.target_attainment, records.get(name))
+             for name in names]
     with _Runner(_workers(setup, workers), progress) as runner:
         return dict(zip(names, runner.map(_search, calls), strict=True))
 
@@ -112,10 +116,10 @@ def _run(workload: Workload, name: str, sim: SimSetup, record_timeline: bool,
     return run_policy(workload, name, sim, record_timeline=record_timeline, progress=progress)
 
 
-def _search(workload: Workload, name: str, sim: SimSetup, slo: Slo, target: float,
+def _search(workload: Workload, name: str, sim: SimSetup, slo: Slo, target: float, first: RunRecord | None,
             progress: Callable[[int], None] | None) -> RateSearch:
     on_evaluation = None if progress is None else lambda rate, share: progress(1)
-    return max_rate(workload, name, sim, slo, target, on_evaluation=on_evaluation)
+    return max_rate(workload, name, sim, slo, target, on_evaluation=on_evaluation, first=first)
 
 
 class _Runner:
