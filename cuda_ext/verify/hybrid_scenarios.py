@@ -46,7 +46,7 @@ HYBRID_SCENARIOS = ("hybrid-ragged", "hybrid-prefix-cache", "hybrid-prefix-chunk
 HYBRID_INJECTIONS = ("swa-early-free", "stale-state")
 # events only a hybrid run has, with their short names for the table
 HYBRID_EVENT_LABELS = {"window_frees": "window frees", "state_restores": "state restores",
-                       "state_copies": "state copies", "swapped_state_pages": "swapped states"}
+                       "state_copies": "state copies", "swapped_state_pages": "swapped state pages"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""`kvcalc verify --model hybrid-tiny`: the hybrid model's run (cuda_ext/verify/hybrid_suite.py), reported by
+verify's own table and exit codes, with a note on the layer groups and the hybrid events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.errors import ParameterError
+from .output import Format, emit
+from .progress import progress_bar
+
+
+def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inject: str | None, seed: int,
+                       hf_model: Path | None, output_format: Format) -> int:
+    from ..cuda_ext.verify.hybrid_scenarios import HYBRID_SCENARIOS
+    from ..cuda_ext.verify.hybrid_suite import check_hybrid_options, run_hybrid_verify
+    from ..cuda_ext.verify.suite import exit_code
+    from .verify import _report
+
+    if hf_model is not None:
+        raise ParameterError("--model hybrid-tiny and --hf-model both name the weights; give one of them", "model")
+    names = tuple(scenarios or HYBRID_SCENARIOS)
+    check_hybrid_options(names, inject, dtype)
+    with progress_bar("kvcalc verify (scenarios)", total=len(names)) as advance:
+        doc = run_hybrid_verify(device=device, dtype=dtype, scenarios=names, inject=inject, seed=seed,
+                                progress=advance)
+    report = _report(doc)
+    model = doc["model"]
+    report.notes.insert(0, (
+        f"hybrid model: layers {' · '.join(model['layer_kinds'])} (window {model['window']}, a gated linear "
+        f"recurrence of {model['state_size']} channels); pool groups {', '.join(model['groups'])}, each layer "
+        f"reading only through its group's block table; state mode {model['state_mode']} (a state page saved at "
+        "every block boundary), except hybrid-no-saved-state (align: no saved state a hit could restore, so no hit)"))
+    report.notes.insert(1, (
+        "hybrid events: window frees = sliding-table blocks freed as the window moved on, state restores = requests "
+        "resuming from a cached state page, state copies = copy-on-write copies of a state page, swapped state "
+        "pages = state pages brought back from the host"))
+    emit(report, output_format)
+    return exit_code(doc)
