@@ -10,9 +10,10 @@ import typer
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.inputs.traces import read_trace
+from ..core.model.kv_groups import KVLayout
 from ..core.model.models import ModelSpec, resolve_model
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
-from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, pool_bytes
+from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, group_doc, model_groups, pool_bytes
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
@@ -28,7 +29,7 @@ from .options import (
     int_option,
     seed_option,
 )
-from .output import Field, Format, Report, Table, emit, err_console, quantity_table, resolve_format
+from .output import Field, Format, RawTable, Report, Table, emit, err_console, quantity_table, resolve_format
 from .progress import progress_bar
 
 DEFAULTS = {"prefix": 1000, "branches": 4, "gen": 200, "block": DEFAULT_BLOCK_SIZE, "mode": "parallel"}
@@ -84,6 +85,10 @@ def command(
     tp: Annotated[int | None, int_option("--tp", help="With --capacity or tiers and a model: tensor parallel.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="With --capacity: write hit rate vs capacity (.png/.svg).")
                     ] = None,
+    layout: Annotated[str | None, typer.Option("--layout", metavar="vllm|ideal", help=(
+        "With a model: how its KV cache groups are paged, vllm (default) or ideal (as kvcalc frag)."))] = None,
+    mamba_cache_mode: Annotated[str | None, typer.Option("--mamba-cache-mode", metavar="none|align|all", help=(
+        "With a Mamba / linear-attention hybrid: vLLM's prefix caching of the state (default none)."))] = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
     dtype: Annotated[
@@ -115,7 +120,14 @@ def command(
                                    ("--host-cache", host_cache), ("--disk-cache", disk_cache), ("--host-bw", host_bw),
                                    ("--disk-bw", disk_bw), ("--tier-mode", tier_mode), ("--gpu", gpu), ("--tp", tp),
                                    ("--plot", plot)) if v is not None]
+    groups_given = [o for o, v in (("--layout", layout), ("--mamba-cache-mode", mamba_cache_mode)) if v is not None]
+    if groups_given and spec is None:
+        raise ValueError(f"{groups_given[0]} applies to a model's KV cache groups: give a model too (--model, "
+                         "--config or explicit dimensions)")
     if curve_given:
+        if groups_given:
+            raise ValueError(f"{groups_given[0]} applies to scenario and trace modes, not to --capacity or the "
+                             "tiers: drop it")
         pool_given = scenario_given + [o for o in trace_given if o != "--limit"]
         if pool_given:
             raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
@@ -127,11 +139,12 @@ def command(
     if trace is None:
         if trace_given:
             raise ValueError(f"{', '.join(trace_given)} applies only to trace mode: add --trace KIND FILE")
+        kv_layout_, groups = model_groups(spec, bits, block, layout, mamba_cache_mode)
         scenario = ScenarioSpec(
             prefix_tokens=DEFAULTS["prefix"] if prefix is None else prefix,
             branches=DEFAULTS["branches"] if branches is None else branches,
             gen_tokens=DEFAULTS["gen"] if gen is None else gen,
-            block_size=block,
+            block_size=block if groups is None else kv_layout_.block_size,
             mode=DEFAULTS["mode"] if mode is None else mode.strip().lower(),
             seed=0 if seed is None else seed,
         )
@@ -139,11 +152,13 @@ def command(
             # parallel branches draw nothing at random: a seed there would be accepted and change nothing
             raise ValueError(f"--seed applies to --mode beam ({scenario.mode} mode draws nothing at random): "
                              "add --mode beam or drop --seed")
-        kv = None if spec is None else pool_bytes(spec, dtype, bits, block, scenario.tokens_per_branch)
+        kv = None if spec is None else pool_bytes(spec, dtype, bits, block, scenario.tokens_per_branch,
+                                                  kv_layout_ if groups else None)
         with progress_bar(f"{scenario.mode} decoding", total=scenario.gen_tokens,
-                          enabled=scenario.decode_appends >= PROGRESS_FROM_APPENDS) as advance:
-            result = run_scenario(scenario, progress=advance)
-        emit(_scenario_report(result, spec, kv), fmt)
+                          enabled=scenario.decode_appends * len(groups or (1,)) >= PROGRESS_FROM_APPENDS) as advance:
+            result = run_scenario(scenario, progress=advance, groups=groups,
+                                  state_mode=kv_layout_.mamba_cache_mode if groups else "none")
+        emit(_scenario_report(result, spec, kv, kv_layout_ if groups else None), fmt)
         return
     if scenario_given:
         raise ValueError(f"{', '.join(scenario_given)} applies only to scenario mode: drop --trace or drop them")
@@ -197,7 +212,8 @@ def _window_note(spec: ModelSpec | None, kv: PoolBytes | None) -> list[str]:
             "engine that frees blocks outside the window holds less; kvcalc size and frag apply the window)"]
 
 
-def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolBytes | None) -> Report:
+def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolBytes | None,
+                     layout: KVLayout | None = None) -> Report:
     s = result.spec
     doc: dict[str, Any] = {
         "mode": s.mode,
@@ -224,7 +240,15 @@ def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolByt
     title = (f"{s.mode}: {plural(s.branches, 'branch', 'branches')} × ({format_count(s.prefix_tokens)} shared + "
              f"{format_count(s.gen_tokens)} generated tokens), block {s.block_size}")
     report = Report(doc=doc, tables=[_scenario_table(title, doc)])
-    if s.mode == "parallel" and s.gen_tokens >= 1:
+    if layout is not None and kv is not None:
+        doc["kv_cache_groups"] = group_doc(layout, result.group_blocks, kv.bytes_per_block)
+        report.tables.append(_groups_table(doc["kv_cache_groups"]))
+        report.notes.append(f"{kv.model}: {layout.layout} layout, {layout.reason}; a block id is one page in each "
+                            f"layer slot of a group ({format_bytes(kv.bytes_per_block)}); each branch holds its own "
+                            f"recurrent state (mamba_cache_mode {layout.mamba_cache_mode})"
+                            if layout.state_groups else f"{kv.model}: {layout.layout} layout, {layout.reason}; a "
+                            f"block id is one page in each layer slot of a group ({format_bytes(kv.bytes_per_block)})")
+    elif s.mode == "parallel" and s.gen_tokens >= 1:
         report.notes.append(
             f"closed form: floor(P/B) + K·ceil((P mod B + G)/B) = "
             f"{closed_form_physical_blocks(s.prefix_tokens, s.branches, s.gen_tokens, s.block_size)} physical blocks"
@@ -235,6 +259,19 @@ def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolByt
         report.notes.append(f"bytes: {kv.model}, {kv.dtype}, {format_bytes(kv.bytes_per_block)} per block (IEC units)")
     report.notes += _window_note(spec, kv)
     return report
+
+
+def _groups_table(groups_doc: dict[str, Any]) -> Table:
+    """Each KV cache group's physical blocks and bytes at the end of the run."""
+    rows = groups_doc["groups"]
+    return Table(
+        f"KV cache groups ({groups_doc['layout']} layout, block {groups_doc['block_size']})",
+        ["group", "block tables", "physical blocks", "physical bytes"],
+        [[g["group"], format_count(g["block_tables"]), format_count(g["physical_blocks"]),
+          format_bytes(g["physical_bytes"])] for g in rows],
+        raw=RawTable(["group", "block_tables", "physical_blocks", "physical_bytes"],
+                     [[g["kind"], g["block_tables"], g["physical_blocks"], g["physical_bytes"]] for g in rows]),
+    )
 
 
 def _scenario_table(title: str, doc: dict[str, Any]) -> Table:

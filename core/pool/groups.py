@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
+from ..errors import ParameterError
+from ..model.kv_groups import KVLayout
 
 GROUP_KINDS = ("full", "sliding", "chunked", "state")
 STATE_MODES = ("none", "align", "all")  # vLLM's mamba_cache_mode
@@ -106,3 +108,48 @@ class PoolGroup:
 
 
 FULL = PoolGroup("full")
+
+
+MAX_POOL_GROUPS = 256  # block tables per sequence a hybrid pool keeps
+
+
+def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
+    """The pool groups of a layout (core/model/kv_groups.py): one per block table, so a layer type that spans
+    k of vLLM's groups (or takes k pages of the ideal layout's unit) is k groups alike. None for one table of
+    full attention (a plain BlockPool)."""
+    if len(layout.groups) == 1 and layout.groups[0].kind == "full" and layout.groups[0].pages_per_block == 1:
+        return None
+    mixed = [g for g in layout.groups if g.block_tokens != layout.block_size]
+    if mixed:
+        raise ParameterError(
+            f"{layout.layout} layout: the {mixed[0].kind} layers' blocks hold {mixed[0].block_tokens} tokens, the "
+            f"pool's {layout.block_size}: a pool whose groups page different tokens per block is not simulated; "
+            "use layout ideal", "layout")
+    groups: list[PoolGroup] = []
+    for g in layout.groups:
+        label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
+        groups += [PoolGroup(g.kind, g.window, label)] * g.pages_per_block
+    if len(groups) > MAX_POOL_GROUPS:
+        raise ParameterError(
+            f"{layout.layout} layout: {len(groups):,} block tables per sequence (pages of {layout.page_bytes:,} B), "
+            f"above the pool's {MAX_POOL_GROUPS}; use layout vllm", "layout")
+    return tuple(groups)
+
+
+def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int, state_mode: str,
+                chunk_tokens: int) -> int:
+    """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
+    most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
+    ceil((C + T) / B) + 1; a state page (none) or a chunk's pages (align, all)."""
+    B, n, T = block_size, num_tokens, chunk_tokens
+    blocks = 0
+    for g in groups:
+        all_blocks = ceil_div(n, B)
+        if g.kind == "full" or (g.kind == "state" and state_mode == "all"):
+            blocks += all_blocks
+        elif g.kind in ("sliding", "chunked"):
+            reach = g.window - 1 + T if g.kind == "sliding" else g.window + T  # type: ignore[operator]
+            blocks += min(all_blocks, ceil_div(reach, B) + 1)
+        else:
+            blocks += 1 if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+    return blocks

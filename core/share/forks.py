@@ -8,7 +8,10 @@ branch has written (G >= 1), for P mod B > 0:
     physical = floor(P/B) + K · ceil((P mod B + G) / B)      copies = K - 1
     logical  = K · ceil((P + G) / B)                          (= blocks without sharing)
 
-and for P mod B = 0: physical = P/B + K · ceil(G/B), copies = 0. Beam mode keeps K beams: at each step
+and for P mod B = 0: physical = P/B + K · ceil(G/B), copies = 0. A hybrid model (`groups`: its KV cache groups,
+core/pool/hybrid.py) runs the same steps with one table per group: a sliding or chunked group keeps only the
+blocks its layers still read, and every branch gets its own recurrent state (the forked state page is copied
+before a branch writes it); `group_blocks` gives each group's physical blocks. Beam mode keeps K beams: at each step
 a seeded selection picks K parents (with repetition) among the live beams; unpicked beams are dropped
 (released), a beam picked c times is forked c - 1 times, then every beam writes its next token.
 """
@@ -24,6 +27,8 @@ from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..host_memory import check_fits
 from ..pool.block_pool import BlockPool, ReleaseReason
+from ..pool.groups import PoolGroup
+from ..pool.hybrid import HybridPool
 from ..pool.store import MAX_BLOCK_TOKENS, BlockStore
 from ..units import format_int_short as short
 
@@ -109,6 +114,7 @@ class ScenarioResult:
     peak_blocks: int  # most blocks in use at any moment of the run
     forks: int
     dropped_branches: int  # beam mode: beams released by the selection
+    group_blocks: tuple[int, ...] = ()  # a hybrid pool: each group's physical blocks at the end
 
     @property
     def saved_blocks(self) -> int:
@@ -126,11 +132,15 @@ def closed_form_physical_blocks(prefix_tokens: int, branches: int, gen_tokens: i
 
 
 def run_scenario(
-    spec: ScenarioSpec, *, check: bool = False, progress: Callable[[int], None] | None = None
+    spec: ScenarioSpec, *, check: bool = False, progress: Callable[[int], None] | None = None,
+    groups: tuple[PoolGroup, ...] | None = None, state_mode: str = "none",
 ) -> ScenarioResult:
-    """Run the scenario through a BlockPool, one decode step (a token for every branch) at a time;
-    `check` calls check_invariants after every pool call, `progress(1)` is called after every step."""
+    """Run the scenario through a BlockPool (or, `groups`, a HybridPool of them), one decode step (a token for
+    every branch) at a time; `check` calls check_invariants after every pool call, `progress(1)` is called
+    after every step."""
     K, B = spec.branches, spec.block_size
+    if groups is not None:
+        return _run_hybrid(spec, groups, state_mode, check, progress)
     pool = BlockPool(spec.pool_blocks, B)
     peak = 0
 
@@ -177,4 +187,58 @@ def run_scenario(
         peak_blocks=peak,
         forks=stats.forks,
         dropped_branches=dropped,
+    )
+
+
+def _run_hybrid(spec: ScenarioSpec, groups: tuple[PoolGroup, ...], state_mode: str, check: bool,
+                progress: Callable[[int], None] | None) -> ScenarioResult:
+    """`run_scenario` on a HybridPool: the same steps, one sequence at a time (the hybrid pool has no
+    many-sequence calls)."""
+    K = spec.branches
+    pool = HybridPool(spec.pool_blocks * len(groups), spec.block_size, groups, state_mode=state_mode)
+    peak = 0
+
+    def track() -> None:
+        nonlocal peak
+        peak = max(peak, pool.num_used)
+        if check:
+            pool.check_invariants()
+
+    pool.allocate(0, spec.prefix_tokens)
+    track()
+    for child in range(1, K):
+        pool.fork(0, child)
+    track()
+    beams = list(range(K))
+    next_id = K
+    rng = np.random.default_rng(spec.seed)
+    dropped = 0
+    for step in range(spec.gen_tokens):
+        if spec.mode == "beam" and step > 0:
+            picks = np.bincount(rng.integers(0, K, size=K), minlength=K)
+            for beam, count in zip(beams, picks.tolist(), strict=True):
+                if not count:
+                    pool.release(beam, ReleaseReason.CANCELLED)
+            dropped += int(np.count_nonzero(picks == 0))
+            kept = []
+            for beam, count in zip(beams, picks.tolist(), strict=True):
+                if count:
+                    kept.append(beam)
+                    for _ in range(count - 1):
+                        pool.fork(beam, next_id)
+                        kept.append(next_id)
+                        next_id += 1
+            beams = kept
+            track()
+        for beam in beams:
+            pool.append(beam, 1)
+        track()
+        if progress is not None:
+            progress(1)
+    usage = pool.usage()
+    return ScenarioResult(
+        spec=spec, logical_blocks=usage.logical_blocks, physical_blocks=usage.used_blocks,
+        cow_copies=pool.store.counters["cow_copies"], peak_blocks=peak,
+        forks=pool.store.counters["forks"] // len(groups),
+        dropped_branches=dropped, group_blocks=tuple(u.held_blocks for u in pool.group_usage()),
     )

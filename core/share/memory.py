@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ParameterError
+from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec
 from ..model.sizing import bits_to_bytes
+from ..pool.groups import PoolGroup, pool_groups
 from ..units import format_bytes
 
 
@@ -58,7 +60,42 @@ class PoolBytes:
         return blocks * self.bytes_per_block
 
 
-def pool_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, longest_tokens: int) -> PoolBytes:
-    """Bytes per block of `spec` at `dtype` (`dtype_bits` per scalar), for sequences up to `longest_tokens`."""
+def pool_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, longest_tokens: int,
+               layout: KVLayout | None = None) -> PoolBytes:
+    """Bytes per block of `spec` at `dtype` (`dtype_bits` per scalar), for sequences up to `longest_tokens`.
+    With a hybrid `layout` (a pool of its KV cache groups) a block is one page in every layer slot of a group,
+    exact: each group holds only what its layers read."""
+    if layout is not None:
+        return PoolBytes(spec.name, dtype, layout.block_size, layout.page_bytes, False)
     return PoolBytes(spec.name, dtype, block_size, block_bytes(spec, dtype_bits, block_size),
                      bytes_upper_bound(spec, dtype_bits, longest_tokens))
+
+
+def model_groups(spec: ModelSpec | None, dtype_bits: int, block_size: int, layout: str | None,
+                 mamba_cache_mode: str | None) -> tuple[KVLayout | None, tuple[PoolGroup, ...] | None]:
+    """(the model's KV cache layout, its pool groups): groups None for one group of full attention (a plain
+    pool) or no model. `mamba_cache_mode` given for a model without recurrent layers is refused."""
+    if spec is None:
+        return None, None
+    if mamba_cache_mode is not None and not spec.has_state:
+        raise ParameterError(f"mamba_cache_mode {mamba_cache_mode} applies to a model with recurrent layers; "
+                             f"{spec.name} has none: drop it", "mamba_cache_mode")
+    mode = "none" if mamba_cache_mode is None else mamba_cache_mode.strip().lower()
+    found = kv_layout(spec, dtype_bits, block_size, DEFAULT_LAYOUT if layout is None else layout.strip().lower(), 1,
+                      mode)
+    return found, pool_groups(found)
+
+
+def group_doc(layout: KVLayout, group_blocks: tuple[int, ...], bytes_per_block: int) -> dict:
+    """Each layer type's block tables, physical blocks and bytes (`group_blocks`: per pool group, in the order
+    pool_groups makes them: each type's tables one after another)."""
+    rows, at = [], 0
+    for g in layout.groups:
+        blocks = sum(group_blocks[at : at + g.pages_per_block])
+        at += g.pages_per_block
+        name = g.kind if g.window is None else f"{g.kind} {g.window:,}"
+        rows.append({"group": f"{name} ({g.layers} {g.source} layers)", "kind": g.kind, "window": g.window,
+                     "layers": g.layers, "block_tables": g.pages_per_block, "physical_blocks": blocks,
+                     "physical_bytes": blocks * bytes_per_block})
+    return {"layout": layout.layout, "block_size": layout.block_size, "reason": layout.reason,
+            "mamba_cache_mode": layout.mamba_cache_mode, "block_bytes": bytes_per_block, "groups": rows}

@@ -16,37 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
-from ..errors import ParameterError
-from ..model.kv_groups import KVLayout
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from ..pool.block_pool import ReleaseReason
-from ..pool.groups import PoolGroup
+from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
 
-MAX_POOL_GROUPS = 256  # block tables per sequence a simulated hybrid pool keeps
-
-
-def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
-    """The pool groups of a layout: one per block table, so a layer type that spans k of vLLM's groups (or
-    takes k pages of the ideal layout's unit) is k groups alike. None for one table of full attention (the
-    plain PagedPolicy)."""
-    if len(layout.groups) == 1 and layout.groups[0].kind == "full" and layout.groups[0].pages_per_block == 1:
-        return None
-    mixed = [g for g in layout.groups if g.block_tokens != layout.block_size]
-    if mixed:
-        raise ParameterError(
-            f"{layout.layout} layout: the {mixed[0].kind} layers' blocks hold {mixed[0].block_tokens} tokens, the "
-            f"pool's {layout.block_size}: a pool whose groups page different tokens per block is not simulated; "
-            "use layout ideal", "layout")
-    groups = []
-    for g in layout.groups:
-        label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
-        groups += [PoolGroup(g.kind, g.window, label)] * g.pages_per_block
-    if len(groups) > MAX_POOL_GROUPS:
-        raise ParameterError(
-            f"{layout.layout} layout: {len(groups):,} block tables per sequence (pages of {layout.page_bytes:,} B), "
-            f"above the simulator's {MAX_POOL_GROUPS}; use layout vllm", "layout")
-    return tuple(groups)
+__all__ = ["GroupedPagedPolicy", "pool_groups"]
 
 
 class GroupedPagedPolicy:
@@ -69,22 +44,7 @@ class GroupedPagedPolicy:
 
     # ---- admission ---------------------------------------------------------------------------------
     def peak_blocks(self, total_tokens: int) -> int:
-        """The most blocks one request of `total_tokens` can hold at once (prefill chunks of at most
-        max_batched_tokens T): full ceil(n / B); sliding the window and a chunk, ceil((W − 1 + T) / B) + 1;
-        chunked C + T; a state page (none), two (align: but a prompt chunk's pages are taken first), every
-        page (all)."""
-        B, n, T = self.block_size, total_tokens, self.max_batched_tokens
-        mode, blocks = self.pool.state_mode, 0
-        for g in self.groups:
-            if g.kind == "full" or (g.kind == "state" and mode == "all"):
-                blocks += ceil_div(n, B)
-            elif g.kind == "sliding":
-                blocks += min(ceil_div(n, B), ceil_div(g.window - 1 + T, B) + 1)  # type: ignore[operator]
-            elif g.kind == "chunked":
-                blocks += min(ceil_div(n, B), ceil_div(g.window + T, B) + 1)  # type: ignore[operator]
-            else:
-                blocks += 1 if mode == "none" else max(2, min(ceil_div(n, B), ceil_div(T, B) + 1))
-        return blocks
+        return peak_blocks(self.groups, total_tokens, self.block_size, self.pool.state_mode, self.max_batched_tokens)
 
     def never_fits(self, rid: int, total_tokens: int) -> bool:
         return self.peak_blocks(max(total_tokens - 1, 1)) > self.pool.num_blocks

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..pool.groups import PoolGroup
+from ..pool.groups import PoolGroup, pool_groups
 from .hardware import MemoryPlan
 from .paged import mooncake_prompt_keys
-from .paged_groups import pool_groups
 from .scheduler import SchedulerConfig
 from .speculative import SimSpeculation
 from .steptime import StepTimeModel

@@ -134,24 +134,25 @@ def test_bad_trace_input(run_cli, tmp_path: Path, mooncake: Path) -> None:
     one_line_error(run_cli("share", "--trace", "parquet", str(mooncake)), "parquet")
 
 
-def test_sliding_window_model_bytes_are_flagged_as_an_upper_bound(run_cli):
-    # Mistral-7B-v0.1: every layer keeps only 4,096 tokens, but the pool holds every layer for every block;
-    # 2 MiB per block = 32 layers · 8 KV heads · 128 · 2 (K, V) · 2 B · 16 tokens = 2,097,152 B.
+def test_sliding_window_model_pages_only_the_window(run_cli):
+    # Mistral-7B-v0.1: every layer keeps only the last 4,096 tokens: one sliding group (vllm layout), a block of
+    # 32 layers · 8 KV heads · 128 · 2 (K, V) · 2 B · 16 tokens = 2,097,152 B, exact (no upper bound any more).
+    # 8,000 shared + 100 generated: the last token was written at 8,099, so each branch keeps blocks from
+    # floor((8,099 − 4,095) / 16) = 250 to ceil(8,100 / 16) − 1 = 506: the prompt's blocks 250..499 (8,000 = 500
+    # full blocks) shared, ceil(100 / 16) = 7 own -> 250 + 2 · 7 = 264 physical blocks
     doc = run_cli("share", "--prefix", "8000", "--branches", "2", "--gen", "100", "--model", "mistral-7b-v0.1",
                   "--json").json()
-    assert doc["block_bytes"] == 2_097_152 and doc["bytes_upper_bound"] is True
+    assert doc["block_bytes"] == 2_097_152 and doc["bytes_upper_bound"] is False
+    assert doc["physical_blocks"] == 264 and doc["physical_bytes"] == 264 * 2_097_152
+    assert [(g["kind"], g["window"], g["physical_blocks"]) for g in doc["kv_cache_groups"]["groups"]] == [
+        ("sliding", 4096, 264)]
     result = run_cli("share", "--prefix", "8000", "--branches", "2", "--gen", "100", "--model", "mistral-7b-v0.1")
-    assert "bytes are an upper bound" in result.stdout
-    # 100 + 10 tokens stay inside the 4,096-token window: the bytes are exact; 4,000 + 100 = 4,100 > 4,096.
-    doc = run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "100", "--gen", "10", "--json").json()
-    assert doc["bytes_upper_bound"] is False
-    assert run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "4000", "--gen", "100",
-                   "--json").json()["bytes_upper_bound"] is True
-    assert run_cli("share", "--model", "mistral-7b-v0.1", "--prefix", "4000", "--gen", "96",
-                   "--json").json()["bytes_upper_bound"] is False
+    assert "upper bound" not in result.stdout and "vllm layout" in result.stdout
     doc = run_cli("share", "--model", "llama-3-8b", "--json").json()
-    assert doc["bytes_upper_bound"] is False
+    assert doc["bytes_upper_bound"] is False and "kv_cache_groups" not in doc
     assert "upper bound" not in run_cli("share", "--model", "llama-3-8b").stdout
+    one_line_error(run_cli("share", "--model", "llama-3-8b", "--mamba-cache-mode", "align"), "recurrent")
+    one_line_error(run_cli("share", "--layout", "ideal"), "model")
 
 
 def test_one_branch_and_one_dropped_beam_are_singular(run_cli) -> None:

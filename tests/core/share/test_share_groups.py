@@ -1,0 +1,105 @@
+"""`share` on hybrid models (issue 19): --prefix 32768 --branches 4 --gen 2048, bf16, block 16 asked for, vLLM's
+layout. Each figure is worked by hand per group (B = the layout's block; one block id = one page in each of the
+G layer slots of a group). At the end every branch holds n = 32,768 + 2,048 = 34,816 tokens; its last token
+was written at computed = 34,815, so a sliding table keeps blocks from floor((34,815 − W + 1) / B) and a chunked
+one from floor(34,815 / C) · C / B; a state table holds one page per branch (mode none), copied from the
+prompt's page before the branch first writes it (K − 1 copies per state table; the last branch writes in place).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcalc.core.model.layers import LayerGroup
+from kvcalc.core.model.models import ModelSpec, get_preset
+from kvcalc.core.model.state import RecurrentState
+from kvcalc.core.share.forks import ScenarioSpec, run_scenario
+from kvcalc.core.share.memory import block_bytes, group_doc, model_groups, pool_bytes
+
+ATTN_8x128 = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 32}
+
+
+def jamba() -> ModelSpec:
+    return ModelSpec.from_groups("Jamba-1.5-Mini", (
+        LayerGroup("full", 4, **ATTN_8x128),
+        LayerGroup("none", 28, note="mamba1", state=RecurrentState("mamba1", "bf16", "bf16", d_inner=8192, d_conv=4,
+                                                                   d_state=16, dt_rank=256))),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=262_144)
+
+
+def granite_h_small() -> ModelSpec:
+    return ModelSpec.from_groups("Granite-4.0-H-Small", (
+        LayerGroup("full", 4, **ATTN_8x128),
+        LayerGroup("none", 36, note="mamba2", state=RecurrentState("mamba2", "bf16", "bf16", d_inner=8192, d_conv=4,
+                                                                   d_state=128, heads=128, head_dim=64, n_groups=1))),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=131_072)
+
+
+def qwen3_next() -> ModelSpec:
+    return ModelSpec.from_groups("Qwen3-Next-80B", (
+        LayerGroup("full", 12, kv_heads=2, k_head_dim=256, v_head_dim=256, q_heads=16),
+        LayerGroup("none", 36, note="gated_deltanet", state=RecurrentState(
+            "gated_deltanet", "bf16", "bf16", d_conv=4, heads=32, head_dim=128, k_heads=16, k_dim=128))),
+        num_attention_heads=16, hidden_size=2048, max_position_embeddings=262_144)
+
+
+# (model, block B, bytes of a block id, physical blocks per layer type in layout order, CoW copies)
+CASES = [
+    # Gemma-3-27B: id 10 · 16 · 8,192 = 1,310,720 B. full: 2,048 shared + 4 · 128 = 2,560; sliding W 1,024, 6
+    # tables: from floor(33,792 / 16) = 2,112 to 2,175: 64 own blocks per branch -> 6 · 4 · 64 = 1,536.
+    # 4,096 ids = 5 GiB (the single-group pool held 2,560 blocks of 62 layers: 19.38 GiB, 3.9x)
+    (lambda: get_preset("Gemma-3-27B"), 16, 1_310_720, [2_560, 1_536], 0),
+    # gpt-oss-120b: id 18 · 16 · 2,048 = 589,824 B. full 2,560; sliding W 128: from floor(34,688 / 16) = 2,168: 8
+    # per branch -> 32
+    (lambda: get_preset("gpt-oss-120b"), 16, 589_824, [2_560, 32], 0),
+    # Llama-4-Scout: id 12 · 16 · 4,096 = 786,432 B. chunked C 8,192, 3 tables: from 32,768 / 16 = 2,048: 128 own
+    # per branch -> 3 · 4 · 128 = 1,536; full 2,560
+    (lambda: get_preset("Llama-4-Scout"), 16, 786_432, [1_536, 2_560], 0),
+    # Nemotron-H-56B: B 4,128, id 169,082,880 B. full: 32,768 = 7 · 4,128 + 3,872 -> 7 shared + 4 · ceil((3,872 +
+    # 2,048) / 4,128) = 8 -> 15, 3 copies of the shared partial block; state: 6 tables · 4 branches = 24 pages,
+    # 6 · 3 = 18 copies. (The single-group pool held no state per branch.)
+    (lambda: get_preset("Nemotron-H-56B"), 4_128, 169_082_880, [15, 24], 21),
+    # Jamba: B 80, id 1,310,720 B. full: 32,768 = 409 · 80 + 48 -> 409 + 4 · ceil(2,096 / 80) = 4 · 27 -> 517;
+    # state 7 tables · 4 = 28; copies 3 + 7 · 3 = 24
+    (jamba, 80, 1_310_720, [517, 28], 24),
+    # Granite-4.0-H-Small: B 528, id 8,650,752 B. full: 32,768 = 62 · 528 + 32 -> 62 + 4 · ceil(2,080 / 528) = 16
+    # -> 78; state 9 · 4 = 36; copies 3 + 9 · 3 = 30
+    (granite_h_small, 528, 8_650_752, [78, 36], 30),
+    # Qwen3-Next: B 544, id 13,369,344 B. full: 32,768 = 60 · 544 + 128 -> 60 + 4 · ceil(2,176 / 544) = 16 -> 76;
+    # state 3 · 4 = 12; copies 3 + 3 · 3 = 12
+    (qwen3_next, 544, 13_369_344, [76, 12], 12),
+]
+
+
+@pytest.mark.parametrize(("spec", "block", "id_bytes", "per_type", "copies"), CASES)
+def test_share_bytes_per_group(spec, block, id_bytes, per_type, copies):
+    model = spec()
+    layout, groups = model_groups(model, 16, 16, None, None)
+    assert groups is not None and layout.block_size == block and layout.page_bytes == id_bytes
+    scenario = ScenarioSpec(prefix_tokens=32_768, branches=4, gen_tokens=2_048, block_size=layout.block_size)
+    result = run_scenario(scenario, groups=groups, state_mode="none")
+    doc = group_doc(layout, result.group_blocks, pool_bytes(model, "bf16", 16, 16, 34_816, layout).bytes_per_block)
+    assert [g["physical_blocks"] for g in doc["groups"]] == per_type
+    assert result.physical_blocks == sum(per_type)
+    assert [g["physical_bytes"] for g in doc["groups"]] == [b * id_bytes for b in per_type]
+    assert result.cow_copies == copies
+
+
+def test_hybrid_scenario_checks_every_step_small():
+    # a small run with the pool's invariants after every call: Gemma-3-27B's groups, 40 + 4 branches x 30 tokens
+    _, groups = model_groups(get_preset("Gemma-3-27B"), 16, 16, None, None)
+    scenario = ScenarioSpec(prefix_tokens=1_100, branches=3, gen_tokens=40, block_size=16, mode="beam", seed=3)
+    result = run_scenario(scenario, groups=groups, check=True)
+    assert result.physical_blocks == sum(result.group_blocks)
+
+
+def test_gemma3_against_the_single_group_pool():
+    # issue 19: the single-group pool's bytes were ~4x too high for Gemma-3: it holds 2,560 blocks of 16 tokens of
+    # all 62 layers (62 · 16 · 8,192 = 8,126,464 B) = 20,803,747,840 B, the groups 4,096 · 1,310,720 = 5 GiB
+    model = get_preset("Gemma-3-27B")
+    scenario = ScenarioSpec(prefix_tokens=32_768, branches=4, gen_tokens=2_048, block_size=16)
+    single = run_scenario(scenario)
+    assert single.physical_blocks * block_bytes(model, 16, 16) == 2_560 * 8_126_464 == 20_803_747_840
+    layout, groups = model_groups(model, 16, 16, None, None)
+    grouped = run_scenario(scenario, groups=groups)
+    assert grouped.physical_blocks * layout.page_bytes == 5 * 2**30
