@@ -120,10 +120,11 @@ def spec_from_config(
             spec = _read(f, name)
         except ValueError as exc:  # an architecture kvcalc does not know, whose layers it cannot place
             unread = f.unread_structural()
-            if not unread:
-                raise
-            why = str(exc).removeprefix(f"{f.source}: ")  # a missing common field says why; other failures are
-            raise refusal(f, unread, why=why if why.startswith("missing the field") else "") from None  # noise
+            if not unread and not f.data.get("model_type"):
+                raise  # a hand-written config without a model_type: the failure says it all
+            why = str(exc).removeprefix(f"{f.source}: ")
+            # with look-alike fields unread, those are the news; without, the failure itself says why
+            raise refusal(f, unread, why=why if not unread or why.startswith("missing the field") else "") from None
     note = judge_unread(f)
     return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
 

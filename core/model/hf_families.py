@@ -77,8 +77,11 @@ def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
     that could change the KV or the state, at once."""
     model_type = f.data.get("model_type")
     which = f"model_type {model_type!r}" if model_type else "a config without a model_type"
-    listed = ", ".join(fields) if fields else "(none)"
     because = f" ({why})" if why else ""
+    if not fields:
+        return f.error(f"{which} is not an architecture kvcalc knows, and it cannot be read as a plain "
+                       f"decoder{because}")
+    listed = ", ".join(fields)
     return f.error(
         f"{which} is not an architecture kvcalc knows{because}, and it does not read its fields {listed}, "
         "which could change which layers keep KV or how much; its KV would be a guess, so kvcalc stops "

@@ -53,6 +53,12 @@ def test_an_unknown_architecture_whose_layers_cannot_be_placed_names_why_and_the
         load_config(write(tmp_path, config))
 
 
+def test_an_unknown_architecture_that_fails_to_read_names_itself(tmp_path):
+    with pytest.raises(ValueError, match=r"model_type 'acme_lm' is not an architecture kvcalc knows, and it cannot be "
+                                         r"read as a plain decoder \(missing the field 'num_hidden_layers'"):
+        load_config(write(tmp_path, {"model_type": "acme_lm", "hidden_size": 64, "num_attention_heads": 2}))
+
+
 @pytest.mark.parametrize("field", sorted(UNKNOWN))
 def test_a_known_architecture_ignores_fields_it_does_not_read(tmp_path, field):
     # Llama's engines (transformers' LlamaConfig, vLLM's LlamaForCausalLM) read none of these: neither does kvcalc
