@@ -108,7 +108,8 @@ def _report(doc: dict[str, Any]) -> Report:
         tables.append(_timing_table(f"Block-size sweep ({shape})", doc["block_sweep"], cpu))
     notes = [f"implementation: {doc['implementation']}"]
     if cpu:
-        notes.append("CPU times are the pure-torch reference implementation on CPU, not a kernel figure.")
+        default = "CPU times are the pure-torch reference implementation on CPU, not a kernel figure."
+        notes.append(doc["device"].get("timing_note", default))
     else:
         device = doc["device"]
         notes.append(f"device: {device['name']} (driver {device['driver']}, CUDA {device['cuda']}, torch "

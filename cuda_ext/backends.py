@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import CudaUnavailableError
-from .bench import CPU_LABEL, Backend, BenchConfig, DecodeInputs, run_bench
+from .bench import CPU_LABEL, Backend, BenchConfig, DecodeInputs, pinned_cpu_threads, run_bench
 from .flex_paged import flex_paged_op
 
 CUDA_LABEL = "CUDA extension (kvcalc.cuda_ext, paged and contiguous decode kernels)"
@@ -122,10 +122,12 @@ def run_suite(
         from .timing import cpu_median_us
 
         check_run_fits(config)
-        return run_bench(
-            config, CpuReferenceBackend(), device=torch.device("cpu"), device_info=cpu_device_info(), copy_tbps=None,
-            tick=tick, time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=config.iters, warmup=config.warmup),
-        )
+        with pinned_cpu_threads() as threads:
+            return run_bench(
+                config, CpuReferenceBackend(), device=torch.device("cpu"), device_info={**cpu_device_info(), **threads},
+                copy_tbps=None, tick=tick,
+                time_op=lambda op, prepare: cpu_median_us(op, prepare, iters=config.iters, warmup=config.warmup),
+            )
     if not torch.cuda.is_available():
         raise CudaUnavailableError(
             f"--device cuda needs a CUDA GPU, but torch {torch.__version__} sees none "

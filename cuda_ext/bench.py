@@ -12,9 +12,10 @@ block-table entries and seq_lens. Achieved TB/s = bytes / paged time (1 TB = 1e1
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -347,6 +348,28 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
     doc["passed"] = identical and all(row.passed for row in grid) and all(
         row.timed_outputs_match for row in timed_rows)
     return doc
+
+
+CPU_TIMING_THREADS = 1
+CPU_TIMING_NOTE = (
+    "CPU times: the pure-torch reference implementation, torch pinned to 1 thread (with its default threads one "
+    "shape swung 1.15-3.3x between runs: they busy-wait while another process holds a core); a check of the "
+    "harness, paged beside contiguous in one run, not a performance figure.")
+
+
+@contextlib.contextmanager
+def pinned_cpu_threads() -> Iterator[dict[str, Any]]:
+    """Run the CPU timings on CPU_TIMING_THREADS intra-op torch thread(s), restored afterwards; yields what the
+    JSON's device record says about it (threads used, torch's default, and the note)."""
+    import torch
+
+    default = torch.get_num_threads()
+    torch.set_num_threads(CPU_TIMING_THREADS)
+    try:
+        yield {"threads": CPU_TIMING_THREADS, "threads_default": default, "threads_pinned": True,
+               "timing_note": CPU_TIMING_NOTE}
+    finally:
+        torch.set_num_threads(default)
 
 
 def total_steps(config: BenchConfig) -> int:
