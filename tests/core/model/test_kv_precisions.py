@@ -8,6 +8,8 @@ import json
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.dtypes import DTYPE_BITS, parse_dtype
 from kvcalc.core.errors import ParameterError
@@ -122,3 +124,20 @@ def test_size_cli_formula_names_the_page_format(run_cli):
     assert doc["formula"] == "32 full layers · 8,192 tokens · 1,152 B (nvfp4) = 288.00 MiB"
     bad = run_cli("size", "-m", "llama-3-8b", "--dtype", "fp8_ds_mla")
     assert bad.exit_code == 2 and "--dtype 'fp8_ds_mla' is the page of vLLM's sparse-MLA backend" in bad.stderr
+
+
+@given(kv_heads=st.sampled_from([1, 2, 4, 8, 16]), k_dim=st.integers(16, 320), v_dim=st.integers(16, 320),
+       layers=st.integers(1, 80), tp=st.sampled_from([1, 2, 4, 8]))
+@settings(max_examples=60, deadline=None)
+def test_page_formats_by_their_closed_forms(kv_heads, k_dim, v_dim, layers, tp):
+    """Property: per token on one GPU, fp8 pages h·(dk + dv) B, per-token-head adds 8 B a head, nvfp4 packs
+    dk//2 + dk//16 + dv//2 + dv//16 B a head; a GPU holds max(h / tp, 1) heads (replicated below tp)."""
+    from kvcalc.core.model.layers import LayerGroup, kv_bits
+
+    group = LayerGroup("full", layers, kv_heads=kv_heads, k_head_dim=k_dim, v_head_dim=v_dim, q_heads=kv_heads * 2)
+    heads = max(kv_heads // tp, 1)  # powers of two: tp divides the heads or is a multiple of them
+    bytes_of = {name: kv_bits([group], 1, DTYPE_BITS[name], tp) // 8 for name in ("fp8", "fp8_per_token_head",
+                                                                                  "int8_per_token_head", "nvfp4")}
+    assert bytes_of["fp8"] == layers * heads * (k_dim + v_dim)
+    assert bytes_of["fp8_per_token_head"] == bytes_of["int8_per_token_head"] == bytes_of["fp8"] + layers * heads * 8
+    assert bytes_of["nvfp4"] == layers * heads * (k_dim // 2 + k_dim // 16 + v_dim // 2 + v_dim // 16)
