@@ -34,6 +34,10 @@ class ParameterError(ValueError):
     def param(self) -> str:
         return self.params[0]
 
+    def __reduce__(self) -> tuple:
+        """Pickled with its parameters (a worker process's error reaches the parent whole)."""
+        return type(self), (str(self), *self.params)
+
 
 class CudaUnavailableError(RuntimeError):
     """CUDA was asked for but there is no GPU, no driver, no nvcc or no torch (exit code 3)."""

@@ -87,7 +87,7 @@ def _run_ray(base: SimOptions, tasks: Sequence[tuple[int, Point]], on_result: On
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    on_result(refs[ref], ray.get(ref))
+                    on_result(refs[ref], _ray_result(ray, ref))
         except BaseException:
             for ref in pending:
                 ray.cancel(ref)
@@ -95,3 +95,15 @@ def _run_ray(base: SimOptions, tasks: Sequence[tuple[int, Point]], on_result: On
     finally:
         if started:
             ray.shutdown()
+
+
+def _ray_result(ray, ref) -> dict[str, Any]:
+    """ray.get, with a task's own exception raised as it is (Ray wraps it with the worker's traceback, which
+    would turn a one-line `error:` into pages)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise

@@ -27,9 +27,10 @@ from ..sim.checks import finite_float
 from ..sim.metrics import SLO_KEYS, Slo, parse_slo
 from ..sim.options import DEFAULT_MODEL, DEFAULT_RATE, SimOptions
 from ..sim.search import check_attainment, check_search
+from ..sim.setup import build
 from ..sim.workload import from_trace
 from .cache import PointCache, point_key, workload_fingerprint
-from .evaluate import SERVES
+from .evaluate import SERVES, memory_fit
 from .execute import run_points
 from .space import Point, Space, check_space, point_options, sim_argv
 
@@ -95,6 +96,9 @@ def check_request(request: PlanRequest) -> tuple[Slo, float]:
         raise ParameterError("plan searches the paged policy without speculative decoding: drop policy, compare "
                              "and spec_tokens", "policy")
     slo = parse_slo(base.slo)
+    if slo.is_empty:
+        raise ParameterError("slo is required: the targets a deployment must meet, e.g. slo ttft=2,tpot=100ms",
+                             "slo")
     target = check_attainment(True, base.target_attainment)
     check_search(slo, target)
     check_space(request.space)
@@ -111,6 +115,16 @@ def check_request(request: PlanRequest) -> tuple[Slo, float]:
     return slo, target
 
 
+def _check_options(base: SimOptions, points: list[Point]) -> None:
+    """Build the first point that fits, as its worker will: a bad option (a workload option that does not
+    apply, say) is one error here, before any process starts or any point is cached."""
+    for point in points:
+        options = point_options(base, point)
+        if memory_fit(options) is None:
+            build(options)
+            return
+
+
 def run_plan(request: PlanRequest, *, jobs: int = 1, ray_address: str | None = None,
              cache: PointCache | None = None, progress: Callable[[int], None] | None = None) -> PlanResult:
     """Every point's result (cached ones read back), the fronts and the chosen point; `progress(1)` per point."""
@@ -120,6 +134,7 @@ def run_plan(request: PlanRequest, *, jobs: int = 1, ray_address: str | None = N
     spec = resolve_model(base.model, base.config, base.layers, base.kv_heads, base.head_dim) or get_preset(
         DEFAULT_MODEL)
     points = request.space.points()
+    _check_options(base, points)
     keys = [point_key(request.version, repr(spec), fingerprint, point_options(base, p)) for p in points]
     results: dict[int, dict[str, Any]] = {}
     if cache is not None:

@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 
+from kvcalc.core.errors import ParameterError
 from kvcalc.core.plan.cache import PointCache, point_key
+from kvcalc.core.plan.execute import run_points
 from kvcalc.core.plan.planner import run_plan
 from kvcalc.core.plan.space import Space, point_options
 
@@ -45,6 +47,11 @@ def test_ray_gives_the_serial_plan(cases, serial):
         seen = []
         on_ray = run_plan(_small(cases), ray_address="auto", progress=seen.append)
         assert ray.is_initialized()  # a runtime the caller started is left running
+        # a task's own error comes back as it is (not wrapped in Ray's traceback), its parameters kept
+        bad = replace(cases.HAND_BASE, burstiness=0.5)
+        with pytest.raises(ParameterError) as caught:
+            run_points(bad, [(0, cases.HAND_SPACE.points()[0])], lambda index, result: None, ray_address="auto")
+        assert caught.value.params == ("burstiness", "arrival") and "Traceback" not in str(caught.value)
     finally:
         ray.shutdown()
     assert _points(on_ray) == _points(serial)
@@ -98,3 +105,13 @@ def test_a_damaged_cache_file_is_recomputed(cases, tmp_path):
     doc["key"] = "0" * 64  # another point's file under this name
     path.write_text(json.dumps(doc))
     assert run_plan(request, cache=PointCache(tmp_path)).cached == 0
+
+
+def test_an_error_in_a_worker_process_reaches_the_caller_whole(cases):
+    bad = replace(cases.HAND_BASE, burstiness=0.5)  # burstiness without gamma arrivals: refused by build
+    tasks = list(enumerate(cases.HAND_SPACE.points()[:2]))
+    with pytest.raises(ParameterError) as caught:
+        run_points(bad, tasks, lambda index, result: None, jobs=2)
+    assert caught.value.params == ("burstiness", "arrival")
+    with pytest.raises(ParameterError, match=r"burstiness 0\.5 applies to arrival gamma"):
+        run_plan(replace(cases.HAND_REQUEST, base=bad), jobs=2)  # refused in this process, before any worker
