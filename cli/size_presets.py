@@ -71,6 +71,9 @@ def presets_report(dtype: str, tokens: int | None, tables: bool = True) -> Repor
     }
     notes = [f"KV per sequence at {dtype} ({bits} bits; bf16 is the default), sliding windows and chunks applied, "
              "the recurrent state of hybrid models included."]
+    if len(rows) < len(PRESETS):  # a page format vLLM uses for some kinds of layer only
+        notes.append(f"{dtype}: only the presets whose layers vLLM pages in it ({len(PRESETS) - len(rows)} of "
+                     f"{len(PRESETS)} left out).")
     if any(r[f"exceeds_max_positions_{n}"] for r in records for n in contexts):
         notes.append("† the context is above the model's max_position_embeddings.")
     if any(not r["uniform"] for r in records):

@@ -291,6 +291,10 @@ def preset_rows(
     for tokens in contexts:
         if tokens <= 0:
             raise ValueError(f"--tokens must be a positive integer, got {tokens}")
+    if hasattr(bits, "layout"):  # a page format vLLM uses for some kinds of layer only (fp8_ds_mla, nvfp4 ...)
+        specs = [spec for spec in specs if _pages(spec, bits)]
+        if not specs:
+            raise ParameterError(f"dtype {dtype!r}: vLLM pages none of these models' layers in it", "dtype")
     return [
         PresetRow(
             spec=spec,
@@ -300,3 +304,12 @@ def preset_rows(
         )
         for spec in specs
     ]
+
+
+def _pages(spec: ModelSpec, bits: int) -> bool:
+    """Whether every KV layer of `spec` can be paged in the format `bits` names (core/dtypes.py)."""
+    try:
+        spec.kv_bits(1, bits)
+    except ParameterError:
+        return False
+    return True

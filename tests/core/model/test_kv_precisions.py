@@ -141,3 +141,15 @@ def test_page_formats_by_their_closed_forms(kv_heads, k_dim, v_dim, layers, tp):
     assert bytes_of["fp8"] == layers * heads * (k_dim + v_dim)
     assert bytes_of["fp8_per_token_head"] == bytes_of["int8_per_token_head"] == bytes_of["fp8"] + layers * heads * 8
     assert bytes_of["nvfp4"] == layers * heads * (k_dim // 2 + k_dim // 16 + v_dim // 2 + v_dim // 16)
+
+
+def test_the_preset_listing_keeps_the_presets_a_format_pages(run_cli):
+    from kvcalc.core.model.models import PRESETS
+
+    doc = run_cli("size", "--dtype", "nvfp4", "--json").json()
+    mla = [name for name, spec in PRESETS.items() if spec.is_mla]
+    assert mla and len(doc["models"]) == len(PRESETS) - len(mla)  # nvfp4 is not an MLA page
+    llama = next(m for m in doc["models"] if m["name"] == "Llama-3-8B")
+    assert llama["bytes_per_token"] == 36_864
+    table = run_cli("size", "--dtype", "nvfp4").stdout
+    assert f"nvfp4: only the presets whose layers vLLM pages in it ({len(mla)} of {len(PRESETS)} left out)." in table
