@@ -225,3 +225,37 @@ def test_cli_hybrid_bad_input(run_cli, args, says):
     assert bad.exit_code == 2 and says in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 
+
+
+# ---- found in core/pool/hybrid.py (H5's): a state page freed before the step that resumes from it runs ------
+@pytest.mark.xfail(strict=True, reason="HybridPool (align) frees, after a chunk's growth, the state page the chunk "
+                                       "resumes from: n // B − 1 counts the new length, not the written one")
+def test_align_keeps_the_page_a_chunk_resumes_from():
+    """Mode align, B = 4: a first chunk of 6 tokens leaves the state after position 5 in page 1; the next chunk of
+    7 (positions 6..12) must read it, but the pool's after-growth rule max(0, 13 // 4 − 1) = 2 frees pages 0 and 1
+    before the step runs (verify's hybrid-ragged under a 7-token budget in align: 55 tokens differ)."""
+    from kvcalc.core.pool.block_pool import NULL_BLOCK
+    from kvcalc.core.pool.hybrid import HybridPool
+
+    pool = HybridPool(20, 4, (PoolGroup("full"), PoolGroup("state")), state_mode="align",
+                      enable_prefix_caching=False)
+    pool.allocate("a", 6)
+    pool.append("a", 7)
+    assert pool.block_tables("a")[1][1] != NULL_BLOCK
+
+
+@pytest.mark.xfail(strict=True, reason="HybridPool (none) moves the running state to a new page at a block boundary "
+                                       "but frees the old page without reporting the move as a copy")
+def test_none_reports_the_state_move():
+    """Mode none, B = 4: after 4 tokens the state is in page 0; appending token 4 frees page 0 before growth and
+    hands out page 1, so an executor must copy page 0 into page 1 first — the append returns no such copy (and the
+    freed page may already be another request's), so the state is lost (hybrid-ragged in none: 90 tokens differ)."""
+    from kvcalc.core.pool.hybrid import HybridPool
+
+    pool = HybridPool(20, 4, (PoolGroup("full"), PoolGroup("state")), state_mode="none",
+                      enable_prefix_caching=False)
+    pool.allocate("a", 4)
+    old = int(pool.block_tables("a")[1][0])
+    copies = pool.append("a", 1)
+    new = int(pool.block_tables("a")[1][1])
+    assert (old, new) in copies
