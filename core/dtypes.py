@@ -6,7 +6,8 @@ formats whose pages hold more than the scalars, as vLLM pages them (vllm/v1/kv_c
 * `fp8_per_token_head`, `int8_per_token_head`: one byte a scalar plus a float32 scale for K and for V of every
   KV head of every token: + 2 · 4 B per KV head per token (vLLM carves them from the KV allocation);
 * `nvfp4`: per KV head, d//2 bytes of fp4 data and d//16 bytes of fp8 block scales (one per 16 values), for
-  K (d = K head dim) and V each;
+  K (d = K head dim) and V each; full-attention layers only (vLLM packs it in FullAttentionSpec, not in its
+  sliding-window, chunked or MLA specs, so kvcalc refuses it there);
 * `fp8_ds_mla`: DeepSeek's sparse-MLA layout (FlashMLA-sparse): 656 B per token per layer — a 512-wide
   fp8 latent, 4 float32 scales (one per 128) and the 64-wide rope part in bf16: 512 + 16 + 128.
 

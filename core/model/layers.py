@@ -166,6 +166,9 @@ class LayerGroup:
         if layout == "per_token_head":
             return heads * (self.k_head_dim + self.v_head_dim) * 8 + heads * 2 * 32 + indexer
         assert layout == "nvfp4", layout
+        if self.kind != "full":  # vLLM packs nvfp4 in FullAttentionSpec only; its sliding / chunked specs do not
+            raise ParameterError(f"dtype {name!r}: vLLM packs nvfp4 pages for full-attention layers only, and "
+                                 f"these are {self.kind} layers; use fp8 or fp8_per_token_head", "dtype")
         packed = sum(d // 2 + d // 16 for d in (self.k_head_dim, self.v_head_dim))
         return heads * packed * 8 + indexer
 

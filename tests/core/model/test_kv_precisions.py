@@ -91,6 +91,9 @@ def test_formats_vllm_does_not_page_for_a_layer_kind_are_refused_naming_dtype(tm
         assert info.value.params == ("dtype",)
     with pytest.raises(ParameterError, match="'fp8_ds_mla' is the page of vLLM's sparse-MLA backend"):
         per_token(LLAMA3_8B, "fp8_ds_mla")
+    # vLLM's nvfp4 packing lives in FullAttentionSpec; SlidingWindowSpec / ChunkedLocalAttentionSpec page 1 B a scalar
+    with pytest.raises(ParameterError, match="nvfp4 pages for full-attention layers only, and these are sliding"):
+        per_token(get_preset("gemma-2-9b"), "nvfp4")
     with pytest.raises(ParameterError, match="weight_dtype 'fp8_ds_mla' is not a known precision"):
         parse_dtype("fp8_ds_mla", "weight_dtype")
 
@@ -147,8 +150,9 @@ def test_the_preset_listing_keeps_the_presets_a_format_pages(run_cli):
     from kvcalc.core.model.models import PRESETS
 
     doc = run_cli("size", "--dtype", "nvfp4", "--json").json()
-    mla = [name for name, spec in PRESETS.items() if spec.is_mla]
-    assert mla and len(doc["models"]) == len(PRESETS) - len(mla)  # nvfp4 is not an MLA page
+    # nvfp4 is neither an MLA page nor one of windowed layers
+    mla = [name for name, spec in PRESETS.items() if spec.is_mla or spec.num_sliding_layers]
+    assert mla and len(doc["models"]) == len(PRESETS) - len(mla)
     llama = next(m for m in doc["models"] if m["name"] == "Llama-3-8B")
     assert llama["bytes_per_token"] == 36_864
     table = run_cli("size", "--dtype", "nvfp4").stdout
