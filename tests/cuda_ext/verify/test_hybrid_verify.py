@@ -162,7 +162,7 @@ def test_swa_early_free_is_caught(name, weights):
 @pytest.mark.parametrize("name", ["hybrid-prefix-cache", "hybrid-prefix-chunked"])
 def test_stale_state_is_caught_by_the_content_check(name, weights):
     """The hit's state page one block early: the state after position 15, where the hit resumes at 20; the content
-    check names it even where no token changes (prefix-chunked: 0 mismatched tokens at seed 0)."""
+    check names the page, where the hit resumes and where the state was saved."""
     fault = HybridFault("stale-state")
     result = run_hybrid_scenario(build_hybrid(name, 256, 0), weights, seed=0, fault=fault)
     assert fault.fired == 4 and result.fault == "caught"
