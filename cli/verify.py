@@ -84,7 +84,9 @@ def _report(doc: dict[str, Any]) -> Report:
              "step later; all events in --json"]
     rule = doc["pass_rule"]
     if doc["dtype"] == "fp32":
-        notes.append(f"pass rule: every token identical, |Δlogit| <= {rule['fp32_logit_tolerance']:.0e}; the pool's "
+        bounds = [x["logit_tolerance"] for x in doc["scenarios"] if x["logit_tolerance"] is not None]
+        span = f" = {min(bounds):.1e}..{max(bounds):.1e} here" if bounds else ""
+        notes.append(f"pass rule: every token identical, |Δlogit| <= {rule['fp32_logit_tolerance']}{span}; the pool's "
                      "invariants before every step and whole after; the content check clean; the events the "
                      "scenario's name needs non-zero (0! marks one missing)")
     else:

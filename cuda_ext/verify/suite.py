@@ -87,8 +87,8 @@ def resolve_device(device: str) -> torch.device:
 
 def pass_rule(dtype: str) -> dict[str, Any]:
     if dtype == "fp32":
-        return {"tokens": "identical", "fp32_logit_tolerance": f"{FP32_ULPS_PER_LAYER} x num_layers x 2^-23 x "
-                "max |reference logit| (per scenario: its logit_tolerance)"}
+        return {"tokens": "identical", "fp32_logit_tolerance": f"{FP32_ULPS_PER_LAYER} x layers x 2^-23 x "
+                "max|reference logit|"}
     return {"tokens": f"at the first mismatch each side's token is in the other's top {TOP_K} "
                       "(seeded sampling: in the other's sampling top_k)", "top_k": TOP_K}
 

@@ -202,3 +202,22 @@ def test_hf_model_given_config_json_asks_for_its_folder(run_cli, tmp_path) -> No
     assert result.exit_code == 2
     assert result.stderr == (f"error: --hf-model {config} is a file: give the folder that holds config.json "
                              f"(--hf-model {tmp_path})\n")
+
+
+def test_model_smollm2_runs_a_scenario_on_real_chat_prompts(run_cli):
+    from kvcalc.cuda_ext.verify.gguf_model import ModelNotInstalledError, find_gguf
+
+    try:
+        find_gguf("smollm2-135m")
+        import gguf  # noqa: F401
+    except (ModelNotInstalledError, ImportError) as exc:
+        pytest.skip(f"the model is not installed: {exc}")
+    result = run_cli("verify", "--device", "cpu", "--model", "smollm2-135m", "--scenario", "aligned-repeat", "--json")
+    assert result.exit_code == 0, result.stdout[-2000:]
+    doc = json.loads(result.stdout)
+    assert doc["model"]["weights"] == "smollm2-135m" and doc["model"]["num_layers"] == 30
+    (s,) = doc["scenarios"]
+    assert s["passed"] and s["mismatched_tokens"] == 0 and s["events"]["capped_hits"] > 0
+    assert s["max_abs_logit_diff"] <= s["logit_tolerance"]
+    text = doc["texts"][0]
+    assert text["identical"] and text["reference"] == text["paged"] and text["user"].endswith("?")

@@ -8,7 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvcalc.cuda_ext.verify.shadow import ShadowKV, prefix_ids  # noqa: E402
-from kvcalc.cuda_ext.verify.verdict import FP32_LOGIT_TOLERANCE, Decoding, compare  # noqa: E402
+from kvcalc.cuda_ext.verify.verdict import Decoding, compare, fp32_logit_tolerance  # noqa: E402
+
+# the tolerance of a 2-layer model whose largest logit is 3 (rows() below): 16 x 2 x 2^-23 x 3 = 1.14e-5
+TOLERANCE = 16 * 2 * 2.0**-23 * 3
 
 
 def rows(*best: int, vocab: int = 8) -> torch.Tensor:
@@ -21,16 +24,23 @@ def rows(*best: int, vocab: int = 8) -> torch.Tensor:
 
 def test_identical_decodings_pass_and_report_the_logit_difference():
     ref = Decoding((1, 2, 3), rows(1, 2, 3))
-    test = Decoding((1, 2, 3), rows(1, 2, 3) + FP32_LOGIT_TOLERANCE / 2)
+    test = Decoding((1, 2, 3), rows(1, 2, 3) + TOLERANCE / 2)
     verdict = compare([ref], [test], exact=True)
     assert (verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch) == (3, 0, None)
-    # float32 rounds 3 + 5e-5: the difference is 5e-5 to 3 digits
-    assert verdict.max_abs_logit_diff == pytest.approx(FP32_LOGIT_TOLERANCE / 2, rel=1e-2) and verdict.passed
+    # float32 rounds 3 + 5.7e-6 to a multiple of 2^-22 (2.4e-7): the difference is 5.7e-6 to within 10 %
+    assert verdict.max_abs_logit_diff == pytest.approx(TOLERANCE / 2, rel=0.1) and verdict.passed
+    assert verdict.logit_tolerance == TOLERANCE == fp32_logit_tolerance(2, 3.0)
+
+
+def test_the_fp32_tolerance_grows_with_depth_and_the_logits_scale():
+    # SmolLM2-135M: 30 layers, logits near 30 -> 16 x 30 x 2^-23 x 30 = 1.72e-3 (its paths differ by ~1e-4)
+    assert fp32_logit_tolerance(30, 30.0) == pytest.approx(1.7166e-3, rel=1e-4)
+    assert fp32_logit_tolerance(2, 0.5) == fp32_logit_tolerance(2, 1.0)  # logits below 1 count as 1
 
 
 def test_fp32_fails_on_a_logit_past_the_tolerance_even_with_equal_tokens():
     logits = rows(1, 2)
-    logits[1, 5] += 2 * FP32_LOGIT_TOLERANCE
+    logits[1, 5] += 2 * TOLERANCE
     assert not compare([Decoding((1, 2), rows(1, 2))], [Decoding((1, 2), logits)], exact=True).passed
 
 
