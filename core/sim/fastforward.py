@@ -86,12 +86,13 @@ class FastForward:
         totals.busy_s += d
         totals.steps += 1
         totals.add_itl(s.now_s - s.last_token_s[run], 1)
-        later = [rid for rid in sampled_admitted if not np.isnan(s.first_token_s[rid])]
+        first_token_s = s.first_token_s
+        later = [rid for rid in sampled_admitted if first_token_s[rid] == first_token_s[rid]]  # not NaN
         if later:
             totals.add_itl(s.now_s - s.last_token_s[later], 1)
         for rid in sampled_admitted:
-            if np.isnan(s.first_token_s[rid]):
-                s.first_token_s[rid] = s.now_s
+            if first_token_s[rid] != first_token_s[rid]:  # NaN: no token yet
+                first_token_s[rid] = s.now_s
         s.last_token_s[run] = s.now_s
         s.generated[run] += 1
         sampled = run
@@ -116,7 +117,7 @@ class FastForward:
             return 0, None
         if not s.waiting and self.policy.releases_in_segment:
             return -1, None
-        k = int(np.min(s.stop_at[run] - s.generated[run]))
+        k = int((s.stop_at[run] - s.generated[run]).min())  # methods: np.min's dispatch costs more on ~13
         k_memory, plan = self.policy.decode_steps_available(s.computed[run])
         return min(k, k_memory), plan
 
@@ -147,17 +148,18 @@ class FastForward:
         until = min(self._until(), s.next_deadline)
         # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`
         if until < np.inf:
-            first_s = st.decode_steps_s(n, float(context0), float(np.sum(self._excess(tokens0, 1))))
+            excess1 = float(self._excess(tokens0, 1).sum()) if st.sliding_share else 0.0
+            first_s = st.decode_steps_s(n, float(context0), excess1)
             k = min(k, int((until - s.now_s) / first_s) + 2)
         steps = self._steps_upto(k + 1)
         d = st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64), self._excess(tokens0, k))
         ends = np.empty(k + 1)
         ends[0] = s.now_s
         ends[1:] = d
-        np.cumsum(ends, out=ends)  # ends[j + 1] = end of step j, summed in the order of now += d
+        ends.cumsum(out=ends)  # ends[j + 1] = end of step j, summed in the order of now += d
         # step j starts at ends[j]; it belongs to this run only if it starts before `until`
         if until < np.inf:
-            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+            k = min(k, int(ends[:k].searchsorted(until)))
             if k < 2:
                 return False
             d, ends = d[:k], ends[: k + 1]
