@@ -387,7 +387,8 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
             "fits": cap.fits,
             "vllm_num_blocks": cap.layout_blocks,
             "vllm_block_size": None if cap.layout is None else cap.layout.block_size,
-            "vllm_layout": None if cap.layout is None else cap.layout.reason,
+            "vllm_layout": None if cap.layout is None else cap.layout.layout,
+            "vllm_block_reason": None if cap.layout is None else cap.layout.reason,  # prose: JSON only
         }
         tables.append(capacity_table(r, doc["capacity"]))
         notes.extend(capacity_notes(r))

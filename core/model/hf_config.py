@@ -30,7 +30,7 @@ from ..inputs.sources import is_stdin, read_source
 from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
-from .hf_groups import attention_layer, model_dtype, read_groups
+from .hf_groups import attention_layer, max_positions, read_groups, tied, weight_dtype
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
@@ -250,35 +250,6 @@ def checkpoint_kv_note(f: ConfigFields) -> str | None:
         return (f"{said}: vLLM pages fp8 only with --kv-cache-dtype fp8 (these are its per-tensor scales; auto "
                 "keeps the model dtype); kvcalc sizes the precision given (--dtype fp8 for that)")
     return f"{said}: not a KV format vLLM pages from the checkpoint; kvcalc sizes the precision given"
-
-
-def max_positions(f: ConfigFields) -> int | None:
-    return f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len",
-                 "context_length")
-
-
-def tied(f: ConfigFields) -> bool | None:
-    """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma: tied)."""
-    tied = f.flag("tie_word_embeddings")
-    if tied is None and str(f.raw("model_type")).startswith("gemma"):
-        return True
-    return tied
-
-
-# quantization_config quant_method -> the precision most weights are stored in (scales aside).
-_QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_4bit": "int4"}
-
-
-def weight_dtype(f: ConfigFields) -> str | None:
-    """The checkpoint's weight precision: a quantization_config's, else the model dtype (None if unnamed)."""
-    quant = f.raw("quantization_config")
-    if isinstance(quant, Mapping):
-        method = str(quant.get("quant_method", ""))
-        bits = quant.get("bits") or quant.get("w_bit")
-        dtype = _QUANTIZED.get(method) or {4: "int4", 8: "int8"}.get(bits if isinstance(bits, int) else 0)
-        if dtype is not None:
-            return dtype
-    return model_dtype(f)
 
 
 def groups_head_dim(groups: tuple) -> int:

@@ -352,3 +352,32 @@ def _merge(layers: list[LayerGroup]) -> tuple[LayerGroup, ...]:
         key = dataclasses.replace(g, count=1)
         counts[key] = counts.get(key, 0) + g.count
     return tuple(dataclasses.replace(g, count=c) for g, c in counts.items())
+
+
+def max_positions(f: ConfigFields) -> int | None:
+    return f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len",
+                 "context_length")
+
+
+def tied(f: ConfigFields) -> bool | None:
+    """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma: tied)."""
+    tied = f.flag("tie_word_embeddings")
+    if tied is None and str(f.raw("model_type")).startswith("gemma"):
+        return True
+    return tied
+
+
+# quantization_config quant_method -> the precision most weights are stored in (scales aside).
+_QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_4bit": "int4"}
+
+
+def weight_dtype(f: ConfigFields) -> str | None:
+    """The checkpoint's weight precision: a quantization_config's, else the model dtype (None if unnamed)."""
+    quant = f.raw("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", ""))
+        bits = quant.get("bits") or quant.get("w_bit")
+        dtype = _QUANTIZED.get(method) or {4: "int4", 8: "int8"}.get(bits if isinstance(bits, int) else 0)
+        if dtype is not None:
+            return dtype
+    return model_dtype(f)

@@ -16,7 +16,7 @@ is float32 whatever the model dtype (transformers' RwkvModel).
 from __future__ import annotations
 
 from .hf_fields import ConfigFields
-from .hf_groups import state_dtypes
+from .hf_groups import max_positions, state_dtypes, tied, weight_dtype
 from .layers import FfnGroup, LayerGroup
 from .model_spec import ModelSpec
 from .state import RecurrentState
@@ -24,8 +24,6 @@ from .state import RecurrentState
 
 def recurrent_spec(f: ConfigFields, name: str) -> ModelSpec:
     """The ModelSpec of a pure recurrent config (see the module docstring)."""
-    from .hf_config import max_positions, tied, weight_dtype
-
     model_type = f.raw("model_type")
     n = f.required_int("num_hidden_layers", "n_layer", fix="add it to the file or give --layers")
     hidden = f.required_int("hidden_size", "d_model")
