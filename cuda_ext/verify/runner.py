@@ -25,11 +25,11 @@ import torch
 from ...core.errors import CudaUnavailableError
 from ...core.pool.block_pool import BlockPool
 from ...core.sim.engine import Engine
-from ...core.sim.paged_exact import ExactPagedPolicy
 from ...core.sim.plan import StepOutcome, StepPlan
 from ...core.sim.workload import from_token_ids
 from .beam import paged_beam_search, reference_beam_search
 from .contiguous import Generation, reference_generate
+from .dry_run import ObservedPolicy
 from .executor import ModelExecutor
 from .faults import Fault
 from .paged import allocate_paged_kv
@@ -251,7 +251,7 @@ def _run_scheduled(scenario: Scenario, weights: ModelWeights, seed: int, attenti
                               list(reqs.num_samples), description=f"verify {scenario.name}")
     prompts = workload.prompt_token_ids
     keys = [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None
-    policy = _ObservedPolicy(scenario.num_blocks, B, len(workload), keys)
+    policy = ObservedPolicy(scenario.num_blocks, B, len(workload), keys)
     if fault is not None:
         fault.install(policy.pool)
     generations, lengths, eos = _references(weights, reqs, seed)
@@ -294,22 +294,6 @@ def _hit_error(scenario: Scenario, executor: ModelExecutor) -> str | None:
         if got != tokens:
             return f"request {row} hit {got} tokens; its construction implies {tokens} (an LRU cache of whole blocks)"
     return None
-
-
-class _ObservedPolicy(ExactPagedPolicy):
-    """The exact paged policy, counting growths whose fit the copy-on-write copies decided (`cow_tight_fits`:
-    the new blocks alone fit the free blocks, with the copies they do not)."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.cow_tight_fits = 0
-
-    def _copies_needed(self, rids: np.ndarray, totals: np.ndarray) -> int:
-        copies = super()._copies_needed(rids, totals)
-        if copies:
-            need = int((-(-totals // self.block_size) - self.held_blocks[rids]).sum())
-            self.cow_tight_fits += need <= self.pool.num_free_blocks < need + copies
-        return copies
 
 
 def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str,

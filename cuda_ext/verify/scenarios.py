@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...core.sim.scheduler import SchedulerConfig
+from .dry_run import cow_tight_fits
 from .sampling import GREEDY, SamplingParams
 
 BLOCK_SIZE = 4
@@ -129,6 +130,17 @@ def expected_hit(cached: tuple, prompt: tuple, block_size: int) -> int:
     return min(_common(cached, prompt), len(prompt) - 1) // block_size * block_size
 
 
+def _tight_pool(reqs: Requests, near: int, block_size: int, scheduler: SchedulerConfig) -> int:
+    """The pool size nearest `near` (smaller first at equal distance) in which some step's growth fits only
+    without its copy-on-write copies — found by running the scheduler without a model (dry_run), since
+    which sizes do depends on the prompts' lengths."""
+    for size in sorted(range(max(near // 2, 1), 2 * near + 1), key=lambda n: (abs(n - near), n)):
+        if cow_tight_fits(reqs.prompts, reqs.max_new_tokens, reqs.arrival_s, reqs.num_samples, size, block_size,
+                          scheduler) > 0:
+            return size
+    return near
+
+
 def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     """The scenario `name` with prompts drawn from `seed` over a vocabulary of `vocab` token ids, or from
     `source` (an object with RandomPrompts' methods: real chat prompts, `chat.ChatPrompts`). Pool sizes are
@@ -147,6 +159,14 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
         return max(-(-num_blocks * _blocks(prompts, new, B) // nominal_blocks), 1)
 
     eos = getattr(source, "eos_token_id", None)  # real prompts: the model's own end of sequence (ragged, speculative)
+
+    def out(new: list[int]) -> list[int]:
+        """Output lengths: with a real model 60 % of them (its step costs ~80 ms of CPU, the built-in one's ~1)."""
+        return new if source is None else [max(3, (3 * n + 4) // 5) for n in new]
+
+    def cut(cancel_after: dict[int, int]) -> dict[int, int]:
+        return cancel_after if source is None else {row: max(1, 3 * n // 5) for row, n in cancel_after.items()}
+
     if name == "ragged":
         lengths = [1, 17, 5, 40, 12, 3, 26, 9, 33, 2, 21, 7]
         new = [12, 5, 9, 16, 4, 10, 8, 14, 6, 11, 7, 13] if eos is None else [24, 5, 9, 32, 4, 10, 8, 28, 6, 11, 7, 13]
@@ -156,7 +176,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
         return Scenario(name, ("mixed_steps", "eos_finishes"), num_blocks=pool(128, prompts, new, lengths),
                         requests=reqs)
     if name == "chunked-prefill":
-        lengths, new = [45, 61, 30, 9, 23], [6, 6, 8, 10, 5]
+        lengths, new = [45, 61, 30, 9, 23], out([6, 6, 8, 10, 5])
         prompts = tokens(lengths)
         reqs = _requests(prompts, new, [0, 0, 2, 4, 6])
         return Scenario(name, ("prefill_chunks",), num_blocks=pool(96, prompts, new, lengths), requests=reqs,
@@ -164,13 +184,13 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name == "prefix-cache":
         first, second = src.system(20), src.system(18)
         prompts = tokens([3, 6], first) + tokens([5, 2, 7, 4], second) + tokens([1, 6, 3], first)
-        new = [6] * 9
+        new = out([6] * 9)
         nominal = [23, 26, 23, 20, 25, 22, 21, 26, 23]
         reqs = _requests(prompts, new, [0, 0, 15, 15, 16, 16, 40, 40, 41])
         return Scenario(name, ("prefix_hit_tokens", "evictions"), num_blocks=pool(20, prompts, new, nominal),
                         requests=reqs, prefix_caching=True)
     if name == "parallel-sampling":
-        lengths, new = [13, 22, 7], [8, 6, 10]
+        lengths, new = [13, 22, 7], out([8, 6, 10])
         prompts = tokens(lengths)
         reqs = _requests(prompts, new, [0, 0, 4], [3, 2, 4], sampling=SAMPLED)
         return Scenario(name, ("forks", "cow_copies"), num_blocks=pool(96, prompts, new, lengths), requests=reqs)
@@ -180,7 +200,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
                         beam_prompts=tuple(tuple(p) for p in prompts))
     if name in ("preempt-recompute", "preempt-swap"):
         mode = name.removeprefix("preempt-")
-        lengths, new = [10, 14, 18, 11, 20, 13], [20, 24, 16, 22, 18, 20]
+        lengths, new = [10, 14, 18, 11, 20, 13], out([20, 24, 16, 22, 18, 20])
         prompts = tokens(lengths)
         reqs = _requests(prompts, new, [0] * 6)
         needs = ("preemptions",) if mode == "recompute" else ("preemptions", "swaps")
@@ -189,9 +209,9 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name in ("cancel-reuse", "async-cancel"):
         system = src.system(10)
         prompts = tokens([3, 5, 2, 6], system) + tokens([7, 9, 4, 8, 6])
-        new = [16, 14, 16, 12, 10, 10, 10, 10, 10]
+        new = out([16, 14, 16, 12, 10, 10, 10, 10, 10])
         reqs = _requests(prompts, new, [0, 0, 0, 0, 1, 1, 2, 2, 3],
-                         [2, 1, 2, 1, 1, 1, 1, 1, 1], cancel_after={0: 5, 2: 3, 3: 7, 5: 4, 8: 6})
+                         [2, 1, 2, 1, 1, 1, 1, 1, 1], cancel_after=cut({0: 5, 2: 3, 3: 7, 5: 4, 8: 6}))
         num_blocks = pool(40, prompts, new, [13, 15, 12, 16, 7, 9, 4, 8, 6])
         if name == "async-cancel":  # blocks come back one step later: no reuse in the very next plan
             return Scenario(name, ("cancellations", "deferred_free_blocks", "late_reads"), num_blocks=num_blocks,
@@ -201,9 +221,9 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name == "tiny-pool":
         system = src.system(9)
         prompts = tokens([4, 7, 2], system) + tokens([15, 6, 22]) + tokens([5, 3], system)
-        new = [14, 10, 12, 9, 16, 8, 11, 10]
+        new = out([14, 10, 12, 9, 16, 8, 11, 10])
         reqs = _requests(prompts, new, [0, 0, 1, 2, 3, 5, 9, 12],
-                         [2, 1, 2, 1, 1, 1, 2, 1], sampling=SAMPLED, cancel_after={1: 4, 5: 5, 9: 3})
+                         [2, 1, 2, 1, 1, 1, 2, 1], sampling=SAMPLED, cancel_after=cut({1: 4, 5: 5, 9: 3}))
         return Scenario(name, ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations",
                                "evictions"), num_blocks=pool(24, prompts, new, [13, 16, 11, 15, 6, 22, 14, 12]),
                         requests=reqs, prefix_caching=True,
@@ -220,7 +240,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
         # a 7-token step budget (not a multiple of the block size): prefill chunks end inside full prompt
         # blocks, whose content keys the pool must get only once the block is written
         system = src.system(18)
-        lengths, new = [5, 9, 3, 11, 7, 6], [5, 4, 6, 5, 4, 6]
+        lengths, new = [5, 9, 3, 11, 7, 6], out([5, 4, 6, 5, 4, 6])
         prompts = tokens(lengths, system)
         reqs = _requests(prompts, new, [0, 0, 6, 6, 12, 14])
         return Scenario(name, ("prefix_hit_tokens", "prefill_chunks", "mid_block_chunks"),
@@ -232,7 +252,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
         system = src.system(8)
         originals = src.aligned([16, 12], system) + src.aligned([20])
         prompts = originals + originals
-        new = [5] * 6
+        new = out([5] * 6)
         expect = tuple((3 + i, expected_hit(p, p, B)) for i, p in enumerate(originals))
         reqs = _requests(prompts, new, [0, 0, 0, 12, 12, 13])
         return Scenario(name, ("prefix_hit_tokens", "capped_hits"), num_blocks=pool(64, prompts, new, [16, 12, 20] * 2),
@@ -240,11 +260,12 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name == "fork-pressure":
         # parallel samples forked in a pool that is nearly full: a step's growth fits only if its
         # copy-on-write copies of shared partial blocks are counted too
-        lengths, new = [13, 10, 7, 15, 9], [10, 12, 9, 8, 11]
+        lengths, new = [13, 10, 7, 15, 9], out([10, 12, 9, 8, 11])
         prompts = tokens(lengths)
         reqs = _requests(prompts, new, [0, 0, 1, 2, 3], [3, 2, 4, 3, 2], sampling=SAMPLED)
-        return Scenario(name, ("forks", "cow_copies", "preemptions", "cow_tight_fits"),
-                        num_blocks=pool(18, prompts, new, lengths), requests=reqs)
+        num_blocks = _tight_pool(reqs, pool(18, prompts, new, lengths), B, DEFAULT_SCHEDULER)
+        return Scenario(name, ("forks", "cow_copies", "preemptions", "cow_tight_fits"), num_blocks=num_blocks,
+                        requests=reqs)
     if name == "evict-return":
         # a returns (b2 shares b's system prompt) after z evicted all but b2's prefix blocks: the least recently
         # used cached blocks go first, a block's chain from its first block on, so exactly that prefix is left
@@ -252,10 +273,10 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
         a, b = tokens([6], first)[0], tokens([7], second)[0]
         z = tokens([40])[0]
         b2, a2 = tokens([5], second)[0], tokens([6], first)[0]
-        prompts, new = [a, b, z, b2, a2], [4, 4, 6, 4, 4]
+        prompts, new = [a, b, z, b2, a2], out([4, 4, 6, 4, 4])
         q = expected_hit(b, b2, B) // B
         # z holds every block but b2's q prefix blocks at its peak: the pool is exactly that big
-        num_blocks = q + _blocks([z], [6], B)
+        num_blocks = q + _blocks([z], [new[2]], B)
         assert num_blocks >= max(_blocks([p], [m], B) for p, m in zip(prompts, new, strict=True)), "a request alone"
         reqs = _requests(prompts, new, [0, 10, 20, 40, 50])
         return Scenario(name, ("prefix_hit_tokens", "evictions"), num_blocks=num_blocks, requests=reqs,

@@ -128,3 +128,15 @@ def test_expected_hit_never_covers_the_last_prompt_token():
     assert expected_hit(prompt, prompt, 4) == 8  # (12 - 1) // 4 * 4: the last block is recomputed
     assert expected_hit(prompt, (*prompt, 99), 4) == 12
     assert expected_hit(prompt, (0, 1, 2, 7), 4) == 0  # 3 common tokens: no whole block
+
+
+def test_the_dry_run_schedules_as_the_model_run_does(weights):
+    # fork-pressure's pool is picked by a model-free run of the scheduler: it must count the same CoW-decided
+    # fits as the run with the model (tokens do not change the scheduling)
+    from kvcalc.cuda_ext.verify.dry_run import cow_tight_fits
+
+    scenario = build("fork-pressure", weights.config.vocab_size, SEED)
+    r = scenario.requests
+    dry = cow_tight_fits(r.prompts, r.max_new_tokens, r.arrival_s, r.num_samples, scenario.num_blocks, BLOCK_SIZE,
+                         scenario.scheduler)
+    assert dry > 0 and dry == run("fork-pressure", weights).events["cow_tight_fits"]

@@ -137,3 +137,17 @@ def test_the_model_answers_in_english(smollm):
     ids = tokenizer.encode(chat_text("You are a helpful assistant.", "What is the capital of France?"))
     answer = tokenizer.decode(reference_generate(weights, ids, 8).output_ids)
     assert "Paris" in answer, answer
+
+
+@needs_model
+def test_chat_prompts_share_their_system_prompt_and_align_when_asked(smollm):
+    from kvcalc.cuda_ext.verify.chat import ChatPrompts
+    from kvcalc.cuda_ext.verify.scenarios import expected_hit
+
+    _, _, tokenizer = smollm
+    source = ChatPrompts(tokenizer)
+    system = source.system(0)
+    a, b = source.tokens([1, 1], system)
+    assert a != b and expected_hit(a, b, 4) >= 16  # the system prompt's whole blocks are a prefix-cache hit
+    assert all(len(p) % 4 == 0 for p in source.aligned([1, 1, 1], system))
+    assert tokenizer.decode(a).startswith(f"<|im_start|>system\n{system}<|im_end|>")
