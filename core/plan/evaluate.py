@@ -1,8 +1,9 @@
 """One point of a plan: the `kvcalc sim --max-rate` run of its options, or the reason it was not run.
 
     1. does not fit: the memory plan of `kvcalc sim` (hardware.plan_memory, whose workspace estimate is
-       core/model/gpu_plan's) leaves no KV pool, or a pool smaller than one max-length sequence
-       (ceil(max_model_len / block) blocks) — pruned, nothing simulated;
+       core/model/gpu_plan's) leaves no KV pool, or sim's paged pool says a request of max_model_len tokens
+       could never run in it (its `never_fits`, per KV cache group for hybrid models) — pruned, nothing
+       simulated;
     2. requests longer than the context: more than (1 − attainment) · N requests are longer than
        max_model_len; every engine rejects them, so attainment ≤ 1 − those / N < target — pruned;
     3. the run at the point's own load (one replica at 1/replicas of the workload's rate), exactly as
@@ -25,15 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import dtype_bits, parse_dtype
 from ..errors import ParameterError
-from ..gpus import get_gpu
-from ..model.models import get_preset, resolve_model
-from ..sim.checks import byte_count
 from ..sim.hardware import plan_memory
-from ..sim.options import DEFAULT_MODEL, SimOptions
+from ..sim.options import SimOptions
 from ..sim.record import CANCELLED
-from ..sim.setup import build
+from ..sim.run import make_policy
+from ..sim.setup import Setup, build
 from ..sim.simulate import Simulation, run_policies, search_max_rates
 from .space import Point, point_options
 
@@ -53,25 +51,32 @@ OOM_REASON = "more KV than the whole pool (OOM)"  # core/sim/scheduler.py's reje
 LATENCY_KEYS = ("ttft", "tpot", "e2e")
 
 
-def memory_fit(options: SimOptions) -> str | None:
-    """None when `kvcalc sim`'s memory plan for `options` leaves a KV pool; else why not (its message).
-    The same call, with the same arguments, as core/sim/setup.build makes."""
-    spec = resolve_model(options.model, options.config, options.layers, options.kv_heads,
-                         options.head_dim) or get_preset(DEFAULT_MODEL)
+def build_or_unfit(options: SimOptions) -> tuple[Setup | None, str | None]:
+    """(`kvcalc sim`'s setup for `options`, None), or (None, why it does not fit) when sim's own memory plan
+    (hardware.plan_memory, called by setup.build) refuses it: the weights, workspace and any reserved state
+    leave no room for one block. Any other error is bad input and is raised."""
     try:
-        plan_memory(
-            spec, get_gpu(options.gpu), kv_dtype_bits=dtype_bits(parse_dtype(options.dtype)),
-            block_size=options.block_size, tp=options.tp, memory_utilization=options.memory_utilization,
-            weight_bytes_per_param=dtype_bits(parse_dtype(options.weight_dtype, "weight_dtype")) / 8,
-            weights_bytes=None if options.weights_bytes is None else byte_count("weights_bytes", options.weights_bytes),
-            workspace_bytes=(None if options.workspace_bytes is None
-                             else byte_count("workspace_bytes", options.workspace_bytes)),
-            max_batched_tokens=options.max_batched_tokens, max_seqs=options.max_seqs)
+        return build(options), None
     except ParameterError as exc:
-        if "gpu_memory" in exc.params:  # a pool too large for the simulator: not a fit problem, an input one
-            raise
-        return str(exc)
-    return None
+        if _raised_in(exc, plan_memory.__code__) and not set(exc.params) & INPUT_PARAMS \
+                and exc.params != POOL_TOO_LARGE:
+            return None, str(exc)
+        raise
+
+
+# plan_memory's errors that are about the input, not the fit: a bad utilisation or weight size, and a pool too
+# large for the simulator (a tiny model on a huge GPU with tiny blocks)
+INPUT_PARAMS = {"memory_utilization", "weights_bytes"}
+POOL_TOO_LARGE = ("block_size", "gpu_memory")
+
+
+def _raised_in(exc: BaseException, code) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _float(value: float) -> float | None:
@@ -82,24 +87,20 @@ def evaluate_point(base: SimOptions, point: Point) -> dict[str, Any]:
     """The point's verdict and figures (module docstring)."""
     options = point_options(base, point)
     result: dict[str, Any] = {"verdict": None, "reason": None}
-    unfit = memory_fit(options)
-    if unfit is not None:
+    setup, unfit = build_or_unfit(options)
+    if setup is None:
         return result | {"verdict": DOES_NOT_FIT, "reason": unfit}
-    setup = build(options)
     plan, sim = setup.plan, setup.sim
     max_len = sim.scheduler.max_model_len
     result["memory"] = {
         "weights_bytes": plan.weights_bytes, "workspace_bytes": plan.workspace_bytes,
         "kv_pool_bytes": plan.pool_bytes, "kv_bytes_per_token": plan.kv_bytes_per_token,
-        "num_blocks": sim.capacity_blocks, "capacity_tokens": sim.capacity_blocks * sim.block_size,
-        "max_model_len": max_len,
+        "num_blocks": sim.capacity_blocks, "block_size": sim.block_size, "max_model_len": max_len,
     }
-    need_blocks = -(-max_len // sim.block_size)
-    if need_blocks > sim.capacity_blocks:
+    if make_policy("paged", setup.workload, sim).never_fits(0, max_len):
         return result | {"verdict": DOES_NOT_FIT, "reason": (
-            f"the KV pool holds {sim.capacity_blocks:,} blocks of {sim.block_size} ("
-            f"{sim.capacity_blocks * sim.block_size:,} tokens) per replica, fewer than the {need_blocks:,} blocks "
-            f"of one max-length sequence ({max_len:,} tokens)")}
+            f"the KV pool's {sim.capacity_blocks:,} blocks of {sim.block_size} per replica cannot hold one "
+            f"max-length sequence ({max_len:,} tokens)")}
     workload = setup.workload
     n = len(workload)
     too_long = int(np.sum(workload.prompt_tokens + workload.output_tokens > max_len))

@@ -27,10 +27,9 @@ from ..sim.checks import finite_float
 from ..sim.metrics import SLO_KEYS, Slo, parse_slo
 from ..sim.options import DEFAULT_MODEL, DEFAULT_RATE, SimOptions
 from ..sim.search import check_attainment, check_search
-from ..sim.setup import build
 from ..sim.workload import from_trace
 from .cache import PointCache, point_key, workload_fingerprint
-from .evaluate import SERVES, memory_fit
+from .evaluate import SERVES, build_or_unfit
 from .execute import run_points
 from .space import Point, Space, check_space, point_options, sim_argv
 
@@ -119,9 +118,8 @@ def _check_options(base: SimOptions, points: list[Point]) -> None:
     """Build the first point that fits, as its worker will: a bad option (a workload option that does not
     apply, say) is one error here, before any process starts or any point is cached."""
     for point in points:
-        options = point_options(base, point)
-        if memory_fit(options) is None:
-            build(options)
+        setup, _ = build_or_unfit(point_options(base, point))
+        if setup is not None:
             return
 
 

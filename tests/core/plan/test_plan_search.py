@@ -58,12 +58,12 @@ def test_weights_that_do_not_fit_are_pruned_with_the_reason(cases):
 
 
 def test_a_pool_smaller_than_one_max_length_sequence_is_pruned(cases):
-    # Llama-3.1-8B on H100-SXM tp1 holds 458,048 tokens (sim's memory plan): 2,000,000 is more
+    # Llama-3.1-8B on H100-SXM tp1 holds 28,628 blocks of 16 = 458,048 tokens (sim's memory plan)
     result = evaluate_point(replace(cases.HAND_BASE, max_model_len=2_000_000), Point("H100-SXM", 1, 16, 8192,
                                                                                         "bf16", 1))
     assert result["verdict"] == DOES_NOT_FIT
-    assert result["memory"]["capacity_tokens"] < 2_000_000
-    assert "fewer than the 125,000 blocks of one max-length sequence" in result["reason"]  # 2e6 / 16
+    assert result["memory"]["num_blocks"] < 125_000  # ceil((2,000,000 - 1) / 16): sim's never_fits
+    assert "cannot hold one max-length sequence (2,000,000 tokens)" in result["reason"]
 
 
 def test_requests_longer_than_the_context_are_pruned(cases):
@@ -74,14 +74,16 @@ def test_requests_longer_than_the_context_are_pruned(cases):
 
 
 def test_a_tiny_pool_under_load_is_a_preemption_storm(cases):
-    # memory utilisation 0.41 of an A100-40GB leaves 67 blocks of 16 (1,072 tokens) after 14.96 GiB of weights
-    # and 0.81 GiB of workspace; 40 requests of 200 + 300 tokens arriving at 50/s are admitted on their
-    # prompts and then pushed out again as they grow
-    base = replace(cases.HAND_BASE, rate="50", prompt_dist="uniform:low=200,high=200",
-                   output_dist="uniform:low=300,high=300", memory_utilization=0.41, max_model_len=1024,
-                   slo="ttft=10,tpot=40ms")
-    result = evaluate_point(base, Point("A100-40GB", 1, 16, 8192, "bf16", 1))
-    assert result["memory"]["capacity_tokens"] == 1072
+    # Memory utilisation 0.41 of an A100-40GB leaves a small pool after 15 GiB of weights; requests of
+    # 0.3 + 0.3 of it each, arriving at 50/s, are admitted two at a time on their prompts and push each other
+    # out as they grow (two need 1.2 pools), over and over
+    point = Point("A100-40GB", 1, 16, 8192, "bf16", 1)
+    small = replace(cases.HAND_BASE, rate="50", memory_utilization=0.41)
+    tokens = build(point_options(small, point)).sim.capacity_blocks * 16
+    third = tokens * 3 // 10
+    base = replace(small, prompt_dist=f"uniform:low={third},high={third}",
+                   output_dist=f"uniform:low={third},high={third}", max_model_len=tokens, slo="ttft=10,tpot=40ms")
+    result = evaluate_point(base, point)
     assert result["verdict"] == STORM, result
     assert result["preemptions"] >= result["requests"]
     assert "max_rate_rps" not in result  # the SLO was lost at the point's load: no search
@@ -116,3 +118,23 @@ def test_plan_refuses_what_it_cannot_search(cases):
         run_plan(PlanRequest(cases.HAND_BASE, Space(gpus=("H100-SXM",), tp=(3,)), cases.HAND_PRICES, "t"))
     with pytest.raises(ParameterError, match="rate"):
         run_plan(replace(cases.HAND_REQUEST, base=replace(cases.HAND_BASE, rate="inf")))
+
+
+@pytest.mark.parametrize(("model", "point"), [
+    ("Gemma-2-9B", Point("H100-SXM", 1, 16, 8192, "bf16", 1)),  # sliding-window layers
+    ("Nemotron-H-56B", Point("H100-SXM", 4, 16, 8192, "bf16", 1)),  # Mamba hybrid: recurrent state per sequence
+    ("Nemotron-H-56B", Point("H200", 8, 16, 8192, "bf16", 1)),
+])
+def test_hybrid_models_are_judged_by_sims_own_memory_plan_and_runs(cases, model, point):
+    """The plan's verdict for a hybrid is sim's: a prune carries the error sim itself gives for those options
+    (windows, recurrent state and all), and a simulated point's figures are sim's."""
+    base = replace(cases.HAND_BASE, model=model, requests=20, slo="tpot=200ms")
+    options = point_options(base, point)
+    result = evaluate_point(base, point)
+    if result["verdict"] == DOES_NOT_FIT and "memory" not in result:
+        with pytest.raises(ParameterError) as caught:
+            build(options)
+        assert str(caught.value) == result["reason"]
+    else:
+        alone = simulate(build(options)).summaries["paged"]
+        assert (result["slo_attainment"], result["tpot_p99_s"]) == (alone.slo_attainment, alone.tpot_s.p99)
