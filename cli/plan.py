@@ -65,7 +65,7 @@ def command(**values: Any) -> None:
     Costs come only from --gpu-cost. Latencies come from sim's roofline step-time model, not a measurement.
     """
     from .. import __version__
-    from ..core.plan.cache import PointCache, default_cache_dir
+    from ..core.plan.cache import PointCache, code_fingerprint, default_cache_dir
     from ..core.plan.planner import PlanRequest, run_plan
     from ..core.plan.space import Space, check_gpus, parse_dtypes, parse_ints, parse_prices
     from ..core.sim.simulate import available_cpus
@@ -97,7 +97,7 @@ def command(**values: Any) -> None:
 
         import_ray()  # before any work: a missing extra is one line, not a failure after the cached points
     cache = None if own["no_cache"] else PointCache(own["cache_dir"] or default_cache_dir())
-    request = PlanRequest(base, space, prices, __version__)
+    request = PlanRequest(base, space, prices, f"{__version__}+{code_fingerprint()}")
     jobs = available_cpus() if own["jobs"] is None else own["jobs"]
     total = len(space.points())
     start = time.perf_counter()

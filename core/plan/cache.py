@@ -1,8 +1,8 @@
 """The on-disk cache of finished points: one JSON file per point, keyed by everything that decides it.
 
-    key = sha256(kvcalc version, the model (its resolved spec), the workload's fingerprint (the bytes of
-                 its arrivals and lengths, and prefix ids), the GPU (its datasheet figures), and the point's
-                 `kvcalc sim` options field by field)
+    key = sha256(kvcalc version and a digest of core's sources, the model (its resolved spec), the
+                 workload's fingerprint (the bytes of its arrivals, lengths and prefix ids), the GPU (its
+                 datasheet figures), and the point's `kvcalc sim` options field by field)
 
 A file is written whole (to a temporary name, then renamed) as soon as its point finishes, so an
 interrupted plan keeps every point it finished and the next run resumes from them. A file that cannot be
@@ -32,6 +32,16 @@ def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/kvcalc/plan, or ~/.cache/kvcalc/plan."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "kvcalc" / "plan"
+
+
+def code_fingerprint(root: Path | None = None) -> str:
+    """sha256 of every source file of kvcalc's core (`root`; what computes a point): a development install
+    whose version string has not changed still never reads a point that other code computed."""
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def workload_fingerprint(workload: Workload) -> str:

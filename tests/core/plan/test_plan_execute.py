@@ -115,3 +115,15 @@ def test_an_error_in_a_worker_process_reaches_the_caller_whole(cases):
     assert caught.value.params == ("burstiness", "arrival")
     with pytest.raises(ParameterError, match=r"burstiness 0\.5 applies to arrival gamma"):
         run_plan(replace(cases.HAND_REQUEST, base=bad), jobs=2)  # refused in this process, before any worker
+
+
+def test_code_fingerprint_follows_the_sources(tmp_path):
+    from kvcalc.core.plan.cache import code_fingerprint
+
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "steptime.py").write_text("OVERHEAD = 0.5\n")
+    first = code_fingerprint(tmp_path)
+    assert code_fingerprint(tmp_path) == first
+    (tmp_path / "sim" / "steptime.py").write_text("OVERHEAD = 0.4\n")
+    assert code_fingerprint(tmp_path) != first
+    assert code_fingerprint() == code_fingerprint()  # kvcalc's own core
