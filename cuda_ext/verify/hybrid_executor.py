@@ -80,28 +80,25 @@ class HybridExactPolicy(GroupedPagedPolicy):
 
         bp.skip_blocks = counted
 
-    def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
-                  check: bool = True) -> bool:
-        """GroupedPagedPolicy.grow_many, with the keys of the prompt blocks each growth completes (as the plain
-        PagedPolicy._pool_append passes them). NOTE: the parent passes none, so a prompt block that a later
-        prefill chunk completes is never cached and a hit stops at the first chunk's blocks (verify's
-        hybrid-prefix-chunked found it: 4 tokens hit of 20); test_hybrid_verify.py keeps the reproduction."""
-        pool = self.pool
-        ids, targets = rids.tolist(), totals.tolist()
-        for rid in ids:
-            pool.free_skipped(rid)
-        adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
-        if check and sum(pool.append_need(r, a) for r, a in zip(ids, adds, strict=True)) > pool.num_free_blocks:
-            return False
-        for rid, add in zip(ids, adds, strict=True):
-            if add:
-                old, B = pool.num_tokens(rid), self.block_size
-                keys = None if self.prompt_keys is None else self.prompt_keys[rid][old // B : (old + add) // B]
-                self.copies += pool.append(rid, add, keys if keys else None)
-        return True
-
     def block_table(self, rid: int) -> np.ndarray:
         return self.pool.pools[0].block_table(rid)
+
+    # ---- speculative decoding (core/sim/spec_run.py's SpeculativeScheduler calls these) ----------------------
+    def reserve(self, rid: int, num_slots: int) -> bool:
+        """`num_slots` past the committed tokens in every group (the last token, K drafts, lookahead)."""
+        if not self.pool.can_reserve(rid, num_slots):
+            return False
+        self.copies += self.pool.reserve(rid, num_slots)
+        return True
+
+    def commit(self, rid: int, num_accepted: int) -> int:
+        """Keep the first `num_accepted` reserved slots in every group; the rest roll back."""
+        return self.pool.commit(rid, num_accepted)
+
+    def speculative_parts(self, tokens: np.ndarray, head_rid: int | None, steps) -> tuple[np.ndarray, int, int]:
+        """The pool's memory parts while reservations are open (verify reads no memory figures: 0 slots apart)."""
+        parts, table_bytes = self.parts(tokens, head_rid)
+        return parts, table_bytes, 0
 
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
         if ReleaseReason(reason) == ReleaseReason.PREEMPTED:
@@ -155,7 +152,8 @@ class HybridExecutor:
     `fault`: a HybridFault whose executor-side part (stale-state) acts here."""
 
     def __init__(self, weights: HybridWeights, policy: HybridExactPolicy, prompts: Sequence[Sequence[int]],
-                 sampling: Sequence[SamplingParams], eos_token_id: int | None = None, fault=None) -> None:
+                 sampling: Sequence[SamplingParams], eos_token_id: int | None = None, fault=None,
+                 max_new_tokens: Sequence[int] | None = None, drafter=None) -> None:
         self.weights, self.policy, self.pool = weights, policy, policy.pool
         self.B = policy.block_size
         self.store = HybridStore(weights, self.pool.num_blocks, self.B)
@@ -169,6 +167,8 @@ class HybridExecutor:
         self.counts: Counter[str] = Counter()
         self.content_errors: list[str] = []
         self.first_start: dict[int, int] = {}
+        # speculative decoding: drafter(rid, output index, count) -> draft tokens; each row's output length
+        self.drafter, self.max_new_tokens = drafter, max_new_tokens
 
     # ---- the step ------------------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> StepOutcome:
@@ -193,11 +193,16 @@ class HybridExecutor:
         rows: dict[int, torch.Tensor] = {}
         news = plan.num_new_tokens.tolist()
         self.counts["mixed_steps"] += min(news) == 1 and max(news) > 1
+        drafts = plan.num_draft_tokens
+        accepted: dict[int, int] = {}
         for i, rid in enumerate(plan.request_ids.tolist()):
             c, n = int(plan.num_computed_tokens[i]), news[i]
             self.first_start.setdefault(rid, c)
+            if drafts is not None and drafts[i]:
+                tokens_out[rid], accepted[rid] = self._verify_drafts(rid, c, plan.token_ids[i], int(drafts[i]))
+                continue
             self.counts["prefill_chunks"] += not plan.samples[i]
-            row = self._forward(rid, c, plan.token_ids[i], restored=hits.get(rid, 0))
+            row = self._forward(rid, c, plan.token_ids[i], restored=hits.get(rid, 0))[-1]
             if plan.samples[i]:
                 rows[rid] = row
                 tokens_out[rid] = self._sample(rid, row, c + n)
@@ -208,7 +213,36 @@ class HybridExecutor:
             if self.eos_token_id is not None and token == self.eos_token_id:
                 finished.add(rid)
                 self.counts["eos"] += 1
-        return StepOutcome(STEP_S, tokens_out, frozenset(finished))
+        return StepOutcome(STEP_S, tokens_out, frozenset(finished), accepted if drafts is not None else None)
+
+    def _verify_drafts(self, rid: int, c: int, last: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+        """Greedy verification of k drafts in one paged pass over [last token, drafts] -> (emitted tokens, j): the
+        longest prefix j of drafts equal to the target's own tokens, then its next token. A rejected tail's state
+        is rewound: the page of position c + j gets the state after c + j (the pass saved the one after c + k)."""
+        req = self.requests[rid]
+        remaining = self.max_new_tokens[rid] - len(req.output)
+        proposal = list(self.drafter(rid, len(req.output), k))
+        logits, states = self._forward(rid, c, [*last, *proposal], restored=0, drafts=k, keep_states=True)
+        emitted, j = [], 0
+        while True:
+            row = logits[j]
+            emitted.append(self._sample(rid, row, c + j + 1))
+            if len(emitted) == remaining or j == k or proposal[j] != emitted[-1]:
+                break
+            j += 1
+        self.counts["rollbacks"] += k - j
+        self.counts["accepted_drafts"] += j
+        if j < k and self.state_group is not None and not (self.fault is not None and self.fault.skips_rewind()):
+            self._rewind_state(rid, c + j, states)
+        return tuple(emitted), j
+
+    def _rewind_state(self, rid: int, position: int, states: dict[int, list]) -> None:
+        table, B = self.pool.block_tables(rid)[self.state_group], self.B
+        page = int(table[position // B])
+        for layer, per_token in states.items():
+            self.store.state[layer][page] = per_token[position]
+        self.store.state_tag[page], self.store.state_pos[page] = self._ident_at(rid, position), position
+        self.counts["state_rewinds"] += 1
 
     def _sample(self, rid: int, row: torch.Tensor, position: int) -> int:
         req = self.requests[rid]
@@ -249,13 +283,21 @@ class HybridExecutor:
             self.counts["state_copies"] += dst in state_blocks
 
     # ---- the forward pass --------------------------------------------------------------------------------
-    def _forward(self, rid: int, c: int, new_tokens: Sequence[int], restored: int) -> torch.Tensor:
-        """The request's new tokens at positions c.. through its tables -> the logits [vocab] of the last one."""
+    def _ident_at(self, rid: int, position: int) -> int:
+        req = self.requests[rid]
+        return int(prefix_ids([*req.prompt, *req.output][: position + 1])[-1])
+
+    def _forward(self, rid: int, c: int, new_tokens: Sequence[int], restored: int, drafts: int = 0,
+                 keep_states: bool = False):
+        """The request's new tokens at positions c.. through its tables -> logits [n, vocab] (every new token's:
+        the drafts' last `drafts` are proposals, not yet the request's), and with `keep_states` the recurrent
+        state after each position {layer: {position: state}}."""
         req, B, cfg, store = self.requests[rid], self.B, self.weights.config, self.store
         known = [*req.prompt, *req.output]
-        assert tuple(known[c : c + len(new_tokens)]) == tuple(new_tokens), f"request {rid}: plan tokens differ"
         n = len(new_tokens)
-        ident = prefix_ids(known[: c + n])
+        assert tuple(known[c : c + n - drafts]) == tuple(new_tokens[: n - drafts]), f"request {rid}: plan tokens differ"
+        ident = prefix_ids([*known[:c], *new_tokens])
+        kept: dict[int, dict[int, torch.Tensor]] = {}
         tables = self.pool.block_tables(rid)
         device = self.weights.device
         positions = torch.arange(c, c + n, device=device)
@@ -305,6 +347,8 @@ class HybridExecutor:
                 s = recurrence(s, a[t], x[t])
                 out.append(s)
                 p = c + t
+                if keep_states:
+                    kept.setdefault(layer, {})[p] = s
                 page = int(table[p // B])
                 # the state after the last token of its block, or of the chunk: page p // B, where the table
                 # holds one (mode align keeps only the last pages of a long chunk)
@@ -321,7 +365,9 @@ class HybridExecutor:
             store.state_tag[b], store.state_pos[b] = ident[p], p
         if restored:
             self.counts["state_restores"] += self.state_group is not None
-        return lm_logits(self.weights.body, hidden[-1:])[0]
+        if keep_states:
+            return lm_logits(self.weights.body, hidden), kept
+        return lm_logits(self.weights.body, hidden[-1:] if not drafts else hidden)
 
     def _check_slots(self, rid: int, g: int, table: np.ndarray, ps: np.ndarray, ident: np.ndarray) -> None:
         if not len(ps):

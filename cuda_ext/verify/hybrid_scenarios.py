@@ -20,13 +20,21 @@ mode all (a saved state page at every block boundary) unless said otherwise. Pro
                              pages to the host and back                             swapped_state_pages
     hybrid-cancel            cancellations mid-generation, a queue waiting for      cancellations
                              their blocks
+    hybrid-speculative       K = 3 greedy drafts a step (a drafter that proposes    rollbacks, accepted_drafts,
+                             the reference's tokens with one in three corrupted),   state_rewinds,
+                             verified in one paged pass through reserve / commit;   prefix_hit_tokens
+                             a rejected tail rewinds the state page to the last
+                             accepted position; a shared prompt hits
 
 Faults (each installed into one run's pool or executor; `fired` counts its effects):
 
     swa-early-free  the sliding group frees one block more than its rule allows: a block still inside the
                     window (the next token reads it) goes back to the free queue (kvcached #446's class of bug)
     stale-state     a prefix-cache hit restores the state page of the block before the hit's last one: a state
-                    saved at another position (the Mamba prefix-caching bug class of vLLM #48375)
+                    saved at another position
+    no-state-rewind after a verification rejects drafts, the state page keeps the state computed over them (the
+                    K/V of rejected drafts is harmless, overwritten next step; a recurrent state is not): the
+                    bug class of vLLM #48375
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from .scenarios import SAMPLED, RandomPrompts, Requests, _requests, expected_hit
 HYBRID_BLOCK_SIZE = 4
 HYBRID_SCHEDULER = SchedulerConfig(max_batched_tokens=256, max_seqs=64, max_model_len=1024)
 HYBRID_SCENARIOS = ("hybrid-ragged", "hybrid-prefix-cache", "hybrid-prefix-chunked", "hybrid-no-saved-state",
-                    "hybrid-forks", "hybrid-preempt-recompute", "hybrid-preempt-swap", "hybrid-cancel")
-HYBRID_INJECTIONS = ("swa-early-free", "stale-state")
+                    "hybrid-forks", "hybrid-preempt-recompute", "hybrid-preempt-swap", "hybrid-cancel",
+                    "hybrid-speculative")
+HYBRID_INJECTIONS = ("swa-early-free", "stale-state", "no-state-rewind")
 # events only a hybrid run has, with their short names for the table
 HYBRID_EVENT_LABELS = {"window_frees": "window frees", "state_restores": "state restores",
-                       "state_copies": "state copies", "swapped_state_pages": "swapped state pages"}
+                       "state_copies": "state copies", "swapped_state_pages": "swapped state pages",
+                       "accepted_drafts": "accepted drafts", "state_rewinds": "state rewinds"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class HybridScenario:
     prefix_caching: bool = False
     state_mode: str = "all"
     expect_hits: tuple[tuple[int, int], ...] = field(default=())  # (row, hit tokens its construction implies)
+    spec_tokens: int = 0  # speculative decoding: K greedy drafts per decode step, verified in one pass
 
 
 def build_hybrid(name: str, vocab: int, seed: int) -> HybridScenario:
@@ -102,6 +113,12 @@ def build_hybrid(name: str, vocab: int, seed: int) -> HybridScenario:
                                 preempt="swap" if swap else "recompute")
         needs = ("preemptions", "swaps", "swapped_state_pages") if swap else ("preemptions", "window_frees")
         return HybridScenario(name, needs, 44, reqs, scheduler=sched)
+    if name == "hybrid-speculative":
+        system = src.system(13)
+        prompts = src.tokens([6, 3, 10, 1], system)
+        reqs = _requests(prompts, [20, 18, 22, 16], [0, 30, 31, 32])
+        return HybridScenario(name, ("rollbacks", "accepted_drafts", "state_rewinds", "prefix_hit_tokens"), 120,
+                              reqs, prefix_caching=True, spec_tokens=3)
     prompts = src.tokens([10, 18, 7, 25, 13, 9, 16])  # hybrid-cancel
     reqs = _requests(prompts, [20, 18, 22, 16, 14, 12, 15], [0, 0, 0, 0, 1, 1, 2],
                      cancel_after={0: 3, 2: 6, 3: 2})
@@ -139,6 +156,13 @@ class HybridFault:
             return skip(seq_id, first_block)
 
         bp.skip_blocks = one_block_early
+
+    def skips_rewind(self) -> bool:
+        """Whether the executor leaves a state computed over rejected drafts in place."""
+        if self.name == "no-state-rewind":
+            self.fired += 1
+            return True
+        return False
 
     def restored_page(self, page: int, hit_tokens: int, block_size: int) -> int:
         """The state page a request resuming at a prefix-cache hit reads (logical `page` when correct)."""

@@ -20,6 +20,8 @@ import torch
 from ...core.errors import ParameterError
 from ...core.sim.engine import Engine
 from ...core.sim.plan import StepOutcome, StepPlan
+from ...core.sim.spec_run import SpeculativeEngine
+from ...core.sim.speculative import SimSpeculation
 from ...core.sim.workload import from_token_ids
 from .config import DTYPE_NAMES
 from .contiguous import Generation
@@ -85,12 +87,23 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
     lengths = [reqs.cancel_after.get(row, reqs.max_new_tokens[i]) for row, (i, _) in enumerate(rows)]
     generations = [_reference(weights, reqs.prompts[i], n, sampling[row])
                    for row, ((i, _), n) in enumerate(zip(rows, lengths, strict=True))]
-    executor = HybridExecutor(weights, policy, prompts, sampling, fault=fault)
+    drafter = None
+    if scenario.spec_tokens:
+        def drafter(rid: int, index: int, count: int) -> list[int]:
+            """The reference's next tokens, one in three corrupted (+1): drafts of every acceptance length."""
+            out = generations[rid].output_ids
+            return [out[i] + (hash((rid, i)) % 3 == 0) if i < len(out) else 0 for i in range(index, index + count)]
+    executor = HybridExecutor(weights, policy, prompts, sampling, fault=fault, drafter=drafter,
+                              max_new_tokens=lengths)
     checked = _Checked(executor)
     cancel_at = np.zeros(len(workload), np.int64)
     for row, tokens in reqs.cancel_after.items():
         cancel_at[row] = tokens
-    engine = Engine(workload, policy, checked, scenario.scheduler, cancel_at)
+    if scenario.spec_tokens:
+        speculation = SimSpeculation(scenario.spec_tokens, 1.0)  # acceptance: the model decides
+        engine = SpeculativeEngine(workload, policy, checked, scenario.scheduler, None, speculation=speculation)
+    else:
+        engine = Engine(workload, policy, checked, scenario.scheduler, cancel_at)
     error = None
     try:
         engine.run()  # ends with the policy's check that the pool is whole

@@ -189,12 +189,10 @@ def test_document_shape_and_status(weights):
     assert doc["inject_status"] == "not exercised" and doc["scenarios"][0]["status"] == "passed"
 
 
-# ---- a bug found in core/sim/paged_groups.py (H5's) ----------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="GroupedPagedPolicy.grow_many appends without block keys: prompt blocks a "
-                                       "later prefill chunk completes are never cached (hybrid_executor works around)")
+# ---- a bug verify's hybrid-prefix-chunked found in core/sim/paged_groups.py (appends passed no block keys) ------
 def test_grouped_policy_caches_blocks_later_prefill_chunks_complete():
     """A 26-token prompt prefilled in chunks of 7 (allocate 7, grow to 14, 21, 26), then released: the same prompt
-    must hit min(26, 25) // 4 * 4 = 24 tokens (6 blocks) in every group; the policy hits 4 (the first chunk's one)."""
+    must hit min(26, 25) // 4 * 4 = 24 tokens (6 blocks) in every group (it hit 4, the first chunk's one block)."""
     prompt = tuple(range(100, 126))
     keys = [block_keys(prompt, 4)] * 2
     groups = (PoolGroup("full"), PoolGroup("sliding", 8), PoolGroup("state"))
@@ -227,13 +225,11 @@ def test_cli_hybrid_bad_input(run_cli, args, says):
 
 
 
-# ---- found in core/pool/hybrid.py (H5's): a state page freed before the step that resumes from it runs ------
-@pytest.mark.xfail(strict=True, reason="HybridPool (align) frees, after a chunk's growth, the state page the chunk "
-                                       "resumes from: n // B − 1 counts the new length, not the written one")
+# ---- found by the hybrid model in core/pool/hybrid.py: a state page freed before the step that resumes from it --
 def test_align_keeps_the_page_a_chunk_resumes_from():
     """Mode align, B = 4: a first chunk of 6 tokens leaves the state after position 5 in page 1; the next chunk of
-    7 (positions 6..12) must read it, but the pool's after-growth rule max(0, 13 // 4 − 1) = 2 frees pages 0 and 1
-    before the step runs (verify's hybrid-ragged under a 7-token budget in align: 55 tokens differ)."""
+    7 (positions 6..12) must read it (the pool's after-growth rule max(0, 13 // 4 − 1) = 2 freed pages 0 and 1
+    before the step ran: verify's hybrid-ragged under a 7-token budget in align had 55 tokens differ)."""
     from kvcalc.core.pool.block_pool import NULL_BLOCK
     from kvcalc.core.pool.hybrid import HybridPool
 
@@ -244,12 +240,10 @@ def test_align_keeps_the_page_a_chunk_resumes_from():
     assert pool.block_tables("a")[1][1] != NULL_BLOCK
 
 
-@pytest.mark.xfail(strict=True, reason="HybridPool (none) moves the running state to a new page at a block boundary "
-                                       "but frees the old page without reporting the move as a copy")
 def test_none_reports_the_state_move():
-    """Mode none, B = 4: after 4 tokens the state is in page 0; appending token 4 frees page 0 before growth and
-    hands out page 1, so an executor must copy page 0 into page 1 first — the append returns no such copy (and the
-    freed page may already be another request's), so the state is lost (hybrid-ragged in none: 90 tokens differ)."""
+    """Mode none, B = 4: after 4 tokens the state is in page 0; appending token 4 moves it to page 1, so the append
+    must report the copy page 0 -> page 1 (it freed page 0 with no copy: hybrid-ragged in none had 90 tokens
+    differ)."""
     from kvcalc.core.pool.hybrid import HybridPool
 
     pool = HybridPool(20, 4, (PoolGroup("full"), PoolGroup("state")), state_mode="none",
@@ -259,3 +253,42 @@ def test_none_reports_the_state_move():
     copies = pool.append("a", 1)
     new = int(pool.block_tables("a")[1][1])
     assert (old, new) in copies
+
+
+# ---- speculative decoding ----------------------------------------------------------------------------------
+def test_speculative_rewinds_the_state(weights):
+    """K = 3 drafts a step, one in three corrupted: every rejected tail (rollbacks = rejected drafts) leaves the
+    state page at the last accepted position, and the tokens are plain greedy decoding's."""
+    result = run_hybrid_scenario(build_hybrid("hybrid-speculative", 256, 0), weights, seed=0)
+    ev = result.events
+    assert result.status == "passed" and result.mismatched_tokens == 0
+    assert ev["rollbacks"] > 0 and ev["accepted_drafts"] > 0 and ev["state_rewinds"] > 0
+    # every emitted token is an accepted draft or a verification's own next token: one per verifying step, plus
+    # the first token each prompt's prefill samples
+    assert ev["accepted_drafts"] < result.tokens_compared
+
+
+def test_no_state_rewind_is_caught(weights):
+    fault = HybridFault("no-state-rewind")
+    result = run_hybrid_scenario(build_hybrid("hybrid-speculative", 256, 0), weights, seed=0, fault=fault)
+    assert fault.fired > 0 and result.fault == "caught"
+    assert "of another prefix" in result.first_content_error
+
+
+def test_no_state_rewind_idle_without_drafts(weights):
+    fault = HybridFault("no-state-rewind")
+    result = run_hybrid_scenario(build_hybrid("hybrid-forks", 256, 0), weights, seed=0, fault=fault)
+    assert fault.fired == 0 and result.fault == "not exercised"
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_every_state_mode_under_chunked_prefill(mode, weights):
+    """hybrid-ragged (prompts up to 40 tokens) under a 7-token budget — chunks resume mid-block and across blocks —
+    with one running state page (none) or it and the last saved one (align): tokens identical, content clean."""
+    from dataclasses import replace
+
+    chunked = SchedulerConfig(max_batched_tokens=7, max_seqs=64, max_model_len=1024)
+    scenario = replace(build_hybrid("hybrid-ragged", 256, 0), state_mode=mode, scheduler=chunked)
+    result = run_hybrid_scenario(scenario, weights, seed=0)
+    assert result.status == "passed", result.to_dict()
+    assert result.events["prefill_chunks"] > 0 and result.mismatched_tokens == 0
