@@ -132,8 +132,10 @@ class PrefixIndex:
         cand = present[:max_hit]
         # verify only up to the first block not in the index: a hole ends the chain, whatever follows it
         # (a miss is -1, which as a block id would read the last block: it must never reach verification)
-        if max_hit and cand.min() < 0:
-            cand = cand[: int(np.argmin(cand >= 0))]
+        if max_hit:
+            first_miss = int((cand < 0).argmax())
+            if cand[first_miss] < 0:
+                cand = cand[:first_miss]
         num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
         return Probe(cand[:num_hit], hashes, keys, homes, present, slots, extra_id)
 
@@ -173,14 +175,16 @@ class PrefixIndex:
         """How many leading candidates (block ids intp [m], all indexed) hold the prompt's content: the
         same key, chained after the candidate before (the same block at the same version) or the root."""
         store, m = self.store, len(cand)
-        ok = store.key.take(cand) == keys[:m]
-        parent_ids, parent_vers = store.parent_id.take(cand), store.parent_ver.take(cand)
-        ok[0] &= (parent_ids[0] == -1) & (parent_vers[0] == extra_id)
-        if m > 1:
-            prev = cand[:-1]
-            ok[1:] &= parent_ids[1:] == prev
-            ok[1:] &= parent_vers[1:] == store.version.take(prev)
-        return int(np.argmin(ok)) if np.count_nonzero(ok) < m else m
+        root = int(cand[0])
+        if store.parent_id[root] != -1 or store.parent_ver[root] != extra_id or store.key[root] != keys[0]:
+            return 0
+        if m == 1:
+            return 1
+        prev, rest = cand[:-1], cand[1:]
+        ok = store.key.take(rest) == keys[1:m]
+        ok &= store.parent_id.take(rest) == prev
+        ok &= store.parent_ver.take(rest) == store.version.take(prev)
+        return 1 + int(ok.argmin()) if not ok.all() else m
 
     # ---- registration ---------------------------------------------------------------------------
     def register_prompt(self, table: np.ndarray, probe: Probe, evicted: bool) -> np.ndarray | None:

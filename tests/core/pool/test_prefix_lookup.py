@@ -4,6 +4,8 @@ hole in the chain ends it."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.pool.block_pool import BlockPool
 
@@ -30,3 +32,57 @@ def test_hole_in_the_chain_stops_the_hit() -> None:
     table = pool.block_table("C")
     assert table.min() >= 0 and len(set(table.tolist())) == 3
     pool.check_invariants()
+
+
+ISSUE_20_OPS = [("alloc", 0, 12, []), ("alloc", 1, 4, [0]), ("release", 0, 1, []), ("alloc", 2, 4, [0]),
+                ("append", 2, 4, [1]), ("release", 1, 1, []), ("alloc", 3, 8, []), ("release", 2, 1, []),
+                ("release", 3, 1, []), ("alloc", 0, 9, [0, 1])]
+
+
+@settings(max_examples=200, deadline=None)
+@example(4, ISSUE_20_OPS)
+@given(st.integers(3, 6), st.lists(st.tuples(st.sampled_from(["alloc", "append", "release"]), st.integers(0, 3),
+                                             st.integers(1, 13), st.lists(st.integers(0, 1), max_size=4)),
+                                   max_size=40))
+def test_every_hit_block_holds_the_prompts_content(num_blocks: int, ops: list[tuple[str, int, int, list[int]]]) -> None:
+    """Random allocate / append / release in a pool of 3-6 blocks of 4 tokens, keys 0 or 1 (so
+    chains share prefixes, blocks are evicted and holes appear). An independent record of what each physical
+    block was last written with (the chain of keys from the root, or None) must agree with every hit: the
+    hit blocks hold exactly the prompt's chain, no table holds a negative id, the invariants hold."""
+    B = 4
+    pool = BlockPool(num_blocks, B)
+    content: dict[int, tuple[int, ...] | None] = {}  # physical block -> the chain written in it
+    live: dict[int, tuple[int, list[int]]] = {}  # seq -> (tokens, its keys so far)
+    for op, seq, tokens, raw in ops:
+        if op == "alloc" and seq not in live:
+            keys = raw[: tokens // B]
+            if not pool.can_allocate(tokens, np.array(keys, dtype=np.int64)):
+                continue
+            hits = pool.allocate(seq, tokens, np.array(keys, dtype=np.int64)) // B
+            table = pool.block_table(seq).tolist()
+            assert min(table) >= 0 and len(set(table)) == len(table)
+            for i, block in enumerate(table):
+                chain = tuple(keys[: i + 1]) if i < len(keys) else None
+                if i < hits:
+                    assert content.get(block) == chain, (i, block, content.get(block), chain)
+                else:
+                    content[block] = chain
+            live[seq] = (tokens, list(keys))
+        elif op == "append" and seq in live:
+            old, keys = live[seq]
+            new_total = old + tokens
+            completed = [k for k in raw][: new_total // B - old // B]
+            if len(keys) < old // B or len(completed) < new_total // B - old // B:
+                completed = []  # keys only when every completed block (and every earlier one) has one
+            if not pool.can_append(seq, tokens):
+                continue
+            pool.append(seq, tokens, np.array(completed, dtype=np.int64) if completed else None)
+            table = pool.block_table(seq).tolist()
+            keys = keys + completed if completed else keys
+            for i in range(old // B, len(table)):  # the partial block written on, and the new ones
+                content[table[i]] = tuple(keys[: i + 1]) if i < len(keys) else None
+            live[seq] = (new_total, keys)
+        elif op == "release" and seq in live:
+            pool.release(seq)
+            del live[seq]
+        pool.check_invariants()
