@@ -33,7 +33,9 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
         "every block boundary), except hybrid-no-saved-state (align: no saved state a hit could restore, so no hit)"))
     report.notes.insert(1, (
         "hybrid events: window frees = sliding-table blocks freed as the window moved on, state restores = requests "
-        "resuming from a cached state page, state copies = copy-on-write copies of a state page, swapped state "
-        "pages = state pages brought back from the host"))
+        "resuming from a cached state page, state copies = copies of a state page the pool reported (a fork's own "
+        "state; the running state carried into the next block's page), swapped state pages = state pages brought "
+        "back from the host, accepted drafts / state rewinds = drafts verification kept / states moved back to the "
+        "last accepted position"))
     emit(report, output_format)
     return exit_code(doc)
