@@ -10,11 +10,12 @@ import typer
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
 from ..core.inputs.traces import read_trace
-from ..core.model.kv_groups import KVLayout
+from ..core.model.kv_groups import KVLayout, plan_blocks
 from ..core.model.models import ModelSpec, resolve_model
 from ..core.share.forks import ScenarioResult, ScenarioSpec, closed_form_physical_blocks, run_scenario
 from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, group_doc, model_groups, pool_bytes
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
+from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, GroupReplayResult, largest_request_peak, replay_groups
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
 from . import share_capacity
@@ -166,6 +167,10 @@ def command(
         raise ValueError("give either --capacity-blocks or --memory, not both")
     if memory is not None and spec is None:
         raise ValueError("--memory needs a model to turn bytes into blocks: add --model (or --config)")
+    kv_layout_, groups = model_groups(spec, bits, block, layout, mamba_cache_mode)
+    if groups is not None:
+        _trace_groups(trace, limit, capacity_blocks, memory, spec, dtype, kv_layout_, groups, json_flag, fmt)
+        return
     if trace[0].strip().lower() == "mooncake":
         check_block_size(block)  # before reading a large file
     memory_bytes = None if memory is None else parse_bytes(memory)
@@ -186,6 +191,83 @@ def command(
         result = share_trace(loaded, block, capacity, progress=advance)
     kv = None if spec is None else pool_bytes(spec, dtype, bits, block, result.cached.longest_request_tokens)
     emit(_trace_report(result, spec, kv, memory_bytes), fmt)
+
+
+def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: int | None, memory: str | None,
+                  spec: ModelSpec, dtype: str, layout: KVLayout, groups: tuple, json_flag: bool, fmt: Format) -> None:
+    """Trace mode on a hybrid model: the replay through a pool of its KV cache groups, sized per group."""
+    memory_bytes = None if memory is None else parse_bytes(memory)
+    if memory_bytes is None and capacity_blocks is None:
+        raise ValueError(f"{spec.name} pages several KV cache groups: its replay needs a pool size, give --memory "
+                         "(e.g. 40GiB) or --capacity-blocks")
+    capacity = capacity_blocks if memory_bytes is None else plan_blocks(layout, memory_bytes)
+    loaded = read_trace(trace[0], trace[1])
+    if limit is not None:
+        loaded = loaded.head(limit)
+    need = largest_request_peak(loaded, groups, layout.block_size, layout.mamba_cache_mode)
+    if capacity < need:
+        given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,}" if memory_bytes is not None else (
+            f"--capacity-blocks {capacity:,} is")
+        raise ValueError(f"{given} blocks of {format_bytes(layout.page_bytes)}, fewer than the {need:,} the largest "
+                         f"request holds at its peak ({layout.layout} layout, chunks of {DEFAULT_CHUNK_TOKENS:,}): "
+                         f"give at least {format_bytes(need * layout.page_bytes)}")
+    if not json_flag and fmt is Format.table:
+        err_console.print(f"replaying {loaded.description} at block {layout.block_size} over "
+                          f"{plural(len(groups), 'block table')} …", highlight=False)
+    with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
+        result = replay_groups(loaded, groups, layout.block_size, capacity, layout.mamba_cache_mode,
+                               progress=advance)
+    emit(_trace_groups_report(loaded.description, result, spec, dtype, layout, memory_bytes), fmt)
+
+
+def _trace_groups_report(description: str, r: GroupReplayResult, spec: ModelSpec, dtype: str, layout: KVLayout,
+                         memory_bytes: int | None) -> Report:
+    rows, at = [], 0
+    for g in layout.groups:
+        hits = r.group_hit_tokens[at] if r.group_hit_tokens else 0  # a type's tables hit alike
+        at += g.pages_per_block
+        name = g.kind if g.window is None else f"{g.kind} {g.window:,}"
+        rows.append({"group": f"{name} ({g.layers} {g.source} layers)", "kind": g.kind, "window": g.window,
+                     "block_tables": g.pages_per_block, "hit_tokens": hits,
+                     "token_hit_rate": hits / r.prompt_tokens if r.prompt_tokens else 0.0})
+    doc: dict[str, Any] = {
+        "trace": description, "model": spec.name, "dtype": dtype, "layout": layout.layout,
+        "block_size": r.block_size, "block_bytes": layout.page_bytes, "reason": layout.reason,
+        "mamba_cache_mode": layout.mamba_cache_mode, "capacity_blocks": r.capacity_blocks,
+        "memory_bytes": memory_bytes, "requests": r.requests, "prompt_tokens": r.prompt_tokens,
+        "hit_tokens": r.hit_tokens, "token_hit_rate": r.token_hit_rate, "peak_used_blocks": r.peak_used_blocks,
+        "peak_cached_blocks": r.peak_cached_blocks, "evictions": r.evictions,
+        "largest_request_blocks": r.largest_request_blocks, "groups": rows,
+    }
+    fields = [Field("requests", "requests", format_count), Field("prompt_tokens", "prompt tokens", format_count),
+              Field("hit_tokens", "hit tokens (every group)", format_count),
+              Field("token_hit_rate", "token hit rate", format_percent),
+              Field("peak_used_blocks", "peak used blocks", format_count),
+              Field("peak_cached_blocks", "peak cached free blocks", format_count),
+              Field("evictions", "LRU evictions", format_count),
+              Field("largest_request_blocks", "largest request's peak blocks", format_count)]
+    main = quantity_table(f"prefix-cache replay, {layout.layout} layout, block {r.block_size}, capacity "
+                          f"{format_count(r.capacity_blocks)} blocks of {format_bytes(layout.page_bytes)}",
+                          ["quantity", "value"], fields, [doc])
+    per_group = Table("each group's own longest hits (the hit is the shortest of them)",
+                      ["group", "block tables", "hit tokens", "token hit rate"],
+                      [[g["group"], g["block_tables"], format_count(g["hit_tokens"]),
+                        format_percent(g["token_hit_rate"])] for g in rows],
+                      raw=RawTable(["group", "block_tables", "hit_tokens", "token_hit_rate"],
+                                   [[g["kind"], g["block_tables"], g["hit_tokens"], g["token_hit_rate"]]
+                                    for g in rows]))
+    report = Report(doc=doc, tables=[main, per_group], text=[description])
+    report.notes.append(f"{spec.name}, {dtype}: {layout.layout} layout, {layout.reason}; requests replay one at a "
+                        f"time in arrival order, prompt and output {DEFAULT_CHUNK_TOKENS:,} tokens a chunk; each group "
+                        "keeps only what its layers read, a hashed block that leaves a window stays cached (LRU)")
+    if layout.state_groups:
+        report.notes.append(f"mamba_cache_mode {layout.mamba_cache_mode}: a hit needs a state saved at exactly that "
+                            "boundary; " + ("every block boundary saves one" if layout.mamba_cache_mode == "all" else
+                                            "this mode saves none that the replay can restore, so nothing hits"))
+    elif not r.keyed:
+        report.notes.append("no hits are possible: the trace has no prefix ids (hash_ids), or the block does not "
+                            f"divide {512} tokens")
+    return report
 
 
 def _model_doc(kv: PoolBytes | None) -> dict[str, Any]:

@@ -9,9 +9,11 @@ blocks of B token slots; a sequence holds one block table per group. What a grou
     sliding   the last W tokens                            max(0, computed − W + 1) // B
     chunked   the current chunk of C tokens                (computed // C) · C // B
     state     the recurrent state (Mamba, linear attention), one page a block boundary:
-                mode none   the running state only (1)     (n − 1) // B
-                mode align  it and the last saved one (2)  max(0, n // B − 1)
+                mode none   the running state only (1)     (computed − 1) // B (the page the step resumes from)
+                mode align  it and the last saved one (2)  max(0, computed // B − 1)
                 mode all    a saved state at every block   0
+              (a step that crosses into a new page holds the page it resumes from too: the pool reports the
+              move as a copy (old page, new page) and frees the old page at the sequence's next step)
 
 Freed table entries are NULL_BLOCK (block_pool). A freed block with a content hash stays in the prefix
 cache's LRU and can serve a later hit until it is evicted.
@@ -70,41 +72,32 @@ class PoolGroup:
         return self.label or (self.kind if self.window is None else f"{self.kind} {self.window:,}")
 
     def first_block(self, computed: int, num_tokens: int, block_size: int, state_mode: str) -> int:
-        """The first logical block the table must hold once `computed` tokens are written and it holds
-        `num_tokens` (see the module docstring); blocks before it can be freed."""
+        """The first logical block the table must hold while a step computes tokens `computed`..num_tokens − 1
+        (see the module docstring); blocks before it can be freed. A state group keeps the page the step
+        resumes from (the state after token computed − 1) until the step has run."""
         B = block_size
         if self.kind == "sliding":
             return max(0, computed - self.window + 1) // B  # type: ignore[operator]
         if self.kind == "chunked":
             return computed // self.window * self.window // B  # type: ignore[operator]
-        if self.kind == "state" and num_tokens:
-            if state_mode == "none":
-                return (num_tokens - 1) // B
-            if state_mode == "align":
-                return max(0, num_tokens // B - 1)
+        if self.kind == "state" and state_mode != "all":
+            if not computed:  # nothing to resume from: only the pages this step writes its last states into
+                return max(0, (num_tokens - 1) // B if state_mode == "none" else num_tokens // B - 1)
+            return max(0, (computed - 1) // B if state_mode == "none" else computed // B - 1)
         return 0
 
     def first_block_before_growth(self, computed: int, block_size: int, state_mode: str) -> int:
-        """Blocks freed before an append (so that it can reuse them): as `first_block`, except that a state
-        group frees only whole pages the next token does not write: none moves its running state out of a
-        full page into the next one, align keeps the last saved state."""
-        if self.kind == "state":
-            if state_mode == "none":
-                return computed // block_size
-            if state_mode == "align":
-                return max(0, computed // block_size - 1)
-            return 0
+        """Blocks freed before an append of tokens from `computed` on (so that it can reuse them)."""
         return self.first_block(computed, computed, block_size, state_mode)
 
     def held_blocks(self, num_tokens: int, block_size: int, state_mode: str) -> int:
-        """Blocks a decoding sequence of `num_tokens` holds in this group (computed = num_tokens − 1): the
-        closed form of what the pool does, for plans and checks."""
+        """Blocks a sequence decoding its token num_tokens − 1 holds in this group (computed = num_tokens − 1):
+        the closed form of what the pool does, for plans and checks. A state page crossing into a new block
+        holds the old page too for that step (none: 2 when num_tokens mod B = 1)."""
         if num_tokens <= 0:
             return 0
         total = ceil_div(num_tokens, block_size)
-        skipped = max(self.first_block(num_tokens - 1, num_tokens, block_size, state_mode),
-                      self.first_block_before_growth(num_tokens - 1, block_size, state_mode))
-        return total - min(skipped, total)
+        return total - min(self.first_block(num_tokens - 1, num_tokens, block_size, state_mode), total)
 
 
 FULL = PoolGroup("full")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .accounting import PoolUsage, ReleaseReason
+from .accounting import PoolStats, PoolUsage, ReleaseReason
 from .block_pool import BlockPool
 from .free_queue import FREE_CACHED
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
@@ -123,8 +123,14 @@ class HybridPool:
             max_table_blocks=max((s.num_blocks for p in self.pools for s in p.seqs.values()), default=0),
         )
 
-    def stats(self):
-        return self.pools[0].stats()
+    def stats(self) -> PoolStats:
+        """Counters since creation: blocks (hand-outs, copies, evictions) once each; what happens to sequences
+        (hits, prompts, forks, releases) once per sequence, not once per group."""
+        counters = dict(self.store.counters)
+        per_group = len(self.groups)
+        for name in ("hit_blocks", "hit_tokens", "prompt_tokens", "forks", *(r.counter for r in ReleaseReason)):
+            counters[name] //= per_group
+        return PoolStats(**counters)
 
     # ---- check, then allocate -------------------------------------------------------------------
     def _keys(self, block_keys: BlockKeys) -> BlockKeys:
@@ -146,10 +152,7 @@ class HybridPool:
         hit = self._hit_blocks(num_tokens, block_keys, extra_key)
         B, mode = self.block_size, self.state_mode
         computed = max(hit * B, computed_tokens)
-        # NOTE: a state group under align or all takes every page of the prompt (each one a state saved at a
-        # block boundary the prefix cache can hit); align then keeps the last two
-        firsts = [g.first_block(computed, num_tokens, B, mode) if g.kind != "state" or mode == "none" else 0
-                  for g in self.groups]
+        firsts = [g.first_block(computed, num_tokens, B, mode) for g in self.groups]
         keys = self._keys(block_keys)
         need = 0
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
@@ -190,29 +193,18 @@ class HybridPool:
             self._changed()
         for held in pins:
             store.ref[held] -= 1  # the pin; the new tables hold them now
-        self._skip(seq_id, after_growth=True)
         return hit * self.block_size
 
     # ---- check, then grow -----------------------------------------------------------------------
     def free_skipped(self, seq_id: Hashable) -> int:
-        """Free, in every attention group, the blocks that the sequence's next tokens will not read (left the
-        window, an old chunk); returns how many table entries were freed. `append` and `reserve` call it
-        first, so that what they take may reuse them. (A state page is replaced only by `append` itself.)"""
-        return self._skip(seq_id, after_growth=False, states=False)
+        """Free, in every group, the blocks that the sequence's next tokens will not read (left the window, an
+        old chunk, a state page older than the one the next step resumes from); returns how many table
+        entries were freed. `append` and `reserve` call it first, so that what they take may reuse them."""
+        return self._skip(seq_id)
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
-        """Free blocks an append takes once `free_skipped` has run (Σ over groups), less the state pages it
-        replaces (a full page whose state moves into the next one, none; an older saved state, align)."""
-        if num_tokens <= 0:
-            return 0
-        need = sum(p.append_need(seq_id, num_tokens) for p in self.pools)
-        B, mode = self.block_size, self.state_mode
-        for group, pool in zip(self.groups, self.pools, strict=True):
-            if group.kind == "state":
-                seq = pool.seqs[seq_id]
-                first = group.first_block_before_growth(pool.committed_tokens(seq_id), B, mode)
-                need -= int(np.count_nonzero(pool.store.ref[seq.table[seq.num_skipped : first]] == 1))
-        return need
+        """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
+        return sum(p.append_need(seq_id, num_tokens) for p in self.pools)
 
     def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
         self.free_skipped(seq_id)
@@ -228,12 +220,18 @@ class HybridPool:
             raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks over {len(self.groups)} "
                                      f"groups, {len(self.store.queue)} free")
         keys = self._keys(block_keys)
-        copies = []
-        self._skip(seq_id, after_growth=False, states=True, attention=False)
-        for pool in self.pools:
-            copies += pool.append(seq_id, num_tokens, keys)
+        copies: list[tuple[int, int]] = []
+        B, old = self.block_size, self.pools[0].num_tokens(seq_id)
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            grown = pool.append(seq_id, num_tokens, keys)
+            copies += grown
+            if group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
+                # the running state moves into a new page: it starts as a copy of the page it resumes from
+                table = pool.seqs[seq_id].table
+                move = (int(table[(old - 1) // B]), int(table[(old + num_tokens - 1) // B]))
+                if move not in grown:
+                    copies.append(move)
             self._changed()
-        self._skip(seq_id, after_growth=True)
         return copies
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -250,7 +248,7 @@ class HybridPool:
 
     # ---- speculative slots ----------------------------------------------------------------------
     def can_reserve(self, seq_id: Hashable, num_slots: int) -> bool:
-        self._skip(seq_id, after_growth=False, states=False)
+        self._skip(seq_id)
         return num_slots <= 0 or self.reserve_need(seq_id, num_slots) <= len(self.store.queue)
 
     def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
@@ -259,7 +257,7 @@ class HybridPool:
     def reserve(self, seq_id: Hashable, num_slots: int) -> list[tuple[int, int]]:
         """`num_slots` speculative slots in every group (never hashed) until `commit`. A state group keeps its
         page until the commit: a rollback returns to the state it holds."""
-        self._skip(seq_id, after_growth=False, states=False)
+        self._skip(seq_id)
         need = self.reserve_need(seq_id, num_slots)
         if need > len(self.store.queue):
             raise PoolExhaustedError(f"{num_slots} slots need {need} blocks, {len(self.store.queue)} free")
@@ -284,7 +282,6 @@ class HybridPool:
             if group.kind == "state" and rolled_back:
                 pool.stop_hashing(seq_id)
             self._changed()
-        self._skip(seq_id, after_growth=True)
         return rolled_back
 
     # ---- checks ---------------------------------------------------------------------------------
@@ -298,7 +295,7 @@ class HybridPool:
             logical_tokens=sum(p.logical_tokens for p in self.pools), spare=spare,
         )
         ids = set(self.pools[0].seqs)
-        B, mode = self.block_size, self.state_mode
+        B = self.block_size
         for group, pool in zip(self.groups, self.pools, strict=True):
             assert set(pool.seqs) == ids, f"group {group.name} holds other sequences than group 0"
             check_speculative(pool.spec, pool.seqs)
@@ -312,28 +309,20 @@ class HybridPool:
                 elif group.kind == "chunked":
                     assert skipped * B <= n // group.window * group.window, (  # type: ignore[operator]
                         f"chunked group: sequence {seq_id!r} freed a block of its current chunk")
-                elif group.kind == "state":  # and nothing held that the rule lets go
-                    first = group.first_block(n, n, B, mode)
-                    assert skipped == min(first, seq.num_blocks) or n < seq.num_tokens, (
-                        f"state group: sequence {seq_id!r} holds pages from {skipped}, its rule from {first}")
+                elif group.kind == "state":  # the running state's page is held
+                    assert n == 0 or skipped <= (n - 1) // B, (
+                        f"state group: sequence {seq_id!r} freed the page of its running state")
                 else:
                     assert skipped == 0, f"full group: sequence {seq_id!r} freed a block"
 
     # ---- internals ------------------------------------------------------------------------------
-    def _skip(self, seq_id: Hashable, *, after_growth: bool, states: bool = True, attention: bool = True) -> int:
-        """Free the blocks each group's rule lets go: before growth, given the tokens written (committed);
-        after it, a state group's older pages (its rule depends on the new length)."""
+    def _skip(self, seq_id: Hashable) -> int:
+        """Free the blocks each group's rule lets go once the sequence's committed tokens are written."""
         B, mode, freed = self.block_size, self.state_mode, 0
         for group, pool in zip(self.groups, self.pools, strict=True):
-            if group.kind == "full" or (after_growth and group.kind != "state") or (
-                    not states and group.kind == "state") or (not attention and group.kind != "state"):
-                continue
-            computed = pool.committed_tokens(seq_id)
-            if after_growth:
-                first = group.first_block(computed, computed, B, mode)
-            else:
-                first = group.first_block_before_growth(computed, B, mode)
-            freed += pool.skip_blocks(seq_id, first)
+            if group.kind != "full":
+                freed += pool.skip_blocks(
+                    seq_id, group.first_block_before_growth(pool.committed_tokens(seq_id), B, mode))
         if freed:
             self._changed()
         return freed

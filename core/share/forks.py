@@ -238,7 +238,6 @@ def _run_hybrid(spec: ScenarioSpec, groups: tuple[PoolGroup, ...], state_mode: s
     usage = pool.usage()
     return ScenarioResult(
         spec=spec, logical_blocks=usage.logical_blocks, physical_blocks=usage.used_blocks,
-        cow_copies=pool.store.counters["cow_copies"], peak_blocks=peak,
-        forks=pool.store.counters["forks"] // len(groups),
+        cow_copies=pool.stats().cow_copies, peak_blocks=peak, forks=pool.stats().forks,
         dropped_branches=dropped, group_blocks=tuple(u.held_blocks for u in pool.group_usage()),
     )

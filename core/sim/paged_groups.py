@@ -85,8 +85,18 @@ class GroupedPagedPolicy:
             return False
         for rid, add in zip(ids, adds, strict=True):
             if add:
-                self.copies += pool.append(rid, add)
+                self.copies += pool.append(rid, add, self._completed_keys(rid, add))
         return True
+
+    def _completed_keys(self, rid: int, add: int) -> np.ndarray | list | None:
+        """The content keys of the prompt blocks that growing `rid` by `add` tokens completes (a later prefill
+        chunk), so that they are cached as the first chunk's are; None past the prompt's keyed blocks."""
+        if self.prompt_keys is None:
+            return None
+        keys, B, old = self.prompt_keys[rid], self.block_size, self.pool.num_tokens(rid)
+        if old // B >= len(keys):
+            return None
+        return keys[old // B : min((old + add) // B, len(keys))]
 
     def grow(self, rid: int, total: int) -> bool:
         return self.grow_many(np.array([rid]), np.array([total]))

@@ -322,3 +322,38 @@ def test_an_empty_trace_path_is_refused_as_empty(run_cli) -> None:
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: the path is empty: give the path")
     assert "is a directory" not in result.stderr
+
+
+def test_trace_replay_on_a_hybrid_model_is_sized_per_group(run_cli, mooncake):
+    # gpt-oss-120b (18 full + 18 sliding W 128, block 16, a block id 18 · 16 · 2,048 = 589,824 B), the 3-request
+    # trace above, one at a time:
+    #   1: 1,000 tokens, no hit; its 62 full prompt blocks are hashed in both groups; past the window the sliding
+    #      group frees blocks 0..53 ((1,000 − 127) // 16 = 54), which stay cached
+    #   2: 1,100 tokens, ids [0, 1, 2]: blocks 0..61 match in both groups -> 62 · 16 = 992 hit tokens
+    #   3: 600 tokens, ids [0, 3]: id 0 covers blocks 0..31 -> 512 hit tokens
+    # hit 1,504 of 2,700 prompt tokens = 55.70 %; the largest request (1,110 tokens) holds ceil(1,110/16) = 70
+    # blocks in each group at its peak: 140 blocks
+    doc = run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b", "--capacity-blocks",
+                  "2000", "--json").json()
+    assert (doc["layout"], doc["block_size"], doc["block_bytes"]) == ("vllm", 16, 589_824)
+    assert doc["hit_tokens"] == 1_504 and doc["prompt_tokens"] == 2_700 and doc["evictions"] == 0
+    assert [(g["kind"], g["hit_tokens"]) for g in doc["groups"]] == [("full", 1_504), ("sliding", 1_504)]
+    assert doc["largest_request_blocks"] == 140
+    # --memory is counted in block ids: 100 MiB = 104,857,600 // 589,824 = 177 blocks
+    assert run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b", "--memory", "100MiB",
+                   "--json").json()["capacity_blocks"] == 177
+    # 50 MiB = 88 blocks < 140: refused, naming 140 · 589,824 B = 78.75 MiB
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b", "--memory",
+                           "50MiB"), "88", "140", "78.75 MiB")
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b"), "--memory")
+
+
+def test_trace_on_a_mamba_hybrid_states_its_mode(run_cli, mooncake):
+    # Nemotron-H-56B, mamba_cache_mode none (default): no state is saved, so nothing hits, and the report says so
+    result = run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "Nemotron-H-56B", "--memory",
+                     "20GiB", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["hit_tokens"] == 0 and doc["mamba_cache_mode"] == "none" and doc["block_size"] == 4128
+    table = run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "Nemotron-H-56B", "--memory", "20GiB")
+    assert "mamba_cache_mode none: a hit needs a state saved at exactly that boundary" in table.stdout

@@ -284,8 +284,10 @@ def test_decoding_holds_the_closed_form(n: int, window: int, mode: str):
         pool.append("s", 1)
     usage = pool.group_usage()
     assert [u.held_blocks for u in usage] == [g.held_blocks(n, B, mode) for g in groups]
-    # sliding by hand: ceil(n / B) − floor(max(n − W, 0) / B); state: 1 (none), 1 or 2 (align), ceil(n/B) (all)
+    # sliding by hand: ceil(n / B) − floor(max(n − W, 0) / B); state: the running page, and while the step that
+    # crossed into it runs, the page it resumed from (none: 2 when n mod B = 1); align: it and the last saved
+    # one (2 once past the first block); all: ceil(n / B)
     assert usage[1].held_blocks == -(-n // B) - max(n - window, 0) // B
-    assert usage[3].held_blocks == {"none": 1, "align": 1 if n % B == 0 else min(2, -(-n // B)),
+    assert usage[3].held_blocks == {"none": 2 if n > 1 and n % B == 1 else 1, "align": min(2, -(-n // B)),
                                     "all": -(-n // B)}[mode]
     pool.check_invariants()
