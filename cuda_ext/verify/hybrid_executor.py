@@ -18,6 +18,12 @@ inside the window, is recorded in `content_errors`.
 A step (`execute(plan)`), in the plan's order: swap-outs (from the tables the policy kept when it released the
 request), swap-ins (into the new tables, every group), copy-on-write copies, then per request its new tokens
 through `hybrid_forward` with paged callbacks, sampling, fork children's first tokens.
+
+Speculative decoding (a plan with drafts, core/sim/spec_run.py): the request's last token and K drafts go through
+one paged pass with every position's logits; the longest prefix of drafts equal to the target's greedy tokens is
+accepted, plus the target's next token. The pool rolls the rejected slots back at the commit, and their K/V is
+overwritten by later steps; a recurrent state is not positional, so the executor keeps the state after every
+position of the pass and writes the one after the last accepted position into that position's page (a "rewind").
 """
 
 from __future__ import annotations

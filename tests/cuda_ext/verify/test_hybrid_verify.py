@@ -147,6 +147,11 @@ def test_prefix_hits_only_where_a_state_was_saved(weights):
     none = run_hybrid_scenario(build_hybrid("hybrid-no-saved-state", 256, 0), weights, seed=0)
     assert none.status == "passed" and none.events["prefix_hit_tokens"] == 0
     assert [o[1] for o in saved.outputs[1:]] == [o[1] for o in none.outputs[1:]]  # same prompts, same tokens
+    from dataclasses import replace
+
+    running_only = replace(build_hybrid("hybrid-no-saved-state", 256, 0), state_mode="none")  # saves no state at all
+    result = run_hybrid_scenario(running_only, weights, seed=0)
+    assert result.status == "passed" and result.events["prefix_hit_tokens"] == 0
 
 
 # ---- faults -------------------------------------------------------------------------------------------------
