@@ -13,6 +13,7 @@ from https://github.com/Azure/AzurePublicDataset (AzureLLMInferenceTrace_conv) i
 from __future__ import annotations
 
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -41,14 +42,17 @@ def test_plan_24_points_azure_conv_jobs2_and_cache(tmp_path):
     assert len(space.points()) == 24
 
     load_before = os.getloadavg()[0]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     serial = run_plan(request, jobs=1)
-    serial_s = time.perf_counter() - start
+    serial_s, serial_cpu = time.perf_counter() - start, time.process_time() - cpu
 
     cache = PointCache(tmp_path)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     parallel = run_plan(request, jobs=2, cache=cache)
     parallel_s = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
 
     start = time.perf_counter()
     cached = run_plan(request, jobs=2, cache=cache)
@@ -61,7 +65,9 @@ def test_plan_24_points_azure_conv_jobs2_and_cache(tmp_path):
     print(f"\nplan, Azure conv first {LIMIT:,} requests, 24 points ({verdicts}; {runs} simulated runs): "
           f"serial {serial_s:.1f} s, --jobs 2 {parallel_s:.1f} s ({parallel_s / serial_s:.2f}x), "
           f"from the cache {cached_s:.3f} s ({cached_s / serial_s:.4f}x); load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after on {os.cpu_count()} CPUs")
+          f"{os.getloadavg()[0]:.1f} after on {os.cpu_count()} CPUs; CPU time serial {serial_cpu:.1f} s, the two "
+          f"workers {workers_cpu:.1f} s (parallel wall / (their CPU / 2) = {parallel_s / (workers_cpu / 2):.2f}: "
+          "1.00 when both always had a core)")
     assert _points(parallel) == _points(serial) == _points(cached)
     assert cached.cached == 24
     assert parallel_s <= 0.6 * serial_s, f"--jobs 2 took {parallel_s / serial_s:.2f}x the serial time"
