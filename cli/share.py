@@ -325,11 +325,12 @@ def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolByt
     if layout is not None and kv is not None:
         doc["kv_cache_groups"] = group_doc(layout, result.group_blocks, kv.bytes_per_block)
         report.tables.append(_groups_table(doc["kv_cache_groups"]))
-        report.notes.append(f"{kv.model}: {layout.layout} layout, {layout.reason}; a block id is one page in each "
-                            f"layer slot of a group ({format_bytes(kv.bytes_per_block)}); each branch holds its own "
-                            f"recurrent state (mamba_cache_mode {layout.mamba_cache_mode})"
-                            if layout.state_groups else f"{kv.model}: {layout.layout} layout, {layout.reason}; a "
-                            f"block id is one page in each layer slot of a group ({format_bytes(kv.bytes_per_block)})")
+        unit = (f"a block id is one page in each layer slot of a group ({format_bytes(kv.bytes_per_block)})"
+                if layout.layout == "vllm" else f"a unit is {format_bytes(kv.bytes_per_block)} (the gcd of the "
+                "types' block bytes) and a type's block of B tokens takes 'block tables' units")
+        state = (f"; each branch holds its own recurrent state (mamba_cache_mode {layout.mamba_cache_mode})"
+                 if layout.state_groups else "")
+        report.notes.append(f"{kv.model}: {layout.layout} layout, {layout.reason}; {unit}{state}")
     elif s.mode == "parallel" and s.gen_tokens >= 1:
         report.notes.append(
             f"closed form: floor(P/B) + K·ceil((P mod B + G)/B) = "

@@ -208,6 +208,8 @@ def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
                              f"(Mamba, linear attention); {spec.name} has none: drop mamba_cache_mode",
                              "mamba_cache_mode")
     mode = "none" if o.mamba_cache_mode is None else o.mamba_cache_mode.strip().lower()
+    if o.tp != 1:
+        spec.kv_heads_per_gpu(o.tp)  # an uneven split is refused naming the model and its layers
     return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)
 
 
