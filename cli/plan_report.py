@@ -153,6 +153,12 @@ def build_report(result: PlanResult) -> Report:
         "a point whose run at its own load misses the attainment target is not searched further (its SLO is lost)",
         "cost = price per GPU-hour × tp × replicas (prices from --gpu-cost only)",
     ]
+    raised = sorted({(r["block_size"], r["memory"]["block_size"]) for r in result.points
+                     if "memory" in r and r["memory"]["block_size"] != r["block_size"]})
+    if raised:
+        notes.append("the pool's block differs from the point's --block (a hybrid model's KV cache layout sets its "
+                     "page size): " + ", ".join(f"{a} → {b:,} tokens" for a, b in raised)
+                     + "; the JSON's memory.block_size is the one simulated")
     return Report(doc=doc, tables=tables, notes=notes, text=text)
 
 

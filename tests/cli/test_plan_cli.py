@@ -127,3 +127,18 @@ def test_bad_input_is_one_error_line(run_cli, args, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert message in lines[0], lines[0]
+
+
+def test_a_hybrid_plan_says_which_block_it_simulated(run_cli):
+    """Nemotron-H (Mamba hybrid): the KV cache layout may set the pool's page size; the plan says so."""
+    # a 1 ms TPOT is lost at the point's own load: one run, no search
+    args = ("plan", "--model", "Nemotron-H-56B", "--rate", "0.05", "--requests", "20", "--slo", "tpot=1ms",
+            "--gpu-cost", "H200=5", "--tp", "8", "--replicas", "1", "--jobs", "1", "--no-cache")
+    doc = run_cli(*args, "--json").json()
+    (point,) = doc["points"]
+    assert point["verdict"] == "slo_missed"
+    table = run_cli(*args).stdout
+    simulated = point["memory"]["block_size"]
+    assert ("the pool's block differs" in table) == (simulated != 16)
+    if simulated != 16:
+        assert f"16 → {simulated:,} tokens" in table
