@@ -7,7 +7,8 @@ FLOPs = 2 · active params · (prefill + decode tokens) + attention FLOPs, where
 attends to c context tokens costs 4 · layers · heads · head_dim · c (QKᵀ and PV, a multiply-add each);
 a causal prefill chunk of m tokens after s cached ones attends to s·m + m(m+1)/2 positions.
 Bytes = the weights once per step + the KV read (every context token each step) and written (the new
-tokens). Tensor-parallel communication is not modelled.
+tokens) + a recurrent model's state, read and written once by each sequence of the step (Mamba, linear
+attention: 2 · state bytes per sequence). Tensor-parallel communication is not modelled.
 
 MoE weights: a step reads the dense part (attention, shared experts, router, embeddings) and only the routed
 experts that its T tokens touch. With E routed experts per layer, k per token, and p_e = (total − active) /
@@ -46,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ParameterError
+from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
@@ -91,6 +93,7 @@ class StepTimeModel:
     experts_per_token: int = 0
     window_tokens: int = 0  # sliding window W (0: no sliding layer)
     sliding_share: float = 0.0  # sliding layers / layers
+    state_bytes_per_seq: int = 0  # per GPU: a sequence's recurrent state, read and written by every step it is in
 
     def weights_read_share(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Share of the weights that a step of `tokens` tokens reads: 1 for a dense model; for MoE the dense
@@ -103,17 +106,21 @@ class StepTimeModel:
     def step_s(self, tokens: np.ndarray | float, attn_positions: np.ndarray | float,
                kv_tokens_moved: np.ndarray | float, swap_bytes: float = 0.0,
                excess_positions: np.ndarray | float = 0.0, excess_reads: np.ndarray | float = 0.0,
-               ) -> np.ndarray | float:
+               num_seqs: np.ndarray | float = 0.0) -> np.ndarray | float:
         """Step time for `tokens` computed tokens attending `attn_positions` positions, moving
         `kv_tokens_moved` KV tokens (read + written), all counted as if every layer held every token;
-        `excess_*` (see the module docstring) are what sliding layers skip."""
+        `excess_*` (see the module docstring) are what sliding layers skip; a recurrent model's `num_seqs`
+        sequences each read and write their state once."""
         if self.sliding_share:
             attn_positions = attn_positions - self.sliding_share * excess_positions
             kv_tokens_moved = kv_tokens_moved - self.sliding_share * excess_reads
         flops = self.flops_per_token * tokens + self.attn_flops_per_position * attn_positions
         compute = flops * self.compute_s_per_flop
         weights = self.weights_s if not self.num_experts else self.weights_s * self.weights_read_share(tokens)
-        memory = weights + kv_tokens_moved * self.kv_bytes_per_token * self.kv_s_per_byte
+        moved_bytes = kv_tokens_moved * self.kv_bytes_per_token
+        if self.state_bytes_per_seq:
+            moved_bytes = moved_bytes + 2.0 * self.state_bytes_per_seq * num_seqs
+        memory = weights + moved_bytes * self.kv_s_per_byte
         if isinstance(compute, float) and isinstance(memory, float):  # one step: skip numpy's call overhead
             step = max(compute, memory) + self.overhead_s
         else:
@@ -124,7 +131,8 @@ class StepTimeModel:
                        excess: np.ndarray | float = 0.0) -> np.ndarray | float:
         """Decode-only steps: `num_seqs` tokens, each attending its context (Σ = context_sum, the new
         token included) and writing one KV token; `excess` = Σ max(context − W, 0) (sliding windows)."""
-        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess)
+        return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess,
+                           float(num_seqs))
 
     def chunk_excess(self, start: np.ndarray, count: np.ndarray) -> tuple[float, float]:
         """(excess positions, excess reads) summed over chunks of `count` tokens after `start` cached ones
@@ -177,7 +185,7 @@ class StepTimeExecutor:
         swapped = 0.0 if events is NO_EVENTS else swap_bytes(events.preempted, events.swapped_in,
                                                              model.kv_bytes_per_token)
         return float(model.step_s(float(tokens), float(positions), float(moved), swapped,
-                                  *model.chunk_excess(start, new)))
+                                  *model.chunk_excess(start, new), float(len(new))))
 
 
 def swap_bytes(preempted: tuple[Preemption, ...] | list[Preemption], swapped_in: tuple[SwapIn, ...] | list[SwapIn],
@@ -210,6 +218,7 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_ba
         **moe_shares(spec),
         window_tokens=spec.sliding_window if spec.num_sliding_layers else 0,
         sliding_share=spec.num_sliding_layers / spec.layers,
+        state_bytes_per_seq=bits_to_bytes(spec.state_bits(tp)),
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
         kv_bytes_per_token=plan.kv_bytes_per_token,

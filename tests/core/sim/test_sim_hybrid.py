@@ -143,3 +143,15 @@ def test_a_pool_below_one_block_names_the_layout_block():
     with pytest.raises(ValueError, match="less than one block of its vllm layout") as error:
         build(small_gpu(model="Nemotron-H-56B", gpu_memory=str(2**30 + 100 * 2**20), requests=1))
     assert "block 4128" in str(error.value) and "max_batched_tokens" not in str(error.value)
+
+
+def test_a_decode_step_reads_and_writes_the_state():
+    # Nemotron-H-56B's state is 54 layers x 16,900,096 B = 912,605,184 B per sequence on one GPU; a decode step of
+    # n sequences moves 2 · n of them on top of the KV, at the attention bandwidth: the step of 4 sequences is
+    # 8 · 912,605,184 / (4.8e12 · 0.8) s longer than the same step without a state, when memory-bound
+    setup = build(SimOptions(model="Nemotron-H-56B", gpu="H200", requests=1))
+    st = setup.sim.steptime
+    assert st.state_bytes_per_seq == 54 * 16_900_096
+    plain = st.step_s(4.0, 4_000.0, 4_004.0)  # num_seqs 0: no state read
+    with_state = st.decode_steps_s(4, 4_000.0)
+    assert with_state - plain == pytest.approx(8 * 912_605_184 / (4.8e12 * 0.8), rel=1e-9)
