@@ -169,7 +169,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
 
     if name == "ragged":
         lengths = [1, 17, 5, 40, 12, 3, 26, 9, 33, 2, 21, 7]
-        new = [12, 5, 9, 16, 4, 10, 8, 14, 6, 11, 7, 13] if eos is None else [24, 5, 9, 32, 4, 10, 8, 28, 6, 11, 7, 13]
+        new = [12, 5, 9, 16, 4, 10, 8, 14, 6, 11, 7, 13]
         prompts = tokens(lengths)
         reqs = _requests(prompts, new, [0, 0, 0, 1, 2, 3, 5, 8, 8, 12, 15, 20], eos_from_reference=eos is None,
                          eos_token=eos)
@@ -221,9 +221,9 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name == "tiny-pool":
         system = src.system(9)
         prompts = tokens([4, 7, 2], system) + tokens([15, 6, 22]) + tokens([5, 3], system)
-        new = out([14, 10, 12, 9, 16, 8, 11, 10])
+        new = [14, 10, 12, 9, 16, 8, 11, 10]  # not shortened: its preemptions and evictions need the growth
         reqs = _requests(prompts, new, [0, 0, 1, 2, 3, 5, 9, 12],
-                         [2, 1, 2, 1, 1, 1, 2, 1], sampling=SAMPLED, cancel_after=cut({1: 4, 5: 5, 9: 3}))
+                         [2, 1, 2, 1, 1, 1, 2, 1], sampling=SAMPLED, cancel_after={1: 4, 5: 5, 9: 3})
         return Scenario(name, ("prefix_hit_tokens", "cow_copies", "forks", "preemptions", "swaps", "cancellations",
                                "evictions"), num_blocks=pool(24, prompts, new, [13, 16, 11, 15, 6, 22, 14, 12]),
                         requests=reqs, prefix_caching=True,
@@ -231,7 +231,7 @@ def build(name: str, vocab: int, seed: int, source=None) -> Scenario:
     if name == "speculative":
         system = src.system(10)
         prompts = tokens([3, 6, 2], system) + tokens([9, 14, 5])
-        new = [18, 14, 20, 16, 12, 18]
+        new = [18, 14, 20, 16, 12, 18]  # not shortened: its preemptions need the growth
         reqs = _requests(prompts, new, [0, 0, 4, 6, 8, 8], eos_from_reference=eos is None, eos_token=eos)
         return Scenario(name, ("rollbacks", "preemptions", "prefix_hit_tokens"),
                         num_blocks=pool(22, prompts, new, [13, 16, 12, 9, 14, 5]), requests=reqs,

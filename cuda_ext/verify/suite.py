@@ -11,6 +11,9 @@ caught it (`inject_caught_by`), in which it acted unnoticed (`inject_undetected_
 in which it never acted (`inject_not_exercised_in`), and the whole control's `inject_status`; `exit_code`
 turns a document into the command's exit code.
 
+With `model_name` the weights are a real model's (gguf_model), the prompts real chat prompts (chat), and the
+document has `texts`: a few requests' questions and both paths' decoded answers.
+
 torch runs on one intra-op thread meanwhile: these are thousands of tiny ops, and on a small CPU a second
 thread spins more than it works (the default run on a loaded 2-core machine: 4-8 s with one thread, 94-147 s
 with two).
