@@ -191,8 +191,6 @@ def command(
         from .verify_hybrid import run_hybrid_command
 
         return run_hybrid_command(device, dtype, scenario, inject, seed, hf_model, output_format)
-    if model_name is not None:
-        _require_model(model_name)
     if device == "cuda" and not torch.cuda.is_available():
         raise CudaUnavailableError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
     from ..cuda_ext.verify.scenarios import SCENARIOS
@@ -200,6 +198,8 @@ def command(
 
     config = VerifyConfig(device=device, dtype=dtype, scenarios=tuple(scenario or SCENARIOS), inject=inject,
                           seed=seed, hf_model=hf_model, model_name=model_name)
+    if model_name is not None:
+        _require_model(model_name)
     with progress_bar("kvcalc verify (scenarios)", total=len(config.scenarios)) as advance:
         doc = run_verify(config, advance)
     emit(_report(doc), output_format)

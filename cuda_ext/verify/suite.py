@@ -71,9 +71,11 @@ class VerifyConfig:
         if repeated:
             raise ParameterError(f"scenario {', '.join(repeated)} is given twice; name each scenario once", "scenario")
         if self.model_name is not None and self.model_name not in GGUF_MODELS:
-            raise ParameterError(f"model {self.model_name!r} is not known; use {', '.join(GGUF_MODELS)}", "model")
+            raise ParameterError(f"model_name {self.model_name!r} is not known; use {', '.join(GGUF_MODELS)}",
+                                 "model_name")
         if self.model_name is not None and self.hf_model is not None:
-            raise ParameterError("model and hf_model both name the weights; give one of them", "model")
+            raise ParameterError("model_name and hf_model both name the weights; give one of them", "model_name",
+                                 "hf_model")
         if self.inject is not None and self.inject not in INJECTIONS:
             raise ParameterError(f"inject {self.inject!r} is not a known fault; use one of {', '.join(INJECTIONS)}",
                                  "inject")

@@ -160,6 +160,7 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
      "error: --inject is given twice ('early-free' and 'skip-cow')"),
     (("--inject", ""), "error: --inject '' is not a known fault"),
     (("--json", "--format", "csv"), "error: "),
+    (("--model", "smollm2-135m", "--hf-model", "docs"), "error: --model and --hf-model both name the weights"),
 ])
 def test_bad_input_is_one_line_exit_2(run_cli, args, message):
     result = run_cli("verify", *args)
