@@ -140,7 +140,8 @@ def _write_timeline(path: Path, records: dict) -> None:
 
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["policy", *TIMELINE_COLUMNS])
+        groups = max((len(r.group_block_s) for r in records.values() if r.group_block_s is not None), default=0)
+        writer.writerow(["policy", *TIMELINE_COLUMNS, *(f"group{g}_blocks" for g in range(groups))])
         for name, record in records.items():
             for row in timeline_rows(record):
                 writer.writerow([name, *row])

@@ -7,7 +7,7 @@ from ..core.sim.metrics import STATS
 from ..core.sim.policies import MEMORY_PARTS
 from ..core.sim.simulate import Simulation
 from ..core.units import format_bytes, format_percent
-from .output import Field, Report, Table, quantity_table, record_table
+from .output import Field, RawTable, Report, Table, quantity_table, record_table
 
 
 def _ms(value: float | None) -> str:
@@ -25,6 +25,24 @@ def _groups_doc(plan) -> dict | None:
         "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padded_layers": g.padded_layers,
                     "block_tables": g.pages_per_block, "source": g.source} for g in layout.groups],
     }
+
+
+def _groups_table(plan, policies: list[str], summaries: dict) -> Table:
+    """Each layer type's time-averaged blocks (its block tables together) and its share of the pool."""
+    layout, raw = plan.layout, []
+    for policy in policies:
+        means = summaries[policy].get("group_blocks_mean") or []
+        at = 0
+        for g in layout.groups:
+            blocks = float(sum(means[at : at + g.pages_per_block]))
+            at += g.pages_per_block
+            label = g.kind if g.window is None else f"{g.kind}_{g.window}"
+            raw.append([policy, label, g.layers, g.pages_per_block, blocks, blocks / max(plan.num_blocks, 1)])
+    rows = [[policy, f"{label.replace('_', ' ')} ({layers} layers)", tables, f"{blocks:,.1f}", format_percent(share)]
+            for policy, label, layers, tables, blocks, share in raw]
+    return Table(f"KV cache groups over time ({layout.layout} layout, block {layout.block_size}, time-averaged)",
+                 ["policy", "group", "block tables", "blocks held", "share of the pool"], rows,
+                 raw=RawTable(["policy", "group", "layers", "block_tables", "blocks_held_mean", "pool_share"], raw))
 
 
 def _policy_record(policy: str, summary: dict) -> dict:
@@ -214,6 +232,8 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
                        _MEMORY_FIELDS + ([Field("speculative", "speculative slots (drafts, lookahead, kept)",
                                                 format_percent)] if speculating else []), records),
     ]
+    if plan.layout is not None:
+        tables.append(_groups_table(plan, policies, summaries))
     if speculating and plain:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:

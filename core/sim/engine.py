@@ -42,7 +42,13 @@ class Engine:
 
     def account(self, duration_s: float, parts: np.ndarray, table_bytes: float) -> None:
         s = self.scheduler
-        self.totals.account(s.now_s, duration_s, parts, table_bytes, len(s.running), len(s.waiting))
+        self.totals.account(s.now_s, duration_s, parts, table_bytes, len(s.running), len(s.waiting),
+                            self._group_blocks())
+
+    def _group_blocks(self) -> list[int] | None:
+        """A hybrid pool's blocks per group now (None for a single-group pool)."""
+        group_blocks = getattr(self.policy, "group_blocks", None)
+        return None if group_blocks is None else group_blocks()
 
     # ---- one plain step: plan, execute, apply ------------------------------------------------------------
     def step(self) -> None:
@@ -95,7 +101,7 @@ class Engine:
         s.finished_now = 0
         parts, table_bytes = self.policy.parts(s.computed[s.running_ids], s.head())
         # memory held while the step runs (its new tokens included)
-        self.totals.account(s.now_s, d, parts, table_bytes, len(s.running), len(s.waiting))
+        self.totals.account(s.now_s, d, parts, table_bytes, len(s.running), len(s.waiting), self._group_blocks())
         s.now_s += d
         self.totals.busy_s += d
         self.totals.steps += 1
@@ -179,7 +185,7 @@ class Engine:
             memory_slot_s=totals.memory_slot_s, block_table_byte_s=totals.block_table_byte_s, end_s=s.now_s,
             busy_s=totals.busy_s, running_s=totals.running_s, in_system_s=totals.in_system_s,
             peak_running=s.peak_running, steps=totals.steps, segments=totals.segments,
-            timeline=totals.timeline or [], rejected_reason=s.rejected_reason,
+            timeline=totals.timeline or [], rejected_reason=s.rejected_reason, group_block_s=totals.group_block_s,
             generated_token_ids=None if s.token_ids is None else [
                 t[p:] for t, p in zip(s.token_ids, s.prompt_tokens.tolist(), strict=True)],
         )

@@ -172,11 +172,14 @@ class RunSummary:
     steps: int
     rejected_reasons: dict[str, int]
     speculative: dict | None = None  # speculative decoding: what its steps verified, accepted and rolled back
+    group_blocks_mean: list[float] | None = None  # a hybrid pool: time-averaged blocks each group holds
 
     def to_dict(self) -> dict:
         doc = asdict(self)
         if self.speculative is None:  # a run without speculation reads as it always has
             del doc["speculative"], doc["memory"]["speculative"]
+        if self.group_blocks_mean is None:  # so does a single-group pool's
+            del doc["group_blocks_mean"]
         return doc
 
 
@@ -225,6 +228,7 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummar
             "steps": spec.steps, "drafts": spec.drafts, "accepted": spec.accepted, "emitted_tokens": spec.emitted,
             "mean_accepted_per_step": spec.mean_accepted_per_step, "mean_tokens_per_step": spec.mean_tokens_per_step,
             "rolled_back_slots": spec.rolled_back_slots},
+        group_blocks_mean=None if record.group_block_s is None else (record.group_block_s / duration).tolist(),
     )
 
 

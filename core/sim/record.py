@@ -24,6 +24,9 @@ class RunTotals:
     itl_values_s        chunks of inter-token latencies; itl_weights[i]: how many requests saw each value of
                         chunk i (a fast-forwarded run adds one value per step, seen by every request in it)
     timeline            (start, end, running, waiting, *slots per part) per step, gap or run; None when off
+                        (a hybrid pool's rows end with the blocks each group holds)
+    group_block_s       float64 [groups]  Σ over time of the blocks each group of a hybrid pool holds; None
+                        for a single-group pool
     """
 
     def __init__(self, record_timeline: bool) -> None:
@@ -34,16 +37,23 @@ class RunTotals:
         self.itl_weights: list[int] = []
         self.steps = self.segments = 0
         self.timeline: list[tuple] | None = [] if record_timeline else None
+        self.group_block_s: np.ndarray | None = None
 
     def account(self, start_s: float, duration_s: float, parts: np.ndarray, table_bytes: float, num_running: int,
-                num_waiting: int) -> None:
-        """A span of `duration_s` from `start_s` with the memory `parts` (slots) and these queue lengths."""
+                num_waiting: int, group_blocks: list[int] | None = None) -> None:
+        """A span of `duration_s` from `start_s` with the memory `parts` (slots) and these queue lengths
+        (`group_blocks`: a hybrid pool's blocks per group)."""
         self.memory_slot_s += duration_s * parts
         self.block_table_byte_s += duration_s * table_bytes
         self.running_s += duration_s * num_running
         self.in_system_s += duration_s * (num_running + num_waiting)
+        if group_blocks is not None:
+            if self.group_block_s is None:
+                self.group_block_s = np.zeros(len(group_blocks))
+            self.group_block_s += duration_s * np.asarray(group_blocks, dtype=np.float64)
         if self.timeline is not None:
-            self.timeline.append((start_s, start_s + duration_s, num_running, num_waiting, *parts.tolist()))
+            row = (start_s, start_s + duration_s, num_running, num_waiting, *parts.tolist())
+            self.timeline.append(row if group_blocks is None else (*row, *group_blocks))
 
     def add_itl(self, values_s: np.ndarray, weight: int) -> None:
         self.itl_values_s.append(values_s)
@@ -87,3 +97,4 @@ class RunRecord:
     rejected_reason: dict[str, int] = field(default_factory=dict)
     generated_token_ids: list[list[int]] | None = None  # per request, when the executor produced tokens
     speculative: Any = None  # speculative decoding: the run's speculative.SpeculativeTotals
+    group_block_s: np.ndarray | None = None  # a hybrid pool: Σ over time of each group's blocks (RunTotals)

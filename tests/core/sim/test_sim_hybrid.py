@@ -121,9 +121,14 @@ def test_sim_gemma3_concurrency_is_the_pools():
     # (40 GiB − 1 B of workspace): k − 1 = floor(29,183 / 2,439) = 11 = floor(29,183 / 2,502) -> peak 12
     setup = build(small_gpu(model="Gemma-3-27B", requests=16, output_dist="uniform:low=1024,high=1024"))
     assert setup.plan.num_blocks == 32_767 and setup.plan.block_size == 16 and setup.plan.state_bytes == 0
-    record = run_policy(setup.workload, "paged", setup.sim)
+    record = run_policy(setup.workload, "paged", setup.sim, record_timeline=True)
     assert record.peak_running == 12
     assert (record.status == COMPLETED).all()
+    # the memory over time per group: the first step (one request's first chunk) holds 512 ids in every table;
+    # the groups' blocks add up to the used slots of the pool at every moment, so their time integrals do too
+    assert record.timeline[0][-7:] == (512,) * 7
+    used_slot_s = record.memory_slot_s[0] + record.memory_slot_s[1]  # useful + tail fragmentation
+    assert float(record.group_block_s.sum()) * 16 == pytest.approx(used_slot_s, rel=1e-12)
 
 
 def test_nemotron_h_runs_at_the_default_max_seqs():
