@@ -95,7 +95,7 @@ def test_timeline_and_cancellations(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (("--gpu", "B300"), "unknown GPU"),
+    (("--gpu", "Z900"), "unknown GPU"),
     (("--rate", "-1"), "--rate"),
     (("--slo", "ttft=fast"), "--slo"),
     (("--slo", "latency=2"), "--slo"),

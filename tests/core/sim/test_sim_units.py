@@ -100,7 +100,7 @@ def test_gpu_presets_and_unknown_gpu():
     assert {g.name for g in GPU_PRESETS.values()} >= {"A100-40GB", "A100-80GB", "H100-SXM", "H200"}
     assert get_gpu("h100-sxm").bandwidth_bytes_per_s == 3.35e12
     with pytest.raises(ValueError, match="unknown GPU"):
-        get_gpu("B300")
+        get_gpu("Z900")  # no such GPU (B300 became a preset)
 
 
 # ---- step time ----------------------------------------------------------------------------------------------
