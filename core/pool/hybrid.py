@@ -105,9 +105,15 @@ class HybridPool:
 
     def group_usage(self) -> list[GroupUsage]:
         out = []
+        # NOTE: without prefix-cache hits or forks no block is in two tables, so a group's distinct blocks are
+        # the blocks its tables hold (a counter); otherwise they are counted (O(table entries))
+        shared = self.store.counters["hit_blocks"] or self.store.counters["forks"]
         for group, pool in zip(self.groups, self.pools, strict=True):
-            held = [s.blocks for s in pool.seqs.values()]
-            distinct = len(np.unique(np.concatenate(held))) if held else 0
+            if not shared:
+                distinct = pool.logical_blocks
+            else:
+                held = [s.blocks for s in pool.seqs.values()]
+                distinct = len(np.unique(np.concatenate(held))) if held else 0
             out.append(GroupUsage(group, distinct, sum(s.num_blocks for s in pool.seqs.values()), pool.logical_tokens))
         return out
 
@@ -120,7 +126,7 @@ class HybridPool:
             pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
             logical_blocks=sum(p.logical_blocks for p in self.pools),
             logical_tokens=sum(p.logical_tokens for p in self.pools), useful_tokens=store.useful_tokens,
-            max_table_blocks=max((s.num_blocks for p in self.pools for s in p.seqs.values()), default=0),
+            max_table_blocks=max((s.num_blocks for s in self.pools[0].seqs.values()), default=0),  # all alike
         )
 
     def stats(self) -> PoolStats:
@@ -233,6 +239,55 @@ class HybridPool:
                     copies.append(move)
             self._changed()
         return copies
+
+    def append_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
+        """`append(seq, num_tokens)` (no block keys, no copies to report) for each sequence in one call per
+        group: a decode step. Only for a pool whose blocks are in one table each (no fork yet, no open
+        reservation); check, then change, over all groups together."""
+        if self.store.counters["forks"] or any(p.spec.tracked for p in self.pools):
+            raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
+        if num_tokens <= 0 or not seq_ids:
+            return
+        self.free_skipped_many(seq_ids)
+        B = self.block_size
+        tables = self.pools[0]._live(seq_ids, "appended to")
+        grow = sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
+        need = grow * len(self.groups)  # every table of a sequence has the same length
+        if need > len(self.store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                     f"blocks over {len(self.groups)} groups, {len(self.store.queue)} free")
+        for pool in self.pools:
+            pool.append_many(seq_ids, num_tokens)
+        self._changed()
+
+    def free_skipped_many(self, seq_ids: Sequence[Hashable]) -> None:
+        """`free_skipped` of each sequence (none with speculative slots), the rule evaluated for all at once."""
+        B, mode = self.block_size, self.state_mode
+        for group, pool in zip(self.groups, self.pools, strict=True):
+            if group.kind == "full":
+                continue
+            seqs = pool._live(seq_ids, "freed")
+            tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
+            skipped = np.fromiter((s.num_skipped for s in seqs), np.int64, len(seqs))
+            if group.kind == "sliding":
+                first = np.maximum(tokens - group.window + 1, 0) // B  # type: ignore[operator]
+            elif group.kind == "chunked":
+                first = tokens // group.window * group.window // B  # type: ignore[operator]
+            elif mode == "none":
+                first = np.maximum(tokens - 1, 0) // B
+            elif mode == "align":
+                first = np.maximum(tokens // B - 1, 0)
+            else:
+                continue
+            for i in np.flatnonzero(first > skipped).tolist():
+                pool.skip_blocks(seq_ids[i], int(first[i]))
+            self._changed()
+
+    def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
+        """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
+        B = self.block_size
+        tables = self.pools[0]._live(seq_ids, "appended to")
+        return len(self.groups) * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """The child shares every group's blocks; a state page is copied when either branch writes it."""

@@ -78,6 +78,14 @@ class GroupedPagedPolicy:
                   check: bool = True) -> bool:
         pool = self.pool
         ids, targets = rids.tolist(), totals.tolist()
+        if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
+            adds = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
+            if len(adds) == 1 and (add := adds.pop()) > 0:  # a decode step: one call per group
+                pool.free_skipped_many(ids)
+                if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
+                    return False
+                pool.append_many(ids, add)
+                return True
         for rid in ids:
             pool.free_skipped(rid)
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]

@@ -291,3 +291,28 @@ def test_decoding_holds_the_closed_form(n: int, window: int, mode: str):
     assert usage[3].held_blocks == {"none": 2 if n > 1 and n % B == 1 else 1, "align": min(2, -(-n // B)),
                                     "all": -(-n // B)}[mode]
     pool.check_invariants()
+
+
+@given(prompts=st.lists(st.integers(1, 40), min_size=1, max_size=6), steps=st.integers(1, 30),
+       mode=st.sampled_from(["none", "align", "all"]))
+@settings(max_examples=60, deadline=None)
+def test_append_many_is_append_one_at_a_time(prompts: list[int], steps: int, mode: str):
+    # a decode step for every sequence in one call per group (sim's path) holds, group by group, what one append
+    # per sequence holds; the invariants hold after every step
+    def run(many: bool) -> list[list[int]]:
+        pool = HybridPool(600, B, GROUPS, state_mode=mode)
+        for i, n in enumerate(prompts):
+            pool.allocate(i, n)
+        ids = list(range(len(prompts)))
+        held = []
+        for _ in range(steps):
+            if many:
+                pool.append_many(ids, 1)
+            else:
+                for i in ids:
+                    pool.append(i, 1)
+            pool.check_invariants()
+            held.append([u.held_blocks for u in pool.group_usage()] + [pool.num_used])
+        return held
+
+    assert run(True) == run(False)
