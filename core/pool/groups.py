@@ -43,10 +43,19 @@ STATE_MODES = ("none", "align", "all")  # vLLM's mamba_cache_mode
 DEFAULT_STATE_MODE = "align"
 
 
+def check_state_mode_given(mode: str) -> None:
+    """A mamba_cache_mode the hybrid pool runs (all needs the Mamba kernel's chunk size, not read yet)."""
+    if mode == "all":
+        raise ParameterError("mamba_cache_mode all aligns the block to the Mamba kernel's chunk size, which kvcalc "
+                             "does not read from configs yet: use none or align", "mamba_cache_mode")
+    check_state_mode(mode)
+
+
 def check_state_mode(mode: str) -> str:
     mode = mode.strip().lower()
     if mode not in STATE_MODES:
-        raise ValueError(f"mamba_cache_mode {mode!r}: choose one of {', '.join(STATE_MODES)}")
+        raise ParameterError(f"mamba_cache_mode {mode!r}: choose one of {', '.join(STATE_MODES)}",
+                             "mamba_cache_mode")
     return mode
 
 

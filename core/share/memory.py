@@ -15,7 +15,7 @@ from ..errors import ParameterError
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec
 from ..model.sizing import bits_to_bytes
-from ..pool.groups import PoolGroup, pool_groups
+from ..pool.groups import PoolGroup, check_state_mode_given, pool_groups
 from ..units import format_bytes
 
 
@@ -81,6 +81,7 @@ def model_groups(spec: ModelSpec | None, dtype_bits: int, block_size: int, layou
         raise ParameterError(f"mamba_cache_mode {mamba_cache_mode} applies to a model with recurrent layers; "
                              f"{spec.name} has none: drop it", "mamba_cache_mode")
     mode = "none" if mamba_cache_mode is None else mamba_cache_mode.strip().lower()
+    check_state_mode_given(mode)
     found = kv_layout(spec, dtype_bits, block_size, DEFAULT_LAYOUT if layout is None else layout.strip().lower(), 1,
                       mode)
     return found, pool_groups(found)

@@ -18,6 +18,7 @@ from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
+from ..pool.groups import check_state_mode_given
 from .checks import (
     CONSTRUCTED_ONLY,
     INT_BOUNDS,
@@ -157,7 +158,9 @@ def build(o: SimOptions) -> Setup:
     if hybrid:
         _check_hybrid(o, spec, policies)
         notes.append(f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the "
-                     f"state from it per running request (mamba_cache_mode {layout.mamba_cache_mode})"
+                     f"state from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
+                     + ("; align keeps two pages, its prefix-cache hits are not modelled: a lower bound)"
+                        if layout.mamba_cache_mode == "align" else ")")
                      if layout.state_groups else f"KV cache groups ({layout.layout} layout): {layout.reason}")
     attn_eff = o.attn_eff
     source = (f"roofline on {gpu.name} x{o.tp}, efficiencies compute {o.compute_eff:g}, weights {o.weight_eff:g}, "
@@ -208,6 +211,7 @@ def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
                              f"(Mamba, linear attention); {spec.name} has none: drop mamba_cache_mode",
                              "mamba_cache_mode")
     mode = "none" if o.mamba_cache_mode is None else o.mamba_cache_mode.strip().lower()
+    check_state_mode_given(mode)
     if o.tp != 1:
         spec.kv_heads_per_gpu(o.tp)  # an uneven split is refused naming the model and its layers
     return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)

@@ -160,3 +160,10 @@ def test_a_decode_step_reads_and_writes_the_state():
     plain = st.step_s(4.0, 4_000.0, 4_004.0)  # num_seqs 0: no state read
     with_state = st.decode_steps_s(4, 4_000.0)
     assert with_state - plain == pytest.approx(8 * 912_605_184 / (4.8e12 * 0.8), rel=1e-9)
+
+
+@pytest.mark.parametrize(("mode", "needle"), [("all", "chunk size"), ("bogus", "choose one of none, align, all")])
+def test_mamba_cache_modes_not_run_are_refused_by_name(mode, needle):
+    with pytest.raises(ValueError, match=needle) as error:
+        build(SimOptions(model="Nemotron-H-56B", gpu="H200", requests=1, mamba_cache_mode=mode))
+    assert error.value.params == ("mamba_cache_mode",)
