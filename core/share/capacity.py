@@ -67,7 +67,7 @@ def capacity_curve(distances: StackDistances, capacities_blocks: list[int]) -> C
     for c in capacities_blocks:
         check_capacity_blocks(c)
     b = distances.block_size
-    points = tuple(CapacityPoint(c, distances.total_hit_blocks(c), b) for c in capacities_blocks)
+    points = tuple(CapacityPoint(c, distances.total_hit_blocks(distances.clamp(c)), b) for c in capacities_blocks)
     ceiling = CapacityPoint(None, distances.total_hit_blocks(None), b)
     reach = {f: (distances.capacity_for(-(-ceiling.hit_blocks * round(f * 100) // 100)) if ceiling.hit_blocks
                  else None) for f in REACH_FRACTIONS}
@@ -94,6 +94,7 @@ class CapacityValue:
 
 _SI = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 MAX_SWEEP_POINTS = 200
+MAX_CAPACITY_TOKENS = 2**62  # as frag's lengths; bytes stop at parse_bytes' 2^90
 
 
 def _one_capacity(text: str) -> CapacityValue:
@@ -120,6 +121,9 @@ def _one_capacity(text: str) -> CapacityValue:
                                  "capacity") from None
     if exact < 0 or exact != int(exact):
         raise ParameterError(f"capacity {raw!r} must be a whole, non-negative number of tokens", "capacity")
+    if exact > MAX_CAPACITY_TOKENS:
+        raise ParameterError(f"capacity {raw!r} is more than 2^62 tokens, beyond any trace: give a smaller size",
+                             "capacity")
     return CapacityValue(int(exact), "tokens", raw)
 
 

@@ -80,16 +80,21 @@ class StackDistances:
         room = self.eligible_blocks[self.seg_request] - self.seg_first
         return np.clip(room, 0, self.seg_blocks)
 
+    def clamp(self, capacity_blocks: int) -> int:
+        """`capacity_blocks`, or the blocks the trace touches if fewer: no block is ever deeper in the LRU stack
+        than that, so a larger cache hits exactly as much, and numpy's int64 never sees a capacity like 2^90."""
+        return min(capacity_blocks, int(self.touched_blocks.sum()) + 1)
+
     def hit_blocks(self, capacity_blocks: int | None) -> np.ndarray:
         """int64 [R]: each request's hit blocks with a cache of `capacity_blocks` (None: unbounded)."""
         length = self._eligible_segment_blocks()
         if capacity_blocks is not None:
-            length = np.clip(capacity_blocks - self.seg_depth + 1, 0, length)
+            length = np.clip(self.clamp(capacity_blocks) - self.seg_depth + 1, 0, length)
         return np.bincount(self.seg_request, weights=length, minlength=self.requests).astype(np.int64)
 
     def blocks_within(self, depth: int) -> np.ndarray:
         """int64 [R]: blocks of each request at depth <= `depth` before it (any block, hit-eligible or not)."""
-        length = np.clip(depth - self.seg_depth + 1, 0, self.seg_blocks)
+        length = np.clip(self.clamp(depth) - self.seg_depth + 1, 0, self.seg_blocks)
         return np.bincount(self.seg_request, weights=length, minlength=self.requests).astype(np.int64)
 
     def total_hit_blocks(self, capacity_blocks: int | None) -> int:

@@ -151,6 +151,8 @@ def simulate_tiers(
         raise ParameterError(f"tier_mode {mode!r} is not one of {', '.join(MODES)}", "tier_mode")
     if not bin_s > 0:
         raise ParameterError(f"bin_s {bin_s:g} must be positive", "bin_s")
+    sizes = capacities_blocks  # as given, for the report; the arithmetic below sees them clamped to the trace
+    capacities_blocks = (d.clamp(sizes[0]), d.clamp(sizes[1]), d.clamp(sizes[2]))
     bounds = _bounds(capacities_blocks, mode)
     per_block = 0 if block_bytes is None else block_bytes.bytes_per_block
     tier_hits = tier_hit_blocks(d, capacities_blocks, mode)
@@ -165,7 +167,7 @@ def simulate_tiers(
         reads = hits if t else 0 * hits
         bandwidth = None if t == 0 else bandwidths_bytes_per_s[t - 1]
         tiers.append(TierResult(
-            name, capacities_blocks[t], bandwidth, int(hits.sum()), int(np.count_nonzero(hits)), int(reads.sum()),
+            name, sizes[t], bandwidth, int(hits.sum()), int(np.count_nonzero(hits)), int(reads.sum()),
             int(np.asarray(writes).sum()), _rate_peak(d.arrival_s, reads * per_block, bin_s),
             _rate_peak(d.arrival_s, np.asarray(writes) * per_block, bin_s), per_block,
         ))

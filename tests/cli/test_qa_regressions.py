@@ -1,0 +1,67 @@
+"""Regressions found by QA runs of the commands on real traces, presets and bad inputs (one test per problem)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcalc.core.inputs.traces import Trace
+from kvcalc.core.share.stack_distance import stack_distances
+from kvcalc.core.share.tiers import simulate_tiers
+
+# Block 512, one hash id a block: the hand-worked trace of tests/core/share/test_capacity.py (5 hit blocks unbounded)
+HAND = [(1536, [1, 2, 3]), (1537, [1, 2, 3, 4]), (1024, [5, 6]), (2048, [1, 2, 7, 8])]
+
+
+@pytest.fixture
+def hand_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "hand.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 1, "hash_ids": ids})
+                            + "\n" for i, (p, ids) in enumerate(HAND)))
+    return path
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag", ["--capacity", "--gpu-cache"])
+def test_share_capacity_above_2_62_tokens_is_one_error_line(run_cli, hand_trace: Path, flag: str) -> None:
+    # was an OverflowError traceback from numpy (Python int too large to convert to C long)
+    for text in ("1e400", "5e18"):  # 5e18 > 2^62 = 4.61e18
+        line = _one_error_line(run_cli("share", "--trace", "mooncake", str(hand_trace), flag, text))
+        assert f"{flag} '{text}' is more than 2^62 tokens" in line
+
+
+def test_share_huge_byte_capacity_is_the_unbounded_cache(run_cli, hand_trace: Path) -> None:
+    # 1000 YiB (~2^89.97 B) of 64 MiB blocks is ~2^64 blocks, beyond int64: clamped to the trace, hits exact
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--model", "Llama-3-8B",
+                     "--capacity", "1000YiB", "--gpu-cache", "1000YiB", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    (point,) = doc["curves"][0]["points"]
+    assert point["hit_tokens"] == doc["curves"][0]["unbounded_hit_tokens"] == 5 * 512
+    assert point["capacity_blocks"] == 1000 * 2**80 // (2 * 32 * 8 * 128 * 2 * 512)  # reported as given
+    assert [t["hit_tokens"] for t in doc["tiers"]["by_tier"]] == [5 * 512, 0, 0]
+
+
+def _hand_trace() -> Trace:
+    ids = [h for _, hs in HAND for h in hs]
+    offsets = np.cumsum([0] + [len(hs) for _, hs in HAND]).astype(np.int64)
+    return Trace("mooncake", "hand", np.arange(len(HAND), dtype=np.float64), np.array([p for p, _ in HAND], np.int64),
+                 np.ones(len(HAND), np.int64), np.array(ids, np.int64), offsets)
+
+
+def test_tiers_of_any_size_match_tiers_as_large_as_the_trace() -> None:
+    trace = _hand_trace()
+    d = stack_distances(trace, 512)
+    small, huge = simulate_tiers(d, (1, 2, 100), None), simulate_tiers(d, (1, 2, 2**100), None)
+    assert [(t.hit_blocks, t.write_blocks) for t in small.tiers] == [(t.hit_blocks, t.write_blocks) for t in huge.tiers]
+    assert huge.tiers[2].capacity_blocks == 2**100 and huge.dropped_blocks == small.dropped_blocks == 0
+    assert d.total_hit_blocks(2**100) == d.total_hit_blocks(None) == 5
