@@ -142,7 +142,8 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
                 chunk_tokens: int) -> int:
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
-    ceil((C + T) / B) + 1; a state page (none) or a chunk's pages (align, all)."""
+    ceil((C + T) / B) + 1; two state pages (none: the page a step resumes from and the one it crosses into)
+    or a chunk's pages (align, all)."""
     B, n, T = block_size, num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
@@ -153,5 +154,5 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
             reach = g.window - 1 + T if g.kind == "sliding" else g.window + T  # type: ignore[operator]
             blocks += min(all_blocks, ceil_div(reach, B) + 1)
         else:
-            blocks += 1 if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+            blocks += min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
     return blocks

@@ -184,11 +184,12 @@ class HybridPool:
                                      f"{len(self.store.queue)} free")
         keys = self._keys(block_keys)
         # NOTE: every group's hits are held before any group takes fresh blocks, which may evict cached ones:
-        # a hit of one group must not be evicted by another's allocation (vLLM touches all hits first, too)
+        # a hit of one group must not be evicted by another's allocation (vLLM touches all hits first, too) —
+        # the ones a sliding group skips included, since its chain is verified through them
         store, pins = self.store, []
         if hit:
-            for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
-                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[first:hit]
+            for g, pool in enumerate(self.pools):
+                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[:hit]
                 if len(held):
                     state = store.state.take(held)
                     store.share(held, state, int(np.count_nonzero(state == FREE_CACHED)))
@@ -197,8 +198,11 @@ class HybridPool:
             got = pool.allocate(seq_id, num_tokens, keys, (g, extra_key), max_hit_blocks=hit, first_block=first)
             assert got == hit * self.block_size, f"group {g}: hit {got} tokens, the pool's plan said {hit} blocks"
             self._changed()
-        for held in pins:
-            store.ref[held] -= 1  # the pin; the new tables hold them now
+        for held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
+            store.ref[held] -= 1
+            unheld = held[store.ref[held] == 0]
+            if len(unheld):
+                store.drop(unheld[::-1])
         return hit * self.block_size
 
     # ---- check, then grow -----------------------------------------------------------------------

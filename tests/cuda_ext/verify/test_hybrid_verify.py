@@ -343,8 +343,6 @@ def test_none_request_at_its_peak_finishes(weights):
     assert result.status == "passed", result.error
 
 
-@pytest.mark.xfail(strict=True, reason="the re-admission raises in HybridPool.allocate -> BlockPool.allocate: "
-                                       "ValueError first_block 1 is past the 0 hit blocks of a keyed prompt")
 def test_recompute_with_prefix_caching_readmits(weights):
     """Three prompts (36, 30, 15 tokens; a shared 7-token prefix) with prefix caching, recompute, budget 28, in 38
     blocks (30 is the longest request's peak): one preemption; the re-admission raises inside HybridPool.allocate
