@@ -163,6 +163,9 @@ class HybridPool:
         need = 0
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
             need += pool.allocate_need(num_tokens, keys, (g, extra_key), hit, first)
+            if hit and first:  # skipped hits are pinned while the groups allocate (see allocate)
+                skipped = pool.hit_blocks(num_tokens, keys, (g, extra_key))[: min(first, hit)]
+                need += int(np.count_nonzero(self.store.state[skipped] == FREE_CACHED))
         return hit, firsts, need
 
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,

@@ -316,3 +316,25 @@ def test_append_many_is_append_one_at_a_time(prompts: list[int], steps: int, mod
         return held
 
     assert run(True) == run(False)
+
+
+def test_a_sliding_groups_skipped_hits_are_not_evicted_by_another_group():
+    # B 4, W 2: "a" (12 tokens, 3 keyed blocks) leaves 3 full + 3 sliding blocks cached. "b" (16 tokens, the same
+    # first 12) hits 3 blocks in both groups; the sliding group keeps only block 2 ((12 − 2 + 1) // 4 = 2) but its
+    # chain is verified through blocks 0 and 1, which must survive the full group's fresh block. In a pool of 6
+    # every block is one of the cached 6: the full group's fresh block could only come from evicting them, so b
+    # does not fit; in a pool of 8 it does (2 plain free blocks), with the hit of 12 tokens in both groups.
+    keys = [(i,) for i in range(4)]
+    for blocks, fits in ((6, False), (8, True)):
+        pool = HybridPool(blocks, B, (PoolGroup("full"), PoolGroup("sliding", 2)))
+        pool.allocate("a", 12, keys[:3])
+        pool.release("a")
+        assert pool.can_allocate(16, keys) is fits
+        if fits:
+            assert pool.allocate("b", 16, keys) == 12
+            full, sliding = pool.block_tables("b")
+            assert sliding[:2].tolist() == [NULL_BLOCK, NULL_BLOCK] and full[:3].tolist() != [NULL_BLOCK] * 3
+        else:
+            with pytest.raises(PoolExhaustedError):
+                pool.allocate("b", 16, keys)
+        pool.check_invariants()
