@@ -328,19 +328,20 @@ def test_any_workload_decodes_exactly(weights, lengths, shared, budget, mode, pr
 
 
 # ---- found by the property above in the hybrid pool / policy (H5's, in progress): reproductions ------------------
-@pytest.mark.xfail(strict=True, reason="mode none: peak_blocks counts one state page, but a state crossing into a "
-                                       "new block holds two for that step; the request is preempted and then never "
-                                       "re-admitted on an empty pool")
 def test_none_request_at_its_peak_finishes(weights):
-    """Prompt 1 token, 5 new, B = 4, budget 3, mode none: peak_blocks = full 2 + sliding 2 + state 1 = 5 blocks, so
-    the request is admitted to a pool of 5; at position 4 the state moves from page 0 to page 1 (6 blocks), the
-    request preempts itself, and the engine stops: "a step with nothing scheduled"."""
+    """Prompt 1 token, 5 new, B = 4, budget 3, mode none: at position 4 the state moves from page 0 to page 1 and
+    both are held for that step, so peak_blocks = full 2 + sliding 2 + state 2 = 6 (it counted 1 state page, so a
+    5-block pool admitted the request, which then preempted itself and the engine stopped with "a step with
+    nothing scheduled"). Now: in 6 blocks it finishes; in 5 it is rejected up front, never admitted."""
     sched = SchedulerConfig(max_batched_tokens=3, max_seqs=8, max_model_len=1024)
     probe = HybridExactPolicy(1000, 4, hybrid_pool_groups(weights), "none", 1, None, 3)
-    assert probe.peak_blocks(5) == 5
-    scenario = HybridScenario("none-peak", (), 5, _requests([(1,)], [5], [0]), scheduler=sched, state_mode="none")
+    assert probe.peak_blocks(5) == 6
+    scenario = HybridScenario("none-peak", (), 6, _requests([(1,)], [5], [0]), scheduler=sched, state_mode="none")
     result = run_hybrid_scenario(scenario, weights, seed=0)
     assert result.status == "passed", result.error
+    too_small = HybridScenario("none-peak", (), 5, _requests([(1,)], [5], [0]), scheduler=sched, state_mode="none")
+    result = run_hybrid_scenario(too_small, weights, seed=0)
+    assert result.steps == 0 and result.first_mismatch["test_token"] is None  # rejected, not preempted for ever
 
 
 def test_recompute_with_prefix_caching_readmits(weights):
