@@ -85,7 +85,8 @@ def _report(doc: dict[str, Any]) -> Report:
     rule = doc["pass_rule"]
     if doc["dtype"] == "fp32":
         bounds = [x["logit_tolerance"] for x in doc["scenarios"] if x["logit_tolerance"] is not None]
-        span = f" = {min(bounds):.1e}..{max(bounds):.1e} here" if bounds else ""
+        low, high = (f"{min(bounds):.1e}", f"{max(bounds):.1e}") if bounds else ("", "")
+        span = "" if not bounds else f" = {low} here" if low == high else f" = {low}..{high} here"
         notes.append(f"pass rule: every token identical, |Δlogit| <= {rule['fp32_logit_tolerance']}{span}; the pool's "
                      "invariants before every step and whole after; the content check clean; the events the "
                      "scenario's name needs non-zero (0! marks one missing)")
