@@ -7,8 +7,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..core.model.models import get_preset, resolve_model
 from ..core.plan.evaluate import SERVES, VERDICTS
 from ..core.plan.planner import PlanResult, without_point
+from ..core.sim.options import DEFAULT_MODEL
 from ..core.units import format_percent
 from .output import Field, Report, record_table
 
@@ -98,11 +100,19 @@ def _table_records(result: PlanResult) -> list[dict[str, Any]]:
     return records
 
 
+def model_name(result: PlanResult) -> str:
+    """The model every point simulates: sim's own choice (its default preset when none is given)."""
+    o = result.request.base
+    return (resolve_model(o.model, o.config, o.layers, o.kv_heads, o.head_dim) or get_preset(DEFAULT_MODEL)).name
+
+
 def build_report(result: PlanResult) -> Report:
     slo, space = result.slo, result.request.space
+    model = model_name(result)
     records = _table_records(result)
     fields = _fields(result)
     doc: dict[str, Any] = {
+        "model": model,
         "workload": {"description": result.workload_description, "target_rate_rps": result.target_rate_rps},
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s},
         "target_attainment": result.target_attainment,
@@ -119,6 +129,8 @@ def build_report(result: PlanResult) -> Report:
     for record in result.points:
         counts[record["verdict"]] = counts.get(record["verdict"], 0) + 1
     text = [
+        f"model: {model}" + (" (sim's default: no --model given)" if result.request.base.model is None
+                             and result.request.base.config is None and result.request.base.layers is None else ""),
         f"workload: {result.workload_description}; the deployment must serve {result.target_rate_rps:.4g} req/s "
         f"with ≥ {format_percent(result.target_attainment)} of requests meeting {slo.describe()}",
         f"{len(result.points)} points: " + ", ".join(f"{n} {VERDICTS[v]}" for v, n in counts.items()),

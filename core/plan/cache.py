@@ -66,7 +66,7 @@ class PointCache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
-            raise ValueError(f"cache_dir {self.root} is not a directory: give a directory (it is created if missing)")
+            raise ValueError(f"--cache-dir {self.root} is not a directory: give a directory (it is created if missing)")
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"

@@ -110,7 +110,7 @@ def check_request(request: PlanRequest) -> tuple[Slo, float]:
         try:
             spec.kv_bits(1, 16, tp)
         except ValueError as exc:
-            raise ParameterError(f"tp {tp}: {exc}", "tp") from None
+            raise ParameterError(str(exc) if f"tp {tp} " in str(exc) else f"tp {tp}: {exc}", "tp") from None
     return slo, target
 
 

@@ -65,3 +65,33 @@ def test_tiers_of_any_size_match_tiers_as_large_as_the_trace() -> None:
     assert [(t.hit_blocks, t.write_blocks) for t in small.tiers] == [(t.hit_blocks, t.write_blocks) for t in huge.tiers]
     assert huge.tiers[2].capacity_blocks == 2**100 and huge.dropped_blocks == small.dropped_blocks == 0
     assert d.total_hit_blocks(2**100) == d.total_hit_blocks(None) == 5
+
+
+def test_plan_tp_error_names_tp_once(run_cli) -> None:
+    # was "error: --tp 3: --tp 3 does not divide the 8 KV heads of Llama-3-8B: ..."
+    line = _one_error_line(run_cli("plan", "--no-cache", "-m", "Llama-3-8B", "--gpu-cost", "H100-SXM=4",
+                                   "--tp", "1,3", "--slo", "ttft=5"))
+    assert line.startswith("error: --tp 3 does not divide the 8 KV heads") and line.count("--tp 3") == 1, line
+
+
+def test_plan_cache_dir_that_is_a_file_names_the_flag(run_cli, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "f"
+    not_a_dir.write_text("x")
+    line = _one_error_line(run_cli("plan", "--cache-dir", str(not_a_dir), "-m", "Llama-3-8B", "--gpu-cost",
+                                   "H100-SXM=4", "--slo", "ttft=5"))
+    assert line.startswith(f"error: --cache-dir {not_a_dir} is not a directory"), line
+
+
+@pytest.mark.parametrize(("model_args", "name", "default_note"), [
+    ([], "OPT-13B", True),  # sim's default model, never named before (only implied by the sim command)
+    (["-m", "Llama-3-8B"], "Llama-3-8B", False),
+])
+def test_plan_names_the_model_it_plans(run_cli, model_args: list[str], name: str, default_note: bool) -> None:
+    args = ["plan", "--no-cache", "--jobs", "1", *model_args, "--gpu-cost", "H100-SXM=4", "--slo", "ttft=5",
+            "--tp", "1", "--replicas", "1", "--requests", "10"]
+    doc = run_cli(*args, "--json").json()
+    assert doc["model"] == name
+    table = run_cli(*args)
+    assert table.exit_code == 0, table.stderr
+    first = table.stdout.splitlines()[0]
+    assert first.startswith(f"model: {name}") and ("sim's default" in first) == default_note, first
