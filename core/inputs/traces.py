@@ -84,32 +84,105 @@ class Trace(RequestArrays):
         )
 
 
+def mooncake_block_size_error(block_size: int) -> str | None:
+    """Why Mooncake's prefix ids cannot key blocks of `block_size` tokens (None when they can): a block must tile
+    one 512-token hash id exactly (B divides 512) or cover whole ids (B a multiple of 512)."""
+    if block_size >= 1 and (MOONCAKE_BLOCK_TOKENS % block_size == 0 or block_size % MOONCAKE_BLOCK_TOKENS == 0):
+        return None
+    return (f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS} and is not a "
+            f"multiple of it ({MOONCAKE_BLOCK_TOKENS} tokens per Mooncake hash id): use a divisor such as 16, 32, 64 "
+            "or a multiple such as 1,024, 2,048, 4,096")
+
+
 def check_mooncake_block_size(block_size: int) -> None:
-    """Mooncake's content keys exist per 512-token hash id, so a block must tile one id exactly."""
-    if block_size < 1 or MOONCAKE_BLOCK_TOKENS % block_size:
+    """Mooncake's content keys exist per 512-token hash id: a block must tile one id or cover whole ids."""
+    message = mooncake_block_size_error(block_size)
+    if message:
+        raise ParameterError(message, "block_size")
+
+
+def mooncake_blocks_per_id(block_size: int) -> int:
+    """S: blocks of `block_size` tokens in one 512-token hash id (1 when a block covers whole ids)."""
+    return max(1, MOONCAKE_BLOCK_TOKENS // block_size)
+
+
+def mooncake_ids_per_block(block_size: int) -> int:
+    """m: hash ids one block of `block_size` tokens covers (1 when a block divides 512)."""
+    return max(1, block_size // MOONCAKE_BLOCK_TOKENS)
+
+
+def first_unchained_id(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> tuple[int, int] | None:
+    """None when the ids are prefix-chained — every id has one predecessor (the id before it in its request,
+    or none at position 0) wherever it occurs, so by induction equal ids at a position imply equal ids at
+    every position before it, i.e. equal whole prefixes; else (request index, position) of a first id seen
+    after two different predecessors. Vectorised: sort (id, predecessor) pairs."""
+    ids = hash_ids[hash_offsets[0] : hash_offsets[-1]]
+    if not len(ids):
+        return None
+    lengths = np.diff(hash_offsets)
+    starts = np.repeat(hash_offsets[:-1] - hash_offsets[0], lengths)
+    index = np.arange(len(ids))
+    # predecessor; position 0 gets a value below every id (no predecessor)
+    before = np.where(index == starts, int(ids.min()) - 1, np.roll(ids, 1))
+    order = np.lexsort((before, ids))
+    a, b = ids[order], before[order]
+    clash = np.flatnonzero((a[1:] == a[:-1]) & (b[1:] != b[:-1]))
+    if not len(clash):
+        return None
+    k = int(order[clash[0] + 1]) + int(hash_offsets[0])
+    r = int(np.searchsorted(hash_offsets, k, side="right")) - 1
+    return r, k - int(hash_offsets[r])
+
+
+def check_mooncake_chaining(hash_ids: np.ndarray, hash_offsets: np.ndarray, block_size: int, where: str) -> None:
+    """A block of B = 512·m tokens (m > 1) is keyed by the id of its last 512-token block: exact only when the
+    ids are prefix-chained (first_unchained_id), which is checked here; a block dividing 512 needs no check
+    (its key chain holds every id)."""
+    if mooncake_ids_per_block(block_size) == 1:
+        return
+    bad = first_unchained_id(hash_ids, hash_offsets)
+    if bad is not None:
+        r, j = bad
         raise ParameterError(
-            f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one "
-            "Mooncake hash id: use a divisor such as 8, 16, 32 or 64", "block_size"
-        )
+            f"{where}request {r + 1}'s hash id {int(hash_ids[hash_offsets[r] + j]):,} at position {j} follows "
+            f"different ids in different requests (not prefix-chained), so a block_size {block_size:,} key "
+            f"(the id of its last 512-token block) would not be exact: use a block_size that divides "
+            f"{MOONCAKE_BLOCK_TOKENS}", "block_size")
 
 
 def mooncake_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, where: str = "") -> np.ndarray:
     """int64 [prompt_tokens // block_size]: the content key of every full prompt block of one request.
 
-    One Mooncake hash id covers 512 tokens (equal ids = equal content, prefix-chained), so with block size
-    B (B must divide 512) full block j has the key (hash_ids[j // S], j % S), S = 512 / B, encoded exactly
-    as the integer hash_id · S + j % S. A block past the last id's coverage is an error in the trace.
+    One Mooncake hash id covers 512 tokens (equal ids = equal content, prefix-chained). With block size B
+    dividing 512, full block j has the key (hash_ids[j // S], j % S), S = 512 / B, encoded exactly as the
+    integer hash_id · S + j % S. With B = 512·m (m > 1), full block j covers the whole ids m·j .. m·j + m - 1
+    and its key is the last of them, hash_ids[m·j + m - 1]: exact because prefix-chained ids make an equal
+    last id mean equal ids before it (check_mooncake_chaining verifies that of a trace). A block past the
+    last id's coverage is an error in the trace.
     """
     check_mooncake_block_size(block_size)
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    per_id, m = mooncake_blocks_per_id(block_size), mooncake_ids_per_block(block_size)
     full = prompt_tokens // block_size
-    if full and (full - 1) // per_id >= len(hash_ids):
+    if full and ((full - 1) // per_id + 1) * m > len(hash_ids):
         raise ValueError(
             f"{where}{prompt_tokens} prompt tokens need {ceil_div(prompt_tokens, MOONCAKE_BLOCK_TOKENS)} hash_ids "
             f"(one per {MOONCAKE_BLOCK_TOKENS} tokens), the request has {len(hash_ids)}"
         )
     j = np.arange(full, dtype=np.int64)
-    return hash_ids[j // per_id] * per_id + j % per_id
+    return hash_ids[(j // per_id) * m + m - 1] * per_id + j % per_id
+
+
+def coarse_hash_ids(hash_ids: np.ndarray, hash_offsets: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets): per request, one id per whole block of B = 512·m tokens — the id of its last 512-token
+    block (see mooncake_block_keys) — floor(len / m) of them; the ids themselves when B divides 512."""
+    m = mooncake_ids_per_block(block_size)
+    if m == 1:
+        return hash_ids, hash_offsets
+    counts = np.diff(hash_offsets) // m
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    within = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    return hash_ids[np.repeat(hash_offsets[:-1], counts) + within * m + m - 1], offsets
 
 
 def read_trace(kind: str, source: InputSource) -> Trace:

@@ -12,10 +12,10 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import ParameterError
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
+from ..inputs.traces import Trace, mooncake_blocks_per_id
 from ..units import format_bytes, format_count, parse_bytes, parse_int
 from .stack_distance import StackDistances, chain_nodes
-from .trace_blocks import check_requests, in_arrival_order
+from .trace_blocks import check_requests, coarse_trace, in_arrival_order
 
 
 def check_capacity_blocks(capacity_blocks: int) -> None:
@@ -173,10 +173,10 @@ def saved_state_hit_blocks(trace: Trace, block_size: int) -> int:
     can resume only at the end of an earlier request's full prompt blocks that are a prefix of its own, at
     most floor((p - 1) / B) blocks in. The curve's figures assume a state at every block boundary."""
     check_requests(trace, block_size, None)
-    trace = in_arrival_order(trace)
+    trace = coarse_trace(in_arrival_order(trace), block_size)  # B = 512·m: one id per block
     if not trace.has_prefix_ids:
         return 0
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    per_id = mooncake_blocks_per_id(block_size)
     nodes = chain_nodes(trace).tolist()
     offsets = trace.hash_offsets.tolist()
     saved: dict[int, set[int]] = {}  # id node -> blocks (1..per_id) of it after which a state was saved

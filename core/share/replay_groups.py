@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ParameterError
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
+from ..inputs.traces import Trace, check_mooncake_chaining, mooncake_block_keys, mooncake_block_size_error
 from ..pool.groups import PoolGroup, peak_blocks
 from ..pool.hybrid import HybridPool
 from .trace_blocks import in_arrival_order
@@ -61,7 +61,10 @@ def replay_groups(
         raise ParameterError(f"capacity_blocks {capacity_blocks:,} is less than the {need:,} blocks the largest "
                              "request holds at its peak (all groups, chunked prefill): give more", "capacity_blocks")
     pool = HybridPool(capacity_blocks, block_size, groups, state_mode=state_mode)
-    keyed = trace.has_prefix_ids and pool.caches and MOONCAKE_BLOCK_TOKENS % block_size == 0
+    keyed = trace.has_prefix_ids and pool.caches and mooncake_block_size_error(block_size) is None
+    if keyed:
+        assert trace.hash_ids is not None and trace.hash_offsets is not None
+        check_mooncake_chaining(trace.hash_ids, trace.hash_offsets, block_size, f"{trace.path}: ")
     trace = in_arrival_order(trace)
     prompts, outputs = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
     group_hits = [0] * len(groups)

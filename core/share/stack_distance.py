@@ -29,7 +29,8 @@ equal r', and depth is j plus a constant along a segment, so the result is a lis
 Mooncake keys: one hash id covers 512 tokens, so a block of B < 512 tokens is (hash-id prefix, index inside
 the id). Two prompts that share 700 tokens share one id (512 tokens): the trace cannot show the other 188,
 so for B < 512 the curve is what the trace's 512-token granularity allows, not what an engine hashing every
-B tokens would find.
+B tokens would find. A block of B = 512·m tokens covers m whole ids and is keyed by its last one (ids are
+prefix-chained, checked up front), so it is read as one coarse id per block (trace_blocks.coarse_trace).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
-from .trace_blocks import check_requests, in_arrival_order
+from ..inputs.traces import Trace, mooncake_blocks_per_id
+from .trace_blocks import check_requests, coarse_trace, in_arrival_order
 
 _PROGRESS_EVERY = 500  # requests between progress calls
 
@@ -165,7 +166,7 @@ def stack_distances(
 ) -> StackDistances:
     """The stack depths of `trace` at `block_size` (module docstring); `progress(n)` as requests are done."""
     check_requests(trace, block_size, None)
-    trace = in_arrival_order(trace)
+    trace = coarse_trace(in_arrival_order(trace), block_size)  # B = 512·m: one id per block
     n = len(trace)
     prompts = trace.prompt_tokens
     touched = prompts // block_size
@@ -177,7 +178,7 @@ def stack_distances(
         seen_before = np.concatenate(([0], np.cumsum(touched)[:-1])).astype(np.int64)
         return StackDistances(block_size, trace.arrival_s, prompts, touched, eligible, seen_before,
                               empty, empty, empty, empty)
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    per_id = mooncake_blocks_per_id(block_size)
     nodes = chain_nodes(trace).tolist()
     offsets = trace.hash_offsets.tolist()
     m_list = touched.tolist()

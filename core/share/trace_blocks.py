@@ -3,9 +3,12 @@ their full blocks, the pool a replay needs — and every input error, found up f
 replay never fails midway.
 
 Content keys for Mooncake: one hash id covers 512 tokens (equal ids = equal content, prefix-chained), so
-with block size B (B must divide 512) full block j of a request has the key (hash_ids[j // S], j % S),
-S = 512 / B, encoded exactly as the integer hash_id · S + j % S. The last id may cover a partial 512-token
-block; a block that ends past the last id's coverage is an error in the trace.
+with block size B dividing 512 full block j of a request has the key (hash_ids[j // S], j % S), S = 512 / B,
+encoded exactly as the integer hash_id · S + j % S; with B = 512·m (m > 1) full block j covers the whole ids
+m·j .. m·j + m - 1 and has the key hash_ids[m·j + m - 1], the id of its last 512-token block — exact because
+the ids are prefix-chained (checked up front: inputs.traces.check_mooncake_chaining). Any other B is refused.
+The last id may cover a partial 512-token block; a block that ends past the last id's coverage is an error in
+the trace.
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ import numpy as np
 from ..blocks import ceil_div
 from ..errors import ParameterError
 from ..host_memory import check_fits
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, mooncake_block_keys
+from ..inputs.traces import (
+    MOONCAKE_BLOCK_TOKENS,
+    Trace,
+    check_mooncake_chaining,
+    coarse_hash_ids,
+    mooncake_block_keys,
+    mooncake_block_size_error,
+    mooncake_blocks_per_id,
+    mooncake_ids_per_block,
+)
 from ..pool.store import MAX_BLOCK_TOKENS, BlockStore
 from ..units import format_int_short
 
@@ -23,12 +35,9 @@ from ..units import format_int_short
 def check_block_size(block_size: int) -> None:
     """A block size that Mooncake's prefix ids can key (see the module docstring)."""
     _check_positive_block_size(block_size)
-    if MOONCAKE_BLOCK_TOKENS % block_size:
-        # named as a parameter (the reader's own check names none) and short: a typed 1e400 has 401 digits
-        raise ParameterError(
-            f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS}, the tokens of one "
-            "Mooncake hash id: use a divisor such as 8, 16, 32 or 64", "block_size"
-        )
+    message = mooncake_block_size_error(block_size)
+    if message:  # short: a typed 1e400 has 401 digits
+        raise ParameterError(message, "block_size")
 
 
 def _check_positive_block_size(block_size: int) -> None:
@@ -42,7 +51,7 @@ def _check_positive_block_size(block_size: int) -> None:
 def _check_key_range(trace: Trace, block_size: int) -> None:
     if trace.hash_ids is None or not len(trace.hash_ids):
         return
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    per_id = mooncake_blocks_per_id(block_size)
     limit = (2**63 - 1) // per_id - 1
     largest = int(np.abs(trace.hash_ids).max())
     if largest > limit:
@@ -83,7 +92,7 @@ def unlimited_capacity(trace: Trace, block_size: int) -> int:
     largest = int(request_blocks(trace, block_size).max())
     if trace.hash_ids is None:
         return largest
-    return distinct_id_prefixes(trace.hash_ids, trace.hash_offsets) * (MOONCAKE_BLOCK_TOKENS // block_size) + largest
+    return distinct_id_prefixes(trace.hash_ids, trace.hash_offsets) * mooncake_blocks_per_id(block_size) + largest
 
 
 def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
@@ -141,6 +150,7 @@ def check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -
     if trace.has_prefix_ids:
         check_block_size(block_size)
         _check_key_range(trace, block_size)
+        check_mooncake_chaining(trace.hash_ids, trace.hash_offsets, block_size, f"{trace.path}: ")
         full_blocks = trace.prompt_tokens // block_size
         ids_needed = ceil_div(full_blocks * block_size, MOONCAKE_BLOCK_TOKENS)
         ids_given = np.diff(trace.hash_offsets)
@@ -175,10 +185,19 @@ def trace_block_keys(trace: Trace, block_size: int, first: int, stop: int) -> tu
     """(keys int64 [K], offsets int64 [n+1]): `mooncake_block_keys` of requests first .. stop - 1 end to end,
     vectorised (check_trace has made sure that every request has the hash ids its full blocks need)."""
     assert trace.hash_ids is not None and trace.hash_offsets is not None
-    per_id = MOONCAKE_BLOCK_TOKENS // block_size
+    per_id, m = mooncake_blocks_per_id(block_size), mooncake_ids_per_block(block_size)
     full = trace.prompt_tokens[first:stop] // block_size
     offsets = np.zeros(len(full) + 1, dtype=np.int64)
     np.cumsum(full, out=offsets[1:])
     j = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], full)  # block index in its request
-    ids = trace.hash_ids[np.repeat(trace.hash_offsets[first:stop], full) + j // per_id]
+    ids = trace.hash_ids[np.repeat(trace.hash_offsets[first:stop], full) + (j // per_id) * m + m - 1]
     return ids * per_id + j % per_id, offsets
+
+
+def coarse_trace(trace: Trace, block_size: int) -> Trace:
+    """`trace` with one hash id per whole block of B = 512·m tokens (inputs.traces.coarse_hash_ids), so that a
+    block covers at most one id — itself when B divides 512 or the trace has no ids. Call check_requests first."""
+    if trace.hash_ids is None or trace.hash_offsets is None or mooncake_ids_per_block(block_size) == 1:
+        return trace
+    ids, offsets = coarse_hash_ids(trace.hash_ids, trace.hash_offsets, block_size)
+    return Trace(trace.kind, trace.path, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, ids, offsets)

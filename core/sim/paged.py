@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
-from ..inputs.traces import mooncake_block_keys
+from ..inputs.traces import check_mooncake_chaining, mooncake_block_keys
 from ..pool.block_pool import BlockPool, ReleaseReason
 from .policies import UNLIMITED_STEPS
 
@@ -256,7 +256,9 @@ class PagedPolicy:
 
 def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,
                         block_size: int) -> list[np.ndarray]:
-    """Per request, the content key of each full B-block of its prompt (see traces.mooncake_block_keys)."""
+    """Per request, the content key of each full B-block of its prompt (see traces.mooncake_block_keys; for
+    B = 512·m the trace's ids are checked to be prefix-chained first)."""
+    check_mooncake_chaining(hash_ids, hash_offsets, block_size, "")
     return [
         mooncake_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,
                             f"request {i + 1}: ")

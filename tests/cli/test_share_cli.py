@@ -308,8 +308,9 @@ def test_huge_and_empty_scenario_values(run_cli, args: tuple[str, ...], fragment
 
 def test_huge_and_empty_trace_values(run_cli, tmp_path: Path, mooncake: Path) -> None:
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "1e400"), "--block 1.000e+400")
-    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "1024"),
-                   "--block 1024 does not divide 512")
+    # 768 neither divides 512 nor is a multiple of it (1,024 is: a block of two whole hash ids)
+    one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--block", "768"),
+                   "--block 768 does not divide 512 and is not a multiple of it", "1,024, 2,048, 4,096")
     azure = tmp_path / "a.csv"
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,374,44\r\n")
     one_line_error(run_cli("share", "--trace", "azure", str(azure), "--block", "1e400"), "--block 1.000e+400")

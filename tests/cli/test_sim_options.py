@@ -242,8 +242,8 @@ def test_bounds_are_in_the_help(run_cli, monkeypatch):
 def test_mooncake_block_size_names_the_flag(run_cli, tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}\n')
-    assert "error: --block 1024 does not divide 512" in one_error_line(
-        run_cli("sim", "--trace", "mooncake", str(path), "-b", "1024"))
+    assert "error: --block 768 does not divide 512 and is not a multiple of it" in one_error_line(
+        run_cli("sim", "--trace", "mooncake", str(path), "-b", "768"))
     assert "--block 1.000e+400 is above its limit" in one_error_line(
         run_cli("sim", "--trace", "mooncake", str(path), "-b", "1e400"))
 

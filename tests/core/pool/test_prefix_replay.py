@@ -1,7 +1,8 @@
 """The prefix cache end to end against an independent replay: the block pool's hit tokens and cached
 blocks on a whole Mooncake-style trace equal a plain-Python replay over hash ids (id_replay.py, no kvcalc
-code), at blocks 16, 64, 512 (through `share`'s replay, batch hashing and fused `serve`) and 4,096 (whole
-512-token ids per block: the pool driven directly, each block keyed by the tuple of its ids).
+code), at blocks 16, 64, 512, 1,024 and 4,096, through `share`'s replay (batch hashing and fused `serve`;
+a block of 512·m tokens keyed by the id of its last 512-token block), and at 1,024 and 4,096 also the pool
+driven directly with each block keyed by the tuple of its ids.
 
 A constructed trace always runs; the real Mooncake traces run when ../shared/traces holds them.
 """
@@ -26,7 +27,7 @@ id_replay = id_replay_module.id_replay
 ID_TOKENS = id_replay_module.ID_TOKENS
 
 TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
-BLOCKS = [16, 64, 512, 4096]
+BLOCKS = [16, 64, 512, 1024, 4096]
 
 
 def requests_of(trace: Trace) -> list[tuple[int, list[int]]]:
@@ -34,11 +35,15 @@ def requests_of(trace: Trace) -> list[tuple[int, list[int]]]:
 
 
 def pool_replay(trace: Trace, block_size: int) -> tuple[int, int, int]:
-    """(hit tokens, hit blocks, cached blocks at the end) of the pool, unlimited capacity."""
-    if ID_TOKENS % block_size == 0:  # what `kvcalc share --trace mooncake` runs
-        r = replay(trace, block_size, None, True)
-        return r.hit_tokens, r.hit_blocks, r.peak_cached_blocks
-    # blocks of several ids: the pool directly, each full block keyed by the tuple of its ids (object keys)
+    """(hit tokens, hit blocks, cached blocks at the end) of `share`'s replay, unlimited capacity: what
+    `kvcalc share --trace mooncake` runs at every block size (B = 512·m keyed by the last id of each block)."""
+    r = replay(trace, block_size, None, True)
+    return r.hit_tokens, r.hit_blocks, r.peak_cached_blocks
+
+
+def tuple_key_replay(trace: Trace, block_size: int) -> tuple[int, int, int]:
+    """The pool driven directly, each full block of B = 512·m tokens keyed by the tuple of its m ids (object
+    keys, chained by the pool): exact whether or not the ids are prefix-chained."""
     per_block = block_size // ID_TOKENS
     requests = requests_of(trace)
     outputs = trace.output_tokens.tolist()
@@ -85,6 +90,8 @@ def test_constructed_trace_matches_the_id_replay(seed: int, block_size: int) -> 
     expected = id_replay(requests_of(trace), block_size)
     assert expected[0] > 0  # the trace shares prefixes at every block size
     assert pool_replay(trace, block_size) == expected
+    if block_size > ID_TOKENS:
+        assert tuple_key_replay(trace, block_size) == expected
 
 
 def test_id_replay_by_hand() -> None:
@@ -107,4 +114,7 @@ def test_mooncake_trace_matches_the_id_replay(name: str, block_size: int) -> Non
     if not path.is_file():
         pytest.skip(f"the Mooncake trace is not at {path} (see ../shared/traces/README.md)")
     trace = in_arrival_order(read_trace("mooncake", path))
-    assert pool_replay(trace, block_size) == id_replay(requests_of(trace), block_size)
+    expected = id_replay(requests_of(trace), block_size)
+    assert pool_replay(trace, block_size) == expected
+    if block_size > ID_TOKENS:
+        assert tuple_key_replay(trace, block_size) == expected
