@@ -95,3 +95,16 @@ def test_plan_names_the_model_it_plans(run_cli, model_args: list[str], name: str
     assert table.exit_code == 0, table.stderr
     first = table.stdout.splitlines()[0]
     assert first.startswith(f"model: {name}") and ("sim's default" in first) == default_note, first
+
+
+def test_share_tiers_plan_a_hybrid_gpu_as_sim_does(run_cli, hand_trace: Path) -> None:
+    # Nemotron-H-56B on H200 x2: sim's memory plan pages the Mamba states in the pool (a 72 GiB KV pool); the
+    # tiers' load-or-recompute model reserved 256 states up front (256 x 912,605,184 B / 2 = 108.8 GiB) and refused
+    # with "leave no room for one KV block (36.52 GiB short)"
+    args = ["--model", "Nemotron-H-56B", "--gpu", "H200", "--tp", "2", "--block", "512"]
+    sim = run_cli("sim", *args, "--requests", "5", "--json")
+    assert sim.exit_code == 0, sim.stderr
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--gpu-cache", "1GiB", "--host-cache", "10GiB",
+                     *args, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["tiers"]["gpu"] == "H200"
