@@ -28,7 +28,7 @@ from ..core.share.tiers import (
     DEFAULT_HOST_BANDWIDTH,
     MODES,
 )
-from ..core.share.trace_blocks import check_block_size
+from ..core.share.trace_blocks import check_block_size, check_requests
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes
 from .chart import check_plot_target
 from .output import Field, Format, Report, Table, emit, err_console, record_table
@@ -152,6 +152,8 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         bpb = None if per_block[b] is None else per_block[b].bytes_per_block
         for value in [*o.capacities, *(o.tiers.sizes if o.tiers else ())]:
             value.blocks(b, bpb)  # a size too small for one block is 0 blocks, which is allowed
+    for b in o.block_sizes:  # every error in the trace before the status line (e.g. unchained ids above 512)
+        check_requests(loaded, b, None)
     if fmt is Format.table:
         err_console.print(f"stack distances of {loaded.description} at block "
                           f"{', '.join(map(str, o.block_sizes))} …", highlight=False)
