@@ -72,7 +72,7 @@ class FastForward:
         if st.sliding_share:
             excess = st.chunk_excess(np.concatenate([tokens_run, np.array(starts, np.int64)]),
                                      np.concatenate([np.ones(n, np.int64), np.array(chunks, np.int64)]))
-        d = float(st.step_s(float(tokens), float(positions), float(moved), swapped, *excess))
+        d = float(st.step_s(float(tokens), float(positions), float(moved), swapped, *excess, float(n + len(starts))))
         s.computed[run] = tokens_run + 1
         sampled_admitted = []
         for rid, start, new in zip(admitted, starts, chunks, strict=True):
@@ -118,6 +118,8 @@ class FastForward:
         if not s.waiting and self.policy.releases_in_segment:
             return -1, None
         k = int((s.stop_at[run] - s.generated[run]).min())  # methods: np.min's dispatch costs more on ~13
+        if getattr(self.policy, "runs_decode", False):
+            return k, None  # a hybrid pool: memory is checked in _segment, once the arrivals have bounded k
         k_memory, plan = self.policy.decode_steps_available(s.computed[run])
         return min(k, k_memory), plan
 
@@ -163,6 +165,8 @@ class FastForward:
             if k < 2:
                 return False
             d, ends = d[:k], ends[: k + 1]
+        if getattr(self.policy, "runs_decode", False):
+            return self._grouped_segment(k, d, ends)
         parts, table_bytes, new_blocks = self.policy.segment_integrals(tokens0, plan, d, s.head(), steps)
         totals.memory_slot_s += parts
         totals.block_table_byte_s += table_bytes
@@ -178,6 +182,43 @@ class FastForward:
         s.now_s = float(ends[-1])
         s.last_token_s[run] = s.now_s
         totals.busy_s += span
+        totals.steps += k
+        totals.segments += 1
+        s.finish(run)
+        s.steady = True
+        return True
+
+    def _grouped_segment(self, k: int, d: np.ndarray, ends: np.ndarray) -> bool:
+        """A run of decode steps on a hybrid pool (GroupedPagedPolicy.decode_run): the memory of every step in
+        closed form, accounted as stepping accounts it — each integral summed step by step in step order
+        (cumsum), so every figure is the one `_steady_step` gives, bit for bit."""
+        s, totals, policy = self.scheduler, self.totals, self.policy
+        run = s.running_ids
+        n, waiting = len(run), len(s.waiting)
+        tokens0 = s.computed[run]
+        k, memory = policy.decode_run(tokens0, k, waiting > 0)
+        if k < 2:
+            return False
+        d, ends = d[:k], ends[: k + 1]
+        parts, table, groups = policy.run_memory(memory, k)
+        totals.memory_slot_s[...] = _in_order(totals.memory_slot_s, d[:, None] * parts)
+        totals.block_table_byte_s = float(_in_order(totals.block_table_byte_s, d * table))
+        totals.running_s = float(_in_order(totals.running_s, d * n))
+        totals.in_system_s = float(_in_order(totals.in_system_s, d * (n + waiting)))
+        if totals.group_block_s is None:
+            totals.group_block_s = np.zeros(groups.shape[1])
+        totals.group_block_s[...] = _in_order(totals.group_block_s, d[:, None] * groups)
+        if totals.timeline is not None:
+            for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
+                start = float(ends[j])
+                totals.timeline.append((start, start + float(d[j]), n, waiting, *row, *blocks))
+        totals.add_itl(np.repeat(ends[1:] - ends[:-1], n), 1)  # step by step: n values of now − last token
+        s.computed[run] = tokens0 + k
+        s.generated[run] += k
+        policy.advance_run(run, tokens0, k, memory)
+        s.now_s = float(ends[-1])
+        s.last_token_s[run] = s.now_s
+        totals.busy_s = float(_in_order(totals.busy_s, d))
         totals.steps += k
         totals.segments += 1
         s.finish(run)
@@ -247,3 +288,12 @@ class FastForward:
         totals.segments += 1
         s.steady = True
         return True
+
+
+def _in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:
+    """start + terms[0] + terms[1] + … added one at a time in that order (cumsum accumulates sequentially,
+    unlike sum's pairwise tree), as `+=` once per step adds them."""
+    out = np.empty((len(terms) + 1, *np.shape(start)))
+    out[0] = start
+    out[1:] = terms
+    return out.cumsum(axis=0)[-1]

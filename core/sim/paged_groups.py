@@ -110,13 +110,126 @@ class GroupedPagedPolicy:
         return self.grow_many(np.array([rid]), np.array([total]))
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
-        return 0, None  # step by step (see the module docstring)
+        return 0, None  # the engine asks `decode_run` instead (see the module docstring)
 
     def segment_integrals(self, *args):  # pragma: no cover - decode_steps_available is always 0
-        raise AssertionError("a hybrid pool's decode steps are not fast-forwarded")
+        raise AssertionError("a hybrid pool's runs of decode steps go through decode_run")
 
     def finish_segment(self, *args):  # pragma: no cover - releases_in_segment is False
-        raise AssertionError("a hybrid pool's decode steps are not fast-forwarded")
+        raise AssertionError("a hybrid pool's runs of decode steps go through decode_run")
+
+    # ---- runs of decode steps in closed form -----------------------------------------------------------
+    @property
+    def runs_decode(self) -> bool:
+        """Runs of decode steps can be done at once (`decode_run`): without prefix caching, forks or
+        speculative slots, every used block is in exactly one table, so what each group holds is a function
+        of the sequences' lengths alone. `fast_runs = False` keeps every step (the reference in tests)."""
+        pool = self.pool
+        return (self.fast_runs and self.prompt_keys is None and not pool.store.counters["forks"]
+                and not any(p.spec.tracked for p in pool.pools))
+
+    fast_runs = True
+
+    def _kinds(self) -> list[tuple[PoolGroup, int]]:
+        """The distinct groups with how many tables each (Gemma-3: full ×1, sliding ×6)."""
+        counts: dict[PoolGroup, int] = {}
+        for g in self.groups:
+            key = PoolGroup(g.kind, g.window)
+            counts[key] = counts.get(key, 0) + 1
+        return list(counts.items())
+
+    def _first(self, group: PoolGroup, computed: np.ndarray) -> np.ndarray | int:
+        """The first block a group's table holds once a step has freed what it lets go before growing from
+        `computed` (≥ 1) tokens: PoolGroup.first_block_before_growth, over an array."""
+        B = self.block_size
+        if group.kind == "sliding":
+            return np.maximum(computed - group.window + 1, 0) // B  # type: ignore[operator]
+        if group.kind == "chunked":
+            return computed // group.window * group.window // B  # type: ignore[operator]
+        if group.kind == "state" and self.pool.state_mode == "none":
+            return (computed - 1) // B
+        if group.kind == "state" and self.pool.state_mode == "align":
+            return np.maximum(computed // B - 1, 0)
+        return 0
+
+    def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, tuple | None]:
+        """(how many of the next k decode steps of the running requests, holding `tokens` [n] (≥ 1 each),
+        can be done at once, their memory per step).
+
+        In step j (0-based) request i grows from c = t_i + j to c + 1 tokens: each group first frees the
+        blocks before its first_block(c), then the table grows to ceil((c + 1) / B) entries, so the group
+        holds ceil((c + 1) / B) − first(c) blocks with c + 1 − B · first(c) tokens written in them. The step
+        fits iff the blocks held after it, summed over groups and requests, fit in the pool (the need of
+        the growth is the held blocks less those held once the step has freed). A window that slides frees
+        blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the
+        head, refused now, could be admitted then). The pool itself is brought up to date after the run
+        (`grow_many`) in chunks of at most B tokens, each holding up to `_slack` more blocks than the step
+        it ends on: steps are kept only while that fits too."""
+        B, n = self.block_size, len(tokens)
+        if len(self.pool.pools[0].seqs) != n:  # a sequence outside the run holds blocks: step by step
+            return 0, None
+        steps = np.arange(k, dtype=np.int64)
+        computed = tokens[:, None] + steps[None, :]  # [n, k]
+        table = (computed + B) // B  # ceil((c + 1) / B)
+        held, written = [], []
+        for group, count in self._kinds():
+            first = self._first(group, computed)
+            held.append(((table - first).sum(axis=0), count))
+            written.append(((computed + 1 - B * first).sum(axis=0), count))
+        used = sum(h * c for h, c in held)
+        limit = self.pool.num_blocks - n * self._slack()
+        bad = used > limit
+        if waiting:
+            bad |= used < self.pool.num_used
+        stop = np.flatnonzero(bad)
+        k = int(stop[0]) if len(stop) else k
+        return k, (held, written, used)
+
+    def _slack(self) -> int:
+        """Blocks per request a chunk of ≤ B tokens in `grow_many` holds beyond the step it ends on: a sliding
+        or state group frees one block late, a chunked group its whole old chunk."""
+        B, extra = self.block_size, 0
+        for g in self.groups:
+            if g.kind in ("sliding", "state"):
+                extra += 1
+            elif g.kind == "chunked":
+                extra += -(-g.window // B) + 2  # type: ignore[operator]
+        return extra
+
+    def run_memory(self, run: tuple, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
+        steps of a `decode_run`: what `parts` and `group_blocks` return after each of those steps."""
+        held, written, used = run
+        B = self.block_size
+        used = used[:k]
+        useful = sum(w[:k] * c for w, c in written)
+        parts = np.zeros((k, 6), dtype=np.int64)
+        parts[:, 0] = useful
+        parts[:, 1] = used * B - useful
+        parts[:, 5] = self.capacity_slots - used * B
+        per_kind = {key: h[:k] for (key, _), (h, _) in zip(self._kinds(), held, strict=True)}
+        groups = np.stack([per_kind[PoolGroup(g.kind, g.window)] for g in self.groups], axis=1)
+        return parts, used * BLOCK_TABLE_ENTRY_BYTES, groups
+
+    def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, run: tuple) -> None:
+        """The pool after k decode steps of `decode_run` from `tokens`: every group's tables as stepping
+        leaves them, reached in chunks of at most B tokens (one append_many per group each), then checked
+        against the closed form of the last step."""
+        pool, B = self.pool, self.block_size
+        ids = rids.tolist()
+        done = 0
+        while done < k - 1:
+            add = min(B, k - 1 - done)
+            pool.append_many(ids, add)
+            done += add
+        pool.append_many(ids, 1)  # the last step frees what it lets go first, as a step does
+        _, written, used = run
+        usage = pool.usage()
+        useful = sum(int(w[k - 1]) * c for w, c in written)
+        assert (usage.used_blocks == int(used[k - 1]) == usage.logical_blocks and usage.useful_tokens == useful
+                and not usage.cached_free_blocks), (
+            f"hybrid run of {k} steps: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
+            f"the closed form {int(used[k - 1])} / {useful}")
 
     # ---- release, forks --------------------------------------------------------------------------------
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
