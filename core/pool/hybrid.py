@@ -290,6 +290,33 @@ class HybridPool:
                 pool.skip_blocks(seq_ids[i], int(first[i]))
             self._changed()
 
+    def skip_many(self, group: int, seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
+        """`BlockPool.skip_blocks(seq, first)` in group `group` for each sequence, in order, in one drop (the
+        same blocks freed in the same order). Only for a pool whose blocks are in one table each (no fork, no
+        speculative slot, no prefix-cache hit); returns how many blocks were freed."""
+        store, pool, B = self.store, self.pools[group], self.block_size
+        if store.counters["forks"] or store.counters["hit_blocks"] or pool.spec.tracked:
+            raise ValueError("skip_many takes a pool whose blocks are in one table each: skip one at a time")
+        seqs = pool._live(seq_ids, "freed")
+        firsts = [min(f, s.num_blocks) for s, f in zip(seqs, first_blocks, strict=True)]
+        for seq_id, seq, first in zip(seq_ids, seqs, firsts, strict=True):
+            if first > seq.num_skipped and first * B > seq.num_tokens:
+                raise ValueError(f"sequence {seq_id!r}: block {first - 1} holds unwritten slots and cannot be skipped")
+        parts = []
+        for seq, first in zip(seqs, firsts, strict=True):
+            if first > seq.num_skipped:
+                parts.append(seq.table[seq.num_skipped : first][::-1])  # skip_blocks drops a table's tail first
+                seq.num_skipped = first
+        if not parts:
+            return 0
+        gone = np.concatenate(parts)
+        store.ref[gone] -= 1
+        assert not store.ref[gone].any(), "skip_many: a skipped block is held by another table"
+        store.drop(gone, defer=pool._in_step)
+        pool.logical_blocks -= len(gone)
+        self._changed()
+        return len(gone)
+
     def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
         B = self.block_size

@@ -177,7 +177,7 @@ class GroupedPagedPolicy:
             held.append(((table - first).sum(axis=0), count))
             written.append(((computed + 1 - B * first).sum(axis=0), count))
         used = sum(h * c for h, c in held)
-        limit = self.pool.num_blocks - n * self._slack()
+        limit = self.pool.num_blocks - n * self._slack(k)
         bad = used > limit
         if waiting:
             bad |= used < self.pool.num_used
@@ -185,15 +185,16 @@ class GroupedPagedPolicy:
         k = int(stop[0]) if len(stop) else k
         return k, (held, written, used)
 
-    def _slack(self) -> int:
-        """Blocks per request a chunk of ≤ B tokens in `grow_many` holds beyond the step it ends on: a sliding
-        or state group frees one block late, a chunked group its whole old chunk."""
+    def _slack(self, k: int) -> int:
+        """Blocks per request that bringing the pool up to date after k steps (`advance_run`) may hold beyond
+        the last step: the group being grown holds what its last steps free (one block per B tokens, a
+        chunked group its old chunks), a group not yet grown one block more than it will."""
         B, extra = self.block_size, 0
         for g in self.groups:
             if g.kind in ("sliding", "state"):
-                extra += 1
+                extra += -(-k // B) + 2
             elif g.kind == "chunked":
-                extra += -(-g.window // B) + 2  # type: ignore[operator]
+                extra += (k // g.window + 1) * -(-g.window // B) + 2  # type: ignore[operator]
         return extra
 
     def run_memory(self, run: tuple, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,17 +213,21 @@ class GroupedPagedPolicy:
         return parts, used * BLOCK_TABLE_ENTRY_BYTES, groups
 
     def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, run: tuple) -> None:
-        """The pool after k decode steps of `decode_run` from `tokens`: every group's tables as stepping
-        leaves them, reached in chunks of at most B tokens (one append_many per group each), then checked
-        against the closed form of the last step."""
-        pool, B = self.pool, self.block_size
-        ids = rids.tolist()
-        done = 0
-        while done < k - 1:
-            add = min(B, k - 1 - done)
-            pool.append_many(ids, add)
-            done += add
-        pool.append_many(ids, 1)  # the last step frees what it lets go first, as a step does
+        """The pool after k decode steps of `decode_run` from `tokens`: each group in turn frees what its first
+        step frees, grows by k tokens in one append_many and frees what its last step frees, which leaves every
+        table as stepping leaves it; then checked against the closed form of the last step."""
+        pool, ids = self.pool, rids.tolist()
+        before, after = {}, {}
+        for g, (group, bp) in enumerate(zip(self.groups, pool.pools, strict=True)):
+            key = PoolGroup(group.kind, group.window)
+            if key not in before:
+                before[key], after[key] = self._first(key, tokens), self._first(key, tokens + (k - 1))
+            if not isinstance(before[key], int):
+                pool.skip_many(g, ids, before[key].tolist())
+            bp.append_many(ids, k)
+            if not isinstance(after[key], int):
+                pool.skip_many(g, ids, after[key].tolist())
+        pool._changed()
         _, written, used = run
         usage = pool.usage()
         useful = sum(int(w[k - 1]) * c for w, c in written)
