@@ -197,7 +197,7 @@ def plan_gpu(
             )
     if stage_layers and len(groups) > 1:
         raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups; kvcalc splits only one group's "
-                             "layers across pipeline stages", "pp")
+                             "layers across pipeline stages: use pp 1", "pp")
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")
     return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,

@@ -108,3 +108,10 @@ def test_share_tiers_plan_a_hybrid_gpu_as_sim_does(run_cli, hand_trace: Path) ->
                      *args, "--json")
     assert result.exit_code == 0, result.stderr
     assert result.json()["tiers"]["gpu"] == "H200"
+
+
+@pytest.mark.parametrize("model", ["Gemma-3-27B", "gpt-oss-20b", "Llama-4-Scout", "Nemotron-H-56B"])
+def test_size_pp_on_a_hybrid_says_the_fix(run_cli, model: str) -> None:
+    # the refusal named no fix ("... splits only one group's layers across pipeline stages")
+    line = _one_error_line(run_cli("size", "--model", model, "--gpu", "H200", "--tp", "8", "--pp", "2"))
+    assert line.startswith(f"error: --pp 2: {model} has several KV-cache groups") and line.endswith("use --pp 1")
