@@ -176,6 +176,9 @@ def command(
     if spec is None and mamba_cache_mode is not None:
         raise ValueError("--mamba-cache-mode applies to a model's recurrent layers: give a model too (--model or "
                          "--config)")
+    if spec is not None and mamba_cache_mode is not None and not any(g.state is not None for g in spec.layer_groups):
+        raise ValueError(f"--mamba-cache-mode {mamba_cache_mode} applies to a model with recurrent layers (Mamba, "
+                         f"linear attention); {spec.name} has none: drop --mamba-cache-mode")
     if spec is None and layout is not None:
         raise ValueError("--layout applies to a model's KV cache groups: give a model too (--model, --config or "
                          "--layers/--kv-heads/--head-dim)")

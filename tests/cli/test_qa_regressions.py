@@ -115,3 +115,10 @@ def test_size_pp_on_a_hybrid_says_the_fix(run_cli, model: str) -> None:
     # the refusal named no fix ("... splits only one group's layers across pipeline stages")
     line = _one_error_line(run_cli("size", "--model", model, "--gpu", "H200", "--tp", "8", "--pp", "2"))
     assert line.startswith(f"error: --pp 2: {model} has several KV-cache groups") and line.endswith("use --pp 1")
+
+
+def test_frag_mamba_cache_mode_on_a_model_without_state_is_refused(run_cli) -> None:
+    # frag ran silently with the option ignored; sim and share refuse it the same way
+    line = _one_error_line(run_cli("frag", "--lengths", "5", "--model", "Llama-3-8B", "--mamba-cache-mode", "align"))
+    assert "Llama-3-8B has none: drop --mamba-cache-mode" in line
+    assert run_cli("frag", "--lengths", "5", "--model", "Nemotron-H-56B", "--mamba-cache-mode", "align").exit_code == 0
