@@ -211,6 +211,11 @@ def command(
         report.notes += model_notes(result.model_bytes, sweep)
     if result.speculative is not None:
         report.notes.append(speculative_note(result.speculative, max_len is None))
+    longest = int(source.tokens.max())
+    if spec is not None and spec.max_position_embeddings is not None and longest > spec.max_position_embeddings:
+        err_console.print(f"warning: the longest length, {format_count(longest)}, is above {spec.name}'s "
+                          f"max_position_embeddings {format_count(spec.max_position_embeddings)}",
+                          highlight=False, soft_wrap=True)
     emit(report, out_format)
     if plot is not None:
         fixed = result.fixed

@@ -122,3 +122,13 @@ def test_frag_mamba_cache_mode_on_a_model_without_state_is_refused(run_cli) -> N
     line = _one_error_line(run_cli("frag", "--lengths", "5", "--model", "Llama-3-8B", "--mamba-cache-mode", "align"))
     assert "Llama-3-8B has none: drop --mamba-cache-mode" in line
     assert run_cli("frag", "--lengths", "5", "--model", "Nemotron-H-56B", "--mamba-cache-mode", "align").exit_code == 0
+
+
+def test_frag_warns_when_a_length_is_above_the_models_max_length(run_cli) -> None:
+    # size warns for --tokens above max_position_embeddings; frag took 200,000 tokens for Llama-3-8B silently
+    above = run_cli("frag", "--lengths", "100,200000", "--model", "Llama-3-8B", "--json")
+    assert above.exit_code == 0 and json.loads(above.stdout)
+    assert above.stderr.strip() == ("warning: the longest length, 200,000, is above Llama-3-8B's "
+                                    "max_position_embeddings 8,192")
+    at_limit = run_cli("frag", "--lengths", "100,8192", "--model", "Llama-3-8B", "--json")
+    assert at_limit.exit_code == 0 and "warning" not in at_limit.stderr
