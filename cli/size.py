@@ -242,7 +242,7 @@ def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, b
     if stored is not None and quantization is None and weight_dtype is None:  # the config's quantization_config
         quantization, spec = ("mxfp4", spec) if stored == "mxfp4" else (None, dataclasses.replace(
             spec, weight_dtype=stored))
-    version = get_version(version_name or DEFAULT_VLLM_VERSION)
+    version = get_version(DEFAULT_VLLM_VERSION if version_name is None else version_name)  # "" is an error
     if quantization is not None and quantization not in ("fp8", "mxfp4"):
         raise ValueError(f"--quantization {quantization!r} is not modelled: give fp8 or mxfp4 (or --weight-dtype "
                          "for a checkpoint stored at one precision)")

@@ -132,3 +132,9 @@ def test_frag_warns_when_a_length_is_above_the_models_max_length(run_cli) -> Non
                                     "max_position_embeddings 8,192")
     at_limit = run_cli("frag", "--lengths", "100,8192", "--model", "Llama-3-8B", "--json")
     assert at_limit.exit_code == 0 and "warning" not in at_limit.stderr
+
+
+def test_size_empty_vllm_version_is_an_error_not_the_default(run_cli) -> None:
+    # --vllm-version "" silently meant 0.21; every other empty option value (--dtype "", --gpu "") is refused
+    line = _one_error_line(run_cli("size", "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--vllm-version", ""))
+    assert line.startswith("error: --vllm-version '' is not modelled: choose one of 0.19, 0.21")
