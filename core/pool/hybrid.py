@@ -290,6 +290,55 @@ class HybridPool:
                 pool.skip_blocks(seq_ids[i], int(first[i]))
             self._changed()
 
+    def grow_private_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
+        """`BlockPool.append_many(seq_ids, num_tokens)` in every group, without freeing anything first, in one
+        hand-out for all groups: a run of decode steps brought up to date at once. Only for a pool whose
+        blocks are in one table each (no fork, no prefix-cache hit, no speculative slot), so no block is
+        copied: each table's partial last block is written in place, its fresh blocks are full but the last."""
+        store, B = self.store, self.block_size
+        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
+            raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
+        if num_tokens <= 0 or not seq_ids:
+            return
+        tables = [p._live(seq_ids, "appended to") for p in self.pools]
+        count, groups = len(seq_ids), len(self.pools)
+        old = np.fromiter((t.num_tokens for t in tables[0]), np.int64, count)
+        grow = -(-(old + num_tokens) // B) - np.fromiter((t.num_blocks for t in tables[0]), np.int64, count)
+        per = int(grow.sum())  # every group's tables have the same length
+        need = per * groups
+        if need > len(store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens to {count} sequences needs {need} blocks over "
+                                     f"{groups} groups, {len(store.queue)} free")
+        partial = np.flatnonzero(old % B).tolist()
+        if partial:
+            last = [t[i].table[t[i].num_blocks - 1] for t in tables for i in partial]
+            store.fill[last] += np.tile(np.minimum(B - old[partial] % B, num_tokens), groups)
+        if need:
+            blocks = store.hand_out(need)[0]
+            store.ref[blocks] = 1
+            store.num_used += need
+            growing = np.flatnonzero(grow)
+            fill = np.full(per, B, dtype=store.fill.dtype)
+            fill[np.cumsum(grow[growing]) - 1] = (old[growing] + num_tokens - 1) % B + 1
+            store.fill[blocks] = np.tile(fill, groups)
+            block_list, sizes = blocks.tolist(), grow[growing].tolist()
+            at = 0
+            for t in tables:
+                for i, k in zip(growing.tolist(), sizes, strict=True):
+                    seq = t[i]
+                    if seq.num_blocks + k > len(seq.table):
+                        seq.table = np.concatenate([seq.table, np.empty(2 * (seq.num_blocks + k), dtype=np.int64)])
+                    seq.table[seq.num_blocks : seq.num_blocks + k] = block_list[at : at + k]
+                    seq.num_blocks += k
+                    at += k
+        store.useful_tokens += num_tokens * count * groups
+        for t, pool in zip(tables, self.pools, strict=True):
+            for seq in t:
+                seq.num_tokens += num_tokens
+            pool.logical_blocks += per
+            pool.logical_tokens += num_tokens * count
+        self._changed()
+
     def skip_many(self, group: int, seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
         """`BlockPool.skip_blocks(seq, first)` in group `group` for each sequence, in order, in one drop (the
         same blocks freed in the same order). Only for a pool whose blocks are in one table each (no fork, no

@@ -213,21 +213,21 @@ class GroupedPagedPolicy:
         return parts, used * BLOCK_TABLE_ENTRY_BYTES, groups
 
     def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, run: tuple) -> None:
-        """The pool after k decode steps of `decode_run` from `tokens`: each group in turn frees what its first
-        step frees, grows by k tokens in one append_many and frees what its last step frees, which leaves every
-        table as stepping leaves it; then checked against the closed form of the last step."""
+        """The pool after k decode steps of `decode_run` from `tokens`: every group frees what its first step
+        frees, all grow by k tokens in one hand-out (HybridPool.grow_private_many), then each frees what its
+        last step frees, which leaves every table as stepping leaves it; then checked against the closed form
+        of the last step."""
         pool, ids = self.pool, rids.tolist()
-        before, after = {}, {}
-        for g, (group, bp) in enumerate(zip(self.groups, pool.pools, strict=True)):
+        after = []
+        for g, group in enumerate(self.groups):
             key = PoolGroup(group.kind, group.window)
-            if key not in before:
-                before[key], after[key] = self._first(key, tokens), self._first(key, tokens + (k - 1))
-            if not isinstance(before[key], int):
-                pool.skip_many(g, ids, before[key].tolist())
-            bp.append_many(ids, k)
-            if not isinstance(after[key], int):
-                pool.skip_many(g, ids, after[key].tolist())
-        pool._changed()
+            first = self._first(key, tokens)
+            if not isinstance(first, int):
+                pool.skip_many(g, ids, first.tolist())
+                after.append((g, self._first(key, tokens + (k - 1)).tolist()))
+        pool.grow_private_many(ids, k)
+        for g, first in after:
+            pool.skip_many(g, ids, first)
         _, written, used = run
         usage = pool.usage()
         useful = sum(int(w[k - 1]) * c for w, c in written)

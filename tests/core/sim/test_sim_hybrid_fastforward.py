@@ -1,0 +1,40 @@
+"""Runs of decode steps on a hybrid pool done at once (GroupedPagedPolicy.decode_run) give the figures of
+stepping, byte for byte: the JSON of `kvcalc sim` with the runs on and off (`fast_runs = False`, the step-by-step
+reference) on sliding (Gemma-3, gpt-oss), chunked (Llama-4-Scout) and Mamba (Nemotron-H) hybrids, with
+preemption by recompute and swap, timeouts, cancellations and a timeline; and the engine really took runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
+
+CASES = [
+    ("gemma-3-27b", "--gpu", "h200", "--requests", "150"),
+    ("gemma-3-27b", "--gpu", "h200", "--requests", "120", "--rate", "inf", "--memory-utilization", "0.4",
+     "--preempt", "swap"),  # a tight pool: 180 preemptions by swap
+    ("gemma-3-27b", "--gpu", "h200", "--requests", "120", "--rate", "20", "--memory-utilization", "0.4",
+     "--cancel-fraction", "0.2"),  # 147 preemptions by recompute, 24 cancellations
+    ("gpt-oss-120b", "--gpu", "h200", "--tp", "2", "--requests", "150", "--block", "32"),
+    ("llama-4-scout", "--gpu", "h200", "--tp", "2", "--requests", "100", "--rate", "4"),  # chunked 8,192
+    ("nemotron-h-56b", "--gpu", "h200", "--requests", "100", "--rate", "4"),  # Mamba state pages
+    ("nemotron-h-56b", "--gpu", "h200", "--requests", "100", "--rate", "inf", "--mamba-cache-mode", "none"),
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: "-".join(a[:1] + a[3:6]))
+def test_runs_of_decode_steps_match_stepping_byte_for_byte(run_cli, monkeypatch, tmp_path, args):
+    model, *rest = args
+    cmd = ("sim", "--model", model, *rest, "--json", "--timeline")
+    segments = []
+    real = GroupedPagedPolicy.advance_run
+    monkeypatch.setattr(GroupedPagedPolicy, "advance_run",
+                        lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
+    fast = run_cli(*cmd, str(tmp_path / "fast.csv"))
+    assert fast.exit_code == 0, fast.stderr
+    assert segments, "no run of decode steps was fast-forwarded"
+    monkeypatch.setattr(GroupedPagedPolicy, "fast_runs", False)
+    slow = run_cli(*cmd, str(tmp_path / "slow.csv"))
+    assert slow.exit_code == 0, slow.stderr
+    assert fast.stdout == slow.stdout
+    assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "slow.csv").read_bytes()
