@@ -287,8 +287,10 @@ def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, s
         from ..core.model.hub import cached_config
 
         path = Path(cached_config(model)[0])
-    if path is None:
-        return 0, None
+    if path is None:  # a preset: its checkpoint's quantization as its config.json gives it
+        from ..core.model.presets import PRESET_CHECKPOINT_QUANTIZATION
+
+        return 0, PRESET_CHECKPOINT_QUANTIZATION.get(spec.name) if model is not None else None
     raw = json.loads(path.read_text(encoding="utf-8"))
     return config_vision_params(raw, spec.hidden_size), checkpoint_quantization(raw)
 

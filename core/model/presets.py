@@ -174,7 +174,7 @@ _preset(ModelSpec(
     name="gpt-oss-20b", layers=24, num_attention_heads=64, kv_heads=8, head_dim=64, hidden_size=2880,
     intermediate_size=2880, vocab_size=201088, max_position_embeddings=131072, num_params=20_914_757_184,
     num_active_params=4_187_440_704, sliding_window=128, num_sliding_layers=12, num_experts=32, experts_per_token=4,
-    source="openai/gpt-oss-20b config.json",
+    weight_dtype="bf16", source="openai/gpt-oss-20b config.json",
 ))
 # openai/gpt-oss-120b: as gpt-oss-20b with 36 layers and 128 experts. Params 116,829,156,672 (116.83B);
 # active 5,715,982,912 (36 · 124 · 24,891,840 fewer; OpenAI's 5.13B leaves out the input embedding).
@@ -182,8 +182,12 @@ _preset(ModelSpec(
     name="gpt-oss-120b", layers=36, num_attention_heads=64, kv_heads=8, head_dim=64, hidden_size=2880,
     intermediate_size=2880, vocab_size=201088, max_position_embeddings=131072, num_params=116_829_156_672,
     num_active_params=5_715_982_912, sliding_window=128, num_sliding_layers=18, num_experts=128,
-    experts_per_token=4, source="openai/gpt-oss-120b config.json",
+    experts_per_token=4, weight_dtype="bf16", source="openai/gpt-oss-120b config.json",
 ))
+# How a preset's checkpoint stores its weights when not at one precision (config.json's quantization_config):
+# openai/gpt-oss-20b and -120b quantize the routed experts to MXFP4 (quant_method mxfp4), which vLLM loads as
+# such (13.64 GiB of weights for gpt-oss-20b on an H100, ../shared/vllm_startup/startup.csv), not as bf16.
+PRESET_CHECKPOINT_QUANTIZATION = {"gpt-oss-20b": "mxfp4", "gpt-oss-120b": "mxfp4"}
 # google/gemma-3-12b-it (text_config): 48 layers, 16 heads, 8 KV heads, head_dim 256, hidden 3840,
 # intermediate 15360, vocab 262208, max_position_embeddings 131072, sliding_window 1024 on 5 of every 6
 # layers (sliding_window_pattern 6: 40 sliding, 8 global). Params 11,766,034,176 (the language model;

@@ -138,3 +138,19 @@ def test_size_empty_vllm_version_is_an_error_not_the_default(run_cli) -> None:
     # --vllm-version "" silently meant 0.21; every other empty option value (--dtype "", --gpu "") is refused
     line = _one_error_line(run_cli("size", "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--vllm-version", ""))
     assert line.startswith("error: --vllm-version '' is not modelled: choose one of 0.19, 0.21")
+
+
+def test_size_gpt_oss_presets_load_mxfp4_weights_as_their_checkpoints(run_cli) -> None:
+    # the presets were sized as bf16 (gpt-oss-20b 38.97 GiB, gpt-oss-120b 217.63 GiB: "no KV memory" on one H100,
+    # the GPU gpt-oss-120b is made for); vLLM loads gpt-oss-20b in 13.64 GiB (../shared/vllm_startup/startup.csv).
+    # A preset now weighs what --config of its config.json (quant_method mxfp4) weighs: the same estimate, the
+    # routed experts at 4.25 bits, the rest 16-bit.
+    preset = run_cli("size", "--model", "gpt-oss-20b", "--gpu", "H100-SXM", "--json")
+    assert preset.exit_code == 0, preset.stderr
+    stated = preset.json()["gpu_plan"]["weights_bytes"]
+    as_bf16 = run_cli("size", "--model", "gpt-oss-20b", "--gpu", "H100-SXM", "--weight-dtype", "bf16", "--json")
+    assert as_bf16.json()["gpu_plan"]["weights_bytes"] > 2.5 * stated
+    assert 12.5 * 2**30 < stated < 13.64 * 2**30
+    big = run_cli("size", "--model", "gpt-oss-120b", "--gpu", "H100-SXM", "--json")
+    assert big.exit_code == 0, big.stderr  # it fits one H100 80GB
+    assert 60 * 2**30 < big.json()["gpu_plan"]["weights_bytes"] < 62 * 2**30
