@@ -267,32 +267,44 @@ class HybridPool:
             pool.append_many(seq_ids, num_tokens)
         self._changed()
 
-    def free_skipped_many(self, seq_ids: Sequence[Hashable]) -> None:
-        """`free_skipped` of each sequence (none with speculative slots), the rule evaluated for all at once."""
+    def free_skipped_many(self, seq_ids: Sequence[Hashable], one_drop: bool = True) -> None:
+        """`free_skipped` of each sequence (none with speculative slots), the rule evaluated once per kind of
+        group for all sequences at once; `one_drop` (and every block in one table): one `skip_many` per kind
+        instead of BlockPool.skip_blocks per sequence (the same blocks freed in the same order)."""
         B, mode = self.block_size, self.state_mode
-        for group, pool in zip(self.groups, self.pools, strict=True):
-            if group.kind == "full":
-                continue
-            seqs = pool._live(seq_ids, "freed")
-            tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
-            skipped = np.fromiter((s.num_skipped for s in seqs), np.int64, len(seqs))
-            if group.kind == "sliding":
-                first = np.maximum(tokens - group.window + 1, 0) // B  # type: ignore[operator]
-            elif group.kind == "chunked":
-                first = tokens // group.window * group.window // B  # type: ignore[operator]
+        kinds: dict[tuple[str, int | None], list[int]] = {}
+        for g, group in enumerate(self.groups):
+            if group.kind != "full" and not (group.kind == "state" and mode == "all"):
+                kinds.setdefault((group.kind, group.window), []).append(g)
+        if not kinds:
+            return
+        seqs = self.pools[0]._live(seq_ids, "freed")
+        tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
+        # NOTE: the one-drop path only without a prefix cache (as in `kvcalc sim` without keys): with one, the
+        # per-sequence path keeps the exact order verify's scenarios were written against
+        private = one_drop and not (self.store.enable_prefix_caching or self.store.counters["forks"])
+        for (kind, window), members in kinds.items():
+            if kind == "sliding":
+                first = np.maximum(tokens - window + 1, 0) // B  # type: ignore[operator]
+            elif kind == "chunked":
+                first = tokens // window * window // B  # type: ignore[operator]
             elif mode == "none":
                 first = np.maximum(tokens - 1, 0) // B
-            elif mode == "align":
+            else:  # align
                 first = np.maximum(tokens // B - 1, 0)
-            else:
+            if private and not any(self.pools[g].spec.tracked for g in members):
+                self.skip_many(members, seq_ids, first.tolist())
                 continue
-            for i in np.flatnonzero(first > skipped).tolist():
-                pool.skip_blocks(seq_ids[i], int(first[i]))
-            self._changed()
+            for g in members:
+                pool = self.pools[g]
+                skipped = np.fromiter((s.num_skipped for s in pool._live(seq_ids, "freed")), np.int64, len(seqs))
+                for i in np.flatnonzero(first > skipped).tolist():
+                    pool.skip_blocks(seq_ids[i], int(first[i]))
+                self._changed()
 
     def grow_private_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
-        """`BlockPool.append_many(seq_ids, num_tokens)` in every group, without freeing anything first, in one
-        hand-out for all groups: a run of decode steps brought up to date at once. Only for a pool whose
+        """`BlockPool.append_many(seq_ids, num_tokens)` in every group, without freeing anything first, all
+        groups at once: a run of decode steps brought up to date at once. Only for a pool whose
         blocks are in one table each (no fork, no prefix-cache hit, no speculative slot), so no block is
         copied: each table's partial last block is written in place, its fresh blocks are full but the last."""
         store, B = self.store, self.block_size
@@ -314,7 +326,8 @@ class HybridPool:
             last = [t[i].table[t[i].num_blocks - 1] for t in tables for i in partial]
             store.fill[last] += np.tile(np.minimum(B - old[partial] % B, num_tokens), groups)
         if need:
-            blocks = store.hand_out(need)[0]
+            # one hand-out per group, in group order: the block ids of BlockPool.append_many group by group
+            blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
             store.ref[blocks] = 1
             store.num_used += need
             growing = np.flatnonzero(grow)
@@ -339,30 +352,34 @@ class HybridPool:
             pool.logical_tokens += num_tokens * count
         self._changed()
 
-    def skip_many(self, group: int, seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
-        """`BlockPool.skip_blocks(seq, first)` in group `group` for each sequence, in order, in one drop (the
-        same blocks freed in the same order). Only for a pool whose blocks are in one table each (no fork, no
-        speculative slot, no prefix-cache hit); returns how many blocks were freed."""
-        store, pool, B = self.store, self.pools[group], self.block_size
-        if store.counters["forks"] or store.counters["hit_blocks"] or pool.spec.tracked:
+    def skip_many(self, groups: Sequence[int], seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
+        """`BlockPool.skip_blocks(seq, first)` for each sequence, in order, in each of `groups` (group indices,
+        in order), in one drop (the blocks skip_blocks would free, in its order). Only for a pool whose blocks
+        are in one table each (no fork, no speculative slot, no prefix-cache hit); returns how many were freed."""
+        store, B = self.store, self.block_size
+        pools = [self.pools[g] for g in groups]
+        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in pools):
             raise ValueError("skip_many takes a pool whose blocks are in one table each: skip one at a time")
-        seqs = pool._live(seq_ids, "freed")
-        firsts = [min(f, s.num_blocks) for s, f in zip(seqs, first_blocks, strict=True)]
-        for seq_id, seq, first in zip(seq_ids, seqs, firsts, strict=True):
-            if first > seq.num_skipped and first * B > seq.num_tokens:
+        tables = [p._live(seq_ids, "freed") for p in pools]
+        firsts = [min(f, s.num_blocks) for s, f in zip(tables[0], first_blocks, strict=True)]  # lengths alike
+        for i, (seq_id, first) in enumerate(zip(seq_ids, firsts, strict=True)):
+            if first * B > tables[0][i].num_tokens and any(first > t[i].num_skipped for t in tables):
                 raise ValueError(f"sequence {seq_id!r}: block {first - 1} holds unwritten slots and cannot be skipped")
         parts = []
-        for seq, first in zip(seqs, firsts, strict=True):
-            if first > seq.num_skipped:
-                parts.append(seq.table[seq.num_skipped : first][::-1])  # skip_blocks drops a table's tail first
-                seq.num_skipped = first
+        for pool, seqs in zip(pools, tables, strict=True):
+            freed = 0
+            for seq, first in zip(seqs, firsts, strict=True):
+                if first > seq.num_skipped:
+                    parts.append(seq.table[seq.num_skipped : first][::-1])  # skip_blocks drops a tail first
+                    freed += first - seq.num_skipped
+                    seq.num_skipped = first
+            pool.logical_blocks -= freed
         if not parts:
             return 0
         gone = np.concatenate(parts)
         store.ref[gone] -= 1
         assert not store.ref[gone].any(), "skip_many: a skipped block is held by another table"
-        store.drop(gone, defer=pool._in_step)
-        pool.logical_blocks -= len(gone)
+        store.drop(gone, defer=pools[0]._in_step)
         self._changed()
         return len(gone)
 

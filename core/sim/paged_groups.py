@@ -81,10 +81,13 @@ class GroupedPagedPolicy:
         if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
             adds = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
             if len(adds) == 1 and (add := adds.pop()) > 0:  # a decode step: one call per group
-                pool.free_skipped_many(ids)
+                pool.free_skipped_many(ids, one_drop=not self.exact_block_tables)  # verify counts skip_blocks
                 if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
                     return False
-                pool.append_many(ids, add)
+                if pool.store.counters["hit_blocks"] or any(p.spec.tracked for p in pool.pools):
+                    pool.append_many(ids, add)
+                else:
+                    pool.grow_private_many(ids, add)  # the same tables, in one hand-out for all groups
                 return True
         for rid in ids:
             pool.free_skipped(rid)
@@ -125,8 +128,8 @@ class GroupedPagedPolicy:
         speculative slots, every used block is in exactly one table, so what each group holds is a function
         of the sequences' lengths alone. `fast_runs = False` keeps every step (the reference in tests)."""
         pool = self.pool
-        return (self.fast_runs and self.prompt_keys is None and not pool.store.counters["forks"]
-                and not any(p.spec.tracked for p in pool.pools))
+        return (self.fast_runs and not self.exact_block_tables and self.prompt_keys is None
+                and not pool.store.counters["forks"] and not any(p.spec.tracked for p in pool.pools))
 
     fast_runs = True
 
@@ -137,6 +140,13 @@ class GroupedPagedPolicy:
             key = PoolGroup(g.kind, g.window)
             counts[key] = counts.get(key, 0) + 1
         return list(counts.items())
+
+    def _members(self) -> list[tuple[PoolGroup, list[int]]]:
+        """The distinct groups with the indices of their tables."""
+        members: dict[PoolGroup, list[int]] = {}
+        for g, group in enumerate(self.groups):
+            members.setdefault(PoolGroup(group.kind, group.window), []).append(g)
+        return list(members.items())
 
     def _first(self, group: PoolGroup, computed: np.ndarray) -> np.ndarray | int:
         """The first block a group's table holds once a step has freed what it lets go before growing from
@@ -219,15 +229,14 @@ class GroupedPagedPolicy:
         of the last step."""
         pool, ids = self.pool, rids.tolist()
         after = []
-        for g, group in enumerate(self.groups):
-            key = PoolGroup(group.kind, group.window)
+        for key, members in self._members():
             first = self._first(key, tokens)
             if not isinstance(first, int):
-                pool.skip_many(g, ids, first.tolist())
-                after.append((g, self._first(key, tokens + (k - 1)).tolist()))
+                pool.skip_many(members, ids, first.tolist())
+                after.append((members, self._first(key, tokens + (k - 1)).tolist()))
         pool.grow_private_many(ids, k)
-        for g, first in after:
-            pool.skip_many(g, ids, first)
+        for members, first in after:
+            pool.skip_many(members, ids, first)
         _, written, used = run
         usage = pool.usage()
         useful = sum(int(w[k - 1]) * c for w, c in written)
