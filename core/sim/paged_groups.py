@@ -135,11 +135,16 @@ class GroupedPagedPolicy:
 
     def _kinds(self) -> list[tuple[PoolGroup, int]]:
         """The distinct groups with how many tables each (Gemma-3: full ×1, sliding ×6)."""
+        if self._kinds_memo is not None:
+            return self._kinds_memo
         counts: dict[PoolGroup, int] = {}
         for g in self.groups:
             key = PoolGroup(g.kind, g.window)
             counts[key] = counts.get(key, 0) + 1
-        return list(counts.items())
+        self._kinds_memo = list(counts.items())
+        return self._kinds_memo
+
+    _kinds_memo: list[tuple[PoolGroup, int]] | None = None
 
     def _members(self) -> list[tuple[PoolGroup, list[int]]]:
         """The distinct groups with the indices of their tables."""
@@ -173,8 +178,8 @@ class GroupedPagedPolicy:
         the growth is the held blocks less those held once the step has freed). A window that slides frees
         blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the
         head, refused now, could be admitted then). The pool itself is brought up to date after the run
-        (`grow_many`) in chunks of at most B tokens, each holding up to `_slack` more blocks than the step
-        it ends on: steps are kept only while that fits too."""
+        (`advance_run`) by growing every group by k tokens before freeing what the run's later steps free:
+        steps are kept only while that peak, Σ ceil((t + k) / B) − first(t), fits too."""
         B, n = self.block_size, len(tokens)
         if len(self.pool.pools[0].seqs) != n:  # a sequence outside the run holds blocks: step by step
             return 0, None
@@ -182,30 +187,20 @@ class GroupedPagedPolicy:
         computed = tokens[:, None] + steps[None, :]  # [n, k]
         table = (computed + B) // B  # ceil((c + 1) / B)
         held, written = [], []
+        peak = 0  # blocks held once `advance_run` has grown every group by j + 1 tokens, before it frees
         for group, count in self._kinds():
             first = self._first(group, computed)
             held.append(((table - first).sum(axis=0), count))
             written.append(((computed + 1 - B * first).sum(axis=0), count))
+            peak = peak + count * (table - (first[:, :1] if not isinstance(first, int) else 0)).sum(axis=0)
         used = sum(h * c for h, c in held)
-        limit = self.pool.num_blocks - n * self._slack(k)
-        bad = used > limit
+        N = self.pool.num_blocks
+        bad = (used > N) | (peak > N)
         if waiting:
             bad |= used < self.pool.num_used
         stop = np.flatnonzero(bad)
         k = int(stop[0]) if len(stop) else k
         return k, (held, written, used)
-
-    def _slack(self, k: int) -> int:
-        """Blocks per request that bringing the pool up to date after k steps (`advance_run`) may hold beyond
-        the last step: the group being grown holds what its last steps free (one block per B tokens, a
-        chunked group its old chunks), a group not yet grown one block more than it will."""
-        B, extra = self.block_size, 0
-        for g in self.groups:
-            if g.kind in ("sliding", "state"):
-                extra += -(-k // B) + 2
-            elif g.kind == "chunked":
-                extra += (k // g.window + 1) * -(-g.window // B) + 2  # type: ignore[operator]
-        return extra
 
     def run_memory(self, run: tuple, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
