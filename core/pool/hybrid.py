@@ -312,7 +312,8 @@ class HybridPool:
             raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
         if num_tokens <= 0 or not seq_ids:
             return
-        tables = [p._live(seq_ids, "appended to") for p in self.pools]
+        first_tables = self.pools[0]._live(seq_ids, "appended to")  # every group holds the same sequences
+        tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in self.pools[1:])]
         count, groups = len(seq_ids), len(self.pools)
         old = np.fromiter((t.num_tokens for t in tables[0]), np.int64, count)
         grow = -(-(old + num_tokens) // B) - np.fromiter((t.num_blocks for t in tables[0]), np.int64, count)
@@ -327,7 +328,10 @@ class HybridPool:
             store.fill[last] += np.tile(np.minimum(B - old[partial] % B, num_tokens), groups)
         if need:
             # one hand-out per group, in group order: the block ids of BlockPool.append_many group by group
-            blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
+            if store.enable_prefix_caching:  # evictions: one hand-out per group
+                blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
+            else:  # plain blocks only, popped from the top: one pop of G·per is G pops of per, in order
+                blocks = store.hand_out(need)[0]
             store.ref[blocks] = 1
             store.num_used += need
             growing = np.flatnonzero(grow)
