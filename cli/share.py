@@ -17,6 +17,7 @@ from ..core.share.memory import PoolBytes, block_bytes, blocks_in_memory, group_
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
 from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, GroupReplayResult, largest_request_peak, replay_groups
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
+from ..core.sim.hardware import checkpoint_weights
 from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
 from . import share_capacity
 from .options import (
@@ -133,8 +134,12 @@ def command(
         if pool_given:
             raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
                              "--capacity and the tiers size a prefix cache; drop one of them")
+        quantization = None
+        if spec is not None:  # the weights as the checkpoint stores them (fp8 DeepSeek-V3, mxfp4 gpt-oss experts)
+            spec, quantization = checkpoint_weights(spec, model, config)
         options = share_capacity.parse_options(trace, limit, block, blocks, capacity, gpu_cache, host_cache,
-                                               disk_cache, host_bw, disk_bw, tier_mode, gpu, tp, plot, spec, bits)
+                                               disk_cache, host_bw, disk_bw, tier_mode, gpu, tp, plot, spec, bits,
+                                               quantization)
         share_capacity.run(options, spec, dtype, bits, fmt)
         return
     if trace is None:

@@ -78,7 +78,7 @@ def parse_options(
     trace: tuple[str, str] | None, limit: int | None, block: int, blocks: str | None, capacity: str | None,
     gpu_cache: str | None, host_cache: str | None, disk_cache: str | None, host_bw: str | None,
     disk_bw: str | None, tier_mode: str | None, gpu: str | None, tp: int | None, plot: Path | None,
-    spec: ModelSpec | None, bits: int,
+    spec: ModelSpec | None, bits: int, quantization: str | None = None,
 ) -> CurveOptions:
     """Every input error of the curve and tier options, before any work."""
     tiered = any(v is not None for v in (gpu_cache, host_cache, disk_cache))
@@ -119,12 +119,14 @@ def parse_options(
         raise ValueError("--gpu times the tiers' load-or-recompute rule: add --gpu-cache (and lower tiers)")
     gpu_name = DEFAULT_GPU if gpu is None else gpu
     if spec is not None and tiers is not None:  # an unknown GPU, or weights that do not fit, before any work
-        step_time_model(spec, get_gpu(gpu_name, "as --gpu"), bits, block_sizes[0], 1 if tp is None else tp)
+        step_time_model(spec, get_gpu(gpu_name, "as --gpu"), bits, block_sizes[0], 1 if tp is None else tp,
+                        quantization)
     if plot is not None:
         check_plot_target(plot)
     bandwidths = (_bandwidth(host_bw, DEFAULT_HOST_BANDWIDTH, "--host-bw"),
                   _bandwidth(disk_bw, DEFAULT_DISK_BANDWIDTH, "--disk-bw"))
-    tier_options = None if tiers is None else TierOptions(tiers, bandwidths, mode, gpu_name, 1 if tp is None else tp)
+    tier_options = None if tiers is None else TierOptions(tiers, bandwidths, mode, gpu_name, 1 if tp is None else tp,
+                                                               quantization)
     return CurveOptions(trace, limit, block_sizes, capacities, tier_options, 1 if tp is None else tp, plot)
 
 

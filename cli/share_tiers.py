@@ -33,6 +33,7 @@ class TierOptions:
     mode: str
     gpu: str
     tp: int
+    quantization: str | None = None  # the checkpoint's (hardware.checkpoint_weights): gpt-oss's mxfp4 experts
 
 
 def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBlockBytes | None,
@@ -44,7 +45,7 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
     verdicts: list[LoadOrRecompute | None] = [None, None, None]
     paper_break_even = None
     if spec is not None and cbb is not None:
-        model = step_time_model(spec, get_gpu(o.gpu), bits, b, o.tp)
+        model = step_time_model(spec, get_gpu(o.gpu), bits, b, o.tp, o.quantization)
         hits = tier_hit_blocks(d, caps, o.mode)  # type: ignore[arg-type]
         start = np.zeros(d.requests, dtype=np.int64)
         for t in range(3):

@@ -20,12 +20,14 @@ from ..sim.hardware import GpuSpec, plan_memory
 from ..sim.steptime import Efficiencies, StepTimeModel, build_model, prefill_positions
 
 
-def step_time_model(spec: ModelSpec, gpu: GpuSpec, kv_dtype_bits: int, block_size: int, tp: int) -> StepTimeModel:
-    """kvcalc sim's default step-time model for `spec` on `tp` × `gpu` (default efficiencies, 16-bit weights).
+def step_time_model(spec: ModelSpec, gpu: GpuSpec, kv_dtype_bits: int, block_size: int, tp: int,
+                    quantization: str | None = None) -> StepTimeModel:
+    """kvcalc sim's default step-time model for `spec` on `tp` × `gpu` (default efficiencies; the weights in
+    spec's weight_dtype or `quantization`, as hardware.checkpoint_weights gives them: the checkpoint's own).
     A hybrid model's memory is planned as sim plans it (its KV cache groups, the state paged in the pool), not
     with a state reserved up front for every one of max_seqs sequences."""
     layout = kv_layout(spec, kv_dtype_bits, block_size, "vllm", tp, "none")
-    plan = plan_memory(spec, gpu, kv_dtype_bits=kv_dtype_bits, block_size=block_size, tp=tp,
+    plan = plan_memory(spec, gpu, kv_dtype_bits=kv_dtype_bits, block_size=block_size, tp=tp, quantization=quantization,
                        layout=layout if pool_groups(layout) is not None else None)
     return build_model(spec, plan, Efficiencies())
 

@@ -3,8 +3,11 @@
     pool bytes per GPU = memory · utilisation − weights / tp − workspace − recurrent state
     blocks             = pool bytes // (block_size · KV bytes per token per GPU)
 
-Weights are `num_params × weight bytes` (the preset's parameter count, or one estimated from the config's
-dimensions); `--weights-bytes` overrides. The activation workspace follows what vLLM's profiling run
+Weights are what `kvcalc size --gpu` loads (core/model/vllm_memory.py `stage_weights`): the parameter count
+(the preset's, or one estimated from the config's dimensions) in the checkpoint's stored precision (fp8 for
+DeepSeek-V3, mxfp4 experts for gpt-oss, bf16 when the model names none; `checkpoint_weights`), embeddings and
+head in 16 bits; `--weight-dtype` overrides the precision, `--weights-bytes` the whole figure. The activation
+workspace follows what vLLM's profiling run
 measures: one forward pass over `max_batched_tokens` tokens, whose peak is dominated by the MLP's
 gate+up output (2 · intermediate) plus a few hidden-sized buffers (residual, norm output, attention
 output, QKV ≈ 4 · hidden), in the activation dtype (2 bytes), plus fp32 logits for `max_seqs` sequences
@@ -15,16 +18,20 @@ reserved before the pool, as an engine must hold them for every running sequence
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..blocks import ceil_div
+from ..dtypes import parse_dtype
 from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
 from ..model.gpu_plan import activation_bytes_estimate
 from ..model.kv_groups import KVLayout, plan_blocks
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
-from ..model.weights import estimate_params
+from ..model.vllm_memory import stage_weights
+from ..model.weights import checkpoint_quantization, estimate_params
 
 __all__ = ["GPU_PRESETS", "GpuSpec", "MemoryPlan", "custom_gpu", "get_gpu", "plan_memory"]
 
@@ -89,6 +96,34 @@ class MemoryPlan:
         return self.num_blocks * self.block_size
 
 
+def checkpoint_weights(spec: ModelSpec, model: str | None, config: Path | str | None,
+                       weight_dtype: str | None = None) -> tuple[ModelSpec, str | None]:
+    """(`spec` with the weight precision its checkpoint stores, the quantization `stage_weights` takes), as
+    `kvcalc size --gpu` loads it: `weight_dtype` when given (the option overrides the checkpoint); else the
+    config.json's quantization_config (--config, or a cached org/name), or a preset's checkpoint
+    (presets.PRESET_CHECKPOINT_QUANTIZATION, e.g. gpt-oss's mxfp4 experts); else the spec's own weight_dtype
+    (DeepSeek-V3's fp8), bf16 when it names none."""
+    if weight_dtype is not None:
+        return replace(spec, weight_dtype=parse_dtype(weight_dtype, "weight_dtype")), None
+    stored: str | None = None
+    path: Path | None = None
+    if config is not None:
+        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+    elif model is not None and "/" in model:
+        from ..model.hub import cached_config
+
+        path = Path(cached_config(model)[0])
+    if path is not None:
+        stored = checkpoint_quantization(json.loads(path.read_text(encoding="utf-8")))
+    else:
+        from ..model.presets import PRESET_CHECKPOINT_QUANTIZATION
+
+        stored = PRESET_CHECKPOINT_QUANTIZATION.get(spec.name)
+    if stored == "mxfp4":
+        return spec, "mxfp4"
+    return (replace(spec, weight_dtype=stored) if stored is not None else spec), None
+
+
 def _count(n: int) -> str:
     """Thousands separators, or three significant digits for counts too long to read."""
     return f"{n:,}" if n < 10**15 else f"{float(n):.3g}"
@@ -108,7 +143,7 @@ def plan_memory(
     block_size: int,
     tp: int = 1,
     memory_utilization: float = 0.9,
-    weight_bytes_per_param: float = 2.0,
+    quantization: str | None = None,
     weights_bytes: int | None = None,
     workspace_bytes: int | None = None,
     max_batched_tokens: int = 8192,
@@ -117,7 +152,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """The memory plan; ValueError when the weights (or weights + workspace) do not fit, saying by how much.
     `layout`: a hybrid model's KV cache groups; the pool then holds the state too (none reserved up front),
-    and its block size is the layout's."""
+    and its block size is the layout's. Weights: `stage_weights` of `spec` (its weight_dtype, or `quantization`
+    "mxfp4"; see `checkpoint_weights`) per GPU, or `weights_bytes` per replica split over tp."""
     if tp < 1:
         raise ParameterError(f"tp {tp} must be at least 1", "tp")
     if not 0 < memory_utilization <= 1:
@@ -125,14 +161,15 @@ def plan_memory(
     if block_size < 1:
         raise ParameterError(f"block_size {block_size} must be at least 1", "block_size")
     if weights_bytes is None:
-        params = int(spec.num_params) if spec.num_params else estimate_num_params(spec)
-        weights_bytes = int(params * weight_bytes_per_param)
+        weights_per_gpu = stage_weights(spec, tp, 1, quantization)[0]
     elif weights_bytes <= 0:
         raise ParameterError(f"weights_bytes {weights_bytes} must be positive", "weights_bytes")
+    else:
+        weights_per_gpu = ceil_div(weights_bytes, tp)
     if workspace_bytes is None:
         workspace_bytes = activation_bytes_estimate(spec, max_batched_tokens, max_seqs, tp)
     plan = MemoryPlan(
-        gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=ceil_div(weights_bytes, tp),
+        gpu=gpu, tp=tp, memory_utilization=memory_utilization, weights_bytes=weights_per_gpu,
         workspace_bytes=int(workspace_bytes), kv_bytes_per_token=kv_bytes_per_token_per_gpu(spec, kv_dtype_bits, tp),
         block_size=block_size if layout is None else layout.block_size,
         state_bytes=0 if layout is not None else max_seqs * bits_to_bytes(spec.state_bits(tp)), layout=layout,

@@ -67,7 +67,8 @@ class SimOptions:
     kv_heads: int | None = option(None)
     head_dim: int | None = option(None)
     dtype: str = option(DEFAULT_DTYPE, "KV precision: fp32, fp16, bf16, fp8, int8, int4.")
-    weight_dtype: str = option("bf16", "Weight precision (bytes per parameter).")
+    weight_dtype: str | None = option(
+        None, "Weight precision (default: the checkpoint's, as size --gpu: e.g. fp8 for DeepSeek-V3, bf16 if none).")
     weights_bytes: str | None = option(None, "Weights per replica, e.g. 26GB (overrides).")
     # hardware and memory
     gpu: str | None = option(None, f"A100-40GB, A100-80GB, H100-SXM or H200 (default: {DEFAULT_GPU}).")

@@ -28,7 +28,7 @@ from .checks import (
     check_requests,
     finite_float,
 )
-from .hardware import MemoryPlan, custom_gpu, get_gpu, plan_memory
+from .hardware import MemoryPlan, checkpoint_weights, custom_gpu, get_gpu, plan_memory
 from .metrics import Slo, parse_slo
 from .options import (
     DEFAULT_ARRIVAL,
@@ -135,7 +135,7 @@ def build(o: SimOptions) -> Setup:
     gpu = _gpu(o)
     kv_dtype = parse_dtype(o.dtype)
     kv_bits = dtype_bits(kv_dtype)
-    weight_bits = dtype_bits(parse_dtype(o.weight_dtype, "weight_dtype"))
+    spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype)
     notes: list[str] = []
     if o.max_model_len is not None:
         max_model_len = o.max_model_len
@@ -150,7 +150,7 @@ def build(o: SimOptions) -> Setup:
     hybrid = pool_groups(layout) is not None
     plan = plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
-        weight_bytes_per_param=weight_bits / 8,
+        quantization=quantization,
         weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
         workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
         max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout if hybrid else None,

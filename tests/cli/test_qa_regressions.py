@@ -154,3 +154,32 @@ def test_size_gpt_oss_presets_load_mxfp4_weights_as_their_checkpoints(run_cli) -
     big = run_cli("size", "--model", "gpt-oss-120b", "--gpu", "H100-SXM", "--json")
     assert big.exit_code == 0, big.stderr  # it fits one H100 80GB
     assert 60 * 2**30 < big.json()["gpu_plan"]["weights_bytes"] < 62 * 2**30
+
+
+@pytest.mark.parametrize(("model", "gpu", "tp"), [("DeepSeek-V3", "H200", "8"), ("gpt-oss-20b", "H100-SXM", "1"),
+                                                   ("Llama-3-8B", "H100-SXM", "1")])
+def test_sim_loads_the_weights_size_gpu_loads(run_cli, model: str, gpu: str, tp: str) -> None:
+    # was bf16 for every model: DeepSeek-V3 (an fp8 checkpoint) "weights need 156.24 GiB per GPU" on H200 x8, while
+    # size --gpu loads 78.39 GiB; gpt-oss's mxfp4 experts were counted at 16 bits (38.97 GiB for gpt-oss-20b)
+    size = json.loads(run_cli("size", "-m", model, "--gpu", gpu, "--tp", tp, "--json").stdout)["gpu_plan"]
+    result = run_cli("sim", "-m", model, "--gpu", gpu, "--tp", tp, "--requests", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["memory_plan"]["weights_bytes"] == size["weights_bytes"]
+    if model == "DeepSeek-V3":
+        assert 78 * 2**30 < size["weights_bytes"] < 79 * 2**30  # 78.39 GiB: fp8 body, 16-bit embeddings and head
+
+
+def test_sim_weight_dtype_still_overrides_the_checkpoint(run_cli) -> None:
+    fp8 = run_cli("sim", "-m", "Llama-3-8B", "--gpu", "H100-SXM", "--requests", "3", "--weight-dtype", "fp8", "--json")
+    bf16 = run_cli("sim", "-m", "Llama-3-8B", "--gpu", "H100-SXM", "--requests", "3", "--json")
+    size = run_cli("size", "-m", "Llama-3-8B", "--gpu", "H100-SXM", "--weight-dtype", "fp8", "--json")
+    fp8_w = json.loads(fp8.stdout)["memory_plan"]["weights_bytes"]
+    assert fp8_w == json.loads(size.stdout)["gpu_plan"]["weights_bytes"]
+    assert fp8_w < json.loads(bf16.stdout)["memory_plan"]["weights_bytes"]
+
+
+def test_share_tiers_time_deepseek_v3_with_its_fp8_weights(run_cli, hand_trace: Path) -> None:
+    # was "weights need 156.24 GiB per GPU" (bf16) for the load-or-recompute step-time model on H200 x8
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "-m", "DeepSeek-V3", "--gpu", "H200", "--tp", "8",
+                     "--gpu-cache", "2", "--block", "512", "--json")
+    assert result.exit_code == 0, result.stderr

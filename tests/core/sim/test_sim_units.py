@@ -68,12 +68,14 @@ def test_first_fit_invariants_under_random_operations(ops):
 def test_opt13b_on_a100_40gb_by_hand():
     plan = plan_memory(get_preset("OPT-13B"), get_gpu("A100-40GB"), kv_dtype_bits=16, block_size=16)
     assert plan.budget_bytes == int(40960 * 2**20 * 0.9) == 38_654_705_664
-    assert plan.weights_bytes == 12_853_473_280 * 2
+    # weights as size --gpu loads them (vllm_memory.stage_weights): 12,853,473,280 params in bf16, the two
+    # 50,272 × 5,120 tables padded to 50,304 rows (+2 · 32 · 5,120 · 2 B), and the rotary cache 2,048 · 128 · 2 B
+    assert plan.weights_bytes == 12_853_473_280 * 2 + 2 * 32 * 5120 * 2 + 2048 * 128 * 2 == 25_708_126_208
     # workspace: 8192 tokens · (2·20480 + 4·5120) · 2 bytes + 256 seqs · 50272 vocab · 4 bytes
     assert plan.workspace_bytes == 8192 * 61440 * 2 + 256 * 50272 * 4 == 1_058_111_488
     assert plan.kv_bytes_per_token == 40 * 2 * 40 * 128 * 2 == 819_200
-    # pool 38,654,705,664 − 25,706,946,560 − 1,058,111,488 = 11,889,647,616 → // (16 · 819,200) = 907 blocks
-    assert plan.pool_bytes == 11_889_647_616
+    # pool 38,654,705,664 − 25,708,126,208 − 1,058,111,488 = 11,888,467,968 → // (16 · 819,200) = 907 blocks
+    assert plan.pool_bytes == 11_888_467_968
     assert plan.num_blocks == 907
 
 
@@ -81,7 +83,8 @@ def test_tensor_parallel_splits_weights_and_kv_heads():
     spec = get_preset("Llama-3-8B")
     one = plan_memory(spec, get_gpu("H100-SXM"), kv_dtype_bits=16, block_size=16)
     two = plan_memory(spec, get_gpu("H100-SXM"), kv_dtype_bits=16, block_size=16, tp=2)
-    assert two.weights_bytes == one.weights_bytes // 2
+    rotary = 8192 * 128 * 2  # the cos/sin cache, whole on every GPU; the rest splits over tp
+    assert two.weights_bytes == (one.weights_bytes - rotary) // 2 + rotary
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2 == 32 * 2 * 4 * 128 * 2
 
 
@@ -118,9 +121,11 @@ def test_llama3_8b_decode_on_h100_by_hand():
     spec = get_preset("Llama-3-8B")
     plan = plan_memory(spec, get_gpu("H100-SXM"), kv_dtype_bits=16, block_size=16)
     m = build_model(spec, plan, Efficiencies())
-    # one sequence at 1,000 tokens of context: memory-bound; weights 16,060,522,496 B / (3.35e12 · 0.8)
+    # one sequence at 1,000 tokens of context: memory-bound; weights 16,060,522,496 B (bf16 parameters) + the
+    # rotary cache 8,192 · 128 · 2 B = 16,062,619,648 B (as size --gpu loads them) / (3.35e12 · 0.8)
     # + KV (1000 read + 1 written) · 131,072 B / (3.35e12 · 0.8) + 0.5 ms
-    expected = 16_060_522_496 / 2.68e12 + 1001 * 131_072 / 2.68e12 + 0.5e-3
+    assert plan.weights_bytes == 16_060_522_496 + 8192 * 128 * 2 == 16_062_619_648
+    expected = 16_062_619_648 / 2.68e12 + 1001 * 131_072 / 2.68e12 + 0.5e-3
     assert m.decode_steps_s(1, 1000.0) == pytest.approx(expected, rel=1e-12)
 
 

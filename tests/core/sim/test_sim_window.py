@@ -43,12 +43,14 @@ def test_mistral_decode_reads_only_the_window():
     spec = get_preset("Mistral-7B-v0.1")  # window 4,096 on all 32 layers
     plan = plan_memory(spec, get_gpu("H100-SXM"), kv_dtype_bits=16, block_size=16)
     m = build_model(spec, plan, Efficiencies())
-    # one sequence at context 10,000: weights 7,241,732,096 · 2 B / (3.35e12 · 0.8) + (4,096 read + 1 written)
-    # · 131,072 B / (3.35e12 · 0.8) + 0.5 ms (memory-bound; FLOPs ~1.5e10 take 25 µs)
-    expected = 14_483_464_192 / 2.68e12 + 4097 * 131_072 / 2.68e12 + 0.5e-3
+    # one sequence at context 10,000: weights 7,241,732,096 · 2 B + the rotary cache 32,768 · 128 · 2 B (as size
+    # --gpu loads them) / (3.35e12 · 0.8) + (4,096 read + 1 written) · 131,072 B / (3.35e12 · 0.8) + 0.5 ms
+    # (memory-bound; FLOPs ~1.5e10 take 25 µs)
+    assert plan.weights_bytes == 14_483_464_192 + 32_768 * 128 * 2 == 14_491_852_800
+    expected = 14_491_852_800 / 2.68e12 + 4097 * 131_072 / 2.68e12 + 0.5e-3
     assert m.decode_steps_s(1, 10_000.0, 10_000.0 - 4096) == pytest.approx(expected, rel=1e-12)
     within = m.decode_steps_s(1, 1_000.0, 0.0)  # inside the window nothing changes
-    assert within == pytest.approx(14_483_464_192 / 2.68e12 + 1001 * 131_072 / 2.68e12 + 0.5e-3, rel=1e-12)
+    assert within == pytest.approx(14_491_852_800 / 2.68e12 + 1001 * 131_072 / 2.68e12 + 0.5e-3, rel=1e-12)
 
 
 @pytest.mark.parametrize(("blocks", "preempt"), [(2000, "recompute"), (60, "swap")])
