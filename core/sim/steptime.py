@@ -261,7 +261,7 @@ def calibrated_attention_eff(path: str | Path, gpu: GpuSpec) -> tuple[float, str
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ParameterError(f"calibrate {path}: not a JSON file ({exc}); give kvcalc bench --json output",
                              "calibrate") from None
     device = doc.get("device") if isinstance(doc, dict) else None

@@ -183,3 +183,11 @@ def test_share_tiers_time_deepseek_v3_with_its_fp8_weights(run_cli, hand_trace: 
     result = run_cli("share", "--trace", "mooncake", str(hand_trace), "-m", "DeepSeek-V3", "--gpu", "H200", "--tp", "8",
                      "--gpu-cache", "2", "--block", "512", "--json")
     assert result.exit_code == 0, result.stderr
+
+
+def test_sim_calibrate_binary_file_names_the_flag(run_cli, tmp_path: Path) -> None:
+    # was "error: 'utf-8' codec can't decode byte 0xff …", naming neither --calibrate nor the fix
+    path = tmp_path / "bench.bin"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    line = _one_error_line(run_cli("sim", "--requests", "3", "--calibrate", str(path)))
+    assert line.startswith(f"error: --calibrate {path}: not a JSON file") and "kvcalc bench --json" in line
