@@ -178,7 +178,7 @@ def command(
         return
     if trace[0].strip().lower() == "mooncake":
         check_block_size(block)  # before reading a large file
-    memory_bytes = None if memory is None else parse_bytes(memory)
+    memory_bytes = None if memory is None else _memory_bytes(memory)
     bytes_per_block = None if spec is None else block_bytes(spec, bits, block)
     capacity = capacity_blocks
     if memory_bytes is not None and bytes_per_block is not None:
@@ -198,10 +198,18 @@ def command(
     emit(_trace_report(result, spec, kv, memory_bytes), fmt)
 
 
+def _memory_bytes(memory: str) -> int:
+    """--memory in bytes; a value parse_bytes cannot read is one error naming --memory."""
+    try:
+        return parse_bytes(memory)
+    except ValueError as exc:
+        raise ValueError(f"--memory {memory!r}: {exc}") from None
+
+
 def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: int | None, memory: str | None,
                   spec: ModelSpec, dtype: str, layout: KVLayout, groups: tuple, json_flag: bool, fmt: Format) -> None:
     """Trace mode on a hybrid model: the replay through a pool of its KV cache groups, sized per group."""
-    memory_bytes = None if memory is None else parse_bytes(memory)
+    memory_bytes = None if memory is None else _memory_bytes(memory)
     if memory_bytes is None and capacity_blocks is None:
         raise ValueError(f"{spec.name} pages several KV cache groups: its replay needs a pool size, give --memory "
                          "(e.g. 40GiB) or --capacity-blocks")

@@ -191,3 +191,11 @@ def test_sim_calibrate_binary_file_names_the_flag(run_cli, tmp_path: Path) -> No
     path.write_bytes(b"\xff\xfe\x00binary")
     line = _one_error_line(run_cli("sim", "--requests", "3", "--calibrate", str(path)))
     assert line.startswith(f"error: --calibrate {path}: not a JSON file") and "kvcalc bench --json" in line
+
+
+@pytest.mark.parametrize("value", ["nan", "4Gb"])
+def test_share_memory_errors_name_the_flag(run_cli, hand_trace: Path, value: str) -> None:
+    # was "error: cannot read the memory size 'nan' …" / "error: '4Gb' is how bits are written …" without --memory
+    line = _one_error_line(run_cli("share", "--trace", "mooncake", str(hand_trace), "-m", "Llama-3-8B", "--memory",
+                                   value))
+    assert line.startswith(f"error: --memory '{value}': ")
