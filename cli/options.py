@@ -11,6 +11,7 @@ refused here, naming --seed, before any work.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -80,9 +81,14 @@ def number(flag: str, example: str) -> Callable[[Any], float]:
 
     def parse(value: Any) -> float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise UsageError(f"{flag} {str(value)!r} is not a number: write e.g. {flag} {example}") from None
+        text = str(value).strip().lower().lstrip("+-")
+        if math.isinf(number) and text not in ("inf", "infinity"):  # 1e400: not the inf it would silently become
+            raise UsageError(f"{flag} {str(value).strip()}: give a finite number ({str(value).strip()} overflows "
+                             f"a float), e.g. {flag} {example}")
+        return number
 
     return parse
 

@@ -66,7 +66,8 @@ def byte_count(name: str, text: str, unit: str = "bytes") -> int:
     except ValueError as exc:
         if "must be positive" in str(exc):
             raise ParameterError(f"{name} {text}: must be a positive number of {unit}, e.g. 25GB", name) from None
-        raise ParameterError(f"{name} {text}: {exc}", name) from None
+        message = str(exc) if unit == "bytes" else str(exc).replace("the memory size", f"the {unit} figure")
+        raise ParameterError(f"{name} {text}: {message}", name) from None
     if value > sys.float_info.max:
         raise ParameterError(f"{name} {text}: too large to compute with (above {sys.float_info.max:.3g}); "
                              "give the real figure", name)

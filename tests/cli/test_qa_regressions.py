@@ -199,3 +199,21 @@ def test_share_memory_errors_name_the_flag(run_cli, hand_trace: Path, value: str
     line = _one_error_line(run_cli("share", "--trace", "mooncake", str(hand_trace), "-m", "Llama-3-8B", "--memory",
                                    value))
     assert line.startswith(f"error: --memory '{value}': ")
+
+
+CUSTOM_GPU = ["sim", "--requests", "3", "--gpu-memory", "80GiB"]
+
+
+def test_sim_bandwidth_error_does_not_call_it_a_memory_size(run_cli) -> None:
+    # was "--bandwidth nan: cannot read the memory size 'nan'"
+    line = _one_error_line(run_cli(*CUSTOM_GPU, "--bandwidth", "nan", "--flops", "1e15"))
+    assert line.startswith("error: --bandwidth nan: cannot read the bytes/s figure 'nan'")
+    assert "memory size" not in line
+
+
+@pytest.mark.parametrize(("value", "hint"), [("1e400", "1e400 overflows a float"), ("nan", "give a finite number"),
+                                             ("inf", "give a finite number")])
+def test_sim_flops_that_are_not_finite_are_refused_as_typed(run_cli, value: str, hint: str) -> None:
+    # --flops 1e400 was echoed as "--flops inf" (typer had already read it as a float)
+    line = _one_error_line(run_cli(*CUSTOM_GPU, "--bandwidth", "3e12", "--flops", value))
+    assert line.startswith(f"error: --flops {value}: ") and hint in line
