@@ -89,8 +89,8 @@ def command(
                     ] = None,
     layout: Annotated[str | None, typer.Option("--layout", metavar="vllm|ideal", help=(
         "With a model: how its KV cache groups are paged, vllm (default) or ideal (as kvcalc frag)."))] = None,
-    mamba_cache_mode: Annotated[str | None, typer.Option("--mamba-cache-mode", metavar="none|align|all", help=(
-        "With a Mamba / linear-attention hybrid: vLLM's prefix caching of the state (default none)."))] = None,
+    mamba_cache_mode: Annotated[str | None, typer.Option("--mamba-cache-mode", metavar="none|align", help=(
+        "With a Mamba / linear-attention hybrid: vLLM's state prefix caching, none (default) or align."))] = None,
     model: ModelOpt = None,
     config: ConfigOpt = None,
     dtype: Annotated[

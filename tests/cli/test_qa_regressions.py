@@ -217,3 +217,13 @@ def test_sim_flops_that_are_not_finite_are_refused_as_typed(run_cli, value: str,
     # --flops 1e400 was echoed as "--flops inf" (typer had already read it as a float)
     line = _one_error_line(run_cli(*CUSTOM_GPU, "--bandwidth", "3e12", "--flops", value))
     assert line.startswith(f"error: --flops {value}: ") and hint in line
+
+
+@pytest.mark.parametrize("command", ["sim", "share"])
+def test_mamba_cache_mode_help_lists_only_what_runs(run_cli, monkeypatch, command: str) -> None:
+    # the help listed `all`, which is always refused
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough that rich folds no help text
+    help_text = " ".join(run_cli(command, "--help").stdout.split())
+    assert "none|align" in help_text and "none|align|all" not in help_text
+    line = _one_error_line(run_cli(command, "-m", "Nemotron-H-56B", "--mamba-cache-mode", "all"))
+    assert "--mamba-cache-mode all" in line and "use none or align" in line
