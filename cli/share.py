@@ -55,7 +55,8 @@ def command(
         str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
     ] = None,
     seed: Annotated[int | None, seed_option("With --mode beam: seed of the beam selection (default: 0).")] = None,
-    block: Annotated[int, int_option("--block", "-b", help="Block size in tokens.")] = DEFAULTS["block"],
+    block: Annotated[int | None, int_option(
+        "--block", "-b", help=f"Block size in tokens (default: {DEFAULTS['block']}).")] = None,
     trace: Annotated[
         tuple[str, str] | None,
         typer.Option("--trace", metavar="KIND FILE", help="Replay a real trace: 'mooncake F' (or 'azure F')."),
@@ -108,6 +109,10 @@ def command(
     token hit rate, peak blocks, LRU evictions, with and without prefix caching. Capacity mode (--trace with
     --capacity SIZES, or --gpu-cache/--host-cache/--disk-cache): hit rate against prefix-cache size from one
     LRU stack pass, and a GPU → host → disk cache's hits, traffic and load-or-recompute verdict."""
+    if block is not None and blocks is not None:  # --blocks sweeps its own sizes: a --block beside it is unused
+        raise ValueError(f"--block {block} and --blocks {blocks} both give block sizes: give --blocks to sweep "
+                         "several, or --block for one")
+    block = DEFAULTS["block"] if block is None else block
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
     if spec is None and dtype is not None:
         raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")

@@ -227,3 +227,12 @@ def test_mamba_cache_mode_help_lists_only_what_runs(run_cli, monkeypatch, comman
     assert "none|align" in help_text and "none|align|all" not in help_text
     line = _one_error_line(run_cli(command, "-m", "Nemotron-H-56B", "--mamba-cache-mode", "all"))
     assert "--mamba-cache-mode all" in line and "use none or align" in line
+
+
+def test_share_block_beside_blocks_is_refused(run_cli, hand_trace: Path) -> None:
+    # --block 64 was silently ignored beside --blocks 16 (its default of 16 hid whether it was given)
+    line = _one_error_line(run_cli("share", "--trace", "mooncake", str(hand_trace), "--capacity", "1M", "--blocks",
+                                   "16", "--block", "64"))
+    assert "--block 64 and --blocks 16" in line
+    assert run_cli("share", "--trace", "mooncake", str(hand_trace), "--capacity", "1M", "--blocks", "512",
+                   "--json").exit_code == 0
