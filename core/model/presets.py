@@ -9,6 +9,8 @@ card or the safetensors index reports (for multimodal checkpoints: without the v
 
 from __future__ import annotations
 
+import dataclasses
+
 from .layers import LayerGroup
 from .model_spec import ModelSpec
 from .state import RecurrentState
@@ -19,6 +21,15 @@ PRESETS: dict[str, ModelSpec] = {}
 
 def _preset(spec: ModelSpec) -> None:
     PRESETS[spec.name.lower()] = spec
+
+
+def _with_mtp(spec: ModelSpec, count: int) -> ModelSpec:
+    """`spec` with its config's `num_nextn_predict_layers` MTP layers as drafter layers, as the config reader
+    (hf_config.drafter_groups) gives them: the model's own attention layer, kept out of `layer_groups` (they
+    keep KV only when speculative decoding drafts with them: size --spec-method mtp)."""
+    main = next(g for g in spec.layer_groups if g.kind in ("full", "mla"))
+    drafter = dataclasses.replace(main, count=count, note="MTP drafter (num_nextn_predict_layers)")
+    return dataclasses.replace(spec, drafter_groups=(drafter,), drafter_field="num_nextn_predict_layers")
 
 
 # facebook/opt-13b: num_hidden_layers 40, num_attention_heads 40 (MHA), hidden_size 5120 (head_dim 128),
@@ -136,13 +147,14 @@ _preset(ModelSpec(
 # count one cached "head" (the latent). Params 671,026,419,200 (671B, without the 14B multi-token-prediction
 # module that the 685B checkpoint adds); active 37,552,297,472 (counted like num_params, i.e. with the
 # 0.93B input embedding; DeepSeek's report says 36.6B, which leaves the embedding out). The checkpoint stores
-# the weights in fp8 (quantization_config: fp8, e4m3).
-_preset(ModelSpec(
+# the weights in fp8 (quantization_config: fp8, e4m3). num_nextn_predict_layers 1: one MTP layer (MLA like the
+# others), whose KV counts only with --spec-method mtp.
+_preset(_with_mtp(ModelSpec(
     name="DeepSeek-V3", layers=61, num_attention_heads=128, kv_heads=1, head_dim=192, hidden_size=7168,
     intermediate_size=18432, vocab_size=129280, max_position_embeddings=163840, num_params=671_026_419_200,
     num_active_params=37_552_297_472, kv_lora_rank=512, qk_rope_head_dim=64, num_experts=256, experts_per_token=8,
     weight_dtype="fp8", source="deepseek-ai/DeepSeek-V3 config.json",
-))
+), 1))
 
 
 # meta-llama/Llama-3.1-8B: the Llama-3-8B dimensions (32 layers, 32 heads, 8 KV heads, head_dim 128, hidden

@@ -236,3 +236,11 @@ def test_share_block_beside_blocks_is_refused(run_cli, hand_trace: Path) -> None
     assert "--block 64 and --blocks 16" in line
     assert run_cli("share", "--trace", "mooncake", str(hand_trace), "--capacity", "1M", "--blocks", "512",
                    "--json").exit_code == 0
+
+
+def test_deepseek_v3_preset_has_its_mtp_layer(run_cli) -> None:
+    # the preset lacked num_nextn_predict_layers 1: size --spec-method mtp said it had no MTP layers
+    result = run_cli("size", "-m", "deepseek-v3", "--spec-method", "mtp", "--spec-tokens", "1", "--dtype", "bf16",
+                     "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["bytes_per_token"] == 62 * 576 * 2 == 71_424  # 61 + 1 MLA layers, bf16
