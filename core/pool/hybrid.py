@@ -364,7 +364,8 @@ class HybridPool:
         pools = [self.pools[g] for g in groups]
         if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in pools):
             raise ValueError("skip_many takes a pool whose blocks are in one table each: skip one at a time")
-        tables = [p._live(seq_ids, "freed") for p in pools]
+        first_tables = pools[0]._live(seq_ids, "freed")  # every group holds the same sequences
+        tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in pools[1:])]
         firsts = [min(f, s.num_blocks) for s, f in zip(tables[0], first_blocks, strict=True)]  # lengths alike
         for i, (seq_id, first) in enumerate(zip(seq_ids, firsts, strict=True)):
             if first * B > tables[0][i].num_tokens and any(first > t[i].num_skipped for t in tables):

@@ -5,6 +5,8 @@ preemption by recompute and swap, timeouts, cancellations and a timeline; and th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
@@ -38,3 +40,25 @@ def test_runs_of_decode_steps_match_stepping_byte_for_byte(run_cli, monkeypatch,
     assert slow.exit_code == 0, slow.stderr
     assert fast.stdout == slow.stdout
     assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "slow.csv").read_bytes()
+
+
+TRACE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_mooncake_trace_with_and_without_prefix_caching(run_cli, monkeypatch, caching):
+    # with prefix caching a block may be in several tables and a hit's blocks come back from the LRU cache:
+    # no run is taken (step by step, as before); without it the runs give the same bytes
+    if not TRACE.is_file():
+        pytest.skip(f"the Mooncake conversation trace is not at {TRACE} (see ../shared/traces/README.md)")
+    cmd = ("sim", "--model", "gemma-3-27b", "--gpu", "h200", "--trace", "mooncake", str(TRACE), "--limit", "150",
+           "--json", *(() if caching else ("--no-prefix-caching",)))
+    segments = []
+    real = GroupedPagedPolicy.advance_run
+    monkeypatch.setattr(GroupedPagedPolicy, "advance_run",
+                        lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
+    fast = run_cli(*cmd)
+    assert fast.exit_code == 0, fast.stderr
+    assert bool(segments) is not caching
+    monkeypatch.setattr(GroupedPagedPolicy, "fast_runs", False)
+    assert run_cli(*cmd).stdout == fast.stdout
