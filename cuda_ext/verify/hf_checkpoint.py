@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig, torch_dtype
-from .weights import HF_LAYER_NAMES, LayerWeights, ModelWeights
+from .config import ModelConfig
+from .weights import HF_LAYER_NAMES, ModelWeights, checkpoint_reader
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _UNUSED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # old checkpoints store RoPE's frequencies; recomputed here
@@ -123,26 +123,10 @@ def load_llama_weights(directory: Path, dtype: str = "fp32", device: str | torch
     state: dict[str, torch.Tensor] = {}
     for path in _safetensors_files(directory):
         state.update(read_safetensors(path))
-    target = torch_dtype(dtype)
-
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        tensor = state.pop(name, None)
-        if tensor is None:
-            raise ValueError(f"{directory}: the tensor {name} is missing")
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{directory}: {name} is {list(tensor.shape)}, config.json implies {list(shape)}")
-        return tensor.to(device=device, dtype=target)
-
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes = {"attn_norm": (hidden,), "wq": (config.q_width, hidden), "wk": (config.kv_width, hidden),
-              "wv": (config.kv_width, hidden), "wo": (hidden, config.q_width), "mlp_norm": (hidden,),
-              "w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
+    take, read_layers = checkpoint_reader(config, state, directory, "config.json", dtype, device)
+    hidden = config.hidden_size
     embedding = take("model.embed_tokens.weight", (config.vocab_size, hidden))
-    layers = tuple(
-        LayerWeights(**{ours: take(f"model.layers.{i}.{theirs}", shapes[ours])
-                        for ours, theirs in HF_LAYER_NAMES.items()})
-        for i in range(config.num_layers)
-    )
+    layers = read_layers(lambda i, field: f"model.layers.{i}.{HF_LAYER_NAMES[field]}")
     final_norm = take("model.norm.weight", (hidden,))
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some tied checkpoints store the shared tensor twice

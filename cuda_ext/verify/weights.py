@@ -12,6 +12,7 @@ Linear weights are stored as torch.nn.Linear stores them, [out_features, in_feat
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +101,37 @@ def init_weights(
         final_norm=cast(final_norm),
         lm_head=embedding if lm_head is None else cast(lm_head),
     )
+
+
+def checkpoint_reader(
+    config: ModelConfig, state: dict[str, torch.Tensor], where: object, implied_by: str, dtype: str,
+    device: str | torch.device,
+) -> tuple[Callable[[str, tuple[int, ...]], torch.Tensor],
+           Callable[[Callable[[int, str], str]], tuple[LayerWeights, ...]]]:
+    """`take(name, shape)`: a checkpoint tensor (removed from `state`), checked against the shape `implied_by`
+    its metadata, cast to `dtype` on `device`; and `layers(name_of)`: every layer's LayerWeights, where
+    `name_of(i, field)` is the checkpoint's name of LayerWeights `field` in layer i. One reader for every
+    checkpoint format (safetensors, GGUF), which differ only in their tensor names."""
+    target = torch_dtype(dtype)
+
+    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor = state.pop(name, None)
+        if tensor is None:
+            raise ValueError(f"{where}: the tensor {name} is missing")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{where}: {name} is {list(tensor.shape)}, {implied_by} implies {list(shape)}")
+        return tensor.to(device=device, dtype=target)
+
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes = {"attn_norm": (hidden,), "wq": (config.q_width, hidden), "wk": (config.kv_width, hidden),
+              "wv": (config.kv_width, hidden), "wo": (hidden, config.q_width), "mlp_norm": (hidden,),
+              "w_gate": (inter, hidden), "w_up": (inter, hidden), "w_down": (hidden, inter)}
+
+    def layers(name_of: Callable[[int, str], str]) -> tuple[LayerWeights, ...]:
+        return tuple(LayerWeights(**{field: take(name_of(i, field), shape) for field, shape in shapes.items()})
+                     for i in range(config.num_layers))
+
+    return take, layers
 
 
 HF_LAYER_NAMES = {
