@@ -36,9 +36,9 @@ from .hybrid_scenarios import (
     HybridScenario,
     build_hybrid,
 )
-from .runner import EVENTS, ScenarioResult, block_keys, fault_verdict
+from .runner import EVENTS, ScenarioResult, block_keys, settle
 from .scenarios import sampling_of_row
-from .suite import inject_status, pass_rule, resolve_device, run_status
+from .suite import inject_summary, pass_rule, resolve_device, run_status
 from .verdict import TOP_K, Decoding, compare
 
 _MEMO: list = [None, {}]
@@ -138,16 +138,7 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
         logit_tolerance=verdict.logit_tolerance,
         outputs=[(tuple(prompts[row]), r.tokens, t.tokens) for row, (r, t) in enumerate(zip(refs, tests, strict=True))],
     )
-    result.missing_events = [e for e in scenario.needs if not events.get(e)]
-    failed = (not result.passed or result.content_errors or result.invariant_error or result.error
-              or result.hit_error)
-    result.status = "failed" if failed else "not exercised" if result.missing_events else "passed"
-    result.passed = result.status == "passed"
-    if fault is not None:
-        result.fault_fired = fault.fired
-        result.fault = fault_verdict(fault.fired, result.status)
-    result.wall_s = time.perf_counter() - started
-    return result
+    return settle(result, scenario.needs, fault, started)
 
 
 def check_hybrid_options(scenarios: tuple[str, ...], inject: str | None, dtype: str) -> None:
@@ -196,9 +187,5 @@ def run_hybrid_verify(*, device: str = "cpu", dtype: str = "fp32", scenarios: tu
         "status": run_status([r.status for r in results]), "wall_s": time.perf_counter() - started,
     }
     if inject is not None:
-        doc["inject_fired"] = sum(r.fault_fired for r in results)
-        doc["inject_caught_by"] = [r.name for r in results if r.fault == "caught"]
-        doc["inject_undetected_in"] = [r.name for r in results if r.fault == "undetected"]
-        doc["inject_not_exercised_in"] = [r.name for r in results if r.fault == "not exercised"]
-        doc["inject_status"] = inject_status(results)
+        doc.update(inject_summary(results))
     return doc

@@ -219,8 +219,15 @@ def run_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attent
                                           fault=fault)
     else:
         result = _run_scheduled(scenario, weights, seed, attention_backend, fault)
-    result.needs = list(scenario.needs)
-    result.missing_events = [e for e in scenario.needs if not result.events.get(e)]
+    return settle(result, scenario.needs, fault, started)
+
+
+def settle(result: ScenarioResult, needs: tuple[str, ...] | list[str], fault: Fault | None,
+           started: float) -> ScenarioResult:
+    """A run's status (failed / not exercised / passed), its fault's verdict and its wall time: one rule for
+    every model's scenarios (`result` is completed in place and returned)."""
+    result.needs = list(needs)
+    result.missing_events = [e for e in needs if not result.events.get(e)]
     checks_failed = (not result.passed or result.content_errors or result.invariant_error or result.error
                      or result.hit_error)
     result.status = "failed" if checks_failed else "not exercised" if result.missing_events else "passed"

@@ -148,11 +148,7 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
     if tokenizer is not None:
         doc["texts"] = texts
     if config.inject is not None:
-        doc["inject_fired"] = sum(r.fault_fired for r in results)
-        doc["inject_caught_by"] = [r.name for r in results if r.fault == "caught"]
-        doc["inject_undetected_in"] = [r.name for r in results if r.fault == "undetected"]
-        doc["inject_not_exercised_in"] = [r.name for r in results if r.fault == "not exercised"]
-        doc["inject_status"] = inject_status(results)
+        doc.update(inject_summary(results))
     return doc
 
 
@@ -170,6 +166,17 @@ def _texts(result: ScenarioResult, source: ChatPrompts, tokenizer: ByteBPE, coun
 def run_status(statuses: list[str]) -> str:
     """failed if any scenario failed, else not exercised if any missed an event it names, else passed."""
     return next((s for s in ("failed", "not exercised") if s in statuses), "passed")
+
+
+def inject_summary(results: list[ScenarioResult]) -> dict[str, Any]:
+    """The JSON keys that say where a planted fault acted and whether each scenario caught it."""
+    return {
+        "inject_fired": sum(r.fault_fired for r in results),
+        "inject_caught_by": [r.name for r in results if r.fault == "caught"],
+        "inject_undetected_in": [r.name for r in results if r.fault == "undetected"],
+        "inject_not_exercised_in": [r.name for r in results if r.fault == "not exercised"],
+        "inject_status": inject_status(results),
+    }
 
 
 def inject_status(results: list[ScenarioResult]) -> str:
