@@ -97,4 +97,5 @@ class RunRecord:
     rejected_reason: dict[str, int] = field(default_factory=dict)
     generated_token_ids: list[list[int]] | None = None  # per request, when the executor produced tokens
     speculative: Any = None  # speculative decoding: the run's speculative.SpeculativeTotals
+    tiers: Any = None  # host/disk tiers below the pool: the run's tiers.TierTotals (tiers_run.py)
     group_block_s: np.ndarray | None = None  # a hybrid pool: Σ over time of each group's blocks (RunTotals)

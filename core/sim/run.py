@@ -96,6 +96,11 @@ def run_policy(workload: Workload, name: str, setup: SimSetup, *, executor: Exec
         return run_speculative(workload, name, setup, setup.speculation, executor=executor,
                                record_timeline=record_timeline, progress=progress, cancel_at=cancel_at)
     policy = make_policy(name, workload, setup, exact_block_tables=executor is not None)
+    if setup.tiers is not None and executor is None:  # host and disk tiers below the pool
+        from .tiers_run import run_tiered
+
+        return run_tiered(workload, name, policy, setup, cancel_at=cancel_at, record_timeline=record_timeline,
+                          progress=progress)
     engine = Engine(workload, policy, executor or StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at,
                     record_timeline=record_timeline, progress=progress)
     fast = setup.scheduler.fast_forward and executor is None and workload.fork_parent is None

@@ -5,6 +5,7 @@ without importing each other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class SimSetup:
     # a hybrid model's pool groups (paged_groups.py), one per block table; None: one group of full attention
     groups: tuple[PoolGroup, ...] | None = None
     state_mode: str = "none"  # mamba_cache_mode of the state groups
+    tiers: Any = None  # host and disk prefix-cache tiers below the pool (tiers.SimTiers; tiers_run.py runs them)
 
     @classmethod
     def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:

@@ -1,0 +1,236 @@
+"""Host and disk prefix-cache tiers below the GPU pool in `kvcalc sim`: what they hold, the links, and the
+per-request rule that loads a lower-tier prefix or recomputes it.
+
+The hierarchy is **exclusive**, as `kvcalc share --tier-mode exclusive` models it (core/share/tiers.py):
+a block lives in one tier at a time.
+
+    GPU      the pool's prefix cache (core/pool): cached blocks on its LRU free queue, evicted oldest first
+    host     an LRU of blocks: a block the GPU pool evicts is written here (most recently used end)
+    disk     an LRU of blocks: a block the host evicts is written here; a block the disk evicts is dropped
+
+A request admitted with a GPU hit of g blocks looks further along its prompt's blocks: blocks g, g + 1, …
+that sit in the host or on disk (up to the first block in neither, and never the last prompt token's
+block) can be loaded instead of computed. Loading k of those h blocks takes
+
+    wait(k) = max over tiers t with n_t(k) > 0 of  max(now, link_t free) + n_t(k) · bytes_per_block / bw_t − now
+
+(each tier's link is a FIFO: a load waits for the loads queued before it; host and disk links run in
+parallel), and the rest of the prompt is then computed: prefill(g + k) = the step-time model's time for
+one prefill step of the tokens after (g + k) · B cached ones (core/share/load_or_recompute.prefill_s). The
+request loads the k in 0..h that minimises wait(k) + prefill(g + k): Mooncake's load-or-recompute rule,
+per request, with the queue on the link counted. Loaded blocks leave their tier (promotion: exclusive) and
+land in the GPU pool when the load ends; blocks the request computes itself are dropped from the lower
+tiers too (the GPU copy is the one copy). Writes (demotions) are counted but do not queue on the links:
+PCIe is full duplex and a write-back is asynchronous; only reads delay a request.
+
+Bytes per block are the cached block's of every KV cache group, per GPU of the tensor-parallel group
+(core/share/cache_bytes, as share's tiers: a windowed group's block counts in full, an upper bound), and
+the bandwidths are per GPU. A hybrid pool evicts each group's block of a position on its own: the
+position is demoted when the first of them is evicted, with every group's bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..share.cache_bytes import CachedBlockBytes
+from ..share.load_or_recompute import prefill_s
+from .steptime import StepTimeModel
+
+HOST, DISK = 0, 1
+LOWER_TIERS = ("host", "disk")
+
+
+@dataclass(frozen=True)
+class SimTiers:
+    """The lower tiers of one sim run: capacities in blocks (per GPU, as the bytes), links in bytes/s per GPU."""
+
+    host_blocks: int
+    disk_blocks: int
+    host_bytes_per_s: float
+    disk_bytes_per_s: float
+    block_bytes: CachedBlockBytes
+    host_text: str = ""  # the sizes as typed, for reports
+    disk_text: str = ""
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_bytes.bytes_per_block
+
+    @property
+    def capacities(self) -> tuple[int, int]:
+        return self.host_blocks, self.disk_blocks
+
+    @property
+    def bandwidths(self) -> tuple[float, float]:
+        return self.host_bytes_per_s, self.disk_bytes_per_s
+
+    def only(self, host: bool, disk: bool) -> SimTiers:
+        """The same links with the host and/or the disk tier emptied (the comparison's rungs)."""
+        return SimTiers(self.host_blocks if host else 0, self.disk_blocks if disk else 0, self.host_bytes_per_s,
+                        self.disk_bytes_per_s, self.block_bytes, self.host_text if host else "0",
+                        self.disk_text if disk else "0")
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What one admission would do: keep `gpu_blocks` GPU hits, load `tier_of` blocks after them (HOST or DISK
+    each), recompute the `skipped` lower-tier blocks after those, start computing when `ready_s` comes."""
+
+    gpu_blocks: int
+    tier_of: tuple[int, ...]
+    skipped: int
+    ready_s: float
+
+    @property
+    def load_blocks(self) -> int:
+        return len(self.tier_of)
+
+
+@dataclass
+class TierTotals:
+    """Counters of one run; per request [N], each request's first admission (the hit rate under load)."""
+
+    gpu_hit_blocks: np.ndarray
+    host_hit_blocks: np.ndarray
+    disk_hit_blocks: np.ndarray
+    recomputed_blocks: np.ndarray  # blocks in a lower tier that the rule chose to recompute
+    wait_s: np.ndarray  # from admission to the end of its loads (0 without loads)
+    read_blocks: list[int]  # host, disk: every load of every admission
+    write_blocks: list[int]  # demotions written into host, disk
+    dropped_blocks: int = 0  # evicted from the disk (or from the host with no disk tier)
+    link_busy_s: tuple[float, float] = (0.0, 0.0)
+
+    @classmethod
+    def empty(cls, n: int) -> TierTotals:
+        z = np.zeros(n, np.int64)
+        return cls(z, z.copy(), z.copy(), z.copy(), np.zeros(n), [0, 0], [0, 0])
+
+
+class TierCache:
+    """The host and disk LRUs of block keys, the two links and the rule (module docstring)."""
+
+    def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, num_requests: int) -> None:
+        self.tiers, self.steptime, self.block_size = tiers, steptime, block_size
+        self.lru: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
+        self.link_free_s = [0.0, 0.0]
+        self.busy_s = [0.0, 0.0]
+        self.landing: dict[int, float] = {}  # key -> when its load ends (its GPU block holds no KV before)
+        self.totals = TierTotals.empty(num_requests)
+        self.admitted = np.zeros(num_requests, bool)
+        self.demoted = 0  # GPU evictions seen (a check against the pool's own eviction count)
+
+    # ---- what the GPU pool evicts ------------------------------------------------------------------------
+    def demote(self, keys: np.ndarray) -> None:
+        """Blocks the GPU pool evicted, oldest first: written to the host (then overflow to disk, then out)."""
+        host, disk = self.lru
+        self.demoted += len(keys)
+        for key in keys.tolist():
+            if key in host:  # a hybrid position whose other group's block went first: already written
+                host.move_to_end(key)
+                continue
+            disk.pop(key, None)
+            host[key] = None
+            self.totals.write_blocks[HOST] += 1
+        self._overflow()
+
+    def _overflow(self) -> None:
+        host, disk = self.lru
+        capacity_host, capacity_disk = self.tiers.capacities
+        while len(host) > capacity_host:
+            key = host.popitem(last=False)[0]
+            if capacity_disk:
+                disk[key] = None
+                self.totals.write_blocks[DISK] += 1
+            else:
+                self.totals.dropped_blocks += 1
+        while len(disk) > capacity_disk:
+            disk.popitem(last=False)
+            self.totals.dropped_blocks += 1
+
+    # ---- the rule ------------------------------------------------------------------------------------------
+    def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float) -> LoadPlan:
+        """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks` (a pure look-up)."""
+        B = self.block_size
+        eligible = min((num_tokens - 1) // B, len(keys))
+        host, disk = self.lru
+        found: list[int] = []
+        for key in keys[gpu_blocks:eligible].tolist():
+            tier = HOST if key in host else DISK if key in disk else -1
+            if tier < 0:
+                break
+            found.append(tier)
+        ready = now_s
+        if self.landing:  # GPU hits whose own load has not ended yet
+            ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks].tolist())])
+        if not found:
+            return LoadPlan(gpu_blocks, (), 0, ready)
+        k = self._best_load(np.array(found), gpu_blocks, num_tokens, now_s)
+        return LoadPlan(gpu_blocks, tuple(found[:k]), len(found) - k, max(ready, self._ends(found[:k], now_s)))
+
+    def _ends(self, tier_of: list[int], now_s: float) -> float:
+        """When loads of these blocks (tier per block) would end, queued behind the loads on each link."""
+        end = now_s
+        for t in (HOST, DISK):
+            n = tier_of.count(t)
+            if n:
+                seconds = n * self.tiers.bytes_per_block / self.tiers.bandwidths[t]
+                end = max(end, max(now_s, self.link_free_s[t]) + seconds)
+        return end
+
+    def _best_load(self, found: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float) -> int:
+        """The k in 0..len(found) with the least wait(k) + prefill(gpu_blocks + k) (the first on ties)."""
+        B, per_block = self.block_size, self.tiers.bytes_per_block
+        k = np.arange(len(found) + 1)
+        wait = np.zeros(len(k))
+        for t in (HOST, DISK):
+            n = np.concatenate([[0], np.cumsum(found == t)])
+            start = max(now_s, self.link_free_s[t]) - now_s
+            wait = np.maximum(wait, np.where(n > 0, start + n * per_block / self.tiers.bandwidths[t], 0.0))
+        cached = (gpu_blocks + k) * B
+        compute = prefill_s(self.steptime, cached, num_tokens - cached)
+        return int(np.argmin(wait + compute))
+
+    def commit(self, rid: int, keys: np.ndarray, plan: LoadPlan, now_s: float) -> float:
+        """The admission happened: queue the loads, promote the loaded blocks, drop the lower copies of blocks
+        the request computes; returns when it may compute."""
+        loaded = plan.load_blocks
+        for t in (HOST, DISK):
+            n = plan.tier_of.count(t)
+            if n:
+                seconds = n * self.tiers.bytes_per_block / self.tiers.bandwidths[t]
+                self.link_free_s[t] = max(now_s, self.link_free_s[t]) + seconds
+                self.busy_s[t] += seconds
+                self.totals.read_blocks[t] += n
+        g = plan.gpu_blocks
+        host, disk = self.lru
+        for key in keys[g:].tolist():  # loaded or computed here: the GPU copy becomes the one copy
+            host.pop(key, None)
+            disk.pop(key, None)
+        ready = max(plan.ready_s, now_s)
+        if loaded and ready > now_s:
+            for key in keys[g : g + loaded].tolist():
+                self.landing[key] = ready
+        if not self.admitted[rid]:
+            self.admitted[rid] = True
+            tot = self.totals
+            tot.gpu_hit_blocks[rid] = g
+            tot.host_hit_blocks[rid] = plan.tier_of.count(HOST)
+            tot.disk_hit_blocks[rid] = plan.tier_of.count(DISK)
+            tot.recomputed_blocks[rid] = plan.skipped
+            tot.wait_s[rid] = ready - now_s
+        return ready
+
+    def landed(self, keys: np.ndarray, plan: LoadPlan) -> None:
+        """A load ended: its blocks hold their KV."""
+        g = plan.gpu_blocks
+        for key in keys[g : g + plan.load_blocks].tolist():
+            if self.landing.get(key, np.inf) <= plan.ready_s:
+                del self.landing[key]
+
+    def finish(self) -> TierTotals:
+        self.totals.link_busy_s = (self.busy_s[HOST], self.busy_s[DISK])
+        return self.totals

@@ -1,0 +1,230 @@
+"""One `kvcalc sim` run with host and disk tiers below the GPU pool (tiers.py says what they hold and the
+rule); the engine, scheduler and policy are the plain ones, with three small additions made here:
+
+    TierAdmission   the policy as the scheduler sees it: its prefix-cache hit is the GPU hit plus the
+                    lower-tier blocks the rule loads; admission allocates the GPU hit as the pool finds it
+                    and fresh blocks for the loaded ones (the pool registers their keys)
+    TieredScheduler a request admitted with a load (or with GPU hits whose own load is still under way)
+                    holds its blocks but is parked, neither running nor waiting, until the load ends — as
+                    vLLM's WAITING_FOR_REMOTE_KVS — and then joins the running batch with its loaded tokens
+                    computed; it is never a preemption victim while parked. When nothing can run before a
+                    load ends, the clock moves to it (idle time, accounted as such).
+    the GPU pool's evictions are handed to the tier cache (demotion), read off its free queue's hand-outs
+
+Fast-forward stays on: its runs of decode steps start only while nothing is parked.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParameterError
+from .engine import Engine
+from .fastforward import FastForward
+from .plan import Executor
+from .policies import MemoryPolicy
+from .record import RunRecord
+from .scheduler import Scheduler, SchedulerConfig
+from .settings import SimSetup, prompt_block_keys
+from .steptime import StepTimeExecutor
+from .tiers import LoadPlan, TierCache
+from .workload import Workload
+
+
+def listen_to_evictions(store: Any, on_evict: Callable[[np.ndarray], None]) -> None:
+    """Call `on_evict(keys)` with the content keys of the cached blocks `store` evicts, oldest first. Every
+    hand-out of the pool's store takes its blocks from the free queue's `pop` (plain blocks first, then LRU
+    evictions, which still carry their keys); TierCache.demoted is checked against the store's own eviction
+    counter after the run."""
+    queue, keys = store.queue, store.key
+    pop = queue.pop
+
+    def pop_and_tell(n: int) -> tuple[np.ndarray, np.ndarray]:
+        plain, evicted = pop(n)
+        if len(evicted):
+            on_evict(keys[evicted])
+        return plain, evicted
+
+    queue.pop = pop_and_tell
+
+
+class TierAdmission:
+    """The policy with the tiers' hits added (module docstring); everything else is the policy's own."""
+
+    def __init__(self, policy: MemoryPolicy, cache: TierCache, keys: list, clock: Callable[[], float]) -> None:
+        self.policy, self.cache, self.keys, self.clock = policy, cache, keys, clock
+        self.plans: dict[int, LoadPlan] = {}
+        self.ready_s: dict[int, tuple[float, LoadPlan]] = {}  # admitted now, parked until then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+    def hit_tokens(self, rid: int, num_tokens: int) -> int:
+        gpu = self.policy.hit_tokens(rid, num_tokens) // self.policy.block_size
+        plan = self.plans[rid] = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock())
+        return (gpu + plan.load_blocks) * self.policy.block_size
+
+    def loads(self, rid: int) -> bool:
+        plan = self.plans.get(rid)
+        return plan is not None and plan.load_blocks > 0
+
+    def _blocked(self, rid: int, from_swap: bool) -> bool:
+        """Its GPU hits are still being loaded for another request, and it loads nothing itself: it waits at the
+        head of the queue (a request that loads is parked until the later of the two)."""
+        if from_swap:
+            return False
+        plan = self.plans[rid]
+        return plan.load_blocks == 0 and plan.ready_s > self.clock()
+
+    def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        gpu = self._gpu_tokens(rid, start_tokens, from_swap)
+        return not self._blocked(rid, from_swap) and self.policy.can_admit(rid, gpu, total_tokens, from_swap)
+
+    def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        if self._blocked(rid, from_swap):
+            return False
+        if not self.policy.admit(rid, self._gpu_tokens(rid, start_tokens, from_swap), total_tokens, from_swap):
+            return False
+        if not from_swap:
+            plan = self.plans.pop(rid)
+            now = self.clock()
+            ready = self.cache.commit(rid, self.keys[rid], plan, now)
+            if plan.load_blocks or ready > now:
+                self.ready_s[rid] = (ready, plan)
+        return True
+
+    def _gpu_tokens(self, rid: int, start_tokens: int, from_swap: bool) -> int:
+        return start_tokens if from_swap else self.plans[rid].gpu_blocks * self.policy.block_size
+
+
+class TieredScheduler(Scheduler):
+    """The plain scheduler plus parked requests (module docstring)."""
+
+    def __init__(self, workload: Workload, admission: TierAdmission, config: SchedulerConfig,
+                 cancel_at: np.ndarray | None, idle_until: Callable[[float], None]) -> None:
+        self._steady = False
+        super().__init__(workload, admission, config, cancel_at)  # type: ignore[arg-type]
+        self.admission, self.idle_until = admission, idle_until
+        self.parked: list[tuple[float, int]] = []  # heap of (ready_s, rid)
+
+    # every running request decoded last step, and nothing is parked (fast-forward may start)
+    @property  # type: ignore[override]
+    def steady(self) -> bool:
+        return self._steady and not self.parked
+
+    @steady.setter
+    def steady(self, value: bool) -> None:
+        self._steady = value
+
+    def _admission_size(self, rid: int, budget: int) -> tuple[int, int]:
+        start, new = super()._admission_size(rid, budget)
+        if not self.swapped[rid] and self.admission.loads(rid):
+            new = 0  # blocks for its hits only (the loaded ones end on a block boundary): parked until they land
+        return start, new
+
+    def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:
+        first = len(ids)
+        super().admit_waiting(budget, ids, news)
+        ready = self.admission.ready_s
+        parked = [i for i in range(first, len(ids)) if ids[i] in ready]
+        for i in reversed(parked):
+            rid = ids.pop(i)
+            news.pop(i)
+            self.running.remove(rid)
+            heapq.heappush(self.parked, (ready[rid][0], rid))
+        if parked:
+            self.set_running()
+
+    def land(self) -> None:
+        """Parked requests whose loads have ended join the running batch."""
+        landed = False
+        while self.parked and self.parked[0][0] <= self.now_s:
+            rid = heapq.heappop(self.parked)[1]
+            _, plan = self.admission.ready_s.pop(rid)
+            self.admission.cache.landed(self.admission.keys[rid], plan)
+            self.running.append(rid)
+            landed = True
+        if landed:
+            self.set_running()
+            self._steady = False  # a landed request prefills: the batch is not all decodes
+
+    def wait(self) -> None:
+        """Nothing can run before the next load ends or the next request arrives: idle until then."""
+        t = self.parked[0][0]
+        if self.next_arrival < self.num_requests:
+            t = min(t, self.arrival_list[self.next_arrival])
+        self.idle_until(t)
+        super().ingest()
+        self.land()
+
+    def ingest(self) -> None:
+        super().ingest()
+        self.land()
+        while not self.running and not self.waiting and self.parked:
+            self.wait()
+
+    def schedule(self) -> tuple[np.ndarray, np.ndarray, int]:
+        while True:
+            self.land()
+            ids, news, num_running = super().schedule()
+            if len(ids) or not self.parked:
+                return ids, news, num_running
+            self.wait()
+
+
+class TieredEngine(Engine):
+    def __init__(self, workload: Workload, policy: MemoryPolicy, executor: Executor, config: SchedulerConfig,
+                 cancel_at: np.ndarray | None, cache: TierCache, keys: list, **kw: Any) -> None:
+        super().__init__(workload, policy, executor, config, cancel_at, **kw)
+        admission = TierAdmission(policy, cache, keys, lambda: self.scheduler.now_s)
+        self.scheduler = TieredScheduler(workload, admission, config, cancel_at, self._idle_until)
+
+    def _idle_until(self, t: float) -> None:
+        s = self.scheduler
+        if t > s.now_s:
+            parts, table_bytes = self.policy.parts(s.computed[s.running_ids], s.head())
+            self.account(t - s.now_s, parts, table_bytes)
+            s.now_s = t
+
+
+def check_tiered(workload: Workload, name: str, config: SchedulerConfig, keys: list | None) -> None:
+    """What the tiers do not run with is refused by name."""
+    if name != "paged":
+        raise ParameterError(f"host_cache/disk_cache hold prefix-cache blocks of the paged pool: policy {name} has "
+                             "none; use policy paged", "host_cache", "policy")
+    if keys is None:
+        raise ParameterError("host_cache/disk_cache need prefix caching on a trace with prefix ids (--trace mooncake "
+                             "FILE, without --no-prefix-caching): nothing else says which blocks repeat",
+                             "host_cache", "trace")
+    if config.timeout_s is not None:
+        raise ParameterError("timeout with host_cache/disk_cache: a request parked for its load is not timed out "
+                             "yet; drop timeout", "timeout_s", "host_cache")
+    if workload.fork_parent is not None:
+        raise ParameterError("parallel samples with host_cache/disk_cache are not modelled yet", "host_cache")
+
+
+def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSetup, *, cancel_at: np.ndarray,
+               record_timeline: bool = False, progress: Callable[[int], None] | None = None) -> RunRecord:
+    """`workload` under `policy` (named `name`: paged) of `setup` with `setup.tiers` below its pool; the record's
+    `tiers` holds the tiers' counters (TierTotals)."""
+    keys = prompt_block_keys(workload, setup)
+    check_tiered(workload, name, setup.scheduler, keys)
+    if setup.speculation is not None:
+        raise ParameterError("speculative decoding with host_cache/disk_cache is not modelled yet",
+                             "spec_tokens", "host_cache")
+    cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload))
+    store = policy.pool.store  # type: ignore[attr-defined]
+    listen_to_evictions(store, cache.demote)
+    engine = TieredEngine(workload, policy, StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at, cache,
+                          keys, record_timeline=record_timeline, progress=progress)
+    fast = FastForward(engine, setup.steptime) if setup.scheduler.fast_forward else None
+    record = engine.run(fast)
+    assert cache.demoted == store.counters["evictions"], (
+        f"the tiers saw {cache.demoted} GPU evictions, the pool counted {store.counters['evictions']}")
+    assert not engine.scheduler.parked and not engine.scheduler.admission.ready_s, "a load never landed"
+    record.tiers = cache.finish()
+    return record
