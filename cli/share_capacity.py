@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import ParameterError
 from ..core.gpus import get_gpu
 from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, read_trace
 from ..core.model.models import ModelSpec
@@ -27,9 +28,11 @@ from ..core.share.tiers import (
     DEFAULT_DISK_BANDWIDTH,
     DEFAULT_HOST_BANDWIDTH,
     MODES,
+    parse_bandwidth,
+    parse_tier_size,
 )
 from ..core.share.trace_blocks import check_block_size, check_requests
-from ..core.units import format_bytes, format_count, format_percent, parse_bytes
+from ..core.units import format_bytes, format_count, format_percent
 from .chart import check_plot_target
 from .output import Field, Format, Report, Table, emit, err_console, record_table
 from .progress import progress_bar
@@ -52,26 +55,17 @@ class CurveOptions:
 
 
 def _bandwidth(text: str | None, default: float, flag: str) -> float:
-    if text is None:
-        return default
-    raw = text.strip().removesuffix("/s")
     try:
-        value = parse_bytes(raw)
-    except ValueError:
-        raise ValueError(f"{flag} {text!r} is not a bandwidth: write bytes per second, e.g. 25GB/s or 25e9") from None
-    return float(value)
+        return parse_bandwidth(text, default, flag)
+    except ParameterError as e:
+        raise ValueError(str(e)) from None
 
 
 def _single(text: str | None, flag: str) -> CapacityValue:
-    if text is None:
-        return CapacityValue(0, "tokens", "0")
     try:
-        values = parse_capacities(text)
-    except ValueError as e:
-        raise ValueError(str(e).replace("capacity", flag, 1)) from None
-    if len(values) != 1:
-        raise ValueError(f"{flag} {text!r} gives {len(values)} sizes: give one, e.g. {flag} 40GiB")
-    return values[0]
+        return parse_tier_size(text, flag)
+    except ParameterError as e:
+        raise ValueError(str(e)) from None
 
 
 def parse_options(

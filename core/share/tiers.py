@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ParameterError
+from ..units import parse_bytes
 from .cache_bytes import CachedBlockBytes
+from .capacity import CapacityValue, parse_capacities
 from .stack_distance import StackDistances
 
 TIER_NAMES = ("gpu", "host", "disk")
@@ -39,6 +41,31 @@ MODES = ("exclusive", "inclusive")
 DEFAULT_HOST_BANDWIDTH = 25e9  # bytes/s: PCIe 4.0 x16 as reached in practice; kvcalc sim's swap default
 DEFAULT_DISK_BANDWIDTH = 5e9  # bytes/s: one NVMe PCIe 4.0 SSD's sequential read (about 7 GB/s on paper)
 DEFAULT_BIN_S = 1.0
+
+
+def parse_bandwidth(text: str | None, default: float, param: str) -> float:
+    """A tier's link in bytes/s as typed (25GB/s, 25e9), or `default` when not given; share's and sim's
+    --host-bw and --disk-bw both read it here."""
+    if text is None:
+        return default
+    try:
+        return float(parse_bytes(text.strip().removesuffix("/s")))
+    except ValueError:
+        raise ParameterError(f"{param} {text!r} is not a bandwidth: write bytes per second, e.g. 25GB/s or 25e9",
+                             param) from None
+
+
+def parse_tier_size(text: str | None, param: str) -> CapacityValue:
+    """One tier's size as typed (tokens such as 3M, or bytes such as 40GiB); 0 when not given."""
+    if text is None:
+        return CapacityValue(0, "tokens", "0")
+    try:
+        values = parse_capacities(text)
+    except ParameterError as e:
+        raise ParameterError(str(e).replace("capacity", param, 1), param) from None
+    if len(values) != 1:
+        raise ParameterError(f"{param} {text!r} gives {len(values)} sizes: give one, e.g. {param} 40GiB", param)
+    return values[0]
 
 
 @dataclass(frozen=True)
