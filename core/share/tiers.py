@@ -35,11 +35,10 @@ from ..units import parse_bytes
 from .cache_bytes import CachedBlockBytes
 from .capacity import CapacityValue, parse_capacities
 from .stack_distance import StackDistances
+from .tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
 
 TIER_NAMES = ("gpu", "host", "disk")
 MODES = ("exclusive", "inclusive")
-DEFAULT_HOST_BANDWIDTH = 25e9  # bytes/s: PCIe 4.0 x16 as reached in practice; kvcalc sim's swap default
-DEFAULT_DISK_BANDWIDTH = 5e9  # bytes/s: one NVMe PCIe 4.0 SSD's sequential read (about 7 GB/s on paper)
 DEFAULT_BIN_S = 1.0
 
 

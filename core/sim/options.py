@@ -18,6 +18,7 @@ from typing import Any
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DEFAULT_DTYPE
+from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
 from .checks import INT32_MAX, MAX_REQUESTS, MAX_TP
 
 DEFAULT_MODEL = "OPT-13B"
@@ -123,6 +124,15 @@ class SimOptions:
         flag="--attainment", example=f"{DEFAULT_ATTAINMENT:g}")
     prefix_caching: bool = option(True, "Ignore Mooncake prefix ids.", flag="--no-prefix-caching", negate=True)
     fast_forward: bool = option(True, "Simulate every step one by one.", flag="--no-fast-forward", negate=True)
+    # prefix-cache tiers below the GPU pool (core/sim/tiers.py), read as kvcalc share's tier options
+    host_cache: str | None = option(
+        None, "Host (CPU) prefix-cache tier below the GPU pool, tokens or bytes per GPU (3M, 100GiB): GPU evictions "
+              "demote to it (exclusive), a lower-tier prefix is loaded when that beats recomputing it.")
+    disk_cache: str | None = option(None, "Disk tier below --host-cache: host evictions demote to it.")
+    host_bw: str | None = option(
+        None, f"With --host-cache: host link per GPU, bytes/s (default: {DEFAULT_HOST_BANDWIDTH / 1e9:g}GB/s).")
+    disk_bw: str | None = option(
+        None, f"With --disk-cache: disk read per GPU, bytes/s (default: {DEFAULT_DISK_BANDWIDTH / 1e9:g}GB/s).")
     # speculative decoding
     spec_tokens: int | None = option(
         None, f"Speculative decoding: K drafts verified per decode step (1 + K query tokens), at most {INT32_MAX:,}; "

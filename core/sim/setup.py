@@ -49,6 +49,7 @@ from .search import check_attainment, check_search
 from .settings import SimSetup
 from .speculative import check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
+from .tiers_options import sim_tiers
 from .workload import Workload, constructed, from_trace, length_streams
 
 FALLBACK_MAX_MODEL_LEN = 8192
@@ -192,6 +193,9 @@ def build(o: SimOptions) -> Setup:
         notes.append(speculation.describe())
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching, speculation=speculation)
+    tiers = sim_tiers(o, spec, kv_dtype, kv_bits, sim, workload, policies)  # host and disk tiers (tiers.py)
+    if tiers is not None:
+        sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
         check_mooncake_block_size(plan.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")

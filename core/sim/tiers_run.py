@@ -32,6 +32,7 @@ from .scheduler import Scheduler, SchedulerConfig
 from .settings import SimSetup, prompt_block_keys
 from .steptime import StepTimeExecutor
 from .tiers import LoadPlan, TierCache
+from .tiers_options import check_tier_setup
 from .workload import Workload
 
 
@@ -191,31 +192,14 @@ class TieredEngine(Engine):
             s.now_s = t
 
 
-def check_tiered(workload: Workload, name: str, config: SchedulerConfig, keys: list | None) -> None:
-    """What the tiers do not run with is refused by name."""
-    if name != "paged":
-        raise ParameterError(f"host_cache/disk_cache hold prefix-cache blocks of the paged pool: policy {name} has "
-                             "none; use policy paged", "host_cache", "policy")
-    if keys is None:
-        raise ParameterError("host_cache/disk_cache need prefix caching on a trace with prefix ids (--trace mooncake "
-                             "FILE, without --no-prefix-caching): nothing else says which blocks repeat",
-                             "host_cache", "trace")
-    if config.timeout_s is not None:
-        raise ParameterError("timeout with host_cache/disk_cache: a request parked for its load is not timed out "
-                             "yet; drop timeout", "timeout_s", "host_cache")
-    if workload.fork_parent is not None:
-        raise ParameterError("parallel samples with host_cache/disk_cache are not modelled yet", "host_cache")
-
-
 def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSetup, *, cancel_at: np.ndarray,
                record_timeline: bool = False, progress: Callable[[int], None] | None = None) -> RunRecord:
     """`workload` under `policy` (named `name`: paged) of `setup` with `setup.tiers` below its pool; the record's
     `tiers` holds the tiers' counters (TierTotals)."""
+    check_tier_setup(setup, workload, [name])
+    if workload.fork_parent is not None:
+        raise ParameterError("parallel samples with host_cache/disk_cache are not modelled yet", "host_cache")
     keys = prompt_block_keys(workload, setup)
-    check_tiered(workload, name, setup.scheduler, keys)
-    if setup.speculation is not None:
-        raise ParameterError("speculative decoding with host_cache/disk_cache is not modelled yet",
-                             "spec_tokens", "host_cache")
     cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload))
     store = policy.pool.store  # type: ignore[attr-defined]
     listen_to_evictions(store, cache.demote)
