@@ -19,9 +19,12 @@ Apache-2.0, read by tests/core/model/test_vllm_startup.py):
   quantized checkpoint stores its linear layers at its precision (int4 with a 16-bit scale and a 4-bit zero
   point per 128 weights; mxfp4 only the routed experts, at 4.25 bits) and keeps the embeddings and the LM head
   in 16 bits; a multimodal one adds its vision tower (weights.vision_tower_params); every GPU also holds the
-  rotary cos/sin cache (max positions × head dim × dtype). Llama-3.1-8B: 14.99 GiB bf16, 8.49 fp8 and int8,
-  5.37 int4 (logged 14.99, 8.49, 8.49, 5.38). The vocabulary is padded to a multiple of 64
-  (VocabParallelEmbedding). Tensor parallelism divides all but the rotary cache; pipeline parallelism gives
+  rotary cos/sin cache (max positions × rotated width × dtype; MLA rotates only qk_rope_head_dim). Llama-3.1-8B:
+  14.99 GiB bf16, 8.49 fp8 and int8, 5.37 int4 (logged 14.99, 8.49, 8.49, 5.38). The vocabulary is padded to a
+  multiple of 64 (VocabParallelEmbedding). vLLM measures the torch allocator's allocated bytes, which charges a
+  tensor 1 MiB or less short of a multiple of 2 MiB the whole multiple (core/model/weight_tensors.py): Qwen2.5-7B
+  +57 MiB at tp 1 (14.25 GiB, as logged), Qwen2.5-72B +80 MiB at tp 2 (67.80). Tensor parallelism divides all
+  but the rotary cache; pipeline parallelism gives
   each stage its layers (vLLM's `get_pp_indices`: ⌊L / pp⌋ each, the remainder one by one to the stages
   before the last), the embeddings (and a vision tower) to the first and the LM head to the last
   (Llama-3.1-8B at pp 4: 4.26, 3.28, 3.28, 4.26 GiB, as logged).
@@ -52,7 +55,7 @@ Every term is an estimate; `kv_memory_bytes` (vLLM's own line) skips them all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from math import ceil
 
@@ -61,6 +64,7 @@ from ..dtypes import dtype_bits
 from ..errors import ParameterError
 from .layers import FfnGroup
 from .model_spec import ModelSpec
+from .weight_tensors import layer_rounding, table_rounding
 from .weights import param_count
 
 GIB = 2**30
@@ -190,18 +194,32 @@ def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = 
     else:
         bits = dtype_bits(spec.weight_dtype or "bf16")
         body_bits = body * bits + (body * INT4_GROUP_BITS // INT4_GROUP if bits == 4 else 0)
-    table_bytes = padded * spec.hidden_size * (b if bits < 16 else bits // 8)
-    rotary = (spec.max_position_embeddings or 0) * spec.head_dim * b
+    entry = b if bits < 16 else bits // 8
+    table_bytes = padded * spec.hidden_size * entry
+    rotary = (spec.max_position_embeddings or 0) * rotary_dim(spec) * b
     layers = pp_layers(spec.model_layers, pp)
+    # what the caching allocator charges beyond the bytes (core/model/weight_tensors.py)
+    ffn = _ffn(spec) if quantization != "mxfp4" else tuple(
+        replace(f, experts=0, experts_per_token=0, expert_intermediate=0) for f in _ffn(spec) if f.dense_intermediate)
+    layer_extra = layer_rounding(spec, tp, 16 if quantization == "mxfp4" else bits, 8 * b, ffn)
+    table_extra = table_rounding(padded, spec.hidden_size, tp, entry)
     out = []
     for stage, n in enumerate(layers):
         total = body_bits * n // (8 * spec.model_layers)
+        extra = layer_extra * n // spec.model_layers
         if stage == 0:
             total += table_bytes + vision_params * b
+            extra += table_extra
         if stage == pp - 1 and (pp > 1 or tables == 2):
             total += table_bytes
-        out.append(ceil_div(total, tp) + rotary)
+            extra += table_extra
+        out.append(ceil_div(total, tp) + extra + rotary)
     return tuple(out)
+
+
+def rotary_dim(spec: ModelSpec) -> int:
+    """Width of one position's cos/sin row: MLA rotates only its rope part (qk_rope_head_dim), others the head."""
+    return spec.qk_rope_head_dim if spec.kv_lora_rank and spec.qk_rope_head_dim else spec.head_dim
 
 
 def _ffn(spec: ModelSpec) -> tuple[FfnGroup, ...]:

@@ -35,6 +35,12 @@ def _rows() -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r["available_kv_gib"]]
 
 
+# Where an -Instruct checkpoint's config.json differs from its base model's (the preset) in a field the start-up
+# reads: Qwen2.5-72B-Instruct's config.json has max_position_embeddings 32,768, the base model's 131,072 (the
+# rotary cos/sin cache is max positions × 128 × 2 B: 8 MiB, not 32 MiB, on every GPU).
+_INSTRUCT_FIELDS = {"Qwen/Qwen2.5-72B-Instruct": {"max_position_embeddings": 32768}}
+
+
 def _spec(model: str) -> ModelSpec | None:
     base = re.sub(r"-(instruct|it|chat|hf)$", "", model, flags=re.IGNORECASE)
     for name in (model, base):  # an -Instruct / -Chat checkpoint has its base model's dimensions
@@ -44,7 +50,7 @@ def _spec(model: str) -> ModelSpec | None:
     base = base.lower()
     for spec in PRESETS.values():
         if spec.source.split()[0].lower() in (model.lower(), base):
-            return spec
+            return dataclasses.replace(spec, **_INSTRUCT_FIELDS.get(model, {}))
     return None
 
 
@@ -98,11 +104,11 @@ def test_available_kv_memory_distribution():
     absolute = sorted(abs(e) for _, e in errors)
     assert statistics.median(absolute) <= 0.01, errors
     worst = max(errors, key=lambda e: abs(e[1]))
-    # Known miss: Qwen2.5-72B at tp 2 leaves only 3.04 GiB (weights 67.80 GiB logged vs 67.74 counted,
-    # non-torch 2.09 vs 2.07): +3.3 %. Every other row is within 1.4 %.
-    within = [e for e in errors if abs(e[1]) > 0.03]
-    assert all(ident.startswith("Qwen/Qwen2.5-72B") for ident, _ in within), worst
-    assert all(abs(e) <= 0.035 for _, e in errors), worst
+    # The issue's goal: 3 % worst. The largest misses: Qwen2.5-72B at tp 2 +1.5 % (its weights now match the
+    # logged 67.80 GiB; what is left is non-torch memory, 2.09 logged vs 2.07, on a KV budget of only 3.04 GiB)
+    # and gpt-oss-20b +0.9 to +1.4 % (its mxfp4 experts are re-laid out after loading: vLLM logs 12.92 GiB at
+    # the loader's peak and 13.64 GiB once processed).
+    assert abs(worst[1]) <= 0.02, worst
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
@@ -112,9 +118,30 @@ def test_each_row(row):
         pytest.skip(reason)
     _, m = predict(row)
     logged = float(row["available_kv_gib"])
-    assert m.stages[_logged_stage(row)].available / GIB == pytest.approx(logged, rel=0.035)
+    assert m.stages[_logged_stage(row)].available / GIB == pytest.approx(logged, rel=0.02)
     # The term vLLM logs per worker: requested = total × utilization, printed with two decimals.
     assert f"{m.requested / GIB:.2f}" == row["requested_gib"]
+
+
+# Rows whose logged weights kvcalc does not reproduce to vLLM's two decimals, and why (each within 1.4 % on
+# the KV memory): DeepSeek-V2-Lite 29.30 vs 29.43 GiB (MLA: 0.13 GiB above parameters, rotary and rounding
+# that kvcalc does not place); gpt-oss-20b 12.83 vs 13.64 (tp 1) and 6.44 vs 7.01 (tp 2): its mxfp4 experts are
+# re-laid out after loading (vLLM's own "Peak GPU memory after loading weights" is 12.92 / 6.76 GiB).
+_WEIGHTS_NOT_EXACT = ("deepseek-ai/DeepSeek-V2-Lite-Chat", "openai/gpt-oss-20b")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_weights_line(row):
+    """"Model loading took X GiB": parameters, the allocator's rounding of each tensor, the rotary cache."""
+    reason = expressed(row)
+    if isinstance(reason, str):
+        pytest.skip(reason)
+    if row["model"] in _WEIGHTS_NOT_EXACT:
+        pytest.skip(f"{row['model']}: weights not reproduced exactly (see _WEIGHTS_NOT_EXACT)")
+    _, m = predict(row)
+    logged = sorted(f"{float(w):.2f}" for w in row["weights_gib_per_worker"].split(";"))  # the workers' order
+    stages = sorted(f"{s.weights / GIB:.2f}" for s in m.stages for _ in range(int(row["tp"])))
+    assert stages == logged
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
