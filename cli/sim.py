@@ -111,6 +111,12 @@ def command(**values: Any) -> None:
             err_console.print(f"searching the max rate of {name} …", highlight=False)
         with progress_bar("max-rate search (simulated runs)", total=None) as advance:
             searches = search_max_rates(setup, progress=advance, workers=workers, records=records)
+    tier_comparison = None
+    if setup.sim.tiers is not None:  # the same runs with and without each tier (core/sim/tiers_compare.py)
+        from ..core.sim.tiers_compare import compare_tiers
+
+        with progress_bar("the same workload with and without each tier (arrivals)", total=None) as advance:
+            tier_comparison = compare_tiers(setup, records, searches, progress=advance)
     result = Simulation.from_runs(setup, records, searches)
     plain = None
     if setup.sim.speculation is not None:
@@ -129,7 +135,12 @@ def command(**values: Any) -> None:
 
         write_sim_plot(plot, result.records, f"{setup.workload.kind} workload: {setup.workload.description}")
         err_console.print(f"wrote {plot}", highlight=False)
-    emit(build_report(result, plain), resolve_format(json_flag, fmt))
+    report = build_report(result, plain)
+    if tier_comparison is not None:
+        from .sim_tiers_report import add_tier_comparison
+
+        add_tier_comparison(report, tier_comparison)
+    emit(report, resolve_format(json_flag, fmt))
 
 
 command.__signature__ = inspect.Signature(_parameters())  # type: ignore[attr-defined]

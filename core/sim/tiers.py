@@ -126,15 +126,20 @@ class TierCache:
     # ---- what the GPU pool evicts ------------------------------------------------------------------------
     def demote(self, keys: np.ndarray) -> None:
         """Blocks the GPU pool evicted, oldest first: written to the host (then overflow to disk, then out)."""
-        host, disk = self.lru
+        disk = self.lru[DISK]
         self.demoted += len(keys)
+        top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else -1
+        if top < 0:
+            self.totals.dropped_blocks += len(keys)
+            return
         for key in keys.tolist():
-            if key in host:  # a hybrid position whose other group's block went first: already written
-                host.move_to_end(key)
+            if key in self.lru[top]:  # a hybrid position whose other group's block went first: already written
+                self.lru[top].move_to_end(key)
                 continue
-            disk.pop(key, None)
-            host[key] = None
-            self.totals.write_blocks[HOST] += 1
+            if top == HOST:
+                disk.pop(key, None)
+            self.lru[top][key] = None
+            self.totals.write_blocks[top] += 1
         self._overflow()
 
     def _overflow(self) -> None:
