@@ -213,11 +213,11 @@ def command(
     if memory_bytes is not None and bytes_per_block is not None:
         blocks_in_memory(memory_bytes, bytes_per_block, largest_request_blocks(loaded, block),
                          "the largest request of the trace needs")
-    check_trace(loaded, block, capacity)  # every input error before any progress line
+    checked = check_trace(loaded, block, capacity)  # every input error before any progress line
     if not json_flag and fmt is Format.table:
         err_console.print(f"replaying {loaded.description} at block size {block} …", highlight=False)
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
-        result = share_trace(loaded, block, capacity, progress=advance)
+        result = share_trace(loaded, block, capacity, progress=advance, checked=checked)
     kv = None if spec is None else pool_bytes(spec, dtype, bits, block, result.cached.longest_request_tokens)
     emit(_trace_report(result, spec, kv, memory_bytes), fmt)
 

@@ -18,7 +18,14 @@ import numpy as np
 
 from ..inputs.traces import Trace, mooncake_block_keys
 from ..pool.block_pool import BlockPool
-from .trace_blocks import check_requests, checked_pool_blocks, in_arrival_order, trace_block_keys
+from .trace_blocks import (
+    CheckedTrace,
+    check_requests,
+    check_trace,
+    checked_pool_blocks,
+    in_arrival_order,
+    trace_block_keys,
+)
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 
@@ -69,17 +76,18 @@ def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
 
 def replay(
     trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, checked: CheckedTrace | None = None,
 ) -> ReplayResult:
     """Replay every request of `trace` through one BlockPool, in arrival order; see the module docstring.
 
     `fast` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`) and
     runs each request with the pool's fused `serve`; otherwise each prompt is hashed on its own and runs
     through allocate, append and release. The same pool changes, the same results (tests compare both).
-    `progress(n)` is called as the requests are replayed, n at a time.
+    `progress(n)` is called as the requests are replayed, n at a time; `checked`: check_trace's result for
+    these arguments (then the trace is not checked again).
     """
     keyed = prefix_caching and trace.has_prefix_ids
-    pool_blocks = checked_pool_blocks(trace, block_size, capacity_blocks, keyed)
+    pool_blocks = checked_pool_blocks(trace, block_size, capacity_blocks, keyed, checked)
     trace = in_arrival_order(trace)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
@@ -124,11 +132,16 @@ def replay(
     )
 
 
-def uncached_replay(trace: Trace, block_size: int, capacity_blocks: int | None) -> ReplayResult:
+def uncached_replay(
+    trace: Trace, block_size: int, capacity_blocks: int | None, checked: CheckedTrace | None = None
+) -> ReplayResult:
     """What `replay(..., prefix_caching=False)` gives, in closed form: requests one at a time share
     nothing, so no hit, no cached block, no eviction, and the peak is the largest request. Tests check it
     against the pool; the CLI uses it to save a second pass over a large trace."""
-    largest = check_requests(trace, block_size, capacity_blocks)
+    if checked is not None and checked.is_for(trace, block_size, capacity_blocks):
+        largest = checked.largest_blocks
+    else:
+        largest = check_requests(trace, block_size, capacity_blocks)
     return ReplayResult(
         prefix_caching=False,
         block_size=block_size,
@@ -152,9 +165,12 @@ def _longest(trace: Trace) -> int:
 
 def share_trace(
     trace: Trace, block_size: int, capacity_blocks: int | None = None, *,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, checked: CheckedTrace | None = None,
 ) -> TraceShareResult:
-    """The replay with prefix caching and, for contrast, without (`progress` as for `replay`)."""
-    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True, progress=progress)
-    uncached = uncached_replay(trace, block_size, capacity_blocks)
+    """The replay with prefix caching and, for contrast, without (`progress` and `checked` as for `replay`:
+    the trace is checked once)."""
+    if checked is None or not checked.is_for(trace, block_size, capacity_blocks):
+        checked = check_trace(trace, block_size, capacity_blocks)
+    cached = replay(trace, block_size, capacity_blocks, prefix_caching=True, progress=progress, checked=checked)
+    uncached = uncached_replay(trace, block_size, capacity_blocks, checked)
     return TraceShareResult(trace.description, trace.has_prefix_ids, cached, uncached)

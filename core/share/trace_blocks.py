@@ -13,6 +13,8 @@ the trace.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..blocks import ceil_div
@@ -126,16 +128,42 @@ def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
     return int(lengths.sum() - common.sum())
 
 
-def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> None:
+class CheckedTrace(NamedTuple):
+    """`trace` checked for a replay with prefix caching at `block_size` and `capacity_blocks` (check_trace): the
+    blocks of its pool and of its largest request, so that the replay and its contrast need not check again."""
+
+    trace: Trace
+    block_size: int
+    capacity_blocks: int | None
+    pool_blocks: int
+    largest_blocks: int
+
+    def is_for(self, trace: Trace, block_size: int, capacity_blocks: int | None) -> bool:
+        return self.trace is trace and (self.block_size, self.capacity_blocks) == (block_size, capacity_blocks)
+
+
+def check_trace(trace: Trace, block_size: int, capacity_blocks: int | None) -> CheckedTrace:
     """Every user error a replay with prefix caching could meet — the memory of its pool included — found up
     front (vectorised) so a replay never fails midway."""
-    checked_pool_blocks(trace, block_size, capacity_blocks, trace.has_prefix_ids)
-
-
-def checked_pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool) -> int:
-    """check_trace, then the blocks of the replay's pool (`keyed`: with prefix caching), refused when they
-    would not fit in this machine's memory."""
     largest = check_requests(trace, block_size, capacity_blocks)
+    pool_blocks = _pool_blocks(trace, block_size, capacity_blocks, trace.has_prefix_ids, largest)
+    return CheckedTrace(trace, block_size, capacity_blocks, pool_blocks, largest)
+
+
+def checked_pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool,
+                        checked: CheckedTrace | None = None) -> int:
+    """check_trace, then the blocks of the replay's pool (`keyed`: with prefix caching), refused when they
+    would not fit in this machine's memory. `checked`: check_trace's result, when it is for these arguments."""
+    if checked is not None and checked.is_for(trace, block_size, capacity_blocks):
+        if keyed == trace.has_prefix_ids:
+            return checked.pool_blocks
+        largest = checked.largest_blocks
+    else:
+        largest = check_requests(trace, block_size, capacity_blocks)
+    return _pool_blocks(trace, block_size, capacity_blocks, keyed, largest)
+
+
+def _pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool, largest: int) -> int:
     # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
     pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
     if capacity_blocks is not None:

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from kvcalc.core.inputs.traces import Trace, mooncake_block_keys, read_trace
 from kvcalc.core.share import replay as share_trace_module
+from kvcalc.core.share import trace_blocks as trace_blocks_module
 from kvcalc.core.share.forks import ScenarioSpec, closed_form_physical_blocks, run_scenario
 from kvcalc.core.share.replay import replay, share_trace, uncached_replay
-from kvcalc.core.share.trace_blocks import distinct_id_prefixes, in_arrival_order, unlimited_capacity
+from kvcalc.core.share.trace_blocks import check_trace, distinct_id_prefixes, in_arrival_order, unlimited_capacity
 
 MOONCAKE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
 
@@ -335,6 +336,24 @@ def test_trace_errors() -> None:
     with pytest.raises(ValueError, match="smaller than request 1"):
         share_trace(make_trace([(100, 1, [0])]), 16, capacity_blocks=6)  # needs ceil(101/16) = 7
     assert mooncake_block_keys(np.array([5, 9]), 600, 256).tolist() == [5 * 2 + 0, 5 * 2 + 1]
+
+
+def test_a_checked_trace_is_checked_once_and_only_for_its_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = make_trace([(100, 2, [0]), (100, 2, [0]), (600, 2, [0, 1])])
+    checked = check_trace(trace, 16, None)
+    # 2 distinct id prefixes ([0], [0, 1]) x 512/16 sub-blocks + the largest request's ceil(602/16) = 38 blocks
+    assert (checked.pool_blocks, checked.largest_blocks) == (2 * 32 + 38, 38)
+    expected = share_trace(trace, 16)
+    calls = []
+    real = trace_blocks_module.check_requests
+    monkeypatch.setattr(trace_blocks_module, "check_requests", lambda *a: calls.append(a[1:]) or real(*a))
+    monkeypatch.setattr(share_trace_module, "check_requests", lambda *a: calls.append(a[1:]) or real(*a))
+    assert share_trace(trace, 16, checked=checked) == expected and calls == []
+    # a check for other arguments (block size, capacity, another trace) is not used: the trace is checked again
+    assert share_trace(trace, 16, 40, checked=checked).cached.capacity_blocks == 40 and calls == [(16, 40)]
+    assert share_trace(trace, 32, checked=checked).cached.block_size == 32 and calls[1:] == [(32, None)]
+    other = make_trace([(100, 2, [0])])
+    assert share_trace(other, 16, checked=checked).cached.requests == 1 and calls[2:] == [(16, None)]
 
 
 def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
