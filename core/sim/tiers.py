@@ -98,6 +98,7 @@ class TierTotals:
     host_hit_blocks: np.ndarray
     disk_hit_blocks: np.ndarray
     recomputed_blocks: np.ndarray  # blocks in a lower tier that the rule chose to recompute
+    admit_s: np.ndarray  # when it was admitted (NaN: never)
     wait_s: np.ndarray  # from admission to the end of its loads (0 without loads)
     read_blocks: list[int]  # host, disk: every load of every admission
     write_blocks: list[int]  # demotions written into host, disk
@@ -107,7 +108,7 @@ class TierTotals:
     @classmethod
     def empty(cls, n: int) -> TierTotals:
         z = np.zeros(n, np.int64)
-        return cls(z, z.copy(), z.copy(), z.copy(), np.zeros(n), [0, 0], [0, 0])
+        return cls(z, z.copy(), z.copy(), z.copy(), np.full(n, np.nan), np.zeros(n), [0, 0], [0, 0])
 
 
 class TierCache:
@@ -226,6 +227,7 @@ class TierCache:
             tot.host_hit_blocks[rid] = plan.tier_of.count(HOST)
             tot.disk_hit_blocks[rid] = plan.tier_of.count(DISK)
             tot.recomputed_blocks[rid] = plan.skipped
+            tot.admit_s[rid] = now_s
             tot.wait_s[rid] = ready - now_s
         return ready
 

@@ -86,16 +86,22 @@ class TierAdmission:
         return not self._blocked(rid, from_swap) and self.policy.can_admit(rid, gpu, total_tokens, from_swap)
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        """The blocks the plan loads leave their tiers before the pool allocates, so that the GPU evictions
+        this admission demotes cannot push them out of the host (vLLM pins the blocks it loads, too)."""
         if self._blocked(rid, from_swap):
             return False
-        if not self.policy.admit(rid, self._gpu_tokens(rid, start_tokens, from_swap), total_tokens, from_swap):
+        gpu = self._gpu_tokens(rid, start_tokens, from_swap)
+        if from_swap:
+            return self.policy.admit(rid, gpu, total_tokens, from_swap)
+        if not self.policy.can_admit(rid, gpu, total_tokens):
             return False
-        if not from_swap:
-            plan = self.plans.pop(rid)
-            now = self.clock()
-            ready = self.cache.commit(rid, self.keys[rid], plan, now)
-            if plan.load_blocks or ready > now:
-                self.ready_s[rid] = (ready, plan)
+        plan = self.plans.pop(rid)
+        now = self.clock()
+        ready = self.cache.commit(rid, self.keys[rid], plan, now)
+        admitted = self.policy.admit(rid, gpu, total_tokens)
+        assert admitted, f"request {rid}: the pool refused an admission it said it could take"
+        if plan.load_blocks or ready > now:
+            self.ready_s[rid] = (ready, plan)
         return True
 
     def _gpu_tokens(self, rid: int, start_tokens: int, from_swap: bool) -> int:

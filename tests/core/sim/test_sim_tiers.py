@@ -1,0 +1,168 @@
+"""Host and disk tiers below sim's GPU pool (core/sim/tiers.py, tiers_run.py): hand-worked traces, load waits
+against an independent FIFO model of the links, zero-size tiers against the plain run, a sliding-window hybrid."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvcalc.core.errors import ParameterError
+from kvcalc.core.share.cache_bytes import cached_block_bytes
+from kvcalc.core.sim.options import SimOptions
+from kvcalc.core.sim.run import run_policy
+from kvcalc.core.sim.setup import build
+from kvcalc.core.sim.tiers import DISK, HOST
+
+B = 512  # one Mooncake hash id per block
+LLAMA_BLOCK = 512 * 131_072  # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B/token
+
+
+def _trace(tmp_path, rows):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o,
+                                        "hash_ids": ids}) + "\n" for t, p, o, ids in rows))
+    return path
+
+
+def _setup(tmp_path, rows, capacity_blocks, model="llama-3.1-8b", **tiers):
+    o = SimOptions(trace=("mooncake", _trace(tmp_path, rows)), model=model, block_size=B, **tiers)
+    setup = build(o)
+    return setup, replace(setup.sim, capacity_blocks=capacity_blocks)
+
+
+# r0 and r1 fill a pool of 4 blocks; r2 repeats r0's prefix. Prompts of 2 x 512 + 1 tokens: 2 keyed blocks and
+# a partial one, 3 blocks each; one output token. The pool frees a request's blocks tail first (the LRU's oldest
+# is its last full block):
+#   r0: 3 plain blocks. After: plain {unused, r0's partial}, LRU [2, 1]
+#   r1: 2 plain + evicts id 2 -> host [2]. After: plain {r1's partial}, LRU [1, 4, 3]
+#   r2: GPU hit id 1 (g = 1); id 2 is in the host: loading it (64 MiB over 25 GB/s = 2.68 ms) beats a 513-token
+#       prefill (~40 ms on an A100), so it loads k = 1 block: promoted out of the host, parked 2.68 ms; its blocks
+#       (2 x 512 tokens) need 1 fresh block: r1's partial, no eviction. It lands, then its last token's block
+#       evicts the LRU's oldest, id 4 -> host [4].
+# Host: written ids 2 and 4 (2 blocks), read id 2 (1 block), nothing dropped.
+HAND = [(0, 1025, 1, [1, 2, 100]), (100, 1025, 1, [3, 4, 101]), (200, 1025, 1, [1, 2, 102])]
+
+
+def test_hand_worked_host_tier(tmp_path):
+    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024")  # 1,024 tokens = 2 blocks
+    assert (sim.tiers.host_blocks, sim.tiers.disk_blocks) == (2, 0)
+    assert sim.tiers.bytes_per_block == LLAMA_BLOCK
+    t = run_policy(setup.workload, "paged", sim).tiers
+    assert t.gpu_hit_blocks.tolist() == [0, 0, 1]
+    assert t.host_hit_blocks.tolist() == [0, 0, 1]
+    assert t.disk_hit_blocks.tolist() == [0, 0, 0]
+    assert t.read_blocks == [1, 0] and t.write_blocks == [2, 0] and t.dropped_blocks == 0
+    assert t.wait_s[2] == pytest.approx(LLAMA_BLOCK / 25e9, rel=1e-9)  # 2.68435456 ms: an idle link, 25 GB/s
+    assert t.link_busy_s == (LLAMA_BLOCK / 25e9, 0.0)
+
+
+def test_hand_worked_disk_only_and_none(tmp_path):
+    # no host: the two evictions go straight to a disk of 2 blocks; id 2 loads from it at 5 GB/s (13.4 ms < ~40 ms)
+    setup, sim = _setup(tmp_path, HAND, 4, disk_cache="1024")
+    t = run_policy(setup.workload, "paged", sim).tiers
+    assert t.disk_hit_blocks.tolist() == [0, 0, 1] and t.host_hit_blocks.sum() == 0
+    assert t.read_blocks == [0, 1] and t.write_blocks == [0, 2]
+    assert t.wait_s[2] == pytest.approx(LLAMA_BLOCK / 5e9, rel=1e-9)
+    # a host of 1 block: id 2 is written, then pushed out by nothing before r2 (one eviction before it): still
+    # loads; id 4's demotion after r2 overflows nothing either (id 2 was promoted)
+    setup, sim = _setup(tmp_path, HAND, 4, host_cache="512")
+    t = run_policy(setup.workload, "paged", sim).tiers
+    assert t.host_hit_blocks.tolist() == [0, 0, 1] and t.dropped_blocks == 0
+
+
+def test_slow_link_recomputes(tmp_path):
+    # a 1 MB/s host link: 67 s for the block, far more than its prefill: the rule recomputes it, and the host copy
+    # is dropped (exclusive: the GPU's becomes the one copy). Writes: ids 2 and 4; reads none.
+    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024", host_bw="1MB/s")
+    t = run_policy(setup.workload, "paged", sim).tiers
+    assert t.host_hit_blocks.sum() == 0 and t.recomputed_blocks.tolist() == [0, 0, 1]
+    assert t.read_blocks == [0, 0] and t.write_blocks == [2, 0] and t.wait_s.max() == 0
+
+
+def _fifo_ready(t, bytes_per_block, bandwidths):
+    """An independent model of the links: loads in admission order, each tier's link a FIFO server."""
+    free = [0.0, 0.0]
+    ready = {}
+    loaders = np.flatnonzero((t.host_hit_blocks + t.disk_hit_blocks) > 0)
+    for rid in sorted(loaders.tolist(), key=lambda r: t.admit_s[r]):  # stable: equal times keep queue order
+        end = t.admit_s[rid]
+        for tier, n in ((HOST, t.host_hit_blocks[rid]), (DISK, t.disk_hit_blocks[rid])):
+            if n:
+                free[tier] = max(t.admit_s[rid], free[tier]) + n * bytes_per_block / bandwidths[tier]
+                end = max(end, free[tier])
+        ready[rid] = end
+    return ready
+
+
+def test_load_waits_queue_on_the_link(tmp_path):
+    # four 4-block prefixes A..D, pushed out of a 20-block pool by eight fillers, then all four again at once:
+    # their loads share one 5 GB/s host link (13.4 ms a block), so the later ones wait for the earlier ones
+    rows, ids = [], iter(range(1, 10_000))
+    prefixes = [[next(ids) for _ in range(4)] for _ in range(4)]
+    for i, p in enumerate(prefixes):
+        rows.append((10 * i, 4 * B + 1, 1, [*p, next(ids)]))
+    for i in range(8):
+        rows.append((100 + 10 * i, 4 * B + 1, 1, [next(ids) for _ in range(5)]))
+    for p in prefixes:
+        rows.append((1000, 4 * B + 1, 1, [*p, next(ids)]))
+    setup, sim = _setup(tmp_path, rows, 20, host_cache="100k", host_bw="5GB/s")
+    record = run_policy(setup.workload, "paged", sim)
+    t = record.tiers
+    ready = _fifo_ready(t, LLAMA_BLOCK, (5e9, 5e9))
+    assert len(ready) >= 3
+    for rid, end in ready.items():
+        assert t.admit_s[rid] + t.wait_s[rid] == pytest.approx(end, rel=1e-12)
+        assert record.first_token_s[rid] > end  # it computes its last token after the load
+    queued = [rid for rid in ready if ready[rid] - t.admit_s[rid] > t.host_hit_blocks[rid] * LLAMA_BLOCK / 5e9 + 1e-9]
+    assert queued, "no load waited for another: the scenario does not exercise the queue"
+    assert t.read_blocks[HOST] == int(t.host_hit_blocks.sum())
+
+
+def test_zero_tiers_are_the_plain_run(tmp_path):
+    rows = [(i * 0.5, 3 * B + 100 * (i % 3) + 1, 20 + i, [1 + (i % 4), 10 + i, 50 + i, 90 + i]) for i in range(24)]
+    setup, sim = _setup(tmp_path, rows, 12, host_cache="0", disk_cache="0")
+    plain = run_policy(setup.workload, "paged", replace(sim, tiers=None))
+    tiered = run_policy(setup.workload, "paged", sim)
+    for name in ("first_token_s", "finish_s", "generated", "preemptions", "status"):
+        assert np.array_equal(getattr(plain, name), getattr(tiered, name), equal_nan=True), name
+    assert plain.end_s == tiered.end_s and plain.steps == tiered.steps
+    assert tiered.tiers.read_blocks == [0, 0] and tiered.tiers.write_blocks == [0, 0]
+
+
+def test_sliding_window_hybrid(tmp_path, CAP=36):
+    # Gemma-3-12B: a full-attention group and a 1,024-token sliding group, one pool. A cached block carries both
+    # groups' bytes (share's cache_bytes). r2 repeats r0's 4-block prefix after r1 pushed it out of a small pool.
+    rows = [(0, 4 * B + 1, 1, [1, 2, 3, 4, 100]), (100, 4 * B + 1, 1, [5, 6, 7, 8, 101]),
+            (200, 4 * B + 1, 1, [1, 2, 3, 4, 102])]
+    setup, sim = _setup(tmp_path, rows, CAP, model="gemma-3-12b", host_cache="100k")
+    assert sim.groups is not None and {g.kind for g in sim.groups} == {"full", "sliding"}
+    cbb = cached_block_bytes(setup.spec, "bf16", 16, B)
+    assert sim.tiers.bytes_per_block == cbb.bytes_per_block == sum(g.bytes_per_block for g in cbb.groups)
+    record = run_policy(setup.workload, "paged", sim)  # the run checks demotions == the pool's evictions
+    t = record.tiers
+    assert t.gpu_hit_blocks[2] + t.host_hit_blocks[2] + t.recomputed_blocks[2] == 4  # every repeated block found
+    assert t.host_hit_blocks[2] > 0 and t.read_blocks[HOST] == t.host_hit_blocks[2]
+    plain = run_policy(setup.workload, "paged", replace(sim, tiers=replace(sim.tiers, host_blocks=0)))
+    assert plain.tiers.host_hit_blocks.sum() == 0
+    assert record.first_token_s[2] - record.arrival_s[2] < plain.first_token_s[2] - plain.arrival_s[2]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"host_bw": "10GB/s"}, "host_bw is a tier's link"),
+    ({"host_cache": "1M", "policy": "reserve-max"}, "policy reserve-max"),
+    ({"host_cache": "1M", "no_prefix": True}, "need prefix caching"),
+    ({"host_cache": "1M", "timeout_s": "5"}, "timeout"),
+    ({"host_cache": "3X"}, "host_cache '3X'"),
+    ({"host_cache": "1M", "host_bw": "fast"}, "host_bw 'fast' is not a bandwidth"),
+    ({"host_cache": "1M", "disk_bw": "5GB/s"}, "disk_bw is the disk tier's link"),
+])
+def test_refused_by_name(tmp_path, extra, message):
+    extra = dict(extra)
+    no_prefix = extra.pop("no_prefix", False)
+    o = SimOptions(trace=("mooncake", _trace(tmp_path, HAND)), model="llama-3.1-8b", block_size=B,
+                   prefix_caching=not no_prefix, **extra)
+    with pytest.raises(ParameterError, match=message):
+        build(o)
