@@ -175,17 +175,18 @@ class BlockPool:
 
     def allocate(
         self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
-        max_hit_blocks: int | None = None, first_block: int = 0,
+        max_hit_blocks: int | None = None, first_block: int = 0, hits: np.ndarray | None = None,
     ) -> int:
         """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens.
 
         For a layer group of a hybrid pool (core/pool/hybrid.py): `max_hit_blocks` caps the hit (the hit is
         the shortest that every group can serve); the table holds no block before `first_block` (NULL_BLOCK
         entries: a window, chunk or state that the prompt's layers never read), which is at most the hit
-        when the prompt has block keys."""
+        when the prompt has block keys. `hits`: the hit blocks a hybrid pool found for a group that keeps no
+        whole chain (its entries before `first_block` unread), instead of a look-up of `block_keys`."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        probe = self._probe(num_tokens, block_keys, extra_key)
+        probe = self._probe(num_tokens, block_keys, extra_key) if hits is None else NO_PROBE._replace(hits=hits)
         if max_hit_blocks is not None and len(probe.hits) > max_hit_blocks:
             probe = probe._replace(hits=probe.hits[:max_hit_blocks])
         store, hits = self.store, probe.hits

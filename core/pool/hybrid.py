@@ -38,6 +38,7 @@ import numpy as np
 from .accounting import PoolStats, PoolUsage, ReleaseReason
 from .block_pool import BlockPool
 from .free_queue import FREE_CACHED
+from .group_hits import anchored_present, hit_table, register_anchored, valid_hits
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .invariants import check_pool_invariants
 from .prefix_lookup import PrefixIndex
@@ -74,11 +75,17 @@ class HybridPool:
         self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=shared)
                       for _ in self.groups]
         self.num_blocks, self.block_size = self.store.num_blocks, self.store.block_size
-        # a state group serves a prefix only where a state was saved at exactly that boundary: mode all saves
-        # one at every block boundary; mode none saves none. NOTE: align saves only at the end of a scheduled
-        # chunk, which these pages do not record yet, so it serves no hit here (a lower bound on its hits)
-        self.caches = enable_prefix_caching and not (
-            self.state_mode != "all" and any(g.kind == "state" for g in self.groups))
+        # the groups that keep no whole chain (sliding, chunked, state in mode align) are anchored to the first
+        # full group's blocks (see group_hits); without a full group they keep chains, and an align state group
+        # then serves no hit. A state group serves a prefix only where a state was saved at exactly that
+        # boundary: mode all saves one at every block boundary, align at step ends (group_hits), none none.
+        kinds = [g.kind for g in self.groups]
+        self.anchor = kinds.index("full") if "full" in kinds else None
+        self.anchored = tuple(self.anchor is not None and (k in ("sliding", "chunked") or (
+            k == "state" and self.state_mode == "align")) for k in kinds)
+        has_state = "state" in kinds
+        self.caches = enable_prefix_caching and not (has_state and (
+            self.state_mode == "none" or (self.state_mode == "align" and self.anchor is None)))
 
     # ---- reading --------------------------------------------------------------------------------
     @property
@@ -142,31 +149,72 @@ class HybridPool:
     def _keys(self, block_keys: BlockKeys) -> BlockKeys:
         return block_keys if self.caches else None
 
-    def _hit_blocks(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> int:
+    def _group_keys(self, g: int, keys: BlockKeys) -> BlockKeys:
+        """The keys group g's own BlockPool takes: none for an anchored group (the hybrid pool registers it)."""
+        return None if self.anchored[g] else keys
+
+    def _hit_plan(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable
+                  ) -> tuple[int, list[int], list[np.ndarray | None]]:
+        """(the hit in blocks every group serves, each group's own longest hit in blocks, each anchored
+        group's hit blocks for that hit (-1 before the first it reads); None for a chain group)."""
         keys = self._keys(block_keys)
+        G = len(self.groups)
         if keys is None:
-            return 0
-        return min(p.hit_tokens(num_tokens, keys, (g, extra_key)) for g, p in enumerate(self.pools)) // self.block_size
+            return 0, [0] * G, [None] * G
+        B = self.block_size
+        own = [0 if self.anchored[g] else p.hit_tokens(num_tokens, keys, (g, extra_key)) // B
+               for g, p in enumerate(self.pools)]
+        hit = min(own[g] for g in range(G) if not self.anchored[g])
+        if not any(self.anchored):
+            return hit, own, [None] * G
+        probe = self.pools[self.anchor]._probe(num_tokens, keys, (self.anchor, extra_key))
+        anchors, hashes = probe.hits[:hit], probe.hashes[:hit]
+        serves = np.ones(hit + 1, dtype=bool)
+        present: list[np.ndarray | None] = [None] * G
+        for g, group in enumerate(self.groups):
+            if self.anchored[g]:
+                present[g] = anchored_present(self.store, g, anchors, hashes)
+                valid = valid_hits(group, present[g], B)
+                own[g] = int(np.flatnonzero(valid)[-1])
+                serves &= valid
+        hit = int(np.flatnonzero(serves)[-1])
+        tables = [None if p is None else hit_table(g, p, hit, B) for g, p in zip(self.groups, present, strict=True)]
+        return hit, own, tables
+
+    def _hit_blocks(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> int:
+        return self._hit_plan(num_tokens, block_keys, extra_key)[0]
 
     def hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> int:
         """The tokens an allocate of this prompt would find cached in every group; a pure look-up."""
         return self._hit_blocks(num_tokens, block_keys, extra_key) * self.block_size
 
+    def group_hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None,
+                         extra_key: Hashable = None) -> list[int]:
+        """Each group's own longest hit in tokens (an anchored group's within the full group's chain); a pure
+        look-up. The hit every group serves is at most the smallest."""
+        return [h * self.block_size for h in self._hit_plan(num_tokens, block_keys, extra_key)[1]]
+
     def _allocate_plan(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable,
-                       computed_tokens: int) -> tuple[int, list[int], int]:
-        """(hit blocks, first held block per group, free blocks the allocation takes)."""
-        hit = self._hit_blocks(num_tokens, block_keys, extra_key)
+                       computed_tokens: int) -> tuple[int, list[int], int, list[np.ndarray | None]]:
+        """(hit blocks, first held block per group, free blocks the allocation takes, anchored groups' hits)."""
+        hit, _, tables = self._hit_plan(num_tokens, block_keys, extra_key)
         B, mode = self.block_size, self.state_mode
         computed = max(hit * B, computed_tokens)
         firsts = [g.first_block(computed, num_tokens, B, mode) for g in self.groups]
         keys = self._keys(block_keys)
         need = 0
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
+            table = tables[g]
+            if table is not None:  # an anchored group: fresh blocks past the hit, cached hits revived
+                held = table[first:]
+                need += self.store.blocks_needed(num_tokens) - max(hit, first)
+                need += int(np.count_nonzero(self.store.state[held] == FREE_CACHED))
+                continue
             need += pool.allocate_need(num_tokens, keys, (g, extra_key), hit, first)
             if hit and first:  # skipped hits are pinned while the groups allocate (see allocate)
                 skipped = pool.hit_blocks(num_tokens, keys, (g, extra_key))[: min(first, hit)]
                 need += int(np.count_nonzero(self.store.state[skipped] == FREE_CACHED))
-        return hit, firsts, need
+        return hit, firsts, need, tables
 
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
                      computed_tokens: int = 0) -> bool:
@@ -181,7 +229,7 @@ class HybridPool:
             raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
         if computed_tokens and block_keys is not None:
             raise ValueError("computed_tokens is for KV swapped back in, which has no block keys: give either")
-        hit, firsts, need = self._allocate_plan(num_tokens, block_keys, extra_key, computed_tokens)
+        hit, firsts, need, tables = self._allocate_plan(num_tokens, block_keys, extra_key, computed_tokens)
         if need > len(self.store.queue):
             raise PoolExhaustedError(f"{num_tokens} tokens need {need} blocks over {len(self.groups)} groups, "
                                      f"{len(self.store.queue)} free")
@@ -192,13 +240,16 @@ class HybridPool:
         store, pins = self.store, []
         if hit:
             for g, pool in enumerate(self.pools):
-                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[:hit]
+                table = tables[g]
+                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[:hit] if table is None else (
+                    table[firsts[g]:])
                 if len(held):
                     state = store.state.take(held)
                     store.share(held, state, int(np.count_nonzero(state == FREE_CACHED)))
                     pins.append(held)
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
-            got = pool.allocate(seq_id, num_tokens, keys, (g, extra_key), max_hit_blocks=hit, first_block=first)
+            got = pool.allocate(seq_id, num_tokens, self._group_keys(g, keys), (g, extra_key), max_hit_blocks=hit,
+                                first_block=first, hits=tables[g])
             assert got == hit * self.block_size, f"group {g}: hit {got} tokens, the pool's plan said {hit} blocks"
             self._changed()
         for held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
@@ -206,6 +257,8 @@ class HybridPool:
             unheld = held[store.ref[held] == 0]
             if len(unheld):
                 store.drop(unheld[::-1])
+        if keys is not None:
+            self._register_anchored(seq_id, hit * self.block_size, num_tokens)
         return hit * self.block_size
 
     # ---- check, then grow -----------------------------------------------------------------------
@@ -235,8 +288,8 @@ class HybridPool:
         keys = self._keys(block_keys)
         copies: list[tuple[int, int]] = []
         B, old = self.block_size, self.pools[0].num_tokens(seq_id)
-        for group, pool in zip(self.groups, self.pools, strict=True):
-            grown = pool.append(seq_id, num_tokens, keys)
+        for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
+            grown = pool.append(seq_id, num_tokens, self._group_keys(g, keys))
             copies += grown
             if group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
                 # the running state moves into a new page: it starts as a copy of the page it resumes from
@@ -245,6 +298,8 @@ class HybridPool:
                 if move not in grown:
                     copies.append(move)
             self._changed()
+        if keys is not None:
+            self._register_anchored(seq_id, old, old + num_tokens)
         return copies
 
     def append_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
@@ -436,12 +491,15 @@ class HybridPool:
         if not 0 <= num_accepted <= res.num_slots:
             raise ValueError(f"num_accepted {num_accepted} is outside 0..{res.num_slots}, the reserved slots")
         keys = self._keys(block_keys)
+        old = self.pools[0].committed_tokens(seq_id)
         rolled_back = 0
-        for group, pool in zip(self.groups, self.pools, strict=True):
-            rolled_back = pool.commit(seq_id, num_accepted, keys)
+        for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
+            rolled_back = pool.commit(seq_id, num_accepted, self._group_keys(g, keys))
             if group.kind == "state" and rolled_back:
                 pool.stop_hashing(seq_id)
             self._changed()
+        if keys is not None:
+            self._register_anchored(seq_id, old, old + num_accepted)
         return rolled_back
 
     # ---- checks ---------------------------------------------------------------------------------
@@ -486,6 +544,23 @@ class HybridPool:
         if freed:
             self._changed()
         return freed
+
+    def _register_anchored(self, seq_id: Hashable, old: int, new: int) -> None:
+        """Index the blocks of anchored groups that a step from `old` to `new` committed tokens completed (see
+        group_hits): a window's or chunk's full blocks; a state page where the step ends (align)."""
+        if self.anchor is None or new // self.block_size <= old // self.block_size:
+            return
+        B = self.block_size
+        anchor_table = self.pools[self.anchor].block_table(seq_id)
+        for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
+            if not self.anchored[g] or pool.seqs[seq_id].num_hashed < 0:  # a state over rejected drafts: never
+                continue
+            first = new // B - 1 if group.kind == "state" else old // B
+            positions = np.arange(first, new // B)
+            registered = register_anchored(self.store, g, pool.block_table(seq_id)[positions],
+                                           anchor_table[positions], positions)
+            if registered:
+                self._changed()
 
     def _changed(self) -> None:
         """Every group's memoised look-up is stale once any group changes the shared store."""

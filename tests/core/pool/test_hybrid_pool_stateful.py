@@ -318,23 +318,89 @@ def test_append_many_is_append_one_at_a_time(prompts: list[int], steps: int, mod
     assert run(True) == run(False)
 
 
-def test_a_sliding_groups_skipped_hits_are_not_evicted_by_another_group():
-    # B 4, W 2: "a" (12 tokens, 3 keyed blocks) leaves 3 full + 3 sliding blocks cached. "b" (16 tokens, the same
-    # first 12) hits 3 blocks in both groups; the sliding group keeps only block 2 ((12 − 2 + 1) // 4 = 2) but its
-    # chain is verified through blocks 0 and 1, which must survive the full group's fresh block. In a pool of 6
-    # every block is one of the cached 6: the full group's fresh block could only come from evicting them, so b
-    # does not fit; in a pool of 8 it does (2 plain free blocks), with the hit of 12 tokens in both groups.
-    keys = [(i,) for i in range(4)]
-    for blocks, fits in ((6, False), (8, True)):
-        pool = HybridPool(blocks, B, (PoolGroup("full"), PoolGroup("sliding", 2)))
+def test_a_sliding_hit_needs_only_its_window_and_pins_it():
+    # B 4: "a" (12 tokens, 3 keyed blocks) leaves full F0 F1 F2 and sliding S0 S1 S2 cached (6 blocks). "b" (16
+    # tokens, the same first 12) hits 3 blocks. A sliding group reads, for the token at 12, positions 12 − W + 1..12:
+    # W 2: from block (12 − 2 + 1) // 4 = 2, so only S2 must be cached (vLLM: ceil((W − 1) / B) = 1 block). In a pool
+    #      of 6, b takes 2 fresh blocks (full 3, sliding 3) + revives F0 F1 F2 S2 = 6: it fits, the fresh ones evict
+    #      S0 and S1 (2 evictions), never a pinned hit. b's blocks 3 then serve a 20-token prompt a hit of 16 although
+    #      S0 and S1 are gone: the sliding group needs only block (16 − 1) // 4 = 3.
+    # W 6: from block (12 − 6 + 1) // 4 = 1: S1 and S2; 2 fresh + 5 revived = 7 > 6 free blocks: no fit in 6;
+    #      in a pool of 8 (2 plain + 6 cached) it fits, with the hit of 12.
+    keys = [(i,) for i in range(5)]
+    for window, blocks, fits in ((2, 6, True), (6, 6, False), (6, 8, True)):
+        pool = HybridPool(blocks, B, (PoolGroup("full"), PoolGroup("sliding", window)))
         pool.allocate("a", 12, keys[:3])
+        full_a = pool.block_tables("a")[0][:3].tolist()
         pool.release("a")
-        assert pool.can_allocate(16, keys) is fits
-        if fits:
-            assert pool.allocate("b", 16, keys) == 12
-            full, sliding = pool.block_tables("b")
-            assert sliding[:2].tolist() == [NULL_BLOCK, NULL_BLOCK] and full[:3].tolist() != [NULL_BLOCK] * 3
-        else:
+        assert pool.can_allocate(16, keys[:4]) is fits
+        if not fits:
             with pytest.raises(PoolExhaustedError):
-                pool.allocate("b", 16, keys)
+                pool.allocate("b", 16, keys[:4])
+            pool.check_invariants()
+            continue
+        assert pool.allocate("b", 16, keys[:4]) == 12
+        full, sliding = pool.block_tables("b")
+        first = (12 - window + 1) // B
+        assert full[:3].tolist() == full_a and sliding[:first].tolist() == [NULL_BLOCK] * first
+        assert pool.stats().evictions == (2 if blocks == 6 else 0)
         pool.check_invariants()
+        if window == 2:
+            pool.release("b")
+            assert pool.hit_tokens(20, keys[:5]) == 16
+            assert pool.group_hit_tokens(20, keys[:5]) == [16, 16]
+
+
+def test_align_hits_only_where_a_state_was_saved():
+    # B 4, full + state (mode align). "a": 10 tokens, keys for its 2 full blocks. Its state table holds pages from
+    # 10 // 4 − 1 = 1 on: page 1 is the state at boundary 8 (the prefill is split there, vLLM's aligned split),
+    # page 2 the running state after token 9; page 0 (boundary 4) is never saved.
+    keys = [(i,) for i in range(5)]
+    pool = HybridPool(32, B, (PoolGroup("full"), PoolGroup("state")), state_mode="align")
+    pool.allocate("a", 10, keys[:2])
+    state = pool.block_tables("a")[1]
+    assert state[0] == NULL_BLOCK and pool.store.block_slot[state[1]] >= 0 and pool.store.block_slot[state[2]] < 0
+    # a prompt of 14 tokens with a's first 8: the full chain serves 2 blocks, the page saved at 8 serves them: 8
+    assert pool.hit_tokens(14, [*keys[:2], (9,)]) == 8
+    # a's first 4 tokens then others: the full group serves 1 block, no state at boundary 4: no hit (as vLLM)
+    assert pool.hit_tokens(10, [*keys[:1], (9,)]) == 0
+    assert pool.group_hit_tokens(10, [*keys[:1], (9,)]) == [4, 0]
+    # decoding one token at a time saves the state at every boundary it reaches: 12 (page 2) and 16 (page 3)
+    for n in range(11, 18):
+        pool.append("a", 1, keys[n // B - 1 : n // B] if n % B == 0 else None)
+        pool.check_invariants()
+    assert pool.hit_tokens(17, keys[:4]) == 16 and pool.hit_tokens(14, keys[:3]) == 12
+    # page 1 (boundary 8) was freed when decoding passed 12 (align keeps the last two pages) but stays cached
+    assert pool.hit_tokens(9, keys[:2]) == 8
+    pool.release("a")
+    assert pool.allocate("b", 17, keys[:4]) == 16
+    assert pool.block_tables("b")[1].tolist()[:3] == [NULL_BLOCK] * 3  # resumes from page 3 only
+    pool.check_invariants()
+    # mode none saves no state: no hit ever; mode all: one at every boundary, the chain serves every block
+    for mode, hit in (("none", 0), ("all", 4)):
+        other = HybridPool(32, B, (PoolGroup("full"), PoolGroup("state")), state_mode=mode)
+        other.allocate("a", 10, keys[:2])
+        assert other.hit_tokens(10, [*keys[:1], (9,)]) == hit
+
+
+def test_a_stale_anchored_block_gives_way_to_the_same_prefix_registered_again():
+    # B 4, full + sliding W 2, 6 blocks. "a" (8 tokens, 2 keyed blocks) leaves F0 F1 S0 S1 cached, LRU order F1 F0
+    # S1 S0 (the full group releases first). "x" (8 tokens, no keys) takes the 2 plain blocks and evicts F1, F0:
+    # S0 and S1 stay cached but their anchors were handed out, so they can never be verified again. "b" (a's 8
+    # tokens again, after x left) computes them afresh: its new sliding blocks replace the stale entries (S0, S1 go
+    # to the plain free stack), so a later prompt with those 8 tokens hits 8 in both groups (W 2: block 1 only).
+    keys = [(1,), (2,)]
+    pool = HybridPool(6, B, (PoolGroup("full"), PoolGroup("sliding", 2)))
+    pool.allocate("a", 8, keys)
+    stale = pool.block_tables("a")[1].tolist()
+    pool.release("a")
+    pool.allocate("x", 8)  # 2 blocks in each group: the 2 plain ones, then F1 and F0 from the LRU head
+    assert pool.stats().evictions == 2 and pool.num_free_blocks == 2
+    pool.release("x")
+    assert pool.hit_tokens(9, keys) == 0 and pool.group_hit_tokens(9, keys) == [0, 0]
+    pool.allocate("b", 8, keys)
+    pool.check_invariants()
+    assert all(pool.store.block_slot[s] < 0 for s in stale)  # the stale entries were dropped
+    pool.release("b")
+    assert pool.hit_tokens(9, keys) == 8 and pool.group_hit_tokens(9, keys) == [8, 8]
+    pool.check_invariants()

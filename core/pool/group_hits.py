@@ -1,0 +1,127 @@
+"""Prefix-cache hits of the layer groups that keep no whole chain: sliding W, chunked C, and a state group under
+mamba_cache_mode align (vLLM v1's SlidingWindowManager / ChunkedLocalAttentionManager / MambaManager
+`find_longest_cache_hit`, re-derived).
+
+A full group serves a hit of h blocks when its blocks 0..h−1 are cached: a chain, verified block by block
+(prefix_lookup). The other groups' layers read less, so a hit needs less of them: only the blocks from the first
+one the next token reads, first(h), to h − 1:
+
+    kind          first(h), the hit at token hB         needs cached
+    sliding W     max(0, hB − W + 1) // B               the blocks covering the last W − 1 tokens of the prefix
+    chunked C     ⌊hB / C⌋·C // B                       the current chunk's blocks (none when hB is a multiple of C)
+    state align   h − 1                                 the page saved at exactly boundary hB
+
+(first(h) is the group's `first_block` with hB tokens computed: what its table would hold there anyway.)
+Their blocks before first(h) may be long evicted, so their own chain cannot verify them. Each such block is
+anchored instead to the full group's block at the same position: registered with parent = (that block, its
+version), under a hash derived from that block's chain hash. The full group's verified chain says the prompt's
+prefix 0..i is the content of its block F_i; a group block whose anchor is F_i at F_i's current version was
+written by a sequence with that same prefix (F_i was not handed out since). So a hit is exact, as a chain's, and
+a look-up is one `find` per group over the full group's hit positions.
+
+    h (blocks)        0  1  2  3  4  5  6           B 4, W 9: first(h) = max(0, 4h − 8) // 4 = h − 2
+    sliding cached    .  .  x  .  x  x  .           (x: an anchored block at that position)
+    serves h?         y  n  n  n  n  y  n           h = 5 needs blocks 3, 4: no; h = 6 needs 4, 5: yes
+
+`valid_hits` gives, for every h up to the full group's hit, whether the group serves it; the pool's hit is the
+largest h that every group serves (vLLM's coordinator iterates the groups to the same fixed point).
+
+A state page in mode align is saved where a step ends at, or (prefill split at block boundaries, vLLM's
+`_mamba_block_aligned_split`) passes, a block boundary: after a step ends at n tokens, page n // B − 1 holds
+the state at boundary (n // B)·B. Pages inside a longer step hold no saved state and are never registered.
+
+A block whose anchor was handed out since can never be verified again; when the same prefix is registered once
+more, its stale entry is dropped (the block goes to the plain free stack), so that the new one is indexed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .free_queue import FREE_CACHED
+from .groups import PoolGroup
+from .prefix_cache import mix64
+from .store import BlockStore
+
+_SALT = 0xD6E8FEB86659FD93
+
+
+def derived_hashes(anchor_hashes: np.ndarray, group: int) -> np.ndarray:
+    """uint64 [n]: the hash a group's anchored block is indexed under, from its anchor's chain hash."""
+    salt = np.uint64(_SALT * (group + 1) % 2**64)
+    return mix64(anchor_hashes ^ salt)
+
+
+def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndarray:
+    """int64 [n]: first(h) of the module docstring for each hit length h (blocks) in `hits`."""
+    B, tokens = block_size, hits * block_size
+    if group.kind == "sliding":
+        return np.maximum(tokens - group.window + 1, 0) // B  # type: ignore[operator]
+    if group.kind == "chunked":
+        return tokens // group.window * group.window // B  # type: ignore[operator]
+    if group.kind == "state":
+        return np.maximum(hits - 1, 0)
+    return np.zeros_like(hits)
+
+
+def anchored_present(store: BlockStore, group: int, anchor_hits: np.ndarray,
+                     anchor_hashes: np.ndarray) -> np.ndarray:
+    """intp [h]: the group's cached block at each of the full group's verified hit positions, or -1."""
+    if not len(anchor_hits):
+        return np.empty(0, dtype=np.intp)
+    hashes = derived_hashes(anchor_hashes, group)
+    found, _ = store.index.find(hashes, store.index.home_slots(hashes, np.arange(len(hashes))))
+    cand = np.maximum(found, 0)
+    ok = found >= 0
+    ok &= store.parent_id.take(cand) == anchor_hits
+    ok &= store.parent_ver.take(cand) == store.version.take(anchor_hits)
+    return np.where(ok, found, -1)
+
+
+def valid_hits(group: PoolGroup, present: np.ndarray, block_size: int) -> np.ndarray:
+    """bool [h + 1]: whether the group serves a hit of 0..h blocks, given its `present` blocks [h]."""
+    count = np.concatenate(([0], np.cumsum(present >= 0)))
+    hits = np.arange(len(present) + 1)
+    first = first_needed(group, hits, block_size)
+    return count[hits] - count[first] == hits - first
+
+
+def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) -> np.ndarray:
+    """intp [hit]: the group's hit blocks for a hit of `hit` blocks, -1 before the first one it reads."""
+    first = int(first_needed(group, np.array([hit]), block_size)[0])
+    table = np.full(hit, -1, dtype=np.intp)
+    table[first:hit] = present[first:hit]
+    return table
+
+
+def register_anchored(store: BlockStore, group: int, blocks: np.ndarray, anchors: np.ndarray,
+                      positions: np.ndarray) -> int:
+    """Index a group's full `blocks` at chain `positions`, each anchored to the full group's block at the same
+    position (`anchors`); blocks whose anchor is not indexed stay unindexed. Returns how many were indexed."""
+    ok = (blocks >= 0) & (store.block_slot.take(np.maximum(anchors, 0)) >= 0) & (anchors >= 0)
+    ok &= store.block_slot.take(np.maximum(blocks, 0)) < 0
+    blocks, anchors, positions = blocks[ok], anchors[ok], positions[ok]
+    if not len(blocks):
+        return 0
+    index = store.index
+    hashes = derived_hashes(store.block_hash.take(anchors), group)
+    homes = index.home_slots(hashes, positions)
+    present, slots = index.find(hashes, homes)
+    old = present[present >= 0]
+    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))]
+    stale = stale[store.state.take(stale) == FREE_CACHED]  # a stale block is held by no table (see module)
+    if len(stale):
+        index.delete(stale)
+        store.queue.revive(stale)
+        store.fill[stale] = 0
+        store.queue.push_plain(stale)
+        present, slots = index.find(hashes, homes)
+    store.block_hash[blocks] = hashes
+    store.block_home[blocks] = homes
+    inserted = index.insert_absent(hashes, blocks, homes, present, slots)
+    if inserted is not None:
+        blocks, anchors = blocks[inserted], anchors[inserted]
+    store.key[blocks] = store.key.take(anchors)
+    store.parent_id[blocks] = anchors
+    store.parent_ver[blocks] = store.version.take(anchors)
+    return len(blocks)
