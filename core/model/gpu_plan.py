@@ -27,7 +27,8 @@ from fractions import Fraction
 
 from ..dtypes import dtype_bits
 from ..errors import ParameterError
-from .kv_groups import KVLayout, kv_layout, plan_blocks, request_blocks
+from .kv_groups import KVCacheGroup, KVLayout, kv_layout, layer_types, plan_blocks, request_blocks
+from .layers import bits_to_bytes
 from .model_spec import ModelSpec
 from .weights import param_count
 
@@ -110,8 +111,9 @@ class GpuPlan:
 
     @property
     def block_size(self) -> int:
-        """Tokens per block of the attention groups (the smallest, as vLLM logs one block size)."""
-        return min(g.block_size for g in self.groups if g.block_size)
+        """Tokens per block of the attention groups (the smallest, as vLLM logs one block size); an attention-free
+        model's block is vLLM's mamba block size, max_model_len (one block holds one sequence's state)."""
+        return min((g.block_size for g in self.groups if g.block_size), default=self.layout.block_size)
 
 
 def plan_gpu(
@@ -142,7 +144,8 @@ def plan_gpu(
     if not 0 < gpu_memory_utilization <= 1:
         raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
                              "gpu_memory_utilization")
-    layout = kv_layout(spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
+    layout = attention_free_layout(spec, kv_dtype_bits, tp, max_model_len, block_size, mamba_cache_mode) or kv_layout(
+        spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
     groups = _cache_groups(layout, max_model_len, max_num_batched_tokens)
     page, group_size = layout.page_bytes // layout.group_size, layout.group_size
     estimates: list[str] = []
@@ -203,6 +206,38 @@ def plan_gpu(
     return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,
                    activation, non_torch, kv, page, group_size, groups, tuple(estimates), layout, pp, vllm_version,
                    cuda_graphs, stages, stage_layers)
+
+
+def attention_free_layout(spec: ModelSpec, kv_dtype_bits: int, tp: int, max_model_len: int, block_size: int,
+                          mamba_cache_mode: str = "none") -> KVLayout | None:
+    """vLLM's pool for a model without attention (Mamba, Mamba-2, FalconMamba), or None when a layer keeps KV.
+
+    vLLM (MambaModelConfig) sets the Mamba block size to max_model_len, so one block holds a whole request; the
+    layers' equal state specs make one KV cache group of all L layers, a block id is one state page per layer
+    (page = one layer's state on this GPU, unpadded: no attention page to match) and a request takes one:
+    blocks = KV memory // (L · page), max concurrency = blocks, "GPU KV cache size" = blocks · max_model_len.
+    """
+    types = layer_types(spec, kv_dtype_bits, tp)
+    if any(t.kind != "state" for t in types):
+        return None
+    if not types:
+        raise ParameterError(f"{spec.name}: no layer keeps a KV cache or a recurrent state", "model")
+    if {t.source for t in types} & {"rwkv"}:
+        raise ParameterError(f"{spec.name}: RWKV-4 is not among vLLM's models, so there is no vLLM start-up to "
+                             "predict; drop --gpu/--kv-memory (its state per sequence is in the table)", "gpu")
+    if len(types) > 1:
+        raise ParameterError(f"{spec.name}: layers with different recurrent states and no attention: vLLM's grouping "
+                             "of them is not modelled; drop --gpu/--kv-memory", "model")
+    if mamba_cache_mode != "none":
+        raise ParameterError(f"mamba_cache_mode {mamba_cache_mode!r}: an attention-free model's prefix caching is "
+                             "not modelled; use 'none'", "mamba_cache_mode")
+    t = types[0]
+    page = bits_to_bytes(t.bits)
+    group = KVCacheGroup("state", None, t.count, t.count, max_model_len, page * t.count, 1, 1, page, page, t.source,
+                         t.bits * t.count)
+    reason = (f"attention-free: one {t.source} state page of {page:,} B per layer, {t.count} layers in one group; a "
+              f"block is one sequence (vLLM's Mamba block size is max_model_len, {max_model_len:,} tokens)")
+    return KVLayout("vllm", (group,), max_model_len, reason, page * t.count, t.count, block_size, "none")
 
 
 def cache_groups(

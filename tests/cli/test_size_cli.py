@@ -427,3 +427,24 @@ def test_pipeline_stages_with_the_kv_memory_given(run_cli):
     assert plan["kv_cache_tokens"] == 10 * 2**30 // (16 * 4096)
     result = run_cli("size", "-m", "llama-3-8b", "--gpu", "H100-SXM", "--max-num-seqs", "0")
     assert result.exit_code == 2 and "--max-num-seqs must be a positive integer" in result.stderr
+
+
+def test_gpu_plan_on_a_pure_recurrent_model(run_cli, tmp_path):
+    """Mamba-Codestral (no attention): vLLM serves it with one state page per layer per sequence; 10 GiB holds
+    10 GiB // (64 · 2,158,592 B) = 77 sequences, "GPU KV cache size" 77 · 4,096 tokens."""
+    from tests.core.model.test_architecture_configs import MAMBA_CODESTRAL, RWKV4_169M
+
+    (tmp_path / "config.json").write_text(json.dumps(MAMBA_CODESTRAL))
+    result = run_cli("size", "--config", str(tmp_path), "--kv-memory", "10GiB", "--max-model-len", "4096", "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = result.json()["gpu_plan"]
+    assert (plan["num_blocks"], plan["kv_cache_tokens"], plan["max_concurrency"]) == (77, 315_392, 77.0)
+    assert plan["block_size"] == 4096 and plan["groups"] == [
+        {"kind": "mamba2", "layers": 64, "block_size": None, "blocks_per_request": 1}]
+    table = run_cli("size", "--config", str(tmp_path), "--gpu", "H100-SXM", "--max-model-len", "4096")
+    assert table.exit_code == 0 and "attention-free: one mamba2 state page of 2,158,592 B per layer" in table.stdout
+    (tmp_path / "rwkv").mkdir()
+    (tmp_path / "rwkv" / "config.json").write_text(json.dumps(RWKV4_169M))
+    refused = run_cli("size", "--config", str(tmp_path / "rwkv"), "--gpu", "H100-SXM")
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("error: ") and "RWKV-4 is not among vLLM's models" in refused.stderr

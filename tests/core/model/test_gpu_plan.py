@@ -134,3 +134,63 @@ def test_bad_inputs_name_the_parameter():
                  gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="leave no KV memory"):
         plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8, gpu_memory_bytes=8 * GIB)
+
+
+def _recurrent(name: str):
+    """The pure recurrent configs of test_architecture_configs.py, read as size reads them."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from kvcalc.core.model.hf_config import load_config
+
+    from .test_architecture_configs import FALCON_MAMBA_7B, MAMBA_CODESTRAL, RWKV4_169M
+
+    config = {"mamba2": MAMBA_CODESTRAL, "falcon_mamba": FALCON_MAMBA_7B, "rwkv": RWKV4_169M}[name]
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(config))
+        return load_config(Path(d) / "config.json", name=name)
+
+
+@pytest.mark.parametrize("version", ["0.19", "0.21"])
+def test_attention_free_model_one_state_page_per_layer_per_sequence(version):
+    """Mamba-Codestral: vLLM pages its 64 equal Mamba-2 layers as one group, a block of max_model_len tokens (its
+    Mamba block size) holding one sequence's state, so a request takes one block."""
+    spec = _recurrent("mamba2")
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=4096, kv_memory_bytes=10 * GIB,
+                    vllm_version=version)
+    # one layer's state: conv 3 · 10,240 + SSM 128 · 64 · 128 = 1,079,296 bf16 scalars = 2,158,592 B
+    assert plan.page_bytes == 2_158_592 and plan.group_size == 64 and plan.block_bytes == 138_149_888
+    # 10 GiB // 138,149,888 B = 77 sequences (77 · 131.75 MiB = 9.91 GiB)
+    assert plan.num_blocks == 77 and plan.blocks_per_request == 1 and plan.max_concurrency == 77
+    # 0.19: 77 blocks // 1 group × block 4,096; later: int(77 × 4,096): the same 315,392 tokens
+    assert plan.block_size == 4096 and plan.kv_cache_tokens == 77 * 4096 == 315_392
+    assert plan.groups[0].kind == "mamba2" and plan.groups[0].layers == 64
+
+
+def test_attention_free_model_under_tensor_parallelism_on_a_gpu():
+    """FalconMamba-7B at tp 2: d_inner 8,192 splits, so a layer's state is (4,096 · 3 + 4,096 · 16) · 2 B."""
+    spec = _recurrent("falcon_mamba")
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, tp=2,
+                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes, gpu_memory_utilization=0.9,
+                    max_num_seqs=1024, vllm_version="0.19")
+    assert plan.page_bytes == (4096 * 3 + 4096 * 16) * 2 == 155_648 and plan.block_bytes == 64 * 155_648
+    assert plan.num_blocks == plan.kv_cache_bytes // 9_961_472
+    assert plan.kv_cache_tokens == plan.num_blocks * 8192 and plan.max_concurrency == plan.num_blocks
+    # the weights hold no rotary cache (no attention) and nothing rounds (no attention or MLP tensors enumerated):
+    # per layer in_proj 4,096 · 16,384 + conv 8,192 · 4 + x_proj 8,192 · (256 + 32) + dt_proj 256 · 8,192 + A
+    # 8,192 · 16 + out_proj 8,192 · 4,096 = 105,283,584; × 64 + the two tables 2 · 65,024 · 4,096 = 7,270,825,984
+    # parameters, at bf16 (2 B) over tp 2: 7,270,825,984 B per GPU
+    assert plan.weights_bytes == 64 * 105_283_584 + 2 * 65_024 * 4096 == 7_270_825_984
+
+
+@pytest.mark.parametrize(("name", "kwargs", "message"), [
+    ("rwkv", {}, "RWKV-4 is not among vLLM's models"),
+    ("mamba2", {"mamba_cache_mode": "align"}, "attention-free model's prefix caching is not modelled"),
+])
+def test_attention_free_refusals(name, kwargs, message):
+    from kvcalc.core.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=message):
+        plan_gpu(_recurrent(name), kv_dtype_bits=16, block_size=16, max_model_len=1024, kv_memory_bytes=GIB,
+                 **kwargs)
