@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 try:  # typer >= 0.22 vendors click as typer._click; older releases use click itself
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_exc
+    from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from ..core.errors import CudaUnavailableError, ParameterError
 from .commands import COMMANDS
@@ -67,7 +67,7 @@ class KvcalcGroup(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return [_no_flag_metavar(param) for param in super().get_params(ctx)]
 
-    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
         extra.pop("standalone_mode", None)
         try:
             _check_one_format(list(sys.argv[1:] if args is None else args))

@@ -119,7 +119,7 @@ def record_table(
     """One row per record in both forms; display columns are the labelled fields, CSV columns the keyed ones."""
     shown = [f for f in fields if f.label is not None]
     rows = [[f.display(record) for f in shown] for record in records]
-    return Table(title, [f.label for f in shown], rows, caption, _raw(fields, records))
+    return Table(title, [f.label for f in shown if f.label is not None], rows, caption, _raw(fields, records))
 
 
 def quantity_table(

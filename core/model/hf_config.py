@@ -227,7 +227,8 @@ def checkpoint_kv_note(f: ConfigFields) -> str | None:
     if not isinstance(quant, Mapping):
         return None
     method = str(quant.get("quant_method", ""))
-    inner = quant.get("quantization") if isinstance(quant.get("quantization"), Mapping) else quant
+    inner = quant.get("quantization")
+    inner = inner if isinstance(inner, Mapping) else quant
     scheme = next((place[key] for key in ("kv_cache_scheme", "kv_cache_quant_algo") for place in (inner, quant)
                    if place.get(key) is not None), None)
     if scheme is None:

@@ -107,7 +107,7 @@ def judge_unread(f: ConfigFields) -> str | None:
         if unread:
             raise refusal(f, unread)
         return None
-    other = [key for key in unread if key not in IGNORED.get(model_type, {})]
+    other = [key for key in unread if key not in IGNORED.get(str(model_type), {})]  # a str: family is set
     if not other:
         return None
     return (f"{model_type}: {', '.join(other)} ignored (not among the fields kvcalc reads for this architecture's "

@@ -87,7 +87,7 @@ def ffn_groups(f: ConfigFields, n: int, hidden: int) -> tuple[FfnGroup, ...]:
     if widths is None and expert_width is None:
         return ()
     blocks = _nemotron_blocks(f, n)
-    per_layer = []
+    per_layer: list[FfnGroup | None] = []
     for i in range(n):
         if blocks is not None and blocks[i] not in ("mlp", "moe"):
             per_layer.append(None)  # Nemotron-H: Mamba and attention blocks carry no MLP
@@ -155,9 +155,9 @@ def _moe_layers(f: ConfigFields, n: int, is_moe: bool) -> list[bool]:
     layers = f.raw("moe_layers")
     if isinstance(layers, list):
         return [i in set(layers) for i in range(n)]
-    step = f.int("interleave_moe_layer_step")
-    if step is not None:
-        return [(i + 1) % step == 0 for i in range(n)]
+    interleave = f.int("interleave_moe_layer_step")
+    if interleave is not None:
+        return [(i + 1) % interleave == 0 for i in range(n)]
     period, offset = f.int("expert_layer_period"), f.int("expert_layer_offset", minimum=0)
     if period is not None:
         return [i % period == (offset or 0) for i in range(n)]

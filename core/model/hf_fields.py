@@ -10,6 +10,7 @@ architecture (hf_families.py): nothing for one kvcalc knows, a refusal naming th
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -72,7 +73,7 @@ class ConfigFields:
             raise self.error(f"field '{self.key_of(*keys)}' must be a {kind} integer, got {value!r}")
         return value
 
-    def required_int(self, *keys: str, fix: str = "add it to the file") -> int:
+    def required_int(self, *keys: str, fix: str = "add it to the file") -> builtins.int:  # int: the method
         value = self.int(*keys)
         if value is None:
             raise self.error(f"missing the field '{keys[0]}'; {fix}")
@@ -86,7 +87,7 @@ class ConfigFields:
             raise self.error(f"field '{key}' must be true or false, got {value!r}")
         return value
 
-    def int_list(self, key: str, length: int | None = None) -> list[int] | None:
+    def int_list(self, key: str, length: builtins.int | None = None) -> list[builtins.int] | None:
         value = self.raw(key)
         if value is None:
             return None
@@ -96,7 +97,7 @@ class ConfigFields:
             raise self.error(f"{key} lists {len(value)} layers but num_hidden_layers is {length}; fix one")
         return value
 
-    def str_list(self, key: str, length: int | None = None) -> list[str] | None:
+    def str_list(self, key: str, length: builtins.int | None = None) -> list[str] | None:
         value = self.raw(key)
         if value is None:
             return None

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from ..dtypes import parse_dtype
 from .hf_fields import ConfigFields
@@ -130,7 +131,7 @@ def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGr
         window = chunk_size(f)
     other = f.raw("attention_other_setting")  # Step-3.5/3.7: one layer type's own heads and widths
     if isinstance(other, Mapping) and other.get("attention_type") == f"{kind}_attention":
-        values = {key: other.get(key) for key in ("num_attention_heads", "num_attention_groups",
+        values: dict[str, Any] = {key: other.get(key) for key in ("num_attention_heads", "num_attention_groups",
                                                   "num_key_value_heads", "head_dim") if other.get(key) is not None}
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values.values()):
             raise f.error(f"attention_other_setting must give positive integers, got {dict(other)!r}")

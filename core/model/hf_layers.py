@@ -161,6 +161,7 @@ def _attention_kinds(f: ConfigFields, n: int, model_type: str) -> list[str]:
     if chunk is not None and (model_type in _LLAMA4_TYPES or no_rope is not None):
         # transformers' Llama4TextConfig: an empty or absent list means one NoPE layer every `interval`.
         ropes = f.int_list("no_rope_layers", n) if no_rope else [(i + 1) % (interval or 4) != 0 for i in range(n)]
+        assert ropes is not None  # no_rope is a non-empty list, so int_list returned it
         return ["chunked" if rope else "full" for rope in ropes]
     if f.flag("use_sliding_window") is False or _window(f) is None:
         return ["full"] * n

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import layers as eq
 from .layers import UNKNOWN_STATE_NOTE, FfnGroup, LayerGroup
@@ -117,8 +118,8 @@ class ModelSpec:
                                      v_head_dim=self.head_dim, kv_lora_rank=self.kv_lora_rank,
                                      rope_dim=self.qk_rope_head_dim, q_heads=self.num_attention_heads))
         else:
-            heads = {"kv_heads": self.kv_heads, "k_head_dim": self.head_dim, "v_head_dim": self.head_dim,
-                     "q_heads": self.num_attention_heads}
+            heads: dict[str, Any] = {"kv_heads": self.kv_heads, "k_head_dim": self.head_dim,
+                                     "v_head_dim": self.head_dim, "q_heads": self.num_attention_heads}
             if num_global:
                 groups.append(LayerGroup("full", num_global, **heads))
             if self.num_sliding_layers:

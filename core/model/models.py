@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from .model_spec import ModelSpec
 from .presets import PRESETS, get_preset
@@ -91,7 +92,7 @@ def with_overrides(
     Only a spec that its uniform fields describe can be overridden: one whose layers differ (hybrids,
     per-layer heads) has no single value to replace, so that is refused rather than guessed.
     """
-    changes: dict[str, int] = {}
+    changes: dict[str, Any] = {}  # ints, each for a field of its own type in dataclasses.replace
     if spec.is_mla and (kv_heads is not None or head_dim is not None):
         raise ValueError(
             f"{spec.name} uses MLA: its cache is one latent of kv_lora_rank + qk_rope_head_dim per token, "

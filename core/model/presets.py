@@ -10,6 +10,7 @@ card or the safetensors index reports (for multimodal checkpoints: without the v
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .layers import LayerGroup
 from .model_spec import ModelSpec
@@ -230,7 +231,7 @@ _preset(ModelSpec(
 # [1, 1, 1, 0] · 12: 36 chunked, 12 global); every layer MoE (interleave_moe_layer_step 1) with 16 experts
 # of 8192 plus one shared expert, 1 per token; vocab 202048, max_position_embeddings 10485760.
 # Params 107,769,861,120 (the language model); active 17,172,894,720 (48 · 15 unpicked experts · 125,829,120).
-_LLAMA4_ATTENTION = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 40}
+_LLAMA4_ATTENTION: dict[str, Any] = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 40}
 _preset(ModelSpec.from_groups(
     "Llama-4-Scout",
     (LayerGroup("chunked", 36, window=8192, **_LLAMA4_ATTENTION), LayerGroup("full", 12, **_LLAMA4_ATTENTION)),
