@@ -22,6 +22,8 @@ from .record import RUNNING, RunRecord, RunTotals
 from .scheduler import Scheduler, SchedulerConfig
 from .workload import Workload
 
+STOP_EVERY = 64  # a run's stop condition is asked every this many steps (or runs of steps)
+
 
 class FastPath(Protocol):
     def advance(self) -> bool:
@@ -145,7 +147,9 @@ class Engine:
         return np.concatenate([sampled, np.array([c for _, c in forks], np.int64)])
 
     # ---- the loop --------------------------------------------------------------------------------------
-    def run(self, fast: FastPath | None = None) -> RunRecord:
+    def run(self, fast: FastPath | None = None, stop: Callable[[Scheduler], bool] | None = None) -> RunRecord | None:
+        """The whole run's record; None when `stop` (asked every STOP_EVERY steps or runs of steps, with the
+        scheduler) said to stop early: the search's verdict is then already certain (verdict.py)."""
         s = self.scheduler
         ticks = 0
         while True:
@@ -162,6 +166,8 @@ class Engine:
             if fast is None or not fast.advance():
                 self.step()
             ticks += 1
+            if stop is not None and ticks % STOP_EVERY == 0 and stop(s):
+                return None
             if self.progress is not None and ticks % 2000 == 0:
                 self._report_progress()
         assert not s.unborn, f"parallel samples never forked: {s.unborn}"

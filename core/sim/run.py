@@ -24,6 +24,7 @@ from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
 from .reserve import ReservationPolicy
+from .scheduler import Scheduler
 from .settings import SimSetup, prompt_block_keys
 from .steptime import StepTimeExecutor
 from .workload import Workload, cancellation_points, length_streams
@@ -85,6 +86,17 @@ def run_policy(workload: Workload, name: str, setup: SimSetup, *, executor: Exec
     """Run `workload` under policy `name` with `executor` (default: the step-time model, fast-forwarded
     when the setup allows); the pool is checked whole at the end (AssertionError if not). `progress` is
     called with the number of arrivals taken in since its last call."""
+    record = run_until(workload, name, setup, None, executor=executor, record_timeline=record_timeline,
+                       progress=progress)
+    assert record is not None
+    return record
+
+
+def run_until(workload: Workload, name: str, setup: SimSetup, stop: Callable[[Scheduler], bool] | None, *,
+              executor: Executor | None = None, record_timeline: bool = False,
+              progress: Callable[[int], None] | None = None) -> RunRecord | None:
+    """run_policy, ended early when `stop` (verdict.Verdict, asked with the scheduler every engine.STOP_EVERY
+    steps) says so: then None (speculative and tiered runs always run whole)."""
     if executor is None and workload.prompt_token_ids is not None:
         raise ValueError("a workload with token ids needs an executor that produces tokens (a model runner); "
                          "the step-time model produces none")
@@ -104,7 +116,7 @@ def run_policy(workload: Workload, name: str, setup: SimSetup, *, executor: Exec
     engine = Engine(workload, policy, executor or StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at,
                     record_timeline=record_timeline, progress=progress)
     fast = setup.scheduler.fast_forward and executor is None and workload.fork_parent is None
-    return engine.run(FastForward(engine, setup.steptime) if fast else None)
+    return engine.run(FastForward(engine, setup.steptime) if fast else None, stop)
 
 
 def unlimited(setup: SimSetup, workload: Workload) -> SimSetup:

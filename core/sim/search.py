@@ -6,9 +6,17 @@ unit-rate arrivals and lengths and divides the times by R; a real trace keeps it
 rescaled to mean rate R. The search
 
     1. brackets: from R0 (the workload's own rate), doubles R while it passes or halves it while it
-       fails, until one rate passes and the next one fails (at most `max_doublings` each way);
-    2. bisects between the passing `lo` and the failing `hi` until (hi − lo) ≤ rel_tol · lo;
+       fails, until one rate passes and the next one fails (at most `max_doublings` each way). When R0
+       fails and its run served fewer than R0 / 2 requests per second (overloaded), that served rate is
+       tried first and the halving starts from it if it fails too (a guess that only saves runs: every
+       rate of the bracket is one that was run);
+    2. bisects between the passing `lo` and the failing `hi` until (hi − lo) ≤ rel_tol · lo (the stated
+       resolution, 2 %);
     3. returns `lo`, the highest rate *seen* to pass (0 when even R0 / 2^max_doublings fails).
+
+Every run after the first stops as soon as its verdict is certain (verdict.py: enough requests already
+missed the SLO that the target cannot be met, or enough met it that it is met whatever follows), so a
+rate far from the answer costs a fraction of a run; the pass/fail of each rate is the whole run's.
 
 Attainment falls with load but a finite sample is not perfectly monotone, so the answer is a rate that
 was observed to pass, with the bracket it came from; every run uses the same seed.
@@ -30,10 +38,13 @@ import numpy as np
 from ..errors import ParameterError
 from .metrics import Slo, attainment
 from .options import DEFAULT_ATTAINMENT
-from .record import CANCELLED, REJECTED, RunRecord
-from .run import run_policy
+from .record import CANCELLED, COMPLETED, REJECTED, RunRecord
+from .run import run_policy, run_until
 from .settings import SimSetup
+from .verdict import Verdict
 from .workload import Workload
+
+REL_TOL = 0.02  # the search's resolution: it stops once (hi − lo) ≤ REL_TOL · lo
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class RateSearch:
     bracket_rps: tuple[float, float]
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
     unattainable: str | None = None  # why no rate can reach the target (then max_rate_rps is 0), or None
+    resolution: float = REL_TOL  # the bracket's relative width at the end: (hi − lo) ≤ resolution · lo
+    decided_early: list[float] = field(default_factory=list)  # rates whose run stopped once its verdict was
+    # certain (verdict.py): their evaluation is the bound that decided it, not the whole run's attainment
 
 
 def attainment_ceiling(record: RunRecord, target: float) -> tuple[float, str | None]:
@@ -80,7 +94,7 @@ def check_search(slo: Slo, target: float) -> None:
 
 
 def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float, *,
-             rel_tol: float = 0.02, max_doublings: int = 12,
+             rel_tol: float = REL_TOL, max_doublings: int = 12,
              on_evaluation: Callable[[float, float], None] | None = None,
              first: RunRecord | None = None) -> RateSearch:
     """Bracketing + bisection as in the module docstring. `first`: the run of `workload` itself (at its own
@@ -90,32 +104,51 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
         raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
                              "find_max_rate")
     evaluations: list[tuple[float, float]] = []
-    seen: dict[float, float] = {}  # rate -> attainment: no rate is run twice
+    decided_early: list[float] = []
+    seen: dict[float, bool] = {}  # rate -> passes: no rate is run twice
 
-    def share_at(rate: float, record: RunRecord | None = None) -> float:
+    def passes(rate: float, record: RunRecord | None = None) -> bool:
         if rate in seen:
             return seen[rate]
         if record is None:
-            record = run_policy(workload if rate == start else workload.at_rate(rate), policy, setup)
-        share = seen[rate] = attainment(record, slo)
+            verdict = Verdict(slo, target)
+            record = run_until(workload.at_rate(rate), policy, setup, verdict)
+        if record is None:  # stopped once certain: the bound that decided it
+            share, seen[rate] = verdict.bound, verdict.passes
+            decided_early.append(rate)
+        else:
+            share = attainment(record, slo)
+            seen[rate] = share >= target
         evaluations.append((rate, share))
         if on_evaluation is not None:
             on_evaluation(rate, share)
-        return share
-
-    def passes(rate: float) -> bool:
-        return share_at(rate) >= target
+        return seen[rate]
 
     start = workload.mean_rate_per_s  # a trace's own rate
     if workload.unit_arrival_s is not None:  # a constructed workload's nominal rate R (arrivals = unit / R)
         start = workload.unit_arrival_s[-1] / workload.arrival_s[-1] if workload.span_s > 0 else 1.0
     if first is None:
         first = run_policy(workload, policy, setup)
-    if share_at(start, first) < target:
+
+    def result(rate: float, bracket: tuple[float, float], reason: str | None = None) -> RateSearch:
+        return RateSearch(policy, rate, bracket, evaluations, reason, rel_tol, decided_early)
+
+    if not passes(start, first):
         _, reason = attainment_ceiling(first, target)
         if reason is not None:
-            return RateSearch(policy, 0.0, (0.0, start), evaluations, reason)
-    if passes(start):
+            return result(0.0, (0.0, start), reason)
+        lo, hi = None, start
+        served = served_rate(first)
+        if 0 < served < start / 2 and not passes(served):  # overloaded: above its served rate it fails too
+            hi = served
+        for _ in range(max_doublings):
+            if passes(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+        if lo is None:
+            return result(0.0, (0.0, hi))
+    else:
         lo, hi = start, None
         for _ in range(max_doublings):
             if not passes(lo * 2):
@@ -123,20 +156,18 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
                 break
             lo *= 2
         if hi is None:
-            return RateSearch(policy, lo, (lo, float("inf")), evaluations)
-    else:
-        lo, hi = None, start
-        for _ in range(max_doublings):
-            if passes(hi / 2):
-                lo = hi / 2
-                break
-            hi /= 2
-        if lo is None:
-            return RateSearch(policy, 0.0, (0.0, hi), evaluations)
+            return result(lo, (lo, float("inf")))
     while hi - lo > rel_tol * lo:
         mid = (lo + hi) / 2
         if passes(mid):
             lo = mid
         else:
             hi = mid
-    return RateSearch(policy, lo, (lo, hi), evaluations)
+    return result(lo, (lo, hi))
+
+
+def served_rate(record: RunRecord) -> float:
+    """Requests completed per second of the run (from the first arrival to the end): an overloaded run's
+    service rate, where the search of an overloaded workload looks first (a guess, checked by a run)."""
+    span = record.end_s - float(record.arrival_s[0])
+    return int(np.count_nonzero(record.status == COMPLETED)) / span if span > 0 else 0.0

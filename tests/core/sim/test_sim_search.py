@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from kvcalc.core.sim import search as search_module
+from kvcalc.core.sim.metrics import attainment
 from kvcalc.core.sim.options import SimOptions
 from kvcalc.core.sim.record import REJECTED
-from kvcalc.core.sim.run import run_policy
+from kvcalc.core.sim.run import run_policy, run_until
 from kvcalc.core.sim.search import attainment_ceiling, max_rate
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.simulate import run_policies, search_max_rates
+from kvcalc.core.sim.verdict import Verdict
 
 
 @pytest.fixture
@@ -24,7 +26,12 @@ def counted_runs(monkeypatch):
         rates.append(workload.mean_rate_per_s)
         return run_policy(workload, policy, setup, **kw)
 
+    def counting_until(workload, policy, setup, stop, **kw):
+        rates.append(workload.mean_rate_per_s)
+        return run_until(workload, policy, setup, stop, **kw)
+
     monkeypatch.setattr(search_module, "run_policy", counting)
+    monkeypatch.setattr(search_module, "run_until", counting_until)
     return rates
 
 
@@ -74,3 +81,43 @@ def test_reachable_target_reuses_the_first_run_and_runs_no_rate_twice(counted_ru
     reused = max_rate(w, "paged", setup.sim, setup.slo, 0.5, first=first)
     assert reused.evaluations == alone.evaluations and reused.max_rate_rps == alone.max_rate_rps
     assert len(counted_runs) == runs_alone - 1  # the first run was not done again
+
+
+@pytest.mark.parametrize("options", [
+    dict(slo="ttft=1,tpot=60ms", target_attainment=0.7),
+    dict(slo="e2e=20", target_attainment=0.5, cancel_fraction=0.2),
+    dict(slo="ttft=0.5", target_attainment=0.8, timeout_s="3"),
+])
+def test_a_run_stopped_early_has_the_whole_runs_verdict(options):
+    """At every rate, the verdict of a run stopped early (verdict.Verdict) is the whole run's, and its bound
+    lies between the target and the whole run's attainment: at most it when it fails, at least when it passes."""
+    setup = build(SimOptions(requests=400, rate="2", find_max_rate=True, **options))
+    target = setup.target_attainment
+    stopped = 0
+    for rate in (0.5, 1, 2, 4, 8, 16, 64):
+        w = setup.workload.at_rate(rate)
+        whole = attainment(run_policy(w, "paged", setup.sim), setup.slo)
+        verdict = Verdict(setup.slo, target)
+        early = run_until(w, "paged", setup.sim, verdict)
+        if early is not None:  # never decided before the end: the whole run was done
+            assert attainment(early, setup.slo) == whole
+            continue
+        stopped += 1
+        assert verdict.passes == (whole >= target)
+        assert (whole >= verdict.bound >= target) if verdict.passes else (whole <= verdict.bound < target)
+    assert stopped >= 2  # the check is not vacuous
+
+
+def test_search_answer_and_verdicts_match_whole_runs():
+    """Every rate the search ran has the verdict of its whole run, and the bracket is within the resolution."""
+    setup = build(SimOptions(requests=300, rate="4", slo="ttft=1,tpot=80ms", find_max_rate=True,
+                             target_attainment=0.8))
+    search = max_rate(setup.workload, "paged", setup.sim, setup.slo, 0.8)
+    assert search.decided_early and search.unattainable is None
+    for i, (rate, share) in enumerate(search.evaluations):
+        w = setup.workload if i == 0 else setup.workload.at_rate(rate)
+        whole = attainment(run_policy(w, "paged", setup.sim), setup.slo)
+        assert (whole >= 0.8) == (share >= 0.8), rate  # each rate's verdict is its whole run's
+        assert whole == share or rate in search.decided_early
+    lo, hi = search.bracket_rps
+    assert lo == search.max_rate_rps and hi - lo <= search.resolution * lo
