@@ -9,6 +9,7 @@ A trace comes from a path, `-` (standard input) or a binary stream (see sources.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,10 @@ class RequestArrays:
     prompt_tokens: np.ndarray
     hash_ids: np.ndarray | None
     hash_offsets: np.ndarray | None
+    if TYPE_CHECKING:  # each subclass's own field or property (see above)
+
+        @property
+        def description(self) -> str: ...
 
     def __len__(self) -> int:
         return int(self.prompt_tokens.shape[0])
