@@ -32,10 +32,10 @@ def sim_tiers(o: Any, spec: ModelSpec, kv_dtype: str, kv_bits: int, sim: SimSetu
         raise ParameterError("host_bw is the host tier's link: add host_cache", "host_bw", "host_cache")
     check_tier_setup(sim, workload, policies)
     groups, state_mode = sim.groups, sim.state_mode
-    if groups is not None and any(g.kind == "state" for g in groups) and state_mode != "all":
-        raise ParameterError(f"host_cache/disk_cache: {spec.name} has recurrent-state layers, and sim's pool serves "
-                             f"them no prefix-cache hit in mamba_cache_mode {state_mode}, so nothing would reach a "
-                             "lower tier; kvcalc share --host-cache models its tiers", "host_cache")
+    if groups is not None and any(g.kind == "state" for g in groups) and state_mode == "none":
+        raise ParameterError(f"host_cache/disk_cache: {spec.name} has recurrent-state layers, and in mamba_cache_mode "
+                             "none it saves no state to resume from, so it caches no prefix: add mamba_cache_mode "
+                             "align", "host_cache", "disk_cache", "mamba_cache_mode")
     cbb = cached_block_bytes(spec, kv_dtype, kv_bits, o.block_size, o.tp, "all" if state_mode == "all" else "align")
     sizes = (parse_tier_size(o.host_cache, "host_cache"), parse_tier_size(o.disk_cache, "disk_cache"))
     blocks = [v.blocks(o.block_size, cbb.bytes_per_block) for v in sizes]
@@ -48,14 +48,14 @@ def check_tier_setup(sim: SimSetup, workload: Workload, policies: list[str] | tu
     others = [p for p in policies if p != "paged"]
     if others:
         raise ParameterError(f"host_cache/disk_cache hold the paged pool's prefix-cache blocks: policy {others[0]} "
-                             "has none; use policy paged", "host_cache", "policy")
+                             "has none; use policy paged", "host_cache", "disk_cache", "policy")
     if not (sim.prefix_caching and workload.has_prefix_ids):
-        raise ParameterError("host_cache/disk_cache need prefix caching on a trace with prefix ids (trace mooncake "
-                             "FILE, without no_prefix_caching): nothing else says which blocks repeat",
-                             "host_cache", "trace")
+        raise ParameterError("host_cache/disk_cache need a trace with prefix ids (trace mooncake FILE) and prefix "
+                             "caching on (the default): nothing else says which blocks repeat",
+                             "host_cache", "disk_cache", "trace")
     if sim.scheduler.timeout_s is not None:
-        raise ParameterError("timeout with host_cache/disk_cache: a request parked for its load is not timed out "
-                             "yet; drop timeout", "timeout_s", "host_cache")
+        raise ParameterError("timeout_s with host_cache/disk_cache: a request parked for its load is not timed out "
+                             "yet; drop timeout_s", "timeout_s", "host_cache", "disk_cache")
     if sim.speculation is not None:
         raise ParameterError("speculative decoding with host_cache/disk_cache is not modelled yet: drop spec_tokens",
-                             "spec_tokens", "host_cache")
+                             "spec_tokens", "host_cache", "disk_cache")

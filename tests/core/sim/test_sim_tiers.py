@@ -153,7 +153,7 @@ def test_sliding_window_hybrid(tmp_path, CAP=36):
 @pytest.mark.parametrize(("extra", "message"), [
     ({"host_bw": "10GB/s"}, "host_bw is a tier's link"),
     ({"host_cache": "1M", "policy": "reserve-max"}, "policy reserve-max"),
-    ({"host_cache": "1M", "no_prefix": True}, "need prefix caching"),
+    ({"host_cache": "1M", "no_prefix": True}, "need a trace with prefix ids"),
     ({"host_cache": "1M", "timeout_s": "5"}, "timeout"),
     ({"host_cache": "3X"}, "host_cache '3X'"),
     ({"host_cache": "1M", "host_bw": "fast"}, "host_bw 'fast' is not a bandwidth"),
