@@ -279,7 +279,7 @@ def _trace_groups_report(description: str, r: GroupReplayResult, spec: ModelSpec
         "memory_bytes": memory_bytes, "requests": r.requests, "prompt_tokens": r.prompt_tokens,
         "hit_tokens": r.hit_tokens, "token_hit_rate": r.token_hit_rate, "peak_used_blocks": r.peak_used_blocks,
         "peak_cached_blocks": r.peak_cached_blocks, "evictions": r.evictions,
-        "largest_request_blocks": r.largest_request_blocks, "groups": rows,
+        "largest_request_blocks": r.largest_request_blocks, "hits_lower_bound": r.keys_lower_bound, "groups": rows,
     }
     fields = [Field("requests", "requests", format_count), Field("prompt_tokens", "prompt tokens", format_count),
               Field("hit_tokens", "hit tokens (every group)", format_count),
@@ -303,12 +303,17 @@ def _trace_groups_report(description: str, r: GroupReplayResult, spec: ModelSpec
                         f"time in arrival order, prompt and output {DEFAULT_CHUNK_TOKENS:,} tokens a chunk; each group "
                         "keeps only what its layers read, a hashed block that leaves a window stays cached (LRU)")
     if layout.state_groups:
+        saves = {"all": "every block boundary saves one", "none": "this mode saves none, so nothing hits",
+                 "align": "this mode saves one where a step ends, prompts chunked at block boundaries as vLLM's "
+                          "scheduler splits them (and at the prompt's last full block)"}[layout.mamba_cache_mode]
         report.notes.append(f"mamba_cache_mode {layout.mamba_cache_mode}: a hit needs a state saved at exactly that "
-                            "boundary; " + ("every block boundary saves one" if layout.mamba_cache_mode == "all" else
-                                            "this mode saves none that the replay can restore, so nothing hits"))
-    elif not r.keyed:
-        report.notes.append("no hits are possible: the trace has no prefix ids (hash_ids), or the block does not "
-                            f"divide {512} tokens")
+                            f"boundary; {saves}")
+    if r.keys_lower_bound:
+        report.notes.append(f"block {r.block_size:,} does not tile the trace's 512-token ids: each block is keyed by "
+                            "the id holding its last token, so prompts sharing a block but not that whole id miss: "
+                            "the hits are a lower bound")
+    if not r.keyed and not layout.state_groups:
+        report.notes.append("no hits are possible: the trace has no prefix ids (hash_ids)")
     return report
 
 

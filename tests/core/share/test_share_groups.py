@@ -103,3 +103,50 @@ def test_gemma3_against_the_single_group_pool():
     layout, groups = model_groups(model, 16, 16, None, None)
     grouped = run_scenario(scenario, groups=groups)
     assert grouped.physical_blocks * layout.page_bytes == 5 * 2**30
+
+
+def _trace(requests):
+    import numpy as np
+
+    from kvcalc.core.inputs.traces import Trace
+
+    ids = [np.array(i, np.int64) for _, i in requests]
+    offsets = np.concatenate(([0], np.cumsum([len(i) for i in ids])))
+    return Trace("mooncake", "test", np.arange(len(requests), dtype=np.float64),
+                 np.array([p for p, _ in requests], np.int64), np.full(len(requests), 10, np.int64),
+                 np.concatenate(ids), offsets.astype(np.int64))
+
+
+def test_aligned_chunk_end_by_hand():
+    from kvcalc.core.share.replay_groups import aligned_chunk_end
+
+    # B 528, 8,192-token budget, a 20,000-token prompt: its last full block ends at 20,000 − 20,000 mod 528 =
+    # 19,536. Chunks are whole blocks, 8,192 // 528 = 15 of them (7,920 tokens), until one passes 19,536: it
+    # ends there; then the tail
+    assert [aligned_chunk_end(c, 20_000, 8_192, 528) for c in (0, 7_920, 15_840)] == [7_920, 15_840, 19_536]
+    assert aligned_chunk_end(19_536, 20_000, 8_192, 528) == 27_728  # the caller stops at the prompt
+    assert aligned_chunk_end(0, 2_000, 8_192, 528) == 1_584  # 2,000 − 416: the state at 1,584 is saved
+
+
+def test_trace_replay_align_hits_where_a_state_was_saved():
+    from kvcalc.core.pool.groups import PoolGroup
+    from kvcalc.core.share.replay_groups import replay_groups
+
+    # B 528 (a Granite-4-H-like vLLM block; it does not tile 512-token ids): block j is keyed by the id holding
+    # token (j + 1)·528 − 1, i.e. ids[1], ids[2], ids[3] for j = 0, 1, 2.
+    #   r0 2,000 tokens, ids 1 2 3 4: keys 2 3 4; align chunks it 0..1,584 (state saved at 1,584, page 2), then 416
+    #   r1 2,000 tokens, ids 1 2 3 5: keys 2 3 5: the full chain serves 2 blocks (1,056), but no state was saved
+    #      at 1,056 or 528: align 0 (as vLLM); all 1,056
+    #   r2 1,200 tokens, ids 1 2 9: keys 2 9: full serves 1 block; align 0, all 528
+    #   r3 2,100 tokens, ids 1 2 3 4 7: keys 2 3 4, at most (2,099) // 528 = 3 blocks: r0's state at 1,584 serves
+    #      all 3: 1,584 in align and all
+    # none: no state saved, no hit. align 1,584; all 1,056 + 528 + 1,584 = 3,168
+    trace = _trace([(2_000, [1, 2, 3, 4]), (2_000, [1, 2, 3, 5]), (1_200, [1, 2, 9]), (2_100, [1, 2, 3, 4, 7])])
+    groups = (PoolGroup("full"), PoolGroup("state"))
+    results = {mode: replay_groups(trace, groups, 528, 200, mode) for mode in ("none", "align", "all")}
+    assert [results[m].hit_tokens for m in ("none", "align", "all")] == [0, 1_584, 3_168]
+    align = results["align"]
+    assert align.keyed and align.keys_lower_bound
+    # each group's own hits: the full chain 0 + 1,056 + 528 + 1,584; the state group's own in align only r3's
+    assert align.group_hit_tokens == (3_168, 1_584)
+    assert not results["none"].keyed
