@@ -24,10 +24,11 @@ cache's LRU and can serve a later hit until it is evicted.
 
 A state page holds a sequence's recurrent state as it stood after the last token of its block; its
 `fill` counts those tokens, so the same counts and invariants hold for every group. A prefix-cache hit of
-a state group is a page saved at exactly that boundary (the chain of pages up to it verified, as for any
-block); mode none saves none, so a Mamba hybrid then has no prefix-cache hits at all (as vLLM). Mode align
-saves one at the end of each scheduled chunk; the pool keeps its two pages but does not record which
-boundary a chunk ended on, so it serves no hit (a lower bound on align's hits, said in every output).
+a state group is a page saved at exactly that boundary; mode none saves none, so a Mamba hybrid then has no
+prefix-cache hits at all (as vLLM). Mode all saves one at every boundary (a chain of pages, verified as any
+block's). Mode align saves one where a step ends (page n // B − 1 after a step to n tokens): only that page is
+needed for a hit, anchored to the full group's block there (group_hits); so is a sliding group's window and a
+chunked group's current chunk.
 """
 
 from __future__ import annotations
