@@ -33,6 +33,7 @@ chunked group's current chunk.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
@@ -124,10 +125,15 @@ def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
         return None
     mixed = [g for g in layout.groups if g.block_tokens != layout.block_size]
     if mixed:
+        # NOTE: vLLM runs such a layout (unify_kv_cache_spec_page_size: each group's block a multiple of the hash
+        # block, a hit aligned to their lcm); this pool has one block size for every table, so it refuses
+        g = mixed[0]
         raise ParameterError(
-            f"{layout.layout} layout: the {mixed[0].kind} layers' blocks hold {mixed[0].block_tokens} tokens, the "
-            f"pool's {layout.block_size}: a pool whose groups page different tokens per block is not simulated; "
-            "use layout ideal", "layout")
+            f"{layout.layout} layout: vLLM unifies the page sizes, so the {g.kind} layers' blocks hold "
+            f"{g.block_tokens:,} tokens and the others' {layout.block_size:,}. vLLM runs that (hits aligned to "
+            f"{math.lcm(g.block_tokens, layout.block_size):,} tokens), but kvcalc's pool pages one block size for "
+            "every block table, so it is not simulated: use layout ideal (each type its own page, the block as "
+            "given)", "layout")
     groups: list[PoolGroup] = []
     for g in layout.groups:
         label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"

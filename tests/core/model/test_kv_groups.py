@@ -301,3 +301,20 @@ def test_real_configs_give_the_engine_block(tmp_path, config, block):
     module_spec.loader.exec_module(module)
     (tmp_path / "config.json").write_text(json.dumps(getattr(module, config)))
     assert kv_layout(load_config(tmp_path), 16, 16).block_size == block
+
+
+def test_a_vllm_layout_with_mixed_tokens_per_block_is_refused_naming_why():
+    # full layers of 8 KV heads (4,096 B a token), sliding ones of 4 (2,048 B): at block 16 the pages are 65,536
+    # and 32,768 B; vLLM unifies them to the larger, so a sliding block holds 32 tokens. vLLM runs that (hits
+    # aligned to lcm(32, 16) = 32 tokens); the pool pages one block size, so it refuses and says so. ideal runs.
+    from kvcalc.core.pool.groups import pool_groups
+
+    spec = ModelSpec.from_groups("mixed-pages", (
+        LayerGroup("full", 4, **ATTN_8x128),
+        LayerGroup("sliding", 4, window=1024, kv_heads=4, k_head_dim=128, v_head_dim=128, q_heads=32)),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=32_768)
+    layout = kv_layout(spec, 16, 16, "vllm")
+    assert [(g.kind, g.block_tokens) for g in layout.groups] == [("full", 16), ("sliding", 32)]
+    with pytest.raises(ParameterError, match=r"sliding layers' blocks hold 32 tokens.*aligned to 32 tokens.*ideal"):
+        pool_groups(layout)
+    assert [g.kind for g in pool_groups(kv_layout(spec, 16, 16, "ideal"))] == ["full"] * 2 + ["sliding"]
