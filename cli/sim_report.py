@@ -185,8 +185,14 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         "tp": plan.tp,
         "kv_dtype": setup.kv_dtype,
         "memory_plan": {
+            "vllm_version": plan.vllm_version,
+            "memory_utilization": plan.memory_utilization,
+            "requested_bytes": plan.budget_bytes,
             "weights_bytes": plan.weights_bytes,
             "workspace_bytes": plan.workspace_bytes,
+            "non_torch_bytes": plan.non_torch_bytes,
+            "cuda_graph_bytes": plan.cuda_graph_bytes,
+            "max_num_seqs": plan.max_num_seqs,
             "kv_pool_bytes": plan.pool_bytes,
             "num_blocks": plan.num_blocks,
             "block_size": plan.block_size,
@@ -240,8 +246,12 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         tables.append(_max_rate_table(searches, slo_spec, target))
     text = [
         f"workload ({setup.workload.kind}): {setup.workload.description}",
-        f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}: weights {format_bytes(plan.weights_bytes)}, "
-        f"workspace {format_bytes(plan.workspace_bytes)}, KV pool {format_bytes(plan.pool_bytes)} = "
+        f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}, vLLM {plan.vllm_version} memory plan at "
+        f"utilisation {plan.memory_utilization:g}, max_num_seqs {plan.max_num_seqs:,}: weights "
+        f"{format_bytes(plan.weights_bytes)}, activation peak "
+        f"{format_bytes(plan.workspace_bytes)}, non-torch {format_bytes(plan.non_torch_bytes)}"
+        + (f", CUDA graphs {format_bytes(plan.cuda_graph_bytes)}" if plan.cuda_graph_bytes else "")
+        + f", KV pool {format_bytes(plan.pool_bytes)} = "
         f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
         f"{format_bytes(plan.kv_bytes_per_token)} per token in {setup.kv_dtype}) per GPU",
     ]

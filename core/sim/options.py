@@ -18,6 +18,7 @@ from typing import Any
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DEFAULT_DTYPE
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_VLLM_VERSION, VLLM_VERSIONS
 from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
 from .checks import INT32_MAX, MAX_REQUESTS, MAX_TP
 
@@ -78,8 +79,17 @@ class SimOptions:
     flops: float | None = option(None, "Custom GPU: dense bf16 FLOP/s, e.g. 989e12 (finite).", example="989e12")
     tp: int = option(1, "Tensor-parallel GPUs per replica: divides the KV heads or is a multiple of them "
                         f"(as kvcalc size); at most {MAX_TP:,}.")
-    memory_utilization: float = option(0.9, "Share of GPU memory used.")
-    workspace_bytes: str | None = option(None, "Activation workspace (overrides the estimate).")
+    memory_utilization: float | None = option(
+        None, "Share of GPU memory vLLM requests (gpu_memory_utilization; default: the vLLM version's, "
+              + ", ".join(f"{v.default_gpu_memory_utilization:g} for {name}" for name, v in VLLM_VERSIONS.items())
+              + ").", example="0.9")
+    vllm_version: str | None = option(
+        None, "The vLLM whose start-up memory is planned, as size --gpu --vllm-version: "
+              f"{', '.join(VLLM_VERSIONS)} (default: {DEFAULT_VLLM_VERSION}, standing for it and later).")
+    quantization: str | None = option(
+        None, "vLLM's --quantization, as size --gpu: fp8 (linear layers in fp8, embeddings and head in 16 bits) or "
+              "mxfp4 (routed experts in mxfp4); default: the checkpoint's.")
+    workspace_bytes: str | None = option(None, "Activation peak of vLLM's profiling run (overrides the estimate).")
     block_size: int = option(DEFAULT_BLOCK_SIZE, f"Paged: block size in tokens, at most {INT32_MAX:,}.",
                                   flag="--block", short="-b")
     layout: str | None = option(
@@ -96,8 +106,11 @@ class SimOptions:
         None, f"paged, reserve-max, reserve-pow2 or reserve-oracle (default: {DEFAULT_POLICY}).")
     compare: str | None = option(
         None, "Instead of --policy: several distinct policies side by side, comma-separated.")
-    max_batched_tokens: int = option(8192, f"Token budget per step, at most {INT32_MAX:,}.")
-    max_seqs: int = option(256, f"Most running requests, at most {INT32_MAX:,}.")
+    max_batched_tokens: int = option(DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                     f"Token budget per step (max_num_batched_tokens), at most {INT32_MAX:,}.")
+    max_seqs: int | None = option(
+        None, "Most running requests, and the sampler warm-up's (vLLM's max_num_seqs; default: 1,024 on a GPU of "
+              f"70 GiB or more other than an A100, else 256, as vllm serve); at most {INT32_MAX:,}.")
     max_model_len: int | None = option(
         None, "Longest request, prompt + output tokens (default: the model's max_position_embeddings); "
               f"at most {INT32_MAX:,}.")

@@ -18,6 +18,7 @@ from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import check_mooncake_block_size, read_trace
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
+from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..pool.groups import check_state_mode_given
 from .checks import (
     CONSTRUCTED_ONLY,
@@ -28,7 +29,7 @@ from .checks import (
     check_requests,
     finite_float,
 )
-from .hardware import MemoryPlan, checkpoint_weights, custom_gpu, get_gpu, plan_memory
+from .hardware import MemoryPlan, checkpoint_vision_params, checkpoint_weights, custom_gpu, get_gpu, plan_memory
 from .metrics import Slo, parse_slo
 from .options import (
     DEFAULT_ARRIVAL,
@@ -136,7 +137,7 @@ def build(o: SimOptions) -> Setup:
     gpu = _gpu(o)
     kv_dtype = parse_dtype(o.dtype)
     kv_bits = dtype_bits(kv_dtype)
-    spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype)
+    spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype, o.quantization)
     notes: list[str] = []
     if o.max_model_len is not None:
         max_model_len = o.max_model_len
@@ -149,12 +150,17 @@ def build(o: SimOptions) -> Setup:
         raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
     layout = _layout(o, spec, kv_bits)
     hybrid = pool_groups(layout) is not None
+    version = get_version(DEFAULT_VLLM_VERSION if o.vllm_version is None else o.vllm_version).name
+    for name in ("max_batched_tokens", "max_seqs"):  # checked here: plan_memory's refusals read as "does not fit"
+        if getattr(o, name) is not None and getattr(o, name) < 1:
+            raise ParameterError(f"{name} {getattr(o, name)} must be at least 1", name)
     plan = plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
-        quantization=quantization,
+        quantization=quantization, vision_params=checkpoint_vision_params(spec, o.model, o.config),
         weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
         workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
         max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout if hybrid else None,
+        vllm_version=version,
     )
     if hybrid:
         _check_hybrid(o, spec, policies)
@@ -180,7 +186,7 @@ def build(o: SimOptions) -> Setup:
     timeout = None
     if o.timeout_s is not None:
         timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
-    scheduler = SchedulerConfig(o.max_batched_tokens, o.max_seqs, max_model_len, o.preempt.strip().lower(),
+    scheduler = SchedulerConfig(o.max_batched_tokens, plan.max_num_seqs, max_model_len, o.preempt.strip().lower(),
                                 None if timeout == math.inf else timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")

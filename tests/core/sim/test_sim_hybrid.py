@@ -107,9 +107,10 @@ def test_concurrency_of_32k_contexts_in_40_gib(spec, ids, held, concurrency):
 
 
 def small_gpu(**kw) -> SimOptions:
-    # a custom GPU with exactly 40 GiB for KV: 41 GiB, 1 GiB of weights, a 1-byte workspace, utilisation 1
-    base = dict(gpu_memory="41GiB", bandwidth="4.8e12", flops=989e12, weights_bytes="1GiB", workspace_bytes="1",
-                memory_utilization=1.0, rate="inf", prompt_dist="uniform:low=32768,high=32768")
+    # a custom GPU with exactly 40 GiB for KV: 41 GiB + vLLM 0.21's non-torch 256 MiB and CUDA graphs 860 MiB,
+    # 1 GiB of weights, a 1-byte workspace, utilisation 1
+    base = dict(gpu_memory=f"{41 * 1024 + 256 + 860}MiB", bandwidth="4.8e12", flops=989e12, weights_bytes="1GiB",
+                workspace_bytes="1", memory_utilization=1.0, rate="inf", prompt_dist="uniform:low=32768,high=32768")
     return SimOptions(**{**base, **kw})
 
 
@@ -146,7 +147,7 @@ def test_a_pool_below_one_block_names_the_layout_block():
     # Nemotron-H-56B's block id is 169,082,880 B (161.25 MiB): a KV budget of 100 MiB holds none, and the
     # refusal names the forced block, not the weights or the batch size
     with pytest.raises(ValueError, match="less than one block of its vllm layout") as error:
-        build(small_gpu(model="Nemotron-H-56B", gpu_memory=str(2**30 + 100 * 2**20), requests=1))
+        build(small_gpu(model="Nemotron-H-56B", gpu_memory=str(2**30 + (256 + 860 + 100) * 2**20), requests=1))
     assert "block 4128" in str(error.value) and "max_batched_tokens" not in str(error.value)
 
 
