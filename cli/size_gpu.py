@@ -31,6 +31,7 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         "layout": plan.layout.layout, "block_size_reason": plan.layout.reason,
         "estimates": list(plan.estimates), "log_lines": log,
         "vllm_version": plan.vllm_version or None, "pp": plan.pp, "cuda_graph_bytes": plan.cuda_graph_bytes,
+        "stage_slots": plan.stage_slots or None,
         "stages": [{"layers": s.layers, "weights_bytes": s.weights, "activation_bytes": s.activation,
                     "non_torch_bytes": s.non_torch, "cuda_graph_bytes": s.cuda_graphs,
                     "kv_cache_bytes": s.available} for s in plan.stages],
@@ -71,6 +72,11 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
             doc["groups"]))
     if len(plan.groups) > 1 or plan.layout.block_size != plan.layout.requested_block_size:
         report.notes.append(f"Layout {plan.layout.layout}: {plan.layout.reason} (core/model/kv_groups.py).")
+    if plan.stage_slots:
+        report.notes.append(f"Pipeline stages: vLLM makes the KV cache groups for the whole model and each stage keeps "
+                            f"its own layers of each group; on the stage that sets the blocks a block id pages "
+                            f"{plan.stage_slots} layer slots of {format_bytes(plan.page_bytes)} (of the model's "
+                            f"{plan.group_size}).")
     report.notes.append("vLLM's lines: " + "; ".join(log) + ". vLLM prints GiB with two decimals.")
     if plan.stages:
         from ..core.model.vllm_memory import get_version

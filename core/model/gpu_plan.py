@@ -81,6 +81,7 @@ class GpuPlan:
     cuda_graph_bytes: int | None = None  # the estimate; subtracted only by versions that do
     stages: tuple = ()  # vllm_memory.StageMemory per pipeline stage (empty when kv_cache_bytes was given)
     stage_layers: int = 0  # with pp > 1: the layers of the stage whose memory sets the blocks
+    stage_slots: int = 0  # with pp > 1 and several groups: that stage's layer slots per block id (see stage_slots)
 
     @property
     def block_bytes(self) -> int:
@@ -89,6 +90,8 @@ class GpuPlan:
 
     @property
     def num_blocks(self) -> int:
+        if self.stage_slots:  # several groups split across stages: a block id is one page in each slot
+            return self.kv_cache_bytes // (self.page_bytes * self.stage_slots)
         if self.stage_layers:  # one group split across stages: this stage pages stage_layers of its layers
             total = sum(g.layers for g in self.groups)
             return plan_blocks(self.layout, self.kv_cache_bytes * total // self.stage_layers)
@@ -151,7 +154,8 @@ def plan_gpu(
     estimates: list[str] = []
     stages: tuple = ()
     cuda_graphs = None
-    stage_layers = 0
+    stage_layers = slot = 0
+    slots: tuple[int, ...] = ()
     if kv_memory_bytes is not None:
         if kv_memory_bytes <= 0:
             raise ParameterError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}", "kv_memory_bytes")
@@ -164,6 +168,8 @@ def plan_gpu(
 
             check_parallel(spec, tp, pp)
             stage_layers = max(pp_layers(spec.model_layers, pp))
+            slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if len(groups) > 1 else ()
+            slot = max(slots, default=0)
     else:
         if gpu_memory_bytes is None:
             raise ParameterError("kv_memory_bytes or the GPU's memory (gpu_memory_bytes) is needed for a GPU plan",
@@ -175,7 +181,12 @@ def plan_gpu(
                                 max_num_seqs=max_num_seqs, version=vllm_version, quantization=quantization,
                                 vision_params=vision_params)
         requested = memory.requested
-        limiting = min(memory.stages, key=lambda st: st.available * spec.model_layers // st.layers)
+        slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if pp > 1 and len(groups) > 1 else ()
+        st = memory.stages  # the stage with the fewest blocks: by its slots per block id, or its share of layers
+        limit = min(range(len(st)), key=lambda i: st[i].available // (page * max(slots[i], 1)) if slots else
+                    st[i].available * spec.model_layers // st[i].layers)
+        limiting = st[limit]
+        slot = slots[limit] if slots else 0
         weights, activation, non_torch = limiting.weights, limiting.activation, limiting.non_torch
         if param_count(spec).estimated:
             estimates.append("weights: parameters estimated from the dimensions")
@@ -198,14 +209,51 @@ def plan_gpu(
                 f"the {requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher "
                 "gpu_memory_utilization", "tp", "gpu_memory_utilization"
             )
-    if stage_layers and len(groups) > 1:
-        raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups; kvcalc splits only one group's "
-                             "layers across pipeline stages: use pp 1", "pp")
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")
     return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,
                    activation, non_torch, kv, page, group_size, groups, tuple(estimates), layout, pp, vllm_version,
-                   cuda_graphs, stages, stage_layers)
+                   cuda_graphs, stages, stage_layers, slot)
+
+
+def stage_slots(spec: ModelSpec, layout: KVLayout, kv_dtype_bits: int, tp: int, pp: int) -> tuple[int, ...]:
+    """Layer slots per block id on each pipeline stage of a model with several KV cache groups, as vLLM 0.19+
+    plans them (get_kv_cache_configs): the groups are made once for the whole model (each layer type's layers, in
+    model order, cut into runs of G), each stage keeps its own layers of every group, and a stage's block id is
+    one page in each of max(its layers in any one group) slots; the engine then takes the least blocks over the
+    stages. Needs the layers' order (`spec.layer_order`, from a config.json)."""
+    from .vllm_memory import pp_layers
+
+    if layout.layout != "vllm":
+        raise ParameterError(f"pp {pp}: pipeline stages are planned for vLLM's layout only; use layout vllm or pp 1",
+                             "pp")
+    order = spec.layer_order
+    if len(order) != spec.model_layers or len(spec.layer_groups) <= max(order, default=-1):
+        raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which layer "
+                             "is which (a preset, or layers of two kinds): give its config.json (--config), or use pp 1",
+                             "pp")
+    types = [(t.kind, t.window, t.source, t.bits) for t in layer_types(spec, kv_dtype_bits, tp)]
+    keys = []
+    for g in spec.layer_groups:
+        if g.keeps_kv:
+            keys.append(("full" if g.kind == "mla" else g.kind, g.window, g.kind, g.bits_per_token(kv_dtype_bits, tp)))
+        else:
+            keys.append(("state", None, g.state.kind, g.state.bits(tp)) if g.state is not None else None)
+    seen = [0] * len(types)
+    run_of = []  # each layer's (layer type, run of G layers), or None for a layer that pages nothing
+    for i in order:
+        if keys[i] is None:
+            run_of.append(None)
+            continue
+        t = types.index(keys[i])
+        run_of.append((t, seen[t] // layout.group_size))
+        seen[t] += 1
+    out, start = [], 0
+    for n in pp_layers(spec.model_layers, pp):
+        runs = [r for r in run_of[start:start + n] if r is not None]
+        out.append(max((runs.count(r) for r in set(runs)), default=0))
+        start += n
+    return tuple(out)
 
 
 def attention_free_layout(spec: ModelSpec, kv_dtype_bits: int, tp: int, max_model_len: int, block_size: int,

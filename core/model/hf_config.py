@@ -30,7 +30,7 @@ from ..inputs.sources import is_stdin, read_source
 from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
-from .hf_groups import attention_layer, max_positions, read_groups, tied, weight_dtype
+from .hf_groups import attention_layer, max_positions, read_groups_in_order, tied, weight_dtype
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
@@ -141,7 +141,7 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     heads = f.required_int("num_attention_heads", "n_head", "num_heads", "n_heads")
     hidden = f.int("hidden_size", "n_embd", "d_model")
     notes: list[str] = []
-    groups = read_groups(f, n, heads, _head_dim(f, heads, hidden), notes)
+    groups, order = read_groups_in_order(f, n, heads, _head_dim(f, heads, hidden), notes)
     kv_layers = sum(g.count for g in groups if g.keeps_kv)
     if kv_layers == 0:
         what = "no entry of layer_types is an attention layer" if f.raw("layer_types") else "no layer keeps KV"
@@ -167,6 +167,7 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
         weight_dtype=weight_dtype(f),
         source=source,
         notes=tuple(notes),
+        layer_order=order,
     )
 
 

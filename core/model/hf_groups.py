@@ -54,6 +54,12 @@ _SSM_DTYPE_DEFAULTS = {"nemotron_h": "fp32"}  # transformers' NemotronHConfig.ma
 
 def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[str]) -> tuple[LayerGroup, ...]:
     """The merged layer groups of an `n`-layer config with `heads` query heads of `head_dim` (K width)."""
+    return read_groups_in_order(f, n, heads, head_dim, notes)[0]
+
+
+def read_groups_in_order(f: ConfigFields, n: int, heads: int, head_dim: int,
+                         notes: list[str]) -> tuple[tuple[LayerGroup, ...], tuple[int, ...]]:
+    """`read_groups` and each layer's index into them in model order (() unless every layer is one group)."""
     if f.raw("block_configs") is not None:
         layers = _decilm_layers(f, n, heads, head_dim)
     else:
@@ -68,7 +74,11 @@ def read_groups(f: ConfigFields, n: int, heads: int, head_dim: int, notes: list[
     if unknown:
         notes.append(f"the recurrent state of {unknown} linear-attention / state-space layers is not known (the "
                      "config has no Mamba, linear_* or lightning fields): state_bytes_per_seq leaves it out")
-    return _merge(layers)
+    groups = _merge(layers)
+    if len(layers) != n or any(g.count != 1 for g in layers):
+        return groups, ()
+    index = {dataclasses.replace(g, count=1): i for i, g in enumerate(groups)}
+    return groups, tuple(index[g] for g in layers)
 
 
 def model_dtype(f: ConfigFields) -> str | None:

@@ -61,6 +61,9 @@ class ModelSpec:
     notes: tuple[str, ...] = field(default=(), compare=False)
     drafter_groups: tuple[LayerGroup, ...] = ()
     drafter_field: str | None = None
+    # The index into layer_groups of each layer in model order, when the config says it (one group per layer);
+    # () when unknown (presets, layers made of two groups). Pipeline stages of a hybrid need it (gpu_plan.py).
+    layer_order: tuple[int, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         kv_free = self.layer_groups and not any(g.keeps_kv for g in self.layer_groups)

@@ -411,7 +411,8 @@ def test_gpu_plan_reads_vision_tower_and_quantization_from_the_config(run_cli, t
 
 def test_gpu_plan_holds_for_hybrids(run_cli):
     # Nemotron-H (Mamba-2 + attention): the memory model and the grown attention block; pipeline stages of a
-    # model with several KV-cache groups are refused rather than guessed
+    # preset with several KV-cache groups are refused rather than guessed (a preset does not record which layer
+    # is which; from a config.json they are planned: test_pipeline_stages_of_a_hybrid)
     plan = run_cli("size", "-m", "Nemotron-H-56B", "--gpu", "H100-SXM", "--tp", "8", "--json").json()["gpu_plan"]
     assert plan["block_size"] == 4128 and plan["kv_cache_bytes"] > 0 and plan["vllm_version"] == "0.21"
     result = run_cli("size", "-m", "Nemotron-H-56B", "--gpu", "H100-SXM", "--tp", "8", "--pp", "2")
@@ -448,3 +449,21 @@ def test_gpu_plan_on_a_pure_recurrent_model(run_cli, tmp_path):
     refused = run_cli("size", "--config", str(tmp_path / "rwkv"), "--gpu", "H100-SXM")
     assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith("error: ") and "RWKV-4 is not among vLLM's models" in refused.stderr
+
+
+def test_pipeline_stages_of_a_hybrid(run_cli, tmp_path):
+    """Gemma-2-9B from its config.json at --pp 2: each stage pages 11 of the 21 slots (11 sliding + 10 full layers
+    on stage 0, 10 + 11 on stage 1): 10 GiB // (11 · 131,072 B) = 7,447 blocks; a preset, whose layer order is not
+    recorded, is refused naming --pp."""
+    from tests.core.model.test_hf_config import GEMMA_2_9B
+
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA_2_9B))
+    result = run_cli("size", "--config", str(tmp_path), "--kv-memory", "10GiB", "--pp", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = result.json()["gpu_plan"]
+    assert (plan["stage_slots"], plan["num_blocks"], plan["group_size"]) == (11, 7447, 21)
+    table = run_cli("size", "--config", str(tmp_path), "--kv-memory", "10GiB", "--pp", "2").stdout
+    assert "a block id pages 11 layer slots of 128.00 KiB (of the model's 21)" in table
+    refused = run_cli("size", "-m", "gemma-2-9b", "--gpu", "H100-SXM", "--pp", "2")
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("error: --pp 2:") and "give its config.json (--config)" in refused.stderr

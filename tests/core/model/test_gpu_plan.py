@@ -194,3 +194,78 @@ def test_attention_free_refusals(name, kwargs, message):
     with pytest.raises(ParameterError, match=message):
         plan_gpu(_recurrent(name), kv_dtype_bits=16, block_size=16, max_model_len=1024, kv_memory_bytes=GIB,
                  **kwargs)
+
+
+def _config(config: dict) -> ModelSpec:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from kvcalc.core.model.hf_config import load_config
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(config))
+        return load_config(Path(d) / "config.json")
+
+
+@pytest.mark.parametrize(("pp", "slots", "blocks"), [
+    # Gemma-2-9B: 42 layers alternating sliding (W 4,096; layer 0) and full, 21 of each, 8 KV heads × 256: one
+    # 16-token page of one layer 16 · 2 · 8 · 256 · 2 B = 131,072 B; G = 21, a group per type.
+    (1, 0, 10 * GIB // (21 * 131_072)),  # one stage: a block id is a page in each of 21 slots: 3,900
+    # pp 2 (21 + 21 layers): stage 0 holds layers 0-20 (11 sliding, 10 full), stage 1 layers 21-41 (10, 11):
+    # 11 slots each, a block id 11 · 131,072 B: 10 GiB // 1,441,792 B = 7,447
+    (2, 11, 7447),
+    # pp 4 (10, 11, 11, 10 layers as vLLM's get_pp_indices splits 42): 5/5, 6/5, 5/6, 5/5 sliding/full: 6 slots
+    # on the fullest stage, 10 GiB // (6 · 131,072) = 13,653
+    (4, 6, 13_653),
+])
+def test_pipeline_stages_of_a_sliding_window_hybrid(pp, slots, blocks):
+    from .test_hf_config import GEMMA_2_9B
+
+    spec = _config(GEMMA_2_9B)
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, pp=pp, kv_memory_bytes=10 * GIB,
+                    vllm_version="0.19")
+    assert plan.page_bytes == 131_072 and plan.group_size == 21 and plan.stage_slots == slots
+    assert plan.num_blocks == blocks
+    # one request of 8,192 tokens: full 512 blocks, sliding cdiv(min(4,095 + 8,192, 8,192), 16) + 1 = 513
+    assert plan.blocks_per_request == 1025
+    assert plan.kv_cache_tokens == blocks // 2 * 16  # 0.19: blocks // groups × block size
+
+
+def test_pipeline_stages_of_a_mamba_hybrid():
+    """Jamba-1.5-Mini: 4 attention layers (4, 12, 20, 28) and 28 Mamba layers; G = 4 (28 ≥ 1.5 · 4), the Mamba
+    layers in 7 runs of 4 in model order. pp 2 (layers 0-15, 16-31): stage 0 has attention 4 and 12 (2 of run 0)
+    and Mamba layers 0-13 of the Mamba order (runs 0-2 whole, 2 of run 3): 4 slots; stage 1 likewise 4. A stage
+    then pages as many slots as the whole model: the same blocks per GiB, 1,310,720 B a block id (4 slots of
+    80 tokens · 4,096 B, the attention block vLLM aligns to the Mamba state)."""
+    from .test_real_configs import JAMBA_15_MINI
+
+    spec = _config(JAMBA_15_MINI)
+    for pp in (2, 4):
+        plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, pp=pp, kv_memory_bytes=10 * GIB)
+        assert plan.stage_slots == 4 and plan.page_bytes * 4 == 1_310_720
+        assert plan.num_blocks == 10 * GIB // 1_310_720 == 8192
+
+
+def test_pipeline_stages_of_a_hybrid_from_the_gpu():
+    """Predicted memory: every stage's own KV memory over its own slots; the least blocks count."""
+    from kvcalc.core.model.gpu_plan import stage_slots
+    from kvcalc.core.model.kv_groups import kv_layout
+
+    from .test_hf_config import GEMMA_2_9B
+
+    spec = _config(GEMMA_2_9B)
+    plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=8192, pp=2,
+                    gpu_memory_bytes=get_gpu("H100-SXM").memory_bytes, gpu_memory_utilization=0.9)
+    slots = stage_slots(spec, kv_layout(spec, 16, 16), 16, 1, 2)
+    assert slots == (11, 11)
+    assert plan.num_blocks == min(s.available // (11 * 131_072) for s in plan.stages)
+
+
+def test_pipeline_stages_of_a_hybrid_preset_are_refused():
+    """A preset does not record which layer is which, so a hybrid's stages cannot be planned: one line."""
+    from kvcalc.core.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="does not know which layer is which"):
+        plan_gpu(get_preset("Gemma-2-9B"), kv_dtype_bits=16, block_size=16, max_model_len=8192, pp=2,
+                 kv_memory_bytes=GIB)
