@@ -110,6 +110,18 @@ class HybridPool:
         """One table per group (NULL_BLOCK where a group freed the block)."""
         return [p.block_table(seq_id) for p in self.pools]
 
+    def held_blocks(self, seq_id: Hashable) -> list[int]:
+        """Blocks each group's table of the sequence holds now (its NULL entries not counted): what a swap of
+        the sequence to the host copies, group by group — the window of a sliding group, the current chunk of a
+        chunked one, the state pages of a state group."""
+        self.pools[0]._seq(seq_id)  # not live: the error names it
+        return [p.seqs[seq_id].num_blocks - p.seqs[seq_id].num_skipped for p in self.pools]
+
+    def swap_bytes(self, seq_id: Hashable, page_bytes: int) -> list[int]:
+        """Bytes a swap of the sequence moves each way, per group: `held_blocks` × `page_bytes`, the bytes of one
+        block id in one table (KVLayout.page_bytes: every table's block id has that size in both layouts)."""
+        return [blocks * page_bytes for blocks in self.held_blocks(seq_id)]
+
     def group_usage(self) -> list[GroupUsage]:
         out = []
         # NOTE: without prefix-cache hits or forks no block is in two tables, so a group's distinct blocks are

@@ -404,3 +404,17 @@ def test_a_stale_anchored_block_gives_way_to_the_same_prefix_registered_again():
     pool.release("b")
     assert pool.hit_tokens(9, keys) == 8 and pool.group_hit_tokens(9, keys) == [8, 8]
     pool.check_invariants()
+
+
+def test_swap_bytes_count_every_group_state_included():
+    # B 4, full + sliding W 6 + state (align), a sequence decoded to 21 tokens (last written at 20): full
+    # ceil(21 / 4) = 6 blocks; sliding from (20 − 6 + 1) // 4 = 3: blocks 3..5 = 3; state from 20 // 4 − 1 = 4:
+    # pages 4 and 5 = 2. With 1,000-byte block ids a swap moves 6,000 + 3,000 + 2,000 B each way — a per-token
+    # count (21 tokens of every layer) would leave the state out and count the sliding layers' dropped tokens.
+    pool = HybridPool(32, B, (PoolGroup("full"), PoolGroup("sliding", 6), PoolGroup("state")), state_mode="align")
+    pool.allocate("s", 20)
+    pool.append("s", 1)
+    assert pool.held_blocks("s") == [6, 3, 2] == [u.held_blocks for u in pool.group_usage()]
+    assert pool.swap_bytes("s", 1_000) == [6_000, 3_000, 2_000]
+    with pytest.raises(ValueError, match="not live"):
+        pool.held_blocks("t")
