@@ -230,22 +230,23 @@ def stage_slots(spec: ModelSpec, layout: KVLayout, kv_dtype_bits: int, tp: int, 
     order = spec.layer_order
     if len(order) != spec.model_layers or len(spec.layer_groups) <= max(order, default=-1):
         raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which layer "
-                             "is which (a preset, or layers of two kinds): give its config.json (--config), or use pp 1",
-                             "pp")
+                             "is which (a preset, or layers of two kinds): give its config.json (--config), or use "
+                             "pp 1", "pp")
     types = [(t.kind, t.window, t.source, t.bits) for t in layer_types(spec, kv_dtype_bits, tp)]
-    keys = []
+    keys: list[tuple[str, int | None, str, int] | None] = []
     for g in spec.layer_groups:
         if g.keeps_kv:
             keys.append(("full" if g.kind == "mla" else g.kind, g.window, g.kind, g.bits_per_token(kv_dtype_bits, tp)))
         else:
             keys.append(("state", None, g.state.kind, g.state.bits(tp)) if g.state is not None else None)
     seen = [0] * len(types)
-    run_of = []  # each layer's (layer type, run of G layers), or None for a layer that pages nothing
+    run_of: list[tuple[int, int] | None] = []  # each layer's (layer type, run of G layers); None: pages nothing
     for i in order:
-        if keys[i] is None:
+        key = keys[i]
+        if key is None:
             run_of.append(None)
             continue
-        t = types.index(keys[i])
+        t = types.index(key)
         run_of.append((t, seen[t] // layout.group_size))
         seen[t] += 1
     out, start = [], 0
