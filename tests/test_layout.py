@@ -1,0 +1,97 @@
+"""The package layout as tools see it (issue 23): the import package is the folder kvcalc/, whose cli, core and
+cuda_ext are relative links to the top-level folders, so a plain checkout resolves `kvcalc.*` for python,
+jedi, pyright and mypy, and the wheel holds each module once (docs/architecture.md, "Layout")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINKED = ("cli", "core", "cuda_ext")
+
+
+def _package_dirs() -> set[str]:
+    """kvcalc's subpackages as the top-level folders hold them: every folder with an __init__.py."""
+    found = {"kvcalc"}
+    for top in LINKED:
+        for init in (ROOT / top).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                found.add(".".join(("kvcalc", *init.parent.relative_to(ROOT).parts)))
+    return found
+
+
+def test_the_links_are_relative_and_point_at_the_top_level_folders():
+    for name in LINKED:
+        link = ROOT / "kvcalc" / name
+        assert link.is_symlink(), f"kvcalc/{name} must be a link to ../{name}"
+        assert os.readlink(link) == f"../{name}"
+        assert link.resolve() == (ROOT / name).resolve()
+
+
+def test_a_plain_checkout_imports_kvcalc_without_site_packages():
+    # -S: no site-packages, so no editable install's import hook: only the checkout's kvcalc/ folder can answer.
+    probe = "import kvcalc, kvcalc.core.units as u; print(kvcalc.__version__, u.__file__)"
+    proc = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    version, path = proc.stdout.split()
+    assert Path(path).resolve() == ROOT / "core" / "units.py"
+    run = subprocess.run([sys.executable, "-m", "kvcalc", "--version"], cwd=ROOT, capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == f"kvcalc {version}", run.stderr
+
+
+def test_setuptools_finds_every_subpackage_once():
+    tomllib = pytest.importorskip("tomllib")
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = find_packages(where=str(ROOT / config["where"][0]), include=config["include"])
+    assert len(found) == len(set(found))
+    assert set(found) == _package_dirs()
+
+
+def test_go_to_definition_from_a_test_into_core_with_jedi():
+    jedi = pytest.importorskip("jedi")
+    test_file = ROOT / "tests" / "core" / "test_units.py"
+    source = test_file.read_text()
+    line_no, line = next((i, text) for i, text in enumerate(source.splitlines(), start=1)
+                         if text.startswith("from kvcalc.core.units import"))
+    column = line.index("parse_bytes")
+    script = jedi.Script(source, path=str(test_file), project=jedi.Project(str(ROOT)))
+    (definition,) = script.goto(line_no, column, follow_imports=True)
+    assert Path(definition.module_path).resolve() == ROOT / "core" / "units.py"
+    target = (ROOT / "core" / "units.py").read_text().splitlines()[definition.line - 1]
+    assert target.startswith("def parse_bytes("), target
+
+
+def test_the_wheel_holds_each_module_once_and_the_cuda_sources(tmp_path):
+    """A copy of the tracked package files (links kept as links), built by setuptools as `pip wheel .` does."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in LINKED:
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "kvcalc", source / "kvcalc", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    build = f"from setuptools import build_meta as b; print(b.build_wheel({str(tmp_path / 'dist')!r}))"
+    proc = subprocess.run([sys.executable, "-c", build], cwd=source, capture_output=True, text=True, check=False,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = zipfile.ZipFile(tmp_path / "dist" / proc.stdout.split()[-1]).namelist()
+    assert len(names) == len(set(names))
+    modules = {n for n in names if n.endswith(".py")}
+    expected = {"kvcalc/__init__.py", "kvcalc/__main__.py"} | {
+        "kvcalc/" + p.relative_to(source).as_posix() for top in LINKED for p in (source / top).rglob("*.py")
+        if "__pycache__" not in p.parts}
+    assert modules == expected
+    csrc = {"kvcalc/cuda_ext/csrc/" + p.name for p in (source / "cuda_ext" / "csrc").iterdir() if p.is_file()}
+    assert csrc and csrc <= set(names)
+    assert not any(n.startswith(("cli/", "core/", "cuda_ext/", "tests/")) for n in names)
