@@ -2,6 +2,8 @@
 groups of hybrids by vLLM's hybrid allocator rules, computed by hand."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.gpus import get_gpu
 from kvcalc.core.model.gpu_plan import cache_groups, plan_gpu
@@ -269,3 +271,33 @@ def test_pipeline_stages_of_a_hybrid_preset_are_refused():
     with pytest.raises(ParameterError, match="does not know which layer is which"):
         plan_gpu(get_preset("Gemma-2-9B"), kv_dtype_bits=16, block_size=16, max_model_len=8192, pp=2,
                  kv_memory_bytes=GIB)
+
+
+@given(pattern=st.lists(st.booleans(), min_size=2, max_size=40), pp=st.integers(1, 6))
+@settings(max_examples=200, deadline=None)
+def test_stage_slots_bounds(pattern, pp):
+    """Any order of sliding (True) and full layers, any pp: a stage never pages more slots than the model's G, and
+    at least, for each layer type, its layers on the stage spread over that type's runs (pigeonhole)."""
+    from kvcalc.core.model.gpu_plan import stage_slots
+    from kvcalc.core.model.kv_groups import kv_layout
+    from kvcalc.core.model.vllm_memory import pp_layers
+
+    if all(pattern) or not any(pattern) or pp > len(pattern):
+        return
+    sliding = LayerGroup("sliding", pattern.count(True), kv_heads=2, k_head_dim=64, v_head_dim=64, window=512,
+                         q_heads=4)
+    full = LayerGroup("full", pattern.count(False), kv_heads=2, k_head_dim=64, v_head_dim=64, q_heads=4)
+    groups = (sliding, full) if pattern[0] else (full, sliding)
+    order = tuple(groups.index(sliding if s else full) for s in pattern)
+    spec = ModelSpec.from_groups("p", groups, num_attention_heads=4, hidden_size=256, max_position_embeddings=4096,
+                                 layer_order=order)
+    layout = kv_layout(spec, 16, 16)
+    slots = stage_slots(spec, layout, 16, 1, pp)
+    tables = {g.kind: g.tables for g in layout.groups}
+    start = 0
+    for n, got in zip(pp_layers(len(pattern), pp), slots, strict=True):
+        part = pattern[start:start + n]
+        start += n
+        assert got <= layout.group_size
+        for kind, count in (("sliding", part.count(True)), ("full", part.count(False))):
+            assert got >= -(-count // tables[kind])
