@@ -166,3 +166,21 @@ def test_refused_by_name(tmp_path, extra, message):
                    prefix_caching=not no_prefix, **extra)
     with pytest.raises(ParameterError, match=message):
         build(o)
+
+
+def test_compare_tiers_against_the_one_at_a_time_replay(tmp_path):
+    # HAND again, a 2-block host. Share's replay with a 4-block GPU cache holds ids 1..4 after r1 (the running
+    # request's blocks are not cache there), so r2 hits both its blocks in the GPU: (2, 0, 0) at every rung. The
+    # sim's pool also holds the partial blocks and r1's own blocks while r1 runs: id 2 was evicted, so r2 hits
+    # id 1 on the GPU and loads id 2 from the host with one; with none it recomputes id 2.
+    from kvcalc.core.sim.tiers_compare import compare_tiers
+
+    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024")
+    setup = replace(setup, sim=sim)
+    record = run_policy(setup.workload, "paged", sim)
+    c = compare_tiers(setup, {"paged": record}, {})
+    assert [r.label for r in c.rungs] == ["GPU only", "GPU + host"]
+    assert c.rungs[-1].record is record and c.prompt_tokens == 3 * 1025 and c.gpu_cache_blocks == 4
+    assert [r.replay_hit_blocks for r in c.rungs] == [(2, 0, 0), (2, 0, 0)]
+    assert [int(r.totals.gpu_hit_blocks.sum()) for r in c.rungs] == [1, 1]
+    assert [int(r.totals.host_hit_blocks.sum()) for r in c.rungs] == [0, 1]
