@@ -150,7 +150,7 @@ class HashIndex:
         table = self.vals
         # fast path: each absent hash takes the free slot its lookup saw, unless another key of this
         # batch claims the same slot first (then it goes on along the run, see _insert_lost)
-        if n and present.max() < 0:  # all of them absent
+        if n and np.maximum.reduce(present) < 0:  # all of them absent (the ufunc: no Python-level wrapper)
             inserted, cand = None, None
             cand_slots, cand_blocks = free_slots, block_ids
         else:

@@ -136,8 +136,12 @@ class HashedPrompts:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @functools.cached_property
+    def _bounds(self) -> list[int]:  # offsets as Python ints: `prompt` runs once a request
+        return self.offsets.tolist()
+
     def prompt(self, i: int) -> HashedKeys:
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        a, b = self._bounds[i], self._bounds[i + 1]
         return HashedKeys(self.keys[a:b], self.hashes[a:b], self.homes[a:b], self, i, a)
 
 

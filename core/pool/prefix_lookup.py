@@ -133,7 +133,7 @@ class PrefixIndex:
         # verify only up to the first block not in the index: a hole ends the chain, whatever follows it
         # (a miss is -1, which as a block id would read the last block: it must never reach verification)
         if max_hit:
-            first_miss = int((cand < 0).argmax())
+            first_miss = int(cand.argmin())  # block ids are >= 0: the first minimum is the first miss, if any
             if cand[first_miss] < 0:
                 cand = cand[:first_miss]
         num_hit = self._verified_hits(cand, keys, extra_id) if len(cand) else 0
@@ -165,7 +165,7 @@ class PrefixIndex:
         b = a + len(hashes)
         present, slots = ahead[5][a:b], ahead[6][a:b]
         stale = index.vals.take(slots) != ahead[7][a:b]
-        if stale.any():
+        if np.count_nonzero(stale):  # NOTE: not stale.any(), a Python-level wrapper: this runs once a request
             redo = np.flatnonzero(stale)
             present, slots = present.copy(), slots.copy()
             present[redo], slots[redo] = index.find(hashes[redo], homes[redo])
@@ -184,7 +184,8 @@ class PrefixIndex:
         ok = store.key.take(rest) == keys[1:m]
         ok &= store.parent_id.take(rest) == prev
         ok &= store.parent_ver.take(rest) == store.version.take(prev)
-        return 1 + int(ok.argmin()) if not ok.all() else m
+        first_bad = int(ok.argmin())  # the first False, or 0 when all are True
+        return m if ok[first_bad] else 1 + first_bad
 
     # ---- registration ---------------------------------------------------------------------------
     def register_prompt(self, table: np.ndarray, probe: Probe, evicted: bool) -> np.ndarray | None:
