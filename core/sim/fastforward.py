@@ -22,6 +22,8 @@ without it (`fast_forward=False`) every step goes through a plan; tests compare 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .engine import Engine
@@ -142,12 +144,13 @@ class FastForward:
         return s.arrival_list[s.next_arrival] if s.next_arrival < s.num_requests else np.inf
 
     def _segment(self, k: int, plan: np.ndarray | None) -> bool:
-        s, st, totals = self.scheduler, self.steptime, self.totals
+        s, st = self.scheduler, self.steptime
         run = s.running_ids
         n = len(run)
         tokens0 = s.computed[run]
         context0 = int(tokens0.sum()) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
-        until = min(self._until(), s.next_deadline)
+        through = self._through_arrivals()
+        until = s.next_deadline if through else min(self._until(), s.next_deadline)
         # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`
         if until < np.inf:
             excess1 = float(self._excess(tokens0, 1).sum()) if st.sliding_share else 0.0
@@ -167,6 +170,40 @@ class FastForward:
             d, ends = d[:k], ends[: k + 1]
         if getattr(self.policy, "runs_decode", False):
             return self._grouped_segment(k, d, ends)
+        if not through:
+            self._piece(run, plan, d, ends, steps)
+        else:
+            pieces = piece_bounds(ends, k, s.arrival_s, s.next_arrival)
+            if pieces[1] < 2:
+                return False
+            for i, j in itertools.pairwise(pieces):
+                if j - i < 2:
+                    break  # a run of one step: the general step takes it, as without merging
+                if i:
+                    s.ingest()  # the arrivals up to now join the queue behind its blocked head
+                    plan = self.policy.decode_steps_available(s.computed[run])[1]
+                self._piece(run, plan, d[i:j].copy(), ends[i : j + 1], steps)
+        s.last_token_s[run] = s.now_s
+        s.finish(run)
+        s.steady = True
+        return True
+
+    def _through_arrivals(self) -> bool:
+        """A run may go on past arrivals (then done in pieces, each split where an arrival joins the queue,
+        accounted as runs split at arrivals are): when someone waits and cannot be admitted, the newcomers
+        queue behind the head (FCFS) and the head stays blocked — decode growth only takes memory, and
+        without a prefix cache no hit can appear — with no timeout, no sliding window (whose closed form
+        reads the tokens) and one block table per request."""
+        s = self.scheduler
+        return (bool(s.waiting) and s.config.timeout_s is None and self.policy.releases_in_segment
+                and not self.steptime.sliding_share and not getattr(self.policy, "runs_decode", False))
+
+    def _piece(self, run: np.ndarray, plan: np.ndarray | None, d: np.ndarray, ends: np.ndarray,
+               steps: np.ndarray) -> None:
+        """k = len(d) decode steps of the running batch `run` from now, accounted: memory, ITL, tokens."""
+        s, totals = self.scheduler, self.totals
+        n, k = len(run), len(d)
+        tokens0 = s.computed[run]
         parts, table_bytes, new_blocks = self.policy.segment_integrals(tokens0, plan, d, s.head(), steps)
         totals.memory_slot_s += parts
         totals.block_table_byte_s += table_bytes
@@ -180,13 +217,9 @@ class FastForward:
         s.generated[run] += k
         self.policy.grow_many(run, tokens0 + k, new_blocks)
         s.now_s = float(ends[-1])
-        s.last_token_s[run] = s.now_s
         totals.busy_s += span
         totals.steps += k
         totals.segments += 1
-        s.finish(run)
-        s.steady = True
-        return True
 
     def _grouped_segment(self, k: int, d: np.ndarray, ends: np.ndarray) -> bool:
         """A run of decode steps on a hybrid pool (GroupedPagedPolicy.decode_run): the memory of every step in
@@ -288,6 +321,14 @@ class FastForward:
         totals.segments += 1
         s.steady = True
         return True
+
+
+def piece_bounds(ends: np.ndarray, k: int, arrival_s: np.ndarray, next_arrival: int) -> list[int]:
+    """0 = b_0 < b_1 < … < k: the steps of a k-step run (step j starts at ends[j]) at which arrivals join —
+    the first step starting at or after each arrival (an arrival at ends[j] joins before step j)."""
+    last = int(np.searchsorted(arrival_s, ends[k - 1], side="right"))
+    joins = np.searchsorted(ends[:k], arrival_s[next_arrival:last], side="left")
+    return [0, *np.unique(joins).tolist(), k]
 
 
 def _in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:
