@@ -77,3 +77,15 @@ def test_unreachable_max_rate_is_reported_after_one_run() -> None:
     assert len(search["evaluations"]) == 1 and "rejected at any rate" in search["unattainable"]
     assert wall / plain_wall <= 1.25, f"the search takes {wall / plain_wall:.2f}x the plain run"
     assert wall <= 10.0, f"the search takes {wall:.2f} s (goal 10 s)"
+
+
+def test_reachable_max_rate_search_takes_few_runs() -> None:
+    """A reachable target (0.8: 85.3 % of the requests fit the model) on the whole trace: the search starts from
+    sim's own run, stops each later run once its verdict is certain, and answers to its stated 2 % resolution."""
+    doc, wall, _ = run_process([*SIM, "--slo", "ttft=2,tpot=100ms", "--attainment", "0.8", "--max-rate"])
+    search = json.loads(doc)["max_rate_search"]["paged"]
+    lo, hi = search["bracket_rps"]
+    print(f"\nreachable --max-rate on the whole trace: {wall:.2f} s, {len(search['evaluations'])} runs, "
+          f"{lo:.4f} req/s, bracket [{lo:.4f}, {hi:.4f}]")
+    assert search["unattainable"] is None and hi - lo <= 0.02 * lo  # the stated resolution (search.REL_TOL)
+    assert wall <= 10.0, f"the search takes {wall:.2f} s (goal 10 s)"
