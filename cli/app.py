@@ -71,6 +71,7 @@ class KvcalcGroup(TyperGroup):
         extra.pop("standalone_mode", None)
         try:
             _check_one_format(list(sys.argv[1:] if args is None else args))
+            check_output_paths(list(sys.argv[1:] if args is None else args))
             result = super().main(args=args, prog_name=prog_name or "kvcalc", standalone_mode=False, **extra)
         except click_exc.UsageError as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # bare `kvcalc`: help on stdout, exit 0
@@ -130,6 +131,25 @@ def _check_one_format(args: list[str]) -> None:
             args[i + 1] if arg == "--format" and i + 1 < len(args) else None)
         if value is not None:
             check_one_format(True, value)
+
+
+# Every option naming a file a command writes, and what it writes: checked by check_output_paths before any
+# command runs (tests/cli/test_app.py holds every Path option of every command to this list or to INPUT_PATHS).
+OUTPUT_PATHS = {"--plot": "the figure", "--timeline": "the file", "--save": "the file"}
+INPUT_PATHS = {"--config", "--hf-model", "--lengths-file", "--calibrate", "--cache-dir"}  # read; cache: filled
+
+
+def check_output_paths(args: list[str]) -> None:
+    """`--plot out.png` or `--plot=out.png` anywhere in `args`: the file can be written, or one `error:` line
+    naming the option, before the command does any work (a run of minutes, a report already printed)."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in OUTPUT_PATHS and (eq or i + 1 < len(args)):
+            from pathlib import Path
+
+            from .options import check_output_path
+
+            check_output_path(flag, Path(value if eq else args[i + 1]), OUTPUT_PATHS[flag])
 
 
 def _describe(exc: Exception) -> str:

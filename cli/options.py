@@ -63,7 +63,8 @@ def seed_option(help: str) -> Any:
 def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
     """Fail before any work when `flag`'s output file cannot be created: its directory is missing, is not a
     directory, or the path is itself a directory, or it is `-` (which would make a file named '-': stdout
-    carries the report). Raises ValueError (one `error:` line, exit 2)."""
+    carries the report), or opening it for writing fails (tried: an existing file is opened to append and left
+    as it was, a new one is created and removed). Raises ValueError (one `error:` line, exit 2)."""
     if str(path) == "-":
         raise ValueError(f"{flag} -: give a file name; {what} is not written to standard output, which carries "
                          "the report")
@@ -72,6 +73,16 @@ def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
     if not path.parent.is_dir():
         problem = "is not a directory" if path.parent.exists() else "does not exist"
         raise ValueError(f"{flag} {path}: the directory {path.parent} {problem}; create it or write {what} elsewhere")
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise ValueError(f"{flag} {path}: cannot be written ({reason}); give a path where {what} can be written"
+                         ) from None
+    if not existed:
+        path.unlink()
 
 
 def number(flag: str, example: str) -> Callable[[Any], float]:

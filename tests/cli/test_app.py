@@ -180,3 +180,66 @@ def test_dash_for_an_output_file_is_refused_not_written_as_a_file_named_dash(run
     monkeypatch.chdir(tmp_path)
     result = run_cli(*args)
     assert result.exit_code == 2 and "-: give a file name" in result.stderr and not (tmp_path / "-").exists()
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A folder in which no file can be created by this process: a read-only one, or /sys when root (whom
+    permissions do not stop)."""
+    import os
+
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o500)
+        yield tmp_path
+        tmp_path.chmod(0o700)
+        return
+    try:
+        open("/sys/kvcalc-probe", "ab").close()
+    except PermissionError:
+        yield __import__("pathlib").Path("/sys")
+    else:  # pragma: no cover
+        pytest.skip("no folder here refuses a write by root")
+
+
+@pytest.mark.parametrize("args", [
+    ("sim", "--timeline", "{dir}/timeline.csv"),
+    ("sim", "--plot={dir}/sim.png"),
+    ("frag", "-m", "llama-3-8b", "--plot", "{dir}/frag.png"),
+    ("share", "--capacity", "1GiB", "--plot", "{dir}/share.png"),
+    ("plan", "--plot", "{dir}/plan.svg"),
+    ("bench", "--device", "cpu", "--save", "{dir}/bench.json"),
+])
+def test_an_unwritable_output_path_is_refused_naming_the_option_before_any_work(run_cli, unwritable_dir, args):
+    args = tuple(a.format(dir=unwritable_dir) for a in args)
+    flag = next(a.partition("=")[0] for a in args if a.partition("=")[0] in ("--timeline", "--plot", "--save"))
+    result = run_cli(*args)
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {flag} {unwritable_dir}/"), result.stderr
+    assert "cannot be written (permission denied)" in result.stderr and "read" not in result.stderr
+
+
+def test_the_write_check_leaves_an_existing_file_as_it_was_and_creates_none(tmp_path):
+    from kvcalc.cli.options import check_output_path
+
+    kept = tmp_path / "kept.csv"
+    kept.write_text("old\n")
+    check_output_path("--timeline", kept)
+    check_output_path("--timeline", tmp_path / "new.csv")
+    assert kept.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.csv"]
+
+
+def test_every_path_option_is_known_as_read_or_written():
+    """A new option naming a file must be sorted: written (checked before any work) or read."""
+    import typer.main
+
+    from kvcalc.cli.app import INPUT_PATHS, OUTPUT_PATHS, app
+
+    group = typer.main.get_command(app)
+    seen = set()
+    for name in group.list_commands(None):
+        for param in group.get_command(None, name).params:
+            annotation = getattr(param.type, "name", "")
+            if annotation == "path" or "Path" in repr(param.type) or param.name in ("plot", "timeline", "save"):
+                seen |= {opt for opt in param.opts if opt.startswith("--")}
+    assert seen and seen <= set(OUTPUT_PATHS) | INPUT_PATHS, seen - set(OUTPUT_PATHS) - INPUT_PATHS
+    assert set(OUTPUT_PATHS) <= seen
