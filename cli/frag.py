@@ -12,7 +12,7 @@ from ..core.frag import analyse, block_sizes_for, check_memory
 from ..core.inputs.lengths import DEFAULT_SAMPLE_COUNT, load_lengths
 from ..core.model.kv_groups import DEFAULT_LAYOUT
 from ..core.model.models import resolve_model
-from ..core.spec_decode import speculation_from
+from ..core.spec_decode import speculation_from, with_config_drafter
 from ..core.units import format_count, format_percent, plural
 from .chart import check_plot_target, write_waste_plot
 from .frag_report import (
@@ -166,6 +166,9 @@ def command(
         source = load_lengths(lengths, lengths_file, column, trace, phase, dist, count, seed, progress=advance)
     _check_per_seq_rows(source.count, per_seq, out_format)
     spec = resolve_model(model, config, layers, kv_heads, head_dim)
+    drafter = None  # the drafter's KV joins the model's (mtp, eagle), as size counts it, or a note says why not
+    if spec is not None and speculation is not None:
+        spec, drafter = with_config_drafter(spec, speculation.spec_tokens, speculation.method, "frag")
     if spec is None and dtype is not None:
         raise ValueError(
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
@@ -211,6 +214,8 @@ def command(
         report.notes += model_notes(result.model_bytes, sweep)
     if result.speculative is not None:
         report.notes.append(speculative_note(result.speculative, max_len is None))
+    if drafter is not None:
+        report.notes.append(drafter)
     longest = int(source.tokens.max())
     if spec is not None and spec.max_position_embeddings is not None and longest > spec.max_position_embeddings:
         err_console.print(f"warning: the longest length, {format_count(longest)}, is above {spec.name}'s "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .blocks import ceil_div
 from .errors import ParameterError
 from .model.layers import LayerGroup, bits_to_bytes, state_bits
+from .model.model_spec import ModelSpec
 
 SPEC_METHODS = {"draft": "a draft model", "eagle": "an EAGLE head", "mtp": "multi-token-prediction layers",
                 "ngram": "n-gram drafting"}  # method: its drafters (all but ngram keep KV: K lookahead slots)
@@ -182,3 +183,27 @@ def speculative_size(
         paged_bits_per_seq(groups, tokens, peak, block_size, dtype_bits, tp),
         memory_bytes,
     )
+
+
+def with_config_drafter(spec: ModelSpec, spec_tokens: int | None, method: str | None,
+                        command: str) -> tuple[ModelSpec, str | None]:
+    """`spec` with the KV its drafter keeps in the same pool, as `kvcalc size` counts it (models.with_drafter),
+    for a `command` that reads no drafter config (sim, frag): spec_method mtp or eagle adds the config's MTP
+    layers (refused when it has none); draft's own model is not read, and the note says its KV is left out;
+    ngram adds none. Without speculation the note says that the config's MTP layers exist and are not counted.
+    An unknown method is left to `Speculation`, which refuses it by name."""
+    from .model.models import with_drafter
+
+    name = None if spec_tokens is None else DEFAULT_SPEC_METHOD if method is None else method.strip().lower()
+    if name == "draft":
+        return spec, (f"--spec-method draft: the draft model's own KV is not counted ({command} reads no drafter "
+                      "config; kvcalc size --draft-config counts it)")
+    if name in ("mtp", "eagle") and not spec.drafter_layers:
+        raise ParameterError(
+            f"spec_method {name}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "
+            f"mtp_num_hidden_layers) to draft with, and {command} reads no drafter config: use spec_method draft (a "
+            "draft model, its KV not counted) or ngram (kvcalc size --draft-config counts an EAGLE head's KV)",
+            "spec_method")
+    if name is not None and name not in SPEC_METHODS:
+        return spec, None
+    return with_drafter(spec, name)

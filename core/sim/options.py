@@ -155,8 +155,9 @@ class SimOptions:
         None, "With --spec-tokens: probability A that a draft is accepted (independently, until the first "
               "rejection; seeded).", metavar="A", example="0.7")
     spec_method: str | None = option(
-        None, "With --spec-tokens: draft (a draft model / EAGLE / MTP: K lookahead slots per step; the default) or "
-              "ngram (no drafter model, no lookahead).")
+        None, "With --spec-tokens: draft (a draft model: K lookahead slots per step, its KV not counted; the "
+              "default), mtp or eagle (the model's multi-token-prediction layers draft: K lookahead slots, their KV "
+              "in the pool as size counts it) or ngram (no drafter model, no lookahead).")
     draft_cost: float | None = option(
         None, "With --spec-method draft: one draft pass as a share of the target's decode step (default: 0.1).",
         metavar="F", example="0.1")

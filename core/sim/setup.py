@@ -20,6 +20,7 @@ from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..pool.groups import check_state_mode_given
+from ..spec_decode import with_config_drafter
 from .checks import (
     CONSTRUCTED_ONLY,
     INT_BOUNDS,
@@ -138,7 +139,11 @@ def build(o: SimOptions) -> Setup:
     kv_dtype = parse_dtype(o.dtype)
     kv_bits = dtype_bits(kv_dtype)
     spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype, o.quantization)
-    notes: list[str] = []
+    target_layers = spec.layers
+    spec, drafter = with_config_drafter(spec, o.spec_tokens, o.spec_method, "sim")
+    notes: list[str] = [] if drafter is None else [drafter]
+    if spec.layers != target_layers:  # the drafter's layers joined the target's
+        notes[-1] += f"; the step time reads their KV once per step (as {spec.layers} layers)"
     if o.max_model_len is not None:
         max_model_len = o.max_model_len
     elif spec.max_position_embeddings is not None:

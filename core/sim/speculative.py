@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from ..pool.speculative import DEFAULT_ROLLBACK_POLICY, check_rollback_policy
-from ..spec_decode import DEFAULT_SPEC_METHOD, Speculation
+from ..spec_decode import DEFAULT_SPEC_METHOD, SPEC_METHODS, Speculation
 from .plan import StepOutcome, StepPlan
 from .steptime import StepTimeExecutor, StepTimeModel
 
@@ -75,7 +75,8 @@ class SimSpeculation:
     def describe(self) -> str:
         drafter = ("n-gram drafting (no drafter model, no drafter time, no lookahead slots)"
                    if self.method == "ngram" else
-                   f"a draft model (each of the K drafts costs {self.draft_cost:g} of the target's decode step; "
+                   f"{SPEC_METHODS[self.method]} (each of the K drafts costs {self.draft_cost:g} of the target's "
+                   "decode step; "
                    f"{self.lookahead_slots} lookahead slots)")
         return (f"speculative decoding: K = {self.spec_tokens} drafts per decode step by {drafter}, each accepted "
                 f"with probability {self.acceptance:g} until the first rejection (seeded); the target verifies "

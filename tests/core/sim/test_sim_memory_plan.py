@@ -74,6 +74,8 @@ CASES = [
     ("Mixtral-8x7B", "H200", ["--max-num-seqs", "512"], ["--max-seqs", "512"]),  # MoE: fused-MoE workspace
     ("Qwen3-30B-A3B", "A100-80GB", [], []),  # MoE on an A100: 256 sequences
     ("DeepSeek-V3", "H200", ["--tp", "8"], ["--tp", "8"]),  # MLA, fp8 checkpoint
+    ("DeepSeek-V3", "H200", ["--tp", "8", "--spec-tokens", "2", "--spec-method", "mtp"],  # + its MTP layer's KV
+     ["--tp", "8", "--spec-tokens", "2", "--spec-method", "mtp", "--spec-acceptance", "0.7"]),
 ]
 
 
