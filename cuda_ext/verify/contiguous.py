@@ -43,6 +43,17 @@ def allocate_contiguous_kv(
     )
 
 
+def attend_alone(cache: ContiguousKVCache, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+    """One request's attention in one layer: its new k, v [T, Hkv, D] stored at positions num_tokens.. of its
+    own cache (num_tokens moves on after the last layer), then q [T, Hq, D] causally over that cache alone."""
+    start = cache.num_tokens
+    end = start + q.shape[0]
+    cache.k[layer][start:end] = k
+    cache.v[layer][start:end] = v
+    return causal_attention(q, cache.k[layer][:end], cache.v[layer][:end], positions)
+
+
 def contiguous_forward(weights: ModelWeights, cache: ContiguousKVCache, token_ids: Sequence[int],
                        last_only: bool = False) -> torch.Tensor:
     """Appends token_ids (T of them) to the cache -> logits [T, vocab] float32, row t predicting the
@@ -59,9 +70,7 @@ def contiguous_forward(weights: ModelWeights, cache: ContiguousKVCache, token_id
     positions = torch.arange(start, end, dtype=torch.int64, device=device)  # [T]
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache.k[layer][start:end] = k
-        cache.v[layer][start:end] = v
-        return causal_attention(q, cache.k[layer][:end], cache.v[layer][:end], positions)
+        return attend_alone(cache, layer, q, k, v, positions)
 
     hidden = forward_hidden(weights, ids, positions, attend)  # [T, hidden]
     cache.num_tokens = end

@@ -36,8 +36,9 @@ from .hybrid_scenarios import (
     HybridScenario,
     build_hybrid,
 )
-from .runner import EVENTS, ScenarioResult, block_keys, settle
+from .result import EVENTS, ScenarioResult, settle
 from .scenarios import sampling_of_row
+from .scheduled import block_keys
 from .suite import inject_summary, pass_rule, resolve_device, run_status
 from .verdict import TOP_K, Decoding, compare
 

@@ -21,7 +21,7 @@ and a pool small enough to preempt; both runs must match the contiguous referenc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -29,25 +29,14 @@ import torch
 from ...core.sim.plan import StepOutcome, StepPlan
 from ...core.sim.spec_run import SpeculativeEngine, SpeculativePagedPolicy
 from ...core.sim.speculative import SimSpeculation
-from ...core.sim.workload import from_token_ids
 from .config import ModelConfig
 from .contiguous import ContiguousKVCache, allocate_contiguous_kv, contiguous_forward
 from .executor import ModelExecutor
 from .faults import Fault
-from .runner import (
-    TOP_K,
-    ScenarioResult,
-    _CheckedExecutor,
-    _decoding,
-    _events,
-    _new_executor,
-    _references,
-    _WindowedEngine,
-    block_keys,
-)
+from .result import ScenarioResult
 from .sampling import GREEDY, sample_token
-from .scenarios import Scenario, sampling_of_row
-from .verdict import Comparison, Decoding, compare
+from .scenarios import Scenario
+from .scheduled import ScheduledRun, WindowedEngine, run_requests
 from .weights import ModelWeights, init_weights
 
 ROLLBACK_POLICIES = ("keep", "free")
@@ -150,76 +139,48 @@ class SpeculativeModelExecutor(ModelExecutor):
         return emitted
 
 
-class _WindowedSpeculativeEngine(_WindowedEngine, SpeculativeEngine):
-    """The speculative engine with runner's step window around each step."""
-
-
-@dataclass
-class SpeculativeRun:
-    """One run of the scenario under one rollback policy, and what judging it needs."""
-
-    verdict: Comparison
-    policy: SpeculativePagedPolicy
-    executor: SpeculativeModelExecutor
-    engine: _WindowedSpeculativeEngine
-    checked: _CheckedExecutor
-    error: str | None
+class _WindowedSpeculativeEngine(WindowedEngine, SpeculativeEngine):
+    """The speculative engine with the step window of scheduled.WindowedEngine around each step."""
 
 
 def _one_run(scenario: Scenario, weights: ModelWeights, draft: ModelWeights, seed: int, attention_backend: str,
-             rollback_policy: str, fault: Fault | None) -> SpeculativeRun:
-    reqs, B, K = scenario.requests, scenario.block_size, scenario.spec_tokens
-    workload = from_token_ids([list(p) for p in reqs.prompts], list(reqs.max_new_tokens), list(reqs.arrival_s),
-                              list(reqs.num_samples), description=f"verify {scenario.name} ({rollback_policy})")
-    prompts = workload.prompt_token_ids
-    keys = [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None
-    speculation = SimSpeculation(K, 1.0, rollback_policy=rollback_policy)  # acceptance: the model decides
-    policy = SpeculativePagedPolicy(scenario.num_blocks, B, len(workload), keys, rollback_policy,
-                                    speculation.speculation.extra_slots, scenario.scheduler.max_model_len)
-    if fault is not None:
-        fault.install(policy.pool)
-    generations, lengths, eos = _references(weights, reqs, seed)
-    limits = [reqs.cancel_after.get(row, reqs.max_new_tokens[row]) for row in range(len(workload))]
-    executor = _new_executor(weights, scenario, attention_backend, prompts,
-                             [sampling_of_row(reqs, row, seed) for row in range(len(workload))], eos,
-                             executor_class=SpeculativeModelExecutor, draft=draft, limits=limits)
-    checked = _CheckedExecutor(executor, policy.pool)
-    engine = _WindowedSpeculativeEngine(workload, policy, checked, scenario.scheduler, None, checked=checked,
-                                        speculation=speculation)
-    error = None
-    try:
-        engine.run()
-    except Exception as exc:  # as in runner: a fault may break the pool anywhere; the scenario then fails
-        error = f"{rollback_policy}: {type(exc).__name__}: {exc}"
-    refs = [Decoding(g.output_ids[:n], g.logits[:n], TOP_K) for g, n in zip(generations, lengths, strict=True)]
-    tests = [_decoding(executor, row, weights, TOP_K) for row in range(len(workload))]
-    return SpeculativeRun(compare(refs, tests, exact=weights.dtype == "fp32", num_layers=weights.config.num_layers),
-                          policy, executor, engine, checked,
-                          error)
+             rollback_policy: str, fault: Fault | None) -> ScheduledRun:
+    """The scenario through the one run path (scheduled.run_requests) under one rollback policy."""
+    reqs = scenario.requests
+    speculation = SimSpeculation(scenario.spec_tokens, 1.0, rollback_policy=rollback_policy)  # the model accepts
+
+    def make_policy(num_requests: int, keys: list | None) -> SpeculativePagedPolicy:
+        return SpeculativePagedPolicy(scenario.num_blocks, scenario.block_size, num_requests, keys, rollback_policy,
+                                      speculation.speculation.extra_slots, scenario.scheduler.max_model_len)
+
+    rows = [i for i, n in enumerate(reqs.num_samples) for _ in range(n)]
+    limits = [reqs.cancel_after.get(row, reqs.max_new_tokens[i]) for row, i in enumerate(rows)]
+    return run_requests(scenario, weights, seed, attention_backend, fault, make_policy,
+                        engine_class=_WindowedSpeculativeEngine, label=rollback_policy,
+                        engine_kw={"speculation": speculation}, executor_class=SpeculativeModelExecutor,
+                        executor_kw={"draft": draft, "limits": limits})
 
 
 def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed: int, attention_backend: str,
                              fault: Fault | None = None) -> ScenarioResult:
     """Both rollback policies' runs, judged together: every token of both must match."""
     draft = draft_weights(weights, seed)
-    verdicts, events, errors, content, invariant, steps = [], {}, [], [], None, 0
-    for rollback_policy in ROLLBACK_POLICIES:
-        run = _one_run(scenario, weights, draft, seed, attention_backend, rollback_policy, fault)
-        verdicts.append(run.verdict)
-        run_events = _events(run.policy.pool, run.executor, deferred_free_blocks=run.engine.deferred_free_blocks)
-        for key, value in run_events.items():
+    runs = [_one_run(scenario, weights, draft, seed, attention_backend, policy, fault) for policy in ROLLBACK_POLICIES]
+    verdicts = [run.verdict for run in runs]
+    events: dict[str, int] = {}
+    for run in runs:
+        for key, value in run.events.items():
             events[key] = events.get(key, 0) + value
-        errors += [run.error] if run.error else []
-        content += run.executor.content_errors
-        if invariant is None and run.checked.invariant_error:
-            invariant = f"{rollback_policy}: {run.checked.invariant_error}"
-        steps += run.executor.counts["steps"]
+    content = [e for run in runs for e in run.executor.content_errors]
+    invariant = next((f"{policy}: {run.checked.invariant_error}" for policy, run in zip(ROLLBACK_POLICIES, runs,
+                      strict=True) if run.checked.invariant_error), None)
     mismatch = next((v.first_mismatch for v in verdicts if v.first_mismatch), None)
     return ScenarioResult(
-        scenario.name, sum(len(scenario.requests.prompts) for _ in ROLLBACK_POLICIES),
+        scenario.name, sum(len(run.outputs) for run in runs),
         sum(v.tokens_compared for v in verdicts), sum(v.mismatched_tokens for v in verdicts), mismatch,
         max(v.max_abs_logit_diff for v in verdicts), all(v.passed for v in verdicts), events,
         content_errors=len(content), first_content_error=content[0] if content else None,
-        invariant_error=invariant, error="; ".join(errors) or None, steps=steps,
+        invariant_error=invariant, error="; ".join(run.error for run in runs if run.error) or None,
+        steps=sum(run.executor.counts["steps"] for run in runs),
         logit_tolerance=None if verdicts[0].logit_tolerance is None else min(v.logit_tolerance for v in verdicts),
     )

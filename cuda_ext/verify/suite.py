@@ -37,7 +37,9 @@ from .config import DTYPE_NAMES, ModelConfig, torch_dtype
 from .faults import INJECTIONS, Fault
 from .gguf_model import GGUF_MODELS, find_gguf, load_gguf_model
 from .hf_checkpoint import load_llama_weights
-from .runner import ScenarioResult, run_scenario
+from .references import jobs_of, shared_references
+from .result import ScenarioResult
+from .runner import run_scenario
 from .scenarios import BLOCK_SIZE, SCENARIOS, build
 from .verdict import FP32_ULPS_PER_LAYER, TOP_K
 from .weights import init_weights
@@ -117,10 +119,14 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         model = weights.config
         backend = default_attention_backend(model, torch_dtype(config.dtype), device, BLOCK_SIZE)
         results, texts = [], []
-        for name in config.scenarios:
+        # the same questions in every scenario: one reference decoding per prompt, all decoded together first
+        sources = [None if tokenizer is None else ChatPrompts(tokenizer) for _ in config.scenarios]
+        built = [build(name, model.vocab_size, config.seed, src) for name, src in zip(config.scenarios, sources,
+                                                                                        strict=True)]
+        shared_references(weights).prefetch([job for scenario in built if scenario.requests is not None
+                                             for job in jobs_of(scenario.requests, config.seed)])
+        for source, scenario in zip(sources, built, strict=True):
             fault = Fault(config.inject) if config.inject else None
-            source = None if tokenizer is None else ChatPrompts(tokenizer)  # the same questions: shared references
-            scenario = build(name, model.vocab_size, config.seed, source)
             results.append(run_scenario(scenario, weights, seed=config.seed, attention_backend=backend, fault=fault))
             if source is not None:
                 texts += _texts(results[-1], source, tokenizer, config.num_texts - len(texts))

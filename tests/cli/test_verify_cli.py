@@ -110,16 +110,15 @@ def test_inject_table_says_what_caught_it(run_cli):
 def test_a_scenario_missing_its_events_is_not_exercised_exit_4(run_cli, monkeypatch):
     # ragged's end-of-sequence token chosen where no request produces it: no EOS finish, every token still
     # right -> "not exercised", not "failed"
-    from kvcalc.cuda_ext.verify import runner
+    from kvcalc.cuda_ext.verify import scheduled
 
-    monkeypatch.setattr(runner, "_truncate", lambda tokens, eos: len(tokens))
-    real_references = runner._references
+    real_references = scheduled.references
 
     def no_eos(weights, requests, seed, *args, **kw):
         generations, _, _ = real_references(weights, requests, seed, *args, **kw)
         return generations, [len(g.output_ids) for g in generations], None
 
-    monkeypatch.setattr(runner, "_references", no_eos)
+    monkeypatch.setattr(scheduled, "references", no_eos)
     result = run_cli("verify", "--scenario", "ragged", "--json")
     assert result.exit_code == 4
     doc = json.loads(result.stdout)
@@ -146,6 +145,22 @@ def test_cuda_without_gpu_is_one_line_exit_3(run_cli):
     result = run_cli("verify", "--device", "cuda", "--scenario", "ragged")
     assert result.exit_code == 3 and result.stdout == ""
     assert result.stderr == "error: --device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)\n"
+
+
+@pytest.mark.parametrize("scenario", ["speculative", "ragged", "beam-search"])
+def test_a_kernel_that_cannot_run_mid_scenario_exits_3_not_1(run_cli, monkeypatch, scenario):
+    # a GPU is visible but the CUDA kernel cannot be built: the first paged forward raises CudaUnavailableError
+    # inside the run; every scenario (the speculative one too: one run path) lets it up -> exit 3, not a failure
+    from kvcalc.core.errors import CudaUnavailableError
+    from kvcalc.cuda_ext.verify import executor
+
+    def unbuildable(*args, **kw):
+        raise CudaUnavailableError("the CUDA extension cannot be built here (no nvcc); use --device cpu")
+
+    monkeypatch.setattr(executor, "paged_forward", unbuildable)
+    result = run_cli("verify", "--scenario", scenario, "--json")
+    assert result.exit_code == 3 and result.stdout == ""
+    assert result.stderr == "error: the CUDA extension cannot be built here (no nvcc); use --device cpu\n"
 
 
 @pytest.mark.parametrize(("args", "message"), [

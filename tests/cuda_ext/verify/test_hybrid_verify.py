@@ -28,8 +28,8 @@ from kvcalc.cuda_ext.verify.hybrid_scenarios import (  # noqa: E402
     build_hybrid,
 )
 from kvcalc.cuda_ext.verify.hybrid_suite import run_hybrid_scenario, run_hybrid_verify  # noqa: E402
-from kvcalc.cuda_ext.verify.runner import block_keys  # noqa: E402
 from kvcalc.cuda_ext.verify.scenarios import _requests  # noqa: E402
+from kvcalc.cuda_ext.verify.scheduled import block_keys  # noqa: E402
 
 
 @pytest.fixture(scope="module")
