@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
@@ -35,7 +36,8 @@ class GroupedPagedPolicy:
     releases_in_segment = False
 
     def __init__(self, num_blocks: int, block_size: int, groups: tuple[PoolGroup, ...], state_mode: str,
-                 num_requests: int, prompt_keys: list | None = None, max_batched_tokens: int = 8192) -> None:
+                 num_requests: int, prompt_keys: list | None = None,
+                 max_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
         self.block_size = block_size
         self.capacity_slots = num_blocks * block_size
         self.groups = groups

@@ -30,6 +30,8 @@ import numpy as np
 
 from ..blocks import ceil_div
 from ..errors import ParameterError
+from ..model.gpu_plan import DEFAULT_MAX_NUM_SEQS
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from .plan import Preemption, SwapIn
 from .policies import MemoryPolicy
@@ -39,8 +41,8 @@ from .workload import Workload
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batched_tokens: int = 8192
-    max_seqs: int = 256
+    max_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_seqs: int = DEFAULT_MAX_NUM_SEQS  # `kvcalc sim` passes vLLM's default by GPU (hardware.default_max_seqs)
     max_model_len: int = 8192
     preempt: str = "recompute"
     timeout_s: float | None = None

@@ -41,7 +41,7 @@ from .options import (
     DEFAULT_RATE,
     DEFAULT_REQUESTS,
     DEFAULT_SEED,
-    DEFAULT_SWAP_BANDWIDTH,
+    DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S,
     SimOptions,
 )
 from .paged_groups import pool_groups
@@ -54,7 +54,7 @@ from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_atten
 from .tiers_options import sim_tiers
 from .workload import Workload, constructed, from_trace, length_streams
 
-FALLBACK_MAX_MODEL_LEN = 8192
+FALLBACK_MAX_MODEL_LEN = SchedulerConfig.max_model_len  # the scheduler's own default, 8,192
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,8 +185,8 @@ def build(o: SimOptions) -> Setup:
         raise ParameterError(f"step_overhead_ms {overhead_ms:g} must be >= 0", "step_overhead_ms")
     overhead_s = overhead_ms / 1e3
     eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_s)
-    swap_text = DEFAULT_SWAP_BANDWIDTH if o.swap_bandwidth is None else o.swap_bandwidth
-    swap_bandwidth = float(byte_count("swap_bandwidth", swap_text, "bytes/s"))
+    swap_bandwidth = DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S if o.swap_bandwidth is None else float(
+        byte_count("swap_bandwidth", o.swap_bandwidth, "bytes/s"))
     steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth)
     timeout = None
     if o.timeout_s is not None:

@@ -50,6 +50,7 @@ from ..errors import ParameterError
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
 from .hardware import GpuSpec, MemoryPlan, active_params
+from .options import DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
 
 SANE_STEP_S = 86_400.0  # one engine step longer than a day means the GPU figures are wrong
@@ -206,7 +207,8 @@ def prefill_positions(start: np.ndarray, count: np.ndarray) -> np.ndarray:
     return start * count + count * (count + 1) / 2
 
 
-def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *, swap_bandwidth_bytes_per_s: float = 25e9,
+def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
+                swap_bandwidth_bytes_per_s: float = DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S,
                 weight_bytes_total: int | None = None) -> StepTimeModel:
     """The step-time model of `spec` served with `plan` (tp GPUs share FLOPs and bytes evenly)."""
     if not swap_bandwidth_bytes_per_s > 0:
