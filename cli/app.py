@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 try:  # typer >= 0.22 vendors click as typer._click; older releases use click itself
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_exc  # type: ignore[no-redef]
+    from click import exceptions as click_exc  # type: ignore[no-redef, import-not-found]
 
 from ..core.errors import CudaUnavailableError, ParameterError
 from .commands import COMMANDS

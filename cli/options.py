@@ -21,7 +21,7 @@ import typer
 try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
     from typer._click.exceptions import UsageError
 except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError  # type: ignore[assignment]
+    from click.exceptions import UsageError  # type: ignore[assignment, no-redef, import-not-found]
 
 from ..core.units import format_int_short, parse_int
 from .output import Format
