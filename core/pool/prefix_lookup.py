@@ -127,6 +127,8 @@ class PrefixIndex:
                 f"{len(keys)} block keys for a {num_tokens}-token prompt, which has only "
                 f"{num_tokens // B} full blocks of {B}"
             )
+        if not len(keys):  # a prompt shorter than a block: nothing to look up (a third of them at block 4,096)
+            return Probe(_NO_IDS, hashes, keys, homes, _NO_IDS, _NO_IDS, extra_id)
         max_hit = min(len(keys), max(num_tokens - 1, 0) // B)
         present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
         cand = present[:max_hit]

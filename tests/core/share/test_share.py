@@ -356,6 +356,24 @@ def test_a_checked_trace_is_checked_once_and_only_for_its_own_arguments(monkeypa
     assert share_trace(other, 16, checked=checked).cached.requests == 1 and calls[2:] == [(16, None)]
 
 
+def test_chained_ids_count_their_prefixes_as_ids() -> None:
+    # prefix-chained: [1], [1, 2], [1, 2, 3], [1, 4] are 4 prefixes of 4 ids
+    chained = make_trace([(100, 1, [1, 2]), (100, 1, [1, 2, 3]), (100, 1, [1, 4])])
+    # not chained: id 2 follows 1 and 5 — prefixes [1], [1, 2], [5], [5, 2] are 4, ids 3
+    unchained = make_trace([(100, 1, [1, 2]), (100, 1, [5, 2])])
+    largest = 1  # ceil(101 / 1024)
+    assert unlimited_capacity(chained, 1024) == unlimited_capacity(chained, 1024, chained=True) == 4 + largest
+    assert unlimited_capacity(unchained, 1024) == unlimited_capacity(unchained, 512) == 4 + largest
+    assert unlimited_capacity(unchained, 1024, chained=True) == 3 + largest  # why the flag needs the check
+    assert distinct_id_prefixes(chained.hash_ids, chained.hash_offsets) == 4
+    for name in ("mooncake_conversation.jsonl", "mooncake_synthetic.jsonl"):
+        path = MOONCAKE.parent / name
+        if path.is_file():  # both real traces are chained
+            trace = read_trace("mooncake", path)
+            ids = trace.hash_ids[trace.hash_offsets[0] : trace.hash_offsets[-1]]
+            assert len(np.unique(ids)) == distinct_id_prefixes(trace.hash_ids, trace.hash_offsets)
+
+
 def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
     path = tmp_path / "a.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n"
