@@ -144,50 +144,14 @@ def build(o: SimOptions) -> Setup:
     notes: list[str] = [] if drafter is None else [drafter]
     if spec.layers != target_layers:  # the drafter's layers joined the target's
         notes[-1] += f"; the step time reads their KV once per step (as {spec.layers} layers)"
-    if o.max_model_len is not None:
-        max_model_len = o.max_model_len
-    elif spec.max_position_embeddings is not None:
-        max_model_len = spec.max_position_embeddings
-    else:
-        max_model_len = FALLBACK_MAX_MODEL_LEN
-        notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
-    if max_model_len < 1:
-        raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
+    max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
     hybrid = pool_groups(layout) is not None
-    version = get_version(DEFAULT_VLLM_VERSION if o.vllm_version is None else o.vllm_version).name
-    for name in ("max_batched_tokens", "max_seqs"):  # checked here: plan_memory's refusals read as "does not fit"
-        if getattr(o, name) is not None and getattr(o, name) < 1:
-            raise ParameterError(f"{name} {getattr(o, name)} must be at least 1", name)
-    plan = plan_memory(
-        spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
-        quantization=quantization, vision_params=checkpoint_vision_params(spec, o.model, o.config),
-        weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
-        workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
-        max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout if hybrid else None,
-        vllm_version=version,
-    )
+    plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         _check_hybrid(o, spec, policies)
-        notes.append(f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the "
-                     f"state from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
-                     + ("; align keeps two pages, its prefix-cache hits are not modelled: a lower bound)"
-                        if layout.mamba_cache_mode == "align" else ")")
-                     if layout.state_groups else f"KV cache groups ({layout.layout} layout): {layout.reason}")
-    attn_eff = o.attn_eff
-    source = (f"roofline on {gpu.name} x{o.tp}, efficiencies compute {o.compute_eff:g}, weights {o.weight_eff:g}, "
-              f"attention {{attn:g}}, overhead {o.step_overhead_ms:g} ms/step")
-    if o.calibrate is not None:
-        attn_eff, calibration = calibrated_attention_eff(o.calibrate, gpu)
-        notes.append(calibration)
-    overhead_ms = finite_float("step_overhead_ms", o.step_overhead_ms)
-    if overhead_ms < 0:
-        raise ParameterError(f"step_overhead_ms {overhead_ms:g} must be >= 0", "step_overhead_ms")
-    overhead_s = overhead_ms / 1e3
-    eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_s)
-    swap_bandwidth = DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S if o.swap_bandwidth is None else float(
-        byte_count("swap_bandwidth", o.swap_bandwidth, "bytes/s"))
-    steptime = build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth)
+        notes.append(_groups_note(layout))
+    steptime, source = _steptime(o, spec, plan, notes)
     timeout = None
     if o.timeout_s is not None:
         timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
@@ -211,8 +175,67 @@ def build(o: SimOptions) -> Setup:
         check_mooncake_block_size(plan.block_size)
         notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
     notes += model_notes(spec, steptime)
-    return Setup(workload, spec, plan, sim, source.format(attn=attn_eff), tuple(notes), kv_dtype, tuple(policies),
+    return Setup(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
                  slo, o.find_max_rate, target_attainment)
+
+
+def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,
+                 layout: KVLayout | None) -> MemoryPlan:
+    """The plan `kvcalc size --gpu` makes for the same options (hardware.plan_memory); the options it reads
+    are checked here first, so that plan_memory's own refusals are about the fit (core/plan reads them so)."""
+    version = get_version(DEFAULT_VLLM_VERSION if o.vllm_version is None else o.vllm_version).name
+    for name in ("max_batched_tokens", "max_seqs"):
+        if getattr(o, name) is not None and getattr(o, name) < 1:
+            raise ParameterError(f"{name} {getattr(o, name)} must be at least 1", name)
+    return plan_memory(
+        spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
+        quantization=quantization, vision_params=checkpoint_vision_params(spec, o.model, o.config),
+        weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
+        workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
+        max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout, vllm_version=version,
+    )
+
+
+def _max_model_len(o: SimOptions, spec: ModelSpec, notes: list[str]) -> int:
+    """max_model_len, else the model's max_position_embeddings, else the scheduler's default (said in a note)."""
+    if o.max_model_len is not None:
+        max_model_len = o.max_model_len
+    elif spec.max_position_embeddings is not None:
+        max_model_len = spec.max_position_embeddings
+    else:
+        max_model_len = FALLBACK_MAX_MODEL_LEN
+        notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
+    if max_model_len < 1:
+        raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
+    return max_model_len
+
+
+def _groups_note(layout: KVLayout) -> str:
+    """What a hybrid model's pool is: its KV cache groups, and where the state comes from."""
+    if not layout.state_groups:
+        return f"KV cache groups ({layout.layout} layout): {layout.reason}"
+    return (f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the state "
+            f"from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
+            + ("; align keeps two pages, its prefix-cache hits are not modelled: a lower bound)"
+               if layout.mamba_cache_mode == "align" else ")"))
+
+
+def _steptime(o: SimOptions, spec: ModelSpec, plan: MemoryPlan, notes: list[str]) -> tuple[StepTimeModel, str]:
+    """The roofline step-time model of the options' efficiencies (attention calibrated by a bench run, if
+    given) and swap bandwidth, and the sentence that says where latencies come from."""
+    attn_eff = o.attn_eff
+    if o.calibrate is not None:
+        attn_eff, calibration = calibrated_attention_eff(o.calibrate, plan.gpu)
+        notes.append(calibration)
+    overhead_ms = finite_float("step_overhead_ms", o.step_overhead_ms)
+    if overhead_ms < 0:
+        raise ParameterError(f"step_overhead_ms {overhead_ms:g} must be >= 0", "step_overhead_ms")
+    eff = Efficiencies(o.compute_eff, o.weight_eff, attn_eff, overhead_ms / 1e3)
+    swap_bandwidth = DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S if o.swap_bandwidth is None else float(
+        byte_count("swap_bandwidth", o.swap_bandwidth, "bytes/s"))
+    source = (f"roofline on {plan.gpu.name} x{o.tp}, efficiencies compute {o.compute_eff:g}, weights "
+              f"{o.weight_eff:g}, attention {attn_eff:g}, overhead {o.step_overhead_ms:g} ms/step")
+    return build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth), source
 
 
 def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
