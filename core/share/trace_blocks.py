@@ -100,7 +100,8 @@ def unlimited_capacity(trace: Trace, block_size: int, chained: bool = False) -> 
         return largest
     ids = trace.hash_ids[trace.hash_offsets[0] : trace.hash_offsets[-1]]
     if chained or first_unchained_id(trace.hash_ids, trace.hash_offsets) is None:
-        prefixes = len(np.unique(ids))
+        # NOTE: a sort, not np.unique, whose hash table takes ~40x as long on these ids (numpy 2.4)
+        prefixes = int(np.count_nonzero(np.diff(np.sort(ids)))) + 1 if len(ids) else 0
     else:
         prefixes = distinct_id_prefixes(trace.hash_ids, trace.hash_offsets)
     return prefixes * mooncake_blocks_per_id(block_size) + largest
