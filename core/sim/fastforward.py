@@ -27,6 +27,7 @@ import itertools
 import numpy as np
 
 from .engine import Engine
+from .fastforward_groups import grouped_run_through_finishes
 from .steptime import StepTimeModel, swap_bytes
 
 
@@ -117,8 +118,8 @@ class FastForward:
             return 0, None
         if s.waiting and s.can_admit_head(s.config.max_batched_tokens - n):
             return 0, None
-        if not s.waiting and self.policy.releases_in_segment:
-            return -1, None
+        if not s.waiting and (self.policy.releases_in_segment or getattr(self.policy, "runs_decode", False)):
+            return -1, None  # nobody waits: a run through finishes
         k = int((s.stop_at[run] - s.generated[run]).min())  # methods: np.min's dispatch costs more on ~13
         if getattr(self.policy, "runs_decode", False):
             return k, None  # a hybrid pool: memory is checked in _segment, once the arrivals have bounded k
@@ -262,6 +263,8 @@ class FastForward:
         """Decode steps with nobody waiting: requests leave as they finish and the batch shrinks, so the
         run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
         more than j tokens to go; its time uses n_j and their context sum S_j, summed in step order."""
+        if getattr(self.policy, "runs_decode", False):
+            return grouped_run_through_finishes(self)  # a hybrid pool's
         s, st, totals = self.scheduler, self.steptime, self.totals
         run = s.running_ids
         tokens0 = s.computed[run]

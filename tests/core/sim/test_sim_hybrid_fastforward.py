@@ -1,7 +1,8 @@
-"""Runs of decode steps on a hybrid pool done at once (GroupedPagedPolicy.decode_run) give the figures of
-stepping, byte for byte: the JSON of `kvcalc sim` with the runs on and off (`fast_runs = False`, the step-by-step
-reference) on sliding (Gemma-3, gpt-oss), chunked (Llama-4-Scout) and Mamba (Nemotron-H) hybrids, with
-preemption by recompute and swap, timeouts, cancellations and a timeline; and the engine really took runs."""
+"""Runs of decode steps on a hybrid pool done at once (GroupedPagedPolicy.decode_run, and past finishes when
+nobody waits: fastforward_groups) give the figures of stepping, byte for byte: the JSON of `kvcalc sim` with the
+runs on and off (`fast_runs = False`, the step-by-step reference) on sliding (Gemma-3, gpt-oss), chunked
+(Llama-4-Scout) and Mamba (Nemotron-H) hybrids, with preemption by recompute and swap, timeouts, cancellations
+and a timeline; and the engine really took runs, requests finishing inside them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from kvcalc.core.sim import fastforward_groups
 from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
+
+
+def spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """(k of each run stopped at a finish or arrival, requests finishing inside each run through finishes)."""
+    segments: list[int] = []
+    finishing: list[int] = []
+    real = GroupedPagedPolicy.advance_run
+    monkeypatch.setattr(GroupedPagedPolicy, "advance_run",
+                        lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
+    real_pool = fastforward_groups._advance_pool
+
+    def through(ff, run, tokens0, remaining, k, ends):
+        finishing.append(int((remaining <= k).sum()))
+        return real_pool(ff, run, tokens0, remaining, k, ends)
+
+    monkeypatch.setattr(fastforward_groups, "_advance_pool", through)
+    return segments, finishing
 
 CASES = [
     ("gemma-3-27b", "--gpu", "h200", "--requests", "150"),
@@ -28,13 +47,12 @@ CASES = [
 def test_runs_of_decode_steps_match_stepping_byte_for_byte(run_cli, monkeypatch, tmp_path, args):
     model, *rest = args
     cmd = ("sim", "--model", model, *rest, "--json", "--timeline")
-    segments = []
-    real = GroupedPagedPolicy.advance_run
-    monkeypatch.setattr(GroupedPagedPolicy, "advance_run",
-                        lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
+    segments, finishing = spy_runs(monkeypatch)
     fast = run_cli(*cmd, str(tmp_path / "fast.csv"))
     assert fast.exit_code == 0, fast.stderr
-    assert segments, "no run of decode steps was fast-forwarded"
+    assert segments or finishing, "no run of decode steps was fast-forwarded"
+    if "inf" not in rest and "--memory-utilization" not in rest:  # the queue empties: runs go past finishes
+        assert sum(finishing) >= 10, f"only {sum(finishing)} requests finished inside a run"
     monkeypatch.setattr(GroupedPagedPolicy, "fast_runs", False)
     slow = run_cli(*cmd, str(tmp_path / "slow.csv"))
     assert slow.exit_code == 0, slow.stderr
@@ -53,12 +71,9 @@ def test_a_mooncake_trace_with_and_without_prefix_caching(run_cli, monkeypatch, 
         pytest.skip(f"the Mooncake conversation trace is not at {TRACE} (see ../shared/traces/README.md)")
     cmd = ("sim", "--model", "gemma-3-27b", "--gpu", "h200", "--trace", "mooncake", str(TRACE), "--limit", "150",
            "--json", *(() if caching else ("--no-prefix-caching",)))
-    segments = []
-    real = GroupedPagedPolicy.advance_run
-    monkeypatch.setattr(GroupedPagedPolicy, "advance_run",
-                        lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
+    segments, finishing = spy_runs(monkeypatch)
     fast = run_cli(*cmd)
     assert fast.exit_code == 0, fast.stderr
-    assert bool(segments) is not caching
+    assert bool(segments or finishing) is not caching
     monkeypatch.setattr(GroupedPagedPolicy, "fast_runs", False)
     assert run_cli(*cmd).stdout == fast.stdout

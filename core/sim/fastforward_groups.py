@@ -1,0 +1,176 @@
+"""Runs of decode steps on a hybrid pool that go on past finishes (nobody waits): the batch shrinks as
+requests reach their last token, up to the next arrival — fastforward._segment_through_finishes for a
+GroupedPagedPolicy, with the figures of stepping, byte for byte.
+
+Request i (t_i tokens, r_i tokens to go) decodes in steps j < r_i; in step j each group holds
+ceil((t_i + j + 1) / B) − first(t_i + j) of its blocks (GroupedPagedPolicy.decode_run), masked by j < r_i,
+and the step fits iff the blocks of the requests alive in it fit. Step j's time is the decode step of the n_j
+alive requests, taken per stretch of constant n_j (the step-time model's scalar path, as a plain step takes
+it); every integral is added step by step in step order (fastforward._in_order). The pool is brought up to
+date phase by phase: between two finishing points p < t every request still alive frees what step p frees,
+grows by t − p tokens in one hand-out, then the requests whose last step is t − 1 leave in finishing order.
+A phase is kept only while its peak (grown, before freeing) fits the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .fastforward import FastForward
+    from .paged_groups import GroupedPagedPolicy
+
+
+def grouped_run_through_finishes(ff: FastForward) -> bool:
+    """One such run from now (False: none taken — the caller takes a general step)."""
+    from .fastforward import _in_order
+
+    s, st, totals, policy = ff.scheduler, ff.steptime, ff.totals, ff.policy
+    run = s.running_ids
+    n = len(run)
+    if s.waiting or not s.steady or n == 0 or n > s.config.max_batched_tokens or not policy.runs_decode:
+        return False
+    if len(policy.pool.pools[0].seqs) != n:  # a sequence outside the batch holds blocks
+        return False
+    tokens0 = s.computed[run]
+    remaining = s.stop_at[run] - s.generated[run]
+    k = int(remaining.max())
+    until = ff._until()
+    if until < np.inf:  # no decode step is shorter than one token's (weights, overhead, one state)
+        k = min(k, int((until - s.now_s) / st.decode_steps_s(1, 0.0)) + 2)
+    d, alive = _step_times(ff, tokens0, remaining, k)
+    ends = np.empty(k + 1)
+    ends[0] = s.now_s
+    ends[1:] = d
+    np.cumsum(ends, out=ends)
+    if until < np.inf:
+        k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+    k, memory = _memory(policy, tokens0, remaining, k)
+    if k < 2:
+        return False
+    d, ends, alive = d[:k], ends[: k + 1], alive[:k]
+    parts, table, groups = policy.run_memory(memory, k)
+    totals.memory_slot_s[...] = _in_order(totals.memory_slot_s, d[:, None] * parts)
+    totals.block_table_byte_s = float(_in_order(totals.block_table_byte_s, d * table))
+    totals.running_s = float(_in_order(totals.running_s, d * alive))
+    totals.in_system_s = float(_in_order(totals.in_system_s, d * alive))
+    if totals.group_block_s is None:
+        totals.group_block_s = np.zeros(groups.shape[1])
+    totals.group_block_s[...] = _in_order(totals.group_block_s, d[:, None] * groups)
+    if totals.timeline is not None:
+        for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
+            start = float(ends[j])
+            totals.timeline.append((start, start + float(d[j]), int(alive[j]), 0, *row, *blocks))
+    totals.add_itl(np.repeat(ends[1:] - ends[:-1], alive), 1)
+    taken = np.minimum(remaining, k)
+    s.computed[run] = tokens0 + taken
+    s.generated[run] += taken
+    s.last_token_s[run] = ends[taken]
+    _advance_pool(ff, run, tokens0, remaining, k, ends)
+    s.now_s = float(ends[-1])
+    totals.busy_s = float(_in_order(totals.busy_s, d))
+    totals.steps += k
+    totals.segments += 1
+    s.steady = True
+    return True
+
+
+def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d [k]: step j's time, alive [k]: requests in step j); a stretch of constant n_j at a time."""
+    st = ff.steptime
+    n = len(tokens0)
+    order = np.argsort(remaining, kind="stable")
+    by_remaining = remaining[order]
+    context_done = np.zeros(n + 1, np.int64)
+    np.cumsum(tokens0[order] + 1, out=context_done[1:])
+    steps = ff._steps_upto(k)[:k]
+    gone = np.searchsorted(by_remaining, steps, side="right")
+    alive = n - gone
+    context = (context_done[-1] - context_done[gone] + steps * alive).astype(np.float64)
+    excess = ff._excess(tokens0, k, remaining)
+    d = np.empty(k)
+    cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
+    for a, b in itertools.pairwise(cuts):
+        d[a:b] = st.decode_steps_s(int(alive[a]), context[a:b], excess if np.isscalar(excess) else excess[a:b])
+    return d, alive
+
+
+def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, tuple]:
+    """(the leading steps of k that fit, decode_run's memory tuple over the k steps)."""
+    B, N = policy.block_size, policy.pool.num_blocks
+    steps = np.arange(k, dtype=np.int64)
+    computed = tokens0[:, None] + steps[None, :]
+    live = steps[None, :] < remaining[:, None]
+    table = (computed + B) // B
+    phases = sorted(set(np.minimum(remaining, k).tolist()))
+    held, written, peak = [], [], np.zeros(k, np.int64)
+    for group, count in policy._kinds():
+        first = policy._first(group, computed)
+        held.append((((table - first) * live).sum(axis=0), count))
+        written.append((((computed + 1 - B * first) * live).sum(axis=0), count))
+        # a phase [p, t) grows every live request to t_i + t tokens from first(t_i + p): its peak, at step p
+        for p, t in zip([0, *phases[:-1]], phases, strict=True):
+            if p < k:
+                ahead = live[:, p]
+                top = (tokens0[ahead] + t + B - 1) // B
+                start = first if isinstance(first, int) else first[ahead, p]
+                peak[p] += count * int((top - start).sum())
+    used = sum(h * c for h, c in held)
+    bad = np.flatnonzero((used > N) | (peak > N))
+    if len(bad):
+        k = int(bad[0])
+    return k, (held, written, used)
+
+
+def _advance_pool(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining: np.ndarray, k: int,
+                  ends: np.ndarray) -> None:
+    """The pool and the queues after the run: phase by phase, grow the live requests, then close the requests
+    whose last step ended the phase (in finishing order, each at its own time); then checked."""
+    s, policy = ff.scheduler, ff.policy
+    pool, members = policy.pool, policy._members()
+    order = np.argsort(remaining, kind="stable")
+    prev, gone = 0, set()
+    for t in sorted(set(np.minimum(remaining, k).tolist())):  # the finishing points, then k
+        live = [i for i in range(len(run)) if remaining[i] > prev]
+        ids = [int(run[i]) for i in live]
+        for key, groups in members:
+            first = policy._first(key, tokens0[live] + prev)
+            if not isinstance(first, int):
+                pool.skip_many(groups, ids, first.tolist())
+        pool.grow_private_many(ids, t - prev)
+        for i in order.tolist():
+            if remaining[i] == t and t <= k:
+                s.now_s = float(ends[t])
+                s.close(int(run[i]))
+                gone.add(int(run[i]))
+        prev = t
+    survivors = [i for i in range(len(run)) if remaining[i] > k]
+    if survivors:
+        ids = [int(run[i]) for i in survivors]
+        for key, groups in members:
+            first = policy._first(key, tokens0[survivors] + (k - 1))
+            if not isinstance(first, int):
+                pool.skip_many(groups, ids, first.tolist())
+    if gone:
+        s.running = [r for r in s.running if r not in gone]
+        s.set_running()
+    _check(policy, tokens0[survivors], k)
+
+
+def _check(policy: GroupedPagedPolicy, tokens: np.ndarray, k: int) -> None:
+    """The pool holds what the closed form says the survivors (t_i tokens at the start) hold after step k − 1."""
+    B = policy.block_size
+    computed = tokens + (k - 1)
+    table = (computed + B) // B
+    used = useful = 0
+    for group, count in policy._kinds():
+        first = policy._first(group, computed)
+        used += count * int((table - first).sum())
+        useful += count * int((computed + 1 - B * first).sum())
+    usage = policy.pool.usage()
+    assert usage.used_blocks == used == usage.logical_blocks and usage.useful_tokens == useful, (
+        f"hybrid run through finishes: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
+        f"the closed form {used} / {useful}")
