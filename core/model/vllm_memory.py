@@ -199,8 +199,11 @@ def stage_weights(spec: ModelSpec, tp: int, pp: int, quantization: str | None = 
     rotary = (spec.max_position_embeddings or 0) * rotary_dim(spec) * b
     layers = pp_layers(spec.model_layers, pp)
     # what the caching allocator charges beyond the bytes (core/model/weight_tensors.py)
-    ffn = _ffn(spec) if quantization != "mxfp4" else tuple(
-        replace(f, experts=0, experts_per_token=0, expert_intermediate=0) for f in _ffn(spec) if f.dense_intermediate)
+    # experts' shapes only from explicit FFN groups (a preset's intermediate_size may be the dense width)
+    ffn = spec.ffn_groups or (_ffn(spec) if not spec.num_experts else ())
+    if quantization == "mxfp4":
+        ffn = tuple(replace(f, experts=0, experts_per_token=0, expert_intermediate=0) for f in ffn
+                    if f.dense_intermediate)
     layer_extra = layer_rounding(spec, tp, 16 if quantization == "mxfp4" else bits, 8 * b, ffn)
     table_extra = table_rounding(padded, spec.hidden_size, tp, entry)
     out = []

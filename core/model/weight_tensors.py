@@ -25,7 +25,8 @@ q_a/kv_a projections replicated, q_b, kv_b and O split; a dense MLP gate_up [2I 
 not gated) and down [hidden, I / tp]; MoE experts w13 [E, 2N / tp, hidden] and w2 [E, hidden, N / tp] (one
 tensor each), the router [E, hidden]; the embedding and LM head [vocab padded / tp, hidden]. Recurrent mixers,
 norms, biases, quantization scales and a vision tower are not enumerated (their bytes are counted, their
-rounding is not).
+rounding is not); neither are an MLA layer whose V width and query LoRA the spec does not state (a preset made
+from uniform dimensions) and MoE experts whose width it does not state (no explicit FFN groups).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def _attention(g: LayerGroup, spec: ModelSpec, tp: int, bits: int) -> list[int]:
     hidden = spec.hidden_size
     heads = ceil_div(g.q_heads or spec.num_attention_heads, tp)
     if g.kind == "mla":
+        if not g.q_lora_rank and g.v_head_dim == g.k_head_dim:
+            return []  # MLA from uniform dimensions (a preset): its V width and query LoRA are not stated
         q = [(g.q_lora_rank + g.kv_lora_rank + g.rope_dim) * hidden, heads * g.k_head_dim * g.q_lora_rank] \
             if g.q_lora_rank else [heads * g.k_head_dim * hidden, (g.kv_lora_rank + g.rope_dim) * hidden]
         kv_b = heads * (g.k_head_dim - g.rope_dim + g.v_head_dim) * g.kv_lora_rank

@@ -35,19 +35,19 @@ def test_deepseek_v3_decode_of_one_token_reads_its_active_weights():
     plan = plan_memory(spec, get_gpu("H200"), kv_dtype_bits=16, block_size=16, tp=8)
     # the checkpoint's fp8 (as size --gpu): body 671,026,419,200 − 2 · 129,280 · 7,168 = 669,173,061,120 B at
     # 1 B, embeddings and head 2 · 129,280 · 7,168 · 2 B = 3,706,716,160 B; / 8 GPUs = 84,109,972,160, plus the
-    # rotary cache 163,840 · 192 · 2 B = 62,914,560 on each
-    assert plan.weights_bytes == (669_173_061_120 + 3_706_716_160) // 8 + 62_914_560 == 84_172_886_720
+    # rotary cache 163,840 · 64 (MLA rotates qk_rope_head_dim) · 2 B = 20,971,520 on each
+    assert plan.weights_bytes == (669_173_061_120 + 3_706_716_160) // 8 + 20_971_520 == 84_130_943_680
     m = build_model(spec, plan, Efficiencies())
     # p_e = (671,026,419,200 − 37,552,297,472) / (256 − 8) = 2,554,331,136 = 58 MoE layers · 3 · 7168 · 2048;
     # at T = 1 the step reads the active share of the weights on one GPU, 37,552,297,472 / 671,026,419,200 ·
-    # 84,172,886,720 B, at 4.8e12 · 0.8 B/s; plus KV (100 context + 1 written) · 70,272 B per GPU and 0.5 ms.
+    # 84,130,943,680 B, at 4.8e12 · 0.8 B/s; plus KV (100 context + 1 written) · 70,272 B per GPU and 0.5 ms.
     per_expert = (671_026_419_200 - 37_552_297_472) / 248
     assert per_expert == 58 * 3 * 7168 * 2048
-    active = 37_552_297_472 / 671_026_419_200 * 84_172_886_720
+    active = 37_552_297_472 / 671_026_419_200 * 84_130_943_680
     expected = active / 3.84e12 + 101 * 70_272 / 3.84e12 + 0.5e-3
     assert m.decode_steps_s(1, 100.0) == pytest.approx(expected, rel=1e-12)  # 1.729 ms, was 22.35 ms
     # many tokens: E · (1 − (1 − 8/256)^T) → 256, every expert: the step reads every weight
-    everything = 84_172_886_720 / 3.84e12 + 0.5e-3
+    everything = 84_130_943_680 / 3.84e12 + 0.5e-3
     assert m.step_s(100_000.0, 0.0, 0.0) == pytest.approx(max(everything, m.flops_per_token * 1e5
                                                               * m.compute_s_per_flop + 0.5e-3), rel=1e-9)
 
