@@ -14,7 +14,6 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
                        hf_model: Path | None, output_format: Format) -> int:
     from ..cuda_ext.verify.hybrid_scenarios import HYBRID_SCENARIOS
     from ..cuda_ext.verify.hybrid_suite import check_hybrid_options, run_hybrid_verify
-    from ..cuda_ext.verify.suite import exit_code
     from .verify import _report
 
     if hf_model is not None:
@@ -22,14 +21,15 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
     names = tuple(scenarios or HYBRID_SCENARIOS)
     check_hybrid_options(names, inject, dtype)
     with progress_bar("kvcalc verify (scenarios)", total=len(names)) as advance:
-        doc = run_hybrid_verify(device=device, dtype=dtype, scenarios=names, inject=inject, seed=seed,
+        run = run_hybrid_verify(device=device, dtype=dtype, scenarios=names, inject=inject, seed=seed,
                                 progress=advance)
-    report = _report(doc)
-    model = doc["model"]
+    report = _report(run)
+    hybrid = run.model.hybrid
+    assert hybrid is not None, "a hybrid run describes its layers"
     report.notes.insert(0, (
-        f"hybrid model: layers {' · '.join(model['layer_kinds'])} (window {model['window']}, a gated linear "
-        f"recurrence of {model['state_size']} channels); pool groups {', '.join(model['groups'])}, each layer "
-        f"reading only through its group's block table; state mode {model['state_mode']} (a state page saved at "
+        f"hybrid model: layers {' · '.join(hybrid.layer_kinds)} (window {hybrid.window}, a gated linear "
+        f"recurrence of {hybrid.state_size} channels); pool groups {', '.join(hybrid.groups)}, each layer "
+        f"reading only through its group's block table; state mode {hybrid.state_mode} (a state page saved at "
         "every block boundary), except hybrid-no-saved-state (align: no saved state a hit could restore, so no hit)"))
     report.notes.insert(1, (
         "hybrid events: window frees = sliding-table blocks freed as the window moved on, state restores = requests "
@@ -38,4 +38,4 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
         "back from the host, accepted drafts / state rewinds = drafts verification kept / states moved back to the "
         "last accepted position"))
     emit(report, output_format)
-    return exit_code(doc)
+    return run.exit_code

@@ -13,10 +13,12 @@ swaps, and calls them. `kvcalc verify` is put together from:
                                                   cache (shadow.ShadowKV) checks every context it reads
     beam.paged_beam_search(executor, pool, prompts, width, num_tokens);  beam.reference_beam_search(...)
     scenarios.build(name, vocab, seed, source=None) -> Scenario   the fifteen scenarios and the events each needs
-    faults.Fault(name).install(pool)                        early-free | skip-cow | stale-hash, planted
-    runner.run_scenario(scenario, weights, seed=, attention_backend=, fault=) -> ScenarioResult
+    faults.Fault(name).install(pool)             early-free | skip-cow | stale-hash | no-rollback, planted
+    runner.run_scenario(scenario, weights, seed=, attention_backend=, fault=) -> result.ScenarioResult
+        (scheduled.run_requests: the one path through scheduler, pool and executor, speculative runs included)
+    references.references(weights, requests, seed)   each request alone over a contiguous cache, decoded together
     verdict.compare(references, tests, exact) -> Comparison    fp32 identical tokens, else the top-k rule
-    suite.run_verify(VerifyConfig(...), progress) -> the JSON document of `kvcalc verify`
+    suite.run_verify(VerifyConfig(...), progress) -> outcome.VerifyRun   (.to_dict(): `kvcalc verify --json`)
     gguf_model.load_gguf_model(find_gguf("smollm2-135m")) -> (ModelWeights, GGUFVocab)   a real model, offline
     bpe.ByteBPE(vocab).encode(text) / .decode(ids);  chat.ChatPrompts(tokenizer)         its tokenizer and prompts
     dry_run.cow_tight_fits(...)                   the scheduling of a scenario without a model (pool sizing)

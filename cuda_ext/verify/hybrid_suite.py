@@ -1,5 +1,5 @@
-"""`kvcalc verify --model hybrid-tiny`: the hybrid model's scenarios run and judged, into the same JSON document
-as suite.run_verify (so the same report and exit codes).
+"""`kvcalc verify --model hybrid-tiny`: the hybrid model's scenarios run and judged, into the same VerifyRun as
+suite.run_verify (so the same report and exit codes).
 
     scenario -> HybridExactPolicy (a HybridPool of groups full, sliding 8, state) -> Engine(scheduler,
       HybridExecutor) -> per request tokens + logits;  hybrid_reference_generate per request (alone, token by
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -36,10 +35,11 @@ from .hybrid_scenarios import (
     HybridScenario,
     build_hybrid,
 )
+from .outcome import HybridModelInfo, ModelInfo, VerifyRun
 from .result import EVENTS, ScenarioResult, settle
 from .scenarios import sampling_of_row
 from .scheduled import block_keys
-from .suite import inject_summary, pass_rule, resolve_device, run_status
+from .suite import resolve_device
 from .verdict import TOP_K, Decoding, compare
 
 _MEMO: list = [None, {}]
@@ -118,28 +118,36 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
         logits = torch.stack(req.logits) if req.logits else torch.zeros(0, weights.config.base.vocab_size)
         tests.append(Decoding(tuple(req.output), logits, k))
     verdict = compare(refs, tests, exact=weights.dtype == "fp32", num_layers=weights.config.base.num_layers)
-    counts = executor.counts
-    events = {e: int(counts[e]) for e in EVENTS}
-    events.update({"eos_finishes": int(counts["eos"]), "window_frees": policy.window_frees,
-                   **{e: int(counts[e]) for e in HYBRID_EVENT_LABELS if e != "window_frees"}})
-    hit_error = None
-    if error is None:
-        for row, tokens in scenario.expect_hits:
-            got = executor.first_start.get(row)
-            if got != tokens:
-                hit_error = (f"request {row} hit {got} tokens; its construction implies {tokens} (every group's "
-                             f"blocks of the common prefix, state mode {scenario.state_mode})")
-                break
     result = ScenarioResult(
         scenario.name, len(workload), verdict.tokens_compared, verdict.mismatched_tokens, verdict.first_mismatch,
-        verdict.max_abs_logit_diff, verdict.passed, events, needs=list(scenario.needs),
+        verdict.max_abs_logit_diff, verdict.passed, _events(executor, policy), needs=list(scenario.needs),
         content_errors=len(executor.content_errors),
         first_content_error=executor.content_errors[0] if executor.content_errors else None,
-        invariant_error=checked.invariant_error, error=error, hit_error=hit_error, steps=counts["steps"],
+        invariant_error=checked.invariant_error, error=error,
+        hit_error=_hit_error(scenario, executor) if error is None else None, steps=executor.counts["steps"],
         logit_tolerance=verdict.logit_tolerance,
         outputs=[(tuple(prompts[row]), r.tokens, t.tokens) for row, (r, t) in enumerate(zip(refs, tests, strict=True))],
     )
     return settle(result, scenario.needs, fault, started)
+
+
+def _events(executor: HybridExecutor, policy: HybridExactPolicy) -> dict[str, int]:
+    """Every event of result.EVENTS, and the hybrid ones (hybrid_scenarios.HYBRID_EVENT_LABELS)."""
+    counts = executor.counts
+    events = {e: int(counts[e]) for e in EVENTS}
+    events.update({"eos_finishes": int(counts["eos"]), "window_frees": policy.window_frees,
+                   **{e: int(counts[e]) for e in HYBRID_EVENT_LABELS if e != "window_frees"}})
+    return events
+
+
+def _hit_error(scenario: HybridScenario, executor: HybridExecutor) -> str | None:
+    """The first request whose prefix-cache hit differs from what the scenario's construction implies."""
+    for row, tokens in scenario.expect_hits:
+        got = executor.first_start.get(row)
+        if got != tokens:
+            return (f"request {row} hit {got} tokens; its construction implies {tokens} (every group's blocks of "
+                    f"the common prefix, state mode {scenario.state_mode})")
+    return None
 
 
 def check_hybrid_options(scenarios: tuple[str, ...], inject: str | None, dtype: str) -> None:
@@ -159,9 +167,9 @@ def check_hybrid_options(scenarios: tuple[str, ...], inject: str | None, dtype: 
 
 def run_hybrid_verify(*, device: str = "cpu", dtype: str = "fp32", scenarios: tuple[str, ...] = HYBRID_SCENARIOS,
                       inject: str | None = None, seed: int = 0,
-                      progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Every hybrid scenario asked for -> the document of suite.run_verify, with `model.layer_kinds`, `window`,
-    `state_size`, `state_mode` and `groups` added."""
+                      progress: Callable[[int], None] | None = None) -> VerifyRun:
+    """Every hybrid scenario asked for -> a VerifyRun as suite.run_verify's, with `model.hybrid` (the layer kinds,
+    window, state size, state mode and pool groups)."""
     check_hybrid_options(scenarios, inject, dtype)
     dev = resolve_device(device)
     started = time.perf_counter()
@@ -178,15 +186,10 @@ def run_hybrid_verify(*, device: str = "cpu", dtype: str = "fp32", scenarios: tu
                 progress(1)
     finally:
         torch.set_num_threads(threads)
-    doc = {
-        "device": dev.type, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "dtype": dtype, "attention_backend": "torch-reference",
-        "model": {**HYBRID_TINY.to_dict(), "seed": seed, "weights": "seeded", "name": HYBRID_MODEL,
-                  "state_mode": STATE_MODE, "groups": [g.name for g in hybrid_pool_groups(weights)]},
-        "block_size": HYBRID_BLOCK_SIZE, "inject": inject, "pass_rule": pass_rule(dtype),
-        "scenarios": [r.to_dict() for r in results], "passed": all(r.passed for r in results),
-        "status": run_status([r.status for r in results]), "wall_s": time.perf_counter() - started,
-    }
-    if inject is not None:
-        doc.update(inject_summary(results))
-    return doc
+    model = ModelInfo(HYBRID_TINY.base, seed, "seeded", HybridModelInfo(
+        HYBRID_TINY.kinds, HYBRID_TINY.window, HYBRID_TINY.state_size, HYBRID_MODEL, STATE_MODE,
+        tuple(g.name for g in hybrid_pool_groups(weights))))
+    return VerifyRun(
+        device=dev.type, device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", dtype=dtype,
+        attention_backend="torch-reference", model=model, block_size=HYBRID_BLOCK_SIZE, inject=inject,
+        scenarios=results, wall_s=time.perf_counter() - started)

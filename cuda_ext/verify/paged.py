@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..reference import gather_paged_kv
 from .attention import causal_attention, check_attention_backend, paged_decode
 from .config import ModelConfig, torch_dtype
 from .layers import forward_hidden, lm_logits
@@ -82,6 +81,12 @@ def paged_forward(
     decode_index = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
     decode_tables = batch.block_tables[decode_index].contiguous()  # [S_decode, max_blocks]
     decode_lens = batch.seq_lens[decode_index].contiguous()  # [S_decode]
+    # a chunk's context, positions 0..seq_len-1, read through its block table: slot = table[p // B] * B + p % B
+    chunk_slots = {}
+    for s in chunk_seqs:
+        context = torch.arange(seq_lens[s], dtype=torch.int64, device=device)
+        chunk_slots[s] = batch.block_tables[s].to(torch.int64)[context // kv.block_size] * kv.block_size + (
+            context % kv.block_size)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = kv.k[layer], kv.v[layer]
@@ -92,12 +97,11 @@ def paged_forward(
             out[decode_rows] = paged_decode(
                 attention_backend, q[decode_rows], k_cache, v_cache, decode_tables, decode_lens
             )
+        k_flat, v_flat = k_cache.view(-1, cfg.num_kv_heads, cfg.head_dim), v_cache.view(-1, cfg.num_kv_heads,
+                                                                                        cfg.head_dim)
         for s in chunk_seqs:
-            a, b = starts[s], starts[s + 1]
-            table, length = batch.block_tables[s : s + 1], batch.seq_lens[s : s + 1]
-            k_ctx = gather_paged_kv(k_cache, table, length, seq_lens[s])[0]  # [seq_len, Hkv, D]
-            v_ctx = gather_paged_kv(v_cache, table, length, seq_lens[s])[0]
-            out[a:b] = causal_attention(q[a:b], k_ctx, v_ctx, batch.positions[a:b])
+            a, b = starts[s], starts[s + 1]  # the context [seq_len, Hkv, D] through the table
+            out[a:b] = causal_attention(q[a:b], k_flat[chunk_slots[s]], v_flat[chunk_slots[s]], batch.positions[a:b])
         return out
 
     hidden = forward_hidden(weights, batch.token_ids, batch.positions, attend)  # [N, hidden]

@@ -1,18 +1,8 @@
-"""`kvcalc verify`'s run: the model, the device, the scenarios asked for, one fault maybe -> one JSON document.
-
-    {"device", "device_name", "dtype", "attention_backend", "model": {dims..., "seed", "weights"}, "inject",
-     "pass_rule": {...}, "scenarios": [ScenarioResult.to_dict(), ...], "passed", "status", "wall_s"}
-
-`model.seed` seeds the prompts, and the weights unless they come from a checkpoint (`model.weights` says
-which). `passed` is True only when every scenario passed; `status` is passed, failed (a check failed
-somewhere) or not exercised (no check failed, but a scenario missed an event its name promises). With a
-fault injected the document also says how often it acted (`inject_fired`), which scenarios it acted in
-caught it (`inject_caught_by`), in which it acted unnoticed (`inject_undetected_in`: a hole in the checks),
-in which it never acted (`inject_not_exercised_in`), and the whole control's `inject_status`; `exit_code`
-turns a document into the command's exit code.
+"""`kvcalc verify`'s run: the model, the device, the scenarios asked for, one fault maybe -> a VerifyRun
+(outcome.py: its fields, and `to_dict()`, the JSON document).
 
 With `model_name` the weights are a real model's (gguf_model), the prompts real chat prompts (chat), and the
-document has `texts`: a few requests' questions and both paths' decoded answers.
+run has `texts`: a few requests' questions and both paths' decoded answers.
 
 torch runs on one intra-op thread meanwhile: these are thousands of tiny ops, and on a small CPU a second
 thread spins more than it works (the default run on a loaded 2-core machine: 4-8 s with one thread, 94-147 s
@@ -25,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -37,11 +26,11 @@ from .config import DTYPE_NAMES, ModelConfig, torch_dtype
 from .faults import INJECTIONS, Fault
 from .gguf_model import GGUF_MODELS, find_gguf, load_gguf_model
 from .hf_checkpoint import load_llama_weights
+from .outcome import DecodedText, ModelInfo, VerifyRun
 from .references import jobs_of, shared_references
 from .result import ScenarioResult
 from .runner import run_scenario
 from .scenarios import BLOCK_SIZE, SCENARIOS, build
-from .verdict import FP32_ULPS_PER_LAYER, TOP_K
 from .weights import init_weights
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -92,16 +81,8 @@ def resolve_device(device: str) -> torch.device:
     return torch.device("cuda")
 
 
-def pass_rule(dtype: str) -> dict[str, Any]:
-    if dtype == "fp32":
-        return {"tokens": "identical", "fp32_logit_tolerance": f"{FP32_ULPS_PER_LAYER} x layers x 2^-23 x "
-                "max|reference logit|"}
-    return {"tokens": f"at the first mismatch each side's token is in the other's top {TOP_K} "
-                      "(seeded sampling: in the other's sampling top_k)", "top_k": TOP_K}
-
-
-def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Every scenario of `config` -> the JSON document (see the module docstring); `progress(1)` after each."""
+def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = None) -> VerifyRun:
+    """Every scenario of `config` -> what the run found (outcome.VerifyRun); `progress(1)` after each."""
     device = resolve_device(config.device)
     started = time.perf_counter()
     threads = torch.get_num_threads()
@@ -136,75 +117,20 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
         torch.set_num_threads(threads)
     weights_name = ("seeded" if config.model_name is None and config.hf_model is None
                     else config.model_name or str(config.hf_model))
-    doc = {
-        "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": config.dtype,
-        "attention_backend": backend,
-        "model": {**model.to_dict(), "seed": config.seed,
-                  "weights": weights_name},
-        "block_size": BLOCK_SIZE,
-        "inject": config.inject,
-        "pass_rule": pass_rule(config.dtype),
-        "scenarios": [r.to_dict() for r in results],
-        "passed": all(r.passed for r in results),
-        "status": run_status([r.status for r in results]),
-        "wall_s": time.perf_counter() - started,
-    }
-    if tokenizer is not None:
-        doc["texts"] = texts
-    if config.inject is not None:
-        doc.update(inject_summary(results))
-    return doc
+    return VerifyRun(
+        device=device.type, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        dtype=config.dtype, attention_backend=backend, model=ModelInfo(model, config.seed, weights_name),
+        block_size=BLOCK_SIZE, inject=config.inject, scenarios=results, wall_s=time.perf_counter() - started,
+        texts=texts if tokenizer is not None else None,
+    )
 
 
-def _texts(result: ScenarioResult, source: ChatPrompts, tokenizer: ByteBPE, count: int) -> list[dict[str, Any]]:
+def _texts(result: ScenarioResult, source: ChatPrompts, tokenizer: ByteBPE, count: int) -> list[DecodedText]:
     """Up to `count` requests of a scenario as text: the user's message, the reference's answer, the paged one's."""
     out = []
     for row, (prompt, reference, paged) in enumerate(result.outputs[: max(count, 0)]):
         text = source.texts.get(prompt, "")
         user = text.split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
-        out.append({"scenario": result.name, "request": row, "user": user, "reference": tokenizer.decode(reference),
-                    "paged": tokenizer.decode(paged), "identical": reference == paged})
+        out.append(DecodedText(result.name, row, user, tokenizer.decode(reference), tokenizer.decode(paged),
+                               reference == paged))
     return out
-
-
-def run_status(statuses: list[str]) -> str:
-    """failed if any scenario failed, else not exercised if any missed an event it names, else passed."""
-    return next((s for s in ("failed", "not exercised") if s in statuses), "passed")
-
-
-def inject_summary(results: list[ScenarioResult]) -> dict[str, Any]:
-    """The JSON keys that say where a planted fault acted and whether each scenario caught it."""
-    return {
-        "inject_fired": sum(r.fault_fired for r in results),
-        "inject_caught_by": [r.name for r in results if r.fault == "caught"],
-        "inject_undetected_in": [r.name for r in results if r.fault == "undetected"],
-        "inject_not_exercised_in": [r.name for r in results if r.fault == "not exercised"],
-        "inject_status": inject_status(results),
-    }
-
-
-def inject_status(results: list[ScenarioResult]) -> str:
-    """The negative control as a whole:
-
-        caught         the fault acted, and every scenario it acted in failed a check
-        undetected     it acted in a scenario whose checks all passed (a hole in the checks)
-        failed         a scenario it never acted in failed (a failure the fault cannot explain)
-        not exercised  it never acted in any scenario run (nothing to catch)
-    """
-    if any(r.fault == "undetected" for r in results):
-        return "undetected"
-    if any(r.fault == "not exercised" and r.status == "failed" for r in results):
-        return "failed"
-    return "caught" if any(r.fault == "caught" for r in results) else "not exercised"
-
-
-# the exit code of each outcome: the same numbers for a plain run and a negative control
-EXIT_CODES = {"passed": 0, "caught": 0, "failed": 1, "undetected": 1, "not exercised": 4}
-
-
-def exit_code(doc: dict[str, Any]) -> int:
-    """0 passed (or: the planted fault was caught wherever it acted), 1 failed (or: it went unnoticed
-    somewhere), 4 not exercised (a scenario missed an event it names, or the fault never acted)."""
-    return EXIT_CODES[doc["inject_status"] if doc["inject"] is not None else doc["status"]]

@@ -74,7 +74,8 @@ def test_a_sharded_checkpoint_loads_the_same_weights(checkpoint, tmp_path):
 
 def test_a_checkpoint_runs_the_scenarios(checkpoint):
     directory, _ = checkpoint
-    doc = run_verify(VerifyConfig(device="cpu", scenarios=("parallel-sampling", "preempt-swap"), hf_model=directory))
+    doc = run_verify(VerifyConfig(device="cpu", scenarios=("parallel-sampling", "preempt-swap"), hf_model=directory)
+                     ).to_dict()
     assert doc["passed"] and doc["model"]["weights"] == str(directory) and doc["model"]["vocab_size"] == 96
     assert all(s["mismatched_tokens"] == 0 and s["tokens_compared"] > 0 for s in doc["scenarios"])
 

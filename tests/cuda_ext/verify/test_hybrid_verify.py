@@ -22,6 +22,7 @@ from kvcalc.cuda_ext.verify.hybrid_model import (  # noqa: E402
     masked_attention,
 )
 from kvcalc.cuda_ext.verify.hybrid_scenarios import (  # noqa: E402
+    HYBRID_EVENT_LABELS,
     HYBRID_SCENARIOS,
     HybridFault,
     HybridScenario,
@@ -189,7 +190,7 @@ def test_unknown_fault_is_named():
 
 
 def test_document_shape_and_status(weights):
-    doc = run_hybrid_verify(scenarios=("hybrid-forks",), inject="stale-state")
+    doc = run_hybrid_verify(scenarios=("hybrid-forks",), inject="stale-state").to_dict()
     assert doc["model"]["layer_kinds"] == ["full", "sliding", "recurrent", "sliding"]
     assert doc["model"]["groups"] == ["full", "sliding 8", "state"]
     assert doc["inject_status"] == "not exercised" and doc["scenarios"][0]["status"] == "passed"
@@ -219,6 +220,20 @@ def test_cli_hybrid_exit_codes(run_cli):
     assert caught.exit_code == 0 and caught.json()["inject_status"] == "caught"
     idle = run_cli("verify", "--model", "hybrid-tiny", "--scenario", "hybrid-cancel", "--inject", "stale-state")
     assert idle.exit_code == 4 and "NOT EXERCISED" in idle.stdout
+
+
+def test_cli_hybrid_csv_has_the_hybrid_events(run_cli):
+    result = run_cli("verify", "--model", "hybrid-tiny", "--scenario", "hybrid-preempt-swap", "--format", "csv")
+    assert result.exit_code == 0
+    header, row = [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
+    columns = dict(zip(header.split(","), row.split(","), strict=True))
+    assert columns["name"] == "hybrid-preempt-swap" and columns["passed"] == "true"
+    # the events every scenario has, then the hybrid ones, each with the count the JSON reports
+    doc = run_cli("verify", "--model", "hybrid-tiny", "--scenario", "hybrid-preempt-swap", "--json").json()
+    events = doc["scenarios"][0]["events"]
+    assert {f"event_{k}" for k in HYBRID_EVENT_LABELS} <= set(columns) and "event_late_reads" in columns
+    assert all(int(columns[f"event_{k}"]) == v for k, v in events.items())
+    assert int(columns["event_swapped_state_pages"]) > 0
 
 
 @pytest.mark.parametrize("args, says", [
