@@ -125,3 +125,42 @@ def register_anchored(store: BlockStore, group: int, blocks: np.ndarray, anchors
     store.parent_id[blocks] = anchors
     store.parent_ver[blocks] = store.version.take(anchors)
     return len(blocks)
+
+
+class Canonical:
+    """The cached blocks a sequence's chain group did not take: a hybrid hit shorter than the group's own
+    (another group limits it) makes the group recompute positions hit..own − 1 into fresh blocks, duplicates of
+    cached ones that stay unindexed (one block per hash), as vLLM allocates them. A block registered after them
+    must chain to the cached ones, or no later prompt could verify it through them; and an anchored group's block
+    at those positions is anchored to them. `blocks` [own − hit] are the group's verified hits there, `versions`
+    their versions then: a block handed out since no longer holds that content and is not used."""
+
+    def __init__(self, store: BlockStore, hit: int, blocks: np.ndarray) -> None:
+        self.hit, self.blocks = hit, blocks.copy()
+        self.versions = store.version.take(blocks)
+
+    @property
+    def end(self) -> int:
+        return self.hit + len(self.blocks)
+
+    def anchors(self, store: BlockStore, table: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The table's blocks at `positions`, the cached ones (still at their versions) where it holds duplicates."""
+        out = table[positions].copy()
+        inside = (positions >= self.hit) & (positions < self.end)
+        at = positions[inside] - self.hit
+        live = store.version.take(self.blocks[at]) == self.versions[at]
+        out[np.flatnonzero(inside)[live]] = self.blocks[at[live]]
+        return out
+
+    def relink(self, store: BlockStore, table: np.ndarray) -> bool:
+        """Chain the table's block after the duplicates (position `end`, once indexed) to the cached block before
+        it; returns True once that position is settled (relinked, or registered by no one)."""
+        if len(table) <= self.end:
+            return False
+        block, dup = int(table[self.end]), int(table[self.end - 1])
+        cached, version = int(self.blocks[-1]), int(self.versions[-1])
+        if (block >= 0 and store.block_slot[block] >= 0 and store.parent_id[block] == dup
+                and store.version[cached] == version):
+            store.parent_id[block] = cached
+            store.parent_ver[block] = version
+        return True

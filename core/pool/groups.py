@@ -139,9 +139,14 @@ def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
         label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
         groups += [PoolGroup(g.kind, g.window, label)] * g.pages_per_block
     if len(groups) > MAX_POOL_GROUPS:
+        # NOTE: the ideal layout counts memory in the gcd of the types' block bytes; a state of millions of bytes
+        # against an attention block of a power of two is then thousands of units, each its own table here
+        big = max(layout.groups, key=lambda g: g.pages_per_block)
         raise ParameterError(
-            f"{layout.layout} layout: {len(groups):,} block tables per sequence (pages of {layout.page_bytes:,} B), "
-            f"above the pool's {MAX_POOL_GROUPS}; use layout vllm", "layout")
+            f"layout {layout.layout}: the unit that tiles every type's block is {layout.page_bytes:,} B (their "
+            f"gcd), so the {big.kind} block ({big.block_bytes:,} B) is {big.pages_per_block:,} units and a sequence "
+            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit; a pool of "
+            "weighted tables is not done yet); use layout vllm", "layout")
     return tuple(groups)
 
 

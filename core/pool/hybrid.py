@@ -38,7 +38,7 @@ import numpy as np
 from .accounting import PoolStats, PoolUsage, ReleaseReason
 from .block_pool import BlockPool
 from .free_queue import FREE_CACHED
-from .group_hits import anchored_present, hit_table, register_anchored, valid_hits
+from .group_hits import Canonical, anchored_present, hit_table, register_anchored, valid_hits
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .invariants import check_pool_invariants
 from .prefix_lookup import PrefixIndex
@@ -84,6 +84,7 @@ class HybridPool:
         self.anchored = tuple(self.anchor is not None and (k in ("sliding", "chunked") or (
             k == "state" and self.state_mode == "align")) for k in kinds)
         has_state = "state" in kinds
+        self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
         self.caches = enable_prefix_caching and not (has_state and (
             self.state_mode == "none" or (self.state_mode == "align" and self.anchor is None)))
 
@@ -270,6 +271,7 @@ class HybridPool:
             if len(unheld):
                 store.drop(unheld[::-1])
         if keys is not None:
+            self._note_canonical(seq_id, num_tokens, keys, extra_key, hit)
             self._register_anchored(seq_id, hit * self.block_size, num_tokens)
         return hit * self.block_size
 
@@ -465,12 +467,15 @@ class HybridPool:
         """The child shares every group's blocks; a state page is copied when either branch writes it."""
         for pool in self.pools:
             pool.fork(parent_id, child_id)
+        if parent_id in self._canonical:
+            self._canonical[child_id] = dict(self._canonical[parent_id])
         self._changed()
 
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         self.pools[0]._seq(seq_id)  # not live: the error names it before any group changes
         for pool in self.pools:
             pool.release(seq_id, reason)
+        self._canonical.pop(seq_id, None)
         self._changed()
 
     # ---- speculative slots ----------------------------------------------------------------------
@@ -557,20 +562,42 @@ class HybridPool:
             self._changed()
         return freed
 
+    def _note_canonical(self, seq_id: Hashable, num_tokens: int, keys: BlockKeys, extra_key: Hashable,
+                        hit: int) -> None:
+        """Remember the cached blocks each chain group recomputes as duplicates (group_hits.Canonical)."""
+        found = {}
+        for g, pool in enumerate(self.pools):
+            if not self.anchored[g]:
+                own = pool.hit_blocks(num_tokens, keys, (g, extra_key))
+                if len(own) > hit:
+                    found[g] = Canonical(self.store, hit, own[hit:])
+        if found:
+            self._canonical[seq_id] = found
+
     def _register_anchored(self, seq_id: Hashable, old: int, new: int) -> None:
         """Index the blocks of anchored groups that a step from `old` to `new` committed tokens completed (see
-        group_hits): a window's or chunk's full blocks; a state page where the step ends (align)."""
-        if self.anchor is None or new // self.block_size <= old // self.block_size:
-            return
+        group_hits): a window's or chunk's full blocks; a state page where the step ends (align). Then chain a
+        chain group's first block after its duplicates to the cached blocks (group_hits.Canonical)."""
         B = self.block_size
+        canonical = self._canonical.get(seq_id)
+        anchor_canonical = None if canonical is None or self.anchor is None else canonical.get(self.anchor)
+        if canonical:
+            for g, c in list(canonical.items()):
+                if c.relink(self.store, self.pools[g].block_table(seq_id)[: new // B]):
+                    del canonical[g]
+            if not canonical:
+                del self._canonical[seq_id]
+        if self.anchor is None or new // B <= old // B:
+            return
         anchor_table = self.pools[self.anchor].block_table(seq_id)
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
             if not self.anchored[g] or pool.seqs[seq_id].num_hashed < 0:  # a state over rejected drafts: never
                 continue
             first = new // B - 1 if group.kind == "state" else old // B
             positions = np.arange(first, new // B)
-            registered = register_anchored(self.store, g, pool.block_table(seq_id)[positions],
-                                           anchor_table[positions], positions)
+            anchors = anchor_table[positions] if anchor_canonical is None else (
+                anchor_canonical.anchors(self.store, anchor_table, positions))
+            registered = register_anchored(self.store, g, pool.block_table(seq_id)[positions], anchors, positions)
             if registered:
                 self._changed()
 

@@ -318,3 +318,15 @@ def test_a_vllm_layout_with_mixed_tokens_per_block_is_refused_naming_why():
     with pytest.raises(ParameterError, match=r"sliding layers' blocks hold 32 tokens.*aligned to 32 tokens.*ideal"):
         pool_groups(layout)
     assert [g.kind for g in pool_groups(kv_layout(spec, 16, 16, "ideal"))] == ["full"] * 2 + ["sliding"]
+
+
+def test_ideal_granite_h_is_refused_naming_the_cause():
+    # ideal layout, block 16, bf16: the 4 attention layers' block 4 · 16 · 4,096 B = 262,144 B = 2^18; the 36 states
+    # 36 · 2,147,840 = 77,322,240 B = 2^11 · 37,755. Their gcd, the unit, is 2,048 B: 128 + 37,755 = 37,883 units of
+    # a sequence's blocks, each a block table of the pool (its limit 256): refused, saying why
+    from kvcalc.core.pool.groups import pool_groups
+
+    layout = kv_layout(granite_h_small(), 16, 16, "ideal")
+    assert layout.page_bytes == 2_048 and [g.pages_per_block for g in layout.groups] == [128, 37_755]
+    with pytest.raises(ParameterError, match=r"2,048 B \(their gcd\).*37,755 units.*37,883 block tables"):
+        pool_groups(layout)

@@ -84,15 +84,15 @@ class HybridShadow:
                 self.state[dst] = self.state[src]
 
     def record_hashed(self) -> None:
-        """The history each hashed state page of a live, untainted sequence stands for (its boundary)."""
+        """The history each hashed block of a live, untainted sequence stands for: a state page its boundary's,
+        an attention block (a chain's, or a window's or chunk's anchored to the full group) its B tokens."""
         pool = self.pool
         for seq, toks in self.tokens.items():
             for group, table in zip(pool.groups, pool.block_tables(seq), strict=True):
-                if group.kind != "state":
-                    continue
                 for i, block in enumerate(table.tolist()):
                     if block != NULL_BLOCK and pool.store.block_slot[block] >= 0:
-                        self.hashed.setdefault((block, int(pool.store.version[block])), toks[: (i + 1) * B])
+                        history = toks[: (i + 1) * B] if group.kind == "state" else ("kv", toks[i * B : (i + 1) * B])
+                        self.hashed.setdefault((block, int(pool.store.version[block])), history)
 
     def allocate(self, seq: int, tokens: list[int]) -> int:
         hit = self.pool.allocate(seq, len(tokens), keys_of(tokens, 0, len(tokens) // B))
@@ -164,6 +164,9 @@ class HybridShadow:
         store = pool.store
         for (block, version), history in self.hashed.items():
             if store.block_slot[block] >= 0 and int(store.version[block]) == version:
+                if isinstance(history, tuple):  # an attention block: its slots hold exactly its tokens
+                    assert self.slots[block].tolist() == history[1], f"hashed block {block} holds other tokens"
+                    continue
                 assert self.state[block] == true_state(history), f"hashed state page {block} holds another state"
 
 
@@ -192,8 +195,11 @@ class HybridPoolMachine(RuleBasedStateMachine):
                 self.pool.allocate(-1, len(tokens), keys_of(tokens, 0, len(tokens) // B))
             return
         seq, self.next_id = self.next_id, self.next_id + 1
+        keys = keys_of(tokens, 0, len(tokens) // B)
+        own, expected = self.pool.group_hit_tokens(len(tokens), keys), self.pool.hit_tokens(len(tokens), keys)
         hit = self.shadow.allocate(seq, tokens)
-        assert hit % B == 0 and hit < max(len(tokens), 1)
+        # the hit is what the look-up said, a whole number of blocks, never the last token, within every group's own
+        assert hit == expected and hit % B == 0 and hit < max(len(tokens), 1) and hit <= min(own)
         self._record_hashed()
 
     @precondition(lambda self: bool(self.shadow.tokens))
@@ -418,3 +424,26 @@ def test_swap_bytes_count_every_group_state_included():
     assert pool.swap_bytes("s", 1_000) == [6_000, 3_000, 2_000]
     with pytest.raises(ValueError, match="not live"):
         pool.held_blocks("t")
+
+
+def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
+    # B 4, full + state (align). "a" (16 tokens, keys k0..k3) leaves F0..F3 cached and a state at 16 (page 3).
+    # "b" (21 tokens, keys k0 k1 k2 x y): the full group serves 3 blocks, but no state was saved at 12, 8 or 4, so
+    # b's hit is 0: it recomputes positions 0..11 into duplicates of F0..F2 (unindexed: one block per hash, as
+    # vLLM allocates them) and registers its block 3 (x) and 4 (y), and its state at 20 (page 4). Block 3 must
+    # chain to the cached F2, not to b's unindexed duplicate, or "c" (25 tokens, b's 5 keys) could not verify it:
+    # c's chain is F0 F1 F2 (a's) then b's 3, 4: 5 blocks, and b's state at 20 serves them: a hit of 20.
+    k = [(i,) for i in range(4)]
+    pool = HybridPool(64, B, (PoolGroup("full"), PoolGroup("state")), state_mode="align")
+    pool.allocate("a", 16, k)
+    cached = pool.block_tables("a")[0].tolist()
+    pool.release("a")
+    b_keys = [*k[:3], ("x",), ("y",)]
+    assert pool.group_hit_tokens(21, b_keys) == [12, 0] and pool.allocate("b", 21, b_keys) == 0
+    full_b = pool.block_tables("b")[0]
+    assert all(pool.store.block_slot[full_b[:3]] < 0)  # the duplicates stay unindexed
+    assert pool.store.parent_id[full_b[3]] == cached[2]
+    pool.release("b")
+    assert pool.allocate("c", 25, [*b_keys]) == 20
+    assert pool.block_tables("c")[0][:3].tolist() == cached[:3]
+    pool.check_invariants()

@@ -150,3 +150,28 @@ def test_trace_replay_align_hits_where_a_state_was_saved():
     # each group's own hits: the full chain 0 + 1,056 + 528 + 1,584; the state group's own in align only r3's
     assert align.group_hit_tokens == (3_168, 1_584)
     assert not results["none"].keyed
+
+
+def test_align_hits_match_the_stack_distance_count_with_one_prefill_chunk():
+    # an independent count: capacity.saved_state_hit_blocks walks the trace's ids (a state saved where each prompt's
+    # full blocks end, one prefill chunk); the pool replay with prompts in one chunk and room for everything must
+    # find exactly those hits. With vLLM's 8,192-token chunks align also saves at every chunk end: more hits, at
+    # most the hits of a state at every boundary (mode all)
+    from pathlib import Path
+
+    from kvcalc.core.inputs.traces import read_trace
+    from kvcalc.core.pool.groups import PoolGroup
+    from kvcalc.core.share.capacity import saved_state_hit_blocks
+    from kvcalc.core.share.replay_groups import replay_groups
+
+    path = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} is not here (the real traces live beside the repository)")
+    trace = read_trace("mooncake", str(path)).head(300)
+    groups, B, room = (PoolGroup("full"), PoolGroup("state")), 64, 3_000_000
+    one_chunk = replay_groups(trace, groups, B, room, "align", chunk_tokens=10**9)
+    assert one_chunk.evictions == 0
+    assert one_chunk.hit_tokens == saved_state_hit_blocks(trace, B) * B == 15_680
+    chunked = replay_groups(trace, groups, B, room, "align").hit_tokens
+    every = replay_groups(trace, groups, B, room, "all").hit_tokens
+    assert 15_680 < chunked < every  # 138,560 and 345,920 here
