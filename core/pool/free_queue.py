@@ -143,7 +143,7 @@ class FreeBlockQueue:
         """Assert the queue's own invariants (used by the pool's check_invariants)."""
         plain = self._plain[: self._plain_top]
         assert np.all(self._state[plain] == FREE_PLAIN), "a block on the plain free stack is not FREE_PLAIN"
-        assert len(np.unique(plain)) == len(plain), "a block is twice on the plain free stack"
+        assert np.bincount(plain).max(initial=0) <= 1, "a block is twice on the plain free stack"  # O(n), no sort
         assert int(np.sum(self._state == FREE_PLAIN)) == self._plain_top, "FREE_PLAIN blocks missing from the stack"
         pos = np.arange(self._head, self._tail)
         ids = self._lru[pos]
