@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import eq
 
 import numpy as np
 
@@ -114,14 +116,17 @@ class TierTotals:
 
 
 class Lru:
-    """Keys in recency order: `stamp` maps each key to its last insertion's number, `queue` holds (key, number)
-    in insertion order, stale entries skipped when popped (a dict and a deque: C-speed batches, where an
-    OrderedDict's update costs ~7x a dict's)."""
+    """Keys in recency order: `stamp` maps each key to its last insertion's number; `keys`/`stamps` list every
+    insertion in order from `head`, stale ones (re-inserted or discarded keys) skipped when popped. Lists, a
+    dict and map/filter keep the per-block work in C (a run demotes millions of blocks; an OrderedDict's
+    update costs ~7x a dict's)."""
 
     def __init__(self) -> None:
         self.stamp: dict[int, int] = {}
-        self.queue: deque[tuple[int, int]] = deque()
-        self.next = 0
+        self.keys: list[int] = []
+        self.stamps: list[int] = []
+        self.head = 0
+        self.next = 0  # the next insertion's number (numbers never repeat)
 
     def __len__(self) -> int:
         return len(self.stamp)
@@ -131,29 +136,35 @@ class Lru:
         stamps = range(self.next, self.next + len(keys))
         self.next += len(keys)
         self.stamp.update(zip(keys, stamps, strict=True))
-        self.queue.extend(zip(keys, stamps, strict=True))
+        self.keys += keys
+        self.stamps += stamps
 
     def touch(self, key: int) -> None:
         self.stamp[key] = self.next
-        self.queue.append((key, self.next))
+        self.keys.append(key)
+        self.stamps.append(self.next)
         self.next += 1
 
     def discard(self, keys: Iterable[int]) -> None:
         stamp = self.stamp
         if stamp:
-            _consume(map(stamp.__delitem__, list(filter(stamp.__contains__, keys))))
+            _consume(map(stamp.__delitem__, dict.fromkeys(filter(stamp.__contains__, keys))))
 
     def pop_oldest(self, n: int) -> list[int]:
         """Remove and return the n least recently added keys, oldest first."""
         out: list[int] = []
-        stamp, queue = self.stamp, self.queue
+        stamp = self.stamp
         while len(out) < n:
-            key, number = queue.popleft()
-            if stamp.get(key) == number:
-                del stamp[key]
-                out.append(key)
-        if len(queue) > 2 * len(stamp) + 4096:  # mostly stale: keep the live entries, in order
-            self.queue = deque(e for e in queue if stamp.get(e[0]) == e[1])
+            end = self.head + n - len(out)
+            window = self.keys[self.head : end]
+            live = list(map(eq, map(stamp.get, window), self.stamps[self.head : end]))
+            out += window if all(live) else compress(window, live)
+            self.head = end
+        _consume(map(stamp.__delitem__, out))
+        if self.head > 65536 and 2 * self.head > len(self.keys):  # drop what was popped
+            del self.keys[: self.head]
+            del self.stamps[: self.head]
+            self.head = 0
         return out
 
 
@@ -262,8 +273,7 @@ class TierCache:
             lru.discard(rest)
         ready = max(plan.ready_s, now_s)
         if loaded and ready > now_s:
-            for key in keys[g : g + loaded].tolist():
-                self.landing[key] = ready
+            self.landing.update(dict.fromkeys(keys[g : g + loaded].tolist(), ready))
         if not self.admitted[rid]:
             self.admitted[rid] = True
             tot = self.totals
@@ -277,10 +287,8 @@ class TierCache:
 
     def landed(self, keys: np.ndarray, plan: LoadPlan) -> None:
         """A load ended: its blocks hold their KV."""
-        g = plan.gpu_blocks
-        for key in keys[g : g + plan.load_blocks].tolist():
-            if self.landing.get(key, np.inf) <= plan.ready_s:
-                del self.landing[key]
+        g = plan.gpu_blocks  # the request holds these blocks until now: no other load can have them
+        _consume(map(self.landing.pop, keys[g : g + plan.load_blocks].tolist(), repeat(None)))
 
     def finish(self) -> TierTotals:
         self.totals.link_busy_s = (self.busy_s[HOST], self.busy_s[DISK])

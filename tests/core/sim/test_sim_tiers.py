@@ -184,3 +184,34 @@ def test_compare_tiers_against_the_one_at_a_time_replay(tmp_path):
     assert [r.replay_hit_blocks for r in c.rungs] == [(2, 0, 0), (2, 0, 0)]
     assert [int(r.totals.gpu_hit_blocks.sum()) for r in c.rungs] == [1, 1]
     assert [int(r.totals.host_hit_blocks.sum()) for r in c.rungs] == [0, 1]
+
+
+def test_lru_matches_an_ordered_dict():
+    # the tiers' LRU (a dict of stamps over an insertion list with lazy deletion, compacted past 65,536 pops)
+    # against an OrderedDict, over random adds, touches, discards and pops
+    from collections import OrderedDict
+
+    from kvcalc.core.sim.tiers import Lru
+
+    rng = np.random.default_rng(7)
+    lru, ref = Lru(), OrderedDict()
+    for _ in range(3000):
+        op = rng.integers(4)
+        if op == 0:
+            new = [k for k in dict.fromkeys(rng.integers(0, 500, 60).tolist()) if k not in ref]
+            lru.add(new)
+            ref.update(dict.fromkeys(new))
+        elif op == 1 and ref:
+            key = list(ref)[rng.integers(len(ref))]
+            lru.touch(key)
+            ref.move_to_end(key)
+        elif op == 2:
+            gone = rng.integers(0, 500, 20).tolist()
+            lru.discard(gone)
+            for k in gone:
+                ref.pop(k, None)
+        elif ref:
+            n = int(rng.integers(1, len(ref) + 1))
+            assert lru.pop_oldest(n) == [ref.popitem(last=False)[0] for _ in range(n)]
+        assert len(lru) == len(ref) and set(lru.stamp) == set(ref)
+
