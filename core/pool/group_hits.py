@@ -46,9 +46,10 @@ from .store import BlockStore
 _SALT = 0xD6E8FEB86659FD93
 
 
-def derived_hashes(anchor_hashes: np.ndarray, group: int) -> np.ndarray:
-    """uint64 [n]: the hash a group's anchored block is indexed under, from its anchor's chain hash."""
-    salt = np.uint64(_SALT * (group + 1) % 2**64)
+def derived_hashes(anchor_hashes: np.ndarray, groups: int | np.ndarray) -> np.ndarray:
+    """uint64 [n]: the hash a group's anchored block is indexed under, from its anchor's chain hash (`groups`: the
+    group of each, or one for all)."""
+    salt = (np.atleast_1d(np.asarray(groups, dtype=np.uint64)) + np.uint64(1)) * np.uint64(_SALT)  # wraps mod 2^64
     return mix64(anchor_hashes ^ salt)
 
 
@@ -64,18 +65,21 @@ def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndar
     return np.zeros_like(hits)
 
 
-def anchored_present(store: BlockStore, group: int, anchor_hits: np.ndarray,
+def anchored_present(store: BlockStore, groups: list[int], anchor_hits: np.ndarray,
                      anchor_hashes: np.ndarray) -> np.ndarray:
-    """intp [h]: the group's cached block at each of the full group's verified hit positions, or -1."""
-    if not len(anchor_hits):
-        return np.empty(0, dtype=np.intp)
-    hashes = derived_hashes(anchor_hashes, group)
-    found, _ = store.index.find(hashes, store.index.home_slots(hashes, np.arange(len(hashes))))
+    """intp [len(groups), h]: each group's cached block at each of the full group's verified hit positions, or -1
+    (one look-up for all the groups)."""
+    h = len(anchor_hits)
+    if not h:
+        return np.empty((len(groups), 0), dtype=np.intp)
+    hashes = derived_hashes(np.tile(anchor_hashes, len(groups)), np.repeat(groups, h))
+    found, _ = store.index.find(hashes, store.index.home_slots(hashes, np.tile(np.arange(h), len(groups))))
+    anchors = np.tile(anchor_hits, len(groups))
     cand = np.maximum(found, 0)
     ok = found >= 0
-    ok &= store.parent_id.take(cand) == anchor_hits
-    ok &= store.parent_ver.take(cand) == store.version.take(anchor_hits)
-    return np.where(ok, found, -1)
+    ok &= store.parent_id.take(cand) == anchors
+    ok &= store.parent_ver.take(cand) == store.version.take(anchors)
+    return np.where(ok, found, -1).reshape(len(groups), h)
 
 
 def valid_hits(group: PoolGroup, present: np.ndarray, block_size: int) -> np.ndarray:
@@ -94,20 +98,21 @@ def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) 
     return table
 
 
-def register_anchored(store: BlockStore, group: int, blocks: np.ndarray, anchors: np.ndarray,
+def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray,
                       positions: np.ndarray) -> int:
-    """Index a group's full `blocks` at chain `positions`, each anchored to the full group's block at the same
-    position (`anchors`); blocks whose anchor is not indexed stay unindexed. Returns how many were indexed."""
+    """Index full `blocks` of anchored `groups` (the group of each) at chain `positions`, each anchored to the full
+    group's block at the same position (`anchors`); blocks whose anchor is not indexed stay unindexed. Returns how
+    many were indexed."""
     ok = (blocks >= 0) & (store.block_slot.take(np.maximum(anchors, 0)) >= 0) & (anchors >= 0)
     ok &= store.block_slot.take(np.maximum(blocks, 0)) < 0
-    blocks, anchors, positions = blocks[ok], anchors[ok], positions[ok]
+    blocks, anchors, positions, groups = blocks[ok], anchors[ok], positions[ok], groups[ok]
     if not len(blocks):
         return 0
     index = store.index
-    hashes = derived_hashes(store.block_hash.take(anchors), group)
+    hashes = derived_hashes(store.block_hash.take(anchors), groups)
     homes = index.home_slots(hashes, positions)
     present, slots = index.find(hashes, homes)
-    old = present[present >= 0]
+    old = np.unique(present[present >= 0])
     stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))]
     stale = stale[store.state.take(stale) == FREE_CACHED]  # a stale block is held by no table (see module)
     if len(stale):

@@ -85,6 +85,7 @@ class HybridPool:
             k == "state" and self.state_mode == "align")) for k in kinds)
         has_state = "state" in kinds
         self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
+        self._plan_memo: tuple | None = None  # the last _hit_plan, until any group changes (pool 0's epoch)
         self.caches = enable_prefix_caching and not (has_state and (
             self.state_mode == "none" or (self.state_mode == "align" and self.anchor is None)))
 
@@ -174,22 +175,32 @@ class HybridPool:
         G = len(self.groups)
         if keys is None:
             return 0, [0] * G, [None] * G
-        B = self.block_size
+        memo = self._plan_memo
+        if memo is not None and memo[0] == self.pools[0]._epoch and memo[1] is keys and memo[2] == (
+                num_tokens, extra_key):
+            return memo[3]
+        plan = self._plan(num_tokens, keys, extra_key)
+        self._plan_memo = (self.pools[0]._epoch, keys, (num_tokens, extra_key), plan)
+        return plan
+
+    def _plan(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
+              ) -> tuple[int, list[int], list[np.ndarray | None]]:
+        G, B = len(self.groups), self.block_size
         own = [0 if self.anchored[g] else p.hit_tokens(num_tokens, keys, (g, extra_key)) // B
                for g, p in enumerate(self.pools)]
         hit = min(own[g] for g in range(G) if not self.anchored[g])
         if not any(self.anchored):
             return hit, own, [None] * G
         probe = self.pools[self.anchor]._probe(num_tokens, keys, (self.anchor, extra_key))
-        anchors, hashes = probe.hits[:hit], probe.hashes[:hit]
+        anchored = [g for g in range(G) if self.anchored[g]]
+        found = anchored_present(self.store, anchored, probe.hits[:hit], probe.hashes[:hit])
         serves = np.ones(hit + 1, dtype=bool)
         present: list[np.ndarray | None] = [None] * G
-        for g, group in enumerate(self.groups):
-            if self.anchored[g]:
-                present[g] = anchored_present(self.store, g, anchors, hashes)
-                valid = valid_hits(group, present[g], B)
-                own[g] = int(np.flatnonzero(valid)[-1])
-                serves &= valid
+        for g, row in zip(anchored, found, strict=True):
+            present[g] = row
+            valid = valid_hits(self.groups[g], row, B)
+            own[g] = int(np.flatnonzero(valid)[-1])
+            serves &= valid
         hit = int(np.flatnonzero(serves)[-1])
         tables = [None if p is None else hit_table(g, p, hit, B) for g, p in zip(self.groups, present, strict=True)]
         return hit, own, tables
@@ -590,16 +601,22 @@ class HybridPool:
         if self.anchor is None or new // B <= old // B:
             return
         anchor_table = self.pools[self.anchor].block_table(seq_id)
+        parts: list[tuple[int, np.ndarray, np.ndarray]] = []  # (group, its blocks, their positions)
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
-            if not self.anchored[g] or pool.seqs[seq_id].num_hashed < 0:  # a state over rejected drafts: never
+            seq = pool.seqs[seq_id]
+            if not self.anchored[g] or seq.num_hashed < 0:  # a state over rejected drafts: never
                 continue
-            first = new // B - 1 if group.kind == "state" else old // B
+            first = max(new // B - 1 if group.kind == "state" else old // B, seq.num_skipped)
             positions = np.arange(first, new // B)
-            anchors = anchor_table[positions] if anchor_canonical is None else (
-                anchor_canonical.anchors(self.store, anchor_table, positions))
-            registered = register_anchored(self.store, g, pool.block_table(seq_id)[positions], anchors, positions)
-            if registered:
-                self._changed()
+            parts.append((g, seq.table[positions], positions))
+        if not parts:
+            return
+        positions = np.concatenate([p for _, _, p in parts])
+        anchors = anchor_table[positions] if anchor_canonical is None else (
+            anchor_canonical.anchors(self.store, anchor_table, positions))
+        groups = np.repeat([g for g, _, _ in parts], [len(p) for _, _, p in parts])
+        register_anchored(self.store, groups, np.concatenate([b for _, b, _ in parts]), anchors, positions)
+        self._changed()
 
     def _changed(self) -> None:
         """Every group's memoised look-up is stale once any group changes the shared store."""
