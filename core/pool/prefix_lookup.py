@@ -24,7 +24,7 @@ import numpy as np
 
 from .hash_index import EMPTY
 from .prefix_cache import HashedKeys, HashedPrompts, chain_hashes, chain_hashes_batch, root_hash
-from .store import BlockKeys, BlockStore
+from .store import VERSION_INT32_MAX, BlockKeys, BlockStore
 
 _ROOT = np.array([-1], dtype=np.intp)
 _LOOKAHEAD_PROMPTS = 32  # prompts of a hashed batch looked up at once (see _find)
@@ -98,6 +98,8 @@ class PrefixIndex:
         return np.fromiter((interned.setdefault(k, len(interned)) for k in block_keys), np.int64, len(block_keys))
 
     def extra_id(self, extra_key: Hashable) -> int:
+        if len(self._extras) > VERSION_INT32_MAX and extra_key not in self._extras:
+            self.store.widen_versions()  # a chain's root holds the id in parent_ver
         return self._extras.setdefault(extra_key, len(self._extras))
 
     def _prompt_hashes(

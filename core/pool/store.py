@@ -6,14 +6,16 @@ Per-block arrays, all indexed by block id:
 
     state       int8    USED / FREE_PLAIN / FREE_CACHED / PENDING (see free_queue)
     ref         int32   live block tables holding the block
-    version     int64   raised each time the block is handed out for new content
+    version     int32   raised each time the block is handed out for new content (int64 from the hand-out that
+                        could take one past int32: `widen_versions`)
     fill        int32   tokens written in it
     block_slot  int32   slot of its hash-index entry, -1 when not indexed (`hashed` = block_slot >= 0)
     block_hash  uint64  its chain hash        } meaningful while indexed; the index reads them
     block_home  int32   that hash's home slot }
     key         int64   its content key                     } what a hit is verified against: the same key,
     parent_id   int32   the block it was chained after      } chained after the block just matched (with
-    parent_ver  int64   that block's version then           } the same version), or after the root
+    parent_ver  int32   that block's version then           } the same version), or after the root
+                        (the extra key's id; widened with `version`)
 
 A full block is registered (indexed) when the sequence that wrote it gives its content key; at most one
 block per hash, so a block whose chain is already cached elsewhere stays unindexed (and goes back to the
@@ -40,6 +42,7 @@ from .prefix_cache import HashedKeys
 BlockKeys = Sequence[Hashable] | np.ndarray | HashedKeys | None
 
 MAX_BLOCKS = MAX_BLOCK_TOKENS = 2**31 - 1  # block ids and per-block fills are int32
+VERSION_INT32_MAX = 2**31 - 1  # versions stay int32 while every hand-out so far would fit (widen_versions)
 
 _NO_BLOCKS = np.empty(0, dtype=np.intp)
 _NO_BLOCKS.flags.writeable = False
@@ -70,7 +73,8 @@ class BlockStore:
         n = self.num_blocks
         self.state = np.zeros(n, dtype=np.int8)
         self.ref = np.zeros(n, dtype=np.int32)
-        self.version = np.zeros(n, dtype=np.int64)  # int64: a long simulation hands blocks out many times
+        # int32 (8 bytes a block less with parent_ver), int64 once a long simulation has handed out 2^31 blocks
+        self.version = np.zeros(n, dtype=np.int32)
         self.fill = np.zeros(n, dtype=np.int32)
         self.block_slot = np.full(n, -1, dtype=np.int32)
         self.block_hash = np.zeros(max(n, 2), dtype=np.uint64)  # >= 2: the index reads [-1], [-2] harmlessly
@@ -78,7 +82,7 @@ class BlockStore:
         # zeros, not -1: like the hash, these are read only for indexed blocks, which wrote them
         self.key = np.zeros(n, dtype=np.int64)
         self.parent_id = np.zeros(n, dtype=np.int32)
-        self.parent_ver = np.zeros(n, dtype=np.int64)
+        self.parent_ver = np.zeros(n, dtype=np.int32)
         self.queue = FreeBlockQueue(n, self.state)
         self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home, self.block_slot)
         self.pending: list[np.ndarray] = []  # blocks dropped during the running step, in drop order
@@ -92,7 +96,7 @@ class BlockStore:
     def memory_bytes(num_blocks: int) -> int:
         """Bytes a store of `num_blocks` allocates (with prefix caching), to refuse a pool that cannot fit
         before creating it: the per-block arrays above, the free queue's and the hash index's int32 slots."""
-        arrays = 1 + 4 + 8 + 4 + 4 + 8 + 4 + 8 + 4 + 8  # state, ref, version, fill, block_slot .. parent_ver
+        arrays = 1 + 4 + 4 + 4 + 4 + 8 + 4 + 8 + 4 + 4  # state, ref, version, fill, block_slot .. parent_ver
         queue = 4 + 2 * 4 + 4  # plain stack, LRU (room for two entries a block), stamp
         return num_blocks * (arrays + queue) + 4 * HashIndex.num_slots(num_blocks)
 
@@ -115,6 +119,8 @@ class BlockStore:
         (block ids intp [n], evictions among them). Reference counts are the caller's."""
         if n == 0:
             return _NO_BLOCKS, 0
+        if self.counters["allocated_blocks"] + n > VERSION_INT32_MAX:
+            self.widen_versions()
         plain, evicted = self.queue.pop(n)
         if len(evicted):
             self.index.delete(evicted)
@@ -145,6 +151,8 @@ class BlockStore:
         for decode, which needs one block per block boundary of every sequence."""
         if not self.queue.num_plain:
             return int(self.take(1, num_tokens)[0])
+        if self.counters["allocated_blocks"] >= VERSION_INT32_MAX:
+            self.widen_versions()
         block = self.queue.pop_plain_one()
         self.version[block] += 1
         self.ref[block] = 1
@@ -153,6 +161,14 @@ class BlockStore:
         self.useful_tokens += num_tokens
         self.counters["allocated_blocks"] += 1
         return block
+
+    def widen_versions(self) -> None:
+        """Versions and parent versions as int64 from now on (once; a no-op after). Called before a hand-out
+        that could take a version past int32 — no version exceeds the blocks handed out in all — and before an
+        extra key's id could (parent_ver holds it at a chain's root)."""
+        if self.version.dtype != np.int64:
+            self.version = self.version.astype(np.int64)
+            self.parent_ver = self.parent_ver.astype(np.int64)
 
     def share(self, blocks: np.ndarray, state: np.ndarray, num_cached: int) -> None:
         """One more table holds these blocks (a prompt's cache hits; `state` their states, of which

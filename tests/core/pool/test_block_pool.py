@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.pool import prefix_lookup
+from kvcalc.core.pool import store as store_module
 from kvcalc.core.pool.block_pool import BlockPool, PoolExhaustedError, PoolStats, ReleaseReason
 from kvcalc.core.pool.free_queue import FREE_CACHED, FreeBlockQueue
 from kvcalc.core.pool.hash_index import HashIndex
@@ -394,6 +395,35 @@ def test_serve_with_batch_hashing_equals_allocate_append_release(
     for pool in (fast, general):
         pool.release("holder")
     assert pool_state(fast) == pool_state(general)
+
+
+@pytest.mark.parametrize(("limit", "widened_midway"), [(0, False), (7, False), (40, True)])
+def test_versions_widen_to_int64_before_they_could_pass_int32(limit: int, widened_midway: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Versions are int32 until the blocks handed out in all could take one past the limit (2^31 - 1, here
+    lowered): then int64, with the same values. The same run — hits, evictions, copy-on-write, decode
+    blocks, several extra keys — gives the same pool whatever the limit."""
+    def run() -> tuple[dict, list]:
+        pool, seen = BlockPool(30, 2), []  # 30 blocks: 30 hit blocks and 8 evictions in this run
+        for i in range(16):
+            keys = np.array([i % 3, i % 2, 5, i % 4], dtype=np.int64)
+            seen.append(pool.allocate(i, 9, keys, extra_key=i % 2))
+            pool.fork(i, "child")
+            pool.append("child", 3)  # copy-on-write of the shared last block, then a fresh one
+            for _ in range(3):
+                pool.append(i, 1)  # one token at a time: take_one's scalar hand-out
+            pool.release_many([i, "child"])
+            seen.append(pool.store.version.dtype.name)
+            pool.check_invariants()
+        return pool_state(pool), seen
+
+    baseline, seen = run()
+    stats = baseline["stats"]
+    assert set(seen[1::2]) == {"int32"} and (stats.allocated_blocks, stats.hit_blocks, stats.evictions) == (98, 30, 8)
+    monkeypatch.setattr(store_module, "VERSION_INT32_MAX", limit)
+    widened, seen_widened = run()
+    assert widened == baseline and seen_widened[::2] == seen[::2]
+    assert seen_widened[-1] == "int64" and ("int32" in seen_widened) == widened_midway
 
 
 def test_serve_checks_then_changes() -> None:
