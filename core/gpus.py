@@ -7,7 +7,11 @@ H100 80GB shows the engine (vLLM 0.19.0's logs in ../shared/vllm_startup: total_
 and dense (no sparsity) BF16 FLOP/s are the datasheets' (SXM / OAM parts):
 
 - A100: "NVIDIA A100 Tensor Core GPU" datasheet (2021): 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s;
-  BF16 Tensor Core 312 TFLOPS (624 with sparsity).
+  BF16 Tensor Core 312 TFLOPS (624 with sparsity). Their memory is still the nominal 40,960 / 81,920 MiB, NOT
+  the engine's: CUDA's deviceQuery (whose total is cudaMemGetInfo's) shows 40,339 MiB (42,298,834,944 B) on an
+  A100-SXM4-40GB with driver 12.2 (bottlerocket-os/bottlerocket PR #3873) and 81,051 MiB (driver 12.2) or
+  81,158 MiB (12.5) on an A100-SXM4-80GB, as it shows 81,090 MiB on an H100 80GB HBM3 with driver 12.8, vLLM's
+  79.19 GiB. Moving them moves every sim and plan figure on A100s: left for one change with sim's memory plan.
 - H100 SXM: "NVIDIA H100 Tensor Core GPU" datasheet (2023): 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS
   with sparsity, i.e. 989.5 TFLOPS dense.
 - H200 SXM: "NVIDIA H200 Tensor Core GPU" datasheet (2024): 141GB HBM3e, 4.8 TB/s; BF16 1,979 TFLOPS with
