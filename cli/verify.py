@@ -139,6 +139,7 @@ def _report(run: VerifyRun) -> Report:
 
 def _inject_note(run: VerifyRun) -> str:
     fault, results, status = f"--inject {run.inject}", run.scenarios, run.inject_status
+    assert status is not None, "a run with a fault planted"
     fired = sum(s.fault_fired or 0 for s in results)
     caught = [s.name for s in results if s.fault == "caught"]
     missed = [s.name for s in results if s.fault == "undetected"]
