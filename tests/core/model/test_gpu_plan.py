@@ -168,6 +168,10 @@ def test_attention_free_model_one_state_page_per_layer_per_sequence(version):
     # 0.19: 77 blocks // 1 group × block 4,096; later: int(77 × 4,096): the same 315,392 tokens
     assert plan.block_size == 4096 and plan.kv_cache_tokens == 77 * 4096 == 315_392
     assert plan.groups[0].kind == "mamba2" and plan.groups[0].layers == 64
+    # --pp 2: each stage pages its own 32 layers' states: 10 GiB // (32 · 2,158,592 B) = 155 sequences
+    two = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=4096, kv_memory_bytes=10 * GIB, pp=2,
+                   vllm_version=version)
+    assert two.num_blocks == 10 * GIB // (32 * 2_158_592) == 155 and two.kv_cache_tokens == 155 * 4096
 
 
 def test_attention_free_model_under_tensor_parallelism_on_a_gpu():
