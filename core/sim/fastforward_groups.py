@@ -7,9 +7,8 @@ ceil((t_i + j + 1) / B) − first(t_i + j) of its blocks (GroupedPagedPolicy.dec
 and the step fits iff the blocks of the requests alive in it fit. Step j's time is the decode step of the n_j
 alive requests, taken per stretch of constant n_j (the step-time model's scalar path, as a plain step takes
 it); every integral is added step by step in step order (fastforward._in_order). The pool is brought up to
-date phase by phase: between two finishing points p < t every request still alive frees what step p frees,
-grows by t − p tokens in one hand-out, then the requests whose last step is t − 1 leave in finishing order.
-A phase is kept only while its peak (grown, before freeing) fits the pool.
+date after the run: the finished requests leave (in finishing order, each at its own time), then the survivors
+grow by k tokens at once (_advance_pool); the run is kept only as long as that update fits the pool too.
 """
 
 from __future__ import annotations
@@ -99,63 +98,60 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
 
 
 def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, tuple]:
-    """(the leading steps of k that fit, decode_run's memory tuple over the k steps)."""
+    """(the leading steps of k that fit, decode_run's memory tuple over the k steps). A run of k' steps fits
+    iff every step's blocks fit and so does the pool's update after it (_advance_pool): the requests that
+    finished released, every survivor grown from first(t_i) to t_i + k' tokens before it frees."""
     B, N = policy.block_size, policy.pool.num_blocks
     steps = np.arange(k, dtype=np.int64)
     computed = tokens0[:, None] + steps[None, :]
     live = steps[None, :] < remaining[:, None]
     table = (computed + B) // B
-    phases = sorted(set(np.minimum(remaining, k).tolist()))
+    survive = steps[None, :] + 1 < remaining[:, None]  # [i, j]: still running after a run of j + 1 steps
     held, written, peak = [], [], np.zeros(k, np.int64)
     for group, count in policy._kinds():
         first = policy._first(group, computed)
         held.append((((table - first) * live).sum(axis=0), count))
         written.append((((computed + 1 - B * first) * live).sum(axis=0), count))
-        # a phase [p, t) grows every live request to t_i + t tokens from first(t_i + p): its peak, at step p
-        for p, t in zip([0, *phases[:-1]], phases, strict=True):
-            if p < k:
-                ahead = live[:, p]
-                top = (tokens0[ahead] + t + B - 1) // B
-                start = first if isinstance(first, int) else first[ahead, p]
-                peak[p] += count * int((top - start).sum())
+        start = first if isinstance(first, int) else first[:, :1]
+        peak += count * ((table - start) * survive).sum(axis=0)
     used = sum(h * c for h, c in held)
-    bad = np.flatnonzero((used > N) | (peak > N))
-    if len(bad):
-        k = int(bad[0])
+    over = np.flatnonzero(used > N)
+    k = int(over[0]) if len(over) else k
+    fits = np.flatnonzero(peak[:k] <= N)  # a run of j + 1 steps may end where its update fits
+    k = int(fits[-1]) + 1 if len(fits) else 0
     return k, (held, written, used)
 
 
 def _advance_pool(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining: np.ndarray, k: int,
                   ends: np.ndarray) -> None:
-    """The pool and the queues after the run: phase by phase, grow the live requests, then close the requests
-    whose last step ended the phase (in finishing order, each at its own time); then checked."""
+    """The pool and the queues after the run: the requests that finished leave in finishing order, each at its
+    own time (their blocks freed whatever they held: without prefix caching no figure depends on which); the
+    survivors free what their first step frees, grow by k tokens in one hand-out, then free what their last step
+    frees (GroupedPagedPolicy.advance_run's order); then checked against the closed form."""
     s, policy = ff.scheduler, ff.policy
-    pool, members = policy.pool, policy._members()
-    order = np.argsort(remaining, kind="stable")
-    prev, gone = 0, set()
-    for t in sorted(set(np.minimum(remaining, k).tolist())):  # the finishing points, then k
-        live = [i for i in range(len(run)) if remaining[i] > prev]
-        ids = [int(run[i]) for i in live]
-        for key, groups in members:
-            first = policy._first(key, tokens0[live] + prev)
+    pool = policy.pool
+    gone = []
+    for i in np.argsort(remaining, kind="stable").tolist():
+        if remaining[i] > k:
+            break
+        s.now_s = float(ends[remaining[i]])
+        s.close(int(run[i]))
+        gone.append(int(run[i]))
+    survivors = np.flatnonzero(remaining > k)
+    if len(survivors):
+        ids, tokens = run[survivors].tolist(), tokens0[survivors]
+        after = []
+        for key, groups in policy._members():
+            first = policy._first(key, tokens)
             if not isinstance(first, int):
                 pool.skip_many(groups, ids, first.tolist())
-        pool.grow_private_many(ids, t - prev)
-        for i in order.tolist():
-            if remaining[i] == t and t <= k:
-                s.now_s = float(ends[t])
-                s.close(int(run[i]))
-                gone.add(int(run[i]))
-        prev = t
-    survivors = [i for i in range(len(run)) if remaining[i] > k]
-    if survivors:
-        ids = [int(run[i]) for i in survivors]
-        for key, groups in members:
-            first = policy._first(key, tokens0[survivors] + (k - 1))
-            if not isinstance(first, int):
-                pool.skip_many(groups, ids, first.tolist())
+                after.append((groups, policy._first(key, tokens + (k - 1)).tolist()))
+        pool.grow_private_many(ids, k)
+        for groups, first in after:
+            pool.skip_many(groups, ids, first)
     if gone:
-        s.running = [r for r in s.running if r not in gone]
+        left = set(gone)
+        s.running = [r for r in s.running if r not in left]
         s.set_running()
     _check(policy, tokens0[survivors], k)
 
