@@ -20,9 +20,9 @@ from ..core.share.capacity import (
     CapacityValue,
     capacity_curve,
     parse_capacities,
-    saved_state_hit_blocks,
 )
 from ..core.share.load_or_recompute import step_time_model
+from ..core.share.saved_states import saved_state_hit_curve
 from ..core.share.stack_distance import StackDistances, stack_distances
 from ..core.share.tiers import (
     DEFAULT_DISK_BANDWIDTH,
@@ -162,7 +162,7 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         bpb = None if per_block[b] is None else per_block[b].bytes_per_block
         curves.append(capacity_curve(distances[b], [v.blocks(b, bpb) for v in o.capacities]))
     report = _curve_report(loaded.description, loaded.has_prefix_ids, o, curves, per_block, spec)
-    _add_saved_state_rule(report, loaded, curves, per_block)
+    _add_saved_state_rule(report, loaded, curves, per_block, distances)
     if o.tiers is not None:
         b = o.block_sizes[0]
         add_tiers(report, o.tiers, distances[b], per_block[b], spec, bits)
@@ -173,21 +173,39 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
 
 
 def _add_saved_state_rule(report: Report, loaded: Trace, curves: list[CapacityCurve],
-                          per_block: dict[int, CachedBlockBytes | None]) -> None:
-    """For a recurrent hybrid: the unbounded hit rate when states are saved only where prompts end."""
+                          per_block: dict[int, CachedBlockBytes | None], distances: dict[int, StackDistances]) -> None:
+    """For a recurrent hybrid: the hit rate at every capacity when states are saved only where prompts end."""
+    records = []
     for doc, curve in zip(report.doc["curves"], curves, strict=True):
         cbb = per_block[curve.block_size]
         if cbb is None or not cbb.state_bytes:
             continue
-        rate = saved_state_hit_blocks(loaded, curve.block_size) * curve.block_size / max(curve.prompt_tokens, 1)
+        points = [*curve.points, curve.ceiling]
+        hits = saved_state_hit_curve(loaded, distances[curve.block_size], [p.capacity_blocks for p in points])
+        for point_doc, blocks in zip(doc["points"], hits[:-1], strict=True):
+            point_doc["hit_rate_states_at_prompt_ends"] = blocks * curve.block_size / max(curve.prompt_tokens, 1)
+        for point, blocks in zip(points, hits, strict=True):
+            records.append({"block_size": curve.block_size, "capacity_blocks": point.capacity_blocks,
+                            "every_block": curve.hit_rate(point),
+                            "prompt_ends": blocks * curve.block_size / max(curve.prompt_tokens, 1)})
+        rate = hits[-1] * curve.block_size / max(curve.prompt_tokens, 1)
         doc["unbounded_hit_rate_states_at_prompt_ends"] = rate
         report.notes.append(
             f"block {curve.block_size}: if states are saved only where a prompt's full blocks end (vLLM's align "
             f"mode, one prefill chunk), the unbounded hit rate is {format_percent(rate)}, not "
-            f"{format_percent(curve.hit_rate(curve.ceiling))}"
+            f"{format_percent(curve.hit_rate(curve.ceiling))}; per capacity in the table beside (a capacity in bytes "
+            "counts a state in every block: saving fewer, the same bytes hold more blocks, so that column is a "
+            "lower bound there)"
             + (" (below block 512 a Mooncake trace hides how a prompt continues inside its last hash id: read "
                "this at --block 512)" if curve.block_size < MOONCAKE_BLOCK_TOKENS and loaded.kind == "mooncake"
                else "") + ".")
+    if records:
+        report.tables.append(record_table(
+            "recurrent states saved only where prompts end (align, one prefill chunk) vs at every block", [
+                Field("block_size", "block"),
+                Field("capacity_blocks", "capacity (blocks)", lambda c: "unbounded" if c is None else format_count(c)),
+                Field("every_block", "hit rate, a state per block", format_percent),
+                Field("prompt_ends", "hit rate, states at prompt ends", format_percent)], records))
 
 
 def _capacity_bytes(blocks: int | None, cbb: CachedBlockBytes | None) -> int | None:

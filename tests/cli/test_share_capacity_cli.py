@@ -170,3 +170,15 @@ def test_csv_cells_are_machine_readable(run_cli, hand_trace: Path) -> None:
             for cell in row:
                 assert CELL.fullmatch(cell), (header, cell)
     assert "sliding_1024" in result.stdout and "capacity_bytes" in result.stdout
+
+
+def test_recurrent_hybrid_states_at_prompt_ends_per_capacity(run_cli, hand_trace: Path) -> None:
+    # HAND at block 512, states saved after each prompt's last full block: r0 saves after id 3 (block 3); r1
+    # resumes there (3 blocks) if block 3 — at depth 3 before r1 — is still cached, so only with C >= 3; r2 and r3
+    # find no saved state on their chains. C = 2 blocks (1,024 tokens): 0; C = 3 (1,536): 3 blocks.
+    result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1024,1536",
+                     "--model", "Nemotron-H-56B", "--json")
+    assert result.exit_code == 0, result.stderr
+    (curve,) = result.json()["curves"]
+    assert [p["hit_rate_states_at_prompt_ends"] for p in curve["points"]] == [0.0, pytest.approx(3 * 512 / 6145)]
+    assert curve["unbounded_hit_rate_states_at_prompt_ends"] == pytest.approx(3 * 512 / 6145)
