@@ -11,7 +11,7 @@ suite.run_verify (so the same report and exit codes).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,23 +36,17 @@ from .hybrid_scenarios import (
     build_hybrid,
 )
 from .outcome import HybridModelInfo, ModelInfo, VerifyRun
+from .references import Job, shared_references
 from .result import EVENTS, ScenarioResult, settle
 from .scenarios import sampling_of_row
 from .scheduled import block_keys
 from .suite import resolve_device
 from .verdict import TOP_K, Decoding, compare
 
-_MEMO: list = [None, {}]
 
-
-def _reference(weights: HybridWeights, prompt: tuple[int, ...], new: int, sampling) -> Generation:
-    """hybrid_reference_generate remembered per (prompt, sampling): n tokens are the first n of a longer run."""
-    if _MEMO[0] is not weights:
-        _MEMO[:] = [weights, {}]
-    got = _MEMO[1].get((prompt, sampling))
-    if got is None or len(got.output_ids) < new:
-        got = _MEMO[1][(prompt, sampling)] = hybrid_reference_generate(weights, prompt, new, sampling)
-    return Generation(got.prompt_ids, got.output_ids[:new], got.logits[:new])
+def _generate(weights: HybridWeights, jobs: Sequence[Job]) -> list[Generation]:
+    """The hybrid reference of each job, alone, token by token (references.References decodes each prompt once)."""
+    return [hybrid_reference_generate(weights, prompt, new, sampling) for prompt, new, sampling in jobs]
 
 
 class _Checked:
@@ -86,7 +80,8 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
     rows = [(i, j) for i, n in enumerate(reqs.num_samples) for j in range(n)]
     sampling = [sampling_of_row(reqs, row, seed) for row in range(len(workload))]
     lengths = [reqs.cancel_after.get(row, reqs.max_new_tokens[i]) for row, (i, _) in enumerate(rows)]
-    generations = [_reference(weights, reqs.prompts[i], n, sampling[row])
+    references = shared_references(weights, _generate)
+    generations = [references.get(reqs.prompts[i], n, sampling[row])
                    for row, ((i, _), n) in enumerate(zip(rows, lengths, strict=True))]
     drafter = None
     if scenario.spec_tokens:

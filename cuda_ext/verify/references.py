@@ -21,7 +21,8 @@ on (seed, position)), so one decoding per (prompt, sampling), as long as the lon
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -80,11 +81,15 @@ def generate_alone_together(weights: ModelWeights, jobs: Sequence[Job]) -> list[
                                                                                         strict=True)]
 
 
-class References:
-    """Decodings per (prompt, sampling) for one model's weights, each as long as the longest asked for."""
+GenerateMany = Callable[[Any, Sequence[Job]], list[Generation]]  # (weights, jobs) -> a Generation per job
 
-    def __init__(self, weights: ModelWeights) -> None:
-        self.weights = weights
+
+class References:
+    """Decodings per (prompt, sampling) for one model's weights, each as long as the longest asked for.
+    `generate` decodes a list of jobs (the hybrid model passes its own reference, hybrid_suite.py)."""
+
+    def __init__(self, weights: Any, generate: GenerateMany = generate_alone_together) -> None:
+        self.weights, self.generate = weights, generate
         self._done: dict[tuple[tuple[int, ...], SamplingParams], Generation] = {}
 
     def prefetch(self, jobs: Sequence[Job]) -> None:
@@ -97,7 +102,7 @@ class References:
                 if (p, s) not in self._done or len(self._done[(p, s)].output_ids) < n]
         if not todo:
             return
-        for (prompt, _, sampling), generation in zip(todo, generate_alone_together(self.weights, todo), strict=True):
+        for (prompt, _, sampling), generation in zip(todo, self.generate(self.weights, todo), strict=True):
             self._done[(prompt, sampling)] = generation
 
     def get(self, prompt: tuple[int, ...], new: int, sampling: SamplingParams) -> Generation:
@@ -109,10 +114,10 @@ class References:
 _SHARED: list[References] = []  # the last model's references (one model at a time)
 
 
-def shared_references(weights: ModelWeights) -> References:
+def shared_references(weights: Any, generate: GenerateMany = generate_alone_together) -> References:
     """The References of these weights, kept while the same weights object is used."""
-    if not _SHARED or _SHARED[0].weights is not weights:
-        _SHARED[:] = [References(weights)]
+    if not _SHARED or _SHARED[0].weights is not weights or _SHARED[0].generate is not generate:
+        _SHARED[:] = [References(weights, generate)]
     return _SHARED[0]
 
 

@@ -50,16 +50,14 @@ def test_a_job_reads_only_its_own_cache(weights):
         assert torch.allclose(single.logits, together[i].logits, rtol=0, atol=1e-5)
 
 
-def test_one_decoding_per_prompt_and_sampling_cut_to_each_length(weights, monkeypatch):
+def test_one_decoding_per_prompt_and_sampling_cut_to_each_length(weights):
     calls = []
-    real = refs.generate_alone_together
 
     def counted(w, jobs):
         calls.append(list(jobs))
-        return real(w, jobs)
+        return refs.generate_alone_together(w, jobs)
 
-    monkeypatch.setattr(refs, "generate_alone_together", counted)
-    shared = refs.References(weights)
+    shared = refs.References(weights, counted)
     prompt = (1, 2, 3, 4, 5)
     shared.prefetch([(prompt, 4, GREEDY), (prompt, 9, GREEDY), ((7, 8), 3, GREEDY)])
     assert [[(len(p), n) for p, n, _ in c] for c in calls] == [[(5, 9), (2, 3)]]  # the longest of each prompt
