@@ -86,7 +86,8 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
     device = resolve_device(config.device)
     started = time.perf_counter()
     threads = torch.get_num_threads()
-    # a real model's GEMMs are big enough for a second thread to pay (see the module docstring for the tiny one)
+    # a real model too: on a loaded 2-core machine a second thread spun (a SmolLM2 decode step: 67 ms of CPU with
+    # one thread, 546 ms with two); REAL_MODEL_THREADS is the knob for a machine with idle cores
     torch.set_num_threads(1 if config.model_name is None else min(threads, REAL_MODEL_THREADS))
     tokenizer = None
     try:
