@@ -36,9 +36,10 @@ def sim_tiers(o: Any, spec: ModelSpec, kv_dtype: str, kv_bits: int, sim: SimSetu
         raise ParameterError(f"host_cache/disk_cache: {spec.name} has recurrent-state layers, and in mamba_cache_mode "
                              "none it saves no state to resume from, so it caches no prefix: add mamba_cache_mode "
                              "align", "host_cache", "disk_cache", "mamba_cache_mode")
-    cbb = cached_block_bytes(spec, kv_dtype, kv_bits, o.block_size, o.tp, "all" if state_mode == "all" else "align")
+    block = sim.block_size  # the pool's, which a hybrid's memory plan may have aligned (o.block_size as typed)
+    cbb = cached_block_bytes(spec, kv_dtype, kv_bits, block, o.tp, "all" if state_mode == "all" else "align")
     sizes = (parse_tier_size(o.host_cache, "host_cache"), parse_tier_size(o.disk_cache, "disk_cache"))
-    blocks = [v.blocks(o.block_size, cbb.bytes_per_block) for v in sizes]
+    blocks = [v.blocks(block, cbb.bytes_per_block) for v in sizes]
     return SimTiers(blocks[0], blocks[1], parse_bandwidth(o.host_bw, DEFAULT_HOST_BANDWIDTH, "host_bw"),
                     parse_bandwidth(o.disk_bw, DEFAULT_DISK_BANDWIDTH, "disk_bw"), cbb, sizes[0].text, sizes[1].text)
 
