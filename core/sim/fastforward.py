@@ -174,7 +174,10 @@ class FastForward:
         if not through:
             self._piece(run, plan, d, ends, steps)
         else:
-            pieces = piece_bounds(ends, k, s.arrival_s, s.next_arrival)
+            if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
+                pieces = piece_bounds(ends, k, s.arrival_s, s.next_arrival)
+            else:  # no arrival before the run's last step starts
+                pieces = [0, k]
             if pieces[1] < 2:
                 return False
             for i, j in itertools.pairwise(pieces):
