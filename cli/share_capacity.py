@@ -193,7 +193,7 @@ def _add_saved_state_rule(report: Report, loaded: Trace, curves: list[CapacityCu
         report.notes.append(
             f"block {curve.block_size}: if states are saved only where a prompt's full blocks end (vLLM's align "
             f"mode, one prefill chunk), the unbounded hit rate is {format_percent(rate)}, not "
-            f"{format_percent(curve.hit_rate(curve.ceiling))}; per capacity in the table beside (a capacity in bytes "
+            f"{format_percent(curve.hit_rate(curve.ceiling))}; per capacity in the table above (a capacity in bytes "
             "counts a state in every block: saving fewer, the same bytes hold more blocks, so that column is a "
             "lower bound there)"
             + (" (below block 512 a Mooncake trace hides how a prompt continues inside its last hash id: read "
