@@ -220,7 +220,9 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
             name: {
                 "attainment_target": target,
                 "bracket_rps": list(s.bracket_rps),
-                "evaluations": [list(e) for e in s.evaluations],
+                "evaluations": [list(e) for e in s.evaluations],  # (rate, attainment) — a bound where decided early
+                "decided_early": list(s.decided_early),  # rates whose run stopped once its verdict was certain
+                "resolution": s.resolution,  # the bracket's relative width at the end
                 "unattainable": s.unattainable,
             }
             for name, s in searches.items()
