@@ -291,5 +291,8 @@ class TierCache:
         _consume(map(self.landing.pop, keys[g : g + plan.load_blocks].tolist(), repeat(None)))
 
     def finish(self) -> TierTotals:
+        host, disk = self.lru
+        assert not host.stamp.keys() & disk.stamp.keys(), "a block in both the host and the disk tier"
+        assert len(host) <= self.tiers.host_blocks and len(disk) <= self.tiers.disk_blocks, "a tier over its size"
         self.totals.link_busy_s = (self.busy_s[HOST], self.busy_s[DISK])
         return self.totals
