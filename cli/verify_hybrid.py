@@ -30,7 +30,7 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
         f"hybrid model: layers {' · '.join(hybrid.layer_kinds)} (window {hybrid.window}, a gated linear "
         f"recurrence of {hybrid.state_size} channels); pool groups {', '.join(hybrid.groups)}, each layer "
         f"reading only through its group's block table; state mode {hybrid.state_mode} (a state page saved at "
-        "every block boundary), except hybrid-no-saved-state (align: no saved state a hit could restore, so no hit)"))
+        "every block boundary), except hybrid-no-saved-state (align: a state saved only where a step ends)"))
     report.notes.insert(1, (
         "hybrid events: window frees = sliding-table blocks freed as the window moved on, state restores = requests "
         "resuming from a cached state page, state copies = copies of a state page the pool reported (a fork's own "

@@ -11,8 +11,9 @@ mode all (a saved state page at every block boundary) unless said otherwise. Pro
                              of the common prefix)
     hybrid-prefix-chunked    the same under a 7-token step budget: a hit resumes    prefix_hit_tokens, prefill_chunks,
                              mid-prompt, chunks read the state the last one saved   state_restores
-    hybrid-no-saved-state    the same prompts in mode align, which saves no state   mixed_steps (and every hit
-                             a hit could restore here: no request may hit           checked to be 0)
+    hybrid-no-saved-state    the same prompts in mode align, a state saved only     mixed_steps (and every hit
+                             where a step ends: the 23-token prompt's at 20, which  checked: 0 0 0 20 20)
+                             the two requests after it hit; none inside the others
     hybrid-forks             n = 3 seeded samples per prompt, forked at the first   forks, cow_copies, state_copies
                              token: each branch gets its own copy of the state
     hybrid-preempt-recompute a pool of about a third of the demand; recompute       preemptions, window_frees
@@ -92,8 +93,11 @@ def build_hybrid(name: str, vocab: int, seed: int) -> HybridScenario:
         # the first request finishes (and leaves its blocks cached) before the others arrive
         reqs = _requests(prompts, [12, 10, 12, 9, 11], [0, 40, 41, 42, 43])
         if name == "hybrid-no-saved-state":
+            # align saves a state where a step ends, a prompt's last full block (vLLM's aligned split): 26 -> 24,
+            # 32 -> 32, 23 -> 20, 29 -> 28, 35 -> 32; of them only 20 is inside the 21 shared tokens, saved by row 2
+            # before rows 3 and 4 look up: they hit its 20 tokens, the others nothing
             return HybridScenario(name, ("mixed_steps",), 120, reqs, prefix_caching=True, state_mode="align",
-                                  expect_hits=tuple((row, 0) for row in range(len(prompts))))
+                                  expect_hits=((0, 0), (1, 0), (2, 0), (3, 20), (4, 20)))
         hits = ((0, 0), *((row, expected_hit(prompts[0], p, B)) for row, p in enumerate(prompts) if row))
         if name == "hybrid-prefix-cache":
             return HybridScenario(name, ("prefix_hit_tokens", "state_restores", "window_frees"), 120, reqs,

@@ -142,16 +142,19 @@ def test_window_frees_by_hand_chunked(weights):
 
 def test_prefix_hits_only_where_a_state_was_saved(weights):
     """A 21-token system prompt + suffixes of 5, 11, 2, 8, 14: whole blocks of the common prefix = 20 tokens, hit by
-    each of the 4 later requests in every group under mode all (80 tokens, 4 states restored); mode align saves no
-    state a hit could restore (the pool does not record chunk ends), so the same requests hit nothing."""
+    each of the 4 later requests in every group under mode all (80 tokens, 4 states restored); mode align saves a
+    state only where a step ends: the 23-token prompt's at 20, which the two requests after it hit (40 tokens, 2
+    states restored, the tokens the same as the reference's)."""
     saved = run_hybrid_scenario(build_hybrid("hybrid-prefix-cache", 256, 0), weights, seed=0)
     assert saved.events["prefix_hit_tokens"] == 4 * 20 and saved.events["state_restores"] == 4
-    none = run_hybrid_scenario(build_hybrid("hybrid-no-saved-state", 256, 0), weights, seed=0)
-    assert none.status == "passed" and none.events["prefix_hit_tokens"] == 0
-    assert [o[1] for o in saved.outputs[1:]] == [o[1] for o in none.outputs[1:]]  # same prompts, same tokens
+    align = run_hybrid_scenario(build_hybrid("hybrid-no-saved-state", 256, 0), weights, seed=0)
+    assert align.status == "passed" and align.events["prefix_hit_tokens"] == 2 * 20
+    assert align.events["state_restores"] == 2
+    assert [o[1] for o in saved.outputs[1:]] == [o[1] for o in align.outputs[1:]]  # same prompts, same tokens
     from dataclasses import replace
 
-    running_only = replace(build_hybrid("hybrid-no-saved-state", 256, 0), state_mode="none")  # saves no state at all
+    running_only = replace(build_hybrid("hybrid-no-saved-state", 256, 0), state_mode="none",  # saves no state at all
+                           expect_hits=tuple((row, 0) for row in range(5)))
     result = run_hybrid_scenario(running_only, weights, seed=0)
     assert result.status == "passed" and result.events["prefix_hit_tokens"] == 0
 
@@ -177,11 +180,19 @@ def test_stale_state_is_caught_by_the_content_check(name, weights):
     assert "after position 15" in result.first_content_error
 
 
-@pytest.mark.parametrize("name", ["hybrid-ragged", "hybrid-no-saved-state"])
-def test_stale_state_idle_without_hits(name, weights):
+def test_stale_state_idle_without_hits(weights):
     fault = HybridFault("stale-state")
-    result = run_hybrid_scenario(build_hybrid(name, 256, 0), weights, seed=0, fault=fault)
+    result = run_hybrid_scenario(build_hybrid("hybrid-ragged", 256, 0), weights, seed=0, fault=fault)
     assert fault.fired == 0 and result.fault == "not exercised" and result.status == "passed"
+
+
+def test_stale_state_caught_on_an_align_hit(weights):
+    # mode align: the two hits at 20 resume from the page saved at 20; the fault hands them the page before it,
+    # which align never kept (NULL): caught on the first
+    fault = HybridFault("stale-state")
+    result = run_hybrid_scenario(build_hybrid("hybrid-no-saved-state", 256, 0), weights, seed=0, fault=fault)
+    assert fault.fired == 2 and result.fault == "caught"
+    assert "resumes at position 20" in result.first_content_error
 
 
 def test_unknown_fault_is_named():
