@@ -251,6 +251,14 @@ class HybridPoolMachine(RuleBasedStateMachine):
         if hasattr(self, "pool"):
             self.pool.check_invariants()
             self.shadow.check()
+            # what a swap would move: each table's held blocks, NULL entries not counted; over the live sequences
+            # they are each group's logical-block counter (kept speculative blocks aside)
+            held = [self.pool.held_blocks(seq) for seq in self._live()]
+            for g, pool in enumerate(self.pool.pools):
+                kept = sum(len(k) for k in pool.spec.kept.values())
+                assert sum(h[g] for h in held) + kept == pool.logical_blocks
+                assert all(h[g] == int((t >= 0).sum()) for h, t in
+                           zip(held, (self.pool.block_tables(s)[g] for s in self._live()), strict=True))
 
     def teardown(self) -> None:
         if hasattr(self, "pool"):
