@@ -55,6 +55,7 @@ def workload_fingerprint(workload: Workload) -> str:
 
 def point_key(version: str, model: str, workload: str, options: SimOptions) -> str:
     fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(SimOptions)}
+    assert options.gpu is not None  # space.point_options names every point's GPU
     doc = {"format": FORMAT, "version": version, "model": model, "workload": workload,
            "gpu": repr(get_gpu(options.gpu)), "options": {k: repr(v) for k, v in fields.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

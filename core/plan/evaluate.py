@@ -113,6 +113,7 @@ def evaluate_point(base: SimOptions, point: Point) -> dict[str, Any]:
     summary = Simulation.from_runs(setup, records, {}).summaries[policy]
     result |= _run_figures(summary, load_rate(workload))
     attained = summary.slo_attainment
+    assert attained is not None  # a plan's SLO is never empty (planner.py refuses it)
     if attained < setup.target_attainment:
         oom = summary.rejected_reasons.get(OOM_REASON, 0)
         active = summary.requests - int(np.sum(records[policy].status == CANCELLED))
