@@ -348,6 +348,7 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     raised: dict[int, list[str]] = {}  # used block size -> the sizes given that the layout raised to it
     for kv in model.paged:
         if kv.used_block_size != kv.block_size:
+            assert kv.used_block_size is not None  # a paged scheme's layout always says its block size
             raised.setdefault(kv.used_block_size, []).append(str(kv.block_size))
     if raised:
         mapping = "; ".join(f"B = {', '.join(given)} → {format_count(used)}" for used, given in raised.items())
