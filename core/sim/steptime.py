@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,6 +123,7 @@ class StepTimeModel:
         if self.state_bytes_per_seq:
             moved_bytes = moved_bytes + 2.0 * self.state_bytes_per_seq * num_seqs
         memory = weights + moved_bytes * self.kv_s_per_byte
+        step: np.ndarray | float
         if isinstance(compute, float) and isinstance(memory, float):  # one step: skip numpy's call overhead
             step = max(compute, memory) + self.overhead_s
         else:
@@ -218,7 +220,7 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
     tp = plan.tp
     model = StepTimeModel(
         **moe_shares(spec),
-        window_tokens=spec.sliding_window if spec.num_sliding_layers else 0,
+        window_tokens=(spec.sliding_window or 0) if spec.num_sliding_layers else 0,  # set with sliding layers
         sliding_share=spec.num_sliding_layers / spec.layers,
         state_bytes_per_seq=bits_to_bytes(spec.state_bits(tp)),
         flops_per_token=2.0 * active_params(spec),
@@ -241,7 +243,7 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
     return model
 
 
-def moe_shares(spec: ModelSpec) -> dict[str, float | int]:
+def moe_shares(spec: ModelSpec) -> dict[str, Any]:  # floats and ints, each for its own StepTimeModel field
     """The MoE fields of StepTimeModel for `spec` ({} for a dense model, or a MoE model without both
     parameter counts: then every step reads every weight, the worst case)."""
     experts, per_token = spec.num_experts, spec.experts_per_token
