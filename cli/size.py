@@ -3,17 +3,15 @@ split; with --gpu (or --kv-memory), the KV memory, blocks, tokens and concurrenc
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
-from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
-from ..core.model.models import ModelSpec, resolve_model
+from ..core.dtypes import DEFAULT_DTYPE
+from ..core.model.models import ModelSpec
 from ..core.model.sizing import SizeResult, compute_size
-from ..core.units import format_count_short, parse_bytes, parse_logged_bytes
+from ..core.units import format_count_short
 from .options import (
     ConfigOpt,
     DtypeOpt,
@@ -28,7 +26,8 @@ from .options import (
     float_option,
     int_option,
 )
-from .output import Format, Report, emit, err_console, resolve_format
+from .output import Format, Report, emit, err_console
+from .size_inputs import SizeInputs, SizeOptions, size_inputs
 from .size_presets import presets_report
 from .size_report import (
     UNITS_NOTE,
@@ -42,8 +41,6 @@ from .size_report import (
     no_context_report,
     tp_note,
 )
-
-T = TypeVar("T")
 
 TokensOpt = Annotated[
     int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
@@ -89,32 +86,15 @@ WeightDtypeOpt = Annotated[str | None, typer.Option(
 
 
 def command(
-    model: ModelOpt = None,
-    config: ConfigOpt = None,
-    layers: LayersOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    head_dim: HeadDimOpt = None,
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    tokens: TokensOpt = None,
-    seqs: SeqsOpt = None,
-    block: BlockOpt = None,
-    tp: TpOpt = None,
-    memory: MemoryOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory_utilization: UtilizationOpt = None,
-    max_model_len: MaxModelLenOpt = None,
-    kv_memory_bytes: KvMemoryOpt = None,
-    max_num_batched_tokens: BatchedTokensOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    vllm_version: VllmVersionOpt = None,
-    pp: PpOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    quantization: QuantizationOpt = None,
-    spec_tokens: SpecTokensOpt = None,
-    spec_method: SpecMethodOpt = None,
-    draft_config: DraftConfigOpt = None,
-    json_flag: JsonOpt = False,
-    fmt: FormatOpt = Format.table,
+    model: ModelOpt = None, config: ConfigOpt = None, layers: LayersOpt = None, kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None, dtype: DtypeOpt = DEFAULT_DTYPE, tokens: TokensOpt = None, seqs: SeqsOpt = None,
+    block: BlockOpt = None, tp: TpOpt = None, memory: MemoryOpt = None, gpu: GpuOpt = None,
+    gpu_memory_utilization: UtilizationOpt = None, max_model_len: MaxModelLenOpt = None,
+    kv_memory_bytes: KvMemoryOpt = None, max_num_batched_tokens: BatchedTokensOpt = None,
+    weight_dtype: WeightDtypeOpt = None, vllm_version: VllmVersionOpt = None, pp: PpOpt = None,
+    max_num_seqs: MaxSeqsOpt = None, quantization: QuantizationOpt = None, spec_tokens: SpecTokensOpt = None,
+    spec_method: SpecMethodOpt = None, draft_config: DraftConfigOpt = None,
+    json_flag: JsonOpt = False, fmt: FormatOpt = Format.table,
 ) -> None:
     """KV-cache bytes (equation 1) per token, block, sequence, batch and GPU; what fits in a memory budget.
 
@@ -122,202 +102,52 @@ def command(
     The default precision is bf16 (16 bits, the same bytes as fp16). With --gpu (or --kv-memory): what vLLM
     prints at start-up (available KV memory, KV cache size in tokens, maximum concurrency).
     """
-    dtype = parse_dtype(dtype)
-    fmt = resolve_format(json_flag, fmt)
-    spec = resolve_model(model, config, layers, kv_heads, head_dim, kv_free=True)
-    speculation = None
-    if spec_tokens is not None or spec_method is not None:  # imported only then: `size --json` starts lean
-        from ..core.spec_decode import speculation_from
+    inputs = size_inputs(SizeOptions(
+        model=model, config=config, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, tokens=tokens,
+        seqs=seqs, block=block, tp=tp, memory=memory, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len, kv_memory=kv_memory_bytes, max_num_batched_tokens=max_num_batched_tokens,
+        weight_dtype=weight_dtype, vllm_version=vllm_version, pp=pp, max_num_seqs=max_num_seqs,
+        quantization=quantization, spec_tokens=spec_tokens, spec_method=spec_method, draft_config=draft_config,
+        json_flag=json_flag, fmt=fmt))
+    emit(size_report(inputs), inputs.fmt)
 
-        speculation = speculation_from(spec_tokens, spec_method)
-    spec = _with_drafter(spec, speculation, draft_config)
-    gpu_options = {"--gpu-memory-utilization": gpu_memory_utilization, "--max-model-len": max_model_len,
-                   "--max-num-batched-tokens": max_num_batched_tokens, "--weight-dtype": weight_dtype,
-                   "--vllm-version": vllm_version, "--pp": pp, "--max-num-seqs": max_num_seqs,
-                   "--quantization": quantization}
-    _check_counts(spec, tp, {"--seqs": seqs, "--tokens": tokens, "--block": block, "--max-model-len": max_model_len,
-                             "--max-num-batched-tokens": max_num_batched_tokens, "--max-num-seqs": max_num_seqs,
-                             "--pp": pp})
-    checkpoint = _checkpoint(model, config, spec) if gpu is not None else (0, None)
+
+def size_report(inputs: SizeInputs) -> Report:
+    """The one report for checked inputs: the presets (no model), what needs no context (a config that names
+    none), or equation 1 with capacity and speculation; then vLLM's start-up with --gpu / --kv-memory."""
+    spec, o = inputs.spec, inputs.opts
     if spec is None:
-        given = [name for name, value in (("--seqs", seqs), ("--block", block), ("--tp", tp), ("--memory", memory),
-                                          ("--gpu", gpu), ("--kv-memory", kv_memory_bytes),
-                                          ("--spec-tokens", spec_tokens)) if value is not None]
-        given += [name for name, value in gpu_options.items() if value is not None]
-        if given:
-            verb = "needs" if len(given) == 1 else "need"
-            raise ValueError(
-                f"{', '.join(given)} {verb} a model: add --model NAME (or org/name), --config DIR, "
-                "or --layers/--kv-heads/--head-dim"
-            )
-        emit(presets_report(dtype, tokens, tables=fmt is not Format.json), fmt)
-        return
-    if gpu is None and kv_memory_bytes is None:
-        stray = [name for name, value in gpu_options.items() if value is not None]
-        if stray:
-            raise ValueError(f"{', '.join(stray)} applies to the GPU plan: add --gpu NAME (or --kv-memory SIZE)")
-    for warning in spec.notes:
-        err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
-    block_size = DEFAULT_BLOCK_SIZE if block is None else block
-    if tokens is None and spec.max_position_embeddings is None and max_model_len is not None:
-        tokens = max_model_len  # explicit dimensions name no context: the request length stands in for it
-    from_config = config is not None or (model is not None and "/" in model)
-    if tokens is None and spec.max_position_embeddings is None and from_config:
-        # A config that names no context length: what needs none (per token, layer, block; common contexts).
-        given = [name for name, value in (("--seqs", seqs), ("--memory", memory), ("--spec-tokens", spec_tokens))
-                 if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} needs a context length: {spec.name}'s config names none "
-                             "(max_position_embeddings); give --tokens N")
-        report = no_context_report(spec, dtype, 1 if tp is None else tp, block_size)
-        if gpu is not None or kv_memory_bytes is not None:
-            _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
-                          kv_memory_bytes, max_num_batched_tokens, weight_dtype,
-                      (vllm_version, pp, max_num_seqs, quantization, checkpoint))
-        emit(report, fmt)
-        return
-    result = compute_size(
-        spec, dtype, tokens=tokens, seqs=1 if seqs is None else seqs, tp=1 if tp is None else tp,
-        block_size=block_size, memory_bytes=None if memory is None else _flagged("--memory", parse_bytes, memory),
-    )
+        return presets_report(inputs.dtype, o.tokens, tables=inputs.fmt is not Format.json)
+    if inputs.no_context:
+        report = no_context_report(spec, inputs.dtype, inputs.tp, inputs.block_size)
+    else:
+        report = _equation_report(inputs, spec)
+    if o.gpu_plan:
+        from .size_gpu import add_gpu_plan
+
+        add_gpu_plan(report, inputs)
+    return report
+
+
+def _equation_report(inputs: SizeInputs, spec: ModelSpec) -> Report:
+    """compute_size (core/model/sizing) and, with --spec-tokens, the speculative peaks; warnings on stderr."""
+    result = compute_size(spec, inputs.dtype, tokens=inputs.tokens, seqs=1 if inputs.opts.seqs is None
+                          else inputs.opts.seqs, tp=inputs.tp, block_size=inputs.block_size,
+                          memory_bytes=inputs.memory_bytes)
     warnings = _warnings(result)
     for warning in warnings:
         err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
     report = _model_report(result, [*spec.notes, *warnings])
-    if speculation is not None:
+    if inputs.speculation is not None:
         from ..core.spec_decode import speculative_size
         from .size_speculative import add_speculative
 
         add_speculative(report, speculative_size(
-            spec.layer_groups, speculation, result.tokens, block_size, result.bits_per_scalar, result.tp,
-            max_model_len=max_model_len or spec.max_position_embeddings,
+            spec.layer_groups, inputs.speculation, result.tokens, inputs.block_size, result.bits_per_scalar,
+            result.tp, max_model_len=inputs.opts.max_model_len or spec.max_position_embeddings,
             memory_bytes=None if result.capacity is None else result.capacity.memory_bytes,
         ))
-    if gpu is not None or kv_memory_bytes is not None:
-        _add_gpu_plan(report, spec, dtype, tp, block_size, gpu, gpu_memory_utilization, max_model_len,
-                      kv_memory_bytes, max_num_batched_tokens, weight_dtype,
-                      (vllm_version, pp, max_num_seqs, quantization, checkpoint))
-    emit(report, fmt)
-
-
-def _with_drafter(spec: ModelSpec | None, speculation: Any, draft_config: str | None) -> ModelSpec | None:
-    """The model with its drafter's KV under --spec-method eagle|mtp|draft (core/model/models.with_drafter);
-    what was added, or that MTP layers exist and are not counted, goes into the spec's notes."""
-    if draft_config is not None and (spec is None or speculation is None):
-        raise ValueError("--draft-config needs a model and --spec-tokens K --spec-method draft|eagle|mtp")
-    if spec is None:
-        return None
-    from ..core.model.models import with_drafter
-
-    draft = None
-    if draft_config is not None:
-        from ..core.model.hf_config import load_config
-
-        draft = _flagged("--draft-config", load_config, draft_config)
-    spec, note = with_drafter(spec, None if speculation is None else speculation.method, draft)
-    return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
-
-
-def _add_gpu_plan(report: Report, spec: ModelSpec, dtype: str, tp: int | None, block_size: int, gpu: str | None,
-                  utilization: float | None, max_model_len: int | None, kv_memory: str | None,
-                  batched_tokens: int | None, weight_dtype: str | None,
-                  startup: tuple[str | None, int | None, int | None, str | None, tuple[int, str | None]] = (
-                      None, None, None, None, (0, None))) -> None:
-    from ..core.gpus import get_gpu
-    from ..core.model.gpu_plan import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
-    from ..core.model.vllm_memory import DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
-    from .size_gpu import gpu_report
-
-    if max_model_len is None:
-        if spec.max_position_embeddings is None:
-            raise ValueError(f"the GPU plan needs a request length: {spec.name}'s config names none "
-                             "(max_position_embeddings); give --max-model-len L")
-        max_model_len = spec.max_position_embeddings
-    device = get_gpu(gpu, otherwise="or give --kv-memory SIZE") if gpu is not None else None
-    if weight_dtype is not None:
-        spec = dataclasses.replace(spec, weight_dtype=parse_dtype(weight_dtype, "weight_dtype"))
-    kv_memory_bytes, rounding = (None, None) if kv_memory is None else _flagged("--kv-memory", parse_logged_bytes,
-                                                                                kv_memory)
-    version_name, pp, max_num_seqs, quantization, (vision_params, stored) = startup
-    if stored is not None and quantization is None and weight_dtype is None:  # the config's quantization_config
-        quantization, spec = ("mxfp4", spec) if stored == "mxfp4" else (None, dataclasses.replace(
-            spec, weight_dtype=stored))
-    version = get_version(DEFAULT_VLLM_VERSION if version_name is None else version_name)  # "" is an error
-    if quantization is not None and quantization not in ("fp8", "mxfp4"):
-        raise ValueError(f"--quantization {quantization!r} is not modelled: give fp8 or mxfp4 (or --weight-dtype "
-                         "for a checkpoint stored at one precision)")
-    if quantization == "fp8":
-        spec, quantization = dataclasses.replace(spec, weight_dtype="fp8"), None
-    if block_size not in VLLM_BLOCK_SIZES:
-        raise ValueError(f"--block {block_size}: vLLM's start-up figures need a block size vLLM accepts "
-                         f"({', '.join(map(str, VLLM_BLOCK_SIZES))}); drop --gpu/--kv-memory for the accounting "
-                         "alone, which takes any block size")
-    plan = plan_gpu(
-        spec, kv_dtype_bits=DTYPE_BITS[dtype], block_size=block_size, max_model_len=max_model_len,
-        tp=1 if tp is None else tp, gpu_name=device.name if device else "",
-        gpu_memory_bytes=device.memory_bytes if device else None,
-        gpu_memory_utilization=version.default_gpu_memory_utilization if utilization is None else utilization,
-        pp=1 if pp is None else pp, vllm_version=version.name, quantization=quantization, vision_params=vision_params,
-        max_num_seqs=default_max_num_seqs(device.memory_bytes if device else 0, device.name if device else "")
-        if max_num_seqs is None else max_num_seqs,
-        kv_memory_bytes=kv_memory_bytes,
-        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched_tokens is None else batched_tokens,
-    )
-    gpu_report(report, plan)
-    if rounding is not None:
-        report.notes.append(f"--kv-memory {rounding}.")
-
-
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
-#                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
-MAX_COUNT = 2**63 - 1  # the largest count option (--seqs, --tokens, --block, ...): a signed 64-bit count
-
-
-def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, str | None]:
-    """(vision-tower parameters, the weights' quantization) of the config.json behind --config / org/name."""
-    import json
-    from pathlib import Path
-
-    from ..core.model.weights import checkpoint_quantization, config_vision_params
-
-    path: Path | None = None
-    if config is not None:
-        path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-    elif model is not None and "/" in model:
-        from ..core.model.hub import cached_config
-
-        path = Path(cached_config(model)[0])
-    if path is None:  # a preset: its checkpoint's quantization as its config.json gives it
-        from ..core.model.presets import PRESET_CHECKPOINT_QUANTIZATION
-
-        return 0, PRESET_CHECKPOINT_QUANTIZATION.get(spec.name) if model is not None else None
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    return config_vision_params(raw, spec.hidden_size), checkpoint_quantization(raw)
-
-
-def _check_counts(spec: ModelSpec | None, tp: int | None, counts: dict[str, int | None]) -> None:
-    """One-line refusals for counts beyond what a result can mean (see MAX_COUNT and vllm_memory.MAX_TP)."""
-    from ..core.model.vllm_memory import MAX_TP
-
-    for flag, value in counts.items():
-        if value is not None and value > MAX_COUNT:
-            raise ValueError(f"{flag} {format_count_short(value)} is above 2**63-1, the largest count kvcalc takes; "
-                             f"give a smaller {flag}")
-    if tp is not None:
-        heads = spec.num_attention_heads if spec is not None else 0
-        bound = min(MAX_TP, heads) if heads else MAX_TP
-        if tp > bound:
-            raise ValueError(f"--tp {format_count_short(tp)} is above {bound}: each GPU needs at least one of "
-                             f"{spec.name if spec else 'the model'}'s attention heads (and kvcalc takes at most "
-                             f"{MAX_TP}); give --tp {bound} or fewer")
-
-
-def _flagged(flag: str, parse: Callable[[str], T], text: str) -> T:
-    """`parse(text)`, its error prefixed with the flag that gave the text."""
-    try:
-        return parse(text)
-    except ValueError as exc:
-        raise ValueError(f"{flag}: {exc}") from None
+    return report
 
 
 def _warnings(result: SizeResult) -> list[str]:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+from ..core.dtypes import DTYPE_BITS, parse_dtype
 from ..core.model.gpu_plan import GpuPlan
-from ..core.units import format_bytes, format_count
+from ..core.units import format_bytes, format_count, parse_logged_bytes
 from .output import Field, Report, quantity_table, record_table
+from .size_inputs import SizeInputs, flagged
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
+#                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
 
 
 def _gib(value: int) -> str:
@@ -17,7 +25,7 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
     log = [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
            f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
            f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {concurrency:.2f}x"]
-    doc = {
+    doc: dict[str, Any] = {
         "gpu": plan.gpu or None, "memory_bytes": plan.memory_bytes or None, "tp": plan.tp,
         "gpu_memory_utilization": plan.gpu_memory_utilization, "max_model_len": plan.max_model_len,
         "requested_bytes": plan.requested_bytes or None, "weights_bytes": plan.weights_bytes,
@@ -83,8 +91,60 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
 
         report.notes.append(f"Memory model: {get_version(plan.vllm_version).about}; see docs/size.md for its "
                             "error against real start-up logs.")
-    estimated = [e for e in plan.estimates if e != "kv_cache_bytes given"]
-    if estimated:
+    noted = [e for e in plan.estimates if e != "kv_cache_bytes given"]
+    if noted:
         hint = ("" if plan.weights_bytes is None else
                 "; give --kv-memory to start from vLLM's own 'Available KV cache memory' line")
-        report.notes.append("Estimates: " + ", ".join(estimated) + hint + ".")
+        report.notes.append("Estimates: " + ", ".join(noted) + hint + ".")
+
+
+def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
+    """--gpu / --kv-memory: check the start-up flags, plan vLLM's start-up (core/model/gpu_plan), add it."""
+    from ..core.gpus import get_gpu
+    from ..core.model.gpu_plan import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
+    from ..core.model.vllm_memory import DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
+
+    o, spec, block_size = inputs.opts, inputs.spec, inputs.block_size
+    assert spec is not None  # the GPU plan needs a model: size_inputs refused it without one
+    max_model_len = o.max_model_len
+    if max_model_len is None:
+        if spec.max_position_embeddings is None:
+            raise ValueError(f"the GPU plan needs a request length: {spec.name}'s config names none "
+                             "(max_position_embeddings); give --max-model-len L")
+        max_model_len = spec.max_position_embeddings
+    device = get_gpu(o.gpu, otherwise="or give --kv-memory SIZE") if o.gpu is not None else None
+    if o.weight_dtype is not None:
+        spec = dataclasses.replace(spec, weight_dtype=parse_dtype(o.weight_dtype, "weight_dtype"))
+    kv_memory_bytes, rounding = (None, None) if o.kv_memory is None else flagged("--kv-memory", parse_logged_bytes,
+                                                                                 o.kv_memory)
+    quantization, (vision_params, stored) = o.quantization, inputs.checkpoint
+    if stored is not None and quantization is None and o.weight_dtype is None:  # the config's quantization_config
+        quantization, spec = ("mxfp4", spec) if stored == "mxfp4" else (None, dataclasses.replace(
+            spec, weight_dtype=stored))
+    version = get_version(DEFAULT_VLLM_VERSION if o.vllm_version is None else o.vllm_version)  # "" is an error
+    if quantization is not None and quantization not in ("fp8", "mxfp4"):
+        raise ValueError(f"--quantization {quantization!r} is not modelled: give fp8 or mxfp4 (or --weight-dtype "
+                         "for a checkpoint stored at one precision)")
+    if quantization == "fp8":
+        spec, quantization = dataclasses.replace(spec, weight_dtype="fp8"), None
+    if block_size not in VLLM_BLOCK_SIZES:
+        raise ValueError(f"--block {block_size}: vLLM's start-up figures need a block size vLLM accepts "
+                         f"({', '.join(map(str, VLLM_BLOCK_SIZES))}); drop --gpu/--kv-memory for the accounting "
+                         "alone, which takes any block size")
+    plan = plan_gpu(
+        spec, kv_dtype_bits=DTYPE_BITS[inputs.dtype], block_size=block_size, max_model_len=max_model_len,
+        tp=inputs.tp, gpu_name=device.name if device else "",
+        gpu_memory_bytes=device.memory_bytes if device else None,
+        gpu_memory_utilization=version.default_gpu_memory_utilization if o.gpu_memory_utilization is None
+        else o.gpu_memory_utilization,
+        pp=1 if o.pp is None else o.pp, vllm_version=version.name, quantization=quantization,
+        vision_params=vision_params,
+        max_num_seqs=default_max_num_seqs(device.memory_bytes if device else 0, device.name if device else "")
+        if o.max_num_seqs is None else o.max_num_seqs,
+        kv_memory_bytes=kv_memory_bytes,
+        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if o.max_num_batched_tokens is None
+        else o.max_num_batched_tokens,
+    )
+    gpu_report(report, plan)
+    if rounding is not None:
+        report.notes.append(f"--kv-memory {rounding}.")
