@@ -1,0 +1,165 @@
+"""Many sequences of a hybrid pool at once: a decode step's appends and the blocks each group's rule lets go,
+evaluated once per kind of group instead of once per sequence (see core/pool/hybrid.py). Each is the same
+change as the one-sequence operations in that order, or refuses the pools where it would not be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from .hybrid_layout import HybridLayout
+from .store import PoolExhaustedError
+
+
+class HybridBatch(HybridLayout):
+    """`append_many`, `free_skipped_many` and the private-pool fast paths of a hybrid pool."""
+
+    def append_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
+        """`append(seq, num_tokens)` (no block keys, no copies to report) for each sequence in one call per
+        group: a decode step. Only for a pool whose blocks are in one table each (no fork yet, no open
+        reservation); check, then change, over all groups together."""
+        if self.store.counters["forks"] or any(p.spec.tracked for p in self.pools):
+            raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
+        if num_tokens <= 0 or not seq_ids:
+            return
+        self.free_skipped_many(seq_ids)
+        B = self.block_size
+        tables = self.pools[0]._live(seq_ids, "appended to")
+        grow = sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
+        need = grow * len(self.groups)  # every table of a sequence has the same length
+        if need > len(self.store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                     f"blocks over {len(self.groups)} groups, {len(self.store.queue)} free")
+        for pool in self.pools:
+            pool.append_many(seq_ids, num_tokens)
+        self._changed()
+
+    def free_skipped_many(self, seq_ids: Sequence[Hashable], one_drop: bool = True) -> None:
+        """`free_skipped` of each sequence (none with speculative slots), the rule evaluated once per kind of
+        group for all sequences at once; `one_drop` (and every block in one table): one `skip_many` per kind
+        instead of BlockPool.skip_blocks per sequence (the same blocks freed in the same order)."""
+        B, mode = self.block_size, self.state_mode
+        kinds: dict[tuple[str, int | None], list[int]] = {}
+        for g, group in enumerate(self.groups):
+            if group.kind != "full" and not (group.kind == "state" and mode == "all"):
+                kinds.setdefault((group.kind, group.window), []).append(g)
+        if not kinds:
+            return
+        seqs = self.pools[0]._live(seq_ids, "freed")
+        tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
+        # NOTE: the one-drop path only without a prefix cache (as in `kvcalc sim` without keys): with one, the
+        # per-sequence path keeps the exact order verify's scenarios were written against
+        private = one_drop and not (self.store.enable_prefix_caching or self.store.counters["forks"])
+        for (kind, window), members in kinds.items():
+            if kind == "sliding":
+                first = np.maximum(tokens - window + 1, 0) // B  # type: ignore[operator]
+            elif kind == "chunked":
+                first = tokens // window * window // B  # type: ignore[operator]
+            elif mode == "none":
+                first = np.maximum(tokens - 1, 0) // B
+            else:  # align
+                first = np.maximum(tokens // B - 1, 0)
+            if private and not any(self.pools[g].spec.tracked for g in members):
+                self.skip_many(members, seq_ids, first.tolist())
+                continue
+            for g in members:
+                pool = self.pools[g]
+                skipped = np.fromiter((s.num_skipped for s in pool._live(seq_ids, "freed")), np.int64, len(seqs))
+                for i in np.flatnonzero(first > skipped).tolist():
+                    pool.skip_blocks(seq_ids[i], int(first[i]))
+                self._changed()
+
+    def grow_private_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
+        """`BlockPool.append_many(seq_ids, num_tokens)` in every group, without freeing anything first, all
+        groups at once: a run of decode steps brought up to date at once. Only for a pool whose
+        blocks are in one table each (no fork, no prefix-cache hit, no speculative slot), so no block is
+        copied: each table's partial last block is written in place, its fresh blocks are full but the last."""
+        store, B = self.store, self.block_size
+        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
+            raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
+        if num_tokens <= 0 or not seq_ids:
+            return
+        first_tables = self.pools[0]._live(seq_ids, "appended to")  # every group holds the same sequences
+        tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in self.pools[1:])]
+        count, groups = len(seq_ids), len(self.pools)
+        old = np.fromiter((t.num_tokens for t in tables[0]), np.int64, count)
+        grow = -(-(old + num_tokens) // B) - np.fromiter((t.num_blocks for t in tables[0]), np.int64, count)
+        per = int(grow.sum())  # every group's tables have the same length
+        need = per * groups
+        if need > len(store.queue):
+            raise PoolExhaustedError(f"appending {num_tokens} tokens to {count} sequences needs {need} blocks over "
+                                     f"{groups} groups, {len(store.queue)} free")
+        partial = np.flatnonzero(old % B).tolist()
+        if partial:
+            last = [t[i].table[t[i].num_blocks - 1] for t in tables for i in partial]
+            store.fill[last] += np.tile(np.minimum(B - old[partial] % B, num_tokens), groups)
+        if need:
+            # one hand-out per group, in group order: the block ids of BlockPool.append_many group by group
+            if store.enable_prefix_caching:  # evictions: one hand-out per group
+                blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
+            else:  # plain blocks only, popped from the top: one pop of G·per is G pops of per, in order
+                blocks = store.hand_out(need)[0]
+            store.ref[blocks] = 1
+            store.num_used += need
+            growing = np.flatnonzero(grow)
+            fill = np.full(per, B, dtype=store.fill.dtype)
+            fill[np.cumsum(grow[growing]) - 1] = (old[growing] + num_tokens - 1) % B + 1
+            store.fill[blocks] = np.tile(fill, groups)
+            block_list, sizes = blocks.tolist(), grow[growing].tolist()
+            at = 0
+            for t in tables:
+                for i, k in zip(growing.tolist(), sizes, strict=True):
+                    seq = t[i]
+                    if seq.num_blocks + k > len(seq.table):
+                        seq.table = np.concatenate([seq.table, np.empty(2 * (seq.num_blocks + k), dtype=np.int64)])
+                    seq.table[seq.num_blocks : seq.num_blocks + k] = block_list[at : at + k]
+                    seq.num_blocks += k
+                    at += k
+        store.useful_tokens += num_tokens * count * groups
+        for t, pool in zip(tables, self.pools, strict=True):
+            for seq in t:
+                seq.num_tokens += num_tokens
+            pool.logical_blocks += per
+            pool.logical_tokens += num_tokens * count
+        self._changed()
+
+    def skip_many(self, groups: Sequence[int], seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
+        """`BlockPool.skip_blocks(seq, first)` for each sequence, in order, in each of `groups` (group indices,
+        in order), in one drop (the blocks skip_blocks would free, in its order). Only for a pool whose blocks
+        are in one table each (no fork, no speculative slot, no prefix-cache hit); returns how many were freed."""
+        store, B = self.store, self.block_size
+        pools = [self.pools[g] for g in groups]
+        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in pools):
+            raise ValueError("skip_many takes a pool whose blocks are in one table each: skip one at a time")
+        first_tables = pools[0]._live(seq_ids, "freed")  # every group holds the same sequences
+        tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in pools[1:])]
+        firsts = [min(f, s.num_blocks) for s, f in zip(tables[0], first_blocks, strict=True)]  # lengths alike
+        for i, (seq_id, first) in enumerate(zip(seq_ids, firsts, strict=True)):
+            if first * B > tables[0][i].num_tokens and any(first > t[i].num_skipped for t in tables):
+                raise ValueError(f"sequence {seq_id!r}: block {first - 1} holds unwritten slots and cannot be skipped")
+        parts = []
+        for pool, seqs in zip(pools, tables, strict=True):
+            freed = 0
+            for seq, first in zip(seqs, firsts, strict=True):
+                if first > seq.num_skipped:
+                    parts.append(seq.table[seq.num_skipped : first][::-1])  # skip_blocks drops a tail first
+                    freed += first - seq.num_skipped
+                    seq.num_skipped = first
+            pool.logical_blocks -= freed
+        if not parts:
+            return 0
+        gone = np.concatenate(parts)
+        store.ref[gone] -= 1
+        assert not store.ref[gone].any(), "skip_many: a skipped block is held by another table"
+        store.drop(gone, defer=pools[0]._in_step)
+        self._changed()
+        return len(gone)
+
+    def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
+        """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
+        B = self.block_size
+        tables = self.pools[0]._live(seq_ids, "appended to")
+        return len(self.groups) * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
+
