@@ -14,14 +14,16 @@ def _ms(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value * 1e3:,.1f}"
 
 
-def _groups_doc(plan) -> dict | None:
-    """The hybrid pool's KV cache groups (None: one group of full attention, the plain pool)."""
+def _groups_doc(plan, hits_lower_bound: bool) -> dict | None:
+    """The hybrid pool's KV cache groups (None: one group of full attention, the plain pool); whether its prefix
+    hits are a lower bound (a block keyed by the one Mooncake id holding its last token)."""
     layout = plan.layout
     if layout is None:
         return None
     return {
         "layout": layout.layout, "block_size": layout.block_size, "requested_block_size": layout.requested_block_size,
         "reason": layout.reason, "block_bytes": layout.page_bytes, "mamba_cache_mode": layout.mamba_cache_mode,
+        "prefix_hits_lower_bound": hits_lower_bound,
         "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padded_layers": g.padded_layers,
                     "block_tables": g.pages_per_block, "source": g.source} for g in layout.groups],
     }
@@ -203,7 +205,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
             "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
             "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": setup.sim.groups is not None,
         },
-        "kv_cache_groups": _groups_doc(plan),
+        "kv_cache_groups": _groups_doc(plan, setup.prefix_hits_lower_bound),
         "moe_weight_reads": "uniform_routing_expectation" if setup.sim.steptime.num_experts else None,
         "slo": None
         if slo_spec.is_empty

@@ -79,13 +79,24 @@ def trace_block_keys(hash_ids: np.ndarray, prompt_tokens: int, block_size: int, 
 def check_keys_exact(trace: Trace, block_size: int) -> None:
     """The ids must be prefix-chained for a block keyed by one id (a block of B = 512·m, or one not tiling)."""
     assert trace.hash_ids is not None and trace.hash_offsets is not None
+    check_ids_key_blocks(trace.hash_ids, trace.hash_offsets, block_size, f"{trace.path}: ")
+
+
+def check_ids_key_blocks(hash_ids: np.ndarray, hash_offsets: np.ndarray, block_size: int, where: str = "") -> None:
+    """check_keys_exact over a trace's id arrays (`kvcalc sim` keys its pool through this and trace_block_keys)."""
     if mooncake_block_size_error(block_size) is None:
-        check_mooncake_chaining(trace.hash_ids, trace.hash_offsets, block_size, f"{trace.path}: ")
-    elif (bad := first_unchained_id(trace.hash_ids, trace.hash_offsets)) is not None:
-        raise ParameterError(f"{trace.path}: request {bad[0] + 1}'s hash id at position {bad[1]} follows different "
+        check_mooncake_chaining(hash_ids, hash_offsets, block_size, where)
+    elif (bad := first_unchained_id(hash_ids, hash_offsets)) is not None:
+        raise ParameterError(f"{where}request {bad[0] + 1}'s hash id at position {bad[1]} follows different "
                              f"ids in different requests (not prefix-chained), so a block of {block_size:,} tokens "
-                             "keyed by one id would not be exact: use --layout ideal with a block dividing "
-                             f"{MOONCAKE_BLOCK_TOKENS}", "block_size")
+                             "keyed by one id would not be exact: use layout ideal with a block_size dividing "
+                             f"{MOONCAKE_BLOCK_TOKENS}", "layout", "block_size")
+
+
+def keys_lower_bound(block_size: int) -> bool:
+    """Whether hits on blocks of `block_size` keyed from Mooncake ids are a lower bound (the block does not tile
+    the 512-token ids: keyed by the id of its last token, see the module docstring)."""
+    return mooncake_block_size_error(block_size) is not None
 
 
 def aligned_chunk_end(computed: int, prompt: int, chunk_tokens: int, block_size: int) -> int:
@@ -157,6 +168,6 @@ def replay_groups(
         block_size=B, capacity_blocks=capacity_blocks, requests=len(trace), prompt_tokens=int(sum(prompts)),
         hit_tokens=stats.hit_tokens, group_hit_tokens=tuple(group_hits), peak_used_blocks=peak_used,
         peak_cached_blocks=peak_cached, evictions=stats.evictions, largest_request_blocks=need, keyed=keyed,
-        keys_lower_bound=keyed and mooncake_block_size_error(B) is not None,
+        keys_lower_bound=keyed and keys_lower_bound(B),
     )
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
-from ..inputs.traces import check_mooncake_chaining, mooncake_block_keys
 from ..pool.block_pool import BlockPool, ReleaseReason
+from ..share.replay_groups import check_ids_key_blocks, trace_block_keys
 from .policies import UNLIMITED_STEPS
 
 
@@ -256,11 +256,13 @@ class PagedPolicy:
 
 def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,
                         block_size: int) -> list[np.ndarray]:
-    """Per request, the content key of each full B-block of its prompt (see traces.mooncake_block_keys; for
-    B = 512·m the trace's ids are checked to be prefix-chained first)."""
-    check_mooncake_chaining(hash_ids, hash_offsets, block_size, "")
+    """Per request, the content key of each full B-block of its prompt, keyed as `kvcalc share` keys it
+    (core/share/replay_groups.trace_block_keys: exact when B tiles the 512-token ids, see
+    traces.mooncake_block_keys; a block that does not — a Mamba hybrid's forced block — by the id holding its
+    last token, hits then a lower bound); the ids are checked to be prefix-chained first where a key is one id."""
+    check_ids_key_blocks(hash_ids, hash_offsets, block_size)
     return [
-        mooncake_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,
-                            f"request {i + 1}: ")
+        trace_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,
+                         f"request {i + 1}: ")
         for i in range(len(prompt))
     ]

@@ -37,8 +37,9 @@ class GroupedPagedPolicy:
 
     def __init__(self, num_blocks: int, block_size: int, groups: tuple[PoolGroup, ...], state_mode: str,
                  num_requests: int, prompt_keys: list | None = None,
-                 max_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
+                 max_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, page_bytes: int = 0) -> None:
         self.block_size = block_size
+        self.page_bytes = page_bytes  # bytes of one block id (KVLayout.page_bytes); 0: unknown, swaps count tokens
         self.capacity_slots = num_blocks * block_size
         self.groups = groups
         self.pool = HybridPool(num_blocks, block_size, groups, enable_prefix_caching=prompt_keys is not None,
@@ -245,7 +246,21 @@ class GroupedPagedPolicy:
             f"hybrid run of {k} steps: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
             f"the closed form {int(used[k - 1])} / {useful}")
 
-    # ---- release, forks --------------------------------------------------------------------------------
+    # ---- swaps, release, forks ---------------------------------------------------------------------------
+    def swap_bytes(self, rid: int) -> int | None:
+        """Bytes a swap of the live request `rid` moves each way (None without `page_bytes`): every group's pages
+        that the pool holds for it (HybridPool.swap_bytes: a window, a chunk, the state pages), less a block it
+        still holds only because its next step has not freed it yet (left the window, an older state page:
+        `first_block_before_growth`), which the swap-in does not take again. So out and in are the same bytes:
+        those of the blocks from first(c) to ceil(c / B) in each group, c the tokens written."""
+        if not self.page_bytes:
+            return None
+        pool, B, mode = self.pool, self.block_size, self.pool.state_mode
+        tokens = pool.num_tokens(rid)
+        reads = [-(-tokens // B) - g.first_block_before_growth(tokens, B, mode) for g in self.groups]
+        stale = sum(max(h - r, 0) for h, r in zip(pool.held_blocks(rid), reads, strict=True))
+        return sum(pool.swap_bytes(rid, self.page_bytes)) - stale * self.page_bytes
+
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
         self.pool.release(rid, ReleaseReason(reason))
 

@@ -48,6 +48,7 @@ class Preemption:
     mode: str
     num_tokens: int
     block_ids: tuple[int, ...] | None = None
+    num_bytes: int | None = None  # a swap's bytes when the pool knows them (hybrid: its groups' pages, state too)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class SwapIn:
     request_id: int
     num_tokens: int
     block_ids: tuple[int, ...] | None = None
+    num_bytes: int | None = None  # the bytes its swap-out moved, when the pool knew them (Preemption.num_bytes)
 
 
 @dataclass(frozen=True)

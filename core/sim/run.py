@@ -72,7 +72,7 @@ def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_t
                 raise ValueError("a hybrid model's pool has one block table per group: an executor that reads "
                                  "block tables cannot run on it yet")
             return GroupedPagedPolicy(setup.capacity_blocks, setup.block_size, setup.groups, setup.state_mode, n,
-                                      keys, setup.scheduler.max_batched_tokens)
+                                      keys, setup.scheduler.max_batched_tokens, page_bytes=setup.page_bytes)
         policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy
         return policy(setup.capacity_blocks, setup.block_size, n, keys)
     if forks:

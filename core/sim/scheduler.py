@@ -82,6 +82,7 @@ class Scheduler:
         self.status = np.full(n, WAITING, np.int8)
         self.preemptions = np.zeros(n, np.int64)
         self.swapped = np.zeros(n, bool)
+        self.swap_bytes: dict[int, int] = {}  # swapped-out request -> the bytes its swap-out moved, when known
         self.running: list[int] = []
         self.running_ids = np.zeros(0, np.int64)  # = running, as an array
         self.peak_running = 0
@@ -159,6 +160,7 @@ class Scheduler:
         late = [r for r in self.waiting if np.isnan(self.first_token_s[r]) and self.arrival_s[r] <= limit]
         for rid in late:
             self.waiting.remove(rid)
+            self.swap_bytes.pop(rid, None)
             self.status[rid] = TIMED_OUT
             self.finish_s[rid] = self.now_s
             self.released.append((rid, ReleaseReason.TIMED_OUT.value))  # it may have run before a preemption
@@ -180,8 +182,15 @@ class Scheduler:
         swap = self.config.preempt == "swap"
         tokens = int(self.computed[rid])
         block_ids = tuple(self.policy.block_table(rid).tolist()) if swap and self.policy.exact_block_tables else None
+        num_bytes = None
         if swap:
             self.swapped[rid] = True
+            # a hybrid pool says what it holds per group, state included (GroupedPagedPolicy.swap_bytes); else
+            # the step time counts tokens × bytes per token. The same bytes come back at the swap-in.
+            measure = getattr(self.policy, "swap_bytes", None)
+            num_bytes = None if measure is None else measure(rid)
+            if num_bytes is not None:
+                self.swap_bytes[rid] = num_bytes
         else:
             self.computed[rid] = 0
         self.policy.release(rid, ReleaseReason.PREEMPTED)
@@ -189,7 +198,7 @@ class Scheduler:
         self.waiting.appendleft(rid)
         if self.config.timeout_s is not None and np.isnan(self.first_token_s[rid]):
             self.next_deadline = min(self.next_deadline, self.arrival_s[rid] + self.config.timeout_s)
-        self.preempted_now.append(Preemption(rid, self.config.preempt, tokens, block_ids))
+        self.preempted_now.append(Preemption(rid, self.config.preempt, tokens, block_ids, num_bytes))
 
     def schedule(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Steps 2-3: (request ids [m], new tokens [m], how many of them were running) of this step."""
@@ -258,7 +267,7 @@ class Scheduler:
                 block_ids = None
                 if self.policy.exact_block_tables:
                     block_ids = tuple(self.policy.block_table(rid)[: ceil_div(start, self.policy.block_size)].tolist())
-                self.swapped_in_now.append(SwapIn(rid, start, block_ids))
+                self.swapped_in_now.append(SwapIn(rid, start, block_ids, self.swap_bytes.pop(rid, None)))
             self.computed[rid] = start
             self.status[rid] = RUNNING
             self.running.append(rid)

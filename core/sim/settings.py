@@ -34,12 +34,15 @@ class SimSetup:
     groups: tuple[PoolGroup, ...] | None = None
     state_mode: str = "none"  # mamba_cache_mode of the state groups
     tiers: Any = None  # host and disk prefix-cache tiers below the pool (tiers.SimTiers; tiers_run.py runs them)
+    page_bytes: int = 0  # a hybrid pool's bytes per block id (KVLayout.page_bytes: what a swap moves per block)
 
     @classmethod
     def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
         groups = None if plan.layout is None else pool_groups(plan.layout)
         mode = "none" if plan.layout is None else plan.layout.mamba_cache_mode
-        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, groups=groups, state_mode=mode, **kw)
+        page_bytes = 0 if plan.layout is None or groups is None else plan.layout.page_bytes
+        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, groups=groups, state_mode=mode,
+                   page_bytes=page_bytes, **kw)
 
 
 def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:

@@ -15,11 +15,12 @@ import numpy as np
 from ..dtypes import dtype_bits, parse_dtype
 from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
-from ..inputs.traces import check_mooncake_block_size, read_trace
+from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, check_mooncake_block_size, read_trace
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..pool.groups import check_state_mode_given
+from ..share.replay_groups import keys_lower_bound
 from ..spec_decode import with_config_drafter
 from .checks import (
     CONSTRUCTED_ONLY,
@@ -70,6 +71,7 @@ class Setup:
     slo: Slo
     find_max_rate: bool
     target_attainment: float
+    prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (_mooncake_keys_note)
 
 
 def _check_ignored(o: SimOptions) -> None:
@@ -172,11 +174,11 @@ def build(o: SimOptions) -> Setup:
     if tiers is not None:
         sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
-        check_mooncake_block_size(plan.block_size)
-        notes.append("prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)")
+        notes.append(_mooncake_keys_note(plan.block_size, hybrid))
     notes += model_notes(spec, steptime)
+    lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
     return Setup(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
-                 slo, o.find_max_rate, target_attainment)
+                 slo, o.find_max_rate, target_attainment, lower_bound)
 
 
 def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,
@@ -216,8 +218,27 @@ def _groups_note(layout: KVLayout) -> str:
         return f"KV cache groups ({layout.layout} layout): {layout.reason}"
     return (f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the state "
             f"from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
-            + ("; align keeps two pages, its prefix-cache hits are not modelled: a lower bound)"
+            + ("; align keeps two pages, the running state and the last one saved, and a prefix-cache hit restores "
+               "a state saved at exactly its block boundary: the pool saves one at the last boundary each step passes, "
+               "as vLLM's block-aligned prefill split does, but the step is not cut there, so such a prefill is one "
+               "step where vLLM takes two)"
                if layout.mamba_cache_mode == "align" else ")"))
+
+
+def _mooncake_keys_note(block_size: int, hybrid: bool) -> str:
+    """How Mooncake's 512-token hash ids key the pool's blocks. A hybrid pool keys them as `kvcalc share` does
+    (core/share/replay_groups): a block that does not tile the ids — vLLM's layout forces one on a Mamba
+    hybrid — by the id holding its last token, so hits are a lower bound; a single group's block is the one
+    typed, refused unless it tiles the ids (as share's replay)."""
+    note = "prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)"
+    if not hybrid:
+        check_mooncake_block_size(block_size)
+        return note
+    if keys_lower_bound(block_size):
+        note += (f"; a block of {block_size:,} tokens does not tile the ids' {MOONCAKE_BLOCK_TOKENS} tokens, so each "
+                 "block is keyed by the id holding its last token: two prompts that share a block but differ later "
+                 "in that id miss, and the hits are a lower bound")
+    return note
 
 
 def _steptime(o: SimOptions, spec: ModelSpec, plan: MemoryPlan, notes: list[str]) -> tuple[StepTimeModel, str]:

@@ -193,14 +193,15 @@ class StepTimeExecutor:
 
 def swap_bytes(preempted: tuple[Preemption, ...] | list[Preemption], swapped_in: tuple[SwapIn, ...] | list[SwapIn],
                kv_bytes_per_token: int) -> float:
-    """Bytes over the host link in one step: the KV swapped out, then the KV swapped back in."""
+    """Bytes over the host link in one step: the KV swapped out, then the KV swapped back in (tokens × bytes per
+    token, or the bytes the pool says a swap moves: a hybrid pool's pages per group, its state included)."""
     out = 0.0
     for p in preempted:
         if p.mode == "swap":
-            out += float(p.num_tokens * kv_bytes_per_token)
+            out += float(p.num_tokens * kv_bytes_per_token if p.num_bytes is None else p.num_bytes)
     back = 0.0
     for s in swapped_in:
-        back += float(s.num_tokens * kv_bytes_per_token)
+        back += float(s.num_tokens * kv_bytes_per_token if s.num_bytes is None else s.num_bytes)
     return out + back
 
 
