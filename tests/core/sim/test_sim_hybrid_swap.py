@@ -68,13 +68,22 @@ class Recorder(StepTimeExecutor):
         return out
 
 
-def test_swap_preemption_times_the_pools_bytes():
-    # full + Mamba state (none), 14 blocks of 16; four requests of prompt 40, output 60 at t = 0 need 4 · (ceil(99 /
-    # 16) = 7 + 1) = 32 blocks at their peak, so some are swapped out. Every step takes 10 ms plus its swap bytes
-    # over 1e9 B/s: a preempted request with c tokens written moves (ceil(c / 16) + 1) pages of 1e6 B out (1 ms
-    # each), and the same bytes back at its swap-in.
+def state_pages(c: int) -> int:
+    return -(-c // B) + 1  # full ceil(c / 16) + the running state page (mode none)
+
+
+def window_pages(c: int) -> int:
+    return 2 * -(-c // B) - max(0, c - 20 + 1) // B  # full ceil(c / 16) + sliding W 20 from max(0, c − 19) // 16
+
+
+@pytest.mark.parametrize(("other", "pages"), [(STATE, state_pages), (SLIDING, window_pages)])
+def test_swap_preemption_times_the_pools_bytes(other, pages):
+    # full + Mamba state (none) or sliding W 20, 14 blocks of 16; four requests of prompt 40, output 60 at t = 0 need
+    # 4 · (ceil(99 / 16) = 7 + 1 or 2) ≥ 32 blocks at their peak, so some are swapped out. Every step takes 10 ms
+    # plus its swap bytes over 1e9 B/s: a preempted request with c tokens written moves pages(c) pages of 1e6 B out
+    # (1 ms each), and the same bytes back at its swap-in.
     steptime = StepTimeModel(0.0, 0.0, 1, 0.0, 0.0, 0.0, 0.010, 1e9)
-    setup = SimSetup(14, B, steptime, SchedulerConfig(max_model_len=512, preempt="swap"), groups=(FULL, STATE),
+    setup = SimSetup(14, B, steptime, SchedulerConfig(max_model_len=512, preempt="swap"), groups=(FULL, other),
                      state_mode="none", page_bytes=P, prefix_caching=False)
     n = 4
     workload = Workload(np.zeros(n), np.full(n, 40, np.int64), np.full(n, 60, np.int64), "constructed", "test")
@@ -87,7 +96,7 @@ def test_swap_preemption_times_the_pools_bytes():
     for events, duration in rec.steps:
         moved = 0
         for p in events.preempted:
-            assert p.num_bytes == (-(-p.num_tokens // B) + 1) * P, p
+            assert p.num_bytes == pages(p.num_tokens) * P, p
             out[p.request_id] = p.num_bytes
             moved += p.num_bytes
         for s in events.swapped_in:
