@@ -23,6 +23,7 @@ try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
 except ImportError:  # pragma: no cover
     from click.exceptions import UsageError  # type: ignore[assignment, no-redef, import-not-found]
 
+from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.units import format_int_short, parse_int
 from .output import Format
 
@@ -128,6 +129,9 @@ ConfigOpt = Annotated[
 DtypeOpt = Annotated[str, typer.Option("--dtype", help=(
     "KV precision: fp32, fp16, bf16, fp8, int8, int4; as vLLM pages them: fp8_per_token_head, int8_per_token_head "
     "(+ a float32 scale per KV head for K and V), nvfp4 (d/2 + d/16 B a head), fp8_ds_mla (656 B a MLA token)."))]
+BlockOpt = Annotated[
+    int | None, int_option("--block", "-b", help=f"Block size in tokens (default: {DEFAULT_BLOCK_SIZE}).")
+]  # one block size (size, share); frag takes several (--block repeated)
 LayersOpt = Annotated[int | None, int_option("--layers", help="Number of layers (overrides the model's).")]
 KvHeadsOpt = Annotated[int | None, int_option("--kv-heads", help="Number of KV heads (overrides the model's).")]
 HeadDimOpt = Annotated[int | None, int_option("--head-dim", help="Head dimension (overrides the model's).")]

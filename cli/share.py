@@ -13,6 +13,7 @@ import typer
 
 from ..core.dtypes import DEFAULT_DTYPE
 from .options import (
+    BlockOpt,
     ConfigOpt,
     FormatOpt,
     HeadDimOpt,
@@ -43,8 +44,6 @@ ModeOpt = Annotated[
     str | None, typer.Option("--mode", help="parallel (K samples) or beam (seeded beam selection).")
 ]
 ShareSeedOpt = Annotated[int | None, seed_option("With --mode beam: seed of the beam selection (default: 0).")]
-ShareBlockOpt = Annotated[int | None, int_option(
-    "--block", "-b", help=f"Block size in tokens (default: {DEFAULTS['block']}).")]
 TraceOpt = Annotated[
     tuple[str, str] | None,
     typer.Option("--trace", metavar="KIND FILE", help="Replay a real trace: 'mooncake F' (or 'azure F')."),
@@ -87,7 +86,7 @@ ShareDtypeOpt = Annotated[
 
 def command(
     prefix: PrefixOpt = None, branches: BranchesOpt = None, gen: GenOpt = None, mode: ModeOpt = None,
-    seed: ShareSeedOpt = None, block: ShareBlockOpt = None, trace: TraceOpt = None, limit: LimitOpt = None,
+    seed: ShareSeedOpt = None, block: BlockOpt = None, trace: TraceOpt = None, limit: LimitOpt = None,
     capacity_blocks: CapacityBlocksOpt = None, memory: MemoryOpt = None, capacity: CapacityOpt = None,
     blocks: BlocksOpt = None, gpu_cache: GpuCacheOpt = None, host_cache: HostCacheOpt = None,
     disk_cache: DiskCacheOpt = None, host_bw: HostBwOpt = None, disk_bw: DiskBwOpt = None,

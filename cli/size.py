@@ -7,12 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
-from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.models import ModelSpec
 from ..core.model.sizing import SizeResult, compute_size
 from ..core.units import format_count_short
 from .options import (
+    BlockOpt,
     ConfigOpt,
     DtypeOpt,
     FormatOpt,
@@ -46,9 +46,6 @@ TokensOpt = Annotated[
     int | None, int_option("--tokens", "-n", help="Context tokens per sequence (default: the model's max length).")
 ]
 SeqsOpt = Annotated[int | None, int_option("--seqs", "-s", help="Number of sequences (default: 1).")]
-BlockOpt = Annotated[
-    int | None, int_option("--block", "-b", help=f"Block size in tokens (default: {DEFAULT_BLOCK_SIZE}).")
-]
 TpOpt = Annotated[int | None, int_option("--tp", help="Tensor-parallel GPUs that split the KV heads (default: 1).")]
 MemoryOpt = Annotated[
     str | None, typer.Option("--memory", help="KV budget (per GPU with --tp), e.g. 80GiB, 80GB, 80e9.")
@@ -158,10 +155,10 @@ def _warnings(result: SizeResult) -> list[str]:
     return []
 
 
-def _model_report(r: SizeResult, warnings: list[str]) -> Report:
-    spec = r.spec
-    doc: dict[str, Any] = {
-        "model": model_doc(spec, r.bits_per_scalar),
+def _equation_doc(r: SizeResult, warnings: list[str]) -> dict[str, Any]:
+    """The JSON of equation 1's figures (bytes rounded up to whole bytes, bits exact)."""
+    return {
+        "model": model_doc(r.spec, r.bits_per_scalar),
         "dtype": r.dtype,
         "bits_per_scalar": r.bits_per_scalar,
         "bytes_per_token_per_layer": r.bytes_per_token_per_layer,
@@ -189,6 +186,32 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
         "formula": r.formula,
         "warnings": warnings,
     }
+
+
+def _capacity_doc(r: SizeResult) -> dict[str, Any]:
+    """What fits in --memory, and the blocks vLLM's layout pages."""
+    spec, cap = r.spec, r.capacity
+    assert cap is not None  # only called with --memory
+    return {
+        "memory_bytes": cap.memory_bytes,
+        "per_gpu": cap.per_gpu,
+        "max_tokens": cap.max_tokens,
+        "max_tokens_is_lower_bound": bool(spec.num_sliding_layers),  # windows not applied to max_tokens
+        "max_tokens_counts_state": spec.has_state,  # one sequence's state taken off the budget first
+        "max_seqs": cap.max_seqs,
+        "num_blocks": cap.num_blocks,
+        "block_size": cap.block_size,
+        "fits": cap.fits,
+        "vllm_num_blocks": cap.layout_blocks,
+        "vllm_block_size": None if cap.layout is None else cap.layout.block_size,
+        "vllm_layout": None if cap.layout is None else cap.layout.layout,
+        "vllm_block_reason": None if cap.layout is None else cap.layout.reason,  # prose: JSON only
+    }
+
+
+def _model_report(r: SizeResult, warnings: list[str]) -> Report:
+    spec = r.spec
+    doc = _equation_doc(r, warnings)
     notes = [f"Equation 1: {r.formula}"]
     if r.tp > 1:
         notes.append(tp_note(r))
@@ -206,22 +229,7 @@ def _model_report(r: SizeResult, warnings: list[str]) -> Report:
     if layers is not None:
         tables.insert(0, layers)
     if r.capacity is not None:
-        cap = r.capacity
-        doc["capacity"] = {
-            "memory_bytes": cap.memory_bytes,
-            "per_gpu": cap.per_gpu,
-            "max_tokens": cap.max_tokens,
-            "max_tokens_is_lower_bound": bool(spec.num_sliding_layers),  # windows not applied to max_tokens
-            "max_tokens_counts_state": spec.has_state,  # one sequence's state taken off the budget first
-            "max_seqs": cap.max_seqs,
-            "num_blocks": cap.num_blocks,
-            "block_size": cap.block_size,
-            "fits": cap.fits,
-            "vllm_num_blocks": cap.layout_blocks,
-            "vllm_block_size": None if cap.layout is None else cap.layout.block_size,
-            "vllm_layout": None if cap.layout is None else cap.layout.layout,
-            "vllm_block_reason": None if cap.layout is None else cap.layout.reason,  # prose: JSON only
-        }
+        doc["capacity"] = _capacity_doc(r)
         tables.append(capacity_table(r, doc["capacity"]))
         notes.extend(capacity_notes(r))
     notes.append(UNITS_NOTE)

@@ -19,13 +19,18 @@ def _gib(value: int) -> str:
     return f"{value / 2**30:.2f} GiB"
 
 
-def gpu_report(report: Report, plan: GpuPlan) -> None:
-    """Add `gpu_plan` to the document, and its tables and notes."""
+def _log_lines(plan: GpuPlan) -> list[str]:
+    """The three lines vLLM logs at start-up, as it words them."""
+    return [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
+            f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
+            f"Maximum concurrency for {plan.max_model_len:,} tokens per request: "
+            f"{float(plan.max_concurrency):.2f}x"]
+
+
+def _plan_doc(plan: GpuPlan, log: list[str]) -> dict[str, Any]:
+    """The JSON's `gpu_plan`: every figure of the start-up, its groups and pipeline stages."""
     concurrency = float(plan.max_concurrency)
-    log = [f"Available KV cache memory: {_gib(plan.kv_cache_bytes)}",
-           f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
-           f"Maximum concurrency for {plan.max_model_len:,} tokens per request: {concurrency:.2f}x"]
-    doc: dict[str, Any] = {
+    return {
         "gpu": plan.gpu or None, "memory_bytes": plan.memory_bytes or None, "tp": plan.tp,
         "gpu_memory_utilization": plan.gpu_memory_utilization, "max_model_len": plan.max_model_len,
         "requested_bytes": plan.requested_bytes or None, "weights_bytes": plan.weights_bytes,
@@ -44,6 +49,12 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
                     "non_torch_bytes": s.non_torch, "cuda_graph_bytes": s.cuda_graphs,
                     "kv_cache_bytes": s.available} for s in plan.stages],
     }
+
+
+def gpu_report(report: Report, plan: GpuPlan) -> None:
+    """Add `gpu_plan` to the document, and its tables and notes."""
+    log = _log_lines(plan)
+    doc = _plan_doc(plan, log)
     report.doc["gpu_plan"] = doc
     estimated = set(plan.estimates)
 
