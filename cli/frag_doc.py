@@ -43,43 +43,47 @@ def document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str
             for p in result.paged
         ],
     }
-    model = result.model_bytes
-    if model is not None:
-        doc["model"] = model_doc(model, dtype_name)
-        doc["fixed"].update(
-            useful_kv_bytes=model.fixed.useful_kv_bytes,
-            allocated_kv_bytes=model.fixed.allocated_kv_bytes,
-            reservation_waste_bytes=model.fixed.waste_kv_bytes,
-            state_bytes=model.fixed.state_bytes,
-            allocated_state_bytes=model.fixed.allocated_state_bytes,
-            held_bytes=model.fixed.held_bytes,
-        )
-        for entry, kv, layout in zip(doc["paged"], model.paged, model.layouts, strict=True):
-            entry.update(
-                used_block_size=kv.used_block_size,
-                block_size_reason=layout.reason,
-                engine_accepts=kv.engine_accepts,
-                useful_kv_bytes=kv.useful_kv_bytes,
-                allocated_kv_bytes=kv.allocated_kv_bytes,
-                fragmentation_bytes=kv.fragmentation_bytes,
-                padding_bytes=kv.padding_bytes,
-                state_bytes=kv.state_bytes,
-                allocated_state_bytes=kv.allocated_state_bytes,
-                block_table_bytes_exact=kv.block_table_bytes_exact,
-                block_table_bytes_dense=kv.block_table_bytes_dense,
-                held_bytes=kv.held_bytes,
-                groups=[group_doc(g) for g in kv.groups],
-            )
-        best = model.best
-        doc["best_block_size"] = {
-            "objective": BEST_OBJECTIVE, "block_size": best.block_size, "used_block_size": best.used_block_size,
-            "held_bytes": best.held_bytes, "among": list(best.candidates),
-        }
+    if result.model_bytes is not None:
+        _add_model_bytes(doc, result.model_bytes, dtype_name)
     if result.speculative is not None:
         doc["speculative"] = speculative_doc(result.speculative)
     if result.per_sequence is not None:
         doc["per_seq"] = result.per_sequence.records()
     return doc
+
+
+def _add_model_bytes(doc: dict[str, Any], model: ModelBytes, dtype_name: str) -> None:
+    """The model, its bytes beside each scheme's token positions, and the best block size."""
+    doc["model"] = model_doc(model, dtype_name)
+    doc["fixed"].update(
+        useful_kv_bytes=model.fixed.useful_kv_bytes,
+        allocated_kv_bytes=model.fixed.allocated_kv_bytes,
+        reservation_waste_bytes=model.fixed.waste_kv_bytes,
+        state_bytes=model.fixed.state_bytes,
+        allocated_state_bytes=model.fixed.allocated_state_bytes,
+        held_bytes=model.fixed.held_bytes,
+    )
+    for entry, kv, layout in zip(doc["paged"], model.paged, model.layouts, strict=True):
+        entry.update(
+            used_block_size=kv.used_block_size,
+            block_size_reason=layout.reason,
+            engine_accepts=kv.engine_accepts,
+            useful_kv_bytes=kv.useful_kv_bytes,
+            allocated_kv_bytes=kv.allocated_kv_bytes,
+            fragmentation_bytes=kv.fragmentation_bytes,
+            padding_bytes=kv.padding_bytes,
+            state_bytes=kv.state_bytes,
+            allocated_state_bytes=kv.allocated_state_bytes,
+            block_table_bytes_exact=kv.block_table_bytes_exact,
+            block_table_bytes_dense=kv.block_table_bytes_dense,
+            held_bytes=kv.held_bytes,
+            groups=[group_doc(g) for g in kv.groups],
+        )
+    best = model.best
+    doc["best_block_size"] = {
+        "objective": BEST_OBJECTIVE, "block_size": best.block_size, "used_block_size": best.used_block_size,
+        "held_bytes": best.held_bytes, "among": list(best.candidates),
+    }
 
 
 STATE_PAGES = {
