@@ -17,46 +17,7 @@ def presets_report(dtype: str, tokens: int | None, tables: bool = True) -> Repor
     contexts = PRESET_CONTEXTS if tokens is None or tokens in PRESET_CONTEXTS else (*PRESET_CONTEXTS, tokens)
     rows = preset_rows(list(PRESETS.values()), dtype, contexts)
     bits = DTYPE_BITS[dtype]
-    records = []
-    for row in rows:
-        spec = row.spec
-        record: dict[str, Any] = {
-            "model": spec.name, "attention": spec.attention, "layers": spec.layers, "kv_heads": spec.kv_heads,
-            "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim, "kv_lora_rank": spec.kv_lora_rank,
-            "qk_rope_head_dim": spec.qk_rope_head_dim, "max_position_embeddings": spec.max_position_embeddings,
-            "bytes_per_token": row.bytes_per_token, "is_mla": spec.is_mla,
-            "state_bytes_per_seq": row.state_bytes_per_seq, "uniform": spec.is_uniform,
-        }
-        for n in contexts:
-            record[f"bytes_per_seq_{n}"] = row.bytes_per_seq[n]
-            record[f"exceeds_max_positions_{n}"] = exceeds_max_positions(spec, n)
-        records.append(record)
-
-    def seq_cell(n: int) -> Any:
-        return lambda r: format_bytes(r[f"bytes_per_seq_{n}"]) + (" †" if r[f"exceeds_max_positions_{n}"] else "")
-
-    def heads_cell(r: dict[str, Any]) -> Any:
-        return "1 latent" if r["is_mla"] else r["kv_heads"] if r["uniform"] else f"{r['kv_heads']} *"
-
-    fields = [
-        Field("model", "model"),
-        Field("attention", "attention", str.upper),
-        Field("layers", "layers"),
-        Field("kv_heads"),
-        Field(None, "KV heads", heads_cell),
-        Field("head_dim"),
-        Field(None, "head dim", lambda r: f"{r['head_dim']} ({r['kv_lora_rank']}+{r['qk_rope_head_dim']})"
-              if r["is_mla"] else r["head_dim"]),
-        Field("kv_lora_rank"),
-        Field("qk_rope_head_dim"),
-        Field("max_position_embeddings"),
-        Field("bytes_per_token", "bytes/token", format_count),
-        Field(None, "per token", lambda r: format_bytes(r["bytes_per_token"])),
-        Field("state_bytes_per_seq"),
-    ]
-    for n in contexts:
-        fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
-                   Field(None, f"{n:,} tokens", seq_cell(n))]
+    records = _records(rows, contexts)
     doc = {
         "dtype": dtype,
         "bits_per_scalar": bits,
@@ -83,5 +44,55 @@ def presets_report(dtype: str, tokens: int | None, tables: bool = True) -> Repor
               "Details: kvcalc size --model NAME [--tokens N --seqs S --tp T --memory 80GiB --gpu H100-SXM]."]
     if not tables:
         return Report(doc=doc, notes=notes)
-    table = record_table(f"KV cache per token and per sequence ({dtype})", fields, records)
+    table = record_table(f"KV cache per token and per sequence ({dtype})", _fields(contexts), records)
     return Report(doc=doc, tables=[table], notes=notes)
+
+
+def _records(rows: list[Any], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+    """One CSV record per preset: its dimensions, bytes per token and per sequence at each context."""
+    records = []
+    for row in rows:
+        spec = row.spec
+        record: dict[str, Any] = {
+            "model": spec.name, "attention": spec.attention, "layers": spec.layers, "kv_heads": spec.kv_heads,
+            "head_dim": spec.latent_dim if spec.is_mla else spec.head_dim, "kv_lora_rank": spec.kv_lora_rank,
+            "qk_rope_head_dim": spec.qk_rope_head_dim, "max_position_embeddings": spec.max_position_embeddings,
+            "bytes_per_token": row.bytes_per_token, "is_mla": spec.is_mla,
+            "state_bytes_per_seq": row.state_bytes_per_seq, "uniform": spec.is_uniform,
+        }
+        for n in contexts:
+            record[f"bytes_per_seq_{n}"] = row.bytes_per_seq[n]
+            record[f"exceeds_max_positions_{n}"] = exceeds_max_positions(spec, n)
+        records.append(record)
+    return records
+
+
+def _fields(contexts: tuple[int, ...]) -> list[Field]:
+    """The table's columns (fields without a label are CSV only)."""
+
+    def seq_cell(n: int) -> Any:
+        return lambda r: format_bytes(r[f"bytes_per_seq_{n}"]) + (" †" if r[f"exceeds_max_positions_{n}"] else "")
+
+    def heads_cell(r: dict[str, Any]) -> Any:
+        return "1 latent" if r["is_mla"] else r["kv_heads"] if r["uniform"] else f"{r['kv_heads']} *"
+
+    fields = [
+        Field("model", "model"),
+        Field("attention", "attention", str.upper),
+        Field("layers", "layers"),
+        Field("kv_heads"),
+        Field(None, "KV heads", heads_cell),
+        Field("head_dim"),
+        Field(None, "head dim", lambda r: f"{r['head_dim']} ({r['kv_lora_rank']}+{r['qk_rope_head_dim']})"
+              if r["is_mla"] else r["head_dim"]),
+        Field("kv_lora_rank"),
+        Field("qk_rope_head_dim"),
+        Field("max_position_embeddings"),
+        Field("bytes_per_token", "bytes/token", format_count),
+        Field(None, "per token", lambda r: format_bytes(r["bytes_per_token"])),
+        Field("state_bytes_per_seq"),
+    ]
+    for n in contexts:
+        fields += [Field(f"bytes_per_seq_{n}"), Field(f"exceeds_max_positions_{n}"),
+                   Field(None, f"{n:,} tokens", seq_cell(n))]
+    return fields
