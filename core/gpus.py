@@ -7,11 +7,15 @@ H100 80GB shows the engine (vLLM 0.19.0's logs in ../shared/vllm_startup: total_
 and dense (no sparsity) BF16 FLOP/s are the datasheets' (SXM / OAM parts):
 
 - A100: "NVIDIA A100 Tensor Core GPU" datasheet (2021): 40GB HBM2 1,555 GB/s; 80GB HBM2e 2,039 GB/s;
-  BF16 Tensor Core 312 TFLOPS (624 with sparsity). Their memory is still the nominal 40,960 / 81,920 MiB, NOT
-  the engine's: CUDA's deviceQuery (whose total is cudaMemGetInfo's) shows 40,339 MiB (42,298,834,944 B) on an
-  A100-SXM4-40GB with driver 12.2 (bottlerocket-os/bottlerocket PR #3873) and 81,051 MiB (driver 12.2) or
-  81,158 MiB (12.5) on an A100-SXM4-80GB, as it shows 81,090 MiB on an H100 80GB HBM3 with driver 12.8, vLLM's
-  79.19 GiB. Moving them moves every sim and plan figure on A100s: left for one change with sim's memory plan.
+  BF16 Tensor Core 312 TFLOPS (624 with sparsity). Memory MEASURED, both with CUDA driver 12.2 (R535, the one
+  driver for which both totals were found), as CUDA's deviceQuery prints it (its totalGlobalMem, the total that
+  cudaMemGetInfo and torch report: on an H100 80GB HBM3 with driver 12.8 it prints 85,028,896,768 B = 79.19 GiB,
+  vLLM 0.19's total_memory above): 42,298,834,944 B (40,339.3 MiB, 39.39 GiB, not the nominal 40,960 MiB) on an
+  A100-SXM4-40GB (bottlerocket-os/bottlerocket PR #3873; A100-PCIE-40GB logs with 12.2 print the same bytes);
+  84,987,740,160 B (81,050.6 MiB, 79.15 GiB, not 81,920) on an A100-SXM4-80GB (maximilianmbeck/vlstm_cuda's
+  README). The driver moves it a little: driver 12.5 prints 85,100,068,864 B (81,158 MiB, +0.13 %) on the 80GB
+  (thamada/nvidia-smi, nvsim/A100SXMx4_deviceQuery.py), as 12.7 prints 81,106 MiB on the H100 against 12.8's
+  81,090 (same repository, H100SXMx8_deviceQuery.py): a spread well inside size --gpu's 1 % goal.
 - H100 SXM: "NVIDIA H100 Tensor Core GPU" datasheet (2023): 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS
   with sparsity, i.e. 989.5 TFLOPS dense.
 - H200 SXM: "NVIDIA H200 Tensor Core GPU" datasheet (2024): 141GB HBM3e, 4.8 TB/s; BF16 1,979 TFLOPS with
@@ -47,8 +51,12 @@ def _derived(nominal_gib: int) -> int:
 GPU_PRESETS: dict[str, GpuSpec] = {
     g.name.lower(): g
     for g in (
-        GpuSpec("A100-40GB", 40_960 * 2**20, 1.555e12, 312e12, "NVIDIA A100 datasheet, SXM4 40GB"),
-        GpuSpec("A100-80GB", 81_920 * 2**20, 2.039e12, 312e12, "NVIDIA A100 datasheet, SXM4 80GB"),
+        # measured: deviceQuery's total on A100-SXM4-40GB, driver 12.2 (see the docstring); 39.39 GiB.
+        GpuSpec("A100-40GB", 42_298_834_944, 1.555e12, 312e12,
+                "deviceQuery, driver 12.2 (memory); NVIDIA A100 datasheet, SXM4 40GB"),
+        # measured: deviceQuery's total on A100-SXM4-80GB, driver 12.2 (see the docstring); 79.15 GiB.
+        GpuSpec("A100-80GB", 84_987_740_160, 2.039e12, 312e12,
+                "deviceQuery, driver 12.2 (memory); NVIDIA A100 datasheet, SXM4 80GB"),
         # measured: vLLM 0.19.0's "total_memory=79.19GiB" on H100 80GB HBM3 (llm-d planner logs); 79.19 GiB.
         GpuSpec("H100-SXM", _gib("79.19"), 3.35e12, 989.5e12, "vLLM 0.19.0 logs (memory); H100 datasheet, SXM5 80GB"),
         # 141 GB HBM3e; the engine's total not found in a log here: DERIVED 141 × 79.19 / 80 = 139.57 GiB.

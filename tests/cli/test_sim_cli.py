@@ -117,9 +117,10 @@ def test_bad_input_is_one_line_exit_2(run_cli, args, needle):
 
 def test_weights_that_do_not_fit_say_by_how_much(run_cli):
     result = run_cli("sim", "--weights-bytes", "50GiB", "--gpu", "A100-40GB")
-    # budget 0.92 · 40 GiB = 36.80 GiB (vLLM 0.21's default utilisation); 50 GiB of weights are 13.20 GiB short
+    # budget int(0.92 · 42,298,834,944 B) = 38,914,928,148 B = 36.24 GiB (vLLM 0.21's default utilisation of what
+    # CUDA shows on an A100-40GB); 50 GiB = 53,687,091,200 B of weights are 14,772,163,052 B = 13.76 GiB short
     assert result.exit_code == 2
-    assert "13.20 GiB short" in result.stderr
+    assert "gives 36.24 GiB: 13.76 GiB short" in result.stderr
 
 
 def test_trace_without_requests(run_cli, tmp_path):

@@ -227,7 +227,7 @@ def test_integer_options_past_their_bounds_are_one_line(run_cli, args, needle):
 
 def test_a_block_larger_than_the_pool_names_block_not_the_weights(run_cli):
     # OPT-13B: 40 layers · 2 (K, V) · 5,120 · 2 B = 819,200 B per token; 10^9 tokens = 762,939 GiB, far above
-    # the ~11 GiB that A100-40GB leaves after the weights and workspace.
+    # the 9.65 GiB (10,358,869,524 B) that A100-40GB leaves after the weights and workspace.
     line = one_error_line(run_cli("sim", *TINY, "--block", "1e9"))
     assert "--block 1000000000: one KV block needs 762939.45 GiB" in line and "smaller --block" in line
     assert "larger GPU" not in line

@@ -74,10 +74,10 @@ def test_requests_longer_than_the_context_are_pruned(cases):
 
 
 def test_a_tiny_pool_under_load_is_a_preemption_storm(cases):
-    # Memory utilisation 0.45 of an A100-40GB (18 GiB) leaves a small pool after 15 GiB of weights, 1.09 GiB of
-    # activations, 0.25 GiB of non-torch memory and 0.84 GiB of CUDA graphs (sim plans as size --gpu); requests of
-    # 0.3 + 0.3 of it each, arriving at 50/s, are admitted two at a time on their prompts and push each other
-    # out as they grow (two need 1.2 pools), over and over
+    # Memory utilisation 0.45 of an A100-40GB (0.45 · 39.39 = 17.73 GiB) leaves a small pool after 15 GiB of
+    # weights, 1.09 GiB of activations, 0.25 GiB of non-torch memory and 0.84 GiB of CUDA graphs (sim plans as
+    # size --gpu); requests of 0.3 + 0.3 of it each, arriving at 50/s, are admitted two at a time on their prompts
+    # and push each other out as they grow (two need 1.2 pools), over and over
     point = Point("A100-40GB", 1, 16, 8192, "bf16", 1)
     small = replace(cases.HAND_BASE, rate="50", memory_utilization=0.45)
     tokens = build(point_options(small, point)).sim.capacity_blocks * 16

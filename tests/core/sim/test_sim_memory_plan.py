@@ -25,9 +25,11 @@ from kvcalc.core.sim.setup import build
 
 def test_opt13b_on_a100_40gb_by_hand():
     plan = plan_memory(get_preset("OPT-13B"), get_gpu("A100-40GB"), kv_dtype_bits=16, block_size=16)
-    # vLLM 0.21's defaults: utilisation 0.92 of 40,960 MiB = int(39,513,699,123.2); max_num_seqs 256 (an A100)
+    # vLLM 0.21's defaults: utilisation 0.92 of the 42,298,834,944 B CUDA shows (core/gpus.py: 39.39 GiB, not
+    # the nominal 40,960 MiB) = 42,298,834,944 − 0.08 · 42,298,834,944 = int(38,914,928,148.48); 256 sequences
     assert (plan.vllm_version, plan.memory_utilization, plan.max_num_seqs) == ("0.21", 0.92, 256)
-    assert plan.budget_bytes == int(40960 * 2**20 * 0.92) == 39_513_699_123
+    assert plan.gpu.memory_bytes == 42_298_834_944
+    assert plan.budget_bytes == 38_914_928_148
     # weights: as size --gpu loads them (vllm_memory.stage_weights, tested in tests/core/model): at least the
     # 12,853,473,280 params in bf16, the two 50,272 × 5,120 tables padded to 50,304 rows and the rotary cache
     weights = stage_weights(get_preset("OPT-13B"), 1, 1)[0]
@@ -37,15 +39,16 @@ def test_opt13b_on_a100_40gb_by_hand():
     assert plan.workspace_bytes == 8192 * 5 * 20480 * 2 == 1_677_721_600
     assert (plan.non_torch_bytes, plan.cuda_graph_bytes) == (256 * 2**20, 860 * 2**20)
     assert plan.kv_bytes_per_token == 40 * 2 * 40 * 128 * 2 == 819_200  # 40 layers, K and V, 40 heads of 128
-    # pool 39,513,699,123 − weights − 1,677,721,600 − 268,435,456 − 901,775,360; // (16 · 819,200) blocks
-    # (836 with the weights at their bytes, 25,708,126,208: a pool of 10,957,640,499 B)
-    assert plan.pool_bytes == 39_513_699_123 - weights - 1_677_721_600 - 268_435_456 - 901_775_360
+    # pool 38,914,928,148 − weights − 1,677,721,600 − 268,435,456 − 901,775,360; // (16 · 819,200) blocks
+    # (790 with the weights at their bytes, 25,708,126,208: a pool of 10,358,869,524 B; 790 · 13,107,200 =
+    # 10,354,688,000 fits, 791 · 13,107,200 = 10,367,795,200 does not)
+    assert plan.pool_bytes == 38_914_928_148 - weights - 1_677_721_600 - 268_435_456 - 901_775_360
     assert plan.num_blocks == plan.pool_bytes // (16 * 819_200)
     # vLLM 0.19: utilisation 0.9, the CUDA graphs logged but not subtracted:
-    # int(40,960 MiB · 0.9) = 38,654,705,664 − weights − 1,677,721,600 − 268,435,456
+    # int(42,298,834,944 · 0.9) = int(38,068,951,449.6) = 38,068,951,449 − weights − 1,677,721,600 − 268,435,456
     old = plan_memory(get_preset("OPT-13B"), get_gpu("A100-40GB"), kv_dtype_bits=16, block_size=16,
                       vllm_version="0.19")
-    assert old.pool_bytes == 38_654_705_664 - weights - 1_677_721_600 - 268_435_456
+    assert old.pool_bytes == 38_068_951_449 - weights - 1_677_721_600 - 268_435_456
     assert old.num_blocks == old.pool_bytes // (16 * 819_200)
 
 

@@ -80,7 +80,8 @@ def test_tensor_parallel_splits_weights_and_kv_heads():
 
 
 def test_weights_that_do_not_fit():
-    with pytest.raises(ValueError, match=r"13\.20 GiB short"):  # 50 GiB vs 0.92 · 40 GiB = 36.80 GiB
+    # 50 GiB = 53,687,091,200 B vs int(0.92 · 42,298,834,944) = 38,914,928,148 B (36.24 GiB): 14,772,163,052 B short
+    with pytest.raises(ValueError, match=r"36\.24 GiB: 13\.76 GiB short"):  # 14,772,163,052 / 2^30 = 13.7576
         plan_memory(get_preset("OPT-13B"), get_gpu("A100-40GB"), kv_dtype_bits=16, block_size=16,
                     weights_bytes=50 * 2**30)
 
