@@ -27,8 +27,9 @@ The data structure (vLLM v1's block pool plus copy-on-write for forks):
              cached prefix, the registration of full blocks
     seqs     the live sequences (SeqTable, append): block table, tokens, how far hashed
 
-Every public operation is a method here, so this module is longer than the parts it calls: what the pool
-does can be read in one class, and how the store and the prefix index do their part in theirs.
+`BlockPool` is built on two bases, each a concept: `PoolTables` (pool_tables: construction, allocate,
+release, the look-ups every operation starts with) and `ManySequences` (pool_many: the many-sequence calls and
+serve); growth, forks, speculative slots, the deferred-free window, reading and the checks are here.
 
 Operations, all "check, then change" (a failed operation changes nothing; `can_*` asks first):
 
@@ -64,7 +65,7 @@ look-up, verification and registration, without hashing each prompt again.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -73,31 +74,17 @@ import numpy as np
 from ..blocks import ceil_div
 from .accounting import PoolStats, PoolUsage, ReleaseReason
 from .append import SeqTable, completed_keys, register_completed, write_tokens
-from .batch import append_many, fork_many, release_many
-from .free_queue import FREE_CACHED
 from .invariants import check_pool_invariants
-from .prefix_cache import HashedKeys, HashedPrompts, root_hash
-from .prefix_lookup import NO_PROBE, PrefixIndex, Probe
-from .serve import serve_request
-from .speculative import (
-    DEFAULT_ROLLBACK_POLICY,
-    Reservation,
-    SpeculativeSlots,
-    SpeculativeStats,
-    SpeculativeUsage,
-    check_speculative,
-)
-from .store import BlockKeys, BlockStore, PoolExhaustedError
+from .pool_many import ManySequences
+from .pool_tables import NULL_BLOCK
+from .prefix_cache import HashedKeys, HashedPrompts
+from .speculative import Reservation, SpeculativeStats, SpeculativeUsage, check_speculative
+from .store import BlockKeys, PoolExhaustedError
 
 __all__ = [
     "NULL_BLOCK", "BlockKeys", "BlockPool", "BlockRef", "HashedKeys", "HashedPrompts", "PoolExhaustedError",
     "PoolStats", "PoolUsage", "ReleaseReason", "Reservation", "SpeculativeStats", "SpeculativeUsage",
 ]
-
-# the stats counter of each release reason, looked up by member or by value
-NULL_BLOCK = -1  # a block-table entry whose block was freed (skip_blocks); never a physical id
-
-_RELEASED = {key: r.counter for r in ReleaseReason for key in (r, r.value)}
 
 
 @dataclass(frozen=True)
@@ -108,130 +95,8 @@ class BlockRef:
     version: int
 
 
-class BlockPool:
+class BlockPool(ManySequences):
     """A fixed pool of `num_blocks` blocks of `block_size` token slots. See the module docstring."""
-
-    def __init__(
-        self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-        rollback_policy: str = DEFAULT_ROLLBACK_POLICY, shared: tuple[BlockStore, PrefixIndex] | None = None,
-    ) -> None:
-        # `shared`: the store and prefix index of a hybrid pool (core/pool/hybrid.py), of which this is one
-        # layer group's block tables; num_blocks and block_size are then the store's
-        if shared is None:
-            self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-            self.prefix = PrefixIndex(self.store)
-        else:
-            self.store, self.prefix = shared
-        self.spec = SpeculativeSlots(self.store, self.prefix, rollback_policy)
-        self.num_blocks = self.store.num_blocks
-        self.block_size = self.store.block_size
-        self.seqs: dict[Hashable, SeqTable] = {}
-        self.logical_blocks = 0  # Σ over live sequences of the blocks their tables hold
-        self.logical_tokens = 0
-        self._in_step = False
-        self._epoch = 0  # bumped by every change; keys the memo of the last look-up (can_allocate -> allocate)
-        self._memo: tuple | None = None
-
-    @property
-    def num_used(self) -> int:
-        return self.store.num_used
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now: plain free + cached free (evictable)."""
-        return len(self.store.queue)
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        return self.store.queue.num_cached
-
-    # ---- check, then allocate -------------------------------------------------------------------
-    def hit_tokens(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> int:
-        """Prefix-cache hit tokens an `allocate` of this prompt would get now; a pure look-up (memoised,
-        so a following can_allocate / allocate of the same arguments does not look up again)."""
-        return len(self._probe(num_tokens, block_keys, extra_key).hits) * self.block_size
-
-    def allocate_need(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
-                      max_hit_blocks: int | None = None, first_block: int = 0) -> int:
-        """Free blocks an `allocate` with these arguments takes now (a hybrid pool sums it over its groups)."""
-        hits = self._probe(num_tokens, block_keys, extra_key).hits
-        if max_hit_blocks is not None:
-            hits = hits[:max_hit_blocks]
-        total = self.store.blocks_needed(num_tokens)
-        fresh_from = max(len(hits), min(first_block, total))
-        held = hits[first_block:]
-        return total - fresh_from + int(np.count_nonzero(self.store.state[held] == FREE_CACHED))
-
-    def hit_blocks(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> np.ndarray:
-        """The cached blocks an `allocate` would reuse now, in table order (a pure look-up)."""
-        return self._probe(num_tokens, block_keys, extra_key).hits
-
-    def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None) -> bool:
-        hits = self._probe(num_tokens, block_keys, extra_key).hits
-        need = self.store.blocks_needed(num_tokens)
-        if len(hits):
-            need += np.count_nonzero(self.store.state[hits] == FREE_CACHED) - len(hits)
-        return need <= len(self.store.queue)
-
-    def allocate(
-        self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,
-        max_hit_blocks: int | None = None, first_block: int = 0, hits: np.ndarray | None = None,
-    ) -> int:
-        """Give `seq_id` a block table for a prompt of `num_tokens`; returns the prefix-cache hit tokens.
-
-        For a layer group of a hybrid pool (core/pool/hybrid.py): `max_hit_blocks` caps the hit (the hit is
-        the shortest that every group can serve); the table holds no block before `first_block` (NULL_BLOCK
-        entries: a window, chunk or state that the prompt's layers never read), which is at most the hit
-        when the prompt has block keys. `hits`: the hit blocks a hybrid pool found for a group that keeps no
-        whole chain (its entries before `first_block` unread), instead of a look-up of `block_keys`."""
-        if seq_id in self.seqs:
-            raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        probe = self._probe(num_tokens, block_keys, extra_key) if hits is None else NO_PROBE._replace(hits=hits)
-        if max_hit_blocks is not None and len(probe.hits) > max_hit_blocks:
-            probe = probe._replace(hits=probe.hits[:max_hit_blocks])
-        store, hits = self.store, probe.hits
-        B, num_hits = self.block_size, len(hits)
-        total = ceil_div(num_tokens, B)
-        fresh_from = num_hits
-        if first_block:
-            if len(probe.keys) and first_block > num_hits:
-                raise ValueError(f"first_block {first_block} is past the {num_hits} hit blocks of a keyed prompt")
-            first_block = min(first_block, total)
-            hits = hits[first_block:]
-            fresh_from = max(num_hits, first_block)
-        need = total - fresh_from
-        if len(hits):  # cached hits come off the free queue; hits held by others or pending do not
-            hit_state = store.state.take(hits)
-            num_cached = np.count_nonzero(hit_state == FREE_CACHED)
-            need += num_cached
-        if need > len(store.queue):
-            raise PoolExhaustedError(f"{num_tokens} tokens need more than the {len(store.queue)} free blocks")
-        self._epoch += 1
-        extra_id = self.prefix.extra_id(extra_key)
-        if len(hits):
-            store.share(hits, hit_state, num_cached)
-        evictions = store.counters["evictions"]
-        fresh = store.take(total - fresh_from, num_tokens - fresh_from * B)
-        table = np.empty(max(total, 4) * 2, dtype=np.int64)
-        if num_hits:  # skipped hits too: a block registered later is chained after its parent's id
-            table[:num_hits] = probe.hits
-        if first_block > num_hits:
-            table[num_hits:first_block] = NULL_BLOCK
-        table[fresh_from:total] = fresh
-        seq = SeqTable(table, total, num_tokens, extra_id, len(probe.keys), root_hash(extra_id), num_hits * B,
-                       first_block)
-        if len(probe.keys):
-            seq.last_hash = int(probe.hashes[-1])
-            if num_hits < len(probe.keys):
-                self.prefix.register_prompt(table, probe, store.counters["evictions"] != evictions)
-        self.seqs[seq_id] = seq
-        self.logical_blocks += total - first_block
-        self.logical_tokens += num_tokens
-        counters = store.counters
-        counters["hit_blocks"] += num_hits
-        counters["hit_tokens"] += seq.hit_tokens
-        counters["prompt_tokens"] += num_tokens
-        return seq.hit_tokens
 
     # ---- check, then grow -----------------------------------------------------------------------
     def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
@@ -301,104 +166,6 @@ class BlockPool:
         self.logical_blocks += parent.num_blocks - parent.num_skipped
         self.logical_tokens += parent.num_tokens
         self.store.counters["forks"] += 1
-
-    # ---- release -------------------------------------------------------------------------------
-    def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
-        """The one release path (finish, cancel, timeout, preempt). Releasing twice raises ValueError."""
-        counter = _RELEASED.get(reason) if isinstance(reason, str) else None
-        if counter is None:
-            raise ValueError(f"unknown release reason {reason!r}: use a ReleaseReason")
-        seq = self.seqs.pop(seq_id, None)
-        if seq is None:
-            raise ValueError(f"sequence {seq_id!r} is not live: released twice (double free) or never allocated")
-        self._epoch += 1
-        store = self.store
-        if self.spec.tracked:
-            self.logical_blocks -= self.spec.release(seq_id, defer=self._in_step)
-        skipped = seq.num_skipped
-        table = seq.table[skipped : seq.num_blocks]
-        refs = store.ref[table]
-        refs -= 1
-        store.ref[table] = refs
-        if not np.count_nonzero(refs):
-            # the common case, no block shared: all of them drop (every ref is 0, so none went below), and
-            # together they hold exactly the sequence's tokens (each holder agrees on every block's fill)
-            held_tokens = seq.num_tokens - skipped * self.block_size  # skipped blocks were full
-            store.drop(table[::-1], held_tokens, defer=self._in_step)  # tail first: the least shareable
-        else:
-            assert refs.min() >= 0, "a reference count went below zero"
-            store.drop(table[refs == 0][::-1], defer=self._in_step)
-        self.logical_blocks -= seq.num_blocks - skipped
-        self.logical_tokens -= seq.num_tokens
-        store.counters[counter] += 1
-
-    # ---- many sequences at once -----------------------------------------------------------------
-    def append_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> list[tuple[int, int]]:
-        """`append(seq, num_tokens)` (no block keys) for each sequence, in order, in one call; returns every
-        copy-on-write copy [(src, dst)] in that order. Check, then change, for all of them together."""
-        seqs = self._live(seq_ids, "appended to")
-        if num_tokens < 0:
-            raise ValueError(f"cannot append a negative number of tokens ({num_tokens})")
-        if self.spec.tracked and any(self.spec.tracks(s) for s in seq_ids):
-            raise ValueError("append_many takes no sequence with speculative slots (reserved or kept): append "
-                             "those one at a time")
-        if num_tokens == 0 or not seqs:
-            return []
-        copies, new_blocks = append_many(self.store, seqs, num_tokens)
-        self._epoch += 1
-        self.logical_blocks += new_blocks
-        self.logical_tokens += num_tokens * len(seqs)
-        return copies
-
-    def fork_many(self, parent_ids: Sequence[Hashable], child_ids: Sequence[Hashable]) -> None:
-        """`fork(parent, child)` for each pair, in order, in one call (a parent may be forked several times)."""
-        if len(parent_ids) != len(child_ids):
-            raise ValueError(f"{len(parent_ids)} parents for {len(child_ids)} children: give one parent per child")
-        parents = self._tables(parent_ids)  # a parent may come several times
-        self.spec.refuse_reserved(parent_ids, "forked")
-        if len(set(child_ids)) < len(child_ids) or any(c in self.seqs for c in child_ids):
-            raise ValueError("every child needs a new id: one is live already or given twice")
-        children = fork_many(self.store, parents)
-        self._epoch += 1
-        self.seqs.update(zip(child_ids, children, strict=True))
-        self.logical_blocks += sum(c.num_blocks - c.num_skipped for c in children)
-        self.logical_tokens += sum(c.num_tokens for c in children)
-        self.store.counters["forks"] += len(children)
-
-    def release_many(self, seq_ids: Sequence[Hashable], reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
-        """`release(seq, reason)` for each sequence, in order, in one call."""
-        counter = _RELEASED.get(reason) if isinstance(reason, str) else None
-        if counter is None:
-            raise ValueError(f"unknown release reason {reason!r}: use a ReleaseReason")
-        seqs = self._live(seq_ids, "released (double free)")
-        if self.spec.tracked and any(self.spec.tracks(s) for s in seq_ids):
-            for seq_id in seq_ids:  # kept blocks drop before each table: one at a time keeps that order
-                self.release(seq_id, reason)
-            return
-        self._epoch += 1
-        for seq_id in seq_ids:
-            del self.seqs[seq_id]
-        release_many(self.store, seqs, defer=self._in_step)
-        self.logical_blocks -= sum(s.num_blocks - s.num_skipped for s in seqs)
-        self.logical_tokens -= sum(s.num_tokens for s in seqs)
-        self.store.counters[counter] += len(seqs)
-
-    def serve(
-        self, num_tokens: int, block_keys: BlockKeys = None, num_output_tokens: int = 0, extra_key: Hashable = None
-    ) -> tuple[int, int]:
-        """allocate + append + release of one request; returns (hit tokens, blocks in use while it ran)."""
-        if self._in_step:
-            raise ValueError("serve runs a request start to finish: call it outside a step")
-        if num_output_tokens < 0:
-            raise ValueError(f"cannot append a negative number of tokens ({num_output_tokens})")
-        result = serve_request(self.store, self.prefix, self._probe(num_tokens, block_keys, extra_key), num_tokens,
-                               num_output_tokens)
-        self._epoch += 1
-        return result
-
-    def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
-        """Many prompts' keys hashed at once, for `allocate`, `serve` or `hit_tokens` (see PrefixIndex)."""
-        return self.prefix.hash_prompts(block_keys, offsets, extra_key)
 
     # ---- speculative slots (see speculative) ----------------------------------------------------
     def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
@@ -493,9 +260,6 @@ class BlockPool:
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._seq(seq_id).num_tokens
 
-    def has_seq(self, seq_id: Hashable) -> bool:
-        return seq_id in self.seqs
-
     def committed_tokens(self, seq_id: Hashable) -> int:
         """`num_tokens` less the slots of an open reservation."""
         return self.spec.committed(seq_id, self._seq(seq_id))
@@ -556,58 +320,3 @@ class BlockPool:
     def tables(self) -> list[tuple[np.ndarray, int, int]]:
         """(held blocks, tokens, skipped blocks) of every live sequence, for the invariants."""
         return [(s.blocks, s.num_tokens, s.num_skipped) for s in self.seqs.values()]
-
-    # ---- internals ------------------------------------------------------------------------------
-    def _seq(self, seq_id: Hashable) -> SeqTable:
-        seq = self.seqs.get(seq_id)
-        if seq is None:
-            raise ValueError(f"sequence {seq_id!r} is not live (never allocated, or released)")
-        return seq
-
-    def _tables(self, seq_ids: Sequence[Hashable]) -> list[SeqTable]:
-        try:
-            return [self.seqs[s] for s in seq_ids]
-        except KeyError as missing:
-            raise ValueError(f"sequence {missing.args[0]!r} is not live (never allocated, or released)") from None
-
-    def _live(self, seq_ids: Sequence[Hashable], what: str) -> list[SeqTable]:
-        """The tables of `seq_ids`, each named once (`what` is done to each: not twice in one call)."""
-        seqs = self._tables(seq_ids)
-        if len(set(seq_ids)) < len(seqs):
-            raise ValueError(f"a sequence is named twice: it cannot be {what} twice in one call")
-        return seqs
-
-    def _append_need(self, seq: SeqTable, num_tokens: int) -> int:
-        """Free blocks an append of `num_tokens` >= 1 takes: its new blocks, and a copy of the last one first
-        when `_copies_last`."""
-        return ceil_div(seq.num_tokens + num_tokens, self.block_size) - seq.num_blocks + self._copies_last(seq)
-
-    def _copies_last(self, seq: SeqTable) -> bool:
-        """Writing past the sequence's tokens copies its last block first: it is partially filled and shared."""
-        return seq.num_tokens % self.block_size != 0 and self._needs_copy(int(seq.table[seq.num_blocks - 1]))
-
-    def _grown(self, fresh_blocks: int, num_tokens: int) -> None:
-        if num_tokens:
-            self._epoch += 1
-            self.logical_blocks += fresh_blocks
-            self.logical_tokens += num_tokens
-
-    def _needs_copy(self, block_id: int) -> bool:
-        """Another table holds this block too: writing into it must copy it first."""
-        return bool(self.store.ref[block_id] > 1)
-
-    def _probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> Probe:
-        """The prefix index's look-up of a prompt, memoised until the pool next changes."""
-        if num_tokens < 0:
-            raise ValueError(f"a prompt cannot have a negative number of tokens ({num_tokens})")
-        if block_keys is None or not self.store.enable_prefix_caching:
-            return NO_PROBE
-        memo = self._memo
-        if memo is not None and memo[0] == self._epoch and memo[1] is block_keys and memo[2:4] == (
-            num_tokens,
-            extra_key,
-        ):
-            return memo[4]
-        result = self.prefix.probe(num_tokens, block_keys, extra_key)
-        self._memo = (self._epoch, block_keys, num_tokens, extra_key, result)
-        return result
