@@ -30,12 +30,16 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_CUDA = 3
 
 # command -> {core parameter: flag}, for the core parameters whose names differ from the command's options.
+# repo_id: the org/name of core.model.hub.cached_config, which every --model reaches.
 PARAMETER_FLAGS: dict[str, dict[str, str]] = {
-    "size": {"block_size": "--block", "num_tokens": "--tokens", "num_seqs": "--seqs", "memory_bytes": "--memory"},
-    "frag": {"block_size": "--block", "block_sizes": "--block", "per_sequence": "--per-seq"},
-    "share": {"block_size": "--block", "prefix_tokens": "--prefix", "gen_tokens": "--gen", "memory_bytes": "--memory"},
-    "sim": {"block_size": "--block", "rate_per_s": "--rate"},
-    "plan": {"block_size": "--block", "rate_per_s": "--rate", "kv_dtype": "--dtype", "ray_address": "--ray"},
+    "size": {"block_size": "--block", "num_tokens": "--tokens", "num_seqs": "--seqs", "memory_bytes": "--memory",
+             "repo_id": "--model", "method": "--spec-method", "draft": "--draft-config"},
+    "frag": {"block_size": "--block", "block_sizes": "--block", "per_sequence": "--per-seq", "repo_id": "--model"},
+    "share": {"block_size": "--block", "prefix_tokens": "--prefix", "gen_tokens": "--gen", "memory_bytes": "--memory",
+              "repo_id": "--model"},
+    "sim": {"block_size": "--block", "rate_per_s": "--rate", "repo_id": "--model"},
+    "plan": {"block_size": "--block", "rate_per_s": "--rate", "kv_dtype": "--dtype", "ray_address": "--ray",
+             "repo_id": "--model", "root": "--cache-dir"},
     "bench": {"num_q_heads": "--q-heads", "num_kv_heads": "--kv-heads", "num_splits": "--splits"},
 }
 
@@ -109,7 +113,10 @@ class KvcalcGroup(TyperGroup):
 
 
 def flag_message(exc: ParameterError, flags: dict[str, str]) -> str:
-    """The error's message with each parameter it names, as a whole word, written as its flag."""
+    """The error's message with each parameter it names written as its flag: at the places the message marks
+    (`{name}`, see kvcalc.core.errors), else wherever the parameter's name is a whole word."""
+    if exc.marked:
+        return exc.rendered(flags)
     import re
 
     message = str(exc)

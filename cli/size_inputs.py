@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import parse_dtype
+from ..core.errors import ParameterError
 from ..core.model.models import ModelSpec, resolve_model
 from ..core.units import format_count_short, parse_bytes
 from .output import Format, err_console, resolve_format
@@ -201,5 +202,7 @@ def flagged(flag: str, parse: Callable[[str], T], text: str) -> T:
     """`parse(text)`, its error prefixed with the flag that gave the text."""
     try:
         return parse(text)
+    except ParameterError as exc:  # its parameters still named, for the CLI to write as flags
+        raise ParameterError(f"{flag}: {exc.template}", *exc.params) from None
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None

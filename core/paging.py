@@ -23,6 +23,7 @@ from fractions import Fraction
 import numpy as np
 
 from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
+from .errors import ParameterError
 from .units import format_int_short
 
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
@@ -65,17 +66,18 @@ def default_max_len(longest: int) -> int:
 def check_lengths(tokens: np.ndarray, max_len: int) -> int:
     """Lengths in 1..max_len (a ValueError names the first offender and the fix); returns the longest."""
     if not 1 <= max_len <= MAX_LENGTH:
-        raise ValueError(
-            f"--max-len {format_int_short(max_len)} is out of range: give a reservation between 1 and 2^62 tokens"
+        raise ParameterError(
+            f"max_len {format_int_short(max_len)} is out of range: give a reservation between 1 and 2^62 tokens",
+            "max_len",
         )
     if tokens.size == 0:
         raise ValueError("no lengths: give at least one")
     longest, shortest = int(tokens.max()), int(tokens.min())
     if longest > max_len:
         i = int(np.argmax(tokens > max_len))
-        raise ValueError(
-            f"length {int(tokens[i])} (item {i + 1}) is above --max-len {max_len}: "
-            f"raise --max-len to at least {longest} or leave it out (default: next power of two)"
+        raise ParameterError(
+            f"length {int(tokens[i])} (item {i + 1}) is above max_len {max_len}: "
+            f"raise max_len to at least {longest} or leave it out (default: next power of two)", "max_len"
         )
     if shortest < 1:
         i = int(np.argmax(tokens < 1))
@@ -86,9 +88,9 @@ def check_lengths(tokens: np.ndarray, max_len: int) -> int:
 def check_block_sizes(block_sizes: BlockSizes) -> None:
     for block_size in block_sizes:
         if not 1 <= block_size <= MAX_LENGTH:
-            raise ValueError(
-                f"--block {format_int_short(block_size)} is not a valid block size: give a number of tokens from 1 to "
-                "2^62"
+            raise ParameterError(
+                f"block_size {format_int_short(block_size)} is not a valid block size: give a number of tokens from 1 "
+                "to 2^62", "block_size"
             )
 
 

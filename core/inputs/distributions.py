@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..host_memory import check_fits
 from ..paging import MAX_LENGTH
 from ..units import format_count_short, parse_int
@@ -121,7 +122,7 @@ class LengthDistribution:
         if name == "lognormal" and ("mean" in given) == ("median" in given):
             missing.append("exactly one of mean or median")
         if missing:
-            raise ValueError(f"{name} needs {', '.join(missing)}: e.g. --dist {example}")
+            raise ParameterError(f"{name} needs {', '.join(missing)}: e.g. {{dist}} {example}", "dist")
         values = dict(defaults) | {key: _parse_number(text, key, name, rules[key]) for key, text in given.items()}
         if name == "uniform" and values["high"] < values["low"]:
             raise ValueError(f"uniform: high={given['high']} is out of range: it must be >= low={_fmt(values['low'])}")
@@ -148,7 +149,7 @@ class LengthDistribution:
         machine has not that much memory available); `progress(n)` is told after each chunk.
         """
         if not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"--count must be a positive number of lengths, got {count!r}")
+            raise ParameterError(f"count must be a positive number of lengths, got {count!r}", "count")
         check_fits(8 * int(count), f"{format_count_short(int(count))} lengths (8 bytes each)", "lower count", "count")
         cdf = self._zipf_cdf() if self.name == "zipf" else None
         out = np.empty(int(count), dtype=np.int64)

@@ -13,6 +13,7 @@ from pathlib import PurePath
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..paging import MAX_LENGTH
 from ..units import format_int_short, parse_int
 from .sources import InputSource, decode_text, read_source
@@ -157,8 +158,8 @@ def _read_csv_column(text: str, name: str, column: str) -> np.ndarray:
     if not header:
         raise ValueError(f"{name} is empty: a CSV needs a header line with the column {column}")
     if column not in header:
-        raise ValueError(
-            f"{name} has no column {column!r}: its columns are {', '.join(header)}; pick one with --column"
+        raise ParameterError(
+            f"{name} has no column {column!r}: its columns are {', '.join(header)}; pick one with {{column}}", "column"
         )
     index = header.index(column)
     items: list[str] = []

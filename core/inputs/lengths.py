@@ -99,12 +99,16 @@ def parse_lengths_list(text: str) -> Lengths:
     """`"37,91,128"` -> Lengths; errors name the item (1-based)."""
     items = [s.strip() for s in text.split(",")]
     if any(not s for s in items):
-        raise ValueError(f"--lengths {text!r} has an empty item: write integers separated by commas, e.g. 37,91,128")
+        raise ParameterError(f"{{lengths}} {text!r} has an empty item: write integers separated by commas, "
+                             "e.g. 37,91,128", "lengths")
 
     def where(i: int) -> str:
-        return f"--lengths item {i + 1}"
+        return f"{{lengths}} item {i + 1}"  # marked: the message is raised again as lengths' ParameterError
 
-    values = validated(ints_from_text(items, where), where, "--lengths")
+    try:
+        values = validated(ints_from_text(items, where), where, "{lengths}")
+    except ValueError as exc:
+        raise ParameterError(str(exc), "lengths") from None
     return Lengths(values, "user", f"--lengths ({values.size:,} given on the command line)")
 
 
@@ -120,7 +124,7 @@ def read_lengths_file(source: InputSource, column: str | None = None) -> Lengths
 def lengths_from_trace(kind: str, source: InputSource, phase: str = "total") -> Lengths:
     """Real lengths: prompt + output per request (`total`), or the prompt alone (`prompt`)."""
     if phase not in PHASES:
-        raise ValueError(f"unknown --phase {phase!r}: choose total (prompt + output) or prompt")
+        raise ParameterError(f"unknown phase {phase!r}: choose total (prompt + output) or prompt", "phase")
     trace = read_trace(kind, source)
     what = "prompt + output" if phase == "total" else "prompt only"
     if phase == "total":
@@ -129,8 +133,8 @@ def lengths_from_trace(kind: str, source: InputSource, phase: str = "total") -> 
         if bad.size:
             i = int(bad[0])
             total = int(trace.prompt_tokens[i]) + int(trace.output_tokens[i])
-            raise ValueError(f"{trace.path}, request {i + 1} (file order): length {total} ({what}) is too large "
-                             "(lengths must be <= 2^62); use --phase prompt or fix the trace")
+            raise ParameterError(f"{trace.path}, request {i + 1} (file order): length {total} ({what}) is too "
+                                 "large (lengths must be <= 2^62); use {phase} prompt or fix the trace", "phase")
         tokens = trace.prompt_tokens + trace.output_tokens
     else:
         tokens = trace.prompt_tokens.copy()
@@ -178,18 +182,20 @@ def load_lengths(
     error rather than something silently ignored. `progress(n)` counts lengths drawn from --dist (the
     only source that can take long: --count 1e9 is about a minute).
     """
-    sources = {"--lengths": lengths, "--lengths-file": lengths_file, "--trace": trace, "--dist": dist}
+    sources = {"lengths": lengths, "lengths_file": lengths_file, "trace": trace, "dist": dist}
     given = [name for name, value in sources.items() if value is not None]
     if len(given) > 1:
-        raise ValueError(f"give one source of lengths, not {' and '.join(given)}")
+        raise ParameterError("give one source of lengths, not " + " and ".join(f"{{{name}}}" for name in given),
+                             *given)
     for option, value, owner, present in (
-        ("--column", column, "--lengths-file", lengths_file),
-        ("--phase", phase, "--trace", trace),
-        ("--count", count, "--dist", dist),
-        ("--seed", seed, "--dist", dist),
+        ("column", column, "lengths_file", lengths_file),
+        ("phase", phase, "trace", trace),
+        ("count", count, "dist", dist),
+        ("seed", seed, "dist", dist),
     ):
         if value is not None and present is None:
-            raise ValueError(f"{option} applies only to {owner}: add {owner} or drop {option}")
+            raise ParameterError(f"{{{option}}} applies only to {{{owner}}}: add {{{owner}}} or drop {{{option}}}",
+                                 option, owner)
     if lengths is not None:
         return parse_lengths_list(lengths)
     if lengths_file is not None:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..paging import MAX_LENGTH
 from ..units import format_int_short, plural
 
@@ -66,7 +67,8 @@ def read_azure(text: str, name: str) -> TraceColumns:
     missing = [c for c in _AZURE_COLUMNS if c not in header]
     if missing:
         if header and header[0].startswith("{"):
-            raise ValueError(f"{name} is JSON lines, not an Azure CSV: read it with --trace mooncake {name}")
+            raise ParameterError(f"{name} is JSON lines, not an Azure CSV: read it with {{trace}} mooncake {name}",
+                                 "trace")
         shown = ", ".join(header)
         shown = shown if len(shown) <= 120 else shown[:117] + "..."
         raise ValueError(
@@ -232,7 +234,8 @@ def read_mooncake(text: str, name: str) -> TraceColumns:
             raise ValueError(f"{where}: JSON nested too deeply to read; each line must be one JSON object") from None
         except json.JSONDecodeError as exc:
             if line_no == 1 and all(c in line for c in _AZURE_COLUMNS):
-                raise ValueError(f"{name} is an Azure CSV, not JSON lines: read it with --trace azure {name}") from None
+                raise ParameterError(f"{name} is an Azure CSV, not JSON lines: read it with {{trace}} azure {name}",
+                                     "trace") from None
             raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object per line, found {type(record).__name__}")

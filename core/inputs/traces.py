@@ -79,7 +79,7 @@ class Trace(RequestArrays):
     def head(self, limit: int) -> Trace:
         """The first `limit` requests (all of them when limit >= N)."""
         if limit <= 0:
-            raise ValueError(f"--limit must be a positive number of requests, got {limit}")
+            raise ParameterError(f"limit must be a positive number of requests, got {limit}", "limit")
         n = min(limit, len(self))
         ids, offsets = self.hash_ids, self.hash_offsets
         if ids is not None and offsets is not None:

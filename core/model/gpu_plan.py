@@ -229,9 +229,9 @@ def stage_slots(spec: ModelSpec, layout: KVLayout, kv_dtype_bits: int, tp: int, 
                              "pp")
     order = spec.layer_order
     if len(order) != spec.model_layers or len(spec.layer_groups) <= max(order, default=-1):
-        raise ParameterError(f"pp {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which layer "
-                             "is which (a preset, or layers of two kinds): give its config.json (--config), or use "
-                             "pp 1", "pp")
+        raise ParameterError(f"{{pp}} {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which "
+                             "layer is which (a preset, or layers of two kinds): give its config.json ({config}), or "
+                             "use {pp} 1", "pp", "config")
     types = [(t.kind, t.window, t.source, t.bits) for t in layer_types(spec, kv_dtype_bits, tp)]
     keys: list[tuple[str, int | None, str, int] | None] = []
     for g in spec.layer_groups:
@@ -273,10 +273,12 @@ def attention_free_layout(spec: ModelSpec, kv_dtype_bits: int, tp: int, max_mode
         raise ParameterError(f"{spec.name}: no layer keeps a KV cache or a recurrent state", "model")
     if {t.source for t in types} & {"rwkv"}:
         raise ParameterError(f"{spec.name}: RWKV-4 is not among vLLM's models, so there is no vLLM start-up to "
-                             "predict; drop --gpu/--kv-memory (its state per sequence is in the table)", "gpu")
+                             "predict; drop {gpu}/{kv_memory_bytes} (its state per sequence is in the table)", "gpu",
+                             "kv_memory_bytes")
     if len(types) > 1:
         raise ParameterError(f"{spec.name}: layers with different recurrent states and no attention: vLLM's grouping "
-                             "of them is not modelled; drop --gpu/--kv-memory", "model")
+                             "of them is not modelled; drop {gpu}/{kv_memory_bytes}", "model", "gpu",
+                             "kv_memory_bytes")
     if mamba_cache_mode != "none":
         raise ParameterError(f"mamba_cache_mode {mamba_cache_mode!r}: an attention-free model's prefix caching is "
                              "not modelled; use 'none'", "mamba_cache_mode")

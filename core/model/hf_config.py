@@ -135,7 +135,7 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
         return recurrent_spec(f, name)
     source = f.source
     n = f.required_int("num_hidden_layers", "n_layer", "num_layers", "n_layers",
-                       fix="add it to the file or give --layers")
+                       fix="add it to the file or give {layers}", param="layers")
     if f.raw("model_type") == "longcat_flash" and f.key_of("num_hidden_layers") is None:
         n *= 2  # LongCat-Flash: each of num_layers decoder layers holds two MLA sublayers, each with its own cache
     heads = f.required_int("num_attention_heads", "n_head", "num_heads", "n_heads")
@@ -278,10 +278,11 @@ def _head_dim(f: ConfigFields, heads: int, hidden: int | None) -> int:
         if nope is not None and rope is not None:
             return nope + rope
     if hidden is None:
-        raise f.error("missing the field 'hidden_size' (or 'head_dim'); add it to the file or give --head-dim")
+        raise f.error("missing the field 'hidden_size' (or 'head_dim'); add it to the file or give {head_dim}",
+                      "head_dim")
     if hidden % heads:
         raise f.error(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                      "add 'head_dim' or use --head-dim")
+                      "add 'head_dim' or use {head_dim}", "head_dim")
     return hidden // heads
 
 

@@ -85,7 +85,8 @@ def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
     return f.error(
         f"{which} is not an architecture kvcalc knows{because}, and it does not read its fields {listed}, "
         "which could change which layers keep KV or how much; its KV would be a guess, so kvcalc stops "
-        "(for a plain decoder, give its shape with --layers, --kv-heads and --head-dim instead)"
+        "(for a plain decoder, give its shape with {layers}, {kv_heads} and {head_dim} instead)",
+        "layers", "kv_heads", "head_dim",
     )
 
 

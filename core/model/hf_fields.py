@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import ParameterError
+
 STRUCTURAL = re.compile(
     r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
     r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
@@ -49,8 +51,10 @@ class ConfigFields:
         self.source = source
         self.read: set[str] = set()
 
-    def error(self, message: str) -> ValueError:
-        return ValueError(f"{self.source}: {message}")
+    def error(self, message: str, *params: str) -> ValueError:
+        """`params`: the parameters (of load_config) that the message marks as `{name}`, as a ParameterError."""
+        text = f"{self.source}: {message}"
+        return ParameterError(text, *params) if params else ValueError(text)
 
     def raw(self, *keys: str) -> Any:
         """The first of `keys` whose value is not null (None if none); all of them count as read."""
@@ -73,10 +77,11 @@ class ConfigFields:
             raise self.error(f"field '{self.key_of(*keys)}' must be a {kind} integer, got {value!r}")
         return value
 
-    def required_int(self, *keys: str, fix: str = "add it to the file") -> builtins.int:  # int: the method
+    def required_int(self, *keys: str, fix: str = "add it to the file", param: str | None = None) -> builtins.int:
+        """`param`: the parameter that `fix` marks (`{layers}`), if any."""  # int: the method, hence builtins
         value = self.int(*keys)
         if value is None:
-            raise self.error(f"missing the field '{keys[0]}'; {fix}")
+            raise self.error(f"missing the field '{keys[0]}'; {fix}", *(() if param is None else (param,)))
         return value
 
     def flag(self, key: str) -> bool | None:

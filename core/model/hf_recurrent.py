@@ -25,7 +25,8 @@ from .state import RecurrentState
 def recurrent_spec(f: ConfigFields, name: str) -> ModelSpec:
     """The ModelSpec of a pure recurrent config (see the module docstring)."""
     model_type = f.raw("model_type")
-    n = f.required_int("num_hidden_layers", "n_layer", fix="add it to the file or give --layers")
+    n = f.required_int("num_hidden_layers", "n_layer", fix="add it to the file or give {layers}",
+                       param="layers")
     hidden = f.required_int("hidden_size", "d_model")
     notes: list[str] = []
     conv, ssm = state_dtypes(f, notes)

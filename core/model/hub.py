@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import ParameterError
+
 
 def hub_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
@@ -25,10 +27,11 @@ def cached_config(repo_id: str) -> tuple[Path, str]:
     repo_id = repo_id.strip().strip("/")
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
-        raise ValueError(f"--model {repo_id!r}: a Hugging Face model is org/name (e.g. meta-llama/Llama-3.1-8B)")
+        raise ParameterError(f"{{repo_id}} {repo_id!r}: a Hugging Face model is org/name "
+                             "(e.g. meta-llama/Llama-3.1-8B)", "repo_id")
     cache = hub_cache_dir()
     repo = cache / f"models--{parts[0]}--{parts[1]}"
-    fetch = (f"fetch it with `hf download {repo_id} config.json` (or give --config DIR); "
+    fetch = (f"fetch it with `hf download {repo_id} config.json` (or give {{config}} DIR); "
              "kvcalc reads the cache offline and never downloads")
     snapshots = repo / "snapshots"
     ref = repo / "refs" / "main"
@@ -37,14 +40,16 @@ def cached_config(repo_id: str) -> tuple[Path, str]:
         path = snapshots / revision / "config.json"
         if path.is_file():
             return path, repo_id
-        raise ValueError(f"--model {repo_id}: {ref} names revision {revision}, but {path} is missing; {fetch}")
+        raise ParameterError(f"{{repo_id}} {repo_id}: {ref} names revision {revision}, but {path} is missing; {fetch}",
+                             "repo_id", "config")
     found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
     if len(found) == 1:
         return found[0], repo_id
     if found:
         revisions = ", ".join(p.parent.name for p in found)
-        raise ValueError(f"--model {repo_id}: {snapshots} holds several revisions ({revisions}) and no refs/main "
-                         "says which is current; give --config with one of those folders")
-    raise ValueError(f"--model {repo_id}: no config.json in the Hugging Face cache (looked in {snapshots}, "
-                     f"the cache being {cache}: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); "
-                     f"{fetch}")
+        raise ParameterError(f"{{repo_id}} {repo_id}: {snapshots} holds several revisions ({revisions}) and no "
+                             "refs/main says which is current; give {config} with one of those folders",
+                             "repo_id", "config")
+    raise ParameterError(f"{{repo_id}} {repo_id}: no config.json in the Hugging Face cache (looked in {snapshots}, "
+                         f"the cache being {cache}: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub); "
+                         f"{fetch}", "repo_id", "config")

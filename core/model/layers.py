@@ -114,7 +114,7 @@ class LayerGroup:
         `where` names the layers in the error (the model, and which of its layers).
         """
         if tp <= 0:
-            raise ValueError(f"--tp must be a positive number of GPUs, got {tp}")
+            raise ParameterError(f"tp must be a positive number of GPUs, got {tp}", "tp")
         if self.kind == "mla":
             return 1
         if not self.keeps_kv or tp == 1:
@@ -123,16 +123,16 @@ class LayerGroup:
         if tp <= heads:
             if heads % tp:
                 divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
-                raise ValueError(
-                    f"--tp {tp} does not divide the {heads} KV heads of {where}: use a --tp that divides "
-                    f"{heads} ({divisors}) or a multiple of {heads}"
+                raise ParameterError(
+                    f"tp {tp} does not divide the {heads} KV heads of {where}: use a tp that divides "
+                    f"{heads} ({divisors}) or a multiple of {heads}", "tp"
                 )
             return heads // tp
         if tp % heads:
-            raise ValueError(
-                f"--tp {tp} is above the {heads} KV heads of {where} but not a multiple of {heads}, so the "
+            raise ParameterError(
+                f"tp {tp} is above the {heads} KV heads of {where} but not a multiple of {heads}, so the "
                 f"heads cannot be replicated evenly: use a multiple of {heads} ({heads * 2}, {heads * 4}, ...) "
-                f"or a divisor of {heads}"
+                f"or a divisor of {heads}", "tp"
             )
         return 1
 

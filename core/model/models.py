@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..errors import ParameterError
 from .model_spec import ModelSpec
 from .presets import PRESETS, get_preset
 
@@ -36,11 +37,11 @@ def resolve_model(
     are incomplete.
     """
     if model is not None and config is not None:
-        raise ValueError("give either --model or --config, not both")
+        raise ParameterError("give either {model} or {config}, not both", "model", "config")
     dims = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
     for name, value in dims.items():
         if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+            raise ParameterError(f"{name} must be a positive integer, got {value}", name)
     given = {name: value for name, value in dims.items() if value is not None}
     if model is not None:
         spec = _preset_or_hub(model, layers, head_dim)
@@ -51,10 +52,11 @@ def resolve_model(
     elif not given:
         return None
     elif len(given) < len(dims):
-        missing = ", ".join(f"--{f.replace('_', '-')}" for f in dims if f not in given)
-        raise ValueError(
-            f"explicit model dimensions need --layers, --kv-heads and --head-dim together (missing {missing}); "
-            "or give --model/--config and override some of them"
+        missing = ", ".join(f"{{{f}}}" for f in dims if f not in given)
+        raise ParameterError(
+            f"explicit model dimensions need {{layers}}, {{kv_heads}} and {{head_dim}} together (missing {missing}); "
+            "or give {model}/{config} and override some of them", *(f for f in dims if f not in given),
+            *(f for f in dims if f in given), "model", "config",
         )
     else:
         assert layers is not None and kv_heads is not None and head_dim is not None
@@ -68,8 +70,8 @@ def resolve_model(
                          f"{spec.state_bits() // 8:,} B per sequence); this command pages KV, so "
                          "there is nothing to page: size its state with `kvcalc size`")
     if not spec.keeps_kv and (layers is not None or kv_heads is not None or head_dim is not None):
-        raise ValueError(f"{spec.name} keeps no KV cache, so --layers, --kv-heads and --head-dim have nothing to "
-                         "override; drop them")
+        raise ParameterError(f"{spec.name} keeps no KV cache, so {{layers}}, {{kv_heads}} and {{head_dim}} have "
+                             "nothing to override; drop them", "layers", "kv_heads", "head_dim")
     return with_overrides(spec, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
 
 
@@ -94,9 +96,9 @@ def with_overrides(
     """
     changes: dict[str, Any] = {}  # ints, each for a field of its own type in dataclasses.replace
     if spec.is_mla and (kv_heads is not None or head_dim is not None):
-        raise ValueError(
+        raise ParameterError(
             f"{spec.name} uses MLA: its cache is one latent of kv_lora_rank + qk_rope_head_dim per token, "
-            "so --kv-heads and --head-dim do not apply; drop them (or edit a config.json)"
+            "so {kv_heads} and {head_dim} do not apply; drop them (or edit a config.json)", "kv_heads", "head_dim"
         )
     if layers is not None and layers != spec.layers:
         changes["layers"] = layers
@@ -104,10 +106,10 @@ def with_overrides(
             # Keep the model's sliding/global proportion only when it stays exact; never round silently.
             num_sliding, remainder = divmod(layers * spec.num_sliding_layers, spec.layers)
             if remainder:
-                raise ValueError(
-                    f"--layers {layers}: {spec.name} has {spec.num_sliding_layers} of {spec.layers} layers "
+                raise ParameterError(
+                    f"{{layers}} {layers}: {spec.name} has {spec.num_sliding_layers} of {spec.layers} layers "
                     "with a sliding window, which does not scale to a whole number of layers; "
-                    "give a config.json with layer_types instead"
+                    "give a config.json with layer_types instead", "layers"
                 )
             changes["num_sliding_layers"] = num_sliding
     if kv_heads is not None and kv_heads != spec.kv_heads:
@@ -144,8 +146,8 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
     mtp = spec.drafter_layers
     field = spec.drafter_field
     if draft is not None and method not in DRAFTER_METHODS:
-        raise ValueError(f"--draft-config gives a drafter's layers, which only --spec-method "
-                         f"{' | '.join(DRAFTER_METHODS)} uses; add --spec-method draft")
+        raise ParameterError(f"{{draft}} gives a drafter's layers, which only {{method}} "
+                             f"{' | '.join(DRAFTER_METHODS)} uses; add {{method}} draft", "draft", "method")
     if method not in DRAFTER_METHODS:
         if mtp:
             return spec, (f"{spec.name}'s config has {mtp} MTP layer{'s' if mtp > 1 else ''} ({field} {mtp}), "
@@ -154,7 +156,8 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
         return spec, None
     if draft is not None:
         if not draft.keeps_kv:
-            raise ValueError(f"--draft-config: {draft.name} keeps no KV cache; a recurrent drafter is not modelled")
+            raise ParameterError(f"{{draft}}: {draft.name} keeps no KV cache; a recurrent drafter is not modelled",
+                                 "draft")
         added = tuple(dataclasses.replace(g, note=f"drafter {draft.name}" + (f": {g.note}" if g.note else ""))
                       for g in draft.layer_groups)
         what = f"the draft model {draft.name} ({draft.model_layers} layer{'s' if draft.model_layers > 1 else ''}, " \
@@ -163,8 +166,9 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
         return spec, ("--spec-method draft without --draft-config: the draft model's own KV is not counted (give "
                       "--draft-config PATH to add it)")
     elif not mtp:
-        raise ValueError(f"--spec-method {method}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "
-                         "mtp_num_hidden_layers) for the drafter; give the drafter's config with --draft-config PATH")
+        raise ParameterError(f"{{method}} {method}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "
+                             "mtp_num_hidden_layers) for the drafter; give the drafter's config with {draft} PATH",
+                             "method", "draft")
     else:
         added = spec.drafter_groups
         what = f"{mtp} MTP drafter layer{'s' if mtp > 1 else ''} ({field} {mtp})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..errors import ParameterError
 from .layers import LayerGroup
 from .model_spec import ModelSpec
 from .state import RecurrentState
@@ -273,6 +274,6 @@ def get_preset(name: str) -> ModelSpec:
         by_key = {_key(s.name): s.name for s in PRESETS.values()}
         close = [by_key[k] for k in difflib.get_close_matches(_key(name), list(by_key), n=3, cutoff=0.5)]
         hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(by_key.values())}"
-        raise ValueError(f"unknown model {name!r}: {hint} (kvcalc size lists them all; a Hugging Face model is "
-                         "--model org/name from the local hub cache, or --config DIR)")
+        raise ParameterError(f"unknown model {name!r}: {hint} (kvcalc size lists them all; a Hugging Face model is "
+                             "{model} org/name from the local hub cache, or {config} DIR)", "model", "config")
     return spec

@@ -233,22 +233,23 @@ def compute_size(
     dtype = parse_dtype(dtype)
     if tokens is None:
         if spec.max_position_embeddings is None:
-            raise ValueError(
-                f"model {spec.name!r} has no max_position_embeddings to take the context length from: give --tokens N"
+            raise ParameterError(
+                f"model {spec.name!r} has no max_position_embeddings to take the context length from: give tokens N",
+                "tokens",
             )
         tokens = spec.max_position_embeddings
-    for option, value in (("--tokens", tokens), ("--seqs", seqs), ("--block", block_size)):
+    for option, value in (("tokens", tokens), ("seqs", seqs), ("block_size", block_size)):
         if value <= 0:
-            raise ValueError(f"{option} must be a positive integer, got {value}")
+            raise ParameterError(f"{option} must be a positive integer, got {value}", option)
     result = SizeResult(
         spec=spec, dtype=dtype, bits_per_scalar=DTYPE_BITS[dtype], tokens=tokens, seqs=seqs, tp=tp,
         block_size=block_size, kv_heads_per_gpu=kv_heads_per_gpu(spec, tp),
     )
-    spec.state_bits(tp)  # a --tp that the recurrent state cannot be split by is refused here, naming it
+    spec.state_bits(tp)  # a tp that the recurrent state cannot be split by is refused here, naming it
     if memory_bytes is None:
         return result
     if memory_bytes <= 0:
-        raise ValueError(f"--memory must be positive, got {memory_bytes}")
+        raise ParameterError(f"memory_bytes must be positive, got {memory_bytes}", "memory_bytes")
     memory_bits = memory_bytes * 8
     max_seqs = memory_bits // result.per_gpu_bits_per_seq
     if not spec.keeps_kv:  # pure recurrent: one state page per sequence, whatever its length
@@ -290,7 +291,7 @@ def preset_rows(
     bits = DTYPE_BITS[parse_dtype(dtype)]
     for tokens in contexts:
         if tokens <= 0:
-            raise ValueError(f"--tokens must be a positive integer, got {tokens}")
+            raise ParameterError(f"tokens must be a positive integer, got {tokens}", "tokens")
     if hasattr(bits, "layout"):  # a page format vLLM uses for some kinds of layer only (fp8_ds_mla, nvfp4 ...)
         specs = [spec for spec in specs if _pages(spec, bits)]
         if not specs:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import dtype_bits
+from ..errors import ParameterError
 
 STATE_KINDS = ("mamba1", "mamba2", "gated_deltanet", "lightning", "kda", "short_conv", "rwkv")
 
@@ -86,8 +87,8 @@ class RecurrentState:
             return ("conv", 3 * (self.d_conv - 1) * heads * self.head_dim, conv_bits), recurrent
         if self.kind == "rwkv":
             if tp != 1:
-                raise ValueError(f"--tp {tp}: RWKV-4 has no tensor-parallel split in transformers (and vLLM does not "
-                                 "serve it), so its state per GPU is not defined; use --tp 1")
+                raise ParameterError(f"tp {tp}: RWKV-4 has no tensor-parallel split in transformers (and vLLM does not "
+                                     "serve it), so its state per GPU is not defined; use tp 1", "tp")
             return ("token_shift", 2 * self.d_inner, conv_bits), ("wkv", 3 * self.d_inner, ssm_bits)
         d_inner = _split(self.d_inner, tp, "the short-convolution width")
         return (("conv", d_inner * (self.d_conv - 1), conv_bits),)
@@ -109,7 +110,7 @@ class RecurrentState:
 
 def _split(n: int, tp: int, what: str) -> int:
     if n % tp:
-        raise ValueError(f"--tp {tp} does not divide {what} ({n}): use a --tp that divides {n}")
+        raise ParameterError(f"tp {tp} does not divide {what} ({n}): use a tp that divides {n}", "tp")
     return n // tp
 
 
@@ -118,7 +119,7 @@ def _groups_per_gpu(n_groups: int, tp: int) -> int:
         return n_groups // tp
     if tp % n_groups == 0:
         return 1  # replicated: each head shard keeps the group its heads read
-    raise ValueError(
-        f"--tp {tp} neither divides the {n_groups} Mamba groups (n_groups) nor is a multiple of them: "
-        f"use a --tp that divides {n_groups} or a multiple of it"
+    raise ParameterError(
+        f"tp {tp} neither divides the {n_groups} Mamba groups (n_groups) nor is a multiple of them: "
+        f"use a tp that divides {n_groups} or a multiple of it", "tp"
     )

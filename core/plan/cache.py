@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ParameterError
 from ..gpus import get_gpu
 from ..sim.options import SimOptions
 from ..sim.workload import Workload
@@ -67,7 +68,8 @@ class PointCache:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
-            raise ValueError(f"--cache-dir {self.root} is not a directory: give a directory (it is created if missing)")
+            raise ParameterError(f"{{root}} {self.root} is not a directory: give a directory (it is created if "
+                                 "missing)", "root")
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"

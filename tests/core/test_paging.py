@@ -70,12 +70,12 @@ def test_default_max_len_is_next_power_of_two():
 
 @pytest.mark.parametrize("block_size", [0, -1, -16])
 def test_block_size_must_be_positive(block_size):
-    with pytest.raises(ValueError, match=f"--block {block_size}"):
+    with pytest.raises(ValueError, match=f"block_size {block_size}"):
         paging.paged_allocations(WORKED, [block_size], 512)
 
 
 def test_length_above_max_len_names_it():
-    with pytest.raises(ValueError, match=r"length 511 \(item 5\) is above --max-len 256"):
+    with pytest.raises(ValueError, match=r"length 511 \(item 5\) is above max_len 256"):
         paging.fixed_reservation(WORKED, 256)
 
 
@@ -259,7 +259,7 @@ def test_analyse_and_block_sizes():
 
     assert block_sizes_for(None, sweep=False) == [16, 32]
     assert block_sizes_for([48, 16], sweep=True) == [1, 2, 4, 8, 16, 32, 48, 64, 128, 256]
-    with pytest.raises(ValueError, match="--block 0"):
+    with pytest.raises(ValueError, match=r"^block_size 0"):
         block_sizes_for([0], sweep=False)
     result = analyse(WORKED, [16, 32], per_sequence=True, spec=get_preset("llama-3-8b"), dtype_bits=16)
     assert result.fixed.max_len == 512  # next power of two above 511

@@ -49,10 +49,10 @@ def test_parse_list():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("37,0,5", r"--lengths item 2: length 0 is not positive"),
-        ("37,-4", r"--lengths item 2: length -4 is not positive"),
-        ("37,91.5", r"--lengths item 2: '91.5' is not an integer"),
-        ("37,abc,1", r"--lengths item 2: 'abc' is not an integer"),
+        ("37,0,5", r"^lengths item 2: length 0 is not positive"),
+        ("37,-4", r"^lengths item 2: length -4 is not positive"),
+        ("37,91.5", r"^lengths item 2: '91.5' is not an integer"),
+        ("37,abc,1", r"^lengths item 2: 'abc' is not an integer"),
         ("37,,1", r"has an empty item"),
         ("1,99999999999999999999", r"item 2: length 99999999999999999999 is too large"),
         ("1,4611686018427387905", r"item 2: length 4611686018427387905 is too large"),  # 2^62 + 1 fits int64
@@ -205,7 +205,7 @@ def test_trace_with_an_empty_prompt_names_the_request(tmp_path):
 
 
 def test_trace_bad_phase(tmp_path):
-    with pytest.raises(ValueError, match="unknown --phase 'output'"):
+    with pytest.raises(ValueError, match="unknown phase 'output'"):
         lengths_from_trace("azure", tmp_path / "x.csv", "output")
 
 
@@ -213,7 +213,7 @@ def test_trace_bad_phase(tmp_path):
 def test_an_empty_phase_is_refused_not_read_as_the_default(tmp_path, phase):
     path = tmp_path / "azure.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n")
-    with pytest.raises(ValueError, match="unknown --phase '': choose total"):
+    with pytest.raises(ValueError, match="unknown phase '': choose total"):
         load_lengths(trace=("azure", path), phase=phase)
 
 
@@ -334,7 +334,7 @@ def test_zipf_exact_mean_and_bounds():
 
 @pytest.mark.parametrize("count", [0, -5])
 def test_count_must_be_positive(count):
-    with pytest.raises(ValueError, match="--count must be a positive"):
+    with pytest.raises(ValueError, match=r"^count must be a positive"):
         LengthDistribution.parse("uniform:high=5").sample(count, np.random.default_rng(0))
 
 
@@ -347,9 +347,9 @@ def test_load_lengths_picks_one_source():
     assert sample.count == 10 and "seed 1" in sample.source
     default = load_lengths(dist="uniform:high=4")
     assert default.count == 10_000 and "seed 0" in default.source
-    with pytest.raises(ValueError, match="give one source of lengths, not --lengths and --dist"):
+    with pytest.raises(ValueError, match="give one source of lengths, not lengths and dist"):
         load_lengths(lengths="5", dist="uniform:high=4")
-    with pytest.raises(ValueError, match="--seed applies only to --dist"):
+    with pytest.raises(ValueError, match=r"^seed applies only to dist"):
         load_lengths(lengths="5", seed=3)
 
 

@@ -108,7 +108,7 @@ def test_huge_numbers_are_shown_short():
     from kvcalc.core.inputs.lengths import parse_lengths_list
 
     # 1e400 has 401 digits: the message shows four significant ones; 2^62 + 1 (19 digits) stays exact
-    with pytest.raises(ValueError, match=r"^--lengths item 2: length 1\.000e\+400 is too large"):
+    with pytest.raises(ValueError, match=r"^lengths item 2: length 1\.000e\+400 is too large"):
         parse_lengths_list("5,1e400")
-    with pytest.raises(ValueError, match=r"^--lengths item 1: length 4611686018427387905 is too large"):
+    with pytest.raises(ValueError, match=r"^lengths item 1: length 4611686018427387905 is too large"):
         parse_lengths_list(str(2**62 + 1))

@@ -143,12 +143,12 @@ def test_unknown_kind_and_missing_file(tmp_path: Path) -> None:
 def test_a_trace_of_the_other_format_says_which_kind_to_use(tmp_path: Path) -> None:
     record = {"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": list(range(500))}
     mooncake = _mooncake(tmp_path, record)
-    with pytest.raises(ValueError, match="is JSON lines, not an Azure CSV: read it with --trace mooncake") as info:
+    with pytest.raises(ValueError, match="is JSON lines, not an Azure CSV: read it with trace mooncake") as info:
         read_trace("azure", mooncake)
     assert "hash_ids" not in str(info.value)  # not the whole first line with its 500 ids
     azure = tmp_path / "a.csv"
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n")
-    with pytest.raises(ValueError, match="is an Azure CSV, not JSON lines: read it with --trace azure"):
+    with pytest.raises(ValueError, match="is an Azure CSV, not JSON lines: read it with trace azure"):
         read_trace("mooncake", azure)
     odd = tmp_path / "odd.csv"
     odd.write_text(",".join(f"column_{i}" for i in range(100)) + "\n1\n")
@@ -281,7 +281,7 @@ def test_prompt_plus_output_past_int64_is_refused_not_wrapped(tmp_path: Path) ->
     # 2^62 + 2^62 = 2^63 wraps to -2^63 in int64 (and was then reported as "length 0")
     path = _mooncake(tmp_path, dict(_GOOD), dict(_GOOD, input_length=2**62, output_length=2**62))
     with pytest.raises(ValueError, match=r"request 2 \(file order\): length 9223372036854775808 \(prompt \+ output\) "
-                                         r"is too large .*use --phase prompt"):
+                                         r"is too large .*use phase prompt"):
         lengths_from_trace("mooncake", path)
     assert lengths_from_trace("mooncake", path, "prompt").tokens.tolist() == [1, 2**62]
 

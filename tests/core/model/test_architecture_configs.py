@@ -172,7 +172,7 @@ def test_rwkv4_keeps_no_kv_only_state(tmp_path):
     assert spec.state_bits() // 8 == 12 * 768 * (2 * 4 + 3 * 4) == 184_320
     bf16 = load_config(write(tmp_path, {**RWKV4_169M, "torch_dtype": "bfloat16"}, folder="bf16"))
     assert bf16.state_bits() // 8 == 12 * 768 * (2 * 2 + 3 * 4) == 147_456  # the wkv vectors stay fp32
-    with pytest.raises(ValueError, match="--tp 2: RWKV-4 has no tensor-parallel split"):
+    with pytest.raises(ValueError, match="tp 2: RWKV-4 has no tensor-parallel split"):
         spec.state_bits(2)
     from kvcalc.core.model.weights import estimate_params
 

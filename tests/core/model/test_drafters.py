@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from kvcalc.core.errors import ParameterError
 from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.models import get_preset, with_drafter
 
@@ -78,9 +79,11 @@ def test_draft_model_config(tmp_path):
 
 def test_drafter_refusals(tmp_path):
     target = get_preset("llama-3-8b")
-    with pytest.raises(ValueError, match="--spec-method mtp: Llama-3-8B's config has no MTP layers"):
+    # core names its parameters (method, draft); the CLI says --spec-method, --draft-config (test_size_cli_...)
+    with pytest.raises(ParameterError, match=r"^method mtp: Llama-3-8B's config has no MTP layers") as caught:
         with_drafter(target, "mtp")
-    with pytest.raises(ValueError, match="--draft-config gives a drafter's layers"):
+    assert caught.value.params == ("method", "draft")
+    with pytest.raises(ParameterError, match=r"^draft gives a drafter's layers, which only method"):
         with_drafter(target, "ngram", target)
 
 

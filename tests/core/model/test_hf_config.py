@@ -205,7 +205,7 @@ def test_explicit_dims_fill_missing_fields(tmp_path):
     path = write(tmp_path, {k: v for k, v in LLAMA_3_8B.items() if k not in ("num_hidden_layers", "hidden_size")})
     spec = resolve_model(None, path, layers=16, head_dim=64)
     assert (spec.layers, spec.head_dim, spec.kv_heads) == (16, 64, 8)
-    with pytest.raises(ValueError, match="missing the field 'num_hidden_layers'; add it to the file or give --layers"):
+    with pytest.raises(ValueError, match="missing the field 'num_hidden_layers'; add it to the file or give layers"):
         resolve_model(None, path, head_dim=64)
 
 

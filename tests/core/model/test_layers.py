@@ -90,8 +90,8 @@ def test_rounding_rule_is_once_per_quantity():
 
 
 @pytest.mark.parametrize(("heads", "tp", "message"), [
-    (8, 3, "--tp 3 does not divide the 8 KV heads of m's sliding layers"),
-    (8, 12, "--tp 12 is above the 8 KV heads of m's sliding layers but not a multiple of 8"),
+    (8, 3, "tp 3 does not divide the 8 KV heads of m's sliding layers"),
+    (8, 12, "tp 12 is above the 8 KV heads of m's sliding layers but not a multiple of 8"),
 ])
 def test_tp_rule_per_group_names_the_layers(heads, tp, message):
     spec = ModelSpec.from_groups("m", (LayerGroup("full", 2, kv_heads=24, k_head_dim=64, v_head_dim=64),
@@ -110,7 +110,7 @@ def test_mamba2_state_and_its_tp_split():
     # tp 16 > 8 groups: each GPU keeps one group (replicated), so together they hold more than one copy of B, C
     assert MAMBA2.bits(16) == 3 * (1024 + 2 * 256) * 16 + 16 * 64 * 256 * 32
     assert MAMBA2.bits(16) * 16 > MAMBA2.bits()
-    with pytest.raises(ValueError, match="--tp 3 does not divide the Mamba heads"):
+    with pytest.raises(ValueError, match="tp 3 does not divide the Mamba heads"):
         MAMBA2.bits(3)
 
 

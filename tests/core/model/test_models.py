@@ -152,11 +152,11 @@ def test_resolve_model_explicit_dims_make_a_custom_mha_spec():
 
 
 def test_resolve_model_errors():
-    with pytest.raises(ValueError, match="either --model or --config, not both"):
+    with pytest.raises(ValueError, match="either model or config, not both"):
         resolve_model("llama-3-8b", "config.json")
-    with pytest.raises(ValueError, match=r"missing --kv-heads, --head-dim"):
+    with pytest.raises(ValueError, match=r"missing kv_heads, head_dim"):
         resolve_model(None, None, layers=32)
-    with pytest.raises(ValueError, match="--layers must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"^layers must be a positive integer, got 0"):
         resolve_model(None, None, layers=0, kv_heads=8, head_dim=128)
     with pytest.raises(ValueError, match="32 query heads are not a multiple of 3 KV heads"):
         resolve_model("llama-3-8b", None, kv_heads=3)

@@ -24,7 +24,7 @@ def test_default_tokens_is_the_models_max_length():
     assert compute_size(get_preset("Llama-2-7B")).tokens == 4096
     custom = ModelSpec(name="custom", layers=2, num_attention_heads=2, kv_heads=2, head_dim=4, hidden_size=8,
                        max_position_embeddings=None)
-    with pytest.raises(ValueError, match="give --tokens N"):
+    with pytest.raises(ValueError, match="give tokens N"):
         compute_size(custom)
 
 
@@ -133,8 +133,8 @@ def test_capacity_with_sliding_window():
     assert r.capacity.max_tokens == 262_144 and r.capacity.max_seqs == 64
 
 
-@pytest.mark.parametrize(("option", "kwargs"), [("--tokens", {"tokens": 0}), ("--seqs", {"seqs": -1}),
-                                                ("--block", {"block_size": 0})])
+@pytest.mark.parametrize(("option", "kwargs"), [("tokens", {"tokens": 0}), ("seqs", {"seqs": -1}),
+                                                ("block_size", {"block_size": 0})])
 def test_non_positive_inputs(option, kwargs):
     with pytest.raises(ValueError, match=f"{option} must be a positive integer"):
         compute_size(get_preset("Llama-3-8B"), **{"tokens": 10, **kwargs})
