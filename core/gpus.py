@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ParameterError
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -80,18 +82,19 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 
-def get_gpu(name: str, otherwise: str = "or give --gpu-memory --bandwidth --flops") -> GpuSpec:
+def get_gpu(name: str, otherwise: str = "or give {gpu_memory} {bandwidth} {flops}") -> GpuSpec:
     """A preset by name (any case); ValueError listing the presets and then `otherwise`."""
     gpu = GPU_PRESETS.get(name.strip().lower())
     if gpu is None:
         names = ", ".join(g.name for g in GPU_PRESETS.values())
-        raise ValueError(f"unknown GPU {name!r}: choose one of {names}, {otherwise}")
+        raise ParameterError(f"unknown GPU {name!r}: choose one of {names}, {otherwise}", "gpu", "gpu_memory",
+                             "bandwidth", "flops")  # the options of a custom GPU, marked in the default `otherwise`
     return gpu
 
 
 def custom_gpu(memory_bytes: int, bandwidth_bytes_per_s: float, peak_flops: float) -> GpuSpec:
-    for what, value in (("--gpu-memory", memory_bytes), ("--bandwidth", bandwidth_bytes_per_s),
-                        ("--flops", peak_flops)):
+    for what, value in (("memory_bytes", memory_bytes), ("bandwidth_bytes_per_s", bandwidth_bytes_per_s),
+                        ("peak_flops", peak_flops)):
         if not value > 0:
-            raise ValueError(f"{what} must be positive, got {value}")
+            raise ParameterError(f"{what} must be positive, got {value}", what)
     return GpuSpec("custom", int(memory_bytes), float(bandwidth_bytes_per_s), float(peak_flops), "given")

@@ -49,3 +49,12 @@ def test_marked_parameters_are_rewritten_where_marked_only():
     flags = {"model": "--model", "config": "--config"}
     assert flag_message(exc, flags) == "--model 'x/': a Hugging Face model is org/name; or give --config DIR"
     assert flag_message(exc, {}) == str(exc)  # a command without the flag: the parameter's own name
+
+
+def test_an_unknown_gpu_names_the_options_of_a_custom_one(run_cli):
+    # core/gpus.get_gpu marks {gpu_memory} {bandwidth} {flops}; sim has those options, size says its own alternative
+    result = run_cli("sim", "--gpu", "nosuch")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: unknown GPU 'nosuch': choose one of ")
+    assert result.stderr.endswith(", or give --gpu-memory --bandwidth --flops\n")
+    assert run_cli("size", "-m", "llama-3-8b", "--gpu", "nosuch").stderr.endswith(", or give --kv-memory SIZE\n")

@@ -41,11 +41,6 @@ ALLOWED = {
     ("inputs/lengths.py", "--lengths (x given"): "TODO: the source line of frag's report",
     ("inputs/files.py", "one integer per line, a CSV with --column"): "TODO: the formats named in read errors",
     ("inputs/files.py", "; for a CSV give --column"): "TODO: a hint inside ints_from_text's ValueError",
-    # TODO: core/gpus.py is another helper's file this round (A100 presets).
-    ("gpus.py", "or give --gpu-memory --bandwidth --flops"): "TODO",
-    ("gpus.py", "--gpu-memory"): "TODO",
-    ("gpus.py", "--bandwidth"): "TODO",
-    ("gpus.py", "--flops"): "TODO",
 }
 
 
