@@ -187,8 +187,10 @@ def test_mooncake_keys():
     # B = 256: two sub-blocks per 512-token hash id. Prompt 700 has 2 full blocks, both in hash id 7.
     keys = mooncake_prompt_keys(np.array([7, 9]), np.array([0, 2]), np.array([700]), 256)
     assert keys[0].tolist() == [7 * 2 + 0, 7 * 2 + 1]
-    with pytest.raises(ValueError, match="does not divide"):
-        mooncake_prompt_keys(np.array([7]), np.array([0, 1]), np.array([10]), 48)
+    # B = 528 (a Mamba hybrid's forced block) does not tile the ids: block j is keyed by the id holding its last
+    # token, ids[(528·(j + 1) − 1) // 512]: prompt 1,000 has 1 full block, its last token 527 in id 1 -> [9]
+    # (kvcalc sim refuses such a block for a single-group pool, whose block the user typed: setup.py)
+    assert mooncake_prompt_keys(np.array([7, 9]), np.array([0, 2]), np.array([1000]), 528)[0].tolist() == [9]
     # 1,100 tokens need ceil(1100 / 512) = 3 hash ids; the request has 2: an error, not a silent cut
     with pytest.raises(ValueError, match="request 1: 1100 prompt tokens need 3 hash_ids"):
         mooncake_prompt_keys(np.array([7, 9]), np.array([0, 2]), np.array([1100]), 16)
