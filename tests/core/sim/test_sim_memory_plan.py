@@ -55,7 +55,10 @@ def test_opt13b_on_a100_40gb_by_hand():
 def test_the_default_max_seqs_follows_the_gpu():
     spec = get_preset("Llama-3-8B")
     assert plan_memory(spec, get_gpu("H100-SXM"), kv_dtype_bits=16, block_size=16).max_num_seqs == 1024
-    assert plan_memory(spec, get_gpu("A100-80GB"), kv_dtype_bits=16, block_size=16).max_num_seqs == 256
+    a100 = plan_memory(spec, get_gpu("A100-80GB"), kv_dtype_bits=16, block_size=16)
+    # CUDA shows 84,987,740,160 B (79.15 GiB, core/gpus.py): over 70 GiB, but an A100 keeps 256 sequences; the
+    # budget is 84,987,740,160 − 0.08 · 84,987,740,160 = int(78,188,720,947.2)
+    assert (a100.max_num_seqs, a100.budget_bytes) == (256, 78_188_720_947)
     setup = build(SimOptions(model="Llama-3-8B", gpu="H100-SXM", requests=1))
     assert setup.sim.scheduler.max_seqs == setup.plan.max_num_seqs == 1024  # the scheduler's limit is the same
 
