@@ -246,6 +246,14 @@ class GroupedPagedPolicy:
             f"hybrid run of {k} steps: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
             f"the closed form {int(used[k - 1])} / {useful}")
 
+    @property
+    def aligned_prefill_block(self) -> int:
+        """B when the scheduler must end prefill chunks on block boundaries (vLLM's block-aligned split): mode
+        align with prefix caching, where the pool saves a state only where a step ends; else 0. Plans that carry
+        block tables (verify's executor) schedule their own chunks."""
+        align = self.pool.state_mode == "align" and any(g.kind == "state" for g in self.groups)
+        return self.block_size if align and self.prompt_keys is not None and not self.exact_block_tables else 0
+
     # ---- swaps, release, forks ---------------------------------------------------------------------------
     def swap_bytes(self, rid: int) -> int | None:
         """Bytes a swap of the live request `rid` moves each way (None without `page_bytes`): every group's pages

@@ -83,6 +83,7 @@ class Scheduler:
         self.preemptions = np.zeros(n, np.int64)
         self.swapped = np.zeros(n, bool)
         self.swap_bytes: dict[int, int] = {}  # swapped-out request -> the bytes its swap-out moved, when known
+        self.align_block = getattr(policy, "aligned_prefill_block", 0)  # B: prefill split at block boundaries
         self.running: list[int] = []
         self.running_ids = np.zeros(0, np.int64)  # = running, as an array
         self.peak_running = 0
@@ -213,8 +214,11 @@ class Scheduler:
                 totals = self.computed[run] + 1
             else:
                 remaining = self.prompt_tokens[run] + self.generated[run] - self.computed[run]
-                before = np.cumsum(remaining) - remaining
-                new = np.minimum(np.maximum(budget - before, 0), remaining)
+                if self.align_block:
+                    new = self._aligned_news(run, remaining, budget)
+                else:
+                    before = np.cumsum(remaining) - remaining
+                    new = np.minimum(np.maximum(budget - before, 0), remaining)
                 totals = self.computed[run] + new
             if self.policy.grow_many(run, totals):
                 if steady:
@@ -231,11 +235,37 @@ class Scheduler:
             self.admit_waiting(budget, ids, news)
         return np.array(ids, dtype=np.int64), np.array(news, dtype=np.int64), num_running
 
+    def _aligned(self, rid: int, computed: int, new: int) -> int:
+        """vLLM's block-aligned prefill split (mamba_cache_mode align with prefix caching: a state is saved only
+        where a step ends): a chunk from `computed` that ends before the last block boundary of the request's
+        tokens is cut to whole blocks (0 under one block: not this step), the one that passes it ends on it, the
+        tail after it runs as is; decode steps are not split."""
+        tokens = int(self.prompt_tokens[rid] + self.generated[rid])
+        if computed >= max(int(self.prompt_tokens[rid]), tokens - 1):
+            return new
+        B = self.align_block
+        last, end = tokens - tokens % B, computed + new
+        if end < last:
+            return new // B * B
+        return last - computed if computed < last < end else new
+
+    def _aligned_news(self, run: np.ndarray, remaining: np.ndarray, budget: int) -> np.ndarray:
+        """The running requests' chunks under the token budget, in order, each split as `_aligned`."""
+        news = []
+        for rid, rest in zip(run.tolist(), remaining.tolist(), strict=True):
+            new = self._aligned(rid, int(self.computed[rid]), min(rest, budget))
+            news.append(new)
+            budget -= new
+        return np.array(news, dtype=np.int64)
+
     def _schedule_running_one_by_one(self, budget: int, ids: list[int], news: list[int]) -> tuple[int, bool]:
         preempted, i = False, 0
         while i < len(self.running) and budget > 0:
             rid = self.running[i]
             new = min(int(self.prompt_tokens[rid] + self.generated[rid] - self.computed[rid]), budget)
+            if self.align_block and not (new := self._aligned(rid, int(self.computed[rid]), new)):
+                i += 1
+                continue
             victim = None
             while not self.policy.grow(rid, int(self.computed[rid]) + new):
                 victim = self.running.pop()
@@ -259,7 +289,7 @@ class Scheduler:
             rid = self.waiting[0]
             start, new = self._admission_size(rid, budget)
             from_swap = bool(self.swapped[rid])
-            if not self.policy.admit(rid, start, start + new, from_swap=from_swap):
+            if not new or not self.policy.admit(rid, start, start + new, from_swap=from_swap):
                 break
             self.waiting.popleft()
             if from_swap:
@@ -282,14 +312,15 @@ class Scheduler:
         """(tokens already held at admission: swapped-in KV or prefix-cache hits, first chunk size)."""
         num_tokens = int(self.prompt_tokens[rid] + self.generated[rid])
         start = int(self.computed[rid]) if self.swapped[rid] else self.policy.hit_tokens(rid, num_tokens)
-        return start, min(num_tokens - start, budget)
+        new = min(num_tokens - start, budget)
+        return start, self._aligned(rid, start, new) if self.align_block else new
 
     def can_admit_head(self, budget: int) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_seqs or budget <= 0:
             return False
         rid = self.waiting[0]
         start, new = self._admission_size(rid, budget)
-        return self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
+        return new > 0 and self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
 
     # ---- after a step ------------------------------------------------------------------------------------
     def finish(self, sampled: np.ndarray, end_of_sequence: frozenset[int] = frozenset()) -> None:

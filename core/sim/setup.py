@@ -175,6 +175,13 @@ def build(o: SimOptions) -> Setup:
         sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
         notes.append(_mooncake_keys_note(plan.block_size, hybrid))
+        if hybrid and layout.state_groups and layout.mamba_cache_mode == "align" and (
+                o.max_batched_tokens < plan.block_size):
+            raise ParameterError(
+                f"mamba_cache_mode align splits prefill at block boundaries (a state is saved where a step ends), so "
+                f"the block of {plan.block_size:,} tokens must fit the step's max_batched_tokens "
+                f"{o.max_batched_tokens:,}: raise max_batched_tokens or use mamba_cache_mode none",
+                "mamba_cache_mode", "max_batched_tokens")
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
     return Setup(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
@@ -219,9 +226,8 @@ def _groups_note(layout: KVLayout) -> str:
     return (f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the state "
             f"from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
             + ("; align keeps two pages, the running state and the last one saved, and a prefix-cache hit restores "
-               "a state saved at exactly its block boundary: the pool saves one at the last boundary each step passes, "
-               "as vLLM's block-aligned prefill split does, but the step is not cut there, so such a prefill is one "
-               "step where vLLM takes two)"
+               "a state saved at exactly its block boundary: prefill chunks end on block boundaries, as vLLM's "
+               "block-aligned split, and the pool saves the state where each step ends)"
                if layout.mamba_cache_mode == "align" else ")"))
 
 

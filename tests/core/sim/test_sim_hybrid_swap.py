@@ -125,12 +125,15 @@ def two_requests(tmp_path: Path) -> Path:
     return path
 
 
-def hits_of(setup) -> dict[int, int]:
+def hits_of(setup, chunks: list | None = None) -> dict[int, int]:
+    """Each admitted request's prefix-cache hit; `chunks` gets request 0's tokens of every step it is in."""
     seen: dict[int, int] = {}
 
     class Hits(StepTimeExecutor):
         def execute(self, plan):
             seen.update(plan.prefix_hit_tokens)
+            if chunks is not None and 0 in (rows := plan.request_ids.tolist()):
+                chunks.append(int(plan.num_new_tokens[rows.index(0)]))
             return super().execute(plan)
 
     pol = make_policy("paged", setup.workload, setup.sim)
@@ -139,19 +142,23 @@ def hits_of(setup) -> dict[int, int]:
     return seen
 
 
-@pytest.mark.parametrize(("mode", "hit"), [
+@pytest.mark.parametrize(("mode", "hit", "steps"), [
     # Nemotron-H-56B's block is forced to 4,128 tokens (not a divisor of 512): block j is keyed by the id of its
-    # last token, ids[(4,128·(j + 1) − 1) // 512] = ids[8], ids[16]. Request 1 prefills 0 -> 8,192 (the chunk
-    # budget), saving the state at 4,128, then 8,192 -> 9,000, saving it at 8,256. Request 2 may hit
-    # (9,000 − 1) // 4,128 = 2 blocks: both full blocks are cached and the state at 8,256 was saved: 8,256.
-    ("align", 8_256),
-    ("none", 0),  # mode none saves no state: no hit
+    # last token, ids[(4,128·(j + 1) − 1) // 512] = ids[8], ids[16]. Under align request 1's prefill is split at
+    # block boundaries (budget 8,192): 0 -> 4,128 (8,192 ends before the last boundary 8,256: cut to one block),
+    # 4,128 -> 8,256 (passes it: ends on it), 8,256 -> 9,000, then 3 decode steps; the state is saved at 4,128 and
+    # 8,256. Request 2 may hit (9,000 − 1) // 4,128 = 2 blocks: both full blocks are cached and the state at 8,256
+    # was saved: 8,256. Mode none saves no state: no hit, and the prefill is 8,192 then 808.
+    ("align", 8_256, [4128, 4128, 744, 1, 1, 1]),
+    ("none", 0, [8192, 808, 1, 1, 1]),
 ])
-def test_nemotron_h_mooncake_hits_on_a_forced_block(tmp_path, mode, hit):
+def test_nemotron_h_mooncake_hits_on_a_forced_block(tmp_path, mode, hit, steps):
     setup = build(SimOptions(model="nemotron-h-56b", gpu="H200", trace=("mooncake", str(two_requests(tmp_path))),
                              mamba_cache_mode=mode, max_batched_tokens=8192, max_model_len=16384))
     assert setup.plan.block_size == 4128
-    assert hits_of(setup) == {0: 0, 1: hit}
+    chunks: list[int] = []
+    assert hits_of(setup, chunks) == {0: 0, 1: hit}
+    assert chunks == steps
     assert any("keyed by the id holding its last token" in n and "lower bound" in n for n in setup.notes)
     groups_note = next(n for n in setup.notes if n.startswith("KV cache groups"))
     assert ("not modelled" not in groups_note) and (("saved" in groups_note) == (mode == "align"))
@@ -177,3 +184,13 @@ def test_cli_runs_the_forced_block_and_says_the_lower_bound(run_cli, tmp_path):
     assert doc["kv_cache_groups"]["block_size"] == 4128 and doc["kv_cache_groups"]["prefix_hits_lower_bound"]
     plain = json.loads(run_cli(*args[:2], "llama-3-8b", *args[3:8], "--json").stdout)
     assert plain["kv_cache_groups"] is None
+
+
+def test_align_needs_a_block_per_step(tmp_path):
+    # the split at block boundaries needs one block (4,128 tokens) in a step's budget: 2,048 is refused by name
+    from kvcalc.core.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="mamba_cache_mode align splits prefill") as e:
+        build(SimOptions(model="nemotron-h-56b", gpu="H200", trace=("mooncake", str(two_requests(tmp_path))),
+                         mamba_cache_mode="align", max_batched_tokens=2048, max_model_len=16384))
+    assert e.value.params == ("mamba_cache_mode", "max_batched_tokens")
