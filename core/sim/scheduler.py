@@ -289,7 +289,7 @@ class Scheduler:
             rid = self.waiting[0]
             start, new = self._admission_size(rid, budget)
             from_swap = bool(self.swapped[rid])
-            if not new or not self.policy.admit(rid, start, start + new, from_swap=from_swap):
+            if (self.align_block and not new) or not self.policy.admit(rid, start, start + new, from_swap=from_swap):
                 break
             self.waiting.popleft()
             if from_swap:
@@ -320,7 +320,9 @@ class Scheduler:
             return False
         rid = self.waiting[0]
         start, new = self._admission_size(rid, budget)
-        return new > 0 and self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
+        if self.align_block and not new:  # under one block before a boundary: not this step (`_aligned`)
+            return False
+        return self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
 
     # ---- after a step ------------------------------------------------------------------------------------
     def finish(self, sampled: np.ndarray, end_of_sequence: frozenset[int] = frozenset()) -> None:
