@@ -7,13 +7,13 @@ References here are independent of that key: chains of the *tuple* of a block's 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lru_reference import lru_hit_blocks
 
 from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.traces import (
@@ -58,24 +58,6 @@ def tuple_chain_keys(trace: Trace, block_size: int) -> list[tuple[list[int], int
             keys.append(parent)
         out.append((keys, max(p - 1, 0) // block_size))
     return out
-
-
-def lru_hit_blocks(requests: list[tuple[list[int], int]], capacity: int | None) -> int:
-    """One LRU of `capacity` blocks: the longest cached prefix hits (at most the eligible blocks), then the
-    request's blocks become most recent, block 0 on top, and the oldest are evicted."""
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for keys, eligible in requests:
-        h = 0
-        while h < eligible and keys[h] in cache:
-            h += 1
-        hits += h
-        for k in reversed(keys):
-            cache[k] = None
-            cache.move_to_end(k)
-        while capacity is not None and len(cache) > capacity:
-            cache.popitem(last=False)
-    return hits
 
 
 # a: ids [1,2,3,4], b shares 3 of a's 4 ids ([1,2,3,5]), c extends a ([1,2,3,4,7,8], 2,600 tokens)

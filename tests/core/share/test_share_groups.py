@@ -9,39 +9,11 @@ prompt's page before the branch first writes it (K − 1 copies per state table;
 from __future__ import annotations
 
 import pytest
+from hand_specs import granite_h_small, jamba, qwen3_next
 
-from kvcalc.core.model.layers import LayerGroup
-from kvcalc.core.model.models import ModelSpec, get_preset
-from kvcalc.core.model.state import RecurrentState
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.share.forks import ScenarioSpec, run_scenario
 from kvcalc.core.share.memory import block_bytes, group_doc, model_groups, pool_bytes
-
-ATTN_8x128 = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 32}
-
-
-def jamba() -> ModelSpec:
-    return ModelSpec.from_groups("Jamba-1.5-Mini", (
-        LayerGroup("full", 4, **ATTN_8x128),
-        LayerGroup("none", 28, note="mamba1", state=RecurrentState("mamba1", "bf16", "bf16", d_inner=8192, d_conv=4,
-                                                                   d_state=16, dt_rank=256))),
-        num_attention_heads=32, hidden_size=4096, max_position_embeddings=262_144)
-
-
-def granite_h_small() -> ModelSpec:
-    return ModelSpec.from_groups("Granite-4.0-H-Small", (
-        LayerGroup("full", 4, **ATTN_8x128),
-        LayerGroup("none", 36, note="mamba2", state=RecurrentState("mamba2", "bf16", "bf16", d_inner=8192, d_conv=4,
-                                                                   d_state=128, heads=128, head_dim=64, n_groups=1))),
-        num_attention_heads=32, hidden_size=4096, max_position_embeddings=131_072)
-
-
-def qwen3_next() -> ModelSpec:
-    return ModelSpec.from_groups("Qwen3-Next-80B", (
-        LayerGroup("full", 12, kv_heads=2, k_head_dim=256, v_head_dim=256, q_heads=16),
-        LayerGroup("none", 36, note="gated_deltanet", state=RecurrentState(
-            "gated_deltanet", "bf16", "bf16", d_conv=4, heads=32, head_dim=128, k_heads=16, k_dim=128))),
-        num_attention_heads=16, hidden_size=2048, max_position_embeddings=262_144)
-
 
 # (model, block B, bytes of a block id, physical blocks per layer type in layout order, CoW copies)
 CASES = [

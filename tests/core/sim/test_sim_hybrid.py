@@ -14,11 +14,10 @@ A sequence of n = 32,769 tokens (32,768 written, the next being computed) holds,
 from __future__ import annotations
 
 import pytest
+from hand_specs import granite_h_small, jamba, qwen3_next
 
 from kvcalc.core.model.kv_groups import kv_layout, plan_blocks
-from kvcalc.core.model.layers import LayerGroup
-from kvcalc.core.model.models import ModelSpec, get_preset
-from kvcalc.core.model.state import RecurrentState
+from kvcalc.core.model.models import get_preset
 from kvcalc.core.pool.hybrid import HybridPool
 from kvcalc.core.pool.store import PoolExhaustedError
 from kvcalc.core.sim.options import SimOptions
@@ -28,34 +27,6 @@ from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 
 KV = 40 * 2**30  # 42,949,672,960 B
-ATTN_8x128 = {"kv_heads": 8, "k_head_dim": 128, "v_head_dim": 128, "q_heads": 32}
-
-
-def jamba() -> ModelSpec:
-    # AI21-Jamba-1.5-Mini: 4 attention layers (8 KV heads of 128), 28 Mamba-1 (d_inner 8192, d_conv 4, d_state 16)
-    return ModelSpec.from_groups("Jamba-1.5-Mini", (
-        LayerGroup("full", 4, **ATTN_8x128),
-        LayerGroup("none", 28, note="mamba1", state=RecurrentState("mamba1", "bf16", "bf16", d_inner=8192, d_conv=4,
-                                                                   d_state=16, dt_rank=256))),
-        num_attention_heads=32, hidden_size=4096, max_position_embeddings=262_144)
-
-
-def granite_h_small() -> ModelSpec:
-    # granite-4.0-h-small: 4 attention (8 KV heads of 128), 36 Mamba-2 (128 heads of 64, d_state 128)
-    return ModelSpec.from_groups("Granite-4.0-H-Small", (
-        LayerGroup("full", 4, **ATTN_8x128),
-        LayerGroup("none", 36, note="mamba2", state=RecurrentState("mamba2", "bf16", "bf16", d_inner=8192, d_conv=4,
-                                                                   d_state=128, heads=128, head_dim=64, n_groups=1))),
-        num_attention_heads=32, hidden_size=4096, max_position_embeddings=131_072)
-
-
-def qwen3_next() -> ModelSpec:
-    # Qwen3-Next-80B-A3B: 12 full attention (2 KV heads of 256), 36 Gated DeltaNet (32 value heads of 128)
-    return ModelSpec.from_groups("Qwen3-Next-80B", (
-        LayerGroup("full", 12, kv_heads=2, k_head_dim=256, v_head_dim=256, q_heads=16),
-        LayerGroup("none", 36, note="gated_deltanet", state=RecurrentState(
-            "gated_deltanet", "bf16", "bf16", d_conv=4, heads=32, head_dim=128, k_heads=16, k_dim=128))),
-        num_attention_heads=16, hidden_size=2048, max_position_embeddings=262_144)
 
 
 # (model, block ids in 40 GiB, blocks one 32,769-token sequence holds, concurrency = floor(ids / held))
