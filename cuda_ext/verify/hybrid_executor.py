@@ -8,12 +8,12 @@ state) only through its own block table.
                      of block j (mode all keeps every page: a saved state at every block boundary, which a
                      prefix-cache hit restores; copy-on-write gives a fork its own copy)
 
-`HybridStore` is one physical store: every array is indexed by the pool's block id (ids are unique across
-groups), so a copy-on-write copy or a swap moves a block whatever group it belongs to. Beside the arrays, a
-content check: each K/V slot and each state page carries the identity of the prefix it was computed from
-(shadow.prefix_ids); before every forward pass each request's context is read back through its tables — the
-window's slots, the state page it resumes from — and any slot that holds another prefix, or a NULL entry
-inside the window, is recorded in `content_errors`.
+`HybridStore` (hybrid_paged.py, with the policy and the pool groups) is one physical store: every array is indexed
+by the pool's block id (ids are unique across groups), so a copy-on-write copy or a swap moves a block whatever
+group it belongs to. Beside the arrays, a content check: each K/V slot and each state page carries the identity of
+the prefix it was computed from (shadow.prefix_ids); before every forward pass each request's context is read back
+through its tables — the window's slots, the state page it resumes from — and any slot that holds another prefix,
+or a NULL entry inside the window, is recorded in `content_errors`.
 
 A step (`execute(plan)`), in the plan's order: swap-outs (from the tables the policy kept when it released the
 request), swap-ins (into the new tables, every group), copy-on-write copies, then per request its new tokens
@@ -29,128 +29,21 @@ position of the pass and writes the one after the last accepted position into th
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from ...core.pool.block_pool import NULL_BLOCK, ReleaseReason
-from ...core.pool.groups import PoolGroup
-from ...core.sim.paged_groups import GroupedPagedPolicy
+from ...core.pool.block_pool import NULL_BLOCK
 from ...core.sim.plan import StepOutcome, StepPlan
 from .executor import STEP_S, RequestState
 from .hybrid_model import HybridWeights, hybrid_forward, masked_attention, recurrence
+from .hybrid_paged import GROUP_OF_KIND, STATE_MODE, HybridExactPolicy, HybridStore, hybrid_pool_groups
 from .layers import lm_logits
 from .sampling import SamplingParams, sample_token
 from .shadow import prefix_ids
 
-GROUP_OF_KIND = {"full": "full", "sliding": "sliding", "recurrent": "state"}
-STATE_MODE = "all"  # a saved state at every block boundary: the mode in which a hybrid's prefix cache can hit
-_UNWRITTEN = -1
-
-
-def hybrid_pool_groups(weights: HybridWeights) -> tuple[PoolGroup, ...]:
-    """One pool group per layer kind present, full first (the scheduler's plans carry group 0's table)."""
-    cfg = weights.config
-    groups = [PoolGroup("full", label="full")]
-    if cfg.layers_of("sliding"):
-        groups.append(PoolGroup("sliding", cfg.window, label=f"sliding {cfg.window}"))
-    if cfg.layers_of("recurrent"):
-        groups.append(PoolGroup("state", label="state"))
-    return tuple(groups)
-
-
-class HybridExactPolicy(GroupedPagedPolicy):
-    """GroupedPagedPolicy whose plans carry block tables (group 0's, the full group), and which keeps every
-    group's tables of a request it preempts, for the executor's swap-out. Counts `window_frees`: sliding
-    table entries freed as the window moved on."""
-
-    exact_block_tables = True
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        assert self.groups[0].kind == "full", "group 0 must be full attention"
-        self.preempted_tables: dict[int, list[np.ndarray]] = {}
-        self.window_frees = 0
-        for group, bp in zip(self.groups, self.pool.pools, strict=True):
-            if group.kind == "sliding":
-                self._count_frees(bp)
-
-    def _count_frees(self, bp) -> None:
-        skip = bp.skip_blocks
-
-        def counted(seq_id: Hashable, first_block: int) -> int:
-            freed = skip(seq_id, first_block)
-            self.window_frees += freed
-            return freed
-
-        bp.skip_blocks = counted
-
-    def block_table(self, rid: int) -> np.ndarray:
-        return self.pool.pools[0].block_table(rid)
-
-    # ---- speculative decoding (core/sim/spec_run.py's SpeculativeScheduler calls these) ----------------------
-    def reserve(self, rid: int, num_slots: int) -> bool:
-        """`num_slots` past the committed tokens in every group (the last token, K drafts, lookahead)."""
-        if not self.pool.can_reserve(rid, num_slots):
-            return False
-        self.copies += self.pool.reserve(rid, num_slots)
-        return True
-
-    def commit(self, rid: int, num_accepted: int) -> int:
-        """Keep the first `num_accepted` reserved slots in every group; the rest roll back."""
-        return self.pool.commit(rid, num_accepted)
-
-    def speculative_parts(self, tokens: np.ndarray, head_rid: int | None, steps) -> tuple[np.ndarray, int, int]:
-        """The pool's memory parts while reservations are open (verify reads no memory figures: 0 slots apart)."""
-        parts, table_bytes = self.parts(tokens, head_rid)
-        return parts, table_bytes, 0
-
-    def release(self, rid: int, reason: ReleaseReason | str) -> None:
-        if ReleaseReason(reason) == ReleaseReason.PREEMPTED:
-            self.preempted_tables[rid] = [t.copy() for t in self.pool.block_tables(rid)]
-        super().release(rid, reason)
-
-
-class HybridStore:
-    """K/V [num_blocks, B, Hkv, D] per attention layer, a state [num_blocks, S] per recurrent layer, and the
-    content tags (see the module docstring). Blocks start as finite garbage: a read nobody wrote shows."""
-
-    def __init__(self, weights: HybridWeights, num_blocks: int, block_size: int) -> None:
-        cfg, base = weights.config, weights.config.base
-        gen = torch.Generator().manual_seed(1234)
-        kw = {"dtype": weights.body.torch_dtype, "device": weights.device}
-
-        def garbage(*shape: int) -> torch.Tensor:
-            return (torch.randn(*shape, generator=gen) * 30).to(**kw)
-
-        kv = (num_blocks, block_size, base.num_kv_heads, base.head_dim)
-        self.k = {i: garbage(*kv) for i, kind in enumerate(cfg.kinds) if kind != "recurrent"}
-        self.v = {i: garbage(*kv) for i in self.k}
-        self.state = {i: garbage(num_blocks, cfg.state_size) for i in cfg.layers_of("recurrent")}
-        self.slot_tag = np.full((num_blocks, block_size), _UNWRITTEN, np.int64)  # prefix id of each K/V slot
-        self.state_tag = np.full(num_blocks, _UNWRITTEN, np.int64)  # prefix id a state page was computed from
-        self.state_pos = np.full(num_blocks, _UNWRITTEN, np.int64)  # the position of its last token
-
-    def _arrays(self) -> list:
-        return [*self.k.values(), *self.v.values(), *self.state.values(), self.slot_tag, self.state_tag,
-                self.state_pos]
-
-    def copy(self, src: int, dst: int) -> None:
-        for a in self._arrays():
-            a[dst] = a[src]
-
-    def save(self, block_ids: np.ndarray) -> list:
-        idx = torch.as_tensor(block_ids, dtype=torch.int64)
-        return [a[idx].clone() if isinstance(a, torch.Tensor) else a[block_ids].copy() for a in self._arrays()]
-
-    def load(self, block_ids: np.ndarray, saved: list, rows: np.ndarray) -> None:
-        idx, ridx = torch.as_tensor(block_ids, dtype=torch.int64), torch.as_tensor(rows, dtype=torch.int64)
-        for a, s in zip(self._arrays(), saved, strict=True):
-            if isinstance(a, torch.Tensor):
-                a[idx] = s[ridx]
-            else:
-                a[block_ids] = s[rows]
+__all__ = ["STATE_MODE", "HybridExactPolicy", "HybridExecutor", "HybridStore", "hybrid_pool_groups"]
 
 
 class HybridExecutor:
@@ -304,31 +197,10 @@ class HybridExecutor:
         assert tuple(known[c : c + n - drafts]) == tuple(new_tokens[: n - drafts]), f"request {rid}: plan tokens differ"
         ident = prefix_ids([*known[:c], *new_tokens])
         kept: dict[int, dict[int, torch.Tensor]] = {}
-        tables = self.pool.block_tables(rid)
-        device = self.weights.device
+        tables, device = self.pool.block_tables(rid), self.weights.device
         positions = torch.arange(c, c + n, device=device)
-        # the content check: the context this step reads, as the tables give it
-        for g, group in enumerate(self.policy.groups):
-            if group.kind == "state":
-                continue
-            lo = 0 if group.kind == "full" else max(0, c - cfg.window + 1)
-            self._check_slots(rid, g, tables[g], np.arange(lo, c), ident)
-        state_page = None
-        if self.state_group is not None and c:
-            page = (c - 1) // B
-            if self.fault is not None and restored:
-                page = self.fault.restored_page(page, restored, B)
-            state_page = int(tables[self.state_group][page])
-            if state_page == NULL_BLOCK or store.state_tag[state_page] != ident[c - 1]:
-                self.content_errors.append(
-                    f"request {rid}: resumes at position {c} from state page {state_page} (logical {page}), which "
-                    f"holds the state after position {store.state_pos[state_page] if state_page >= 0 else None} "
-                    f"of {'this' if state_page >= 0 and store.state_tag[state_page] in ident else 'another'} prefix")
-        write = [(p, int(tables[g][p // B]), p % B) for g in range(len(tables)) for p in range(c, c + n)
-                 if self.policy.groups[g].kind != "state"]
-        for p, b, _ in write:
-            if b == NULL_BLOCK:
-                self.content_errors.append(f"request {rid}: writes position {p} into a NULL table entry")
+        state_page = self._check_context(rid, c, tables, ident, restored)
+        write = self._write_slots(rid, c, n, tables)
         saved_pages: list[tuple[int, int]] = []
 
         def slots(g: int, ps: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,6 +246,39 @@ class HybridExecutor:
         if keep_states:
             return lm_logits(self.weights.body, hidden), kept
         return lm_logits(self.weights.body, hidden[-1:] if not drafts else hidden)
+
+    def _check_context(self, rid: int, c: int, tables: list[np.ndarray], ident: np.ndarray,
+                       restored: int) -> int | None:
+        """The content check of the context this step reads, as the tables give it: every group's slots before
+        position c, and the state page the request resumes from (returned; None when there is none)."""
+        B, store = self.B, self.store
+        for g, group in enumerate(self.policy.groups):
+            if group.kind == "state":
+                continue
+            lo = 0 if group.kind == "full" else max(0, c - self.weights.config.window + 1)
+            self._check_slots(rid, g, tables[g], np.arange(lo, c), ident)
+        if self.state_group is None or not c:
+            return None
+        page = (c - 1) // B
+        if self.fault is not None and restored:
+            page = self.fault.restored_page(page, restored, B)
+        state_page = int(tables[self.state_group][page])
+        if state_page == NULL_BLOCK or store.state_tag[state_page] != ident[c - 1]:
+            self.content_errors.append(
+                f"request {rid}: resumes at position {c} from state page {state_page} (logical {page}), which "
+                f"holds the state after position {store.state_pos[state_page] if state_page >= 0 else None} "
+                f"of {'this' if state_page >= 0 and store.state_tag[state_page] in ident else 'another'} prefix")
+        return state_page
+
+    def _write_slots(self, rid: int, c: int, n: int, tables: list[np.ndarray]) -> list[tuple[int, int, int]]:
+        """(position, block, offset) of every K/V slot positions c..c+n-1 write, a NULL entry recorded."""
+        B = self.B
+        write = [(p, int(tables[g][p // B]), p % B) for g in range(len(tables)) for p in range(c, c + n)
+                 if self.policy.groups[g].kind != "state"]
+        for p, b, _ in write:
+            if b == NULL_BLOCK:
+                self.content_errors.append(f"request {rid}: writes position {p} into a NULL table entry")
+        return write
 
     def _check_slots(self, rid: int, g: int, table: np.ndarray, ps: np.ndarray, ident: np.ndarray) -> None:
         if not len(ps):
