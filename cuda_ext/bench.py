@@ -6,32 +6,42 @@ Two back ends run the same harness:
   * "cpu": the pure-torch references of reference.py in float32 at small sizes ("reference
     implementation on CPU"), timed with the wall clock — a check that anyone can run, not a kernel figure.
 
-Bytes moved per decode step (what `bytes` counts): K and V of every live token, q, out, the live
-block-table entries and seq_lens. Achieved TB/s = bytes / paged time (1 TB = 1e12 bytes).
+Bytes moved per decode step: bench_inputs.py, with the inputs and the back-end interface; the correctness grid:
+bench_correctness.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ParameterError
 from ..core.units import format_int_short
+from .bench_correctness import (
+    GRID_BLOCK_SIZES,
+    GRID_DTYPES,
+    GRID_GROUPS,
+    GRID_HEAD_DIMS,
+    GRID_KV_HEADS,
+    TOLERANCE,
+    CorrectnessRow,
+    correctness_grid,
+    correctness_summary,
+)
+from .bench_inputs import Backend, DecodeInputs, bytes_moved, make_inputs, torch_dtype
+
+__all__ = ["CPU_LABEL", "CPU_SHAPES", "CPU_TIMING_THREADS", "CUDA_SHAPES", "GRID_KV_HEADS", "SWEEP_BLOCK_SIZES",
+           "SWEEP_SHAPE", "TOLERANCE", "Backend", "BenchConfig", "CorrectnessRow", "DecodeInputs", "TimingRow",
+           "bytes_moved", "correctness_grid", "correctness_summary", "make_inputs", "pinned_cpu_threads",
+           "run_bench", "torch_dtype", "total_steps"]
 
 CUDA_SHAPES = ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048), (256, 1024))
 CPU_SHAPES = ((1, 2048), (4, 512), (8, 256))
 SWEEP_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SWEEP_SHAPE = {"cuda": (64, 4096), "cpu": (4, 512)}
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}  # max |err| / max |reference|
-GRID_DTYPES = ("fp16", "bf16")
-GRID_HEAD_DIMS = (64, 128, 256)
-GRID_GROUPS = (1, 4, 16)
-GRID_BLOCK_SIZES = (1, 16, 256)
-GRID_KV_HEADS = 2
 CPU_LABEL = "reference implementation on CPU"
 MAX_RUNS = 100_000  # timed or warm-up runs of one shape: a median is stable long before; 1e18 would never end
 IDENTICAL_WHY = (
@@ -100,106 +110,6 @@ class BenchConfig:
         return self.num_q_heads // max(self.num_kv_heads, 1)
 
 
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
-@dataclass(frozen=True)
-class DecodeInputs:
-    """One decode step's inputs in both layouts (make_inputs), the same K/V in each.
-
-    q             [batch, num_q_heads, head_dim]
-    k_cache       [num_blocks, block_size, num_kv_heads, head_dim]  the paged layout; v_cache the same
-    block_tables  [batch, max_blocks] int32, physical block ids, unused entries -1
-    seq_lens      [batch] int32
-    k             [batch, max_len, num_kv_heads, head_dim]  the contiguous layout; v the same
-    out           [batch, num_q_heads, head_dim] or None: where a timed run writes (no checks, no allocation);
-                  None on untimed runs, which validate and allocate
-    """
-
-    q: Any
-    k_cache: Any
-    v_cache: Any
-    block_tables: Any
-    seq_lens: Any
-    k: Any
-    v: Any
-    out: Any | None = None
-
-
-def make_inputs(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: Any,
-                device: Any, gen: Any) -> DecodeInputs:
-    """Random q/K/V (standard normal) made on `device` with `gen` (a generator on that device), physical
-    blocks in a random order, unused table entries -1, and the same K/V in the contiguous layout with
-    max_len = the table capacity."""
-    import torch
-
-    from .reference import gather_paged_kv
-
-    batch = len(lens)
-    blocks = [math.ceil(n / block_size) for n in lens]
-    max_blocks = max([*blocks, 1])
-    num_blocks = sum(blocks) + 1
-    order = torch.randperm(num_blocks, generator=gen, device=gen.device).cpu()
-    tables = torch.full((batch, max_blocks), -1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(blocks):
-        tables[i, :n] = order[used:used + n].to(torch.int32)
-        used += n
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
-    v_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
-    q = torch.randn(batch, num_q_heads, head_dim, generator=gen, dtype=dtype, device=device)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    capacity = max_blocks * block_size
-    return DecodeInputs(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_tables=tables.to(device), seq_lens=seq_lens.to(device),
-        k=gather_paged_kv(k_cache, tables, seq_lens, capacity), v=gather_paged_kv(v_cache, tables, seq_lens, capacity),
-    )
-
-
-def bytes_moved(lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int | None,
-                elem_bytes: int = 2) -> int:
-    """Unique bytes one decode step must move; `block_size` None: the contiguous layout (no block tables)."""
-    kv = 2 * sum(lens) * num_kv_heads * head_dim * elem_bytes
-    q_and_out = 2 * len(lens) * num_q_heads * head_dim * elem_bytes
-    tables = 4 * sum(math.ceil(n / block_size) for n in lens) if block_size is not None else 0
-    return kv + q_and_out + tables + 4 * len(lens)  # + seq_lens
-
-
-class Backend:
-    """Runs paged/contiguous decode for one input set; subclasses decide how and time it."""
-
-    label: str
-
-    def paged(self, x: DecodeInputs, num_splits: int | None) -> Any:
-        raise NotImplementedError
-
-    def contiguous(self, x: DecodeInputs, num_splits: int | None) -> Any:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class CorrectnessRow:
-    """One case of the correctness grid; `to_dict()` is its record in the JSON's "correctness" list."""
-
-    dtype: str
-    head_dim: int
-    group_size: int
-    block_size: int
-    lengths: tuple[int, ...]
-    max_abs_err: float
-    rel_err: float  # max |err| / max |reference|
-    tolerance: float
-    paged_vs_contiguous_max_diff: float
-    passed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "lengths": list(self.lengths)}
-
-
 @dataclass(frozen=True)
 class TimingRow:
     """One timed shape; `to_dict()` is its record in the JSON's "timing" / "block_sweep" lists: these fields
@@ -222,60 +132,10 @@ class TimingRow:
         return {**fields, **dict(self.extras)}
 
 
-def correctness_grid(backend: Backend, device: Any, seed: int, tick: Callable[[str], None]) -> list[CorrectnessRow]:
-    """Every dtype x head dim x group x block size, with ragged lengths: 0, 1, mid-block, several blocks."""
-    import torch
-
-    from .reference import decode_attention_reference
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    rows = []
-    for dtype in GRID_DTYPES:
-        for head_dim in GRID_HEAD_DIMS:
-            for group in GRID_GROUPS:
-                for block_size in GRID_BLOCK_SIZES:
-                    tick(f"correctness {dtype} d={head_dim} group={group} block={block_size}")
-                    lens = [0, 1, 2 * block_size + 3 if block_size > 1 else 5, 300, 700]
-                    x = make_inputs(lens, GRID_KV_HEADS * group, GRID_KV_HEADS, head_dim, block_size,
-                                    torch_dtype(dtype), device, gen)
-                    paged = backend.paged(x, None)
-                    contiguous = backend.contiguous(x, None)
-                    ref = decode_attention_reference(x.q, x.k, x.v, x.seq_lens)
-                    err = float((paged.double() - ref).abs().max())
-                    rel = err / max(float(ref.abs().max()), 1e-30)
-                    diff = float((paged.double() - contiguous.double()).abs().max())
-                    zeros_ok = bool(torch.count_nonzero(paged[0]) == 0)
-                    rows.append(CorrectnessRow(
-                        dtype=dtype, head_dim=head_dim, group_size=group, block_size=block_size,
-                        lengths=tuple(lens), max_abs_err=err, rel_err=rel, tolerance=TOLERANCE[dtype],
-                        paged_vs_contiguous_max_diff=diff,
-                        passed=bool(rel < TOLERANCE[dtype] and zeros_ok and math.isfinite(err)),
-                    ))
-    return rows
-
-
-def correctness_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The grid's rows grouped by (dtype, head dim), in grid order: the worst errors and how many cases passed."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row["dtype"], row["head_dim"]), []).append(row)
-    return [
-        {"dtype": dtype, "head_dim": dim, "cases": len(cases), "max_rel_err": max(r["rel_err"] for r in cases),
-         "tolerance": cases[0]["tolerance"],
-         "max_paged_vs_contiguous_diff": max(r["paged_vs_contiguous_max_diff"] for r in cases),
-         "passed_cases": sum(r["passed"] for r in cases)}
-        for (dtype, dim), cases in groups.items()
-    ]
-
-
-def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., float], device: Any,
-              device_info: dict[str, Any], copy_tbps: float | None, tick: Callable[[str], None],
-              extra_timers: dict[str, Callable[[DecodeInputs], Callable[[], Any] | None]] | None = None
-              ) -> dict[str, Any]:
-    """Runs the suite and returns the JSON document of `kvcalc bench`."""
-    import torch
-
-    doc: dict[str, Any] = {
+def _document_head(config: BenchConfig, backend: Backend, device_info: dict[str, Any],
+                   copy_tbps: float | None) -> dict[str, Any]:
+    """The JSON document's first keys, its correctness and timing lists still empty."""
+    return {
         "device": device_info,
         "implementation": backend.label,
         "config": {
@@ -287,17 +147,49 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         "correctness": [],
         "timing": [],
     }
-    grid: list[CorrectnessRow] = []
-    if config.correctness:
-        grid = correctness_grid(backend, device, config.seed, tick)
-        doc["correctness"] = [row.to_dict() for row in grid]
-        max_diff = max(row.paged_vs_contiguous_max_diff for row in grid)
-        why = IDENTICAL_WHY if config.device == "cuda" else CPU_IDENTICAL_WHY
-        doc["paged_vs_contiguous"] = {
-            "bit_identical": max_diff == 0.0,
-            "max_diff": max_diff,
-            "explanation": why if max_diff == 0.0 else f"not bit-identical (max diff {max_diff:.3g}): a failure",
-        }
+
+
+def _correctness_part(doc: dict[str, Any], config: BenchConfig, backend: Backend, device: Any,
+                      tick: Callable[[str], None]) -> list[CorrectnessRow]:
+    """Runs the correctness grid (unless skipped) into `doc`: its rows and the paged-vs-contiguous verdict."""
+    if not config.correctness:
+        return []
+    grid = correctness_grid(backend, device, config.seed, tick)
+    doc["correctness"] = [row.to_dict() for row in grid]
+    max_diff = max(row.paged_vs_contiguous_max_diff for row in grid)
+    why = IDENTICAL_WHY if config.device == "cuda" else CPU_IDENTICAL_WHY
+    doc["paged_vs_contiguous"] = {
+        "bit_identical": max_diff == 0.0,
+        "max_diff": max_diff,
+        "explanation": why if max_diff == 0.0 else f"not bit-identical (max diff {max_diff:.3g}): a failure",
+    }
+    return grid
+
+
+def _time_extras(x: DecodeInputs, extra_timers: dict[str, Callable[[DecodeInputs], Callable[[], Any] | None]] | None,
+                 time_op: Callable[..., float]) -> list[tuple[str, Any]]:
+    """Each optional comparator's time (SDPA, FlexAttention), or None and its error: one must not sink the run."""
+    extras: list[tuple[str, Any]] = []
+    for name, make in (extra_timers or {}).items():
+        try:
+            op = make(x)
+            extras.append((name, time_op(op, None) if op is not None else None))
+        except Exception as exc:
+            extras.append((name, None))
+            extras.append((name.removesuffix("_us") + "_error",
+                           f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+    return extras
+
+
+def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., float], device: Any,
+              device_info: dict[str, Any], copy_tbps: float | None, tick: Callable[[str], None],
+              extra_timers: dict[str, Callable[[DecodeInputs], Callable[[], Any] | None]] | None = None
+              ) -> dict[str, Any]:
+    """Runs the suite and returns the JSON document of `kvcalc bench`."""
+    import torch
+
+    doc = _document_head(config, backend, device_info, copy_tbps)
+    grid = _correctness_part(doc, config, backend, device, tick)
     gen = torch.Generator(device=device).manual_seed(config.seed + 1)
 
     def measure(batch: int, context: int, block_size: int, with_extras: bool) -> TimingRow:
@@ -315,15 +207,7 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         outputs_match = outputs_match and bool(torch.equal(timed.out, expected))
         moved = bytes_moved(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size)
         tbps = moved / (paged_us * 1e-6) / 1e12
-        extras: list[tuple[str, Any]] = []
-        for name, make in (extra_timers or {}).items() if with_extras else ():
-            try:  # an optional comparator (SDPA, FlexAttention) must not sink the run: record why it failed
-                op = make(x)
-                extras.append((name, time_op(op, None) if op is not None else None))
-            except Exception as exc:
-                extras.append((name, None))
-                extras.append((name.removesuffix("_us") + "_error",
-                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"))
+        extras = _time_extras(x, extra_timers if with_extras else None, time_op)
         return TimingRow(
             batch=batch, context=context, block_size=block_size, paged_us=paged_us, contiguous_us=contiguous_us,
             paged_over_contiguous=paged_us / contiguous_us, bytes=moved, achieved_tbps=tbps,
