@@ -1,97 +1,103 @@
 """`kvcalc sim`: continuous batching over the KV block pool under an arrival process.
 
-The options are those of `core.sim.options.SimOptions`, one flag per field, built here into the command's
-signature (typer reads it like a written one); only the output options are the command's own.
+The options are those of `core.sim.options.SimOptions`, one flag per field, declared as `Annotated` aliases in
+cli/options.py (`kvcalc plan` reuses those it shares); only the output options are the command's own.
 """
 
 from __future__ import annotations
 
 import csv
-import inspect
-import typing
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..core.sim.options import SimOptions
-from .options import (
-    ConfigOpt,
-    FormatOpt,
-    HeadDimOpt,
-    JsonOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    check_output_path,
-    int_option,
-    number,
-    seed_option,
-)
+from ..core.blocks import DEFAULT_BLOCK_SIZE
+from ..core.dtypes import DEFAULT_DTYPE
+from ..core.model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from . import options as opt
+from .options import check_output_path, sim_options
 from .output import Format, emit, err_console, resolve_format
 
 PROGRESS_FROM = 5_000  # arrivals over all policies: about 2 s of simulation on a 2-core machine
 
-_SHARED = {"model": ModelOpt, "config": ConfigOpt, "layers": LayersOpt, "kv_heads": KvHeadsOpt,
-           "head_dim": HeadDimOpt}
-_OUTPUT = [
-    ("timeline", Annotated[Path | None, typer.Option("--timeline", help="Write the memory/queue timeline as CSV.")],
-     None),
-    ("plot", Annotated[Path | None, typer.Option("--plot", help="Memory over time and latency CDFs (.png/.svg).")],
-     None),
-    ("json_flag", JsonOpt, False),
-    ("fmt", FormatOpt, Format.table),
-]
+TimelineOpt = Annotated[Path | None, typer.Option("--timeline", help="Write the memory/queue timeline as CSV.")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Memory over time and latency CDFs (.png/.svg).")]
 
 
-def _parameter_name(name: str, negate: bool) -> str:
-    return f"no_{name}" if negate else name
-
-
-def _parameters() -> list[inspect.Parameter]:
-    """One typer option per SimOptions field (its default, help and flag), then the output options."""
-    hints = typing.get_type_hints(SimOptions)
-    params = []
-    for f in fields(SimOptions):
-        meta, negate = f.metadata, f.metadata.get("negate", False)
-        if f.name in _SHARED:
-            annotation = _SHARED[f.name]
-        else:
-            decls = (meta.get("flag", "--" + f.name.replace("_", "-")), *([meta["short"]] if "short" in meta else []))
-            kind = bool if negate else hints[f.name]
-            if f.name == "seed":
-                option = seed_option(meta["help"])
-            elif int in typing.get_args(kind) or kind is int:
-                option = int_option(*decls, help=meta["help"])
-            elif float in typing.get_args(kind) or kind is float:  # one `error:` line naming the flag, with a fix
-                example = meta.get("example", f"{f.default:g}" if f.default is not None else "1")
-                option = typer.Option(*decls, parser=number(decls[0], example), help=meta["help"],
-                                      metavar=meta.get("metavar", "<float>"))
-            else:
-                option = typer.Option(*decls, help=meta["help"], metavar=meta.get("metavar"))
-            annotation = Annotated[kind, option]
-        params.append(inspect.Parameter(_parameter_name(f.name, negate), inspect.Parameter.KEYWORD_ONLY,
-                                        default=not f.default if negate else f.default, annotation=annotation))
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-               for name, annotation, default in _OUTPUT]
-    return params
-
-
-def command(**values: Any) -> None:
+def command(
+    trace: opt.TraceOpt = None,
+    time_scale: opt.TimeScaleOpt = 1.0,
+    limit: opt.LimitOpt = None,
+    rate: opt.RateOpt = None,
+    arrival: opt.ArrivalOpt = None,
+    burstiness: opt.BurstinessOpt = None,
+    requests: opt.RequestsOpt = None,
+    prompt_dist: opt.PromptDistOpt = None,
+    output_dist: opt.OutputDistOpt = None,
+    model: opt.ModelOpt = None,
+    config: opt.ConfigOpt = None,
+    layers: opt.LayersOpt = None,
+    kv_heads: opt.KvHeadsOpt = None,
+    head_dim: opt.HeadDimOpt = None,
+    dtype: opt.KvDtypeOpt = DEFAULT_DTYPE,
+    weight_dtype: opt.WeightDtypeOpt = None,
+    weights_bytes: opt.WeightsBytesOpt = None,
+    gpu: opt.GpuOpt = None,
+    gpu_memory: opt.GpuMemoryOpt = None,
+    bandwidth: opt.BandwidthOpt = None,
+    flops: opt.FlopsOpt = None,
+    tp: opt.TpOpt = 1,
+    memory_utilization: opt.MemoryUtilizationOpt = None,
+    vllm_version: opt.VllmVersionOpt = None,
+    quantization: opt.QuantizationOpt = None,
+    workspace_bytes: opt.WorkspaceBytesOpt = None,
+    block_size: opt.SimBlockOpt = DEFAULT_BLOCK_SIZE,
+    layout: opt.LayoutOpt = None,
+    mamba_cache_mode: opt.MambaCacheModeOpt = None,
+    policy: opt.PolicyOpt = None,
+    compare: opt.CompareOpt = None,
+    max_batched_tokens: opt.MaxBatchedTokensOpt = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_seqs: opt.MaxSeqsOpt = None,
+    max_model_len: opt.MaxModelLenOpt = None,
+    preempt: opt.PreemptOpt = "recompute",
+    swap_bandwidth: opt.SwapBandwidthOpt = None,
+    cancel_fraction: opt.CancelFractionOpt = 0.0,
+    timeout_s: opt.TimeoutOpt = None,
+    seed: opt.SimSeedOpt = None,
+    compute_eff: opt.ComputeEffOpt = 0.6,
+    weight_eff: opt.WeightEffOpt = 0.8,
+    attn_eff: opt.AttnEffOpt = 0.8,
+    step_overhead_ms: opt.StepOverheadMsOpt = 0.5,
+    calibrate: opt.CalibrateOpt = None,
+    slo: opt.SloOpt = None,
+    find_max_rate: opt.MaxRateOpt = False,
+    target_attainment: opt.AttainmentOpt = None,
+    no_prefix_caching: opt.NoPrefixCachingOpt = False,
+    no_fast_forward: opt.NoFastForwardOpt = False,
+    host_cache: opt.HostCacheOpt = None,
+    disk_cache: opt.DiskCacheOpt = None,
+    host_bw: opt.HostBwOpt = None,
+    disk_bw: opt.DiskBwOpt = None,
+    spec_tokens: opt.SimSpecTokensOpt = None,
+    spec_acceptance: opt.SpecAcceptanceOpt = None,
+    spec_method: opt.SimSpecMethodOpt = None,
+    draft_cost: opt.DraftCostOpt = None,
+    rollback_policy: opt.RollbackPolicyOpt = None,
+    timeline: TimelineOpt = None,
+    plot: PlotOpt = None,
+    json_flag: opt.JsonOpt = False,
+    fmt: opt.FormatOpt = Format.table,
+) -> None:
     """Simulate serving: continuous batching over the KV pool; TTFT, TPOT, E2E, goodput, memory, max rate.
 
     Latencies come from a roofline step-time model, not a measurement.
     Default: OPT-13B on one A100-40GB, 1,000 ShareGPT-like constructed requests at 1 request/s.
     """
+    options = sim_options(locals())
     from ..core.sim.setup import build
-    from ..core.sim.simulate import Simulation, available_cpus, run_policies, search_max_rates, work_units
-    from .progress import progress_bar
     from .sim_report import build_report
 
-    timeline, plot, json_flag, fmt = (values.pop(name) for name, _, _ in _OUTPUT)
-    options = SimOptions(**{
-        f.name: not values[f"no_{f.name}"] if f.metadata.get("negate") else values[f.name] for f in fields(SimOptions)})
     if plot is not None:
         from .chart import check_plot_target
 
@@ -99,12 +105,34 @@ def command(**values: Any) -> None:
     if timeline is not None:
         check_output_path("--timeline", timeline)
     setup = build(options)
+    result, plain, tier_comparison = _simulate(setup, record_timeline=timeline is not None or plot is not None)
+    if timeline is not None:
+        _write_timeline(timeline, result.records)
+        err_console.print(f"wrote {timeline}", highlight=False)
+    if plot is not None:
+        from .sim_plot import write_sim_plot
+
+        write_sim_plot(plot, result.records, f"{setup.workload.kind} workload: {setup.workload.description}")
+        err_console.print(f"wrote {plot}", highlight=False)
+    report = build_report(result, plain)
+    if tier_comparison is not None:
+        from .sim_tiers_report import add_tier_comparison
+
+        add_tier_comparison(report, tier_comparison)
+    emit(report, resolve_format(json_flag, fmt))
+
+
+def _simulate(setup: Any, record_timeline: bool) -> tuple[Any, Any, Any]:
+    """Every policy's runs, max-rate searches, tier comparison and runs without speculation, as the setup asks:
+    (the Simulation, the summaries without speculation or None, the tier comparison or None)."""
+    from ..core.sim.simulate import Simulation, available_cpus, run_policies, search_max_rates, work_units
+    from .progress import progress_bar
+
     workers = available_cpus()
     units = work_units(setup)
     with progress_bar(f"simulating {', '.join(setup.policies)} (arrivals)", total=units,
                       enabled=units >= PROGRESS_FROM) as advance:
-        records = run_policies(setup, record_timeline=timeline is not None or plot is not None, progress=advance,
-                               workers=workers)
+        records = run_policies(setup, record_timeline=record_timeline, progress=advance, workers=workers)
     searches = {}
     if setup.find_max_rate:
         for name in setup.policies:
@@ -127,23 +155,7 @@ def command(**values: Any) -> None:
                           enabled=units >= PROGRESS_FROM) as advance:
             plain_records = run_policies(plain_setup, progress=advance, workers=workers)
         plain = Simulation.from_runs(plain_setup, plain_records, {}).summaries
-    if timeline is not None:
-        _write_timeline(timeline, result.records)
-        err_console.print(f"wrote {timeline}", highlight=False)
-    if plot is not None:
-        from .sim_plot import write_sim_plot
-
-        write_sim_plot(plot, result.records, f"{setup.workload.kind} workload: {setup.workload.description}")
-        err_console.print(f"wrote {plot}", highlight=False)
-    report = build_report(result, plain)
-    if tier_comparison is not None:
-        from .sim_tiers_report import add_tier_comparison
-
-        add_tier_comparison(report, tier_comparison)
-    emit(report, resolve_format(json_flag, fmt))
-
-
-command.__signature__ = inspect.Signature(_parameters())  # type: ignore[attr-defined]
+    return result, plain, tier_comparison
 
 
 def _write_timeline(path: Path, records: dict) -> None:

@@ -259,3 +259,66 @@ def test_mooncake_trace_with_ids_on_some_lines_only_and_an_empty_path(run_cli, t
     one = run_cli("sim", "--trace", "mooncake", str(path))
     assert one.exit_code == 0, one.stderr
     assert "(1 request)" in one.stdout and "(1 requests)" not in one.stdout
+
+
+# ---- the declared options: every SimOptions field has exactly one flag, and plan reuses sim's -------------------
+OUTPUT_PARAMETERS = {"timeline", "plot", "json_flag", "fmt"}
+
+
+def _click_options(name: str) -> dict:
+    from kvcalc.cli.app import _load_command
+
+    command = _load_command(name, name)
+    return {p.name: p for p in command.params if p.name != "help"}
+
+
+def test_every_sim_options_field_has_exactly_one_flag_and_every_flag_a_field():
+    from dataclasses import MISSING, fields
+
+    from kvcalc.core.sim.options import SimOptions
+
+    options = _click_options("sim")
+    expected = {}
+    for f in fields(SimOptions):
+        negate = f.metadata.get("negate", False)
+        expected[f"no_{f.name}" if negate else f.name] = (
+            f.metadata.get("flag", "--" + f.name.replace("_", "-")), f.metadata.get("short"),
+            (not f.default) if negate else f.default)
+        assert f.default is not MISSING, f.name
+    assert set(options) - OUTPUT_PARAMETERS == set(expected)  # each field once, no flag without a field
+    for name, (flag, short, default) in expected.items():
+        # the flag core's metadata names (core/plan/space.py writes sim command lines from it), and core's default
+        assert options[name].opts[0] == flag and (short is None or short in options[name].opts), name
+        assert options[name].default == default, name
+    every_flag = [o for p in options.values() for o in (*p.opts, *p.secondary_opts)]
+    assert len(every_flag) == len(set(every_flag))
+
+
+def test_plan_declares_the_sim_options_it_shares_with_sims_own_aliases():
+    import typing
+
+    from kvcalc.cli import plan, sim
+    from kvcalc.core.sim.options import SimOptions
+
+    sim_hints = typing.get_type_hints(sim.command, include_extras=True)
+    plan_hints = typing.get_type_hints(plan.command, include_extras=True)
+    shared = {name for name in plan_hints if name in SimOptions.__dataclass_fields__}
+    assert {"rate", "trace", "slo", "target_attainment", "model", "seed"} <= shared
+    for name in shared - {"gpu", "tp", "max_batched_tokens"}:  # plan's --gpu/--tp/... take lists: its own options
+        assert plan_hints[name] is sim_hints[name], name
+    sim_options, plan_options = _click_options("sim"), _click_options("plan")
+    for name in ("gpu", "tp", "max_batched_tokens"):  # the same flag, another meaning (a list to search)
+        assert plan_options[name].opts == sim_options[name].opts
+
+
+def test_sim_options_of_the_defaults_are_the_dataclass_defaults():
+    import inspect
+
+    from kvcalc.cli import sim
+    from kvcalc.cli.options import sim_options
+    from kvcalc.core.sim.options import SimOptions
+
+    defaults = {name: p.default for name, p in inspect.signature(sim.command).parameters.items()}
+    assert sim_options(defaults) == SimOptions()
+    assert sim_options({**defaults, "no_prefix_caching": True, "rate": "4"}) == SimOptions(prefix_caching=False,
+                                                                                          rate="4")
