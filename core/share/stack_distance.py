@@ -165,6 +165,9 @@ def stack_distances(
     trace: Trace, block_size: int, *, progress: Callable[[int], None] | None = None
 ) -> StackDistances:
     """The stack depths of `trace` at `block_size` (module docstring); `progress(n)` as requests are done."""
+    # Over 60 lines on purpose (issue 23): one pass over every request and its hash-id chunks, all steps sharing
+    # the holder maps, `dead` and the Fenwick tree. Measured on the Mooncake conversation trace at block 16
+    # (12,031 requests, 288,190 chunks, 0.39 s CPU): the per-chunk step as a function call costs +5 %.
     check_requests(trace, block_size, None)
     trace = coarse_trace(in_arrival_order(trace), block_size)  # B = 512·m: one id per block
     n = len(trace)
