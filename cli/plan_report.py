@@ -107,7 +107,7 @@ def model_name(result: PlanResult) -> str:
 
 
 def build_report(result: PlanResult) -> Report:
-    slo, space = result.slo, result.request.space
+    slo = result.slo
     model = model_name(result)
     records = _table_records(result)
     fields = _fields(result)
@@ -125,6 +125,20 @@ def build_report(result: PlanResult) -> Report:
         "sim_command": None if result.chosen is None else sim_command(result, result.chosen),
         "cached_points": result.cached,
     }
+    front_records = [r for r in records if r["on_cost_front"]]
+    front_fields = [f for f in fields if f.key not in ("verdict_text", "verdict", "reason", "front_text",
+                                                         "preemptions", "rejected")]
+    tables = [
+        record_table(f"Pareto front: cost per hour against {_metric_label(result.metric)} (serving points)",
+                     front_fields, front_records),
+        record_table("Every point", fields, records),
+    ]
+    return Report(doc=doc, tables=tables, notes=_notes(result), text=_text(result, model, doc["sim_command"]))
+
+
+def _text(result: PlanResult, model: str, command: str | None) -> list[str]:
+    """The lines above the tables: the model, the workload and SLO, the verdicts, the chosen point."""
+    slo, space = result.slo, result.request.space
     counts: dict[str, int] = {}
     for record in result.points:
         counts[record["verdict"]] = counts.get(record["verdict"], 0) + 1
@@ -149,16 +163,12 @@ def build_report(result: PlanResult) -> Report:
             f"({chosen['gpus']} GPU{'s' if chosen['gpus'] > 1 else ''}), {_metric_label(result.metric)} "
             f"{_ms(chosen[result.metric])} ms, max "
             f"{_max_rate(chosen)} req/s per replica (headroom {_headroom(chosen)})",
-            f"reproduce it: {doc['sim_command']}",
+            f"reproduce it: {command}",
         ]
-    front_records = [r for r in records if r["on_cost_front"]]
-    front_fields = [f for f in fields if f.key not in ("verdict_text", "verdict", "reason", "front_text",
-                                                         "preemptions", "rejected")]
-    tables = [
-        record_table(f"Pareto front: cost per hour against {_metric_label(result.metric)} (serving points)",
-                     front_fields, front_records),
-        record_table("Every point", fields, records),
-    ]
+    return text
+
+
+def _notes(result: PlanResult) -> list[str]:
     notes = [
         "each point is one `kvcalc sim --max-rate` run of one replica at 1/replicas of the workload's rate "
         "(an even split; the load balancer is not modelled); latencies come from sim's step-time model",
@@ -171,7 +181,7 @@ def build_report(result: PlanResult) -> Report:
         notes.append("the pool's block differs from the point's --block (a hybrid model's KV cache layout sets its "
                      "page size): " + ", ".join(f"{a} → {b:,} tokens" for a, b in raised)
                      + "; the JSON's memory.block_size is the one simulated")
-    return Report(doc=doc, tables=tables, notes=notes, text=text)
+    return notes
 
 
 def write_plan_plot(path: Path, result: PlanResult) -> None:

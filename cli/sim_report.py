@@ -186,21 +186,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         "gpu": plan.gpu.name,
         "tp": plan.tp,
         "kv_dtype": setup.kv_dtype,
-        "memory_plan": {
-            "vllm_version": plan.vllm_version,
-            "memory_utilization": plan.memory_utilization,
-            "requested_bytes": plan.budget_bytes,
-            "weights_bytes": plan.weights_bytes,
-            "workspace_bytes": plan.workspace_bytes,
-            "non_torch_bytes": plan.non_torch_bytes,
-            "cuda_graph_bytes": plan.cuda_graph_bytes,
-            "max_num_seqs": plan.max_num_seqs,
-            "kv_pool_bytes": plan.pool_bytes,
-            "num_blocks": plan.num_blocks,
-            "block_size": plan.block_size,
-            "capacity_tokens": plan.capacity_tokens,
-            "kv_bytes_per_token": plan.kv_bytes_per_token,
-        },
+        "memory_plan": _memory_plan_doc(plan),
         "sliding_window": None if not setup.spec.num_sliding_layers else {
             "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
             "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": setup.sim.groups is not None,
@@ -218,17 +204,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         doc["speculative"] = _speculative_doc(result, summaries, plain_docs)
     if searches:
         doc["max_rate_rps"] = {name: s.max_rate_rps for name, s in searches.items()}
-        doc["max_rate_search"] = {
-            name: {
-                "attainment_target": target,
-                "bracket_rps": list(s.bracket_rps),
-                "evaluations": [list(e) for e in s.evaluations],  # (rate, attainment) — a bound where decided early
-                "decided_early": list(s.decided_early),  # rates whose run stopped once its verdict was certain
-                "resolution": s.resolution,  # the bracket's relative width at the end
-                "unattainable": s.unattainable,
-            }
-            for name, s in searches.items()
-        }
+        doc["max_rate_search"] = _search_doc(searches, target)
     records = [_policy_record(p, summaries[p]) for p in policies]
     window = doc["sliding_window"]
     context = {"kv_dtype": setup.kv_dtype, "latency_source": "step_time_model", "workload_kind": setup.workload.kind,
@@ -248,6 +224,44 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
+    return Report(doc=doc, tables=tables, notes=_notes(setup, searches), text=_text(setup))
+
+
+def _memory_plan_doc(plan) -> dict:
+    return {
+        "vllm_version": plan.vllm_version,
+        "memory_utilization": plan.memory_utilization,
+        "requested_bytes": plan.budget_bytes,
+        "weights_bytes": plan.weights_bytes,
+        "workspace_bytes": plan.workspace_bytes,
+        "non_torch_bytes": plan.non_torch_bytes,
+        "cuda_graph_bytes": plan.cuda_graph_bytes,
+        "max_num_seqs": plan.max_num_seqs,
+        "kv_pool_bytes": plan.pool_bytes,
+        "num_blocks": plan.num_blocks,
+        "block_size": plan.block_size,
+        "capacity_tokens": plan.capacity_tokens,
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+    }
+
+
+def _search_doc(searches: dict, target: float) -> dict:
+    return {
+        name: {
+            "attainment_target": target,
+            "bracket_rps": list(s.bracket_rps),
+            "evaluations": [list(e) for e in s.evaluations],  # (rate, attainment) — a bound where decided early
+            "decided_early": list(s.decided_early),  # rates whose run stopped once its verdict was certain
+            "resolution": s.resolution,  # the bracket's relative width at the end
+            "unattainable": s.unattainable,
+        }
+        for name, s in searches.items()
+    }
+
+
+def _text(setup) -> list[str]:
+    """The workload and memory-plan lines above the tables."""
+    plan = setup.plan
     text = [
         f"workload ({setup.workload.kind}): {setup.workload.description}",
         f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}, vLLM {plan.vllm_version} memory plan at "
@@ -264,6 +278,10 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
                     f"{format_bytes(plan.block_bytes)}): " + "; ".join(
                         f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block} "
                         f"({g.layers} {g.source} layers)" for g in plan.layout.groups))
+    return text
+
+
+def _notes(setup, searches: dict) -> list[str]:
     notes = [
         f"latencies come from the step-time model, not a measurement: {setup.latency_source}",
         f"workload is {setup.workload.kind}: {setup.workload.description}",
@@ -272,4 +290,4 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         *(f"max rate of {name}: the target is out of reach at any rate: {s.unattainable}"
           for name, s in searches.items() if s.unattainable),
     ]
-    return Report(doc=doc, tables=tables, notes=notes, text=text)
+    return notes
