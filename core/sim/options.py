@@ -1,5 +1,6 @@
 """The options of `kvcalc sim`, declared once: each field of `SimOptions` carries its default and its help;
-the command line builds its flags from them (cli/sim.py), and scripts and tests construct them directly.
+cli/options.py declares one flag per field (an `Annotated` alias reading the help here; a test checks that every
+field has exactly one, with this flag and default), and scripts and tests construct them directly.
 
 A field's flag is `--` + its name with dashes, unless its metadata names another (`flag`); `negate` marks a
 flag that turns a default-True field off (`--no-prefix-caching`). `None` means "not given" where an option
