@@ -23,11 +23,16 @@ without it (`fast_forward=False`) every step goes through a plan; tests compare 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 
 from .engine import Engine
 from .fastforward_groups import grouped_run_through_finishes
+from .record import RunTotals
+from .scheduler import Scheduler
+from .step_sums import in_order as _in_order
+from .step_sums import piece_bounds
 from .steptime import StepTimeModel, swap_bytes
 
 
@@ -89,13 +94,7 @@ class FastForward:
         totals.busy_s += d
         totals.steps += 1
         totals.add_itl(s.now_s - s.last_token_s[run], 1)
-        first_token_s = s.first_token_s
-        later = [rid for rid in sampled_admitted if first_token_s[rid] == first_token_s[rid]]  # not NaN
-        if later:
-            totals.add_itl(s.now_s - s.last_token_s[later], 1)
-        for rid in sampled_admitted:
-            if first_token_s[rid] != first_token_s[rid]:  # NaN: no token yet
-                first_token_s[rid] = s.now_s
+        _admitted_tokens(s, totals, sampled_admitted)
         s.last_token_s[run] = s.now_s
         s.generated[run] += 1
         sampled = run
@@ -262,6 +261,26 @@ class FastForward:
         s.steady = True
         return True
 
+    def _shrinking_run(self, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[Any, ...]:
+        """A k-step run in which requests leave as they finish: (the requests by tokens to go, stable; their
+        tokens to go in that order; alive and context sum per step; step times; step ends from now)."""
+        order = np.argsort(remaining, kind="stable")
+        by_remaining = remaining[order]
+        context_done = np.zeros(len(tokens0) + 1, np.int64)
+        np.cumsum(tokens0[order] + 1, out=context_done[1:])
+        steps = self._steps_upto(k)[:k]
+        gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
+        alive = len(tokens0) - gone
+        context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
+        alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
+        excess = self._excess(tokens0, k, remaining)
+        d = self.steptime.step_s(alive_f, context_f, context_f + alive_f, 0.0, excess, excess)  # ints < 2^53: exact
+        ends = np.empty(k + 1)
+        ends[0] = self.scheduler.now_s
+        ends[1:] = d
+        np.cumsum(ends, out=ends)
+        return order, by_remaining, alive, context, d, ends
+
     def _segment_through_finishes(self) -> bool:
         """Decode steps with nobody waiting: requests leave as they finish and the batch shrinks, so the
         run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
@@ -277,21 +296,7 @@ class FastForward:
         if until < np.inf:  # no decode step is shorter than the weights' read + overhead
             floor_s = st.step_s(1.0, 0.0, 0.0)
             k = min(k, int((until - s.now_s) / floor_s) + 2)
-        order = np.argsort(remaining, kind="stable")
-        by_remaining = remaining[order]
-        context_done = np.zeros(len(run) + 1, np.int64)
-        np.cumsum(tokens0[order] + 1, out=context_done[1:])
-        steps = self._steps_upto(k)[:k]
-        gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
-        alive = len(run) - gone
-        context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
-        alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
-        excess = self._excess(tokens0, k, remaining)
-        d = st.step_s(alive_f, context_f, context_f + alive_f, 0.0, excess, excess)  # ints < 2^53: exact
-        ends = np.empty(k + 1)
-        ends[0] = s.now_s
-        ends[1:] = d
-        np.cumsum(ends, out=ends)
+        order, by_remaining, alive, context, d, ends = self._shrinking_run(tokens0, remaining, k)
         if until < np.inf:
             k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
         k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], context[:k])
@@ -329,18 +334,13 @@ class FastForward:
         return True
 
 
-def piece_bounds(ends: np.ndarray, k: int, arrival_s: np.ndarray, next_arrival: int) -> list[int]:
-    """0 = b_0 < b_1 < … < k: the steps of a k-step run (step j starts at ends[j]) at which arrivals join —
-    the first step starting at or after each arrival (an arrival at ends[j] joins before step j)."""
-    last = int(np.searchsorted(arrival_s, ends[k - 1], side="right"))
-    joins = np.searchsorted(ends[:k], arrival_s[next_arrival:last], side="left")
-    return [0, *np.unique(joins).tolist(), k]
-
-
-def _in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:
-    """start + terms[0] + terms[1] + … added one at a time in that order (cumsum accumulates sequentially,
-    unlike sum's pairwise tree), as `+=` once per step adds them."""
-    out = np.empty((len(terms) + 1, *np.shape(start)))
-    out[0] = start
-    out[1:] = terms
-    return out.cumsum(axis=0)[-1]
+def _admitted_tokens(s: Scheduler, totals: RunTotals, sampled_admitted: list[int]) -> None:
+    """The first token of each admitted request that completed its prompt this step, or the gap since its
+    last token (one that was preempted and recomputed)."""
+    first_token_s = s.first_token_s
+    later = [rid for rid in sampled_admitted if first_token_s[rid] == first_token_s[rid]]  # not NaN
+    if later:
+        totals.add_itl(s.now_s - s.last_token_s[later], 1)
+    for rid in sampled_admitted:
+        if first_token_s[rid] != first_token_s[rid]:  # NaN: no token yet
+            first_token_s[rid] = s.now_s
