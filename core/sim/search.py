@@ -103,27 +103,8 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
     if len(workload) < 2:
         raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
                              "find_max_rate")
-    evaluations: list[tuple[float, float]] = []
-    decided_early: list[float] = []
-    seen: dict[float, bool] = {}  # rate -> passes: no rate is run twice
-
-    def passes(rate: float, record: RunRecord | None = None) -> bool:
-        if rate in seen:
-            return seen[rate]
-        if record is None:
-            verdict = Verdict(slo, target)
-            record = run_until(workload.at_rate(rate), policy, setup, verdict)
-        if record is None:  # stopped once certain: the bound that decided it
-            share, seen[rate] = verdict.bound, verdict.passes
-            decided_early.append(rate)
-        else:
-            share = attainment(record, slo)
-            seen[rate] = share >= target
-        evaluations.append((rate, share))
-        if on_evaluation is not None:
-            on_evaluation(rate, share)
-        return seen[rate]
-
+    runs = _Runs(workload, policy, setup, slo, target, on_evaluation)
+    passes = runs.passes
     start = workload.mean_rate_per_s  # a trace's own rate
     if workload.unit_arrival_s is not None:  # a constructed workload's nominal rate R (arrivals = unit / R)
         start = workload.unit_arrival_s[-1] / workload.arrival_s[-1] if workload.span_s > 0 else 1.0
@@ -131,7 +112,7 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
         first = run_policy(workload, policy, setup)
 
     def result(rate: float, bracket: tuple[float, float], reason: str | None = None) -> RateSearch:
-        return RateSearch(policy, rate, bracket, evaluations, reason, rel_tol, decided_early)
+        return RateSearch(policy, rate, bracket, runs.evaluations, reason, rel_tol, runs.decided_early)
 
     if not passes(start, first):
         _, reason = attainment_ceiling(first, target)
@@ -164,6 +145,38 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
         else:
             hi = mid
     return result(lo, (lo, hi))
+
+
+class _Runs:
+    """The search's runs, each rate at most once: (rate, attainment share) in the order run, the rates a run
+    stopped early once its verdict was certain, and `on_evaluation(rate, share)` after each."""
+
+    def __init__(self, workload: Workload, policy: str, setup: SimSetup, slo: Slo, target: float,
+                 on_evaluation: Callable[[float, float], None] | None) -> None:
+        self.workload, self.policy, self.setup, self.slo, self.target = workload, policy, setup, slo, target
+        self.on_evaluation = on_evaluation
+        self.evaluations: list[tuple[float, float]] = []
+        self.decided_early: list[float] = []
+        self.seen: dict[float, bool] = {}  # rate -> passes: no rate is run twice
+
+    def passes(self, rate: float, record: RunRecord | None = None) -> bool:
+        """Whether `rate` meets the target (`record`: its run when the caller has it)."""
+        seen = self.seen
+        if rate in seen:
+            return seen[rate]
+        if record is None:
+            verdict = Verdict(self.slo, self.target)
+            record = run_until(self.workload.at_rate(rate), self.policy, self.setup, verdict)
+        if record is None:  # stopped once certain: the bound that decided it
+            share, seen[rate] = verdict.bound, verdict.passes
+            self.decided_early.append(rate)
+        else:
+            share = attainment(record, self.slo)
+            seen[rate] = share >= self.target
+        self.evaluations.append((rate, share))
+        if self.on_evaluation is not None:
+            self.on_evaluation(rate, share)
+        return seen[rate]
 
 
 def served_rate(record: RunRecord) -> float:
