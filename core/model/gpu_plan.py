@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..dtypes import dtype_bits
 from ..errors import ParameterError
-from .kv_groups import KVCacheGroup, KVLayout, kv_layout, layer_types, plan_blocks, request_blocks
-from .layers import bits_to_bytes
+from .kv_groups import KVLayout, kv_layout, plan_blocks, request_blocks
 from .model_spec import ModelSpec
+from .vllm_pool_layout import attention_free_layout, stage_slots
 from .weights import param_count
+
+if TYPE_CHECKING:
+    from .vllm_memory import MemoryPrediction
 
 ACTIVATION_BYTES = 2  # bf16/fp16 activations
 LOGIT_BYTES = 4  # fp32 logits for sampling
@@ -140,36 +144,16 @@ def plan_gpu(
     vision_params: int = 0,
 ) -> GpuPlan:
     """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`)."""
-    for name, value in (("block_size", block_size), ("max_model_len", max_model_len), ("tp", tp),
-                        ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
-        if value <= 0:
-            raise ParameterError(f"{name} must be a positive integer, got {value}", name)
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
-                             "gpu_memory_utilization")
+    _check_plan_inputs(block_size, max_model_len, tp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization)
     layout = attention_free_layout(spec, kv_dtype_bits, tp, max_model_len, block_size, mamba_cache_mode) or kv_layout(
         spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
     groups = _cache_groups(layout, max_model_len, max_num_batched_tokens)
     page, group_size = layout.page_bytes // layout.group_size, layout.group_size
     estimates: list[str] = []
-    stages: tuple = ()
-    cuda_graphs = None
-    stage_layers = slot = 0
-    slots: tuple[int, ...] = ()
     if kv_memory_bytes is not None:
-        if kv_memory_bytes <= 0:
-            raise ParameterError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}", "kv_memory_bytes")
-        weights = activation = non_torch = None
-        requested = int((gpu_memory_bytes or 0) * gpu_memory_utilization)
-        kv = kv_memory_bytes
+        budget = _given_budget(spec, layout, groups, kv_dtype_bits, tp, pp, kv_memory_bytes,
+                               int((gpu_memory_bytes or 0) * gpu_memory_utilization))
         estimates.append("kv_cache_bytes given")
-        if pp > 1:  # the given memory is one stage's GPU: the stage with the most layers pages the most per block
-            from .vllm_memory import check_parallel, pp_layers
-
-            check_parallel(spec, tp, pp)
-            stage_layers = max(pp_layers(spec.model_layers, pp))
-            slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if len(groups) > 1 else ()
-            slot = max(slots, default=0)
     else:
         if gpu_memory_bytes is None:
             raise ParameterError("kv_memory_bytes or the GPU's memory (gpu_memory_bytes) is needed for a GPU plan",
@@ -180,115 +164,96 @@ def plan_gpu(
                                 tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens,
                                 max_num_seqs=max_num_seqs, version=vllm_version, quantization=quantization,
                                 vision_params=vision_params)
-        requested = memory.requested
-        slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if pp > 1 and len(groups) > 1 else ()
-        st = memory.stages  # the stage with the fewest blocks: by its slots per block id, or its share of layers
-        limit = min(range(len(st)), key=lambda i: st[i].available // (page * max(slots[i], 1)) if slots else
-                    st[i].available * spec.model_layers // st[i].layers)
-        limiting = st[limit]
-        slot = slots[limit] if slots else 0
-        weights, activation, non_torch = limiting.weights, limiting.activation, limiting.non_torch
-        if param_count(spec).estimated:
-            estimates.append("weights: parameters estimated from the dimensions")
-        if vision_params:
-            estimates.append(f"weights: vision tower of {vision_params / 1e6:,.0f}M parameters from vision_config")
-        if spec.weight_dtype is None:
-            estimates.append("weights: bf16 assumed (the model names no dtype)")
-        elif quantization or dtype_bits(spec.weight_dtype) < 16:
-            estimates.append(f"weights: {quantization or spec.weight_dtype} linear layers, 16-bit embeddings and head")
-        estimates += ["activation peak", "non-torch memory"] + (
-            ["CUDA graphs"] if memory.version.subtracts_cuda_graphs else [])
-        kv = limiting.available
-        stages, cuda_graphs = memory.stages, memory.cuda_graphs
-        if pp > 1:
-            stage_layers = limiting.layers
-        if kv <= 0:
-            raise ParameterError(
-                f"tp {tp}: {spec.name} on {gpu_name or 'the GPU'}: weights {weights / 2**30:.2f} GiB, activations "
-                f"{activation / 2**30:.2f} GiB and non-torch {non_torch / 2**30:.2f} GiB leave no KV memory of "
-                f"the {requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher "
-                "gpu_memory_utilization", "tp", "gpu_memory_utilization"
-            )
+        budget = _predicted_budget(spec, layout, groups, kv_dtype_bits, tp, pp, memory, gpu_name)
+        estimates += _memory_estimates(spec, memory, quantization, vision_params)
     if len(groups) > 1:
         estimates.append("hybrid KV-cache groups: vLLM's hybrid allocator rules")
-    return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, requested, weights,
-                   activation, non_torch, kv, page, group_size, groups, tuple(estimates), layout, pp, vllm_version,
-                   cuda_graphs, stages, stage_layers, slot)
+    b = budget
+    return GpuPlan(gpu_name, gpu_memory_bytes or 0, tp, gpu_memory_utilization, max_model_len, b.requested,
+                   b.weights, b.activation, b.non_torch, b.kv, page, group_size, groups, tuple(estimates), layout, pp,
+                   vllm_version, b.cuda_graphs, b.stages, b.stage_layers, b.slot)
 
 
-def stage_slots(spec: ModelSpec, layout: KVLayout, kv_dtype_bits: int, tp: int, pp: int) -> tuple[int, ...]:
-    """Layer slots per block id on each pipeline stage of a model with several KV cache groups, as vLLM 0.19+
-    plans them (get_kv_cache_configs): the groups are made once for the whole model (each layer type's layers, in
-    model order, cut into runs of G), each stage keeps its own layers of every group, and a stage's block id is
-    one page in each of max(its layers in any one group) slots; the engine then takes the least blocks over the
-    stages. Needs the layers' order (`spec.layer_order`, from a config.json)."""
-    from .vllm_memory import pp_layers
+class _Budget(NamedTuple):
+    """Where a plan's KV memory comes from: the memory requested, the limiting stage's weights, activation peak
+    and non-torch memory (None when the KV memory is given), its KV bytes, the stages and CUDA graphs vLLM's
+    start-up predicts, and with pp > 1 the limiting stage's layers and layer slots per block id."""
 
-    if layout.layout != "vllm":
-        raise ParameterError(f"pp {pp}: pipeline stages are planned for vLLM's layout only; use layout vllm or pp 1",
-                             "pp")
-    order = spec.layer_order
-    if len(order) != spec.model_layers or len(spec.layer_groups) <= max(order, default=-1):
-        raise ParameterError(f"{{pp}} {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which "
-                             "layer is which (a preset, or layers of two kinds): give its config.json ({config}), or "
-                             "use {pp} 1", "pp", "config")
-    types = [(t.kind, t.window, t.source, t.bits) for t in layer_types(spec, kv_dtype_bits, tp)]
-    keys: list[tuple[str, int | None, str, int] | None] = []
-    for g in spec.layer_groups:
-        if g.keeps_kv:
-            keys.append(("full" if g.kind == "mla" else g.kind, g.window, g.kind, g.bits_per_token(kv_dtype_bits, tp)))
-        else:
-            keys.append(("state", None, g.state.kind, g.state.bits(tp)) if g.state is not None else None)
-    seen = [0] * len(types)
-    run_of: list[tuple[int, int] | None] = []  # each layer's (layer type, run of G layers); None: pages nothing
-    for i in order:
-        key = keys[i]
-        if key is None:
-            run_of.append(None)
-            continue
-        t = types.index(key)
-        run_of.append((t, seen[t] // layout.group_size))
-        seen[t] += 1
-    out, start = [], 0
-    for n in pp_layers(spec.model_layers, pp):
-        runs = [r for r in run_of[start:start + n] if r is not None]
-        out.append(max((runs.count(r) for r in set(runs)), default=0))
-        start += n
-    return tuple(out)
+    requested: int
+    weights: int | None
+    activation: int | None
+    non_torch: int | None
+    kv: int
+    stages: tuple = ()
+    cuda_graphs: int | None = None
+    stage_layers: int = 0
+    slot: int = 0
 
 
-def attention_free_layout(spec: ModelSpec, kv_dtype_bits: int, tp: int, max_model_len: int, block_size: int,
-                          mamba_cache_mode: str = "none") -> KVLayout | None:
-    """vLLM's pool for a model without attention (Mamba, Mamba-2, FalconMamba), or None when a layer keeps KV.
+def _check_plan_inputs(block_size: int, max_model_len: int, tp: int, max_num_batched_tokens: int, max_num_seqs: int,
+                       gpu_memory_utilization: float) -> None:
+    for name, value in (("block_size", block_size), ("max_model_len", max_model_len), ("tp", tp),
+                        ("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+        if value <= 0:
+            raise ParameterError(f"{name} must be a positive integer, got {value}", name)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ParameterError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}",
+                             "gpu_memory_utilization")
 
-    vLLM (MambaModelConfig) sets the Mamba block size to max_model_len, so one block holds a whole request; the
-    layers' equal state specs make one KV cache group of all L layers, a block id is one state page per layer
-    (page = one layer's state on this GPU, unpadded: no attention page to match) and a request takes one:
-    blocks = KV memory // (L · page), max concurrency = blocks, "GPU KV cache size" = blocks · max_model_len.
-    """
-    types = layer_types(spec, kv_dtype_bits, tp)
-    if any(t.kind != "state" for t in types):
-        return None
-    if not types:
-        raise ParameterError(f"{spec.name}: no layer keeps a KV cache or a recurrent state", "model")
-    if {t.source for t in types} & {"rwkv"}:
-        raise ParameterError(f"{spec.name}: RWKV-4 is not among vLLM's models, so there is no vLLM start-up to "
-                             "predict; drop {gpu}/{kv_memory_bytes} (its state per sequence is in the table)", "gpu",
-                             "kv_memory_bytes")
-    if len(types) > 1:
-        raise ParameterError(f"{spec.name}: layers with different recurrent states and no attention: vLLM's grouping "
-                             "of them is not modelled; drop {gpu}/{kv_memory_bytes}", "model", "gpu",
-                             "kv_memory_bytes")
-    if mamba_cache_mode != "none":
-        raise ParameterError(f"mamba_cache_mode {mamba_cache_mode!r}: an attention-free model's prefix caching is "
-                             "not modelled; use 'none'", "mamba_cache_mode")
-    t = types[0]
-    page = bits_to_bytes(t.bits)
-    group = KVCacheGroup("state", None, t.count, t.count, max_model_len, page * t.count, 1, 1, page, page, t.source,
-                         t.bits * t.count)
-    reason = (f"attention-free: one {t.source} state page of {page:,} B per layer, {t.count} layers in one group; a "
-              f"block is one sequence (vLLM's Mamba block size is max_model_len, {max_model_len:,} tokens)")
-    return KVLayout("vllm", (group,), max_model_len, reason, page * t.count, t.count, block_size, "none")
+
+def _given_budget(spec: ModelSpec, layout: KVLayout, groups: tuple[CacheGroup, ...], kv_dtype_bits: int, tp: int,
+                  pp: int, kv_memory_bytes: int, requested: int) -> _Budget:
+    """The KV memory given (`kv_memory_bytes`): with pp > 1 it is one stage's GPU, and the stage with the most
+    layers pages the most per block."""
+    if kv_memory_bytes <= 0:
+        raise ParameterError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}", "kv_memory_bytes")
+    stage_layers = slot = 0
+    if pp > 1:
+        from .vllm_memory import check_parallel, pp_layers
+
+        check_parallel(spec, tp, pp)
+        stage_layers = max(pp_layers(spec.model_layers, pp))
+        slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if len(groups) > 1 else ()
+        slot = max(slots, default=0)
+    return _Budget(requested, None, None, None, kv_memory_bytes, stage_layers=stage_layers, slot=slot)
+
+
+def _predicted_budget(spec: ModelSpec, layout: KVLayout, groups: tuple[CacheGroup, ...], kv_dtype_bits: int,
+                      tp: int, pp: int, memory: MemoryPrediction, gpu_name: str) -> _Budget:
+    """The KV memory of vLLM's start-up (`memory`) on the stage with the fewest blocks: by its slots per block
+    id, or its share of layers."""
+    page = layout.page_bytes // layout.group_size
+    slots = stage_slots(spec, layout, kv_dtype_bits, tp, pp) if pp > 1 and len(groups) > 1 else ()
+    st = memory.stages
+    limit = min(range(len(st)), key=lambda i: st[i].available // (page * max(slots[i], 1)) if slots else
+                st[i].available * spec.model_layers // st[i].layers)
+    limiting = st[limit]
+    weights, activation, non_torch, kv = limiting.weights, limiting.activation, limiting.non_torch, limiting.available
+    if kv <= 0:
+        raise ParameterError(
+            f"tp {tp}: {spec.name} on {gpu_name or 'the GPU'}: weights {weights / 2**30:.2f} GiB, activations "
+            f"{activation / 2**30:.2f} GiB and non-torch {non_torch / 2**30:.2f} GiB leave no KV memory of "
+            f"the {memory.requested / 2**30:.2f} GiB requested; use more tp, a larger GPU or a higher "
+            "gpu_memory_utilization", "tp", "gpu_memory_utilization"
+        )
+    return _Budget(memory.requested, weights, activation, non_torch, kv, memory.stages, memory.cuda_graphs,
+                   limiting.layers if pp > 1 else 0, slots[limit] if slots else 0)
+
+
+def _memory_estimates(spec: ModelSpec, memory: MemoryPrediction, quantization: str | None,
+                      vision_params: int) -> list[str]:
+    """What in vLLM's start-up figures is estimated rather than read."""
+    estimates = []
+    if param_count(spec).estimated:
+        estimates.append("weights: parameters estimated from the dimensions")
+    if vision_params:
+        estimates.append(f"weights: vision tower of {vision_params / 1e6:,.0f}M parameters from vision_config")
+    if spec.weight_dtype is None:
+        estimates.append("weights: bf16 assumed (the model names no dtype)")
+    elif quantization or dtype_bits(spec.weight_dtype) < 16:
+        estimates.append(f"weights: {quantization or spec.weight_dtype} linear layers, 16-bit embeddings and head")
+    return estimates + ["activation peak", "non-torch memory"] + (
+        ["CUDA graphs"] if memory.version.subtracts_cuda_graphs else [])
 
 
 def cache_groups(
