@@ -8,13 +8,13 @@ from pathlib import Path
 from ..core.errors import ParameterError
 from .output import Format, emit
 from .progress import progress_bar
+from .verify_report import build_report
 
 
 def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inject: str | None, seed: int,
                        hf_model: Path | None, output_format: Format) -> int:
     from ..cuda_ext.verify.hybrid_scenarios import HYBRID_SCENARIOS
     from ..cuda_ext.verify.hybrid_suite import check_hybrid_options, run_hybrid_verify
-    from .verify import _report
 
     if hf_model is not None:
         raise ParameterError("--model hybrid-tiny and --hf-model both name the weights; give one of them", "model")
@@ -23,7 +23,7 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
     with progress_bar("kvcalc verify (scenarios)", total=len(names)) as advance:
         run = run_hybrid_verify(device=device, dtype=dtype, scenarios=names, inject=inject, seed=seed,
                                 progress=advance)
-    report = _report(run)
+    report = build_report(run)
     hybrid = run.model.hybrid
     assert hybrid is not None, "a hybrid run describes its layers"
     report.notes.insert(0, (

@@ -6,7 +6,7 @@ Request i (t_i tokens, r_i tokens to go) decodes in steps j < r_i; in step j eac
 ceil((t_i + j + 1) / B) − first(t_i + j) of its blocks (GroupedPagedPolicy.decode_run), masked by j < r_i,
 and the step fits iff the blocks of the requests alive in it fit. Step j's time is the decode step of the n_j
 alive requests, taken per stretch of constant n_j (the step-time model's scalar path, as a plain step takes
-it); every integral is added step by step in step order (fastforward._in_order). The pool is brought up to
+it); every integral is added step by step in step order (step_sums.in_order). The pool is brought up to
 date after the run: the finished requests leave (in finishing order, each at its own time), then the survivors
 grow by k tokens at once (_advance_pool); the run is kept only as long as that update fits the pool too.
 """
@@ -14,19 +14,35 @@ grow by k tokens at once (_advance_pool); the run is kept only as long as that u
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .step_sums import in_order as _in_order
+
 if TYPE_CHECKING:
-    from .fastforward import FastForward
     from .paged_groups import GroupedPagedPolicy
+    from .record import RunTotals
+    from .scheduler import Scheduler
+    from .steptime import StepTimeModel
+
+
+class FastForward(Protocol):
+    """What a grouped run reads of fastforward.FastForward (its caller): named here so that this module does
+    not import the one that imports it."""
+
+    scheduler: Scheduler
+    steptime: StepTimeModel
+    totals: RunTotals
+    policy: Any
+
+    def _steps_upto(self, k: int) -> np.ndarray: ...
+    def _excess(self, tokens: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray | float: ...
+    def _until(self) -> float: ...
 
 
 def grouped_run_through_finishes(ff: FastForward) -> bool:
     """One such run from now (False: none taken — the caller takes a general step)."""
-    from .fastforward import _in_order
-
     s, st, totals, policy = ff.scheduler, ff.steptime, ff.totals, ff.policy
     run = s.running_ids
     n = len(run)

@@ -19,16 +19,9 @@ MAY_IMPORT = {
     "core": {"core"},
 }
 FORBIDDEN_IN_CORE = {"torch", "rich", "typer", "click", "pydantic"}
-# The circles left, both in verify (issue 23's "one run path", being reworked with issue 20): cli/verify.py
-# imports verify_hybrid inside a function and verify_hybrid imports verify._report inside another;
-# cuda_ext/verify/runner.py imports speculative inside a function and speculative imports runner. Only these
-# exact pairs are tolerated; any other circle, or one of these grown by a module, fails. Delete each when gone.
-# The third came with the hybrid fast-forward (issue 18/19 work): fastforward.py imports fastforward_groups,
-# which imports fastforward's FastForward (TYPE_CHECKING) and _in_order (in a function): move the shared
-# helper to a module both import.
-KNOWN_CIRCLES = [["kvcalc.cli.verify", "kvcalc.cli.verify_hybrid"],
-                 ["kvcalc.cuda_ext.verify.runner", "kvcalc.cuda_ext.verify.speculative"],
-                 ["kvcalc.core.sim.fastforward", "kvcalc.core.sim.fastforward_groups"]]
+# No circle is tolerated: verify's two (cli verify <-> verify_hybrid, runner <-> speculative) and the fast-forward's
+# (fastforward <-> fastforward_groups) are gone; a new one fails, type-checking imports included.
+KNOWN_CIRCLES: list[list[str]] = []
 
 
 def _files() -> list[Path]:
