@@ -92,7 +92,7 @@ def _timing_table(title: str, rows: list[dict[str, Any]], cpu: bool) -> Table:
     if not cpu:
         fields += [Field(key, label, "{:.1f}".format, missing="-")
                    for key, label in (("sdpa_us", "SDPA µs"), ("flex_paged_us", "flex paged µs"))]
-    return record_table(title, fields, [{f.key: r.get(f.key) for f in fields} for r in rows])
+    return record_table(title, fields, [{f.key: r.get(f.key) for f in fields if f.key is not None} for r in rows])
 
 
 def _report(doc: dict[str, Any]) -> Report:
@@ -161,10 +161,11 @@ def command(
     from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
 
     device = _pick_device(device)
-    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    shapes: tuple[tuple[int, int], ...] = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
     if batch is not None or context is not None:
         default_batch, default_context = shapes[-1]
         shapes = ((default_batch if batch is None else batch, default_context if context is None else context),)
+    assert seed is not None  # defaults to 0; --seed takes only a whole number
     config = BenchConfig(
         device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
         block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters,

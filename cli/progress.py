@@ -15,8 +15,15 @@ imported only when a bar is drawn. `advance(0, description="…")` only changes 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
+
+
+class Advance(Protocol):
+    """What progress_bar yields: a `Callable[[int], None]` that also takes the text beside the bar."""
+
+    def __call__(self, units: int = 1, description: str | None = None) -> None: ...
 
 
 def _noop(units: int = 1, description: str | None = None) -> None:
@@ -24,7 +31,7 @@ def _noop(units: int = 1, description: str | None = None) -> None:
 
 
 @contextmanager
-def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Advance]:
     """Yields `advance(units=1, description=None)`; `total` None draws a spinner with a count instead of a bar."""
     if not (enabled and sys.stderr.isatty()):
         yield _noop

@@ -145,7 +145,8 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
         loaded = loaded.head(o.limit)
     per_block = {b: None if spec is None else cached_block_bytes(spec, dtype, bits, b, o.tp) for b in o.block_sizes}
     for b in o.block_sizes:
-        bpb = None if per_block[b] is None else per_block[b].bytes_per_block
+        cbb = per_block[b]
+        bpb = None if cbb is None else cbb.bytes_per_block
         for value in [*o.capacities, *(o.tiers.sizes if o.tiers else ())]:
             value.blocks(b, bpb)  # a size too small for one block is 0 blocks, which is allowed
     for b in o.block_sizes:  # every error in the trace before the status line (e.g. unchained ids above 512)
@@ -159,7 +160,8 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
             distances[b] = stack_distances(loaded, b, progress=advance)
     curves = []
     for b in o.block_sizes:
-        bpb = None if per_block[b] is None else per_block[b].bytes_per_block
+        cbb = per_block[b]
+        bpb = None if cbb is None else cbb.bytes_per_block
         curves.append(capacity_curve(distances[b], [v.blocks(b, bpb) for v in o.capacities]))
     report = _curve_report(loaded.description, loaded.has_prefix_ids, o, curves, per_block, spec)
     _add_saved_state_rule(report, loaded, curves, per_block, distances)

@@ -40,13 +40,14 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
                spec: ModelSpec | None, bits: int) -> None:
     b = d.block_size
     bpb = None if cbb is None else cbb.bytes_per_block
-    caps = tuple(v.blocks(b, bpb) for v in o.sizes)
-    result = simulate_tiers(d, caps, cbb, o.bandwidths, o.mode)  # type: ignore[arg-type]
+    gpu_blocks, host_blocks, disk_blocks = (v.blocks(b, bpb) for v in o.sizes)
+    caps = (gpu_blocks, host_blocks, disk_blocks)
+    result = simulate_tiers(d, caps, cbb, o.bandwidths, o.mode)
     verdicts: list[LoadOrRecompute | None] = [None, None, None]
     paper_break_even = None
     if spec is not None and cbb is not None:
         model = step_time_model(spec, get_gpu(o.gpu), bits, b, o.tp, o.quantization)
-        hits = tier_hit_blocks(d, caps, o.mode)  # type: ignore[arg-type]
+        hits = tier_hit_blocks(d, caps, o.mode)
         start = np.zeros(d.requests, dtype=np.int64)
         for t in range(3):
             if t:
@@ -78,11 +79,11 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
                                       "tier that lacks them (vLLM's offloading connector, LMCache)")
         + f". GB/s per GPU over the trace's {result.duration_s:,.0f} s, peaks in {result.bin_s:g} s bins; host "
         f"{o.bandwidths[0] / 1e9:g} GB/s and disk {o.bandwidths[1] / 1e9:g} GB/s links (--host-bw, --disk-bw).")
-    for t in result.tiers[1:]:
-        peak = max(t.peak_read_bytes_per_s, t.peak_write_bytes_per_s)
-        if cbb is not None and t.bandwidth_bytes_per_s and peak > t.bandwidth_bytes_per_s:
-            report.notes.append(f"{t.name}: the peak second asks {peak / 1e9:.2f} GB/s of a "
-                                f"{t.bandwidth_bytes_per_s / 1e9:g} GB/s link: those transfers would queue.")
+    for tier in result.tiers[1:]:
+        peak = max(tier.peak_read_bytes_per_s, tier.peak_write_bytes_per_s)
+        if cbb is not None and tier.bandwidth_bytes_per_s and peak > tier.bandwidth_bytes_per_s:
+            report.notes.append(f"{tier.name}: the peak second asks {peak / 1e9:.2f} GB/s of a "
+                                f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s link: those transfers would queue.")
     if paper_break_even is not None:
         report.notes.append(f"load or recompute on {o.gpu} x{o.tp} (kvcalc sim's step-time model): loading an "
                             f"{PAPER_PREFIX_TOKENS:,}-token prefix beats prefilling it above "

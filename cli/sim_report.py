@@ -133,6 +133,7 @@ _SPEC_FIELDS = [
 def _speculative_doc(result: Simulation, summaries: dict, plain: dict) -> dict:
     """The `speculative` JSON object: the settings, the first policy's measured means, each policy without it."""
     spec = result.setup.sim.speculation
+    assert spec is not None  # build_report calls this only when speculating
     first = summaries[result.setup.policies[0]]["speculative"]
     return {
         "spec_tokens": spec.spec_tokens, "acceptance": spec.acceptance, "method": spec.method,
@@ -150,6 +151,7 @@ def _speculative_doc(result: Simulation, summaries: dict, plain: dict) -> dict:
 
 def _speculative_table(result: Simulation, summaries: dict, plain: dict) -> Table:
     spec = result.setup.sim.speculation
+    assert spec is not None  # build_report calls this only when speculating
     records = []
     for name in result.setup.policies:
         for label, s in ((f"{name}, K = {spec.spec_tokens}", summaries[name]), (f"{name}, plain", plain[name])):

@@ -3,6 +3,7 @@ a config without a context length, and vLLM's start-up figures (--gpu)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -87,6 +88,11 @@ def describe(spec: ModelSpec) -> str:
     if spec.num_sliding_layers:
         window = f", sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers"
     return f"{spec.name}: {spec.attention.upper()}, {layers}, {heads}{window}"
+
+
+def _seq_cells(n: int) -> Callable[[dict[str, Any]], list[Any]]:
+    """The display cells of a record's bits per sequence of n tokens."""
+    return lambda r: _bits_cells(r[f"bits_per_seq_{n}"])
 
 
 def _bits_cells(bits: int | None) -> list[Any]:
@@ -280,7 +286,7 @@ def no_context_report(spec: ModelSpec, dtype: str, tp: int, block_size: int) -> 
               Field("state_bytes_per_seq"),
               Field(None, "recurrent state per sequence" if state else None, lambda r: _bits_cells(r["state_bits"]))]
     for n in PRESET_CONTEXTS:
-        fields.append(Field(None, f"per sequence of {n:,} tokens", lambda r, n=n: _bits_cells(r[f"bits_per_seq_{n}"])))
+        fields.append(Field(None, f"per sequence of {n:,} tokens", _seq_cells(n)))
     tables = [quantity_table(f"KV cache of {spec.name} at {dtype}", ["quantity", "bytes", "IEC"], fields, [record])]
     layers = layer_table(spec, bits, None)
     if layers is not None:
