@@ -29,6 +29,7 @@ import numpy as np
 
 from .engine import Engine
 from .fastforward_groups import grouped_run_through_finishes
+from .paged_groups import GroupedPagedPolicy
 from .record import RunTotals
 from .scheduler import Scheduler
 from .step_sums import in_order as _in_order
@@ -153,11 +154,11 @@ class FastForward:
         until = s.next_deadline if through else min(self._until(), s.next_deadline)
         # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`
         if until < np.inf:
-            excess1 = float(self._excess(tokens0, 1).sum()) if st.sliding_share else 0.0
+            excess1 = float(np.sum(self._excess(tokens0, 1))) if st.sliding_share else 0.0
             first_s = st.decode_steps_s(n, float(context0), excess1)
             k = min(k, int((until - s.now_s) / first_s) + 2)
         steps = self._steps_upto(k + 1)
-        d = st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64), self._excess(tokens0, k))
+        d = np.asarray(st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64), self._excess(tokens0, k)))
         ends = np.empty(k + 1)
         ends[0] = s.now_s
         ends[1:] = d
@@ -229,12 +230,14 @@ class FastForward:
         closed form, accounted as stepping accounts it — each integral summed step by step in step order
         (cumsum), so every figure is the one `_steady_step` gives, bit for bit."""
         s, totals, policy = self.scheduler, self.totals, self.policy
+        assert isinstance(policy, GroupedPagedPolicy), "runs_decode is GroupedPagedPolicy's"
         run = s.running_ids
         n, waiting = len(run), len(s.waiting)
         tokens0 = s.computed[run]
         k, memory = policy.decode_run(tokens0, k, waiting > 0)
         if k < 2:
             return False
+        assert memory is not None, "decode_run gives no memory only with k = 0"
         d, ends = d[:k], ends[: k + 1]
         parts, table, groups = policy.run_memory(memory, k)
         totals.memory_slot_s[...] = _in_order(totals.memory_slot_s, d[:, None] * parts)

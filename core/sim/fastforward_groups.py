@@ -109,7 +109,7 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
     d = np.empty(k)
     cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
     for a, b in itertools.pairwise(cuts):
-        d[a:b] = st.decode_steps_s(int(alive[a]), context[a:b], excess if np.isscalar(excess) else excess[a:b])
+        d[a:b] = st.decode_steps_s(int(alive[a]), context[a:b], excess if isinstance(excess, float) else excess[a:b])
     return d, alive
 
 

@@ -44,7 +44,7 @@ from ..share.load_or_recompute import prefill_s
 from .steptime import StepTimeModel
 
 HOST, DISK = 0, 1
-_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
+_consume = deque[object](maxlen=0).extend  # runs an iterator to its end in C
 LOWER_TIERS = ("host", "disk")
 
 

@@ -64,6 +64,7 @@ def replay_trace(setup: Setup, record: RunRecord) -> Trace:
     """The workload's requests that the run did not reject at arrival (rejection depends only on the request,
     so every rung rejects the same ones), as a trace for share's replay."""
     w = setup.workload
+    assert w.hash_ids is not None and w.hash_offsets is not None, "check_tier_setup: tiers need prefix ids"
     keep = np.flatnonzero(record.status != REJECTED)
     ids = [w.hash_ids[w.hash_offsets[i] : w.hash_offsets[i + 1]] for i in keep.tolist()]
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in ids])]).astype(np.int64)

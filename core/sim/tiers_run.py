@@ -184,6 +184,8 @@ class TieredScheduler(Scheduler):
 
 
 class TieredEngine(Engine):
+    scheduler: TieredScheduler
+
     def __init__(self, workload: Workload, policy: MemoryPolicy, executor: Executor, config: SchedulerConfig,
                  cancel_at: np.ndarray | None, cache: TierCache, keys: list, **kw: Any) -> None:
         super().__init__(workload, policy, executor, config, cancel_at, **kw)
@@ -206,6 +208,7 @@ def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSe
     if workload.fork_parent is not None:
         raise ParameterError("parallel samples with host_cache/disk_cache are not modelled yet", "host_cache")
     keys = prompt_block_keys(workload, setup)
+    assert isinstance(keys, list), "check_tier_setup: prefix caching on and prefix ids, so one key list per prompt"
     cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload))
     store = policy.pool.store  # type: ignore[attr-defined]
     listen_to_evictions(store, cache.demote)
@@ -213,6 +216,7 @@ def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSe
                           keys, record_timeline=record_timeline, progress=progress)
     fast = FastForward(engine, setup.steptime) if setup.scheduler.fast_forward else None
     record = engine.run(fast)
+    assert record is not None, "a run without `stop` always ends with its record"
     assert cache.demoted == store.counters["evictions"], (
         f"the tiers saw {cache.demoted} GPU evictions, the pool counted {store.counters['evictions']}")
     assert not engine.scheduler.parked and not engine.scheduler.admission.ready_s, "a load never landed"
