@@ -131,6 +131,12 @@ class LengthDistribution:
     def param(self, key: str) -> float | int | None:
         return dict(self.params).get(key)
 
+    def _need(self, key: str) -> float | int:
+        """A parameter that parse() guarantees for this distribution (required or defaulted)."""
+        value = self.param(key)
+        assert value is not None, f"{self.name} has no {key}"
+        return value
+
     def describe(self) -> str:
         """`lognormal(mean=161, sigma=1)`: the spec in words, for the `source` line."""
         return f"{self.name}({', '.join(f'{k}={_fmt(v)}' for k, v in self.params)})"
@@ -162,7 +168,8 @@ class LengthDistribution:
 
     def _fill(self, out: np.ndarray, rng: np.random.Generator, cdf: np.ndarray | None) -> None:
         if self.name == "uniform":
-            out[:] = rng.integers(self.param("low"), self.param("high"), size=out.size, endpoint=True, dtype=np.int64)
+            low, high = int(self._need("low")), int(self._need("high"))
+            out[:] = rng.integers(low, high, size=out.size, endpoint=True, dtype=np.int64)
             return
         if cdf is not None:
             out[:] = np.searchsorted(cdf, rng.random(out.size), side="right")
@@ -178,19 +185,19 @@ class LengthDistribution:
         raise ValueError(f"{self.describe()}: almost no mass below max; raise max or lower the mean")
 
     def _zipf_cdf(self) -> np.ndarray:
-        support = np.arange(1, int(self.param("max")) + 1, dtype=np.float64)
-        cdf = np.cumsum(support ** -float(self.param("a")))
+        support = np.arange(1, int(self._need("max")) + 1, dtype=np.float64)
+        cdf = np.cumsum(support ** -float(self._need("a")))
         cdf /= cdf[-1]
         cdf[-1] = 1.0  # u < 1, so searchsorted never steps past max
         return cdf
 
     def _draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         if self.name == "exponential":
-            x = rng.geometric(1.0 / float(self.param("mean")), size=count)  # int64, computed through a float
+            x = rng.geometric(1.0 / float(self._need("mean")), size=count)  # int64, computed through a float
         else:
-            sigma = float(self.param("sigma"))
+            sigma = float(self._need("sigma"))
             median = self.param("median")
-            mu = math.log(median) if median is not None else math.log(self.param("mean")) - sigma**2 / 2
+            mu = math.log(median) if median is not None else math.log(self._need("mean")) - sigma**2 / 2
             x = np.ceil(rng.lognormal(mu, sigma, size=count))
         if x.max() > _MAX_EXACT_FLOAT:
             raise ValueError(f"{self.describe()} draws lengths above 2^53; lower mean or sigma, or give max=")

@@ -42,9 +42,9 @@ def read_source(source: InputSource, expected: str) -> tuple[str, bytes]:
         if stream.isatty():  # reading would wait for typing that nobody means to do
             raise ValueError(f"'-' reads standard input, which is a terminal: pipe the file in (… - < FILE) or give "
                              f"its path ({expected})")
-        return STDIN_NAME, getattr(stream, "buffer", stream).read()
+        return STDIN_NAME, _as_bytes(getattr(stream, "buffer", stream).read())
     if not isinstance(source, (str, Path)):
-        return source_name(source), source.read()
+        return source_name(source), _as_bytes(source.read())
     if isinstance(source, str) and not source:  # Path("") is ".", which would be reported as a directory
         raise ValueError(f"the path is empty: give the path of the file ({expected})")
     path = Path(source)
@@ -53,6 +53,13 @@ def read_source(source: InputSource, expected: str) -> tuple[str, bytes]:
     if not path.exists():
         raise FileNotFoundError(2, "No such file", str(path))
     return str(path), path.read_bytes()
+
+
+def _as_bytes(data: bytes | str) -> bytes:
+    """What a stream gave, as bytes: a text stream (a StringIO standing in for stdin) gives str, which the
+    readers that look at bytes (the .npy magic, the fast lengths parser) cannot take. surrogateescape turns
+    bytes its decoder could not read back into those bytes, so decode_text still names the bad byte."""
+    return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
 
 
 def decode_text(data: bytes | str, name: str, expected: str) -> str:

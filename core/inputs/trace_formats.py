@@ -40,11 +40,12 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _parse_count(text: str | int | float, what: str, where: str) -> int:
+def _parse_count(text: object, what: str, where: str) -> int:
     """A length from a CSV cell (str) or a JSON value (int; an integral float such as 512.0 is accepted).
-    3.7 or true are errors, never truncated to 3 or read as 1."""
+    3.7, true, null or a list are errors, never truncated to 3 or read as 1."""
     try:
-        if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+        if (isinstance(text, bool) or not isinstance(text, (str, int, float))
+                or (isinstance(text, float) and not text.is_integer())):
             raise ValueError
         value = int(text)
     except (TypeError, ValueError, OverflowError):

@@ -170,7 +170,7 @@ class HashIndex:
             if was is not None:
                 self.num_tombstones -= np.count_nonzero(was[won] == _TOMBSTONE)
             self.slot_of[cand_blocks[won]] = cand_slots[won]
-            if inserted is None:
+            if inserted is None or cand is None:  # None together: the all-absent fast path
                 inserted, cand = np.ones(n, dtype=bool), np.arange(n)
             self._insert_lost(hashes, block_ids, homes, free_slots, cand[~won], inserted)
         self.num_live += n if inserted is None else np.count_nonzero(inserted)

@@ -45,7 +45,9 @@ class HybridHits(HybridLayout):
         hit = min(own[g] for g in range(G) if not self.anchored[g])
         if not any(self.anchored):
             return hit, own, [None] * G
-        probe = self.pools[self.anchor]._probe(num_tokens, keys, (self.anchor, extra_key))
+        anchor = self.anchor
+        assert anchor is not None  # a group is anchored only where there is a full group (hybrid_layout)
+        probe = self.pools[anchor]._probe(num_tokens, keys, (anchor, extra_key))
         anchored = [g for g in range(G) if self.anchored[g]]
         found = anchored_present(self.store, anchored, probe.hits[:hit], probe.hashes[:hit])
         serves = np.ones(hit + 1, dtype=bool)

@@ -26,6 +26,8 @@ from .hash_index import EMPTY
 from .prefix_cache import HashedKeys, HashedPrompts, chain_hashes, chain_hashes_batch, root_hash
 from .store import VERSION_INT32_MAX, BlockKeys, BlockStore
 
+GivenKeys = Sequence[Hashable] | np.ndarray | HashedKeys  # BlockKeys once None (no keys) is ruled out
+
 _ROOT = np.array([-1], dtype=np.intp)
 _LOOKAHEAD_PROMPTS = 32  # prompts of a hashed batch looked up at once (see _find)
 _NO_IDS = np.empty(0, dtype=np.intp)
@@ -80,17 +82,16 @@ class PrefixIndex:
         homes = self.index.home_slots(hashes[line_base], position)
         return HashedPrompts(keys, hashes, homes, offsets, extra_key, self.index)
 
-    def key_array(self, block_keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
+    def key_array(self, block_keys: GivenKeys) -> np.ndarray:
         """int64 [k]: the keys as exact integers (an int array as it is, object keys interned)."""
         if isinstance(block_keys, HashedKeys):
             raise ValueError("keys from hash_prompts are a prompt's: give them to allocate, serve or hit_tokens")
-        is_int = isinstance(block_keys, np.ndarray)
-        kind = "int" if is_int else "object"
+        kind = "int" if isinstance(block_keys, np.ndarray) else "object"
         if self._key_kind is None:
             self._key_kind = kind
         elif self._key_kind != kind:
             raise ValueError(f"this pool takes {self._key_kind} block keys; do not mix int64 arrays and objects")
-        if is_int:
+        if isinstance(block_keys, np.ndarray):
             if block_keys.dtype.kind not in "iu":
                 raise ValueError(f"block keys as an array must be integers, got dtype {block_keys.dtype}")
             return block_keys.astype(np.int64, copy=False)
@@ -103,7 +104,7 @@ class PrefixIndex:
         return self._extras.setdefault(extra_key, len(self._extras))
 
     def _prompt_hashes(
-        self, block_keys: BlockKeys, extra_key: Hashable
+        self, block_keys: GivenKeys, extra_key: Hashable
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """(keys int64 [k], chain hashes uint64 [k], home slots int64 [k], extra-key id) of a prompt."""
         extra_id = self.extra_id(extra_key)
@@ -120,7 +121,7 @@ class PrefixIndex:
         return keys, hashes, self.index.home_slots(hashes[positions & ~15], positions), extra_id
 
     # ---- prefix look-up -------------------------------------------------------------------------
-    def probe(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> Probe:
+    def probe(self, num_tokens: int, block_keys: GivenKeys, extra_key: Hashable) -> Probe:
         """The look-up of a prompt of `num_tokens` whose first full blocks have `block_keys` (not None)."""
         B = self.store.block_size
         keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)

@@ -49,7 +49,7 @@ def serve_request(
         num_cached = num_hits
     elif num_hits:
         cached = store.state.take(hits) == FREE_CACHED
-        num_cached = np.count_nonzero(cached)
+        num_cached = int(np.count_nonzero(cached))
         if num_cached < num_hits:
             cached_hits = hits[cached]  # the others are held by live sequences: they stay theirs
     if total - num_hits + num_cached > len(store.queue):

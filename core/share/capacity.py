@@ -111,6 +111,7 @@ def _one_capacity(text: str) -> CapacityValue:
                              "capacity")
     if scale != 1:
         number = number[:-1]
+    exact: Fraction | int
     try:
         exact = Fraction(number) * scale
     except (ValueError, ZeroDivisionError):
@@ -178,6 +179,7 @@ def saved_state_hit_blocks(trace: Trace, block_size: int) -> int:
         return 0
     per_id = mooncake_blocks_per_id(block_size)
     nodes = chain_nodes(trace).tolist()
+    assert trace.hash_offsets is not None  # has_prefix_ids: the ids and their offsets come together
     offsets = trace.hash_offsets.tolist()
     saved: dict[int, set[int]] = {}  # id node -> blocks (1..per_id) of it after which a state was saved
     hits = 0

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..inputs.traces import Trace, mooncake_block_keys
 from ..pool.block_pool import BlockPool
+from ..pool.store import BlockKeys
 from .trace_blocks import (
     CheckedTrace,
     check_requests,
@@ -97,7 +98,7 @@ def replay(
     for first, stop in batches:
         hashed = pool.hash_prompts(*trace_block_keys(trace, block_size, first, stop)) if keyed and fast else None
         for i in range(first, stop):
-            keys = None
+            keys: BlockKeys = None
             if hashed is not None:
                 keys = hashed.prompt(i - first)
             elif keyed:

@@ -43,6 +43,7 @@ def saved_state_candidates(trace: Trace, d: StackDistances) -> tuple[np.ndarray,
     if not trace.has_prefix_ids:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     per_id = mooncake_blocks_per_id(B)
+    assert trace.hash_offsets is not None  # has_prefix_ids: the ids and their offsets come together
     nodes, offsets = chain_nodes(trace).tolist(), trace.hash_offsets.tolist()
     seg_bounds = np.searchsorted(d.seg_request, np.arange(d.requests + 1))
     first, length, depth0 = d.seg_first.tolist(), d.seg_blocks.tolist(), d.seg_depth.tolist()

@@ -183,6 +183,7 @@ def stack_distances(
                               empty, empty, empty, empty)
     per_id = mooncake_blocks_per_id(block_size)
     nodes = chain_nodes(trace).tolist()
+    assert trace.hash_offsets is not None  # has_prefix_ids: the ids and their offsets come together
     offsets = trace.hash_offsets.tolist()
     m_list = touched.tolist()
     last_full: dict[int, int] = {}  # node -> latest request that held all per_id blocks of it

@@ -190,6 +190,7 @@ def check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -
     if trace.has_prefix_ids:
         check_block_size(block_size)
         _check_key_range(trace, block_size)
+        assert trace.hash_ids is not None and trace.hash_offsets is not None  # has_prefix_ids: both given
         check_mooncake_chaining(trace.hash_ids, trace.hash_offsets, block_size, f"{trace.path}: ")
         full_blocks = trace.prompt_tokens // block_size
         ids_needed = ceil_div(full_blocks * block_size, MOONCAKE_BLOCK_TOKENS)

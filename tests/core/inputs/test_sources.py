@@ -112,3 +112,14 @@ def test_huge_numbers_are_shown_short():
         parse_lengths_list("5,1e400")
     with pytest.raises(ValueError, match=r"^lengths item 1: length 4611686018427387905 is too large"):
         parse_lengths_list(str(2**62 + 1))
+
+
+def test_a_text_stream_as_stdin_is_read_as_bytes(monkeypatch):
+    # A StringIO has no .buffer: its read() gives str, which the lengths reader (bytes: the .npy magic, the fast
+    # parser) could not take; read_source hands back bytes either way, and a trace reads the same.
+    monkeypatch.setattr(sys, "stdin", io.StringIO("37\n91\n"))
+    assert read_source("-", "lengths") == ("<stdin>", b"37\n91\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("37\n91\n"))  # that read took it all
+    assert read_lengths_file("-").tokens.tolist() == [37, 91]
+    line = json.dumps({"timestamp": 0, "input_length": 700, "output_length": 3, "hash_ids": [4]}) + "\n"
+    assert read_trace("mooncake", io.StringIO(line)).prompt_tokens.tolist() == [700]
