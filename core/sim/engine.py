@@ -70,7 +70,7 @@ class Engine:
 
     def _events(self, sampled: np.ndarray) -> StepEvents:
         s = self.scheduler
-        forks = ()
+        forks: tuple[tuple[int, int], ...] = ()
         if s.unborn:
             forks = tuple((p, c) for p in sampled.tolist() if p in s.unborn for c in s.unborn[p])
         if not (forks or s.preempted_now or s.swapped_in_now or s.released):
@@ -127,8 +127,9 @@ class Engine:
         if outcome.token_ids is None:
             raise ValueError("the workload has token ids: the executor must return the token each sampling "
                              "request produced (StepOutcome.token_ids)")
+        assert s.token_ids is not None  # the caller takes tokens only for a workload with token ids
         for rid in sampled.tolist():
-            s.token_ids[rid].append(int(outcome.token_ids[rid]))
+            s.token_ids[rid].append(one_token(rid, outcome.token_ids[rid]))
 
     def _fork(self, forks: tuple[tuple[int, int], ...], sampled: np.ndarray, outcome: StepOutcome) -> np.ndarray:
         """The parallel samples of parents that just produced their first token: same blocks, own first token."""
@@ -142,7 +143,8 @@ class Engine:
             s.first_token_s[child] = s.last_token_s[child] = s.now_s
             s.generated[child] = 1
             if s.token_ids is not None:
-                s.token_ids[child].append(int(outcome.token_ids[child]))
+                assert outcome.token_ids is not None  # _take_tokens, before the forks, raised otherwise
+                s.token_ids[child].append(one_token(child, outcome.token_ids[child]))
         s.set_running()
         return np.concatenate([sampled, np.array([c for _, c in forks], np.int64)])
 
@@ -178,6 +180,7 @@ class Engine:
 
     def _report_progress(self) -> None:
         arrived = self.scheduler.next_arrival
+        assert self.progress is not None  # the loop reports progress only to a caller that asked for it
         self.progress(arrived - self.progress_done)
         self.progress_done = arrived
 
@@ -195,3 +198,11 @@ class Engine:
             generated_token_ids=None if s.token_ids is None else [
                 t[p:] for t, p in zip(s.token_ids, s.prompt_tokens.tolist(), strict=True)],
         )
+
+
+def one_token(rid: int, token: int | tuple[int, ...]) -> int:
+    """The token a plain step sampled for `rid`: one token, never the tuple of a speculative step."""
+    if isinstance(token, tuple):
+        raise ValueError(f"the executor returned {len(token)} tokens for request {rid} in a step without drafts: "
+                         "a plain step samples one token per request (StepOutcome.token_ids)")
+    return int(token)

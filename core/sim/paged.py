@@ -4,6 +4,9 @@ keeps block tables current at every step, for plans that carry slots."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
@@ -28,7 +31,8 @@ class PagedPolicy:
     name = "paged"
     exact_block_tables = False
 
-    def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_requests: int,
+                 prompt_keys: list | np.ndarray | None = None) -> None:
         self.block_size = block_size
         self.capacity_slots = num_blocks * block_size
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prompt_keys is not None)
@@ -66,6 +70,11 @@ class PagedPolicy:
         copies = self._pool_append(rid)
         assert not copies, f"request {rid}: a private tail block needed copy-on-write {copies}"
         self.owed_blocks -= before - self.pool.num_free_blocks
+
+    def _live_ids(self) -> Iterable[int]:
+        """The requests the pool holds. The pool keys sequences by any hashable id; this policy gives it only
+        request ids (ints), which mypy cannot follow through BlockPool: hence the cast."""
+        return cast("Iterable[int]", self.pool.seqs)
 
     def _settle_all(self) -> None:
         for rid in sorted(self.owing):
@@ -168,7 +177,7 @@ class PagedPolicy:
 
     def sync(self) -> None:
         """Tell the pool every token and block it has not heard of (tests compare its accounting)."""
-        for rid in self.pool.seqs:
+        for rid in self._live_ids():
             if self.pool_tokens[rid] != self.held_tokens[rid]:
                 self.owing.add(rid)
         self._settle_all()
@@ -191,7 +200,7 @@ class PagedPolicy:
         parts = np.array([used - tail, tail, 0, 0, cached, self.capacity_slots - used - cached], dtype=np.int64)
         return parts, table * BLOCK_TABLE_ENTRY_BYTES
 
-    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray, d: np.ndarray, head_rid: int | None,
+    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray | None, d: np.ndarray, head_rid: int | None,
                           plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
         """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j, new blocks) over k = len(d) decode steps
         from `tokens`; `plan_steps` = 0, 1, 2, … (at least k + 1 of them).
@@ -201,6 +210,7 @@ class PagedPolicy:
             useful = used·B − tail             cached = cached0 − max(owed + need(s) − plain0, 0)
         so each integral is a combination of Σd, Σd·s, Σd·need(s) and Σd·evicted(s).
         """
+        assert plan is not None, "decode_steps_available gives a plan whenever a request runs"
         B, n, k = self.block_size, len(tokens), len(d)
         s = plan_steps[1 : k + 1]
         need = (s // B) * n + plan[s % B]

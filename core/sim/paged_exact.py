@@ -28,7 +28,8 @@ class ExactPagedPolicy(PagedPolicy):
 
     exact_block_tables = True
 
-    def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_requests: int,
+                 prompt_keys: list | np.ndarray | None = None) -> None:
         super().__init__(num_blocks, block_size, num_requests, prompt_keys)
         self.copies: list[tuple[int, int]] = []  # copy-on-write copies not yet taken by a plan
         self.forked = False
@@ -57,7 +58,7 @@ class ExactPagedPolicy(PagedPolicy):
         if not self.forked:
             return 0
         B = self.block_size
-        holders = Counter(int(self.pool.block_table(r)[-1]) for r in self.pool.seqs if self.pool_tokens[r] % B)
+        holders = Counter(int(self.pool.block_table(r)[-1]) for r in self._live_ids() if self.pool_tokens[r] % B)
         growing = Counter(int(self.pool.block_table(r)[-1]) for r, t in zip(rids.tolist(), totals.tolist(), strict=True)
                           if t > self.pool_tokens[r] and self.pool_tokens[r] % B)
         return sum(min(g, holders[b] - 1) for b, g in growing.items())

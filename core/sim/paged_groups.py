@@ -36,7 +36,7 @@ class GroupedPagedPolicy:
     releases_in_segment = False
 
     def __init__(self, num_blocks: int, block_size: int, groups: tuple[PoolGroup, ...], state_mode: str,
-                 num_requests: int, prompt_keys: list | None = None,
+                 num_requests: int, prompt_keys: list | np.ndarray | None = None,
                  max_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, page_bytes: int = 0) -> None:
         self.block_size = block_size
         self.page_bytes = page_bytes  # bytes of one block id (KVLayout.page_bytes); 0: unknown, swaps count tokens
@@ -85,8 +85,8 @@ class GroupedPagedPolicy:
         pool = self.pool
         ids, targets = rids.tolist(), totals.tolist()
         if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
-            adds = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
-            if len(adds) == 1 and (add := adds.pop()) > 0:  # a decode step: one call per group
+            distinct = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
+            if len(distinct) == 1 and (add := distinct.pop()) > 0:  # a decode step: one call per group
                 pool.free_skipped_many(ids, one_drop=not self.exact_block_tables)  # verify counts skip_blocks
                 if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
                     return False
@@ -234,7 +234,9 @@ class GroupedPagedPolicy:
             first = self._first(key, tokens)
             if not isinstance(first, int):
                 pool.skip_many(members, ids, first.tolist())
-                after.append((members, self._first(key, tokens + (k - 1)).tolist()))
+                last = self._first(key, tokens + (k - 1))
+                assert not isinstance(last, int)  # the group's kind made `first` an array: `last` is one too
+                after.append((members, last.tolist()))
         pool.grow_private_many(ids, k)
         for members, first in after:
             pool.skip_many(members, ids, first)

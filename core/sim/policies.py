@@ -35,7 +35,10 @@ class MemoryPolicy(Protocol):
     block_size: int
     capacity_slots: int
     exact_block_tables: bool  # block tables are current after every call (plans can carry slots and copies)
-    releases_in_segment: bool  # fast-forwarded runs may go past finishes (block identities cannot matter)
+
+    @property
+    def releases_in_segment(self) -> bool:
+        """Fast-forwarded runs may go past finishes (block identities cannot matter); read only."""
 
     def never_fits(self, rid: int, total_tokens: int) -> bool:
         """Reject at arrival: the request's whole KV exceeds the pool."""

@@ -88,7 +88,7 @@ class ReservationPolicy:
         parts = np.array([useful, 0, used - useful, external, 0, self.alloc.free_slots - external], dtype=np.int64)
         return parts, 0
 
-    def segment_integrals(self, tokens: np.ndarray, plan: None, d: np.ndarray, head_rid: int | None,
+    def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray | None, d: np.ndarray, head_rid: int | None,
                           plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
         """Σ_j d_j · parts_j over decode steps: only useful (T0 + n·s) moves; reservations stay put."""
         D, DS = float(d.sum()), float(d @ plan_steps[1 : len(d) + 1])

@@ -114,6 +114,8 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
     def result(rate: float, bracket: tuple[float, float], reason: str | None = None) -> RateSearch:
         return RateSearch(policy, rate, bracket, runs.evaluations, reason, rel_tol, runs.decided_early)
 
+    lo: float | None
+    hi: float | None
     if not passes(start, first):
         _, reason = attainment_ceiling(first, target)
         if reason is not None:

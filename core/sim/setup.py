@@ -119,7 +119,7 @@ def _gpu(o: SimOptions):
         if o.gpu is not None:
             raise ParameterError("give either gpu or gpu_memory/bandwidth/flops, not both", "gpu", "gpu_memory",
                                  "bandwidth", "flops")
-        if any(v is None for v in custom):
+        if o.gpu_memory is None or o.bandwidth is None or o.flops is None:
             raise ParameterError("a custom GPU needs gpu_memory, bandwidth and flops together", "gpu_memory",
                                  "bandwidth", "flops")
         bandwidth = float(byte_count("bandwidth", o.bandwidth, "bytes/s"))

@@ -23,6 +23,7 @@ the `speculative` share, out of the six parts of MEMORY_PARTS, which then sum to
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from ..pool.block_pool import BlockPool
 from .engine import Engine
 from .paged_exact import ExactPagedPolicy
 from .plan import Executor, StepOutcome, StepPlan
+from .policies import MemoryPolicy
 from .record import RunRecord
 from .reserve import ReservationPolicy
 from .scheduler import Scheduler
@@ -39,10 +41,24 @@ from .speculative import SimSpeculation, SpeculativeStepTimeExecutor, Speculativ
 from .workload import Workload
 
 
+class SpeculativePolicy(MemoryPolicy, Protocol):
+    """A memory policy with decode growth by reserve / commit (see the module docstring)."""
+
+    def reserve(self, rid: int, num_slots: int) -> bool:
+        """Room for `num_slots` slots past `rid`'s committed tokens, or False and no change."""
+
+    def commit(self, rid: int, num_accepted: int) -> int:
+        """Keep `num_accepted` of the reserved slots; the slots rolled back."""
+
+    def speculative_parts(self, tokens: np.ndarray, head_rid: int | None,
+                          steps: dict[int, tuple[int, int]]) -> tuple[np.ndarray, int, int]:
+        """(the six parts less the speculative slots, block-table bytes, speculative slots)."""
+
+
 class SpeculativePagedPolicy(ExactPagedPolicy):
     """The paged policy over a pool with the run's rollback policy; decode growth by reserve / commit."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | None,
+    def __init__(self, num_blocks: int, block_size: int, num_requests: int, prompt_keys: list | np.ndarray | None,
                  rollback_policy: str, extra_slots: int, max_model_len: int) -> None:
         super().__init__(num_blocks, block_size, num_requests, prompt_keys)
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=prompt_keys is not None,
@@ -120,6 +136,8 @@ class SpeculativeReservationPolicy(ReservationPolicy):
 class SpeculativeScheduler(Scheduler):
     """The scheduler with decode steps of 1 + K tokens through reserve (see the module docstring)."""
 
+    policy: SpeculativePolicy
+
     def __init__(self, *args, speculation: SimSpeculation, **kw) -> None:
         super().__init__(*args, **kw)
         self.spec_tokens, self.lookahead = speculation.spec_tokens, speculation.lookahead_slots
@@ -169,6 +187,9 @@ class SpeculativeScheduler(Scheduler):
 
 class SpeculativeEngine(Engine):
     """The engine loop with SpeculativeScheduler: plans carry drafts, outcomes the accepted counts."""
+
+    policy: SpeculativePolicy
+    scheduler: SpeculativeScheduler
 
     def __init__(self, workload, policy, executor: Executor, config, cancel_at=None, *, speculation: SimSpeculation,
                  record_timeline: bool = False, progress: Callable[[int], None] | None = None) -> None:
@@ -237,6 +258,7 @@ class SpeculativeEngine(Engine):
         if outcome.token_ids is None:
             raise ValueError("the workload has token ids: the executor must return the tokens each sampling "
                              "request produced (StepOutcome.token_ids)")
+        assert s.token_ids is not None  # the caller takes tokens only for a workload with token ids
         for rid in sampled.tolist():
             tokens = outcome.token_ids[rid]
             tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
@@ -247,7 +269,8 @@ class SpeculativeEngine(Engine):
         return SpeculativeTotals(**self.counts, speculative_slot_s=self.speculative_slot_s)
 
 
-def make_speculative_policy(name: str, workload: Workload, setup: SimSetup, speculation: SimSpeculation):
+def make_speculative_policy(name: str, workload: Workload, setup: SimSetup,
+                            speculation: SimSpeculation) -> SpeculativePolicy:
     extra = speculation.speculation.extra_slots
     max_len = setup.scheduler.max_model_len
     if name == "paged":
@@ -270,6 +293,7 @@ def run_speculative(workload: Workload, name: str, setup: SimSetup, speculation:
                                setup.scheduler, cancel_at, speculation=speculation, record_timeline=record_timeline,
                                progress=progress)
     record = engine.run(None)
+    assert record is not None  # without a stop condition the run goes to its end
     record.speculative = engine.totals_speculative()
     return record
 

@@ -287,3 +287,14 @@ def test_swap_and_recompute_preempt_alike_when_time_does_not_differ(seed):
     assert runs[0].preemptions.sum() > 0
     assert np.array_equal(runs[0].preemptions, runs[1].preemptions)
     assert np.array_equal(runs[0].finish_s, runs[1].finish_s)
+
+
+def test_plain_step_token_is_one_token():
+    """A plain step's outcome holds one token per sampling request; a tuple (a speculative step's) is refused
+    by name instead of failing deep in int()."""
+    from kvcalc.core.sim.engine import one_token
+
+    assert one_token(3, 17) == 17
+    assert one_token(3, np.int64(17)) == 17  # a model runner's numpy token ids are ints too
+    with pytest.raises(ValueError, match="2 tokens for request 3 in a step without drafts"):
+        one_token(3, (17, 18))
