@@ -6,7 +6,6 @@ them); the space, prices, execution and output options are the command's.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -40,41 +39,18 @@ PlotOpt = Annotated[Path | None, typer.Option(
 
 
 def command(
-    trace: opt.TraceOpt = None,
-    time_scale: opt.TimeScaleOpt = 1.0,
-    limit: opt.LimitOpt = None,
-    rate: opt.RateOpt = None,
-    arrival: opt.ArrivalOpt = None,
-    burstiness: opt.BurstinessOpt = None,
-    requests: opt.RequestsOpt = None,
-    prompt_dist: opt.PromptDistOpt = None,
-    output_dist: opt.OutputDistOpt = None,
-    model: opt.ModelOpt = None,
-    config: opt.ConfigOpt = None,
-    layers: opt.LayersOpt = None,
-    kv_heads: opt.KvHeadsOpt = None,
-    head_dim: opt.HeadDimOpt = None,
-    weight_dtype: opt.WeightDtypeOpt = None,
-    memory_utilization: opt.MemoryUtilizationOpt = None,
-    max_seqs: opt.MaxSeqsOpt = None,
-    max_model_len: opt.MaxModelLenOpt = None,
-    seed: opt.SimSeedOpt = None,
-    slo: opt.SloOpt = None,
-    target_attainment: opt.AttainmentOpt = None,
-    gpu_cost: GpuCostOpt = None,
-    gpu: GpusOpt = None,
-    tp: TpsOpt = "1,2,4",
-    block: BlocksOpt = "16",
-    max_batched_tokens: BatchedTokensOpt = "8192",
-    kv_dtype: KvDtypesOpt = "bf16",
-    replicas: ReplicasOpt = "1,2,4",
-    jobs: JobsOpt = None,
-    ray: RayOpt = None,
-    cache_dir: CacheDirOpt = None,
-    no_cache: NoCacheOpt = False,
-    plot: PlotOpt = None,
-    json_flag: JsonOpt = False,
-    fmt: FormatOpt = Format.table,
+    trace: opt.TraceOpt = None, time_scale: opt.TimeScaleOpt = 1.0, limit: opt.LimitOpt = None,
+    rate: opt.RateOpt = None, arrival: opt.ArrivalOpt = None, burstiness: opt.BurstinessOpt = None,
+    requests: opt.RequestsOpt = None, prompt_dist: opt.PromptDistOpt = None, output_dist: opt.OutputDistOpt = None,
+    model: opt.ModelOpt = None, config: opt.ConfigOpt = None, layers: opt.LayersOpt = None,
+    kv_heads: opt.KvHeadsOpt = None, head_dim: opt.HeadDimOpt = None, weight_dtype: opt.WeightDtypeOpt = None,
+    memory_utilization: opt.MemoryUtilizationOpt = None, max_seqs: opt.MaxSeqsOpt = None,
+    max_model_len: opt.MaxModelLenOpt = None, seed: opt.SimSeedOpt = None, slo: opt.SloOpt = None,
+    target_attainment: opt.AttainmentOpt = None, gpu_cost: GpuCostOpt = None, gpu: GpusOpt = None,
+    tp: TpsOpt = "1,2,4", block: BlocksOpt = "16", max_batched_tokens: BatchedTokensOpt = "8192",
+    kv_dtype: KvDtypesOpt = "bf16", replicas: ReplicasOpt = "1,2,4", jobs: JobsOpt = None, ray: RayOpt = None,
+    cache_dir: CacheDirOpt = None, no_cache: NoCacheOpt = False, plot: PlotOpt = None,
+    json_flag: JsonOpt = False, fmt: FormatOpt = Format.table,
 ) -> None:
     """Plan a deployment: the cheapest GPU, TP, block size, batching, KV precision and replicas under an SLO.
 
@@ -82,49 +58,15 @@ def command(
     Costs come only from --gpu-cost. Latencies come from sim's roofline step-time model, not a measurement.
     """
     base = sim_options(locals())
-    from .. import __version__
-    from ..core.plan.cache import PointCache, code_fingerprint, default_cache_dir
-    from ..core.plan.planner import PlanRequest, run_plan
-    from ..core.plan.space import Space, check_gpus, parse_dtypes, parse_ints, parse_prices
-    from ..core.sim.simulate import available_cpus
-    from .chart import check_plot_target
+    from .plan_inputs import PlanOptions, plan_inputs, run_plan_timed
     from .plan_report import build_report, write_plan_plot
-    from .progress import progress_bar
 
     fmt = resolve_format(json_flag, fmt)
-    if plot is not None:
-        check_plot_target(plot)
-    if jobs is not None and jobs < 1:
-        raise ValueError(f"--jobs {jobs} must be at least 1")
-    if ray is not None and jobs is not None:
-        raise ValueError("give --jobs (local processes) or --ray (Ray tasks), not both")
-    if ray is not None and not ray.strip():
-        raise ValueError("--ray '': give auto or a cluster address, e.g. --ray auto")
-    if no_cache and cache_dir is not None:
-        raise ValueError("give --cache-dir or --no-cache, not both")
-    prices = parse_prices(gpu_cost or [])
-    gpus = check_gpus([g for g in gpu.split(",")] if gpu is not None else [], prices)
-    space = Space(
-        gpus=gpus, tp=parse_ints(tp, "tp", highest=1024), block_sizes=parse_ints(block, "block"),
-        max_batched_tokens=parse_ints(max_batched_tokens, "max_batched_tokens"),
-        kv_dtypes=parse_dtypes(kv_dtype), replicas=parse_ints(replicas, "replicas", highest=4096))
-    if ray is not None:
-        from ..core.plan.execute import import_ray
-
-        import_ray()  # before any work: a missing extra is one line, not a failure after the cached points
-    cache = None if no_cache else PointCache(cache_dir or default_cache_dir())
-    request = PlanRequest(base, space, prices, f"{__version__}+{code_fingerprint()}")
-    jobs = available_cpus() if jobs is None else jobs
-    total = len(space.points())
-    start = time.perf_counter()
-    with progress_bar(f"plan: {total} points (max-rate searches)", total=total) as advance:
-        result = run_plan(request, jobs=jobs, ray_address=ray, cache=cache, progress=advance)
-    where = f"Ray ({ray})" if ray is not None else f"{jobs} local process{'es' if jobs > 1 else ''}"
-    err_console.print(f"plan: {total} points, {result.cached} from the cache, {total - result.cached} computed "
-                      f"on {where} in {time.perf_counter() - start:.1f} s", highlight=False)
+    inputs = plan_inputs(base, PlanOptions(
+        gpu_cost=gpu_cost, gpu=gpu, tp=tp, block=block, max_batched_tokens=max_batched_tokens, kv_dtype=kv_dtype,
+        replicas=replicas, jobs=jobs, ray=ray, cache_dir=cache_dir, no_cache=no_cache, plot=plot))
+    result = run_plan_timed(inputs)
     if plot is not None:
         write_plan_plot(plot, result)
         err_console.print(f"wrote {plot}", highlight=False)
     emit(build_report(result), fmt)
-
-

@@ -248,7 +248,22 @@ def _curve_report(description: str, has_ids: bool, o: CurveOptions, curves: list
                            "prompt_tokens": curve.prompt_tokens, "unbounded_hit_tokens": curve.ceiling.hit_tokens,
                            "unbounded_hit_rate": curve.hit_rate(curve.ceiling), "reach": reach,
                            "cached_block_bytes": None if cbb is None else cbb.bytes_per_block, "points": points[:-1]})
-    with_bytes = spec is not None
+    tables = _curve_tables(records, reach_records, with_bytes=spec is not None)
+    doc: dict[str, Any] = {"trace": description, "has_prefix_ids": has_ids, "curves": doc_curves}
+    if spec is not None:
+        first = per_block[curves[0].block_size]
+        assert first is not None
+        doc["model"] = {"name": first.model, "dtype": first.dtype, "tp": first.tp,
+                        "cached_block_bytes_by_group": {str(b): dict((g.label, g.bytes_per_block) for g in c.groups)
+                                                        for b, c in per_block.items() if c is not None}}
+    report = Report(doc=doc, tables=tables, text=[description])
+    report.notes += _curve_notes(o, has_ids, per_block)
+    return report
+
+
+def _curve_tables(records: list[dict[str, Any]], reach_records: list[dict[str, Any]], *,
+                  with_bytes: bool) -> list[Table]:
+    """The hit-rate-per-capacity table and the capacity-per-share-of-hits table (bytes columns with a model)."""
     fields = [
         Field("block_size", "block"),
         Field(None, "capacity", lambda r: r["capacity"]),  # as typed; CSV has blocks, tokens and bytes
@@ -268,16 +283,7 @@ def _curve_report(description: str, has_ids: bool, o: CurveOptions, curves: list
         reach_fields.append(Field(f"bytes_{key}", f"{round(f * 100)} %: bytes" if with_bytes else None, format_bytes))
     tables.append(record_table("capacity that reaches a share of the unbounded cache's hits", reach_fields,
                                reach_records))
-    doc: dict[str, Any] = {"trace": description, "has_prefix_ids": has_ids, "curves": doc_curves}
-    if spec is not None:
-        first = per_block[curves[0].block_size]
-        assert first is not None
-        doc["model"] = {"name": first.model, "dtype": first.dtype, "tp": first.tp,
-                        "cached_block_bytes_by_group": {str(b): dict((g.label, g.bytes_per_block) for g in c.groups)
-                                                        for b, c in per_block.items() if c is not None}}
-    report = Report(doc=doc, tables=tables, text=[description])
-    report.notes += _curve_notes(o, has_ids, per_block)
-    return report
+    return tables
 
 
 def _curve_notes(o: CurveOptions, has_ids: bool, per_block: dict[int, CachedBlockBytes | None]) -> list[str]:
