@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,10 +22,26 @@ from .options import FormatOpt, JsonOpt, SeedOpt, check_output_path, int_option
 from .output import Field, Format, Report, Table, emit, err_console, record_table, resolve_format, to_json
 from .progress import progress_bar
 
+if TYPE_CHECKING:
+    from ..cuda_ext.bench import BenchConfig
+
 DeviceOpt = Annotated[str, typer.Option("--device", help="cuda (the extension), cpu (the reference "
                                         "implementations at small sizes) or auto (cuda if a GPU is visible).")]
 BenchDtypeOpt = Annotated[str, typer.Option("--dtype", help="Precision of the timed runs: bf16 or fp16.")]
 IntOpt = int | None
+HeadDimOpt = Annotated[int, int_option("--head-dim", help="Head dimension: 64, 128 or 256.")]
+QHeadsOpt = Annotated[int, int_option("--q-heads", help="Query heads (a multiple of --kv-heads).")]
+KvHeadsOpt = Annotated[int, int_option("--kv-heads", help="KV heads.")]
+BatchOpt = Annotated[IntOpt, int_option("--batch", help="Time only this batch size.")]
+ContextOpt = Annotated[IntOpt, int_option("--context", help="Time only this context length (tokens).")]
+BlockSizeOpt = Annotated[int, int_option("--block", "--block-size", "-b", help="Tokens per KV block (power of two).")]
+ItersOpt = Annotated[IntOpt, int_option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")]
+WarmupOpt = Annotated[int, int_option("--warmup", help="Untimed runs before timing.")]
+SplitsOpt = Annotated[IntOpt, int_option("--splits", help="Force the split-KV count (default: heuristic).")]
+SweepBlockOpt = Annotated[bool, typer.Option("--sweep-block", help="Also sweep block sizes 1..256.")]
+NoFlexOpt = Annotated[bool, typer.Option("--no-flex", help="Do not time FlexAttention (saves its compile).")]
+SkipCorrectnessOpt = Annotated[bool, typer.Option("--skip-correctness", help="Skip the correctness grid.")]
+SaveOpt = Annotated[Path | None, typer.Option("--save", help="Also write the JSON document to this file.")]
 BENCH_INSTALL = "pip install 'kvcalc[bench]'"
 CPU_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
@@ -128,27 +144,31 @@ def _report(doc: dict[str, Any]) -> Report:
     return Report(doc=doc, tables=tables, notes=notes)
 
 
+def _bench_config(device: str, *, dtype: str, head_dim: int, q_heads: int, kv_heads: int, batch: int | None,
+                  context: int | None, block_size: int, iters: int | None, warmup: int, splits: int | None,
+                  sweep_block: bool, correctness: bool, flex: bool, seed: int | None) -> BenchConfig:
+    """The run's configuration on the picked device: the device's shapes (or the one --batch/--context names)
+    and its default number of timed runs."""
+    from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig
+
+    shapes: tuple[tuple[int, int], ...] = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    if batch is not None or context is not None:
+        default_batch, default_context = shapes[-1]
+        shapes = ((default_batch if batch is None else batch, default_context if context is None else context),)
+    assert seed is not None  # defaults to 0; --seed takes only a whole number
+    return BenchConfig(
+        device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
+        block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters,
+        warmup=warmup, sweep_block=sweep_block, correctness=correctness, flex=flex, num_splits=splits, seed=seed,
+    )
+
+
 def command(
-    device: DeviceOpt = "auto",
-    dtype: BenchDtypeOpt = DEFAULT_DTYPE,
-    head_dim: Annotated[int, int_option("--head-dim", help="Head dimension: 64, 128 or 256.")] = 128,
-    q_heads: Annotated[int, int_option("--q-heads", help="Query heads (a multiple of --kv-heads).")] = 32,
-    kv_heads: Annotated[int, int_option("--kv-heads", help="KV heads.")] = 8,
-    batch: Annotated[IntOpt, int_option("--batch", help="Time only this batch size.")] = None,
-    context: Annotated[IntOpt, int_option("--context", help="Time only this context length (tokens).")] = None,
-    block_size: Annotated[
-        int, int_option("--block", "--block-size", "-b", help="Tokens per KV block (power of two).")
-    ] = 16,
-    iters: Annotated[IntOpt, int_option("--iters", help="Timed runs (median); default cuda 50, cpu 3.")] = None,
-    warmup: Annotated[int, int_option("--warmup", help="Untimed runs before timing.")] = 3,
-    splits: Annotated[IntOpt, int_option("--splits", help="Force the split-KV count (default: heuristic).")] = None,
-    sweep_block: Annotated[bool, typer.Option("--sweep-block", help="Also sweep block sizes 1..256.")] = False,
-    no_flex: Annotated[bool, typer.Option("--no-flex", help="Do not time FlexAttention (saves its compile).")] = False,
-    skip_correctness: Annotated[bool, typer.Option("--skip-correctness", help="Skip the correctness grid.")] = False,
-    save: Annotated[Path | None, typer.Option("--save", help="Also write the JSON document to this file.")] = None,
-    seed: SeedOpt = 0,
-    json_flag: JsonOpt = False,
-    fmt: FormatOpt = Format.table,
+    device: DeviceOpt = "auto", dtype: BenchDtypeOpt = DEFAULT_DTYPE, head_dim: HeadDimOpt = 128,
+    q_heads: QHeadsOpt = 32, kv_heads: KvHeadsOpt = 8, batch: BatchOpt = None, context: ContextOpt = None,
+    block_size: BlockSizeOpt = 16, iters: ItersOpt = None, warmup: WarmupOpt = 3, splits: SplitsOpt = None,
+    sweep_block: SweepBlockOpt = False, no_flex: NoFlexOpt = False, skip_correctness: SkipCorrectnessOpt = False,
+    save: SaveOpt = None, seed: SeedOpt = 0, json_flag: JsonOpt = False, fmt: FormatOpt = Format.table,
 ) -> int:
     """Benchmark the CUDA paged-attention kernel against a contiguous-KV baseline (correctness and speed);
     --device cpu runs the reference implementations at small sizes."""
@@ -158,20 +178,12 @@ def command(
         check_output_path("--save", save)  # before a run of minutes
     require_torch("bench", device)
     from ..cuda_ext.backends import run_suite
-    from ..cuda_ext.bench import CPU_SHAPES, CUDA_SHAPES, BenchConfig, total_steps
+    from ..cuda_ext.bench import total_steps
 
-    device = _pick_device(device)
-    shapes: tuple[tuple[int, int], ...] = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
-    if batch is not None or context is not None:
-        default_batch, default_context = shapes[-1]
-        shapes = ((default_batch if batch is None else batch, default_context if context is None else context),)
-    assert seed is not None  # defaults to 0; --seed takes only a whole number
-    config = BenchConfig(
-        device=device, dtype=dtype, head_dim=head_dim, num_q_heads=q_heads, num_kv_heads=kv_heads,
-        block_size=block_size, shapes=shapes, iters=(50 if device == "cuda" else 3) if iters is None else iters,
-        warmup=warmup, sweep_block=sweep_block, correctness=not skip_correctness, flex=not no_flex, num_splits=splits,
-        seed=seed,
-    )
+    config = _bench_config(
+        _pick_device(device), dtype=dtype, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads, batch=batch,
+        context=context, block_size=block_size, iters=iters, warmup=warmup, splits=splits, sweep_block=sweep_block,
+        correctness=not skip_correctness, flex=not no_flex, seed=seed)
     output_format = resolve_format(json_flag, fmt)
     with progress_bar("kvcalc bench", total_steps(config)) as advance:
 
