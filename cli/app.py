@@ -3,8 +3,8 @@
 Exit codes: 0 ok, 1 runtime failure, 2 bad input (one line `error: …`), 3 CUDA unavailable.
 
 Core errors name the parameters of core functions (kvcalc.core.errors.ParameterError); users typed flags.
-`PARAMETER_FLAGS` maps, per command, each core parameter name to the flag that sets it; a command's own
-option names need no entry (`block_size` of `kvcalc bench` is its `--block`), they are read from the
+`PARAMETER_FLAGS` (kvcalc.cli.flags) maps, per command, each core parameter name to the flag that sets it; a
+command's own option names need no entry (`block_size` of `kvcalc bench` is its `--block`), they are read from the
 command. `flag_message` rewrites an error with them, so that every message names the flag the user typed.
 """
 
@@ -24,25 +24,11 @@ except ImportError:  # pragma: no cover
 
 from ..core.errors import CudaUnavailableError, ParameterError
 from .commands import COMMANDS
+from .flags import command_flags
 
 EXIT_RUNTIME = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_CUDA = 3
-
-# command -> {core parameter: flag}, for the core parameters whose names differ from the command's options.
-# repo_id: the org/name of core.model.hub.cached_config, which every --model reaches.
-PARAMETER_FLAGS: dict[str, dict[str, str]] = {
-    "size": {"block_size": "--block", "num_tokens": "--tokens", "num_seqs": "--seqs", "memory_bytes": "--memory",
-             "repo_id": "--model", "method": "--spec-method", "draft": "--draft-config"},
-    "frag": {"block_size": "--block", "block_sizes": "--block", "per_sequence": "--per-seq", "repo_id": "--model"},
-    "share": {"block_size": "--block", "prefix_tokens": "--prefix", "gen_tokens": "--gen", "memory_bytes": "--memory",
-              "repo_id": "--model"},
-    "sim": {"block_size": "--block", "rate_per_s": "--rate", "repo_id": "--model", "memory_bytes": "--gpu-memory",
-            "bandwidth_bytes_per_s": "--bandwidth", "peak_flops": "--flops"},
-    "plan": {"block_size": "--block", "rate_per_s": "--rate", "kv_dtype": "--dtype", "ray_address": "--ray",
-             "repo_id": "--model", "root": "--cache-dir"},
-    "bench": {"num_q_heads": "--q-heads", "num_kv_heads": "--kv-heads", "num_splits": "--splits"},
-}
 
 
 def _fail(message: str, code: int) -> None:
@@ -104,13 +90,7 @@ class KvcalcGroup(TyperGroup):
         """{parameter: flag} of the command in `args` (the first word; the root's options take no value):
         its own options' names, then PARAMETER_FLAGS."""
         name = next((arg for arg in args if not arg.startswith("-")), None)
-        command = self.commands.get(name) if name is not None else None
-        flags = {}
-        for param in getattr(command, "params", ()):
-            long_flags = [opt for opt in param.opts if opt.startswith("--")]
-            if param.name and long_flags:
-                flags[param.name] = long_flags[0]
-        return flags | PARAMETER_FLAGS.get(name or "", {})
+        return command_flags(name, self.commands.get(name) if name is not None else None)
 
 
 def flag_message(exc: ParameterError, flags: dict[str, str]) -> str:

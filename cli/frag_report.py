@@ -7,6 +7,7 @@ from fractions import Fraction
 
 from ..core.frag import FragAnalysis, ModelBytes, SpeculativePeaks
 from ..core.inputs.lengths import Lengths
+from ..core.notes import concat
 from ..core.spec_decode import SPEC_METHODS
 from ..core.units import format_bytes, format_count, plural
 from .frag_doc import BEST_OBJECTIVE, STATE_PAGES, document
@@ -75,7 +76,7 @@ def two_decimals(value: Fraction) -> str:
 
 def header(source: Lengths) -> list[str]:
     return [
-        f"Lengths — {source.description}",
+        concat("Lengths — ", source.description),
         f"{plural(source.count, 'sequence')}, {plural(source.total, 'token')}; min {format_count(source.min)}, "
         f"max {format_count(source.max)}, mean {two_decimals(source.mean)}",
     ]

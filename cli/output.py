@@ -20,6 +20,7 @@ The JSON document's text is json_doc.to_json's.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import sys
@@ -29,6 +30,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from .flags import current_flags, rendered
 from .json_doc import to_json
 
 if TYPE_CHECKING:
@@ -242,9 +244,20 @@ def _markdown(report: Report) -> str:
     return "\n".join(parts)
 
 
+def _with_flags(report: Report, flags: dict[str, str]) -> Report:
+    """The report with every core Note (kvcalc.core.notes) in it written with the command's flags."""
+    tables = [dataclasses.replace(
+        table, rows=rendered(table.rows, flags), caption=rendered(table.caption, flags),
+        raw=None if table.raw is None else dataclasses.replace(table.raw, rows=rendered(table.raw.rows, flags)))
+        for table in report.tables]
+    return Report(rendered(report.doc, flags), tables, rendered(report.notes, flags), rendered(report.text, flags),
+                  report.footer)
+
+
 def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
     """Writes the report to stdout (or to `console`'s file) in `fmt`; only the table format loads rich."""
     stream = console.file if console is not None else sys.stdout
+    report = _with_flags(report, current_flags())
     if fmt is Format.json:
         stream.write(to_json(report.doc) + "\n")
         return

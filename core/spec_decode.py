@@ -29,6 +29,7 @@ from .blocks import ceil_div
 from .errors import ParameterError
 from .model.layers import LayerGroup, bits_to_bytes, state_bits
 from .model.model_spec import ModelSpec
+from .notes import Note
 
 SPEC_METHODS = {"draft": "a draft model", "eagle": "an EAGLE head", "mtp": "multi-token-prediction layers",
                 "ngram": "n-gram drafting"}  # method: its drafters (all but ngram keep KV: K lookahead slots)
@@ -196,8 +197,8 @@ def with_config_drafter(spec: ModelSpec, spec_tokens: int | None, method: str | 
 
     name = None if spec_tokens is None else DEFAULT_SPEC_METHOD if method is None else method.strip().lower()
     if name == "draft":
-        return spec, (f"--spec-method draft: the draft model's own KV is not counted ({command} reads no drafter "
-                      "config; kvcalc size --draft-config counts it)")
+        return spec, Note(f"{{spec_method}} draft: the draft model's own KV is not counted ({command} reads no "
+                          "drafter config; kvcalc size --draft-config counts it)", "spec_method")
     if name in ("mtp", "eagle") and not spec.drafter_layers:
         raise ParameterError(
             f"spec_method {name}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import ParameterError
+from ..notes import Note, concat
 from ..paging import MAX_LENGTH, exact_sum
 from ..units import plural
 from .distributions import LengthDistribution
@@ -87,7 +88,7 @@ class Lengths:
     @property
     def description(self) -> str:
         """`real: azure trace …` — the kind first, so nobody mistakes a sample for a trace."""
-        return f"{self.kind}: {self.source}"
+        return concat(f"{self.kind}: ", self.source)
 
 
 def worked_example() -> Lengths:
@@ -109,7 +110,7 @@ def parse_lengths_list(text: str) -> Lengths:
         values = validated(ints_from_text(items, where), where, "{lengths}")
     except ValueError as exc:
         raise ParameterError(str(exc), "lengths") from None
-    return Lengths(values, "user", f"--lengths ({values.size:,} given on the command line)")
+    return Lengths(values, "user", Note(f"{{lengths}} ({values.size:,} given on the command line)", "lengths"))
 
 
 def read_lengths_file(source: InputSource, column: str | None = None) -> Lengths:

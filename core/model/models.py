@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ParameterError
+from ..notes import Note, concat
 from .model_spec import ModelSpec
 from .presets import PRESETS, get_preset
 
@@ -63,7 +64,7 @@ def resolve_model(
         return ModelSpec(
             name="custom", layers=layers, num_attention_heads=kv_heads, kv_heads=kv_heads, head_dim=head_dim,
             hidden_size=kv_heads * head_dim, max_position_embeddings=None,
-            source="explicit --layers/--kv-heads/--head-dim",
+            source=Note("explicit {layers}/{kv_heads}/{head_dim}", "layers", "kv_heads", "head_dim"),
         )
     if not spec.keeps_kv and not kv_free:
         raise ValueError(f"{spec.name} keeps no KV cache (every layer is recurrent: a state of "
@@ -125,8 +126,8 @@ def with_overrides(
             "to replace: edit its config.json instead"
         )
     # layer_groups=() re-derives the groups from the changed uniform fields; estimated weights no longer apply.
-    return dataclasses.replace(spec, name=f"{spec.name} ({label})", source=f"{spec.source}; overridden: {label}",
-                               layer_groups=(), **changes)
+    return dataclasses.replace(spec, name=f"{spec.name} ({label})", layer_groups=(),
+                               source=concat(spec.source, f"; overridden: {label}"), **changes)
 
 
 DRAFTER_METHODS = ("draft", "eagle", "mtp")  # the drafting methods whose drafter keeps KV of its own
@@ -150,9 +151,9 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
                              f"{' | '.join(DRAFTER_METHODS)} uses; add {{method}} draft", "draft", "method")
     if method not in DRAFTER_METHODS:
         if mtp:
-            return spec, (f"{spec.name}'s config has {mtp} MTP layer{'s' if mtp > 1 else ''} ({field} {mtp}), "
-                          "which keep KV only under speculative decoding: not counted here (--spec-tokens K "
-                          "--spec-method mtp adds them)")
+            return spec, Note(f"{spec.name}'s config has {mtp} MTP layer{'s' if mtp > 1 else ''} ({field} {mtp}), "
+                              "which keep KV only under speculative decoding: not counted here ({spec_tokens} K "
+                              "{spec_method} mtp adds them)", "spec_tokens", "spec_method")
         return spec, None
     if draft is not None:
         if not draft.keeps_kv:
@@ -163,8 +164,8 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
         what = f"the draft model {draft.name} ({draft.model_layers} layer{'s' if draft.model_layers > 1 else ''}, " \
                f"{draft.layers} with KV)"
     elif method == "draft":
-        return spec, ("--spec-method draft without --draft-config: the draft model's own KV is not counted (give "
-                      "--draft-config PATH to add it)")
+        return spec, Note("{spec_method} draft without {draft}: the draft model's own KV is not counted (give "
+                          "{draft} PATH to add it)", "spec_method", "draft")
     elif not mtp:
         raise ParameterError(f"{{method}} {method}: {spec.name}'s config has no MTP layers (num_nextn_predict_layers, "
                              "mtp_num_hidden_layers) for the drafter; give the drafter's config with {draft} PATH",
@@ -177,7 +178,7 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
     merged = dataclasses.replace(
         spec, name=f"{spec.name} + {method} drafter", layer_groups=groups, layers=spec.layers + kv,
         num_kv_free_layers=spec.num_kv_free_layers + sum(g.count for g in added if not g.keeps_kv),
-        drafter_groups=(), source=f"{spec.source}; with {what}",
+        drafter_groups=(), source=concat(spec.source, f"; with {what}"),
     )
-    return merged, f"--spec-method {method}: the KV of {what} is included in every figure (vLLM keeps it in the " \
-                   "same KV pool, at the same precision)"
+    return merged, Note(f"{{spec_method}} {method}: the KV of {what} is included in every figure (vLLM keeps it in "
+                        "the same KV pool, at the same precision)", "spec_method")

@@ -19,6 +19,7 @@ from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, check_mooncake_block_size, re
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
+from ..notes import Note, concat
 from ..pool.groups import check_state_mode_given
 from ..share.replay_groups import keys_lower_bound
 from ..spec_decode import with_config_drafter
@@ -145,7 +146,7 @@ def build(o: SimOptions) -> Setup:
     spec, drafter = with_config_drafter(spec, o.spec_tokens, o.spec_method, "sim")
     notes: list[str] = [] if drafter is None else [drafter]
     if spec.layers != target_layers:  # the drafter's layers joined the target's
-        notes[-1] += f"; the step time reads their KV once per step (as {spec.layers} layers)"
+        notes[-1] = concat(notes[-1], f"; the step time reads their KV once per step (as {spec.layers} layers)")
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
     hybrid = pool_groups(layout) is not None
@@ -213,7 +214,8 @@ def _max_model_len(o: SimOptions, spec: ModelSpec, notes: list[str]) -> int:
         max_model_len = spec.max_position_embeddings
     else:
         max_model_len = FALLBACK_MAX_MODEL_LEN
-        notes.append(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set --max-model-len)")
+        notes.append(Note(f"{spec.name} has no max length; using {FALLBACK_MAX_MODEL_LEN} (set {{max_model_len}})",
+                          "max_model_len"))
     if max_model_len < 1:
         raise ParameterError(f"max_model_len {max_model_len} must be at least 1", "max_model_len")
     return max_model_len

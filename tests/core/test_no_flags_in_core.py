@@ -28,17 +28,12 @@ ALLOWED = {
     # function called sets them, so there is nothing for the CLI to map.
     ("sim/steptime.py", ""): "names `kvcalc bench --json`, another command's output",
     ("spec_decode.py", "spec_method x: "): "names `kvcalc size --draft-config`, another command",
+    ("spec_decode.py", "{spec_method} draft: "): "names `kvcalc size --draft-config`, another command",
     ("model/weights.py", "model x has no"): "names `size --kv-memory`, another command, also from sim's plan",
     # vLLM's own flag, said as vLLM's (`vLLM's --kv-cache-dtype`); the same note names kvcalc's --dtype: TODO.
     ("model/hf_config.py", "x: vLLM"): "vLLM's --kv-cache-dtype; TODO: kvcalc's --dtype in a note",
     # TODO (notes and descriptions that core returns as text for the CLI to print, not errors: a note type that
     # names its parameters is not built yet):
-    ("model/models.py", "explicit --layers/--kv-heads/--head-dim"): "TODO: a ModelSpec.source shown by size",
-    ("model/models.py", "x's config has x MTP layer"): "TODO: a note of size/sim",
-    ("model/models.py", "--spec-method"): "TODO: a note of size",
-    ("spec_decode.py", "--spec-method draft: "): "TODO: a note of sim/frag",
-    ("sim/setup.py", "x has no max length"): "TODO: a note of sim",
-    ("inputs/lengths.py", "--lengths (x given"): "TODO: the source line of frag's report",
     ("inputs/files.py", "one integer per line, a CSV with --column"): "TODO: the formats named in read errors",
     ("inputs/files.py", "; for a CSV give --column"): "TODO: a hint inside ints_from_text's ValueError",
 }

@@ -53,7 +53,7 @@ def test_deepseek_v3_mtp_layer(tmp_path):
         # 62 MLA layers · (512 + 64) latent · 2 B = 71,424 B a token: 1,152 B more
         assert drafted.bytes_per_token(16) == 62 * 576 * 2 == 71_424
         assert drafted.kv_bytes(32768, 16) == 71_424 * 32768
-        assert f"--spec-method {method}: the KV of 1 MTP drafter layer" in note
+        assert f"spec_method {method}: the KV of 1 MTP drafter layer" in note  # the CLI: --spec-method
 
 
 def test_qwen3_next_mtp_layer_is_full_attention(tmp_path):
