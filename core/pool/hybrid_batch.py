@@ -9,6 +9,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from .append import SeqTable
 from .hybrid_layout import HybridLayout
 from .store import PoolExhaustedError
 
@@ -91,32 +92,16 @@ class HybridBatch(HybridLayout):
         if need > len(store.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens to {count} sequences needs {need} blocks over "
                                      f"{groups} groups, {len(store.queue)} free")
-        partial = np.flatnonzero(old % B).tolist()
-        if partial:
-            last = [t[i].table[t[i].num_blocks - 1] for t in tables for i in partial]
-            store.fill[last] += np.tile(np.minimum(B - old[partial] % B, num_tokens), groups)
+        old_mod = old % B
+        partial = np.flatnonzero(old_mod)
+        if len(partial):
+            ends = partial.tolist()
+            last = [s.table[s.num_blocks - 1] for t in tables for s in map(t.__getitem__, ends)]
+            # each group's partial blocks get the same tokens: a (groups, partial) index broadcasts the row
+            store.fill[np.array(last, np.int64).reshape(groups, len(ends))] += np.minimum(B - old_mod[partial],
+                                                                                          num_tokens)
         if need:
-            # one hand-out per group, in group order: the block ids of BlockPool.append_many group by group
-            if store.enable_prefix_caching:  # evictions: one hand-out per group
-                blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
-            else:  # plain blocks only, popped from the top: one pop of G·per is G pops of per, in order
-                blocks = store.hand_out(need)[0]
-            store.ref[blocks] = 1
-            store.num_used += need
-            growing = np.flatnonzero(grow)
-            fill = np.full(per, B, dtype=store.fill.dtype)
-            fill[np.cumsum(grow[growing]) - 1] = (old[growing] + num_tokens - 1) % B + 1
-            store.fill[blocks] = np.tile(fill, groups)
-            block_list, sizes = blocks.tolist(), grow[growing].tolist()
-            at = 0
-            for t in tables:
-                for i, k in zip(growing.tolist(), sizes, strict=True):
-                    seq = t[i]
-                    if seq.num_blocks + k > len(seq.table):
-                        seq.table = np.concatenate([seq.table, np.empty(2 * (seq.num_blocks + k), dtype=np.int64)])
-                    seq.table[seq.num_blocks : seq.num_blocks + k] = block_list[at : at + k]
-                    seq.num_blocks += k
-                    at += k
+            self._grow_fresh(tables, grow, old + num_tokens, per)
         store.useful_tokens += num_tokens * count * groups
         for t, pool in zip(tables, self.pools, strict=True):
             for seq in t:
@@ -124,6 +109,47 @@ class HybridBatch(HybridLayout):
             pool.logical_blocks += per
             pool.logical_tokens += num_tokens * count
         self._changed()
+
+    def _grow_fresh(self, tables: list[list[SeqTable]], grow: np.ndarray, new_tokens: np.ndarray, per: int) -> None:
+        """Hand out `per` fresh blocks per group (grow[i] to sequence i, in order) and append them to the
+        tables: the block ids of BlockPool.append_many group by group, in group order."""
+        store, B, groups = self.store, self.block_size, len(tables)
+        need = per * groups
+        if store.enable_prefix_caching:  # evictions: one hand-out per group
+            blocks = np.concatenate([store.hand_out(per)[0] for _ in range(groups)])
+        else:  # plain blocks only, popped from the top: one pop of G·per is G pops of per, in order
+            blocks = store.hand_out(need)[0]
+        store.ref[blocks] = 1
+        store.num_used += need
+        growing = np.flatnonzero(grow)
+        sizes = grow[growing]
+        fill = np.full(per, B, dtype=store.fill.dtype)
+        fill[np.cumsum(sizes) - 1] = (new_tokens[growing] - 1) % B + 1
+        store.fill[blocks.reshape(groups, per)] = fill  # the same fills in every group
+        grow_at = growing.tolist()
+        if len(grow_at) == per:  # one block each (a decode run's usual case): plain ints, no slices
+            block_list = blocks.tolist()
+            at = 0
+            for t in tables:
+                for i in grow_at:
+                    seq = t[i]
+                    n = seq.num_blocks
+                    if n + 1 > len(seq.table):
+                        seq.table = np.concatenate([seq.table, np.empty(2 * (n + 1), dtype=np.int64)])
+                    seq.table[n] = block_list[at]
+                    seq.num_blocks = n + 1
+                    at += 1
+            return
+        size_list, at = sizes.tolist(), 0
+        for t in tables:
+            for i, k in zip(grow_at, size_list, strict=True):
+                seq = t[i]
+                n = seq.num_blocks
+                if n + k > len(seq.table):
+                    seq.table = np.concatenate([seq.table, np.empty(2 * (n + k), dtype=np.int64)])
+                seq.table[n : n + k] = blocks[at : at + k]
+                seq.num_blocks = n + k
+                at += k
 
     def skip_many(self, groups: Sequence[int], seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
         """`BlockPool.skip_blocks(seq, first)` for each sequence, in order, in each of `groups` (group indices,
@@ -143,9 +169,10 @@ class HybridBatch(HybridLayout):
         for pool, seqs in zip(pools, tables, strict=True):
             freed = 0
             for seq, first in zip(seqs, firsts, strict=True):
-                if first > seq.num_skipped:
-                    parts.append(seq.table[seq.num_skipped : first][::-1])  # skip_blocks drops a tail first
-                    freed += first - seq.num_skipped
+                skipped = seq.num_skipped
+                if first > skipped:
+                    parts.append(seq.table[skipped:first][::-1])  # skip_blocks drops a tail first
+                    freed += first - skipped
                     seq.num_skipped = first
             pool.logical_blocks -= freed
         if not parts:

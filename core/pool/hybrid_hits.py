@@ -82,6 +82,9 @@ class HybridHits(HybridLayout):
         computed = max(hit * B, computed_tokens)
         firsts = [g.first_block(computed, num_tokens, B, mode) for g in self.groups]
         keys = self._keys(block_keys)
+        if keys is None and num_tokens >= 0:  # no hit in any group: each takes its blocks from its first held
+            total = self.store.blocks_needed(num_tokens)
+            return hit, firsts, sum(total - min(first, total) for first in firsts), tables
         need = 0
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
             table = tables[g]

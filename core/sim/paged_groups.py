@@ -153,11 +153,16 @@ class GroupedPagedPolicy:
     _kinds_memo: list[tuple[PoolGroup, int]] | None = None
 
     def _members(self) -> list[tuple[PoolGroup, list[int]]]:
-        """The distinct groups with the indices of their tables."""
+        """The distinct groups with the indices of their tables (memoised like `_kinds`: read, never changed)."""
+        if self._members_memo is not None:
+            return self._members_memo
         members: dict[PoolGroup, list[int]] = {}
         for g, group in enumerate(self.groups):
             members.setdefault(PoolGroup(group.kind, group.window), []).append(g)
-        return list(members.items())
+        self._members_memo = list(members.items())
+        return self._members_memo
+
+    _members_memo: list[tuple[PoolGroup, list[int]]] | None = None
 
     def _first(self, group: PoolGroup, computed: np.ndarray) -> np.ndarray | int:
         """The first block a group's table holds once a step has freed what it lets go before growing from
