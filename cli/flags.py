@@ -58,3 +58,9 @@ def rendered(value: Any, flags: dict[str, str]) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(rendered(item, flags) for item in value)
     return value
+
+
+def with_flags(text: str) -> str:
+    """`text` as the running command prints it: a Note with its parameters written as the command's flags (for a
+    line that does not pass through output.emit, such as a warning on stderr)."""
+    return rendered(text, current_flags())

@@ -11,6 +11,7 @@ from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.models import ModelSpec
 from ..core.model.sizing import SizeResult, compute_size
 from ..core.units import format_count_short
+from .flags import with_flags
 from .options import (
     BlockOpt,
     ConfigOpt,
@@ -133,7 +134,7 @@ def _equation_report(inputs: SizeInputs, spec: ModelSpec) -> Report:
                           memory_bytes=inputs.memory_bytes)
     warnings = _warnings(result)
     for warning in warnings:
-        err_console.print(f"warning: {warning}", highlight=False, soft_wrap=True)
+        err_console.print(f"warning: {with_flags(warning)}", highlight=False, soft_wrap=True)
     report = _model_report(result, [*spec.notes, *warnings])
     if inputs.speculation is not None:
         from ..core.spec_decode import speculative_size

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs.sources import is_stdin, read_source
+from ..notes import Note
 from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
@@ -245,12 +246,12 @@ def checkpoint_kv_note(f: ConfigFields) -> str | None:
     static = not (isinstance(scheme, Mapping) and scheme.get("dynamic"))
     if method.startswith("modelopt"):
         if fp8 and static:
-            return (f"{said}: vLLM's --kv-cache-dtype auto takes it and pages fp8 (per-tensor scales, nothing per "
-                    "token); kvcalc sizes the precision given, so give --dtype fp8 to match")
+            return Note(f"{said}: vLLM's --kv-cache-dtype auto takes it and pages fp8 (per-tensor scales, nothing "
+                        "per token); kvcalc sizes the precision given, so give {dtype} fp8 to match", "dtype")
         return f"{said}: vLLM's auto does not map it and keeps the model dtype; kvcalc sizes the precision given"
     if fp8:
-        return (f"{said}: vLLM pages fp8 only with --kv-cache-dtype fp8 (these are its per-tensor scales; auto "
-                "keeps the model dtype); kvcalc sizes the precision given (--dtype fp8 for that)")
+        return Note(f"{said}: vLLM pages fp8 only with --kv-cache-dtype fp8 (these are its per-tensor scales; auto "
+                    "keeps the model dtype); kvcalc sizes the precision given ({dtype} fp8 for that)", "dtype")
     return f"{said}: not a KV format vLLM pages from the checkpoint; kvcalc sizes the precision given"
 
 

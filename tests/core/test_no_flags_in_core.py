@@ -30,8 +30,8 @@ ALLOWED = {
     ("spec_decode.py", "spec_method x: "): "names `kvcalc size --draft-config`, another command",
     ("spec_decode.py", "{spec_method} draft: "): "names `kvcalc size --draft-config`, another command",
     ("model/weights.py", "model x has no"): "names `size --kv-memory`, another command, also from sim's plan",
-    # vLLM's own flag, said as vLLM's (`vLLM's --kv-cache-dtype`); the same note names kvcalc's --dtype: TODO.
-    ("model/hf_config.py", "x: vLLM"): "vLLM's --kv-cache-dtype; TODO: kvcalc's --dtype in a note",
+    # vLLM's own flag, said as vLLM's (`vLLM's --kv-cache-dtype`); kvcalc's own is the Note's {dtype} mark.
+    ("model/hf_config.py", "x: vLLM"): "vLLM's --kv-cache-dtype, another program's flag",
     # TODO (notes and descriptions that core returns as text for the CLI to print, not errors: a note type that
     # names its parameters is not built yet):
     ("inputs/files.py", "one integer per line, a CSV with --column"): "TODO: the formats named in read errors",
