@@ -104,15 +104,15 @@ def command(
         check_plot_target(plot)
     if timeline is not None:
         check_output_path("--timeline", timeline)
-    setup = build(options)
-    result, plain, tier_comparison = _simulate(setup, record_timeline=timeline is not None or plot is not None)
+    job = build(options)
+    result, plain, tier_comparison = _simulate(job, record_timeline=timeline is not None or plot is not None)
     if timeline is not None:
         _write_timeline(timeline, result.records)
         err_console.print(f"wrote {timeline}", highlight=False)
     if plot is not None:
         from .sim_plot import write_sim_plot
 
-        write_sim_plot(plot, result.records, f"{setup.workload.kind} workload: {setup.workload.description}")
+        write_sim_plot(plot, result.records, f"{job.workload.kind} workload: {job.workload.description}")
         err_console.print(f"wrote {plot}", highlight=False)
     report = build_report(result, plain)
     if tier_comparison is not None:
@@ -122,39 +122,39 @@ def command(
     emit(report, resolve_format(json_flag, fmt))
 
 
-def _simulate(setup: Any, record_timeline: bool) -> tuple[Any, Any, Any]:
-    """Every policy's runs, max-rate searches, tier comparison and runs without speculation, as the setup asks:
+def _simulate(job: Any, record_timeline: bool) -> tuple[Any, Any, Any]:
+    """Every policy's runs, max-rate searches, tier comparison and runs without speculation, as the job asks:
     (the Simulation, the summaries without speculation or None, the tier comparison or None)."""
     from ..core.sim.simulate import Simulation, available_cpus, run_policies, search_max_rates, work_units
     from .progress import progress_bar
 
     workers = available_cpus()
-    units = work_units(setup)
-    with progress_bar(f"simulating {', '.join(setup.policies)} (arrivals)", total=units,
+    units = work_units(job)
+    with progress_bar(f"simulating {', '.join(job.policies)} (arrivals)", total=units,
                       enabled=units >= PROGRESS_FROM) as advance:
-        records = run_policies(setup, record_timeline=record_timeline, progress=advance, workers=workers)
+        records = run_policies(job, record_timeline=record_timeline, progress=advance, workers=workers)
     searches = {}
-    if setup.find_max_rate:
-        for name in setup.policies:
+    if job.find_max_rate:
+        for name in job.policies:
             err_console.print(f"searching the max rate of {name} …", highlight=False)
         with progress_bar("max-rate search (simulated runs)", total=None) as advance:
-            searches = search_max_rates(setup, progress=advance, workers=workers, records=records)
+            searches = search_max_rates(job, progress=advance, workers=workers, records=records)
     tier_comparison = None
-    if setup.sim.tiers is not None:  # the same runs with and without each tier (core/sim/tiers_compare.py)
+    if job.sim.tiers is not None:  # the same runs with and without each tier (core/sim/tiers_compare.py)
         from ..core.sim.tiers_compare import compare_tiers
 
         with progress_bar("the same workload with and without each tier (arrivals)", total=None) as advance:
-            tier_comparison = compare_tiers(setup, records, searches, progress=advance)
-    result = Simulation.from_runs(setup, records, searches)
+            tier_comparison = compare_tiers(job, records, searches, progress=advance)
+    result = Simulation.from_runs(job, records, searches)
     plain = None
-    if setup.sim.speculation is not None:
+    if job.sim.speculation is not None:
         from ..core.sim.setup import without_speculation
 
-        plain_setup = without_speculation(setup)
+        plain_job = without_speculation(job)
         with progress_bar("the same runs without speculation (arrivals)", total=units,
                           enabled=units >= PROGRESS_FROM) as advance:
-            plain_records = run_policies(plain_setup, progress=advance, workers=workers)
-        plain = Simulation.from_runs(plain_setup, plain_records, {}).summaries
+            plain_records = run_policies(plain_job, progress=advance, workers=workers)
+        plain = Simulation.from_runs(plain_job, plain_records, {}).summaries
     return result, plain, tier_comparison
 
 

@@ -132,9 +132,9 @@ _SPEC_FIELDS = [
 
 def _speculative_doc(result: Simulation, summaries: dict, plain: dict) -> dict:
     """The `speculative` JSON object: the settings, the first policy's measured means, each policy without it."""
-    spec = result.setup.sim.speculation
+    spec = result.job.sim.speculation
     assert spec is not None  # build_report calls this only when speculating
-    first = summaries[result.setup.policies[0]]["speculative"]
+    first = summaries[result.job.policies[0]]["speculative"]
     return {
         "spec_tokens": spec.spec_tokens, "acceptance": spec.acceptance, "method": spec.method,
         "draft_cost": spec.draft_cost, "rollback_policy": spec.rollback_policy,
@@ -150,10 +150,10 @@ def _speculative_doc(result: Simulation, summaries: dict, plain: dict) -> dict:
 
 
 def _speculative_table(result: Simulation, summaries: dict, plain: dict) -> Table:
-    spec = result.setup.sim.speculation
+    spec = result.job.sim.speculation
     assert spec is not None  # build_report calls this only when speculating
     records = []
-    for name in result.setup.policies:
+    for name in result.job.policies:
         for label, s in ((f"{name}, K = {spec.spec_tokens}", summaries[name]), (f"{name}, plain", plain[name])):
             measured = s.get("speculative")
             records.append({
@@ -171,36 +171,36 @@ def _speculative_table(result: Simulation, summaries: dict, plain: dict) -> Tabl
 
 def build_report(result: Simulation, plain: dict | None = None) -> Report:
     """`plain`: with speculation, each policy's summary of the same run without it (RunSummary objects)."""
-    setup = result.setup
-    policies, slo_spec, target, searches = list(setup.policies), setup.slo, setup.target_attainment, result.searches
+    job = result.job
+    policies, slo_spec, target, searches = list(job.policies), job.slo, job.target_attainment, result.searches
     summaries = {name: summary.to_dict() for name, summary in result.summaries.items()}
-    plan = setup.plan
+    plan = job.plan
     doc = {
         **summaries[policies[0]],
         "workload": {
-            "kind": setup.workload.kind,
-            "description": setup.workload.description,
-            "requests": len(setup.workload),
-            "mean_rate_rps": setup.workload.mean_rate_per_s,
+            "kind": job.workload.kind,
+            "description": job.workload.description,
+            "requests": len(job.workload),
+            "mean_rate_rps": job.workload.mean_rate_per_s,
         },
-        "latency_source": setup.latency_source,
-        "model": setup.spec.name,
+        "latency_source": job.latency_source,
+        "model": job.spec.name,
         "gpu": plan.gpu.name,
         "tp": plan.tp,
-        "kv_dtype": setup.kv_dtype,
+        "kv_dtype": job.kv_dtype,
         "memory_plan": _memory_plan_doc(plan),
-        "sliding_window": None if not setup.spec.num_sliding_layers else {
-            "window_tokens": setup.spec.sliding_window, "sliding_layers": setup.spec.num_sliding_layers,
-            "layers": setup.spec.layers, "attention_modelled": True, "pool_modelled": setup.sim.groups is not None,
+        "sliding_window": None if not job.spec.num_sliding_layers else {
+            "window_tokens": job.spec.sliding_window, "sliding_layers": job.spec.num_sliding_layers,
+            "layers": job.spec.layers, "attention_modelled": True, "pool_modelled": job.sim.groups is not None,
         },
-        "kv_cache_groups": _groups_doc(plan, setup.prefix_hits_lower_bound),
-        "moe_weight_reads": "uniform_routing_expectation" if setup.sim.steptime.num_experts else None,
+        "kv_cache_groups": _groups_doc(plan, job.prefix_hits_lower_bound),
+        "moe_weight_reads": "uniform_routing_expectation" if job.sim.steptime.num_experts else None,
         "slo": None
         if slo_spec.is_empty
         else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
         "policies": summaries,
     }
-    speculating = setup.sim.speculation is not None
+    speculating = job.sim.speculation is not None
     if speculating:
         plain_docs = {name: summary.to_dict() for name, summary in (plain or {}).items()}
         doc["speculative"] = _speculative_doc(result, summaries, plain_docs)
@@ -209,7 +209,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         doc["max_rate_search"] = _search_doc(searches, target)
     records = [_policy_record(p, summaries[p]) for p in policies]
     window = doc["sliding_window"]
-    context = {"kv_dtype": setup.kv_dtype, "latency_source": "step_time_model", "workload_kind": setup.workload.kind,
+    context = {"kv_dtype": job.kv_dtype, "latency_source": "step_time_model", "workload_kind": job.workload.kind,
                "sliding_window_pool_modelled": window["pool_modelled"] if window else None,
                "moe_weight_reads": doc["moe_weight_reads"]}
     for record in records:
@@ -226,7 +226,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
-    return Report(doc=doc, tables=tables, notes=_notes(setup, searches), text=_text(setup))
+    return Report(doc=doc, tables=tables, notes=_notes(job, searches), text=_text(job))
 
 
 def _memory_plan_doc(plan) -> dict:
@@ -261,19 +261,19 @@ def _search_doc(searches: dict, target: float) -> dict:
     }
 
 
-def _text(setup) -> list[str]:
+def _text(job) -> list[str]:
     """The workload and memory-plan lines above the tables."""
-    plan = setup.plan
+    plan = job.plan
     text = [
-        f"workload ({setup.workload.kind}): {setup.workload.description}",
-        f"model: {setup.spec.name} on {plan.gpu.name} x{plan.tp}, vLLM {plan.vllm_version} memory plan at "
+        f"workload ({job.workload.kind}): {job.workload.description}",
+        f"model: {job.spec.name} on {plan.gpu.name} x{plan.tp}, vLLM {plan.vllm_version} memory plan at "
         f"utilisation {plan.memory_utilization:g}, max_num_seqs {plan.max_num_seqs:,}: weights "
         f"{format_bytes(plan.weights_bytes)}, activation peak "
         f"{format_bytes(plan.workspace_bytes)}, non-torch {format_bytes(plan.non_torch_bytes)}"
         + (f", CUDA graphs {format_bytes(plan.cuda_graph_bytes)}" if plan.cuda_graph_bytes else "")
         + f", KV pool {format_bytes(plan.pool_bytes)} = "
         f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
-        f"{format_bytes(plan.kv_bytes_per_token)} per token in {setup.kv_dtype}) per GPU",
+        f"{format_bytes(plan.kv_bytes_per_token)} per token in {job.kv_dtype}) per GPU",
     ]
     if plan.layout is not None:
         text.append(f"KV cache groups ({plan.layout.layout} layout, block {plan.block_size}, a block "
@@ -283,12 +283,12 @@ def _text(setup) -> list[str]:
     return text
 
 
-def _notes(setup, searches: dict) -> list[str]:
+def _notes(job, searches: dict) -> list[str]:
     notes = [
-        f"latencies come from the step-time model, not a measurement: {setup.latency_source}",
-        f"workload is {setup.workload.kind}: {setup.workload.description}",
-        *setup.workload.notes,
-        *setup.notes,
+        f"latencies come from the step-time model, not a measurement: {job.latency_source}",
+        f"workload is {job.workload.kind}: {job.workload.description}",
+        *job.workload.notes,
+        *job.notes,
         *(f"max rate of {name}: the target is out of reach at any rate: {s.unattainable}"
           for name, s in searches.items() if s.unattainable),
     ]

@@ -31,7 +31,7 @@ from ..sim.hardware import plan_memory
 from ..sim.options import SimOptions
 from ..sim.record import CANCELLED
 from ..sim.run import make_policy
-from ..sim.setup import Setup, build
+from ..sim.setup import SimJob, build
 from ..sim.simulate import Simulation, run_policies, search_max_rates
 from .space import Point, point_options
 
@@ -51,8 +51,8 @@ OOM_REASON = "more KV than the whole pool (OOM)"  # core/sim/scheduler.py's reje
 LATENCY_KEYS = ("ttft", "tpot", "e2e")
 
 
-def build_or_unfit(options: SimOptions) -> tuple[Setup | None, str | None]:
-    """(`kvcalc sim`'s setup for `options`, None), or (None, why it does not fit) when sim's own memory plan
+def build_or_unfit(options: SimOptions) -> tuple[SimJob | None, str | None]:
+    """(`kvcalc sim`'s SimJob for `options`, None), or (None, why it does not fit) when sim's own memory plan
     (hardware.plan_memory, called by setup.build) refuses it: the weights, workspace and any reserved state
     leave no room for one block. Any other error is bad input and is raised."""
     try:
@@ -87,34 +87,34 @@ def evaluate_point(base: SimOptions, point: Point) -> dict[str, Any]:
     """The point's verdict and figures (module docstring)."""
     options = point_options(base, point)
     result: dict[str, Any] = {"verdict": None, "reason": None}
-    setup, unfit = build_or_unfit(options)
-    if setup is None:
+    job, unfit = build_or_unfit(options)
+    if job is None:
         return result | {"verdict": DOES_NOT_FIT, "reason": unfit}
-    plan, sim = setup.plan, setup.sim
+    plan, sim = job.plan, job.sim
     max_len = sim.scheduler.max_model_len
     result["memory"] = {
         "weights_bytes": plan.weights_bytes, "workspace_bytes": plan.workspace_bytes,
         "kv_pool_bytes": plan.pool_bytes, "kv_bytes_per_token": plan.kv_bytes_per_token,
         "num_blocks": sim.capacity_blocks, "block_size": sim.block_size, "max_model_len": max_len,
     }
-    if make_policy("paged", setup.workload, sim).never_fits(0, max_len):
+    if make_policy("paged", job.workload, sim).never_fits(0, max_len):
         return result | {"verdict": DOES_NOT_FIT, "reason": (
             f"the KV pool's {sim.capacity_blocks:,} blocks of {sim.block_size} per replica cannot hold one "
             f"max-length sequence ({max_len:,} tokens)")}
-    workload = setup.workload
+    workload = job.workload
     n = len(workload)
     too_long = int(np.sum(workload.prompt_tokens + workload.output_tokens > max_len))
-    if too_long > (1 - setup.target_attainment) * n:
+    if too_long > (1 - job.target_attainment) * n:
         return result | {"verdict": LONGER_THAN_CONTEXT, "reason": (
             f"{too_long:,} of {n:,} requests are longer than max_model_len {max_len:,}: attainment is at most "
-            f"{1 - too_long / n:.4f} < {setup.target_attainment:g}")}
-    records = run_policies(setup)
-    (policy,) = setup.policies
-    summary = Simulation.from_runs(setup, records, {}).summaries[policy]
+            f"{1 - too_long / n:.4f} < {job.target_attainment:g}")}
+    records = run_policies(job)
+    (policy,) = job.policies
+    summary = Simulation.from_runs(job, records, {}).summaries[policy]
     result |= _run_figures(summary, load_rate(workload))
     attained = summary.slo_attainment
     assert attained is not None  # a plan's SLO is never empty (planner.py refuses it)
-    if attained < setup.target_attainment:
+    if attained < job.target_attainment:
         oom = summary.rejected_reasons.get(OOM_REASON, 0)
         active = summary.requests - int(np.sum(records[policy].status == CANCELLED))
         if oom or summary.preemptions >= active:
@@ -122,9 +122,9 @@ def evaluate_point(base: SimOptions, point: Point) -> dict[str, Any]:
                       f"{summary.requests:,} requests")
             return result | {"verdict": STORM, "reason": reason + f"; attainment {attained:.4f}"}
         return result | {"verdict": SLO_MISSED, "reason": (
-            f"attainment {attained:.4f} < {setup.target_attainment:g} at {result['load_rps']:.4g} req/s per "
+            f"attainment {attained:.4f} < {job.target_attainment:g} at {result['load_rps']:.4g} req/s per "
             "replica")}
-    search = search_max_rates(setup)[policy]
+    search = search_max_rates(job)[policy]
     return result | {
         "verdict": SERVES, "reason": None,
         "max_rate_rps": search.max_rate_rps,

@@ -118,8 +118,8 @@ def _check_options(base: SimOptions, points: list[Point]) -> None:
     """Build the first point that fits, as its worker will: a bad option (a workload option that does not
     apply, say) is one error here, before any process starts or any point is cached."""
     for point in points:
-        setup, _ = build_or_unfit(point_options(base, point))
-        if setup is not None:
+        job, _ = build_or_unfit(point_options(base, point))
+        if job is not None:
             return
 
 

@@ -1,8 +1,9 @@
 """Continuous-batching simulation over the block pool (`kvcalc sim`), and the scheduler a model runner uses.
 
     options.py   SimOptions: every option of `kvcalc sim`, its default and help (the CLI builds its flags)
-    setup.py     options -> Setup (workload, model, memory plan, step-time model, scheduler settings)
-    simulate.py  every policy of a setup run (here or in worker processes), summarised; max-rate searches
+    setup.py     SimOptions -> SimJob (workload, model, memory plan, policies, targets; its `.sim`: the SimSetup
+                 of settings.py, what every run shares: pool, step-time model, SchedulerConfig); the map is there
+    simulate.py  every policy of a SimJob run (here or in worker processes), summarised; max-rate searches
     run.py       one run: workload + memory policy + executor -> RunRecord
     engine.py    the loop: arrivals, plan -> executor -> apply, the record
     scheduler.py request states, queues, token budget, preemption, admission (vLLM v1 style)

@@ -1,8 +1,21 @@
-"""From `kvcalc sim`'s options to a ready setup: workload, model, memory plan, step-time model, scheduler,
+"""From `kvcalc sim`'s options to a ready job: workload, model, memory plan, step-time model, scheduler,
 the policies to run and the targets.
 
 Every option is checked here (a ParameterError naming the option, its value and the fix), so the command
 stays thin.
+
+The configuration a sim run passes through, one object per level, each built from the one above:
+
+    SimOptions       (options.py)   what was asked: every option as given, None where not given
+        | build() here: every option checked, defaults applied
+    SimJob           (here)         one `kvcalc sim` call: workload, model, memory plan, the policies to run,
+                                    the targets (SLO, attainment) and, as `.sim`, the SimSetup of its runs
+    SimSetup         (settings.py)  what every run of a job shares: pool capacity and groups, step-time model,
+                                    scheduler, speculation, tiers (run.py, search.py run a policy on it)
+    SchedulerConfig  (scheduler.py) the scheduler's part: token budget, sequences, max length, preemption
+
+Each default is defined once: options.py's DEFAULT_* and, for vLLM's (batched tokens, sequences, utilisation),
+core/model's, read by the CLI's flags and by this module alike.
 """
 
 from __future__ import annotations
@@ -60,7 +73,9 @@ FALLBACK_MAX_MODEL_LEN = SchedulerConfig.max_model_len  # the scheduler's own de
 
 
 @dataclass(frozen=True, eq=False)
-class Setup:
+class SimJob:
+    """One `kvcalc sim` call, checked: what simulate.py runs (every policy, and their max-rate searches)."""
+
     workload: Workload
     spec: ModelSpec
     plan: MemoryPlan
@@ -128,7 +143,7 @@ def _gpu(o: SimOptions):
     return get_gpu(DEFAULT_GPU if o.gpu is None else o.gpu)
 
 
-def build(o: SimOptions) -> Setup:
+def build(o: SimOptions) -> SimJob:
     check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
     _check_ignored(o)
     policies = choose_policies(o.policy, o.compare)
@@ -185,7 +200,7 @@ def build(o: SimOptions) -> Setup:
                 "mamba_cache_mode", "max_batched_tokens")
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
-    return Setup(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
+    return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
                  slo, o.find_max_rate, target_attainment, lower_bound)
 
 
@@ -316,6 +331,6 @@ def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
     return notes
 
 
-def without_speculation(setup: Setup) -> Setup:
-    """The same invocation with plain decoding: the side of the comparison that speculation is measured against."""
-    return replace(setup, sim=replace(setup.sim, speculation=None))
+def without_speculation(job: SimJob) -> SimJob:
+    """The same job with plain decoding: the side of the comparison that speculation is measured against."""
+    return replace(job, sim=replace(job.sim, speculation=None))

@@ -1,8 +1,8 @@
-"""`kvcalc sim` as one call: every policy of a setup run on the same workload and settings, summarised,
+"""`kvcalc sim` as one call: every policy of a SimJob run on the same workload and settings, summarised,
 and (with `find_max_rate`) each policy's highest rate under the SLO.
 
-    setup = build(SimOptions(...))                     # setup.py: every option checked, nothing run yet
-    result = simulate(setup, progress=..., workers=4)  # progress: arrivals taken in, work_units(setup) in all
+    job = build(SimOptions(...))                   # setup.py: every option checked, nothing run yet
+    result = simulate(job, progress=..., workers=4)  # progress: arrivals taken in, work_units(job) in all
 
 or its two parts, run_policies and search_max_rates (each reports its own progress), then
 Simulation.from_runs.
@@ -29,7 +29,7 @@ from .record import RunRecord
 from .run import run_policy
 from .search import RateSearch, max_rate
 from .settings import SimSetup
-from .setup import Setup
+from .setup import SimJob
 from .workload import Workload
 
 PARALLEL_MIN_REQUESTS = 5_000
@@ -37,21 +37,21 @@ PARALLEL_MIN_REQUESTS = 5_000
 
 @dataclass(frozen=True, eq=False)
 class Simulation:
-    setup: Setup
-    records: dict[str, RunRecord]  # policy -> its run, in the order of setup.policies
+    job: SimJob
+    records: dict[str, RunRecord]  # policy -> its run, in the order of job.policies
     summaries: dict[str, RunSummary]
     searches: dict[str, RateSearch]  # empty without find_max_rate
 
     @classmethod
-    def from_runs(cls, setup: Setup, records: dict[str, RunRecord], searches: dict[str, RateSearch]) -> Simulation:
-        kv_bytes_per_token = setup.plan.kv_bytes_per_token
-        summaries = {name: summarize(record, setup.slo, kv_bytes_per_token) for name, record in records.items()}
-        return cls(setup, records, summaries, searches)
+    def from_runs(cls, job: SimJob, records: dict[str, RunRecord], searches: dict[str, RateSearch]) -> Simulation:
+        kv_bytes_per_token = job.plan.kv_bytes_per_token
+        summaries = {name: summarize(record, job.slo, kv_bytes_per_token) for name, record in records.items()}
+        return cls(job, records, summaries, searches)
 
 
-def work_units(setup: Setup) -> int:
+def work_units(job: SimJob) -> int:
     """What `run_policies` reports progress in: arrivals, over every policy's run."""
-    return len(setup.policies) * len(setup.workload)
+    return len(job.policies) * len(job.workload)
 
 
 def available_cpus() -> int:
@@ -62,39 +62,39 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def simulate(setup: Setup, *, record_timeline: bool = False, progress: Callable[[int], None] | None = None,
+def simulate(job: SimJob, *, record_timeline: bool = False, progress: Callable[[int], None] | None = None,
              workers: int = 1) -> Simulation:
     """Every policy's run and, with `find_max_rate`, its max-rate search; `progress` as run_policies'."""
-    records = run_policies(setup, record_timeline=record_timeline, progress=progress, workers=workers)
-    searches = search_max_rates(setup, workers=workers, records=records) if setup.find_max_rate else {}
-    return Simulation.from_runs(setup, records, searches)
+    records = run_policies(job, record_timeline=record_timeline, progress=progress, workers=workers)
+    searches = search_max_rates(job, workers=workers, records=records) if job.find_max_rate else {}
+    return Simulation.from_runs(job, records, searches)
 
 
-def run_policies(setup: Setup, *, record_timeline: bool = False, progress: Callable[[int], None] | None = None,
+def run_policies(job: SimJob, *, record_timeline: bool = False, progress: Callable[[int], None] | None = None,
                  workers: int = 1) -> dict[str, RunRecord]:
     """policy -> its run; `progress` is called with the arrivals taken in since its last call."""
-    names = list(setup.policies)
-    calls = [(setup.workload, name, setup.sim, record_timeline) for name in names]
-    with _Runner(_workers(setup, workers), progress) as runner:
+    names = list(job.policies)
+    calls = [(job.workload, name, job.sim, record_timeline) for name in names]
+    with _Runner(_workers(job, workers), progress) as runner:
         return dict(zip(names, runner.map(_run, calls), strict=True))
 
 
-def search_max_rates(setup: Setup, *, progress: Callable[[int], None] | None = None,
+def search_max_rates(job: SimJob, *, progress: Callable[[int], None] | None = None,
                      workers: int = 1, records: dict[str, RunRecord] | None = None) -> dict[str, RateSearch]:
     """policy -> its max-rate search (search.py); `progress` is called once per simulated run. `records`:
     the policies' runs of the workload as it is (run_policies'), which each search starts from instead of
     running them again."""
-    names = list(setup.policies)
+    names = list(job.policies)
     records = records or {}
-    calls = [(setup.workload, name, setup.sim, setup.slo, setup.target_attainment, records.get(name))
+    calls = [(job.workload, name, job.sim, job.slo, job.target_attainment, records.get(name))
              for name in names]
-    with _Runner(_workers(setup, workers), progress) as runner:
+    with _Runner(_workers(job, workers), progress) as runner:
         return dict(zip(names, runner.map(_search, calls), strict=True))
 
 
-def _workers(setup: Setup, workers: int) -> int:
-    if workers > 1 and len(setup.policies) > 1 and len(setup.workload) >= PARALLEL_MIN_REQUESTS:
-        return min(workers, len(setup.policies))
+def _workers(job: SimJob, workers: int) -> int:
+    if workers > 1 and len(job.policies) > 1 and len(job.workload) >= PARALLEL_MIN_REQUESTS:
+        return min(workers, len(job.policies))
     return 1
 
 

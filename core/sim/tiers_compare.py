@@ -23,7 +23,7 @@ from .metrics import RunSummary, summarize
 from .record import REJECTED, RunRecord
 from .run import run_policy
 from .search import RateSearch, max_rate
-from .setup import Setup
+from .setup import SimJob
 from .tiers import SimTiers, TierTotals
 
 
@@ -60,10 +60,10 @@ def tier_rungs(tiers: SimTiers) -> list[tuple[str, SimTiers]]:
     return rungs
 
 
-def replay_trace(setup: Setup, record: RunRecord) -> Trace:
+def replay_trace(job: SimJob, record: RunRecord) -> Trace:
     """The workload's requests that the run did not reject at arrival (rejection depends only on the request,
     so every rung rejects the same ones), as a trace for share's replay."""
-    w = setup.workload
+    w = job.workload
     assert w.hash_ids is not None and w.hash_offsets is not None, "check_tier_setup: tiers need prefix ids"
     keep = np.flatnonzero(record.status != REJECTED)
     ids = [w.hash_ids[w.hash_offsets[i] : w.hash_offsets[i + 1]] for i in keep.tolist()]
@@ -72,31 +72,31 @@ def replay_trace(setup: Setup, record: RunRecord) -> Trace:
                  np.concatenate(ids) if ids else w.hash_ids[:0], offsets)
 
 
-def gpu_cache_blocks(setup: Setup) -> int:
+def gpu_cache_blocks(job: SimJob) -> int:
     """The pool's blocks as whole cached positions (a hybrid pool holds one block per group for each)."""
-    groups = setup.sim.groups
-    return setup.sim.capacity_blocks // (1 if groups is None else len(groups))
+    groups = job.sim.groups
+    return job.sim.capacity_blocks // (1 if groups is None else len(groups))
 
 
-def compare_tiers(setup: Setup, records: dict[str, RunRecord], searches: dict[str, RateSearch],
+def compare_tiers(job: SimJob, records: dict[str, RunRecord], searches: dict[str, RateSearch],
                   progress: Callable[[int], None] | None = None) -> TierComparison:
-    """Every rung of setup.sim.tiers (the last is `records["paged"]`, with its search when there is one)."""
-    tiers = setup.sim.tiers
-    assert tiers is not None, "compare_tiers needs a setup with tiers"
-    trace = replay_trace(setup, records["paged"])
-    distances = stack_distances(trace, setup.sim.block_size)
-    gpu = gpu_cache_blocks(setup)
-    kv_per_token = setup.plan.kv_bytes_per_token
+    """Every rung of job.sim.tiers (the last is `records["paged"]`, with its search when there is one)."""
+    tiers = job.sim.tiers
+    assert tiers is not None, "compare_tiers needs a job with tiers"
+    trace = replay_trace(job, records["paged"])
+    distances = stack_distances(trace, job.sim.block_size)
+    gpu = gpu_cache_blocks(job)
+    kv_per_token = job.plan.kv_bytes_per_token
     rungs = []
     for i, (label, rung_tiers) in enumerate(tier_rungs(tiers)):
         last = i == len(tier_rungs(tiers)) - 1
-        sim = replace(setup.sim, tiers=rung_tiers)
-        record = records["paged"] if last else run_policy(setup.workload, "paged", sim, progress=progress)
+        sim = replace(job.sim, tiers=rung_tiers)
+        record = records["paged"] if last else run_policy(job.workload, "paged", sim, progress=progress)
         search = None
-        if setup.find_max_rate:
-            search = searches.get("paged") if last else max_rate(setup.workload, "paged", sim, setup.slo,
-                                                                 setup.target_attainment, first=record)
+        if job.find_max_rate:
+            search = searches.get("paged") if last else max_rate(job.workload, "paged", sim, job.slo,
+                                                               job.target_attainment, first=record)
         hits = tier_hit_blocks(distances, (gpu, rung_tiers.host_blocks, rung_tiers.disk_blocks))
-        rungs.append(TierRung(label, rung_tiers, record, summarize(record, setup.slo, kv_per_token), search,
+        rungs.append(TierRung(label, rung_tiers, record, summarize(record, job.slo, kv_per_token), search,
                               (int(hits[0].sum()), int(hits[1].sum()), int(hits[2].sum()))))
-    return TierComparison(tuple(rungs), int(np.sum(trace.prompt_tokens)), setup.sim.block_size, gpu)
+    return TierComparison(tuple(rungs), int(np.sum(trace.prompt_tokens)), job.sim.block_size, gpu)
