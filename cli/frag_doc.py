@@ -8,6 +8,7 @@ from typing import Any
 from ..core.frag import FragAnalysis, ModelBytes, SpeculativePeaks
 from ..core.inputs.lengths import Lengths
 from ..core.paged_bytes import GroupBytes
+from .size_speculative import speculation_doc
 
 
 def document(source: Lengths, result: FragAnalysis, dtype_name: str) -> dict[str, Any]:
@@ -124,7 +125,6 @@ def group_doc(g: GroupBytes) -> dict[str, Any]:
 
 
 def speculative_doc(peaks: SpeculativePeaks) -> dict[str, Any]:
-    speculation = peaks.speculation
     entries = []
     for p in peaks.block_sizes:
         entry: dict[str, Any] = {
@@ -140,12 +140,4 @@ def speculative_doc(peaks: SpeculativePeaks) -> dict[str, Any]:
         if p.peak_bytes is not None:
             entry.update(peak_allocated_kv_bytes=p.peak_bytes.allocated_kv_bytes, extra_kv_bytes=p.extra_kv_bytes)
         entries.append(entry)
-    return {
-        "spec_tokens": speculation.spec_tokens,
-        "method": speculation.method,
-        "lookahead_slots": speculation.lookahead_slots,
-        "slots_per_step": speculation.slots_per_step,
-        "extra_slots_per_seq": speculation.extra_slots,
-        "peak_blocks_formula": speculation.formula,
-        "paged": entries,
-    }
+    return {**speculation_doc(peaks.speculation), "paged": entries}

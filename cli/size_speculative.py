@@ -5,21 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.spec_decode import SPEC_METHODS, SpeculativeSize
+from ..core.spec_decode import SPEC_METHODS, Speculation, SpeculativeSize
 from ..core.units import format_bytes, format_count, plural
 from .output import Field, Report, quantity_table
 
 
-def add_speculative(report: Report, size: SpeculativeSize) -> None:
-    """The JSON's `speculative` object, its table and its note."""
-    speculation = size.speculation
-    doc: dict[str, Any] = {
+def speculation_doc(speculation: Speculation) -> dict[str, Any]:
+    """What one speculative step reserves, the keys `size` and `frag` both open their `speculative` object with."""
+    return {
         "spec_tokens": speculation.spec_tokens,
         "method": speculation.method,
         "lookahead_slots": speculation.lookahead_slots,
         "slots_per_step": speculation.slots_per_step,
         "extra_slots_per_seq": speculation.extra_slots,
         "peak_blocks_formula": speculation.formula,
+    }
+
+
+def add_speculative(report: Report, size: SpeculativeSize) -> None:
+    """The JSON's `speculative` object, its table and its note."""
+    speculation = size.speculation
+    doc: dict[str, Any] = {
+        **speculation_doc(speculation),
         "tokens": size.tokens,
         "block_size": size.block_size,
         "per_gpu": size.tp > 1,
