@@ -6,10 +6,12 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
+from lru_reference import HAND
 from typer.testing import CliRunner
 
 from kvcalc.cli.app import app
@@ -70,3 +72,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# The hand-worked trace of tests/lru_reference.py as a Mooncake JSONL file (share --capacity / tiers tests).
+@pytest.fixture
+def hand_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "hand.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 1, "hash_ids": ids})
+                            + "\n" for i, (p, ids) in enumerate(HAND)))
+    return path

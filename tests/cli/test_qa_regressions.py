@@ -7,21 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lru_reference import HAND
 
 from kvcalc.core.inputs.traces import Trace
 from kvcalc.core.share.stack_distance import stack_distances
 from kvcalc.core.share.tiers import simulate_tiers
 
 # Block 512, one hash id a block: the hand-worked trace of tests/core/share/test_capacity.py (5 hit blocks unbounded)
-HAND = [(1536, [1, 2, 3]), (1537, [1, 2, 3, 4]), (1024, [5, 6]), (2048, [1, 2, 7, 8])]
 
 
-@pytest.fixture
-def hand_trace(tmp_path: Path) -> Path:
-    path = tmp_path / "hand.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 1, "hash_ids": ids})
-                            + "\n" for i, (p, ids) in enumerate(HAND)))
-    return path
 
 
 def _one_error_line(result) -> str:

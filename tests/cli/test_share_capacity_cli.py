@@ -5,23 +5,15 @@ every bad input as one line, exit 2."""
 from __future__ import annotations
 
 import csv
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-# Block 512: hits at capacity C are 0, 1, 2, 4, 5, 5 blocks for C = 0..5 (see test_capacity.HAND)
-HAND = [(1536, [1, 2, 3]), (1537, [1, 2, 3, 4]), (1024, [5, 6]), (2048, [1, 2, 7, 8])]
+# Block 512: hits at capacity C are 0, 1, 2, 4, 5, 5 blocks for C = 0..5 (lru_reference.HAND, worked in test_capacity.py)
 LLAMA3_8B_BLOCK_512 = 2 * 32 * 8 * 128 * 2 * 512  # K and V, layers, KV heads, head dim, bf16 bytes, tokens = 64 MiB
 
 
-@pytest.fixture
-def hand_trace(tmp_path: Path) -> Path:
-    path = tmp_path / "hand.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": p, "output_length": 1, "hash_ids": ids})
-                            + "\n" for i, (p, ids) in enumerate(HAND)))
-    return path
 
 
 def test_curve_json(run_cli, hand_trace: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lru_reference import lru_hit_blocks
+from lru_reference import HAND, lru_hit_blocks
 
 from kvcalc.core.errors import ParameterError
 from kvcalc.core.inputs.traces import Trace, read_trace
@@ -108,7 +108,6 @@ def inclusive_tiers(requests: list[tuple[list[int], int]], caps: tuple[int, int,
 #   r2 1024 tok [5,6]: new                                               -> [5,6,1,2,3]
 #   r3 2048 tok [1,2,7,8]: eligible 3; 1 at depth 3, 2 at depth 4, 7 new -> [1,2,7,8,5,6,3]
 # Hits: r1 = min(3, C) blocks; r3 = 0 (C < 3), 1 (C = 3), 2 (C >= 4).
-HAND = [(1536, [1, 2, 3]), (1537, [1, 2, 3, 4]), (1024, [5, 6]), (2048, [1, 2, 7, 8])]
 HAND_HITS = {0: 0, 1: 1, 2: 2, 3: 3 + 1, 4: 3 + 2, 5: 5, 100: 5}
 
 
