@@ -32,8 +32,7 @@ from .fastforward_groups import grouped_run_through_finishes
 from .paged_groups import GroupedPagedPolicy
 from .record import RunTotals
 from .scheduler import Scheduler
-from .step_sums import in_order as _in_order
-from .step_sums import piece_bounds
+from .step_sums import add_run, piece_bounds
 from .steptime import StepTimeModel, swap_bytes
 
 
@@ -239,27 +238,12 @@ class FastForward:
             return False
         assert memory is not None, "decode_run gives no memory only with k = 0"
         d, ends = d[:k], ends[: k + 1]
-        parts, table, groups = policy.run_memory(memory, k)
-        totals.memory_slot_s[...] = _in_order(totals.memory_slot_s, d[:, None] * parts)
-        totals.block_table_byte_s = float(_in_order(totals.block_table_byte_s, d * table))
-        totals.running_s = float(_in_order(totals.running_s, d * n))
-        totals.in_system_s = float(_in_order(totals.in_system_s, d * (n + waiting)))
-        if totals.group_block_s is None:
-            totals.group_block_s = np.zeros(groups.shape[1])
-        totals.group_block_s[...] = _in_order(totals.group_block_s, d[:, None] * groups)
-        if totals.timeline is not None:
-            for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
-                start = float(ends[j])
-                totals.timeline.append((start, start + float(d[j]), n, waiting, *row, *blocks))
-        totals.add_itl(np.repeat(ends[1:] - ends[:-1], n), 1)  # step by step: n values of now − last token
+        add_run(totals, d, ends, policy.run_memory(memory, k), n, waiting)
         s.computed[run] = tokens0 + k
         s.generated[run] += k
         policy.advance_run(run, tokens0, k, memory)
         s.now_s = float(ends[-1])
         s.last_token_s[run] = s.now_s
-        totals.busy_s = float(_in_order(totals.busy_s, d))
-        totals.steps += k
-        totals.segments += 1
         s.finish(run)
         s.steady = True
         return True

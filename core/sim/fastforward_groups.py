@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .step_sums import in_order as _in_order
+from .step_sums import add_run
 
 if TYPE_CHECKING:
     from .paged_groups import GroupedPagedPolicy
@@ -67,28 +67,13 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     if k < 2:
         return False
     d, ends, alive = d[:k], ends[: k + 1], alive[:k]
-    parts, table, groups = policy.run_memory(memory, k)
-    totals.memory_slot_s[...] = _in_order(totals.memory_slot_s, d[:, None] * parts)
-    totals.block_table_byte_s = float(_in_order(totals.block_table_byte_s, d * table))
-    totals.running_s = float(_in_order(totals.running_s, d * alive))
-    totals.in_system_s = float(_in_order(totals.in_system_s, d * alive))
-    if totals.group_block_s is None:
-        totals.group_block_s = np.zeros(groups.shape[1])
-    totals.group_block_s[...] = _in_order(totals.group_block_s, d[:, None] * groups)
-    if totals.timeline is not None:
-        for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
-            start = float(ends[j])
-            totals.timeline.append((start, start + float(d[j]), int(alive[j]), 0, *row, *blocks))
-    totals.add_itl(np.repeat(ends[1:] - ends[:-1], alive), 1)
+    add_run(totals, d, ends, policy.run_memory(memory, k), alive, 0)
     taken = np.minimum(remaining, k)
     s.computed[run] = tokens0 + taken
     s.generated[run] += taken
     s.last_token_s[run] = ends[taken]
     _advance_pool(ff, run, tokens0, remaining, k, ends)
     s.now_s = float(ends[-1])
-    totals.busy_s = float(_in_order(totals.busy_s, d))
-    totals.steps += k
-    totals.segments += 1
     s.steady = True
     return True
 

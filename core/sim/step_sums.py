@@ -3,7 +3,12 @@ run, and step-by-step additions in step order, so a run's totals are bit-identic
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from .record import RunTotals
 
 
 def piece_bounds(ends: np.ndarray, k: int, arrival_s: np.ndarray, next_arrival: int) -> list[int]:
@@ -21,3 +26,27 @@ def in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:
     out[0] = start
     out[1:] = terms
     return out.cumsum(axis=0)[-1]
+
+
+def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np.ndarray, np.ndarray, np.ndarray],
+            running: np.ndarray | int, waiting: np.ndarray | int) -> None:
+    """A run's step-by-step integrals, timeline rows, inter-token gaps and busy time, as stepping adds them: d[j] the
+    duration of step j (ending at ends[j + 1]), `memory` the policy's run_memory (parts, table bytes and blocks
+    per group, each per step), `running` / `waiting` the requests each step (a count or one per step)."""
+    parts, table, groups = memory
+    running, waiting = np.broadcast_to(running, d.shape), np.broadcast_to(waiting, d.shape)
+    totals.memory_slot_s[...] = in_order(totals.memory_slot_s, d[:, None] * parts)
+    totals.block_table_byte_s = float(in_order(totals.block_table_byte_s, d * table))
+    totals.running_s = float(in_order(totals.running_s, d * running))
+    totals.in_system_s = float(in_order(totals.in_system_s, d * (running + waiting)))
+    if totals.group_block_s is None:
+        totals.group_block_s = np.zeros(groups.shape[1])
+    totals.group_block_s[...] = in_order(totals.group_block_s, d[:, None] * groups)
+    if totals.timeline is not None:
+        for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
+            start = float(ends[j])
+            totals.timeline.append((start, start + float(d[j]), int(running[j]), int(waiting[j]), *row, *blocks))
+    totals.add_itl(np.repeat(ends[1:] - ends[:-1], running), 1)  # step by step: one gap per running request
+    totals.busy_s = float(in_order(totals.busy_s, d))
+    totals.steps += len(d)
+    totals.segments += 1
