@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-# Block 512: hits at capacity C are 0, 1, 2, 4, 5, 5 blocks for C = 0..5 (lru_reference.HAND, worked in test_capacity.py)
+# Block 512: hits at capacity C are 0, 1, 2, 4, 5, 5 blocks for C = 0..5 (lru_reference.HAND)
 LLAMA3_8B_BLOCK_512 = 2 * 32 * 8 * 128 * 2 * 512  # K and V, layers, KV heads, head dim, bf16 bytes, tokens = 64 MiB
 
 
