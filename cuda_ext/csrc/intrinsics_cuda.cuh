@@ -30,42 +30,35 @@ KV_DEVICE void kv_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-struct Fp16Traits {
+// One 16-bit pair type's conversions to and from two floats, an overload per type (half, bfloat16).
+KV_DEVICE float2 kv_pair_to_float2(__half2 x) { return __half22float2(x); }
+KV_DEVICE float2 kv_pair_to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+KV_DEVICE void kv_float2_to_pair(float lo, float hi, __half2& out) { out = __floats2half2_rn(lo, hi); }
+KV_DEVICE void kv_float2_to_pair(float lo, float hi, __nv_bfloat162& out) { out = __floats2bfloat162_rn(lo, hi); }
+
+// Eight 16-bit floats in 16 bytes (four pairs of type Pair) to and from float; the host shim's ShimTraits
+// (tests/cuda_ext/cuda_shim/shim.h) has the same interface.
+template <typename Pair>
+struct PairTraits {
   static KV_DEVICE void unpack8(uint4 raw, float (&f)[8]) {
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    const Pair* h = reinterpret_cast<const Pair*>(&raw);
     KV_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const float2 x = __half22float2(h[i]);
+      const float2 x = kv_pair_to_float2(h[i]);
       f[2 * i] = x.x;
       f[2 * i + 1] = x.y;
     }
   }
   static KV_DEVICE uint4 pack8(const float (&f)[8]) {
     uint4 raw;
-    __half2* h = reinterpret_cast<__half2*>(&raw);
+    Pair* h = reinterpret_cast<Pair*>(&raw);
     KV_UNROLL
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) kv_float2_to_pair(f[2 * i], f[2 * i + 1], h[i]);
     return raw;
   }
 };
 
-struct Bf16Traits {
-  static KV_DEVICE void unpack8(uint4 raw, float (&f)[8]) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    KV_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
-      f[2 * i] = x.x;
-      f[2 * i + 1] = x.y;
-    }
-  }
-  static KV_DEVICE uint4 pack8(const float (&f)[8]) {
-    uint4 raw;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-    KV_UNROLL
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return raw;
-  }
-};
+using Fp16Traits = PairTraits<__half2>;
+using Bf16Traits = PairTraits<__nv_bfloat162>;
 
 }  // namespace kvcalc
