@@ -260,9 +260,9 @@ class SpeculativeEngine(Engine):
                              "request produced (StepOutcome.token_ids)")
         assert s.token_ids is not None  # the caller takes tokens only for a workload with token ids
         for rid in sampled.tolist():
-            tokens = outcome.token_ids[rid]
+            given = outcome.token_ids[rid]
             # one token: an int or any integer scalar (numpy's from a model runner); else a sequence of them
-            tokens = (tokens,) if np.ndim(tokens) == 0 else tuple(tokens)
+            tokens = list(given) if isinstance(given, tuple) else np.atleast_1d(given).tolist()
             assert len(tokens) == emitted.get(rid, 1), f"request {rid}: {len(tokens)} tokens for {emitted.get(rid, 1)}"
             s.token_ids[rid].extend(int(t) for t in tokens)
 
