@@ -19,12 +19,14 @@ import numpy as np
 from ..inputs.traces import Trace, mooncake_block_keys
 from ..pool.block_pool import BlockPool
 from ..pool.store import BlockKeys
+from .id_replay import id_level_hits
 from .trace_blocks import (
     CheckedTrace,
     check_requests,
     check_trace,
     checked_pool_blocks,
     in_arrival_order,
+    request_blocks,
     trace_block_keys,
 )
 
@@ -77,9 +79,12 @@ def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:
 
 def replay(
     trace: Trace, block_size: int, capacity_blocks: int | None, prefix_caching: bool, *, fast: bool = True,
-    progress: Callable[[int], None] | None = None, checked: CheckedTrace | None = None,
+    progress: Callable[[int], None] | None = None, checked: CheckedTrace | None = None, by_ids: bool = True,
 ) -> ReplayResult:
     """Replay every request of `trace` through one BlockPool, in arrival order; see the module docstring.
+
+    `by_ids`: when nothing can be evicted (the pool holds every block the trace caches) and `fast`, the same
+    results are computed per hash id instead (id_replay: no pool, O(ids) numpy work).
 
     `fast` hashes the block keys of ~_BATCH_BLOCKS prompt blocks at a time (`BlockPool.hash_prompts`) and
     runs each request with the pool's fused `serve`; otherwise each prompt is hashed on its own and runs
@@ -90,6 +95,12 @@ def replay(
     keyed = prefix_caching and trace.has_prefix_ids
     pool_blocks = checked_pool_blocks(trace, block_size, capacity_blocks, keyed, checked)
     trace = in_arrival_order(trace)
+    if by_ids and fast and (not keyed or capacity_blocks is None or pool_blocks < capacity_blocks):  # no eviction
+        hit_blocks, cached = id_level_hits(trace, block_size) if keyed else (0, 0)
+        if progress is not None:
+            progress(len(trace))
+        return _result(trace, block_size, capacity_blocks, pool_blocks, prefix_caching, hit_blocks,
+                       int(request_blocks(trace, block_size).max()), cached, 0)
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
     outputs = trace.output_tokens.tolist()
@@ -116,6 +127,13 @@ def replay(
         if progress is not None:
             progress(stop - first)
     stats = pool.stats()
+    assert stats.hit_tokens == stats.hit_blocks * block_size
+    return _result(trace, block_size, capacity_blocks, pool_blocks, prefix_caching, stats.hit_blocks, peak_used,
+                   peak_cached, stats.evictions)
+
+
+def _result(trace: Trace, block_size: int, capacity_blocks: int | None, pool_blocks: int, prefix_caching: bool,
+            hit_blocks: int, peak_used: int, peak_cached: int, evictions: int) -> ReplayResult:
     return ReplayResult(
         prefix_caching=prefix_caching,
         block_size=block_size,
@@ -124,12 +142,12 @@ def replay(
         requests=len(trace),
         prompt_tokens=int(trace.prompt_tokens.sum()),
         output_tokens=int(trace.output_tokens.sum()),
-        hit_tokens=stats.hit_tokens,
-        hit_blocks=stats.hit_blocks,
+        hit_tokens=hit_blocks * block_size,
+        hit_blocks=hit_blocks,
         peak_used_blocks=peak_used,
         longest_request_tokens=_longest(trace),
         peak_cached_blocks=peak_cached,
-        evictions=stats.evictions,
+        evictions=evictions,
     )
 
 

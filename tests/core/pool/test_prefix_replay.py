@@ -1,7 +1,8 @@
 """The prefix cache end to end against an independent replay: the block pool's hit tokens and cached
 blocks on a whole Mooncake-style trace equal a plain-Python replay over hash ids (id_replay.py, no kvcalc
-code), at blocks 16, 64, 512, 1,024 and 4,096, through `share`'s replay (batch hashing and fused `serve`;
-a block of 512·m tokens keyed by the id of its last 512-token block), and at 1,024 and 4,096 also the pool
+code), at blocks 16, 64, 512, 1,024 and 4,096, through `share`'s replay in the pool (batch hashing and fused `serve`;
+a block of 512·m tokens keyed by the id of its last 512-token block) and per hash id (what `share` runs when
+nothing can be evicted, every field equal), and at 1,024 and 4,096 also the pool
 driven directly with each block keyed by the tuple of its ids.
 
 A constructed trace always runs; the real Mooncake traces run when ../shared/traces holds them.
@@ -35,9 +36,11 @@ def requests_of(trace: Trace) -> list[tuple[int, list[int]]]:
 
 
 def pool_replay(trace: Trace, block_size: int) -> tuple[int, int, int]:
-    """(hit tokens, hit blocks, cached blocks at the end) of `share`'s replay, unlimited capacity: what
-    `kvcalc share --trace mooncake` runs at every block size (B = 512·m keyed by the last id of each block)."""
-    r = replay(trace, block_size, None, True)
+    """(hit tokens, hit blocks, cached blocks at the end) of `share`'s replay, unlimited capacity, through the
+    block pool (B = 512·m keyed by the last id of each block); every field equal to what `kvcalc share --trace
+    mooncake` computes per hash id when nothing can be evicted (core/share/id_replay.py)."""
+    r = replay(trace, block_size, None, True, by_ids=False)
+    assert replay(trace, block_size, None, True) == r
     return r.hit_tokens, r.hit_blocks, r.peak_cached_blocks
 
 
