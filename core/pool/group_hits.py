@@ -57,9 +57,9 @@ def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndar
     """int64 [n]: first(h) of the module docstring for each hit length h (blocks) in `hits`."""
     B, tokens = block_size, hits * block_size
     if group.kind == "sliding":
-        return np.maximum(tokens - group.window + 1, 0) // B  # type: ignore[operator]
+        return np.maximum(tokens - group.span + 1, 0) // B
     if group.kind == "chunked":
-        return tokens // group.window * group.window // B  # type: ignore[operator]
+        return tokens // group.span * group.span // B
     if group.kind == "state":
         return np.maximum(hits - 1, 0)
     return np.zeros_like(hits)

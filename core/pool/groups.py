@@ -82,15 +82,22 @@ class PoolGroup:
     def name(self) -> str:
         return self.label or (self.kind if self.window is None else f"{self.kind} {self.window:,}")
 
+    @property
+    def span(self) -> int:
+        """The window as an int: W of a sliding group, C of a chunked one; a group of another kind has none."""
+        if self.window is None:
+            raise ValueError(f"a {self.kind} group has no window")
+        return self.window
+
     def first_block(self, computed: int, num_tokens: int, block_size: int, state_mode: str) -> int:
         """The first logical block the table must hold while a step computes tokens `computed`..num_tokens − 1
         (see the module docstring); blocks before it can be freed. A state group keeps the page the step
         resumes from (the state after token computed − 1) until the step has run."""
         B = block_size
         if self.kind == "sliding":
-            return max(0, computed - self.window + 1) // B  # type: ignore[operator]
+            return max(0, computed - self.span + 1) // B
         if self.kind == "chunked":
-            return computed // self.window * self.window // B  # type: ignore[operator]
+            return computed // self.span * self.span // B
         if self.kind == "state" and state_mode != "all":
             if not computed:  # nothing to resume from: only the pages this step writes its last states into
                 return max(0, (num_tokens - 1) // B if state_mode == "none" else num_tokens // B - 1)
@@ -163,7 +170,7 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
         if g.kind == "full" or (g.kind == "state" and state_mode == "all"):
             blocks += all_blocks
         elif g.kind in ("sliding", "chunked"):
-            reach = g.window - 1 + T if g.kind == "sliding" else g.window + T  # type: ignore[operator]
+            reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
             blocks += min(all_blocks, ceil_div(reach, B) + 1)
         else:
             blocks += min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))

@@ -249,10 +249,10 @@ class HybridPool(HybridHits, HybridBatch):
                 n, skipped = pool.committed_tokens(seq_id), seq.num_skipped
                 # never freed early: the next token (position n) reads every block from `skipped` on
                 if group.kind == "sliding":
-                    assert skipped * B <= max(0, n - group.window + 1), (  # type: ignore[operator]
+                    assert skipped * B <= max(0, n - group.span + 1), (
                         f"sliding group: sequence {seq_id!r} freed a block inside its window")
                 elif group.kind == "chunked":
-                    assert skipped * B <= n // group.window * group.window, (  # type: ignore[operator]
+                    assert skipped * B <= n // group.span * group.span, (
                         f"chunked group: sequence {seq_id!r} freed a block of its current chunk")
                 elif group.kind == "state":  # the running state's page is held
                     assert n == 0 or skipped <= (n - 1) // B, (

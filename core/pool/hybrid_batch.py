@@ -42,10 +42,10 @@ class HybridBatch(HybridLayout):
         group for all sequences at once; `one_drop` (and every block in one table): one `skip_many` per kind
         instead of BlockPool.skip_blocks per sequence (the same blocks freed in the same order)."""
         B, mode = self.block_size, self.state_mode
-        kinds: dict[tuple[str, int | None], list[int]] = {}
+        kinds: dict[tuple[str, int], list[int]] = {}  # (kind, window; 0 for a state group)
         for g, group in enumerate(self.groups):
             if group.kind != "full" and not (group.kind == "state" and mode == "all"):
-                kinds.setdefault((group.kind, group.window), []).append(g)
+                kinds.setdefault((group.kind, group.window or 0), []).append(g)
         if not kinds:
             return
         seqs = self.pools[0]._live(seq_ids, "freed")
@@ -55,9 +55,9 @@ class HybridBatch(HybridLayout):
         private = one_drop and not (self.store.enable_prefix_caching or self.store.counters["forks"])
         for (kind, window), members in kinds.items():
             if kind == "sliding":
-                first = np.maximum(tokens - window + 1, 0) // B  # type: ignore[operator]
+                first = np.maximum(tokens - window + 1, 0) // B
             elif kind == "chunked":
-                first = tokens // window * window // B  # type: ignore[operator]
+                first = tokens // window * window // B
             elif mode == "none":
                 first = np.maximum(tokens - 1, 0) // B
             else:  # align

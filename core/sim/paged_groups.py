@@ -169,9 +169,9 @@ class GroupedPagedPolicy:
         `computed` (≥ 1) tokens: PoolGroup.first_block_before_growth, over an array."""
         B = self.block_size
         if group.kind == "sliding":
-            return np.maximum(computed - group.window + 1, 0) // B  # type: ignore[operator]
+            return np.maximum(computed - group.span + 1, 0) // B
         if group.kind == "chunked":
-            return computed // group.window * group.window // B  # type: ignore[operator]
+            return computed // group.span * group.span // B
         if group.kind == "state" and self.pool.state_mode == "none":
             return (computed - 1) // B
         if group.kind == "state" and self.pool.state_mode == "align":
