@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import typer
+from typer._click import exceptions as click_exc  # typer vendors click from 0.26 on (pyproject.toml)
 from typer.core import TyperGroup
-
-try:  # typer >= 0.22 vendors click as typer._click; older releases use click itself
-    from typer._click import exceptions as click_exc
-except ImportError:  # pragma: no cover
-    from click import exceptions as click_exc  # type: ignore[no-redef, import-not-found]
 
 from ..core.errors import CudaUnavailableError, ParameterError
 from .commands import COMMANDS
@@ -58,8 +55,11 @@ class KvcalcGroup(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return [_no_flag_metavar(param) for param in super().get_params(ctx)]
 
-    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:  # type: ignore[override]
-        extra.pop("standalone_mode", None)
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+        """click's entry point, always run not standalone (`standalone_mode` is ignored): every error ends here
+        as one line and our exit code."""
+        extra.update(complete_var=complete_var, windows_expand_args=windows_expand_args)
         try:
             _check_one_format(list(sys.argv[1:] if args is None else args))
             check_output_paths(list(sys.argv[1:] if args is None else args))
@@ -196,10 +196,11 @@ def _load_command(name: str, module_name: str) -> Any:
         check_given_once(command.params, args)
         return parse_args(ctx, args)
 
-    command.parse_args = parse_once  # type: ignore[method-assign]
+    command.parse_args = parse_once  # type: ignore[method-assign]  # wraps this one instance's method (typer builds it)
     for param in command.params:
         _no_flag_metavar(param)
     get_help_option = command.get_help_option
+    # the ignore below: it wraps this one instance's method (typer builds the command and its class)
     command.get_help_option = lambda ctx: _no_flag_metavar(get_help_option(ctx))  # type: ignore[method-assign]
     return command
 

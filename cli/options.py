@@ -18,11 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-
-try:  # typer >= 0.22 vendors click as typer._click (as cli/app.py)
-    from typer._click.exceptions import UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError  # type: ignore[assignment, no-redef, import-not-found]
+from typer._click.exceptions import UsageError  # typer vendors click from 0.26 on (pyproject.toml)
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.sim.options import SimOptions

@@ -6,14 +6,21 @@ Kept free of numpy so that `kvcalc size` starts without it; `ceil_div` works on 
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default page size
 BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as vLLM's and FlashInfer's kernels take
 
-T = TypeVar("T")
+
+@overload
+def ceil_div(numerator: int, divisor: int) -> int: ...
+@overload
+def ceil_div(numerator: np.ndarray, divisor: int) -> np.ndarray: ...
 
 
-def ceil_div(numerator: T, divisor: int) -> T:
+def ceil_div(numerator: int | np.ndarray, divisor: int) -> int | np.ndarray:
     """ceil(numerator / divisor), exact for Python ints of any size and elementwise for integer arrays."""
-    return -(-numerator // divisor)  # type: ignore[operator]
+    return -(-numerator // divisor)

@@ -36,8 +36,9 @@ class KvBits(int):
         obj.name = name
         return obj
 
-    def __getnewargs__(self) -> tuple[int, str, str]:  # type: ignore[override]
-        return int(self), self.layout, self.name
+    def __reduce__(self) -> tuple[type[KvBits], tuple[int, str, str]]:
+        """Pickled and copied as the call that makes it (int's own reduction keeps only the int)."""
+        return KvBits, (int(self), self.layout, self.name)
 
     def __repr__(self) -> str:
         return f"KvBits({int(self)}, {self.layout!r}, {self.name!r})"

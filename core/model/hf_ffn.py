@@ -43,7 +43,7 @@ def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
         missing = "num_experts_per_tok (or top_k_experts)" if per_token is None else "the expert count"
         raise f.error(f"a MoE config needs both the expert count and the experts per token (missing {missing}); "
                       "add it to the file")
-    if experts is not None and per_token > experts:  # type: ignore[operator]
+    if experts is not None and per_token is not None and per_token > experts:
         raise f.error(f"{per_token} experts per token exceeds the {experts} experts; fix the file")
     return experts, per_token
 
@@ -115,8 +115,9 @@ def _one_int(f: ConfigFields, *keys: str) -> int | None:
 
 
 def _shared_width(f: ConfigFields, expert_width: int | None, intermediate: int | None) -> int | None:
-    if f.int("n_shared_experts") is not None:
-        return f.int("n_shared_experts") * (expert_width or 0)  # type: ignore[operator]
+    shared = f.int("n_shared_experts")
+    if shared is not None:
+        return shared * (expert_width or 0)
     width = f.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
     if width is not None:
         return width

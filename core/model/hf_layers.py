@@ -136,7 +136,7 @@ def _kda_kinds(f: ConfigFields, kda: object, n: int) -> list[str]:
             kinds[layer - 1] = kind
     if None in kinds:
         raise f.error(f"linear_attn_config leaves layer {kinds.index(None) + 1} out of both lists")
-    return kinds  # type: ignore[return-value]
+    return [kind for kind in kinds if kind is not None]  # every layer has one (checked above)
 
 
 def _strings(f: ConfigFields, value: object, n: int, field: str) -> list[str]:

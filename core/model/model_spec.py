@@ -92,7 +92,7 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: sliding_window must be positive, got {self.sliding_window}")
         if (self.num_experts is None) != (self.experts_per_token is None):
             raise ValueError(f"model {self.name!r}: MoE needs both num_experts and experts_per_token")
-        if self.num_experts is not None and self.experts_per_token > self.num_experts:  # type: ignore[operator]
+        if self.num_experts is not None and (self.experts_per_token or 0) > self.num_experts:  # both given (above)
             raise ValueError(
                 f"model {self.name!r}: experts_per_token {self.experts_per_token} exceeds "
                 f"num_experts {self.num_experts}"
@@ -143,7 +143,7 @@ class ModelSpec:
                 )
 
     @classmethod
-    def from_groups(cls, name: str, groups: tuple[LayerGroup, ...], **fields: object) -> ModelSpec:
+    def from_groups(cls, name: str, groups: tuple[LayerGroup, ...], **fields: Any) -> ModelSpec:
         """A spec whose uniform fields summarise `groups` (see the module docstring); `fields` give the rest
         (num_attention_heads, hidden_size, max_position_embeddings, ...)."""
         kv = [g for g in groups if g.keeps_kv]
@@ -153,21 +153,21 @@ class ModelSpec:
             # a pure recurrent model: no KV at all, a constant state per sequence in every layer
             fields.setdefault("num_attention_heads", 0)
             return cls(name=name, layer_groups=groups, layers=0, kv_heads=0, head_dim=0,
-                       num_kv_free_layers=sum(g.count for g in groups), **fields)  # type: ignore[arg-type]
+                       num_kv_free_layers=sum(g.count for g in groups), **fields)
         main = max(kv, key=lambda g: g.count)  # max keeps the first of equal counts
         windowed = [g for g in kv if g.window is not None]
         mla = next((g for g in kv if g.kind == "mla"), None)
-        summary = {
+        summary: dict[str, Any] = {
             "layers": sum(g.count for g in kv),
             "kv_heads": main.kv_heads or 1,
             "head_dim": main.k_head_dim or (main.kv_lora_rank + main.rope_dim),
-            "sliding_window": max((g.window for g in windowed), default=None),  # type: ignore[type-var]
+            "sliding_window": max((g.window for g in windowed if g.window is not None), default=None),
             "num_sliding_layers": sum(g.count for g in windowed),
             "kv_lora_rank": mla.kv_lora_rank if mla else None,
             "qk_rope_head_dim": mla.rope_dim if mla else None,
             "num_kv_free_layers": sum(g.count for g in groups if not g.keeps_kv),
         }
-        return cls(name=name, layer_groups=groups, **summary, **fields)  # type: ignore[arg-type]
+        return cls(name=name, layer_groups=groups, **summary, **fields)
 
     @property
     def drafter_layers(self) -> int:

@@ -114,12 +114,12 @@ class TieredScheduler(Scheduler):
     def __init__(self, workload: Workload, admission: TierAdmission, config: SchedulerConfig,
                  cancel_at: np.ndarray | None, idle_until: Callable[[float], None]) -> None:
         self._steady = False
-        super().__init__(workload, admission, config, cancel_at)  # type: ignore[arg-type]
+        super().__init__(workload, admission, config, cancel_at)
         self.admission, self.idle_until = admission, idle_until
         self.parked: list[tuple[float, int]] = []  # heap of (ready_s, rid)
 
     # every running request decoded last step, and nothing is parked (fast-forward may start)
-    @property  # type: ignore[override]
+    @property
     def steady(self) -> bool:
         return self._steady and not self.parked
 
@@ -210,7 +210,7 @@ def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSe
     keys = prompt_block_keys(workload, setup)
     assert isinstance(keys, list), "check_tier_setup: prefix caching on and prefix ids, so one key list per prompt"
     cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload))
-    store = policy.pool.store  # type: ignore[attr-defined]
+    store = policy.pool.store  # type: ignore[attr-defined]  # policy paged (checked): MemoryPolicy names no pool
     listen_to_evictions(store, cache.demote)
     engine = TieredEngine(workload, policy, StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at, cache,
                           keys, record_timeline=record_timeline, progress=progress)

@@ -247,8 +247,8 @@ def from_token_ids(prompts: list[list[int]], max_new_tokens: list[int], arrival_
 
 def length_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
     """Independent generators for prompt lengths, output lengths and cancellation points of one seed."""
-    children = np.random.SeedSequence(seed).spawn(4)[1:]
-    return tuple(np.random.default_rng(c) for c in children)  # type: ignore[return-value]
+    prompts, outputs, cancels = (np.random.default_rng(c) for c in np.random.SeedSequence(seed).spawn(4)[1:])
+    return prompts, outputs, cancels
 
 
 def cancellation_points(
