@@ -20,7 +20,8 @@ from .sources import InputSource, decode_text, read_source
 
 __all__ = ["LENGTHS_FORMATS", "ints_from_text", "read_lengths_array", "validated"]
 
-LENGTHS_FORMATS = "one integer per line, a CSV with --column, a JSON list (.json) or a NumPy array (.npy)"
+# {column} marks the parameter (ParameterError): a library user reads `column`, the CLI its flag
+LENGTHS_FORMATS = "one integer per line, a CSV with {column}, a JSON list (.json) or a NumPy array (.npy)"
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -65,7 +66,10 @@ def read_lengths_array(source: InputSource, column: str | None = None) -> np.nda
     """int64 [N] from a lengths file, validated: one integer per line; a CSV column (`column` given); a JSON
     list; a NumPy array. A .json or .npy name, or content that starts as one (a `[`, the .npy magic), picks
     JSON or NumPy, so standard input (`-`) can carry every format."""
-    name, data = read_source(source, f"lengths: {LENGTHS_FORMATS}")
+    try:
+        name, data = read_source(source, f"lengths: {LENGTHS_FORMATS}")
+    except ValueError as exc:
+        raise _column_marked(exc) from None
     suffix = PurePath(name).suffix.lower()
     if column is not None:
         return _read_csv_column(_text(data, name), name, column)
@@ -77,7 +81,17 @@ def read_lengths_array(source: InputSource, column: str | None = None) -> np.nda
 
 
 def _text(data: bytes, name: str) -> str:
-    return decode_text(data, name, f"lengths: {LENGTHS_FORMATS}")
+    try:
+        return decode_text(data, name, f"lengths: {LENGTHS_FORMATS}")
+    except ValueError as exc:
+        raise _column_marked(exc) from None
+
+
+def _column_marked(exc: ValueError) -> ValueError:
+    """`exc` as the lengths file's ParameterError when its message marks {column} (LENGTHS_FORMATS, the CSV hint),
+    so that the CLI writes the mark as its flag; else `exc` itself."""
+    message = str(exc)
+    return ParameterError(message, "lengths_file", "column") if "{column}" in message else exc
 
 
 _PLAIN_BYTES = np.zeros(256, dtype=bool)  # what the fast path of _read_lines accepts: digits and whitespace
@@ -96,7 +110,10 @@ def _read_lines(data: bytes, name: str) -> np.ndarray:
     tokens = _parse_plain_lines(data)
     if tokens is None:
         items, where, hint = _split_lines(data, name)
-        tokens = ints_from_text(items, where, hint)
+        try:
+            tokens = ints_from_text(items, where, hint)
+        except ValueError as exc:
+            raise _column_marked(exc) from None
         return validated(tokens, where, name)
     return validated(tokens, lambda i: _split_lines(data, name)[1](i), name)
 
@@ -113,7 +130,7 @@ def _split_lines(data: bytes, name: str) -> tuple[list[str], Callable[[int], str
 
     hint = ""
     if "," in numbered[0][1]:
-        hint = f"; for a CSV give --column NAME (the first line has {numbered[0][1]})"
+        hint = f"; for a CSV give {{column}} NAME (the first line has {numbered[0][1]})"
     return [s for _, s in numbered], where, hint
 
 

@@ -32,10 +32,6 @@ ALLOWED = {
     ("model/weights.py", "model x has no"): "names `size --kv-memory`, another command, also from sim's plan",
     # vLLM's own flag, said as vLLM's (`vLLM's --kv-cache-dtype`); kvcalc's own is the Note's {dtype} mark.
     ("model/hf_config.py", "x: vLLM"): "vLLM's --kv-cache-dtype, another program's flag",
-    # TODO (text inside the lengths readers' plain ValueErrors, shared with read_source's messages: they would
-    # become ParameterErrors marking {column}; notes are kvcalc.core.notes.Note, rendered by kvcalc.cli.flags):
-    ("inputs/files.py", "one integer per line, a CSV with --column"): "TODO: the formats named in read errors",
-    ("inputs/files.py", "; for a CSV give --column"): "TODO: a hint inside ints_from_text's ValueError",
 }
 
 

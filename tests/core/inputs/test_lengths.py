@@ -80,7 +80,7 @@ def test_lines_file_skips_blank_lines(tmp_path):
         ("37\n-2\n", r"lengths.txt:2: length -2 is not positive"),
         ("", r"is empty"),
         ("\n \n", r"is empty"),
-        ("a,b\n1,2\n", r"for a CSV give --column NAME"),
+        ("a,b\n1,2\n", r"for a CSV give column NAME"),
     ],
 )
 def test_lines_file_errors_name_the_line(tmp_path, content, message):
@@ -544,3 +544,22 @@ def test_negative_seed_names_the_parameter():
     with pytest.raises(ParameterError, match=r"^seed -1 is negative: give a whole number from 0 to 2\*\*63-1") as info:
         sample_lengths(LengthDistribution.parse("uniform:high=5"), 10, seed=-1)
     assert info.value.params == ("seed",)
+
+
+def test_a_csv_without_column_is_a_parameter_error_marking_column(tmp_path, run_cli):
+    """The hint names the parameter: `column` from the library, frag's flag from the CLI (the one place the mark
+    is written), and the same for the formats a directory's message lists."""
+    path = tmp_path / "requests.csv"
+    path.write_text("id,tokens\n1,37\n")
+    with pytest.raises(ParameterError) as caught:
+        read_lengths_file(path)
+    assert caught.value.params == ("lengths_file", "column")
+    assert str(caught.value) == (f"{path}:1: 'id,tokens' is not an integer length; for a CSV give column NAME "
+                                 "(the first line has id,tokens)")
+    result = run_cli("frag", "--lengths-file", str(path))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: {path}:1: 'id,tokens' is not an integer length; for a CSV give "
+                                     "--column NAME (the first line has id,tokens)")
+    result = run_cli("frag", "--lengths-file", str(tmp_path))
+    assert result.exit_code == 2
+    assert "(lengths: one integer per line, a CSV with --column, a JSON list (.json)" in result.stderr

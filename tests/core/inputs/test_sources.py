@@ -60,7 +60,7 @@ def test_traces_from_standard_input_and_streams(monkeypatch):
 @pytest.mark.parametrize("column", [None, "n"])
 def test_a_directory_says_so_and_what_to_give(tmp_path, column):
     with pytest.raises(ValueError, match=rf"{tmp_path} is a directory, not a file: give the path of the file itself "
-                                         r"\(lengths: one integer per line, a CSV with --column"):
+                                         r"\(lengths: one integer per line, a CSV with column,"):
         read_lengths_file(tmp_path, column)
 
 
