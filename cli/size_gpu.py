@@ -112,8 +112,13 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
 def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
     """--gpu / --kv-memory: check the start-up flags, plan vLLM's start-up (core/model/gpu_plan), add it."""
     from ..core.gpus import get_gpu
-    from ..core.model.gpu_plan import DEFAULT_MAX_NUM_BATCHED_TOKENS, plan_gpu
-    from ..core.model.vllm_memory import DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
+    from ..core.model.gpu_plan import plan_gpu
+    from ..core.model.vllm_memory import (
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        DEFAULT_VLLM_VERSION,
+        default_max_num_seqs,
+        get_version,
+    )
 
     o, spec, block_size = inputs.opts, inputs.spec, inputs.block_size
     assert spec is not None  # the GPU plan needs a model: size_inputs refused it without one

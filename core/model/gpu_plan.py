@@ -30,6 +30,7 @@ from ..dtypes import dtype_bits
 from ..errors import ParameterError
 from .kv_groups import KVLayout, kv_layout, plan_blocks, request_blocks
 from .model_spec import ModelSpec
+from .vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_VLLM_VERSION, default_max_num_seqs, get_version
 from .vllm_pool_layout import attention_free_layout, stage_slots
 from .weights import param_count
 
@@ -39,9 +40,9 @@ if TYPE_CHECKING:
 ACTIVATION_BYTES = 2  # bf16/fp16 activations
 LOGIT_BYTES = 4  # fp32 logits for sampling
 NON_TORCH_BYTES = 512 * 2**20  # CUDA context and communication buffers outside torch's allocator: an estimate
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-DEFAULT_MAX_NUM_SEQS = 256
+# vLLM's defaults are defined once, in vllm_memory.py: max_num_batched_tokens, the version and its
+# gpu_memory_utilization, max_num_seqs by GPU; this one is max_num_seqs where no large GPU is named (256).
+DEFAULT_MAX_NUM_SEQS = default_max_num_seqs(0)
 
 
 def activation_bytes_estimate(spec: ModelSpec, max_batched_tokens: int, max_seqs: int, tp: int) -> int:
@@ -132,18 +133,23 @@ def plan_gpu(
     tp: int = 1,
     gpu_name: str = "",
     gpu_memory_bytes: int | None = None,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    gpu_memory_utilization: float | None = None,
     kv_memory_bytes: int | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_seqs: int | None = None,
     kv_layout_name: str = "vllm",
     mamba_cache_mode: str = "none",
     pp: int = 1,
-    vllm_version: str = "0.21",
+    vllm_version: str = DEFAULT_VLLM_VERSION,
     quantization: str | None = None,
     vision_params: int = 0,
 ) -> GpuPlan:
-    """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`)."""
+    """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`).
+    `gpu_memory_utilization` and `max_num_seqs` default as vLLM `vllm_version` does on that GPU."""
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = get_version(vllm_version).default_gpu_memory_utilization
+    if max_num_seqs is None:
+        max_num_seqs = default_max_num_seqs(gpu_memory_bytes or 0, gpu_name)
     _check_plan_inputs(block_size, max_model_len, tp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization)
     layout = attention_free_layout(spec, kv_dtype_bits, tp, max_model_len, block_size, mamba_cache_mode) or kv_layout(
         spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)

@@ -17,9 +17,11 @@ from dataclasses import dataclass, fields, replace
 from itertools import product
 from pathlib import Path
 
-from ..dtypes import parse_dtype
+from ..blocks import DEFAULT_BLOCK_SIZE
+from ..dtypes import DEFAULT_DTYPE, parse_dtype
 from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, get_gpu
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..sim.options import DEFAULT_RATE, SimOptions
 
 DEFAULT_TP = (1, 2, 4)
@@ -53,9 +55,9 @@ class Space:
 
     gpus: tuple[str, ...]
     tp: tuple[int, ...] = DEFAULT_TP
-    block_sizes: tuple[int, ...] = (16,)
-    max_batched_tokens: tuple[int, ...] = (8192,)
-    kv_dtypes: tuple[str, ...] = ("bf16",)
+    block_sizes: tuple[int, ...] = (DEFAULT_BLOCK_SIZE,)
+    max_batched_tokens: tuple[int, ...] = (DEFAULT_MAX_NUM_BATCHED_TOKENS,)
+    kv_dtypes: tuple[str, ...] = (DEFAULT_DTYPE,)
     replicas: tuple[int, ...] = DEFAULT_REPLICAS
 
     def points(self) -> list[Point]:

@@ -37,11 +37,12 @@ from ..inputs.traces import (
     mooncake_block_keys,
     mooncake_block_size_error,
 )
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.groups import PoolGroup, peak_blocks
 from ..pool.hybrid import HybridPool
 from .trace_blocks import in_arrival_order
 
-DEFAULT_CHUNK_TOKENS = 8192  # vLLM's default max_num_batched_tokens
+DEFAULT_CHUNK_TOKENS = DEFAULT_MAX_NUM_BATCHED_TOKENS  # a prefill chunk: vLLM's default max_num_batched_tokens
 
 
 @dataclass(frozen=True)

@@ -305,3 +305,22 @@ def test_stage_slots_bounds(pattern, pp):
         assert got <= layout.group_size
         for kind, count in (("sliding", part.count(True)), ("full", part.count(False))):
             assert got >= -(-count // tables[kind])
+
+
+@pytest.mark.parametrize(("gpu", "version", "utilization", "max_seqs"), [
+    ("H100-SXM", "0.21", 0.92, 1024),  # vLLM 0.21: 0.92; >= 70 GiB and not an A100: 1,024 sequences
+    ("H100-SXM", "0.19", 0.9, 1024),
+    ("A100-80GB", "0.21", 0.92, 256),  # an A100 keeps 256
+    ("L40S", "0.21", 0.92, 256),  # under 70 GiB
+])
+def test_defaults_are_vllms_for_the_version_and_gpu(gpu, version, utilization, max_seqs):
+    """Left out, gpu_memory_utilization and max_num_seqs are vLLM's own for the version and GPU (defined once, in
+    vllm_memory): the same plan as with them given."""
+    spec, memory = get_preset("Llama-3-8B"), get_gpu(gpu).memory_bytes
+    common = dict(kv_dtype_bits=16, block_size=16, max_model_len=8192, gpu_name=gpu, gpu_memory_bytes=memory,
+                  vllm_version=version)
+    assert plan_gpu(spec, **common) == plan_gpu(spec, **common, gpu_memory_utilization=utilization,
+                                                max_num_seqs=max_seqs)
+    assert plan_gpu(spec, **common).gpu_memory_utilization == utilization
+    assert plan_gpu(spec, **common) != plan_gpu(spec, **common, gpu_memory_utilization=0.5)
+    assert plan_gpu(spec, **common) != plan_gpu(spec, **common, max_num_seqs=1280 - max_seqs)  # 256 <-> 1,024
