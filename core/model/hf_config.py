@@ -37,6 +37,13 @@ from .layers import LayerGroup
 from .model_spec import ModelSpec
 
 _TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype")
+# transformers' config-class defaults for fields that published configs leave out, by model_type: transformers
+# (and vLLM, which loads configs through it) fills them in. Gemma-3-4B/12B/27B-it's text_config names no vocab_size
+# and no max_position_embeddings (Gemma3TextConfig: 262,208 and 131,072; tests/qa checks them against transformers).
+MAX_LAYERS = 65_536  # the most layers a config may name (the largest published models have a few hundred)
+CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072},
+}
 
 
 def load_config(
@@ -112,6 +119,7 @@ def spec_from_config(
     fill = {"num_hidden_layers": layers, "head_dim": head_dim}
     config = {**config, **{k: v for k, v in fill.items() if v is not None and config.get(k) is None}}
     config = _step_layer_types(config)
+    config, defaulted = _class_defaults(config)
     f = ConfigFields(config, source)
     refuse_unsupported(f)
     if family_of(f.raw("model_type")) is not None:
@@ -126,8 +134,20 @@ def spec_from_config(
             why = str(exc).removeprefix(f"{f.source}: ")
             # with look-alike fields unread, those are the news; without, the failure itself says why
             raise refusal(f, unread, why=why if not unread or why.startswith("missing the field") else "") from None
-    note = judge_unread(f)
-    return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
+    notes = tuple(n for n in (defaulted, judge_unread(f)) if n is not None)
+    return dataclasses.replace(spec, notes=(*spec.notes, *notes)) if notes else spec
+
+
+def _class_defaults(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+    """`config` with its model_type's CLASS_DEFAULTS filled in where it has none, and a note naming them."""
+    model_type = config.get("model_type")
+    defaults = CLASS_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}
+    missing = {k: v for k, v in defaults.items() if config.get(k) is None}
+    if not missing:
+        return config, None
+    named = " and ".join(f"{k} {v:,}" for k, v in missing.items())
+    return {**config, **missing}, (f"{model_type}: {named} from transformers' defaults for this model type "
+                                   "(the config names none)")
 
 
 def _read(f: ConfigFields, name: str) -> ModelSpec:
@@ -137,6 +157,10 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     source = f.source
     n = f.required_int("num_hidden_layers", "n_layer", "num_layers", "n_layers",
                        fix="add it to the file or give {layers}", param="layers")
+    if n > MAX_LAYERS:  # each layer is placed one by one: a count like 10^12 would exhaust memory, not fail
+        raise f.error(f"field '{f.key_of('num_hidden_layers', 'n_layer', 'num_layers', 'n_layers')}' is {n:,}: "
+                      f"more than the {MAX_LAYERS:,} layers kvcalc places one by one (real models have a few "
+                      "hundred); fix the file")
     if f.raw("model_type") == "longcat_flash" and f.key_of("num_hidden_layers") is None:
         n *= 2  # LongCat-Flash: each of num_layers decoder layers holds two MLA sublayers, each with its own cache
     heads = f.required_int("num_attention_heads", "n_head", "num_heads", "n_heads")
