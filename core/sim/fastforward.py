@@ -29,7 +29,9 @@ import numpy as np
 
 from .engine import Engine
 from .fastforward_groups import grouped_run_through_finishes
+from .paged import PagedPolicy
 from .paged_groups import GroupedPagedPolicy
+from .paged_run import PagedRun, run_pieces
 from .record import RunTotals
 from .scheduler import Scheduler
 from .step_sums import add_run, piece_bounds
@@ -43,6 +45,7 @@ class FastForward:
         self.engine, self.scheduler, self.steptime = engine, engine.scheduler, steptime
         self.policy, self.totals = engine.policy, engine.totals
         self._steps_index = np.arange(1024, dtype=np.int64)
+        self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
 
     def advance(self) -> bool:
         k, plan = self._segment_length()
@@ -60,7 +63,8 @@ class FastForward:
         if not s.steady or n == 0 or n > s.config.max_batched_tokens:
             return False
         tokens_run = s.computed[run]
-        if not self.policy.grow_many(run, tokens_run + 1):
+        grown = tokens_run + 1
+        if not self.policy.grow_many(run, grown):
             return False  # memory is short: the plain step preempts
         admitted: list[int] = []
         chunks: list[int] = []
@@ -71,7 +75,8 @@ class FastForward:
             s.swapped_in_now = []
         context = int(tokens_run.sum()) + n  # decode: Σ (c + 1) positions attended
         tokens, positions, moved = n, context, context + n
-        starts = [int(s.computed[rid]) for rid in admitted]
+        computed = s.computed
+        starts = computed[admitted].tolist() if admitted else []
         for start, new in zip(starts, chunks, strict=True):
             tokens += new
             positions += start * new + new * (new + 1) // 2
@@ -81,26 +86,28 @@ class FastForward:
             excess = st.chunk_excess(np.concatenate([tokens_run, np.array(starts, np.int64)]),
                                      np.concatenate([np.ones(n, np.int64), np.array(chunks, np.int64)]))
         d = float(st.step_s(float(tokens), float(positions), float(moved), swapped, *excess, float(n + len(starts))))
-        s.computed[run] = tokens_run + 1
+        computed[run] = grown
         sampled_admitted = []
-        for rid, start, new in zip(admitted, starts, chunks, strict=True):
-            s.computed[rid] = start + new
-            if start + new == s.prompt_tokens[rid] + s.generated[rid]:
-                sampled_admitted.append(rid)
+        if admitted:
+            ends = [start + new for start, new in zip(starts, chunks, strict=True)]
+            computed[admitted] = ends
+            known = (s.prompt_tokens[admitted] + s.generated[admitted]).tolist()
+            sampled_admitted = [rid for rid, end, k in zip(admitted, ends, known, strict=True) if end == k]
         s.finished_now = 0
-        parts, table_bytes = self.policy.parts(s.computed[s.running_ids], s.head())
+        parts, table_bytes = self.policy.parts(computed[s.running_ids], s.head())
         self.engine.account(d, parts, table_bytes)
         s.now_s += d
         totals.busy_s += d
         totals.steps += 1
-        totals.add_itl(s.now_s - s.last_token_s[run], 1)
+        last_token_s = s.last_token_s
+        totals.add_itl(s.now_s - last_token_s[run], 1)
         _admitted_tokens(s, totals, sampled_admitted)
-        s.last_token_s[run] = s.now_s
+        last_token_s[run] = s.now_s
         s.generated[run] += 1
         sampled = run
         if sampled_admitted:
             sampled = np.concatenate([run, np.array(sampled_admitted, np.int64)])
-            s.last_token_s[sampled_admitted] = s.now_s
+            last_token_s[sampled_admitted] = s.now_s
             s.generated[sampled_admitted] += 1
         s.finish(sampled)
         s.steady = len(sampled) - s.finished_now == len(s.running)
@@ -170,15 +177,16 @@ class FastForward:
             d, ends = d[:k], ends[: k + 1]
         if getattr(self.policy, "runs_decode", False):
             return self._grouped_segment(k, d, ends)
-        if not through:
-            self._piece(run, plan, d, ends, steps)
-        else:
-            if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
-                pieces = piece_bounds(ends, k, s.arrival_s, s.next_arrival)
-            else:  # no arrival before the run's last step starts
-                pieces = [0, k]
+        pieces = [0, k]
+        if through and s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
+            pieces = piece_bounds(ends, k, s.arrival_list, s.next_arrival)
             if pieces[1] < 2:
                 return False
+        if self._paged:
+            assert isinstance(self.policy, PagedPolicy) and plan is not None, "a paged run has a plan"
+            paged = PagedRun(self.policy, tokens0.tolist(), plan, k, steps)
+            run_pieces(s, self.totals, self.policy, run, tokens0, paged, d, ends, pieces, steps)
+        else:
             for i, j in itertools.pairwise(pieces):
                 if j - i < 2:
                     break  # a run of one step: the general step takes it, as without merging

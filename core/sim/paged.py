@@ -4,7 +4,9 @@ keeps block tables current at every step, for plans that carry slots."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import cast
 
 import numpy as np
@@ -13,6 +15,8 @@ from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from ..pool.block_pool import BlockPool, ReleaseReason
 from ..share.replay_groups import check_ids_key_blocks, trace_block_keys
 from .policies import UNLIMITED_STEPS
+
+SMALL_BATCH = 64  # at most this many requests: batch arithmetic in plain ints (numpy's per-call cost dominates)
 
 
 class PagedPolicy:
@@ -126,10 +130,10 @@ class PagedPolicy:
         """Room for `totals[i]` tokens for every request, or (False) no change at all. `new_blocks`, when
         the caller knows it (a fast-forwarded run), saves recounting; `check=False` when the caller has
         checked the fit step by step (requests that finished inside a fast-forwarded run)."""
-        blocks = ceil_div(totals, self.block_size)
+        blocks = (totals + (self.block_size - 1)) // self.block_size
         if new_blocks is None:
             new_blocks = int((blocks - self.held_blocks[rids]).sum())
-            if check and new_blocks > self.free_blocks:
+            if check and new_blocks > self.pool.num_free_blocks - self.owed_blocks:
                 return False
         self.held_tokens[rids] = totals
         if new_blocks:
@@ -139,7 +143,17 @@ class PagedPolicy:
         return True
 
     def grow(self, rid: int, total: int) -> bool:
-        return self.grow_many(np.array([rid]), np.array([total]))
+        """grow_many for one request, in plain ints."""
+        blocks = -(-total // self.block_size)
+        new_blocks = blocks - int(self.held_blocks[rid])
+        if new_blocks > self.pool.num_free_blocks - self.owed_blocks:
+            return False
+        self.held_tokens[rid] = total
+        if new_blocks:
+            self.held_blocks[rid] = blocks
+            self.owed_blocks += new_blocks
+            self.owing.add(rid)
+        return True
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
         """(the most decode steps the free blocks cover, a plan for `segment_integrals`).
@@ -151,18 +165,28 @@ class PagedPolicy:
         n, B = len(tokens), self.block_size
         if n == 0:
             return UNLIMITED_STEPS, None
+        periods, rest = divmod(self.pool.num_free_blocks - self.owed_blocks, n)
+        if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
+            counts = [0] * (B + 1)
+            for t in tokens.tolist():
+                counts[(-t) % B + 1] += 1
+            first = list(accumulate(counts))
+            return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.int64)
         cum = np.zeros(B + 1, dtype=np.int64)
         np.cumsum(np.bincount((-tokens) % B, minlength=B), out=cum[1:])
-        periods, rest = divmod(self.free_blocks, n)
         return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
 
     # ---- release ---------------------------------------------------------------------------------------
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
+        """With a prefix cache, every owed block is taken first (the LRU order of the freed blocks is then the
+        order of taking them at once); without one, the blocks `rid` owes are forgiven: counted as taken while
+        it ran, they are free again now, and which block ids they would have been cannot matter."""
         if self.prompt_keys is not None:
             self._settle_all()
-        elif rid in self.owing or self.pool_tokens[rid] != self.held_tokens[rid]:
-            self._settle(rid)
-        self.pool.release(rid, ReleaseReason(reason))
+        elif rid in self.owing:
+            self.owing.discard(rid)
+            self.owed_blocks -= int(self.held_blocks[rid]) - ceil_div(int(self.pool_tokens[rid]), self.block_size)
+        self.pool.release(rid, reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason))
         self.pool_tokens[rid] = self.held_tokens[rid] = self.held_blocks[rid] = 0
 
     # ---- block detail: only exact block tables have it (paged_exact.py) ------------------------------
@@ -183,7 +207,7 @@ class PagedPolicy:
         self._settle_all()
 
     # ---- memory ------------------------------------------------------------------------------------------
-    def _state(self) -> tuple[int, int, int]:
+    def pool_state(self) -> tuple[int, int, int]:
         """(used, plain free, cached free) blocks of the pool, with the owed blocks not yet taken."""
         pool = self.pool
         cached = pool.num_cached_free_blocks
@@ -192,9 +216,14 @@ class PagedPolicy:
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes) now, running requests holding `tokens` [n]."""
         B = self.block_size
-        table = int(ceil_div(tokens, B).sum()) if len(tokens) else 0
-        tail = table * B - int(tokens.sum())
-        used0, plain0, cached0 = self._state()
+        if len(tokens) <= SMALL_BATCH:  # plain ints cost less than numpy's calls on a few values
+            held = tokens.tolist()
+            table = sum([-(-t // B) for t in held])
+            tail = table * B - sum(held)
+        else:
+            table = int(ceil_div(tokens, B).sum())
+            tail = table * B - int(tokens.sum())
+        used0, plain0, cached0 = self.pool_state()
         used = (used0 + self.owed_blocks) * B  # owed blocks come off the plain stack first, then the LRU
         cached = (cached0 - max(self.owed_blocks - plain0, 0)) * B
         parts = np.array([used - tail, tail, 0, 0, cached, self.capacity_slots - used - cached], dtype=np.int64)
@@ -216,7 +245,7 @@ class PagedPolicy:
         need = (s // B) * n + plan[s % B]
         table0 = int(ceil_div(tokens, B).sum())
         t0 = int(tokens.sum())
-        used0, plain0, cached0 = self._state()
+        used0, plain0, cached0 = self.pool_state()
         used0 += self.owed_blocks
         D, DS, DN = float(d.sum()), float(d @ s), float(d @ need)
         DE = 0.0

@@ -3,6 +3,8 @@ run, and step-by-step additions in step order, so a run's totals are bit-identic
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,12 +13,13 @@ if TYPE_CHECKING:
     from .record import RunTotals
 
 
-def piece_bounds(ends: np.ndarray, k: int, arrival_s: np.ndarray, next_arrival: int) -> list[int]:
+def piece_bounds(ends: np.ndarray, k: int, arrivals: Sequence[float], next_arrival: int) -> list[int]:
     """0 = b_0 < b_1 < … < k: the steps of a k-step run (step j starts at ends[j]) at which arrivals join —
-    the first step starting at or after each arrival (an arrival at ends[j] joins before step j)."""
-    last = int(np.searchsorted(arrival_s, ends[k - 1], side="right"))
-    joins = np.searchsorted(ends[:k], arrival_s[next_arrival:last], side="left")
-    return [0, *np.unique(joins).tolist(), k]
+    the first step starting at or after each arrival (an arrival at ends[j] joins before step j); `arrivals`
+    sorted (a list: bisection in plain floats, cheaper than numpy's calls for the few arrivals of a run)."""
+    starts = ends[:k].tolist()
+    last = bisect_right(arrivals, starts[-1], next_arrival)
+    return [0, *sorted({bisect_left(starts, a) for a in arrivals[next_arrival:last]}), k]
 
 
 def in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:

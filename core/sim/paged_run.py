@@ -1,0 +1,100 @@
+"""A fast-forwarded run of decode steps on the paged policy (paged.py), accounted in pieces: the batch is fixed,
+so what the pool holds in every step of the run follows from the batch at its start, and the pool is told of
+the run's growth once, at its end (fastforward._segment splits a run where arrivals join the queue, and each
+piece is accounted as a run of its own would be — these are the figures of PagedPolicy.segment_integrals).
+
+Request i, holding t_i tokens, takes a new block in step j iff (t_i + j) % B == 0, so the blocks taken by the
+first m steps are need(m) = (m // B)·n + cum[m % B] (decode_steps_available's plan). A piece starting at step
+i sees every request i tokens longer: its plan is need(i + m) − need(i), its block tables Σ ceil(t/B) +
+need(i) entries, its tokens Σ t + n·i, and the pool has i's blocks more owed to it. Only integers change between
+pieces, so a piece costs its four float sums over its steps (as segment_integrals sums them) and nothing else.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
+
+if TYPE_CHECKING:
+    from .paged import PagedPolicy
+    from .record import RunTotals
+    from .scheduler import Scheduler
+
+
+class PagedRun:
+    """The run's integers, taken once at its start (`k` steps at most); `piece` gives each piece's integrals."""
+
+    __slots__ = ("block_size", "cached", "capacity", "n", "need", "owed", "plain", "table", "tokens", "used")
+
+    def __init__(self, policy: PagedPolicy, tokens: list[int], plan: np.ndarray, k: int, steps: np.ndarray) -> None:
+        B, n = policy.block_size, len(tokens)
+        self.block_size, self.n, self.capacity = B, n, policy.capacity_slots
+        m = steps[: k + 1]
+        self.need = (m // B) * n + plan[m % B]  # need(m), m = 0 .. k
+        self.tokens = sum(tokens)
+        self.table = sum(-(-t // B) for t in tokens)
+        used, self.plain, self.cached = policy.pool_state()
+        self.owed = policy.owed_blocks
+        self.used = used + self.owed
+
+    def piece(self, d: np.ndarray, i: int, steps: np.ndarray) -> tuple[np.ndarray, float]:
+        """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j) of the len(d) steps from step i of the run: the
+        arithmetic of PagedPolicy.segment_integrals, operation for operation, on the piece's own integers."""
+        B, n, k = self.block_size, self.n, len(d)
+        before = int(self.need[i])
+        s = steps[1 : k + 1]
+        need = self.need[i + 1 : i + k + 1] - before
+        table0 = self.table + before
+        t0 = self.tokens + n * i
+        used0, owed = self.used + before, self.owed + before
+        D, DS, DN = float(d.sum()), float(d @ s), float(d @ need)
+        DE = 0.0
+        if self.cached and owed + int(need[-1]) > self.plain:
+            DE = float(d @ np.maximum(owed + need - self.plain, 0))
+        used = used0 * B * D + B * DN
+        useful = ((used0 - table0) * B + t0) * D + n * DS
+        cached = self.cached * B * D - B * DE
+        parts = np.array([useful, used - useful, 0.0, 0.0, cached, self.capacity * D - used - cached])
+        return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN)
+
+    def blocks_taken(self, k: int) -> int:
+        """need(k): the blocks the first k steps take."""
+        return int(self.need[k])
+
+
+def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.ndarray, tokens0: np.ndarray,
+               paged: PagedRun, d: np.ndarray, ends: np.ndarray, pieces: list[int], steps: np.ndarray) -> None:
+    """The pieces of a run of decode steps of the batch `run` (holding `tokens0`; step j lasts d[j] and ends at
+    ends[j + 1]; pieces from piece_bounds), each accounted as fastforward._piece accounts a run: its integrals,
+    timeline row, busy time and steps, the arrivals joining before it; the tokens, inter-token gaps and the
+    pool's growth once, after the last piece (the same values and order as piece by piece)."""
+    n, capacity, timeline = len(run), policy.capacity_slots, totals.timeline
+    done = 0
+    for i, j in itertools.pairwise(pieces):
+        if j - i < 2:
+            break  # a run of one step: the general step takes it, as without merging
+        if i:
+            s.now_s = float(ends[i])
+            s.ingest()  # the arrivals up to now join the queue behind its blocked head
+        parts, table_bytes = paged.piece(d[i:j], i, steps)
+        totals.memory_slot_s += parts
+        totals.block_table_byte_s += table_bytes
+        span = float(parts.sum()) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
+        totals.running_s += span * n
+        waiting = len(s.waiting)
+        totals.in_system_s += span * (n + waiting)
+        if timeline is not None:
+            timeline.append((s.now_s, float(ends[j]), n, waiting, *(parts / span).tolist()))
+        totals.busy_s += span
+        totals.steps += j - i
+        totals.segments += 1
+        done = j
+    totals.add_itl(ends[1 : done + 1] - ends[:done], n)  # as step by step: now − last token
+    s.computed[run] = tokens0 + done
+    s.generated[run] += done
+    policy.grow_many(run, tokens0 + done, paged.blocks_taken(done))
+    s.now_s = float(ends[done])
