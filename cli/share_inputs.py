@@ -113,6 +113,10 @@ def _mode(o: ShareOptions, has_model: bool) -> Literal["scenario", "trace", "cap
         if pool_given:
             raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
                              "--capacity and the tiers size a prefix cache; drop one of them")
+        if o.trace is None:  # name the flags given (was always "--capacity and the tier options", even for --plot)
+            verb = "applies" if len(curve_given) == 1 else "apply"
+            raise ValueError(f"{', '.join(curve_given)} {verb} to a trace's prefix-cache replay (--capacity and the "
+                             "tiers): add --trace mooncake FILE")
         return "capacity"
     if o.trace is None:
         if trace_given:
