@@ -10,6 +10,13 @@ import typer
 from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.models import ModelSpec
 from ..core.model.sizing import SizeResult, compute_size
+from ..core.model.vllm_memory import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    LARGE_GPU_BYTES,
+    MAX_NUM_SEQS_LARGE_GPU,
+    MAX_NUM_SEQS_OTHER_GPU,
+    VLLM_VERSIONS,
+)
 from ..core.units import format_count_short
 from .flags import with_flags
 from .options import (
@@ -57,22 +64,28 @@ GpuOpt = Annotated[str | None, typer.Option(
                   "concurrency vLLM reports at start-up.")]
 UtilizationOpt = Annotated[float | None, float_option(
     "--gpu-memory-utilization", example="0.9",
-    help="With --gpu: the share of GPU memory vLLM may use (default: --vllm-version's, 0.92 from 0.21 on, 0.9 in "
-         "0.19).")]
+    help="With --gpu: the share of GPU memory vLLM may use (default: --vllm-version's, "
+         f"{VLLM_VERSIONS['0.21'].default_gpu_memory_utilization:g} from 0.21 on, "
+         f"{VLLM_VERSIONS['0.19'].default_gpu_memory_utilization:g} in 0.19).")]
 MaxModelLenOpt = Annotated[int | None, int_option(
     "--max-model-len", help="With --gpu: tokens per request (default: the model's max length).")]
 KvMemoryOpt = Annotated[str | None, typer.Option(
     "--kv-memory", help="KV memory per GPU (as vLLM logs it, e.g. 34.81GiB) instead of estimating it from --gpu.")]
 BatchedTokensOpt = Annotated[int | None, int_option(
-    "--max-num-batched-tokens", help="With --gpu: tokens per step (activation peak, sliding blocks; default 8192).")]
+    "--max-num-batched-tokens",
+    help=f"With --gpu: tokens per step (activation peak, sliding blocks; default {DEFAULT_MAX_NUM_BATCHED_TOKENS}).")]
 VllmVersionOpt = Annotated[str | None, typer.Option(
-    "--vllm-version", help="With --gpu: the vLLM whose start-up to predict: 0.19 (utilization 0.9 by default, CUDA "
-                           "graphs not subtracted) or 0.21 (0.21 and later: 0.92, graphs subtracted; the default).")]
+    "--vllm-version", help="With --gpu: the vLLM whose start-up to predict: 0.19 (utilization "
+                           f"{VLLM_VERSIONS['0.19'].default_gpu_memory_utilization:g} by default, CUDA graphs not "
+                           "subtracted) or 0.21 (0.21 and later: "
+                           f"{VLLM_VERSIONS['0.21'].default_gpu_memory_utilization:g}, graphs subtracted; "
+                           "the default).")]
 PpOpt = Annotated[int | None, int_option("--pp", help="With --gpu: pipeline-parallel stages (layers split across "
                                                      "them; default 1).")]
 MaxSeqsOpt = Annotated[int | None, int_option(
-    "--max-num-seqs", help="With --gpu: vLLM's max_num_seqs (the sampler warm-up's requests; default 1,024 on a GPU "
-                           "of 70 GiB or more other than A100, else 256, as vllm serve).")]
+    "--max-num-seqs", help="With --gpu: vLLM's max_num_seqs (the sampler warm-up's requests; default "
+                           f"{MAX_NUM_SEQS_LARGE_GPU:,} on a GPU of {LARGE_GPU_BYTES // 2**30} GiB or more other than "
+                           f"A100, else {MAX_NUM_SEQS_OTHER_GPU}, as vllm serve).")]
 QuantizationOpt = Annotated[str | None, typer.Option(
     "--quantization", help="With --gpu: vLLM's --quantization: fp8 (linear layers in fp8, embeddings and head "
                            "16-bit) or mxfp4 (routed experts in 4.25 bits).")]

@@ -110,9 +110,14 @@ def get_version(name: str) -> VllmVersion:
     return VLLM_VERSIONS[key]
 
 
+# `vllm serve`'s default max_num_seqs (arg_utils.py): on a GPU of at least LARGE_GPU_BYTES other than an A100, else
+MAX_NUM_SEQS_LARGE_GPU, MAX_NUM_SEQS_OTHER_GPU, LARGE_GPU_BYTES = 1024, 256, 70 * GIB
+
+
 def default_max_num_seqs(gpu_memory_bytes: int, gpu_name: str = "") -> int:
     """`vllm serve`'s default: 1,024 on a GPU of at least 70 GiB other than an A100, else 256 (arg_utils.py)."""
-    return 1024 if gpu_memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower() else 256
+    large = gpu_memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
+    return MAX_NUM_SEQS_LARGE_GPU if large else MAX_NUM_SEQS_OTHER_GPU
 
 
 @dataclass(frozen=True)
@@ -276,7 +281,7 @@ def predict_memory(
     tp: int = 1,
     pp: int = 1,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = 1024,
+    max_num_seqs: int = MAX_NUM_SEQS_LARGE_GPU,
     version: str = DEFAULT_VLLM_VERSION,
     quantization: str | None = None,
     vision_params: int = 0,

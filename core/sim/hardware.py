@@ -29,6 +29,7 @@ from ..blocks import ceil_div
 from ..dtypes import parse_dtype
 from ..errors import ParameterError
 from ..gpus import GPU_PRESETS, GpuSpec, custom_gpu, get_gpu
+from ..model.gpu_plan import DEFAULT_MAX_NUM_SEQS
 from ..model.kv_groups import KVLayout, plan_blocks
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
@@ -81,7 +82,7 @@ class MemoryPlan:
     non_torch_bytes: int = 0  # CUDA context, cuBLAS, communicators (vllm_memory.non_torch_bytes)
     cuda_graph_bytes: int = 0  # subtracted by vLLM 0.21 and later (0 for 0.19, which only logs it)
     vllm_version: str = DEFAULT_VLLM_VERSION
-    max_num_seqs: int = 0  # the sampler warm-up's requests (and the scheduler's running limit)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # the sampler warm-up's requests (and the scheduler's running limit)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @property

@@ -19,7 +19,14 @@ from typing import Any
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DEFAULT_DTYPE
-from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_VLLM_VERSION, VLLM_VERSIONS
+from ..model.vllm_memory import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_VLLM_VERSION,
+    LARGE_GPU_BYTES,
+    MAX_NUM_SEQS_LARGE_GPU,
+    MAX_NUM_SEQS_OTHER_GPU,
+    VLLM_VERSIONS,
+)
 from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
 from .checks import INT32_MAX, MAX_REQUESTS, MAX_TP
 
@@ -31,7 +38,7 @@ DEFAULT_ARRIVAL = "poisson"
 DEFAULT_PROMPT_DIST = "lognormal:mean=161,sigma=1.0"  # ShareGPT-like (vLLM paper, Fig. 11)
 DEFAULT_OUTPUT_DIST = "lognormal:mean=338,sigma=1.0"
 DEFAULT_POLICY = "paged"
-DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S = 25e9  # a PCIe 4.0 x16 host link's practical rate
+DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S = DEFAULT_HOST_BANDWIDTH  # the host link's (share's tier link, one definition)
 DEFAULT_SWAP_BANDWIDTH = f"{DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S / 1e9:g}GB"  # as the help writes it
 DEFAULT_SEED = 0
 DEFAULT_ATTAINMENT = 0.9
@@ -111,8 +118,9 @@ class SimOptions:
     max_batched_tokens: int = option(DEFAULT_MAX_NUM_BATCHED_TOKENS,
                                      f"Token budget per step (max_num_batched_tokens), at most {INT32_MAX:,}.")
     max_seqs: int | None = option(
-        None, "Most running requests, and the sampler warm-up's (vLLM's max_num_seqs; default: 1,024 on a GPU of "
-              f"70 GiB or more other than an A100, else 256, as vllm serve); at most {INT32_MAX:,}.")
+        None, "Most running requests, and the sampler warm-up's (vLLM's max_num_seqs; default: "
+              f"{MAX_NUM_SEQS_LARGE_GPU:,} on a GPU of {LARGE_GPU_BYTES // 2**30} GiB or more other than an A100, else "
+              f"{MAX_NUM_SEQS_OTHER_GPU}, as vllm serve); at most {INT32_MAX:,}.")
     max_model_len: int | None = option(
         None, "Longest request, prompt + output tokens (default: the model's max_position_embeddings); "
               f"at most {INT32_MAX:,}.")

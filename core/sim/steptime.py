@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import ParameterError
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
+from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .options import DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
@@ -233,13 +234,14 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
         overhead_s=eff.step_overhead_s,
         swap_bandwidth_bytes_per_s=swap_bandwidth_bytes_per_s,
     )
-    # Figures that are positive and finite can still be absurd (1e-300 FLOP/s): a full 8,192-token prefill
-    # step that overflows, or takes more than a day, would turn every time sum into inf/nan. Refuse them.
-    probe_s = model.step_s(8192.0, float(prefill_positions(np.array(0.0), np.array(8192.0))), 8192.0)
+    # Figures that are positive and finite can still be absurd (1e-300 FLOP/s): a full prefill step of the default
+    # budget (8,192 tokens) that overflows, or takes more than a day, would turn every time sum into inf/nan.
+    full = float(DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    probe_s = model.step_s(full, float(prefill_positions(np.array(0.0), np.array(full))), full)
     if not np.isfinite(probe_s) or probe_s > SANE_STEP_S:
         raise ParameterError(
             f"{gpu.name} GPU figures (memory {gpu.memory_bytes:g} B, {gpu.bandwidth_bytes_per_s:g} B/s, "
-            f"{gpu.peak_flops:g} FLOP/s) make one 8,192-token step take {probe_s:g} s; give real bandwidth/flops",
+            f"{gpu.peak_flops:g} FLOP/s) make one {full:,.0f}-token step take {probe_s:g} s; give real bandwidth/flops",
             "bandwidth", "flops")
     return model
 
