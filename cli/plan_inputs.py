@@ -4,6 +4,7 @@ inputs (`PlanInputs`: the request, the point cache, where the points run), and t
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,8 +58,27 @@ def check_plan_options(o: PlanOptions) -> None:
         raise ValueError("give --jobs (local processes) or --ray (Ray tasks), not both")
     if o.ray is not None and not o.ray.strip():
         raise ValueError("--ray '': give auto or a cluster address, e.g. --ray auto")
+    if o.ray is not None:
+        check_ray_address(o.ray)
     if o.no_cache and o.cache_dir is not None:
         raise ValueError("give --cache-dir or --no-cache, not both")
+
+
+def check_ray_address(address: str) -> None:
+    """A cluster address must answer before any work: ray.init retries an unreachable one without end (`--ray
+    foo:1` ran past 8 minutes printing GCS warnings). auto and local are Ray's own choice, not checked here."""
+    text = address.strip()
+    if text in ("auto", "local"):
+        return
+    host, colon, port = text.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray {address!r}: give auto or a cluster address HOST:PORT (e.g. --ray 10.0.0.1:6379, "
+                         "or ray://HOST:10001 for Ray Client)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ValueError(f"--ray {address}: nothing answers at {host}:{port} ({exc.strerror or exc}); start the "
+                         "cluster there (ray start --head) or give --ray auto") from None
 
 
 def plan_inputs(base: SimOptions, o: PlanOptions) -> PlanInputs:
