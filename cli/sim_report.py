@@ -8,6 +8,7 @@ from ..core.sim.policies import MEMORY_PARTS
 from ..core.sim.simulate import Simulation
 from ..core.units import format_bytes, format_percent
 from .output import Field, RawTable, Report, Table, quantity_table, record_table
+from .sim_prefix_report import group_prefix_hits, prefix_table
 
 
 def _ms(value: float | None) -> str:
@@ -175,6 +176,9 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     policies, slo_spec, target, searches = list(job.policies), job.slo, job.target_attainment, result.searches
     summaries = {name: summary.to_dict() for name, summary in result.summaries.items()}
     plan = job.plan
+    for summary in summaries.values():
+        if "prefix_cache" in summary:  # absent only from a record made without the scheduler's counts
+            group_prefix_hits(plan.layout, summary["prefix_cache"])
     doc = {
         **summaries[policies[0]],
         "workload": {
@@ -222,6 +226,8 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     ]
     if plan.layout is not None:
         tables.append(_groups_table(plan, policies, summaries))
+    if any(p["enabled"] or p["dropped_tokens"] for s in summaries.values() if (p := s.get("prefix_cache"))):
+        tables.append(prefix_table(plan.layout, policies, summaries))
     if speculating and plain:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:

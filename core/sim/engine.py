@@ -195,6 +195,7 @@ class Engine:
             busy_s=totals.busy_s, running_s=totals.running_s, in_system_s=totals.in_system_s,
             peak_running=s.peak_running, steps=totals.steps, segments=totals.segments,
             timeline=totals.timeline or [], rejected_reason=s.rejected_reason, group_block_s=totals.group_block_s,
+            prefix=s.prefix.totals(),
             generated_token_ids=None if s.token_ids is None else [
                 t[p:] for t, p in zip(s.token_ids, s.prompt_tokens.tolist(), strict=True)],
         )

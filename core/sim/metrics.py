@@ -173,9 +173,12 @@ class RunSummary:
     rejected_reasons: dict[str, int]
     speculative: dict | None = None  # speculative decoding: what its steps verified, accepted and rolled back
     group_blocks_mean: list[float] | None = None  # a hybrid pool: time-averaged blocks each group holds
+    prefix_cache: dict | None = None  # look-ups, hits, recomputation (prefix_stats.PrefixCacheTotals.to_dict)
 
     def to_dict(self) -> dict:
         doc = asdict(self)
+        if self.prefix_cache is None:
+            del doc["prefix_cache"]
         if self.speculative is None:  # a run without speculation reads as it always has
             del doc["speculative"], doc["memory"]["speculative"]
         if self.group_blocks_mean is None:  # so does a single-group pool's
@@ -229,6 +232,7 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummar
             "mean_accepted_per_step": spec.mean_accepted_per_step, "mean_tokens_per_step": spec.mean_tokens_per_step,
             "rolled_back_slots": spec.rolled_back_slots},
         group_blocks_mean=None if record.group_block_s is None else (record.group_block_s / duration).tolist(),
+        prefix_cache=None if record.prefix is None else record.prefix.to_dict(),
     )
 
 

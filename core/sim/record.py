@@ -99,3 +99,4 @@ class RunRecord:
     speculative: Any = None  # speculative decoding: the run's speculative.SpeculativeTotals
     tiers: Any = None  # host/disk tiers below the pool: the run's tiers.TierTotals (tiers_run.py)
     group_block_s: np.ndarray | None = None  # a hybrid pool: Σ over time of each group's blocks (RunTotals)
+    prefix: Any = None  # the run's prefix_stats.PrefixCacheTotals (look-ups, hits, recomputation)

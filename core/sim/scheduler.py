@@ -35,6 +35,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from .plan import Preemption, SwapIn
 from .policies import MemoryPolicy
+from .prefix_stats import prefix_counts
 from .record import CANCELLED, COMPLETED, REJECTED, RUNNING, TIMED_OUT, WAITING
 from .workload import Workload
 
@@ -101,6 +102,7 @@ class Scheduler:
         self.preempted_now: list[Preemption] = []
         self.swapped_in_now: list[SwapIn] = []
         self.released: list[tuple[int, str]] = []
+        self.prefix = prefix_counts(policy, n)  # prefix-cache look-ups, hits and recomputation (prefix_stats.py)
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def set_running(self) -> None:
@@ -113,6 +115,7 @@ class Scheduler:
     def _end(self, rid: int, status: int, reason: ReleaseReason) -> None:
         self.status[rid] = status
         self.finish_s[rid] = self.now_s
+        self.prefix.ended(rid, int(self.computed[rid]))
         self.policy.release(rid, reason)
         self.released.append((rid, reason.value))
 
@@ -193,6 +196,7 @@ class Scheduler:
             if num_bytes is not None:
                 self.swap_bytes[rid] = num_bytes
         else:
+            self.prefix.preempted(rid, tokens)
             self.computed[rid] = 0
         self.policy.release(rid, ReleaseReason.PREEMPTED)
         self.status[rid] = WAITING
@@ -289,9 +293,13 @@ class Scheduler:
             rid = self.waiting[0]
             start, new = self._admission_size(rid, budget)
             from_swap = bool(self.swapped[rid])
+            num_tokens = int(self.prompt_tokens[rid] + self.generated[rid])
+            group_hits = None if from_swap else self.prefix.probe(rid, num_tokens)  # before the pool changes
             if (self.align_block and not new) or not self.policy.admit(rid, start, start + new, from_swap=from_swap):
                 break
             self.waiting.popleft()
+            if not from_swap:
+                self.prefix.admitted(rid, num_tokens, start, group_hits)
             if from_swap:
                 self.swapped[rid] = False
                 block_ids = None

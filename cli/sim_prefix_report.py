@@ -1,0 +1,64 @@
+"""sim's prefix-cache report (core/sim/prefix_stats.py counts it): the hit rate of the admissions, each KV cache
+group's own hit rate for a hybrid model, and what preemption by recompute dropped and computed again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.units import format_count, format_percent
+from .output import Field, Table, quantity_table
+
+
+def group_prefix_hits(layout: Any, prefix: dict) -> None:
+    """A hybrid pool's per-block-table `group_hit_tokens` as one entry per KV cache group (every block table of a
+    group hits alike), in `prefix["groups"]`; None for a single group of full attention."""
+    tables = prefix.pop("group_hit_tokens", None)
+    if layout is None or tables is None:
+        prefix["groups"] = None
+        return
+    groups, at, looked_up = [], 0, prefix["prompt_tokens"]
+    for g in layout.groups:
+        own = tables[at : at + g.pages_per_block]
+        assert len(set(own)) == 1, f"the block tables of one {g.kind} group hit differently: {own}"
+        at += g.pages_per_block
+        groups.append({"kind": g.kind, "window": g.window, "layers": g.layers, "source": g.source,
+                       "mamba_cache_mode": layout.mamba_cache_mode if g.kind == "state" else None,
+                       "hit_tokens": own[0], "hit_rate": own[0] / looked_up if looked_up else 0.0})
+    assert at == len(tables), f"{len(tables)} block tables for {at} in the layout"
+    prefix["groups"] = groups
+
+
+def _group_label(group: dict) -> str:
+    kind = group["kind"] + ("" if group["window"] is None else f" {group['window']:,}")
+    mode = f", mamba_cache_mode {group['mamba_cache_mode']}" if group["mamba_cache_mode"] else ""
+    return f"  {kind} group alone ({group['layers']} {group['source']} layers{mode})"
+
+
+def prefix_table(layout: Any, policies: list[str], summaries: dict) -> Table:
+    """One column per policy: tokens looked up, hits, hit rate (each group's own for a hybrid model), then the
+    readmissions after a preemption by recompute and the tokens it dropped and computed again."""
+    records = []
+    for policy in policies:
+        p = summaries[policy]["prefix_cache"]
+        record = {"policy": policy, **{k: p[k] for k in _KEYS}}
+        for i, g in enumerate(p["groups"] or ()):
+            record[f"group{i}_{g['kind']}_hit_rate"] = g["hit_rate"]
+        records.append(record)
+    count = format_count
+    fields = [Field("policy"), Field("prompt_tokens", "prompt tokens looked up", count),
+              Field("hit_tokens", "hit tokens", count), Field("hit_rate", "hit rate", format_percent)]
+    for i, g in enumerate(summaries[policies[0]]["prefix_cache"]["groups"] or ()):
+        fields.append(Field(f"group{i}_{g['kind']}_hit_rate", _group_label(g), format_percent, missing="–"))
+    fields += [Field("readmissions", "readmissions after a preemption", count),
+               Field("readmitted_hit_tokens", "  their hit tokens", count),
+               Field("dropped_tokens", "KV tokens dropped by preemption", count),
+               Field("recomputed_tokens", "  computed again", count)]
+    if layout is not None:
+        title = "Prefix cache (looked up at each admission; a group alone: its own longest hit)"
+    else:
+        title = "Prefix cache (looked up at each admission)"
+    return quantity_table(title, ["", *policies], fields, records)
+
+
+_KEYS = ("prompt_tokens", "hit_tokens", "hit_rate", "readmissions", "readmitted_hit_tokens", "dropped_tokens",
+         "recomputed_tokens")
