@@ -100,11 +100,24 @@ def unlimited_capacity(trace: Trace, block_size: int, chained: bool = False) -> 
         return largest
     ids = trace.hash_ids[trace.hash_offsets[0] : trace.hash_offsets[-1]]
     if chained or first_unchained_id(trace.hash_ids, trace.hash_offsets) is None:
-        # NOTE: a sort, not np.unique, whose hash table takes ~40x as long on these ids (numpy 2.4)
-        prefixes = int(np.count_nonzero(np.diff(np.sort(ids)))) + 1 if len(ids) else 0
+        prefixes = distinct_ids(ids)
     else:
         prefixes = distinct_id_prefixes(trace.hash_ids, trace.hash_offsets)
     return prefixes * mooncake_blocks_per_id(block_size) + largest
+
+
+def distinct_ids(ids: np.ndarray) -> int:
+    """How many distinct values `ids` holds: a table by value when they span a range of at most a few times their
+    number (O(ids): 5x faster than the sort on the Mooncake conversation trace), else a sort (not np.unique, whose
+    hash table takes ~40x as long on these ids, numpy 2.4)."""
+    if not len(ids):
+        return 0
+    low, high = int(ids.min()), int(ids.max())
+    if high - low < 4 * len(ids) + (1 << 20):
+        seen = np.zeros(high - low + 1, dtype=bool)
+        seen[ids - low] = True
+        return int(np.count_nonzero(seen))
+    return int(np.count_nonzero(np.diff(np.sort(ids)))) + 1
 
 
 def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:

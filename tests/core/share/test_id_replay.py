@@ -7,13 +7,15 @@ block size: tests/core/pool/test_prefix_replay.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.inputs.traces import Trace, first_unchained_id
+from kvcalc.core.share import id_replay
 from kvcalc.core.share.id_replay import trie_nodes
 from kvcalc.core.share.replay import replay
-from kvcalc.core.share.trace_blocks import check_trace
+from kvcalc.core.share.trace_blocks import check_trace, distinct_ids
 
 
 def make_trace(requests: list[tuple[float, int, int, list[int]]]) -> Trace:
@@ -45,8 +47,11 @@ requests_strategy = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(requests_strategy, st.sampled_from([1, 8, 16, 64, 128, 512, 1024, 2048]), st.booleans(),
-       st.sampled_from([None, 0, 1, 10**9]))
-def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained: bool, capacity: int | None) -> None:
+       st.sampled_from([None, 0, 1, 10**9]), st.sampled_from([1, 7, 1 << 14]))
+def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained: bool, capacity: int | None,
+                                             chunk_pairs: int) -> None:
+    """`chunk_pairs`: (request, position) pairs id_replay takes at a time, from one (every request its own chunk,
+    what a node covered carried over from chunk to chunk) to the default."""
     need = [-(-p // 512) for _, p, _, _, _ in raw]
     if chained or block_size > 512:  # a block of several ids needs chained ids (check_trace refuses others)
         ids = chained_ids([shape for *_, shape in raw], need)
@@ -57,7 +62,9 @@ def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained
     unlimited = check_trace(trace, block_size, None).pool_blocks
     cap = None if capacity is None else unlimited + capacity  # capacity == unlimited: the pool; above: by ids
     for caching in (True, False):
-        by_ids = replay(trace, block_size, cap, caching)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(id_replay, "_CHUNK_PAIRS", chunk_pairs)
+            by_ids = replay(trace, block_size, cap, caching)
         assert by_ids == replay(trace, block_size, cap, caching, by_ids=False)
         assert by_ids == replay(trace, block_size, cap, caching, fast=False)
     assert by_ids.evictions == 0
@@ -68,7 +75,8 @@ def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained
 def test_trie_nodes_label_equal_id_sequences_alike(sequences: list[list[int]]) -> None:
     hash_ids = np.array([h for seq in sequences for h in seq], dtype=np.int64)
     offsets = np.cumsum([0] + [len(seq) for seq in sequences]).astype(np.int64)
-    labels = trie_nodes(hash_ids, offsets).tolist()
+    labels_array, count = trie_nodes(hash_ids, offsets)
+    labels = labels_array.tolist()
     paths = [tuple(seq[: d + 1]) for seq in sequences for d in range(len(seq))]
     assert len(labels) == len(paths)
     # equal labels exactly where the whole sequences up to the position are equal
@@ -76,8 +84,9 @@ def test_trie_nodes_label_equal_id_sequences_alike(sequences: list[list[int]]) -
     for label, path in zip(labels, paths, strict=True):
         assert first_label.setdefault(path, label) == label
     assert len(set(labels)) == len(first_label)
-    if first_unchained_id(hash_ids, offsets) is None:
-        assert labels == hash_ids.tolist()  # chained: an id fixes its prefix, so it labels itself
+    assert all(0 <= label < count for label in labels)
+    if first_unchained_id(hash_ids, offsets) is None and labels:  # chained: an id fixes its prefix, labels itself
+        assert labels == (hash_ids - hash_ids.min()).tolist()
 
 
 def test_a_hand_worked_trace_without_chained_ids() -> None:
@@ -92,3 +101,19 @@ def test_a_hand_worked_trace_without_chained_ids() -> None:
     result = replay(trace, 256, None, True)
     assert (result.hit_tokens, result.hit_blocks, result.peak_cached_blocks) == (1024 + 768, 7, 7)
     assert result == replay(trace, 256, None, True, by_ids=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(-3, 5), max_size=6), min_size=1, max_size=10), st.sampled_from([1, 10**12]))
+def test_chaining_and_distinct_ids_against_dicts(sequences: list[list[int]], scale: int) -> None:
+    """first_unchained_id and distinct_ids take a table by id when the ids span a small range, else a sort
+    (`scale` 10^12 spreads them): both against a dict of each id's predecessors and a set."""
+    ids = np.array([h * scale for seq in sequences for h in seq], dtype=np.int64)
+    offsets = np.cumsum([0] + [len(seq) for seq in sequences]).astype(np.int64)
+    predecessors: dict[int, set[int | None]] = {}
+    for seq in sequences:
+        for i, h in enumerate(seq):
+            predecessors.setdefault(h, set()).add(seq[i - 1] if i else None)
+    chained = all(len(p) == 1 for p in predecessors.values())
+    assert (first_unchained_id(ids, offsets) is None) == chained
+    assert distinct_ids(ids) == len(predecessors)
