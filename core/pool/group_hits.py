@@ -43,14 +43,41 @@ from .groups import PoolGroup
 from .prefix_cache import mix64
 from .store import BlockStore
 
-_SALT = 0xD6E8FEB86659FD93
+_SALT, _SUB_SALT = 0xD6E8FEB86659FD93, 0xA0761D6478BD642F
 
 
-def derived_hashes(anchor_hashes: np.ndarray, groups: int | np.ndarray) -> np.ndarray:
+def derived_hashes(anchor_hashes: np.ndarray, groups: int | np.ndarray, subs: np.ndarray | None = None) -> np.ndarray:
     """uint64 [n]: the hash a group's anchored block is indexed under, from its anchor's chain hash (`groups`: the
-    group of each, or one for all)."""
+    group of each, or one for all; `subs`: which of the group's blocks inside its anchor block, where the group's
+    blocks are smaller than the anchor's — mixed block sizes, group_blocks; none: 0)."""
     salt = (np.atleast_1d(np.asarray(groups, dtype=np.uint64)) + np.uint64(1)) * np.uint64(_SALT)  # wraps mod 2^64
+    if subs is not None:
+        salt = salt + subs.astype(np.uint64) * np.uint64(_SUB_SALT)
     return mix64(anchor_hashes ^ salt)
+
+
+def anchor_positions(positions: np.ndarray, block_tokens: int, anchor_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the anchor's block, the sub-index inside it) of a group's blocks at `positions` when the group's blocks hold
+    `block_tokens` and the anchor's `anchor_tokens` (mixed block sizes): a block is anchored to the full group's
+    block that holds its last token, whose verified chain covers the block's whole prefix. Equal sizes: (i, 0)."""
+    if block_tokens == anchor_tokens:
+        return positions, np.zeros_like(positions)
+    anchors = ((positions + 1) * block_tokens - 1) // anchor_tokens
+    return anchors, positions - anchors * anchor_tokens // block_tokens
+
+
+def anchored_lookup(store: BlockStore, group: int, positions: np.ndarray, anchors: np.ndarray, subs: np.ndarray,
+                    anchor_hashes: np.ndarray) -> np.ndarray:
+    """intp [n]: group's cached block at each of `positions` (its anchor block ids `anchors`, their chain hashes
+    `anchor_hashes`, sub-indices `subs`: anchor_positions), or -1 — anchored_present for one group of mixed size."""
+    if not len(positions):
+        return np.empty(0, dtype=np.intp)
+    hashes = derived_hashes(anchor_hashes, group, subs)
+    found, _ = store.index.find(hashes, store.index.home_slots(hashes, positions))
+    cand = np.maximum(found, 0)
+    ok = (found >= 0) & (store.parent_id.take(cand) == anchors)
+    ok &= store.parent_ver.take(cand) == store.version.take(anchors)
+    return np.where(ok, found, -1)
 
 
 def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndarray:
@@ -90,6 +117,15 @@ def valid_hits(group: PoolGroup, present: np.ndarray, block_size: int) -> np.nda
     return count[hits] - count[first] == hits - first
 
 
+def valid_token_hits(group: PoolGroup, present: np.ndarray, block_tokens: int, hits: np.ndarray) -> np.ndarray:
+    """bool [len(hits)]: whether the group, of `block_tokens` tokens per block, serves each hit of `hits` tokens
+    (each a whole number of its blocks), given its `present` blocks: valid_hits for mixed block sizes."""
+    count = np.concatenate(([0], np.cumsum(present >= 0)))
+    blocks = hits // block_tokens
+    first = first_needed(group, blocks, block_tokens)
+    return count[blocks] - count[first] == blocks - first
+
+
 def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) -> np.ndarray:
     """intp [hit]: the group's hit blocks for a hit of `hit` blocks, -1 before the first one it reads."""
     first = int(first_needed(group, np.array([hit]), block_size)[0])
@@ -99,17 +135,20 @@ def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) 
 
 
 def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray,
-                      positions: np.ndarray) -> int:
+                      positions: np.ndarray, subs: np.ndarray | None = None) -> int:
     """Index full `blocks` of anchored `groups` (the group of each) at chain `positions`, each anchored to the full
-    group's block at the same position (`anchors`); blocks whose anchor is not indexed stay unindexed. Returns how
-    many were indexed."""
+    group's block at the same position (`anchors`; with mixed block sizes the one that holds its last token, `subs`
+    its sub-index there: anchor_positions); blocks whose anchor is not indexed stay unindexed. Returns how many
+    were indexed."""
     ok = (blocks >= 0) & (store.block_slot.take(np.maximum(anchors, 0)) >= 0) & (anchors >= 0)
     ok &= store.block_slot.take(np.maximum(blocks, 0)) < 0
     blocks, anchors, positions, groups = blocks[ok], anchors[ok], positions[ok], groups[ok]
+    if subs is not None:
+        subs = subs[ok]
     if not len(blocks):
         return 0
     index = store.index
-    hashes = derived_hashes(store.block_hash.take(anchors), groups)
+    hashes = derived_hashes(store.block_hash.take(anchors), groups, subs)
     homes = index.home_slots(hashes, positions)
     present, slots = index.find(hashes, homes)
     old = np.unique(present[present >= 0])

@@ -33,7 +33,6 @@ chunked group's current chunk.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..blocks import ceil_div
@@ -69,6 +68,11 @@ class PoolGroup:
     kind: str
     window: int | None = None
     label: str = ""
+    block_tokens: int | None = None  # tokens per block of this group's tables; None: the pool's block size
+
+    def tokens_per_block(self, block_size: int) -> int:
+        """Tokens one block of this group's tables holds in a pool of `block_size` (the hash block)."""
+        return block_size if self.block_tokens is None else self.block_tokens
 
     def __post_init__(self) -> None:
         if self.kind not in GROUP_KINDS:
@@ -77,6 +81,8 @@ class PoolGroup:
             raise ValueError(f"a {self.kind} group {'needs' if self.window is None else 'takes no'} window")
         if self.window is not None and self.window < 1:
             raise ValueError(f"a {self.kind} group needs a positive window, got {self.window}")
+        if self.block_tokens is not None and self.block_tokens < 1:
+            raise ValueError(f"a group's blocks hold a positive number of tokens, got {self.block_tokens}")
 
     @property
     def name(self) -> str:
@@ -127,24 +133,24 @@ MAX_POOL_GROUPS = 256  # block tables per sequence a hybrid pool keeps
 def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
     """The pool groups of a layout (core/model/kv_groups.py): one per block table, so a layer type that spans
     k of vLLM's groups (or takes k pages of the ideal layout's unit) is k groups alike. None for one table of
-    full attention (a plain BlockPool)."""
+    full attention (a plain BlockPool). Where vLLM's unified pages give the types different tokens per block
+    (Gemma-4, MiMo-V2-Flash: a page is 16 tokens of one type, 32 of another), each group says its own
+    `block_tokens`; the pool then hashes blocks of `layout.block_size` (their gcd) and aligns hits to the lcm."""
     if len(layout.groups) == 1 and layout.groups[0].kind == "full" and layout.groups[0].pages_per_block == 1:
         return None
-    mixed = [g for g in layout.groups if g.block_tokens != layout.block_size]
-    if mixed:
-        # NOTE: vLLM runs such a layout (unify_kv_cache_spec_page_size: each group's block a multiple of the hash
-        # block, a hit aligned to their lcm); this pool has one block size for every table, so it refuses
-        g = mixed[0]
+    mixed = any(g.block_tokens != layout.block_size for g in layout.groups)
+    if mixed and layout.state_groups:
+        # NOTE: vLLM runs this too; the pool's mixed block sizes anchor windows and chunks to the full group, not
+        # yet a state page saved at a step end (align), so a Mamba hybrid whose attention types' pages differ is refused
+        g = next(g for g in layout.groups if g.block_tokens != layout.block_size)
         raise ParameterError(
             f"{layout.layout} layout: vLLM unifies the page sizes, so the {g.kind} layers' blocks hold "
-            f"{g.block_tokens:,} tokens and the others' {layout.block_size:,}. vLLM runs that (hits aligned to "
-            f"{math.lcm(g.block_tokens, layout.block_size):,} tokens), but kvcalc's pool pages one block size for "
-            "every block table, so it is not simulated: use layout ideal (each type its own page, the block as "
-            "given)", "layout")
+            f"{g.block_tokens:,} tokens and the others' {layout.block_size:,}; with a recurrent state as well kvcalc's "
+            "pool does not page that yet: use layout ideal (each type its own page, the block as given)", "layout")
     groups: list[PoolGroup] = []
     for g in layout.groups:
         label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
-        groups += [PoolGroup(g.kind, g.window, label)] * g.pages_per_block
+        groups += [PoolGroup(g.kind, g.window, label, g.block_tokens if mixed else None)] * g.pages_per_block
     if len(groups) > MAX_POOL_GROUPS:
         # NOTE: the ideal layout counts memory in the gcd of the types' block bytes; a state of millions of bytes
         # against an attention block of a power of two is then thousands of units, each its own table here
@@ -163,9 +169,10 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
     ceil((C + T) / B) + 1; two state pages (none: the page a step resumes from and the one it crosses into)
     or a chunk's pages (align, all)."""
-    B, n, T = block_size, num_tokens, chunk_tokens
+    n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
+        B = g.tokens_per_block(block_size)  # a group's own tokens per block (mixed under vLLM's unified pages)
         all_blocks = ceil_div(n, B)
         if g.kind == "full" or (g.kind == "state" and state_mode == "all"):
             blocks += all_blocks

@@ -79,7 +79,7 @@ class HybridPool(HybridHits, HybridBatch):
         return list(self.pools[0].seqs)
 
     def num_tokens(self, seq_id: Hashable) -> int:
-        return self.pools[0].num_tokens(seq_id)
+        return self.pools[0].num_tokens(seq_id) // self.scales[0]  # a group's pool counts store slots (group_blocks)
 
     def block_tables(self, seq_id: Hashable) -> list[np.ndarray]:
         """One table per group (NULL_BLOCK where a group freed the block)."""
@@ -102,20 +102,23 @@ class HybridPool(HybridHits, HybridBatch):
         # NOTE: without prefix-cache hits or forks no block is in two tables, so a group's distinct blocks are
         # the blocks its tables hold (a counter); otherwise they are counted (O(table entries))
         shared = self.store.counters["hit_blocks"] or self.store.counters["forks"]
-        for group, pool in zip(self.groups, self.pools, strict=True):
+        for group, pool, scale in zip(self.groups, self.pools, self.scales, strict=True):
             if not shared:
                 distinct = pool.logical_blocks
             else:
                 held = [s.blocks for s in pool.seqs.values()]
                 distinct = len(np.unique(np.concatenate(held))) if held else 0
-            out.append(GroupUsage(group, distinct, sum(s.num_blocks for s in pool.seqs.values()), pool.logical_tokens))
+            out.append(GroupUsage(group, distinct, sum(s.num_blocks for s in pool.seqs.values()),
+                                  pool.logical_tokens // scale))
         return out
 
     def usage(self) -> PoolUsage:
-        """The store's usage; logical blocks and tokens summed over groups (max table: the longest of any)."""
+        """The store's usage; logical blocks and tokens summed over groups (max table: the longest of any). With
+        groups of different tokens per block (group_blocks) tokens are store slots: a block holds block_size =
+        the lcm of the groups' blocks, a token of a group of B_g-token blocks fills block_size / B_g of them."""
         store = self.store
         return PoolUsage(
-            num_blocks=self.num_blocks, block_size=self.block_size, used_blocks=store.num_used,
+            num_blocks=self.num_blocks, block_size=store.block_size, used_blocks=store.num_used,
             cached_free_blocks=store.queue.num_cached, free_blocks=len(store.queue),
             pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
             logical_blocks=sum(p.logical_blocks for p in self.pools),
@@ -130,6 +133,11 @@ class HybridPool(HybridHits, HybridBatch):
         per_group = len(self.groups)
         for name in ("hit_blocks", "hit_tokens", "prompt_tokens", "forks", *(r.counter for r in ReleaseReason)):
             counters[name] //= per_group
+        if self.mixed:  # a group's pool counts its tokens in store slots, its hit blocks in its own blocks
+            slots = sum(self.scales)
+            counters["hit_tokens"] = self.store.counters["hit_tokens"] // slots
+            counters["prompt_tokens"] = self.store.counters["prompt_tokens"] // slots
+            counters["hit_blocks"] = counters["hit_tokens"] // self.block_size
         return PoolStats(**counters)
 
     # ---- check, then grow -----------------------------------------------------------------------
@@ -141,7 +149,7 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        return sum(p.append_need(seq_id, num_tokens) for p in self.pools)
+        return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True))
 
     def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
         self.free_skipped(seq_id)
@@ -158,9 +166,11 @@ class HybridPool(HybridHits, HybridBatch):
                                      f"groups, {len(self.store.queue)} free")
         keys = self._keys(block_keys)
         copies: list[tuple[int, int]] = []
-        B, old = self.block_size, self.pools[0].num_tokens(seq_id)
+        B, old = self.block_size, self.num_tokens(seq_id)
+        if self.coarse is not None:
+            self.coarse.note(seq_id, old, keys, B, self.pools[0])
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
-            grown = pool.append(seq_id, num_tokens, self._group_keys(g, keys))
+            grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
             copies += grown
             if group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
                 # the running state moves into a new page: it starts as a copy of the page it resumes from
@@ -179,6 +189,8 @@ class HybridPool(HybridHits, HybridBatch):
             pool.fork(parent_id, child_id)
         if parent_id in self._canonical:
             self._canonical[child_id] = dict(self._canonical[parent_id])
+        if self.coarse is not None:
+            self.coarse.fork(parent_id, child_id)
         self._changed()
 
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
@@ -186,6 +198,8 @@ class HybridPool(HybridHits, HybridBatch):
         for pool in self.pools:
             pool.release(seq_id, reason)
         self._canonical.pop(seq_id, None)
+        if self.coarse is not None:
+            self.coarse.forget(seq_id)
         self._changed()
 
     # ---- speculative slots ----------------------------------------------------------------------
@@ -194,7 +208,7 @@ class HybridPool(HybridHits, HybridBatch):
         return num_slots <= 0 or self.reserve_need(seq_id, num_slots) <= len(self.store.queue)
 
     def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
-        return sum(p.reserve_need(seq_id, num_slots) for p in self.pools)
+        return sum(p.reserve_need(seq_id, num_slots * s) for p, s in zip(self.pools, self.scales, strict=True))
 
     def reserve(self, seq_id: Hashable, num_slots: int) -> list[tuple[int, int]]:
         """`num_slots` speculative slots in every group (never hashed) until `commit`. A state group keeps its
@@ -204,8 +218,8 @@ class HybridPool(HybridHits, HybridBatch):
         if need > len(self.store.queue):
             raise PoolExhaustedError(f"{num_slots} slots need {need} blocks, {len(self.store.queue)} free")
         copies = []
-        for pool in self.pools:
-            copies += pool.reserve(seq_id, num_slots)
+        for pool, s in zip(self.pools, self.scales, strict=True):
+            copies += pool.reserve(seq_id, num_slots * s)
             self._changed()
         return copies
 
@@ -215,13 +229,17 @@ class HybridPool(HybridHits, HybridBatch):
         res = self.pools[0].reservation(seq_id)
         if res is None:
             raise ValueError(f"sequence {seq_id!r} has no open reservation: a reservation is committed once")
-        if not 0 <= num_accepted <= res.num_slots:
-            raise ValueError(f"num_accepted {num_accepted} is outside 0..{res.num_slots}, the reserved slots")
+        if not 0 <= num_accepted <= res.num_slots // self.scales[0]:
+            raise ValueError(f"num_accepted {num_accepted} is outside 0..{res.num_slots // self.scales[0]}, the "
+                             "reserved slots")
         keys = self._keys(block_keys)
-        old = self.pools[0].committed_tokens(seq_id)
+        old = self.pools[0].committed_tokens(seq_id) // self.scales[0]
+        if self.coarse is not None:
+            self.coarse.note(seq_id, old, keys, self.block_size, self.pools[0])
         rolled_back = 0
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
-            rolled_back = pool.commit(seq_id, num_accepted, self._group_keys(g, keys))
+            rolled_back = pool.commit(seq_id, num_accepted * self.scales[g], self._group_keys(g, keys, seq_id))
+            rolled_back //= self.scales[g]
             if group.kind == "state" and rolled_back:
                 pool.stop_hashing(seq_id)
             self._changed()
@@ -240,13 +258,13 @@ class HybridPool(HybridHits, HybridBatch):
             logical_tokens=sum(p.logical_tokens for p in self.pools), spare=spare,
         )
         ids = set(self.pools[0].seqs)
-        B = self.block_size
-        for group, pool in zip(self.groups, self.pools, strict=True):
+        for group, pool, B, s in zip(self.groups, self.pools, self.group_blocks, self.scales, strict=True):
             assert set(pool.seqs) == ids, f"group {group.name} holds other sequences than group 0"
             check_speculative(pool.spec, pool.seqs)
             for seq_id, seq in pool.seqs.items():
-                assert seq.num_tokens == self.pools[0].seqs[seq_id].num_tokens, "groups disagree on a length"
-                n, skipped = pool.committed_tokens(seq_id), seq.num_skipped
+                assert seq.num_tokens // s == self.num_tokens(seq_id), "groups disagree on a length"
+                assert seq.num_tokens % s == 0, f"group {group.name}: a token takes {s} slots, not a part of them"
+                n, skipped = pool.committed_tokens(seq_id) // s, seq.num_skipped
                 # never freed early: the next token (position n) reads every block from `skipped` on
                 if group.kind == "sliding":
                     assert skipped * B <= max(0, n - group.span + 1), (

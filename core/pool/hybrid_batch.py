@@ -25,6 +25,16 @@ class HybridBatch(HybridLayout):
             raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
         if num_tokens <= 0 or not seq_ids:
             return
+        if self.mixed:  # groups of different tokens per block (group_blocks): one at a time, checked first
+            self.free_skipped_many(seq_ids)
+            if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
+                raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                         f"blocks, {len(self.store.queue)} free")
+            for pool, scale in zip(self.pools, self.scales, strict=True):  # no state group (groups.pool_groups)
+                for seq_id in seq_ids:
+                    pool.append(seq_id, num_tokens * scale)
+            self._changed()
+            return
         self.free_skipped_many(seq_ids)
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")
@@ -41,6 +51,11 @@ class HybridBatch(HybridLayout):
         """`free_skipped` of each sequence (none with speculative slots), the rule evaluated once per kind of
         group for all sequences at once; `one_drop` (and every block in one table): one `skip_many` per kind
         instead of BlockPool.skip_blocks per sequence (the same blocks freed in the same order)."""
+        if self.mixed:  # groups of different tokens per block (group_blocks): one at a time
+            self.pools[0]._live(seq_ids, "freed")
+            for seq_id in seq_ids:
+                self._skip(seq_id)
+            return
         B, mode = self.block_size, self.state_mode
         kinds: dict[tuple[str, int], list[int]] = {}  # (kind, window; 0 for a state group)
         for g, group in enumerate(self.groups):
@@ -80,6 +95,15 @@ class HybridBatch(HybridLayout):
         store, B = self.store, self.block_size
         if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
             raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
+        if self.mixed and num_tokens > 0 and seq_ids:  # groups of different tokens per block: one at a time
+            if (need := self.append_many_need(seq_ids, num_tokens)) > len(store.queue):
+                raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                         f"blocks, {len(store.queue)} free")
+            for pool, scale in zip(self.pools, self.scales, strict=True):
+                for seq_id in seq_ids:
+                    pool.append(seq_id, num_tokens * scale)
+            self._changed()
+            return
         if num_tokens <= 0 or not seq_ids:
             return
         first_tables = self.pools[0]._live(seq_ids, "appended to")  # every group holds the same sequences
@@ -157,8 +181,9 @@ class HybridBatch(HybridLayout):
         are in one table each (no fork, no speculative slot, no prefix-cache hit); returns how many were freed."""
         store, B = self.store, self.block_size
         pools = [self.pools[g] for g in groups]
-        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in pools):
-            raise ValueError("skip_many takes a pool whose blocks are in one table each: skip one at a time")
+        if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in pools) or self.mixed:
+            raise ValueError("skip_many takes a pool whose blocks are in one table each, of one size: skip one at a "
+                             "time")
         first_tables = pools[0]._live(seq_ids, "freed")  # every group holds the same sequences
         tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in pools[1:])]
         firsts = [min(f, s.num_blocks) for s, f in zip(tables[0], first_blocks, strict=True)]  # lengths alike
@@ -186,6 +211,10 @@ class HybridBatch(HybridLayout):
 
     def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
+        if self.mixed:  # groups of different tokens per block (group_blocks)
+            self.pools[0]._live(seq_ids, "appended to")
+            return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True)
+                       for seq_id in seq_ids)
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")
         return len(self.groups) * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)

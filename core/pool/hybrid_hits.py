@@ -12,8 +12,18 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from ..blocks import ceil_div
 from .free_queue import FREE_CACHED
-from .group_hits import Canonical, anchored_present, hit_table, register_anchored, valid_hits
+from .group_hits import (
+    Canonical,
+    anchor_positions,
+    anchored_lookup,
+    anchored_present,
+    hit_table,
+    register_anchored,
+    valid_hits,
+    valid_token_hits,
+)
 from .hybrid_layout import HybridLayout
 from .store import BlockKeys, PoolExhaustedError
 
@@ -33,11 +43,11 @@ class HybridHits(HybridLayout):
         if memo is not None and memo[0] == self.pools[0]._epoch and memo[1] is keys and memo[2] == (
                 num_tokens, extra_key):
             return memo[3]
-        plan = self._plan(num_tokens, keys, extra_key)
+        plan = (self._hits_mixed if self.mixed else self._hits_one_size)(num_tokens, keys, extra_key)
         self._plan_memo = (self.pools[0]._epoch, keys, (num_tokens, extra_key), plan)
         return plan
 
-    def _plan(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
+    def _hits_one_size(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
               ) -> tuple[int, list[int], list[np.ndarray | None]]:
         G, B = len(self.groups), self.block_size
         own = [0 if self.anchored[g] else p.hit_tokens(num_tokens, keys, (g, extra_key)) // B
@@ -61,6 +71,37 @@ class HybridHits(HybridLayout):
         tables = [None if p is None else hit_table(g, p, hit, B) for g, p in zip(self.groups, present, strict=True)]
         return hit, own, tables
 
+    def _hits_mixed(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
+                    ) -> tuple[int, list[int], list[np.ndarray | None]]:
+        """`_hits_one_size` where the groups' blocks hold different tokens (group_blocks): every hit a multiple of
+        the lcm of their blocks, L; an anchored group's block looked up under the anchor block holding its last
+        token."""
+        G, b, align = len(self.groups), self.block_size, self.store.block_size  # store slots: lcm of the blocks
+        own = [0 if self.anchored[g] else p.hit_tokens(num_tokens * s, self._group_keys(g, keys), (g, extra_key)) // s
+               for g, (p, s) in enumerate(zip(self.pools, self.scales, strict=True))]  # tokens
+        top = min(own[g] for g in range(G) if not self.anchored[g]) // align * align
+        if not any(self.anchored):
+            return top // b, [t // b for t in own], [None] * G
+        anchor = self.anchor
+        assert anchor is not None  # a group is anchored only where there is a full group (hybrid_layout)
+        probe = self.pools[anchor]._probe(num_tokens * self.scales[anchor], self._group_keys(anchor, keys),
+                                          (anchor, extra_key))
+        candidates = np.arange(0, top + 1, align)
+        serves = np.ones(len(candidates), dtype=bool)
+        present: list[np.ndarray | None] = [None] * G
+        for g in (g for g in range(G) if self.anchored[g]):
+            size = self.group_blocks[g]
+            positions = np.arange(top // size)
+            at, subs = anchor_positions(positions, size, self.group_blocks[anchor])
+            present[g] = row = anchored_lookup(self.store, g, positions, probe.hits[at], subs, probe.hashes[at])
+            valid = valid_token_hits(self.groups[g], row, size, candidates)
+            own[g] = int(candidates[np.flatnonzero(valid)[-1]])
+            serves &= valid
+        hit = int(candidates[np.flatnonzero(serves)[-1]])
+        tables = [None if p is None else hit_table(group, p, hit // size, size)
+                  for group, p, size in zip(self.groups, present, self.group_blocks, strict=True)]
+        return hit // b, [t // b for t in own], tables
+
     def _hit_blocks(self, num_tokens: int, block_keys: BlockKeys, extra_key: Hashable) -> int:
         return self._hit_plan(num_tokens, block_keys, extra_key)[0]
 
@@ -78,24 +119,25 @@ class HybridHits(HybridLayout):
                        computed_tokens: int) -> tuple[int, list[int], int, list[np.ndarray | None]]:
         """(hit blocks, first held block per group, free blocks the allocation takes, anchored groups' hits)."""
         hit, _, tables = self._hit_plan(num_tokens, block_keys, extra_key)
-        B, mode = self.block_size, self.state_mode
-        computed = max(hit * B, computed_tokens)
-        firsts = [g.first_block(computed, num_tokens, B, mode) for g in self.groups]
+        mode, sizes = self.state_mode, self.group_blocks  # each group's tokens per block (group_blocks)
+        computed = max(hit * self.block_size, computed_tokens)
+        firsts = [g.first_block(computed, num_tokens, B, mode) for g, B in zip(self.groups, sizes, strict=True)]
         keys = self._keys(block_keys)
         if keys is None and num_tokens >= 0:  # no hit in any group: each takes its blocks from its first held
-            total = self.store.blocks_needed(num_tokens)
-            return hit, firsts, sum(total - min(first, total) for first in firsts), tables
-        need = 0
+            return hit, firsts, sum(ceil_div(num_tokens, B) - min(first, ceil_div(num_tokens, B))
+                                    for first, B in zip(firsts, sizes, strict=True)), tables
+        need, hit_tokens = 0, hit * self.block_size
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
-            table = tables[g]
+            table, group_hit, s = tables[g], hit_tokens // sizes[g], self.scales[g]
             if table is not None:  # an anchored group: fresh blocks past the hit, cached hits revived
                 held = table[first:]
-                need += self.store.blocks_needed(num_tokens) - max(hit, first)
+                need += ceil_div(num_tokens, sizes[g]) - max(group_hit, first)
                 need += int(np.count_nonzero(self.store.state[held] == FREE_CACHED))
                 continue
-            need += pool.allocate_need(num_tokens, keys, (g, extra_key), hit, first)
-            if hit and first:  # skipped hits are pinned while the groups allocate (see allocate)
-                skipped = pool.hit_blocks(num_tokens, keys, (g, extra_key))[: min(first, hit)]
+            group_keys = self._group_keys(g, keys)
+            need += pool.allocate_need(num_tokens * s, group_keys, (g, extra_key), group_hit, first)
+            if group_hit and first:  # skipped hits are pinned while the groups allocate (see allocate)
+                skipped = pool.hit_blocks(num_tokens * s, group_keys, (g, extra_key))[: min(first, group_hit)]
                 need += int(np.count_nonzero(self.store.state[skipped] == FREE_CACHED))
         return hit, firsts, need, tables
 
@@ -120,38 +162,41 @@ class HybridHits(HybridLayout):
         # NOTE: every group's hits are held before any group takes fresh blocks, which may evict cached ones:
         # a hit of one group must not be evicted by another's allocation (vLLM touches all hits first, too) —
         # the ones a sliding group skips included, since its chain is verified through them
-        store, pins = self.store, []
+        store, pins, hit_tokens, sizes, scales = self.store, [], hit * self.block_size, self.group_blocks, self.scales
         if hit:
             for g, pool in enumerate(self.pools):
                 table = tables[g]
-                held = pool.hit_blocks(num_tokens, keys, (g, extra_key))[:hit] if table is None else (
-                    table[firsts[g]:])
+                held = pool.hit_blocks(num_tokens * scales[g], self._group_keys(g, keys), (g, extra_key))[
+                    : hit_tokens // sizes[g]] if table is None else table[firsts[g]:]
                 if len(held):
                     state = store.state.take(held)
                     store.share(held, state, int(np.count_nonzero(state == FREE_CACHED)))
                     pins.append(held)
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
-            got = pool.allocate(seq_id, num_tokens, self._group_keys(g, keys), (g, extra_key), max_hit_blocks=hit,
-                                first_block=first, hits=tables[g])
-            assert got == hit * self.block_size, f"group {g}: hit {got} tokens, the pool's plan said {hit} blocks"
+            got = pool.allocate(seq_id, num_tokens * scales[g], self._group_keys(g, keys), (g, extra_key),
+                                max_hit_blocks=hit_tokens // sizes[g], first_block=first, hits=tables[g])
+            assert got == hit_tokens * scales[g], f"group {g}: hit {got} slots, the pool's plan said {hit} blocks"
             self._changed()
         for held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
             store.ref[held] -= 1
             unheld = held[store.ref[held] == 0]
             if len(unheld):
                 store.drop(unheld[::-1])
+        if self.coarse is not None:
+            self.coarse.start(seq_id, keys, self.pools[0])
         if keys is not None:
-            self._note_canonical(seq_id, num_tokens, keys, extra_key, hit)
-            self._register_anchored(seq_id, hit * self.block_size, num_tokens)
-        return hit * self.block_size
+            self._note_canonical(seq_id, num_tokens, keys, extra_key, hit_tokens)
+            self._register_anchored(seq_id, hit_tokens, num_tokens)
+        return hit_tokens
 
     def _note_canonical(self, seq_id: Hashable, num_tokens: int, keys: BlockKeys, extra_key: Hashable,
-                        hit: int) -> None:
+                        hit_tokens: int) -> None:
         """Remember the cached blocks each chain group recomputes as duplicates (group_hits.Canonical)."""
         found = {}
         for g, pool in enumerate(self.pools):
             if not self.anchored[g]:
-                own = pool.hit_blocks(num_tokens, keys, (g, extra_key))
+                own = pool.hit_blocks(num_tokens * self.scales[g], self._group_keys(g, keys), (g, extra_key))
+                hit = hit_tokens // self.group_blocks[g]
                 if len(own) > hit:
                     found[g] = Canonical(self.store, hit, own[hit:])
         if found:
@@ -161,32 +206,36 @@ class HybridHits(HybridLayout):
         """Index the blocks of anchored groups that a step from `old` to `new` committed tokens completed (see
         group_hits): a window's or chunk's full blocks; a state page where the step ends (align). Then chain a
         chain group's first block after its duplicates to the cached blocks (group_hits.Canonical)."""
-        B = self.block_size
+        sizes = self.group_blocks  # each group's tokens per block (all the pool's block size unless mixed)
         canonical = self._canonical.get(seq_id)
         anchor_canonical = None if canonical is None or self.anchor is None else canonical.get(self.anchor)
         if canonical:
             for g, c in list(canonical.items()):
-                if c.relink(self.store, self.pools[g].block_table(seq_id)[: new // B]):
+                if c.relink(self.store, self.pools[g].block_table(seq_id)[: new // sizes[g]]):
                     del canonical[g]
             if not canonical:
                 del self._canonical[seq_id]
-        if self.anchor is None or new // B <= old // B:
+        if self.anchor is None or new // sizes[self.anchor] <= old // sizes[self.anchor]:
             return
+        A = sizes[self.anchor]
         anchor_table = self.pools[self.anchor].block_table(seq_id)
         parts: list[tuple[int, np.ndarray, np.ndarray]] = []  # (group, its blocks, their positions)
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
-            seq = pool.seqs[seq_id]
+            seq, B = pool.seqs[seq_id], sizes[g]
             if not self.anchored[g] or seq.num_hashed < 0:  # a state over rejected drafts: never
                 continue
-            first = max(new // B - 1 if group.kind == "state" else old // B, seq.num_skipped)
-            positions = np.arange(first, new // B)
+            # a window's or chunk's blocks whose anchor (the full block holding their last token) the step completed
+            first, end = (new // B - 1, new // B) if group.kind == "state" else (old // A * A // B, new // A * A // B)
+            positions = np.arange(max(first, seq.num_skipped), end)
             parts.append((g, seq.table[positions], positions))
         if not parts:
             return
         positions = np.concatenate([p for _, _, p in parts])
-        anchors = anchor_table[positions] if anchor_canonical is None else (
-            anchor_canonical.anchors(self.store, anchor_table, positions))
+        at, subs = (positions, None) if not self.mixed else (np.concatenate(x) for x in zip(
+            *(anchor_positions(p, sizes[g], A) for g, _, p in parts), strict=True))
+        anchors = anchor_table[at] if anchor_canonical is None else (
+            anchor_canonical.anchors(self.store, anchor_table, at))
         groups = np.repeat([g for g, _, _ in parts], [len(p) for _, _, p in parts])
-        register_anchored(self.store, groups, np.concatenate([b for _, b, _ in parts]), anchors, positions)
+        register_anchored(self.store, groups, np.concatenate([b for _, b, _ in parts]), anchors, positions, subs)
         self._changed()
 

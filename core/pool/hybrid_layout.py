@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from .block_pool import BlockPool
+from .group_blocks import CoarseKeys, group_block_sizes
 from .group_hits import Canonical
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .prefix_lookup import PrefixIndex
@@ -29,14 +30,20 @@ class HybridLayout:
     ) -> None:
         if not groups:
             raise ValueError("a hybrid pool needs at least one layer group")
-        self.store = BlockStore(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-        self.prefix = PrefixIndex(self.store)
         self.groups = tuple(groups)
+        # each group's tokens per block, and store slots per token: one physical block is one page, which holds
+        # `slots` = lcm(tokens per block) slots; a group of B_g tokens per block writes slots / B_g per token
+        # (all 1 unless vLLM's unified pages give the groups different tokens per block: group_blocks)
+        self.group_blocks, self.scales, slots = group_block_sizes(self.groups, block_size)
+        self.mixed = slots != block_size
+        self.store = BlockStore(num_blocks, slots, enable_prefix_caching=enable_prefix_caching)
+        self.prefix = PrefixIndex(self.store)
+        self.coarse = CoarseKeys(self.group_blocks, block_size) if self.mixed else None
         self.state_mode = check_state_mode(state_mode)
         shared = (self.store, self.prefix)
         self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=shared)
                       for _ in self.groups]
-        self.num_blocks, self.block_size = self.store.num_blocks, self.store.block_size
+        self.num_blocks, self.block_size = self.store.num_blocks, int(block_size)
         # the groups that keep no whole chain (sliding, chunked, state in mode align) are anchored to the first
         # full group's blocks (see group_hits); without a full group they keep chains, and an align state group
         # then serves no hit. A state group serves a prefix only where a state was saved at exactly that
@@ -57,17 +64,20 @@ class HybridLayout:
     def _keys(self, block_keys: BlockKeys) -> BlockKeys:
         return block_keys if self.caches else None
 
-    def _group_keys(self, g: int, keys: BlockKeys) -> BlockKeys:
-        """The keys group g's own BlockPool takes: none for an anchored group (the hybrid pool registers it)."""
-        return None if self.anchored[g] else keys
+    def _group_keys(self, g: int, keys: BlockKeys, seq_id: Hashable = None) -> BlockKeys:
+        """The keys group g's own BlockPool takes: none for an anchored group (the hybrid pool registers it); a
+        group of coarser blocks (mixed block sizes) the keys of its own blocks (group_blocks.CoarseKeys)."""
+        if self.anchored[g]:
+            return None
+        return keys if self.coarse is None else self.coarse.group_keys(g, keys, self.pools[g], seq_id)
 
     def _skip(self, seq_id: Hashable) -> int:
         """Free the blocks each group's rule lets go once the sequence's committed tokens are written."""
-        B, mode, freed = self.block_size, self.state_mode, 0
-        for group, pool in zip(self.groups, self.pools, strict=True):
+        mode, freed = self.state_mode, 0
+        for group, pool, B, s in zip(self.groups, self.pools, self.group_blocks, self.scales, strict=True):
             if group.kind != "full":
                 freed += pool.skip_blocks(
-                    seq_id, group.first_block_before_growth(pool.committed_tokens(seq_id), B, mode))
+                    seq_id, group.first_block_before_growth(pool.committed_tokens(seq_id) // s, B, mode))
         if freed:
             self._changed()
         return freed

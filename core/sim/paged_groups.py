@@ -134,7 +134,7 @@ class GroupedPagedPolicy:
         speculative slots, every used block is in exactly one table, so what each group holds is a function
         of the sequences' lengths alone. `fast_runs = False` keeps every step (the reference in tests)."""
         pool = self.pool
-        return (self.fast_runs and not self.exact_block_tables and self.prompt_keys is None
+        return (self.fast_runs and not self.exact_block_tables and self.prompt_keys is None and not pool.mixed
                 and not pool.store.counters["forks"] and not any(p.spec.tracked for p in pool.pools))
 
     fast_runs = True
@@ -297,10 +297,12 @@ class GroupedPagedPolicy:
         """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
         slots count as used, its fill as useful)."""
         usage = self.pool.usage()
-        B = self.block_size
-        used, cached = usage.used_blocks * B, usage.cached_free_blocks * B
-        parts = np.array([usage.useful_tokens, usage.tail_fragmentation_slots, 0, 0, cached,
-                          self.capacity_slots - used - cached], dtype=np.int64)
+        slots = usage.block_size  # a block's slots: the block size, or the lcm of the groups' (group_blocks, mixed)
+        used, cached = usage.used_blocks * slots, usage.cached_free_blocks * slots
+        parts: np.ndarray = np.array([usage.useful_tokens, usage.tail_fragmentation_slots, 0, 0, cached,
+                                      usage.num_blocks * slots - used - cached], dtype=np.int64)
+        if slots != self.block_size:  # the same shares, in the slots of `block_size` a block (capacity_slots)
+            parts = parts * (self.block_size / slots)
         return parts, usage.logical_blocks * BLOCK_TABLE_ENTRY_BYTES
 
     def group_blocks(self) -> list[int]:

@@ -272,11 +272,12 @@ def test_real_configs_give_the_engine_block(tmp_path, config, block):
     assert kv_layout(load_config(tmp_path), 16, 16).block_size == block
 
 
-def test_a_vllm_layout_with_mixed_tokens_per_block_is_refused_naming_why():
+def test_a_vllm_layout_with_mixed_tokens_per_block_pages_each_group_at_its_own_block():
     # full layers of 8 KV heads (4,096 B a token), sliding ones of 4 (2,048 B): at block 16 the pages are 65,536
-    # and 32,768 B; vLLM unifies them to the larger, so a sliding block holds 32 tokens. vLLM runs that (hits
-    # aligned to lcm(32, 16) = 32 tokens); the pool pages one block size, so it refuses and says so. ideal runs.
-    from kvcalc.core.pool.groups import pool_groups
+    # and 32,768 B; vLLM unifies them to the larger, so a sliding block holds 32 tokens (hits aligned to
+    # lcm(32, 16) = 32 tokens, core/pool/group_blocks.py). The pool's groups say their own tokens per block; the
+    # ideal layout keeps one block size for all.
+    from kvcalc.core.pool.groups import PoolGroup, pool_groups
 
     spec = ModelSpec.from_groups("mixed-pages", (
         LayerGroup("full", 4, **ATTN_8x128),
@@ -284,9 +285,31 @@ def test_a_vllm_layout_with_mixed_tokens_per_block_is_refused_naming_why():
         num_attention_heads=32, hidden_size=4096, max_position_embeddings=32_768)
     layout = kv_layout(spec, 16, 16, "vllm")
     assert [(g.kind, g.block_tokens) for g in layout.groups] == [("full", 16), ("sliding", 32)]
-    with pytest.raises(ParameterError, match=r"sliding layers' blocks hold 32 tokens.*aligned to 32 tokens.*ideal"):
+    groups = pool_groups(layout)
+    assert groups is not None and [(g.kind, g.window, g.block_tokens) for g in groups] == [
+        ("full", None, 16), ("sliding", 1024, 32)]
+    assert [g.tokens_per_block(16) for g in groups] == [16, 32]
+    ideal = pool_groups(kv_layout(spec, 16, 16, "ideal"))
+    assert ideal is not None and [(g.kind, g.block_tokens) for g in ideal] == [("full", None)] * 2 + [
+        ("sliding", None)]
+    assert PoolGroup("full").tokens_per_block(16) == 16
+
+
+def test_mixed_tokens_per_block_with_a_recurrent_state_is_still_refused_naming_why():
+    # Jamba's attention plus a second attention type of half the heads: the Mamba page forces block 80 (Jamba's) and
+    # the half-size type's pages then hold 160 tokens. The pool anchors windows to the full group at mixed sizes,
+    # not yet a state page saved at a step end: refused by name, ideal named
+    from kvcalc.core.pool.groups import pool_groups
+
+    base = jamba()
+    spec = ModelSpec.from_groups("jamba-mixed", (
+        *base.layer_groups,
+        LayerGroup("sliding", 4, window=1024, kv_heads=4, k_head_dim=128, v_head_dim=128, q_heads=32)),
+        num_attention_heads=32, hidden_size=4096, max_position_embeddings=32_768)
+    layout = kv_layout(spec, 16, 16, "vllm")
+    assert {(g.kind, g.block_tokens) for g in layout.groups} == {("full", 80), ("state", 80), ("sliding", 160)}
+    with pytest.raises(ParameterError, match=r"sliding layers' blocks hold 160 tokens.*recurrent state.*ideal"):
         pool_groups(layout)
-    assert [g.kind for g in pool_groups(kv_layout(spec, 16, 16, "ideal"))] == ["full"] * 2 + ["sliding"]
 
 
 def test_ideal_granite_h_is_refused_naming_the_cause():

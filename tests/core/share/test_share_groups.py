@@ -147,3 +147,67 @@ def test_align_hits_match_the_stack_distance_count_with_one_prefill_chunk():
     chunked = replay_groups(trace, groups, B, room, "align").hit_tokens
     every = replay_groups(trace, groups, B, room, "all").hit_tokens
     assert 15_680 < chunked < every  # 138,560 and 345,920 here
+
+
+def _real_config(tmp_path, name: str):
+    """A real config.json kept in tests/core/model/test_real_configs.py, loaded as `share --config` loads it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from kvcalc.core.model.hf_config import load_config
+
+    path = Path(__file__).parents[1] / "model" / "test_real_configs.py"
+    module_spec = importlib.util.spec_from_file_location("real_configs", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    (tmp_path / "config.json").write_text(json.dumps(getattr(module, name)))
+    return load_config(tmp_path)
+
+
+# vLLM's unified pages give these models' layer types different tokens per block (core/pool/group_blocks.py):
+# (config, bytes of a block id, [(kind, tokens per block)] in layout order, physical blocks per type at
+# --prefix 32768 --gen 2048 (n = 34,816, last token written at 34,815), the same at --prefix 2000 --gen 300
+# (n = 2,300, last written at 2,299), copy-on-write copies at 2000 + 300)
+MIXED = [
+    # Gemma-4-31B: a sliding layer 16 heads · 256 · 2 · 2 = 16,384 B a token, a full one 4 · 512 · 2 · 2 = 8,192 B:
+    # at 16 tokens their pages are 262,144 and 131,072 B, so full blocks hold 32 tokens. G = 10 (50 vs 10 layers):
+    # an id 10 · 262,144 = 2,621,440 B; sliding 5 tables, full 1.
+    # 32768: full 32,768 / 32 = 1,024 shared + 4 · (34,816 / 32 − 1,024 = 64) = 1,280; sliding W 1,024 from
+    #   (34,815 − 1,023) // 16 = 2,112 to 2,176: 64 own per branch, 5 · 4 · 64 = 1,280.
+    # 2000: full 2,000 / 32 = 62 whole blocks shared + the half block 62 (3 copies, the last writes in place), each
+    #   branch 62..71 (ceil(2,300 / 32) = 72): 62 + 4 · 10 = 102; sliding from (2,299 − 1,023) // 16 = 79 to 144:
+    #   79..124 shared (2,000 / 16 = 125 whole), 125..143 own: 5 · (46 + 4 · 19) = 610.
+    ("GEMMA4_31B", 2_621_440, [("sliding", 16), ("full", 32)], [1_280, 1_280], [610, 102], 3),
+    # Gemma-4-E4B: sliding 2 heads · 256 · 4 = 2,048 B a token, full 2 · 512 · 4 = 4,096 B: sliding blocks hold 32
+    # tokens. G = 4 (20 vs 4 layers): an id 4 · 65,536 = 262,144 B; sliding 5 tables, full 1.
+    # 32768: full 2,048 shared + 4 · 128 = 2,560; sliding W 512 from (34,815 − 511) // 32 = 1,072 to 1,088: 16 own,
+    #   5 · 4 · 16 = 320.
+    # 2000: full 2,000 / 16 = 125 shared + 4 · (144 − 125) = 201; sliding from (2,299 − 511) // 32 = 55 to 72:
+    #   55..61 shared, the half block 62 copied by 3 branches in each of 5 tables (15 copies), 62..71 own:
+    #   5 · (7 + 4 · 10) = 235.
+    ("GEMMA4_E4B", 262_144, [("sliding", 32), ("full", 16)], [320, 2_560], [235, 201], 15),
+    # MiMo-V2-Flash: full 4 heads · (192 + 128) · 2 = 2,560 B a token, sliding 8 heads: 5,120 B; full blocks hold
+    # 32 tokens. G = 9 (9 vs 39 layers): an id 9 · 81,920 = 737,280 B; sliding 5 tables (6 padding), full 1.
+    # 32768: full 1,280 as Gemma-4-31B; sliding W 128 from (34,815 − 127) // 16 = 2,168: 8 own, 5 · 4 · 8 = 160.
+    # 2000: full 102 (3 copies) as Gemma-4-31B; sliding from (2,299 − 127) // 16 = 135 to 144: 9 own, nothing
+    #   shared (the prompt's blocks end at 124): 5 · 4 · 9 = 180.
+    ("MIMO_V2_FLASH", 737_280, [("full", 32), ("sliding", 16)], [1_280, 160], [102, 180], 3),
+]
+
+
+@pytest.mark.parametrize(("config", "id_bytes", "kinds", "long", "short", "copies"), MIXED)
+def test_share_with_mixed_tokens_per_block(tmp_path, config, id_bytes, kinds, long, short, copies):
+    model = _real_config(tmp_path, config)
+    layout, groups = model_groups(model, 16, 16, None, None)
+    assert groups is not None and layout.block_size == 16 and layout.page_bytes == id_bytes
+    assert [(g.kind, g.block_tokens) for g in layout.groups] == kinds
+    for (prefix, gen), per_type in (((32_768, 2_048), long), ((2_000, 300), short)):
+        scenario = ScenarioSpec(prefix_tokens=prefix, branches=4, gen_tokens=gen, block_size=16)
+        result = run_scenario(scenario, groups=groups, state_mode="none", check=prefix < 10_000)
+        doc = group_doc(layout, result.group_blocks, layout.page_bytes)
+        assert [g["physical_blocks"] for g in doc["groups"]] == per_type
+        assert result.physical_blocks == sum(per_type)
+        assert [g["physical_bytes"] for g in doc["groups"]] == [b * id_bytes for b in per_type]
+        assert result.cow_copies == (copies if prefix == 2_000 else 0)
