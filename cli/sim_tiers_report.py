@@ -18,8 +18,17 @@ def _rate(hit_blocks: int, c: TierComparison) -> float:
     return hit_blocks * c.block_size / c.prompt_tokens if c.prompt_tokens else 0.0
 
 
+def _reads(tiers: Any, t: Any, tier: int) -> dict[str, int]:
+    """Bytes read from `tier` per KV cache group: every block's of each group, but in align a state group's only
+    for the state pages loaded (one per load: TierTotals.read_state_pages)."""
+    states = t.read_state_pages
+    return {g.label: (states[tier] if states is not None and g.label.startswith("state_") else t.read_blocks[tier])
+            * g.bytes_per_block for g in tiers.block_bytes.groups}
+
+
 def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:
     t, s, per_block = rung.totals, rung.summary, rung.tiers.bytes_per_block
+    reads = [_reads(rung.tiers, t, i) for i in (HOST, DISK)]
     hits = (int(t.gpu_hit_blocks.sum()), int(t.host_hit_blocks.sum()), int(t.disk_hit_blocks.sum()))
     loaders = (t.host_hit_blocks + t.disk_hit_blocks) > 0
     duration = rung.record.end_s - float(rung.record.arrival_s.min()) if len(rung.record.arrival_s) else 0.0
@@ -32,7 +41,7 @@ def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:
         "replay_hit_rate": _rate(sum(rung.replay_hit_blocks), c),
         "recomputed_tier_blocks": int(t.recomputed_blocks.sum()), "loading_requests": int(loaders.sum()),
         "mean_load_wait_s": float(t.wait_s[loaders].mean()) if loaders.any() else None,
-        "host_read_bytes": t.read_blocks[HOST] * per_block, "disk_read_bytes": t.read_blocks[DISK] * per_block,
+        "host_read_bytes": sum(reads[HOST].values()), "disk_read_bytes": sum(reads[DISK].values()),
         "host_write_bytes": t.write_blocks[HOST] * per_block, "disk_write_bytes": t.write_blocks[DISK] * per_block,
         "dropped_blocks": t.dropped_blocks,
         "host_link_busy": t.link_busy_s[HOST] / duration if duration > 0 else None,
@@ -40,8 +49,7 @@ def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:
         "ttft_mean_s": s.ttft_s.mean, "ttft_p50_s": s.ttft_s.p50, "ttft_p99_s": s.ttft_s.p99,
         "throughput_rps": s.throughput_rps, "output_tokens_per_s": s.output_tokens_per_s,
         "max_rate_rps": None if rung.search is None else rung.search.max_rate_rps,
-        "read_bytes_by_group": {tier: rung.tiers.block_bytes.split(t.read_blocks[i])
-                                for i, tier in enumerate(("host", "disk"))},
+        "read_bytes_by_group": {tier: reads[i] for i, tier in enumerate(("host", "disk"))},
     }
 
 
@@ -84,8 +92,9 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
     last = c.rungs[-1].tiers
     if len(last.block_bytes.groups) > 1:
         t = c.rungs[-1].totals
-        records = [{"group": g.label, "per_block": g.bytes_per_block, "host": t.read_blocks[HOST] * g.bytes_per_block,
-                    "disk": t.read_blocks[DISK] * g.bytes_per_block} for g in last.block_bytes.groups]
+        reads = [_reads(last, t, i) for i in (HOST, DISK)]
+        records = [{"group": g.label, "per_block": g.bytes_per_block, "host": reads[HOST][g.label],
+                    "disk": reads[DISK][g.label]} for g in last.block_bytes.groups]
         report.tables.append(record_table("tier reads by KV cache group", [
             Field("group"), Field("per_block", "per block", format_bytes), Field("host", "host read", format_bytes),
             Field("disk", "disk read", format_bytes)], records))

@@ -295,7 +295,8 @@ class Scheduler:
             from_swap = bool(self.swapped[rid])
             num_tokens = int(self.prompt_tokens[rid] + self.generated[rid])
             group_hits = None if from_swap else self.prefix.probe(rid, num_tokens)  # before the pool changes
-            if (self.align_block and not new) or not self.policy.admit(rid, start, start + new, from_swap=from_swap):
+            if self._waits_for_boundary(rid, new) or not self.policy.admit(rid, start, start + new,
+                                                                           from_swap=from_swap):
                 break
             self.waiting.popleft()
             if not from_swap:
@@ -323,12 +324,17 @@ class Scheduler:
         new = min(num_tokens - start, budget)
         return start, self._aligned(rid, start, new) if self.align_block else new
 
+    def _waits_for_boundary(self, rid: int, new: int) -> bool:
+        """Under the block-aligned split, an admission with no chunk this step (under one block before a
+        boundary: `_aligned`) waits for a later step."""
+        return bool(self.align_block) and not new
+
     def can_admit_head(self, budget: int) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_seqs or budget <= 0:
             return False
         rid = self.waiting[0]
         start, new = self._admission_size(rid, budget)
-        if self.align_block and not new:  # under one block before a boundary: not this step (`_aligned`)
+        if self._waits_for_boundary(rid, new):
             return False
         return self.policy.can_admit(rid, start, start + new, from_swap=bool(self.swapped[rid]))
 

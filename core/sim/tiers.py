@@ -27,6 +27,11 @@ Bytes per block are the cached block's of every KV cache group, per GPU of the t
 (core/share/cache_bytes, as share's tiers: a windowed group's block counts in full, an upper bound), and
 the bandwidths are per GPU. A hybrid pool evicts each group's block of a position on its own: the
 position is demoted when the first of them is evicted, with every group's bytes.
+
+A Mamba hybrid in mamba_cache_mode align (`state_pages`) saves a state only where a step ended on a block
+boundary, and a hit resumes from the state at its last block: a lower-tier position holds a state only if the
+GPU block it evicted was a state page, a load must end at such a position, and it reads k blocks of the other
+groups plus that one state page (k · (bytes_per_block − state bytes) + state bytes).
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ class TierTotals:
     write_blocks: list[int]  # demotions written into host, disk
     dropped_blocks: int = 0  # evicted from the disk (or from the host with no disk tier)
     link_busy_s: tuple[float, float] = (0.0, 0.0)
+    read_state_pages: list[int] | None = None  # host, disk: state pages loaded (align; None: a state per block)
 
     @classmethod
     def empty(cls, n: int) -> TierTotals:
@@ -171,24 +177,33 @@ class Lru:
 class TierCache:
     """The host and disk LRUs of block keys, the two links and the rule (module docstring)."""
 
-    def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, num_requests: int) -> None:
+    def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, num_requests: int,
+                 state_pages: bool = False) -> None:
         self.tiers, self.steptime, self.block_size = tiers, steptime, block_size
+        # align: the keys whose lower-tier copy holds a state (module docstring); None: every block holds all
+        self.stateful: set[int] | None = set() if state_pages else None
+        self.state_bytes = tiers.block_bytes.state_bytes if state_pages else 0
         self.lru = (Lru(), Lru())
         self.link_free_s = [0.0, 0.0]
         self.busy_s = [0.0, 0.0]
         self.landing: dict[int, float] = {}  # key -> when its load ends (its GPU block holds no KV before)
         self.totals = TierTotals.empty(num_requests)
+        if state_pages:
+            self.totals.read_state_pages = [0, 0]
         self.admitted = np.zeros(num_requests, bool)
         self.demoted = 0  # GPU evictions seen (a check against the pool's own eviction count)
 
     # ---- what the GPU pool evicts ------------------------------------------------------------------------
-    def demote(self, keys: np.ndarray) -> None:
-        """Blocks the GPU pool evicted, oldest first: written to the host (then overflow to disk, then out)."""
+    def demote(self, keys: np.ndarray, states: np.ndarray | None = None) -> None:
+        """Blocks the GPU pool evicted, oldest first: written to the host (then overflow to disk, then out);
+        `states` (align): which of them are state pages."""
         self.demoted += len(keys)
         top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else -1
         if top < 0:
             self.totals.dropped_blocks += len(keys)
             return
+        if self.stateful is not None and states is not None:
+            self.stateful.update(keys[states].tolist())  # a position whose other blocks come later keeps it
         lru = self.lru[top]
         batch = dict.fromkeys(keys.tolist())  # distinct keys, oldest eviction first
         for key in list(filter(lru.stamp.__contains__, batch)):  # a hybrid position whose other group's block
@@ -209,9 +224,14 @@ class TierCache:
                 disk.add(moved)
                 self.totals.write_blocks[DISK] += len(moved)
             else:
-                self.totals.dropped_blocks += len(moved)
+                self._drop(moved)
         if len(disk) > capacity_disk:
-            self.totals.dropped_blocks += len(disk.pop_oldest(len(disk) - capacity_disk))
+            self._drop(disk.pop_oldest(len(disk) - capacity_disk))
+
+    def _drop(self, keys: list[int]) -> None:
+        self.totals.dropped_blocks += len(keys)
+        if self.stateful is not None:
+            self.stateful.difference_update(keys)
 
     # ---- the rule ------------------------------------------------------------------------------------------
     def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float) -> LoadPlan:
@@ -230,47 +250,68 @@ class TierCache:
             ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks].tolist())])
         if not found:
             return LoadPlan(gpu_blocks, (), 0, ready)
-        k = self._best_load(np.array(found), gpu_blocks, num_tokens, now_s)
+        ends = None  # align: a load ends where a state was saved
+        if self.stateful is not None:
+            ends = np.array([key in self.stateful for key in keys[gpu_blocks : gpu_blocks + len(found)].tolist()])
+        k = self._best_load(np.array(found), gpu_blocks, num_tokens, now_s, ends)
         return LoadPlan(gpu_blocks, tuple(found[:k]), len(found) - k, max(ready, self._ends(found[:k], now_s)))
 
     def _ends(self, tier_of: list[int], now_s: float) -> float:
         """When loads of these blocks (tier per block) would end, queued behind the loads on each link."""
         end = now_s
-        for t in (HOST, DISK):
-            n = tier_of.count(t)
-            if n:
-                seconds = n * self.tiers.bytes_per_block / self.tiers.bandwidths[t]
+        for t, num_bytes in enumerate(self._read_bytes(tier_of)):
+            if num_bytes:
+                seconds = num_bytes / self.tiers.bandwidths[t]
                 end = max(end, max(now_s, self.link_free_s[t]) + seconds)
         return end
 
-    def _best_load(self, found: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float) -> int:
-        """The k in 0..len(found) with the least wait(k) + prefill(gpu_blocks + k) (the first on ties)."""
-        B, per_block = self.block_size, self.tiers.bytes_per_block
+    def _read_bytes(self, tier_of: list[int] | tuple[int, ...]) -> list[int]:
+        """Bytes a load of these blocks (tier per block) reads per tier: every group's bytes of each, or in align
+        the other groups' of each and the state page of the last one."""
+        per = self.tiers.bytes_per_block - self.state_bytes
+        out = [tier_of.count(t) * per for t in (HOST, DISK)]
+        if self.state_bytes and tier_of:
+            out[tier_of[-1]] += self.state_bytes
+        return out
+
+    def _best_load(self, found: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float,
+                   ends: np.ndarray | None = None) -> int:
+        """The k in 0..len(found) with the least wait(k) + prefill(gpu_blocks + k) (the first on ties); `ends`
+        (align): where a load may end (k = 0, or block k − 1 holds a state)."""
+        B, per_block = self.block_size, self.tiers.bytes_per_block - self.state_bytes
         k = np.arange(len(found) + 1)
         wait = np.zeros(len(k))
         for t in (HOST, DISK):
             n = np.concatenate([[0], np.cumsum(found == t)])
+            last = np.concatenate([[False], found == t]) * self.state_bytes  # the state page, read with block k − 1
             start = max(now_s, self.link_free_s[t]) - now_s
-            wait = np.maximum(wait, np.where(n > 0, start + n * per_block / self.tiers.bandwidths[t], 0.0))
+            wait = np.maximum(wait, np.where(n > 0, start + (n * per_block + last) / self.tiers.bandwidths[t], 0.0))
         cached = (gpu_blocks + k) * B
         compute = prefill_s(self.steptime, cached, num_tokens - cached)
-        return int(np.argmin(wait + compute))
+        cost = wait + compute
+        if ends is not None:
+            cost[1:][~ends] = np.inf
+        return int(np.argmin(cost))
 
     def commit(self, rid: int, keys: np.ndarray, plan: LoadPlan, now_s: float) -> float:
         """The admission happened: queue the loads, promote the loaded blocks, drop the lower copies of blocks
         the request computes; returns when it may compute."""
         loaded = plan.load_blocks
-        for t in (HOST, DISK):
+        for t, num_bytes in enumerate(self._read_bytes(plan.tier_of)):
             n = plan.tier_of.count(t)
             if n:
-                seconds = n * self.tiers.bytes_per_block / self.tiers.bandwidths[t]
+                seconds = num_bytes / self.tiers.bandwidths[t]
                 self.link_free_s[t] = max(now_s, self.link_free_s[t]) + seconds
                 self.busy_s[t] += seconds
                 self.totals.read_blocks[t] += n
+        if self.totals.read_state_pages is not None and loaded:
+            self.totals.read_state_pages[plan.tier_of[-1]] += 1
         g = plan.gpu_blocks
         rest = keys[g:].tolist()  # loaded or computed here: the GPU copy becomes the one copy
         for lru in self.lru:
             lru.discard(rest)
+        if self.stateful is not None:
+            self.stateful.difference_update(rest)
         ready = max(plan.ready_s, now_s)
         if loaded and ready > now_s:
             self.landing.update(dict.fromkeys(keys[g : g + loaded].tolist(), ready))

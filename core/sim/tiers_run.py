@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError
+from ..pool.group_hits import derived_hashes
 from .engine import Engine
 from .fastforward import FastForward
 from .plan import Executor
@@ -36,18 +37,28 @@ from .tiers_options import check_tier_setup
 from .workload import Workload
 
 
-def listen_to_evictions(store: Any, on_evict: Callable[[np.ndarray], None]) -> None:
+def listen_to_evictions(store: Any, on_evict: Callable[..., None], state_groups: tuple[int, ...] = ()) -> None:
     """Call `on_evict(keys)` with the content keys of the cached blocks `store` evicts, oldest first. Every
     hand-out of the pool's store takes its blocks from the free queue's `pop` (plain blocks first, then LRU
     evictions, which still carry their keys); TierCache.demoted is checked against the store's own eviction
-    counter after the run."""
+    counter after the run. `state_groups` (align): the hybrid pool's state tables; `on_evict(keys, states)` then
+    says which evicted blocks are their pages (a state page is indexed under its anchor's hash salted by its
+    group: group_hits.derived_hashes)."""
     queue, keys = store.queue, store.key
     pop = queue.pop
 
     def pop_and_tell(n: int) -> tuple[np.ndarray, np.ndarray]:
         plain, evicted = pop(n)
         if len(evicted):
-            on_evict(keys[evicted])
+            if state_groups:
+                anchors = store.block_hash[store.parent_id[evicted]]
+                own = store.block_hash[evicted]
+                states = np.zeros(len(evicted), bool)
+                for g in state_groups:
+                    states |= derived_hashes(anchors, g) == own
+                on_evict(keys[evicted], states)
+            else:
+                on_evict(keys[evicted])
         return plain, evicted
 
     queue.pop = pop_and_tell
@@ -133,6 +144,11 @@ class TieredScheduler(Scheduler):
             new = 0  # blocks for its hits only (the loaded ones end on a block boundary): parked until they land
         return start, new
 
+    def _waits_for_boundary(self, rid: int, new: int) -> bool:
+        """A request that loads is admitted with no chunk on purpose (its loaded blocks end on a boundary, the
+        align split's too): it is parked, not held back."""
+        return super()._waits_for_boundary(rid, new) and (bool(self.swapped[rid]) or not self.admission.loads(rid))
+
     def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:
         first = len(ids)
         super().admit_waiting(budget, ids, news)
@@ -209,9 +225,11 @@ def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSe
         raise ParameterError("parallel samples with host_cache/disk_cache are not modelled yet", "host_cache")
     keys = prompt_block_keys(workload, setup)
     assert isinstance(keys, list), "check_tier_setup: prefix caching on and prefix ids, so one key list per prompt"
-    cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload))
+    state_groups = tuple(g for g, group in enumerate(setup.groups or ()) if group.kind == "state")
+    align = bool(state_groups) and setup.state_mode == "align"  # a state only where a step ended on a boundary
+    cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload), state_pages=align)
     store = policy.pool.store  # type: ignore[attr-defined]  # policy paged (checked): MemoryPolicy names no pool
-    listen_to_evictions(store, cache.demote)
+    listen_to_evictions(store, cache.demote, state_groups if align else ())
     engine = TieredEngine(workload, policy, StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at, cache,
                           keys, record_timeline=record_timeline, progress=progress)
     fast = FastForward(engine, setup.steptime) if setup.scheduler.fast_forward else None
