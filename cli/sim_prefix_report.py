@@ -35,25 +35,33 @@ def _group_label(group: dict) -> str:
 
 
 def prefix_table(layout: Any, policies: list[str], summaries: dict) -> Table:
-    """One column per policy: tokens looked up, hits, hit rate (each group's own for a hybrid model), then the
-    readmissions after a preemption by recompute and the tokens it dropped and computed again."""
+    """One column per policy: tokens looked up, hits, hit rate (each group's own for a hybrid model; – for a policy
+    without a prefix cache), then the readmissions after a preemption by recompute and the tokens it dropped and
+    computed again. Without any prefix cache (no prefix ids), only the preemption rows."""
     records = []
     for policy in policies:
         p = summaries[policy]["prefix_cache"]
         record = {"policy": policy, **{k: p[k] for k in _KEYS}}
+        if not p["enabled"]:
+            record.update(dict.fromkeys(("prompt_tokens", "hit_tokens", "hit_rate")))
         for i, g in enumerate(p["groups"] or ()):
             record[f"group{i}_{g['kind']}_hit_rate"] = g["hit_rate"]
         records.append(record)
-    count = format_count
-    fields = [Field("policy"), Field("prompt_tokens", "prompt tokens looked up", count),
-              Field("hit_tokens", "hit tokens", count), Field("hit_rate", "hit rate", format_percent)]
-    for i, g in enumerate(summaries[policies[0]]["prefix_cache"]["groups"] or ()):
-        fields.append(Field(f"group{i}_{g['kind']}_hit_rate", _group_label(g), format_percent, missing="–"))
+    count, fields = format_count, [Field("policy")]
+    caching = any(summaries[policy]["prefix_cache"]["enabled"] for policy in policies)
+    if caching:
+        fields += [Field("prompt_tokens", "prompt tokens looked up", count, missing="–"),
+                   Field("hit_tokens", "hit tokens", count, missing="–"),
+                   Field("hit_rate", "hit rate", format_percent, missing="–")]
+        for i, g in enumerate(summaries[policies[0]]["prefix_cache"]["groups"] or ()):
+            fields.append(Field(f"group{i}_{g['kind']}_hit_rate", _group_label(g), format_percent, missing="–"))
     fields += [Field("readmissions", "readmissions after a preemption", count),
-               Field("readmitted_hit_tokens", "  their hit tokens", count),
+               *([Field("readmitted_hit_tokens", "  their hit tokens", count)] if caching else []),
                Field("dropped_tokens", "KV tokens dropped by preemption", count),
                Field("recomputed_tokens", "  computed again", count)]
-    if layout is not None:
+    if not caching:
+        title = "Preemption by recompute (no prefix cache: the workload has no prefix ids)"
+    elif layout is not None:
         title = "Prefix cache (looked up at each admission; a group alone: its own longest hit)"
     else:
         title = "Prefix cache (looked up at each admission)"
