@@ -198,8 +198,9 @@ def run_bench(config: BenchConfig, backend: Backend, *, time_op: Callable[..., f
         x = make_inputs(lens, config.num_q_heads, config.num_kv_heads, config.head_dim, block_size,
                         torch_dtype(config.dtype), device, gen)
         expected = backend.paged(x, config.num_splits).clone()  # validated once; timed launches skip the checks
-        timed = dataclasses.replace(x, out=torch.empty_like(x.q))  # with `out`: no checks, no allocation per run
-        poison = lambda: timed.out.fill_(float("nan"))  # noqa: E731
+        out = torch.empty_like(x.q)
+        timed = dataclasses.replace(x, out=out)  # with `out`: no checks, no allocation per run
+        poison = lambda: out.fill_(float("nan"))  # noqa: E731
         paged_us = time_op(lambda: backend.paged(timed, config.num_splits), poison)
         # The output was poisoned before the last timed run: it must hold the full, same answer again.
         outputs_match = bool(torch.equal(timed.out, expected))

@@ -110,7 +110,8 @@ def paged_beam_search(
         groups.append([next_id])
         scores[next_id] = 0.0
         next_id += 1
-    step, copies = 0, []
+    step = 0
+    copies: list[tuple[int, int]] = []
     computed = {rid: 0 for g in groups for rid in g}
     for generated in range(num_tokens + 1):
         rids = [rid for g in groups for rid in g]

@@ -79,17 +79,17 @@ class ChatPrompts:
         self._next_user += 1
         return message
 
-    def _prompt(self, system: str | tuple, user: str) -> tuple[int, ...]:
+    def _prompt(self, system: str, user: str) -> tuple[int, ...]:
         text = chat_text(system or DEFAULT_SYSTEM, user)
         ids = tuple(self.tokenizer.encode(text))
         self.texts[ids] = text
         return ids
 
-    def tokens(self, lengths: list[int], system: str | tuple = ()) -> list[tuple[int, ...]]:
+    def tokens(self, lengths: list[int], system: str = "") -> list[tuple[int, ...]]:
         return [self._prompt(system, self._user()) for _ in lengths]
 
-    def aligned(self, lengths: list[int], system: str | tuple = ()) -> list[tuple[int, ...]]:
-        prompts = []
+    def aligned(self, lengths: list[int], system: str = "") -> list[tuple[int, ...]]:
+        prompts: list[tuple[int, ...]] = []
         for _ in range(len(USER_MESSAGES)):
             if len(prompts) == len(lengths):
                 return prompts

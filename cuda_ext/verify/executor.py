@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...core.sim.plan import StepOutcome, StepPlan
+from ...core.sim.plan import BlockLayout, StepOutcome, StepPlan
 from .paged import PagedKVCache, SwappedBlocks, copy_blocks, paged_forward, swap_in, swap_out
 from .paged_batch import PagedBatch
 from .sampling import SamplingParams, sample_token
@@ -118,6 +118,7 @@ class ModelExecutor:
                 assert p.block_ids is not None and p.request_id not in self.host, f"swap-out of {p}"
                 self.host[p.request_id] = (swap_out(self.kv, p.block_ids), self.shadow.save(p.block_ids))
         for s in events.swapped_in:
+            assert s.block_ids is not None, f"swap-in of {s}"
             swapped, shadow = self.host.pop(s.request_id)
             swap_in(self.kv, swapped, s.block_ids)
             self.shadow.restore(shadow, s.block_ids)
@@ -171,7 +172,7 @@ class ModelExecutor:
                 counts["capped_hits"] += bool(start and prompt % B == 0 and start == prompt - B)
             # a prefill chunk that stops inside a full prompt block (one with a content key)
             counts["mid_block_chunks"] += bool(end % B and end < prompt // B * B)
-        tables = {rid: set(t.tolist()) for rid, t in zip(plan.request_ids.tolist(), plan.blocks.block_tables,
+        tables = {rid: set(t.tolist()) for rid, t in zip(plan.request_ids.tolist(), _exact(plan).block_tables,
                                                           strict=True)}
         cancelled = [rid for rid, reason in events.released if reason == "cancelled"]
         freed = set().union(*(self._tables.pop(rid, set()) for rid in cancelled))
@@ -186,26 +187,30 @@ class ModelExecutor:
         """The plan as a PagedBatch, after checking its token ids against what this executor knows; also
         the prefix id of every new token (for the shadow)."""
         device = self.kv.k[0].device
-        tables = plan.blocks.block_tables
+        blocks, plan_tokens = _exact(plan), plan.token_ids
+        assert plan_tokens is not None, "a model runner needs plans with token ids"
+        tables = blocks.block_tables
         max_blocks = max(len(t) for t in tables)
         padded = np.full((len(tables), max_blocks), -1, dtype=np.int32)
-        idents, positions, starts = [], [], [0]
+        idents: list[int] = []
+        positions: list[int] = []
+        starts = [0]
         for i, rid in enumerate(plan.request_ids.tolist()):
             req, table = self.requests[rid], tables[i]
             start, new = int(plan.num_computed_tokens[i]), int(plan.num_new_tokens[i])
             known = req.tokens
-            assert tuple(plan.token_ids[i]) == tuple(known[start : start + new]), (
+            assert tuple(plan_tokens[i]) == tuple(known[start : start + new]), (
                 f"request {rid}: the plan's tokens at {start}..{start + new - 1} are not the request's"
             )
             padded[i, : len(table)] = table
             idents.extend(req.ident[start : start + new])
             positions.extend(range(start, start + new))
             starts.append(starts[-1] + new)
-        token_ids = [t for chunk in plan.token_ids for t in chunk]
+        token_ids = [t for chunk in plan_tokens for t in chunk]
         batch = PagedBatch(
             token_ids=torch.tensor(token_ids, dtype=torch.int64, device=device),
             positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.as_tensor(plan.blocks.slot_mapping, dtype=torch.int64).to(device),
+            slot_mapping=torch.as_tensor(blocks.slot_mapping, dtype=torch.int64).to(device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             seq_lens=torch.as_tensor((plan.num_computed_tokens + plan.num_new_tokens), dtype=torch.int32).to(device),
             block_tables=torch.from_numpy(padded).to(device),
@@ -223,7 +228,7 @@ class ModelExecutor:
     def remember_reads(self, plan: StepPlan) -> None:
         """Keep what this step read (each request's context after its writes) for `late_read`."""
         self._read = []
-        for rid, table, end in zip(plan.request_ids.tolist(), plan.blocks.block_tables,
+        for rid, table, end in zip(plan.request_ids.tolist(), _exact(plan).block_tables,
                                    (plan.num_computed_tokens + plan.num_new_tokens).tolist(), strict=True):
             ident = np.asarray(self.requests[rid].ident[:end], dtype=np.int64)
             self._read.append((rid, np.array(table), ident, self._context(table, end).clone()))
@@ -242,7 +247,7 @@ class ModelExecutor:
         self._read = []
 
     def _check_contexts(self, plan: StepPlan) -> None:
-        for rid, table, start in zip(plan.request_ids.tolist(), plan.blocks.block_tables,
+        for rid, table, start in zip(plan.request_ids.tolist(), _exact(plan).block_tables,
                                      plan.num_computed_tokens.tolist(), strict=True):
             wrong = self.shadow.first_wrong(table, np.asarray(self.requests[rid].ident[:start], dtype=np.int64))
             if wrong is not None:
@@ -276,3 +281,9 @@ class ModelExecutor:
         token = sample_token(row, req.sampling, position)
         req.add(token, row)
         return token
+
+
+def _exact(plan: StepPlan) -> BlockLayout:
+    """The plan's exact block tables (`forward` checked that a model runner's plans carry them)."""
+    assert plan.blocks is not None, "a model runner needs plans with exact block tables (an ExactPagedPolicy)"
+    return plan.blocks

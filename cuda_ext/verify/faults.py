@@ -59,7 +59,7 @@ class Fault:
                 store.ref[still_read] = 0
                 store.drop(still_read)
 
-        pool.release = early_release  # type: ignore[method-assign]
+        pool.release = early_release  # type: ignore[method-assign]  # the fault: this instance's method swapped
 
     def _skip_cow(self, pool: BlockPool) -> None:
         needs_copy = pool._needs_copy
@@ -69,7 +69,7 @@ class Fault:
                 self.fired += 1
             return False
 
-        pool._needs_copy = never_copy  # type: ignore[method-assign]
+        pool._needs_copy = never_copy  # type: ignore[method-assign]  # the fault: this instance's method swapped
 
     def _stale_hash(self, pool: BlockPool) -> None:
         index = pool.store.index
@@ -77,7 +77,7 @@ class Fault:
         def keep_entries(block_ids: np.ndarray) -> None:
             self.fired += len(block_ids)
 
-        index.delete = keep_entries  # type: ignore[method-assign]
+        index.delete = keep_entries  # type: ignore[method-assign]  # the fault: this instance's method swapped
 
     def _no_rollback(self, pool: BlockPool) -> None:
         commit = pool.commit
@@ -89,4 +89,4 @@ class Fault:
                 num_accepted = reservation.num_slots
             return commit(seq_id, num_accepted, block_keys)
 
-        pool.commit = commit_all  # type: ignore[method-assign]
+        pool.commit = commit_all  # type: ignore[method-assign]  # the fault: this instance's method swapped

@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -183,9 +184,8 @@ def read_gguf(path: Path) -> tuple[ModelConfig, GGUFVocab, dict[str, torch.Tenso
             partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
             write(partial)
             partial.replace(target)  # atomic: a concurrent reader sees no file or the whole file
-    vocab = doc["vocab"]
-    return (ModelConfig(**doc["config"]),
-            GGUFVocab(**{k: tuple(v) if isinstance(v, list) else v for k, v in vocab.items()}), doc["tensors"])
+    vocab: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["vocab"].items()}
+    return ModelConfig(**doc["config"]), GGUFVocab(**vocab), doc["tensors"]
 
 
 def load_gguf_model(path: Path, dtype: str = "fp32", device: str | torch.device = "cpu") -> tuple[ModelWeights,

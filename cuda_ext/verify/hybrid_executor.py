@@ -87,21 +87,22 @@ class HybridExecutor:
         self._copy_on_write(plan.blocks.cow_copies)
         hits = plan.prefix_hit_tokens
         self.counts["prefix_hit_tokens"] += sum(hits.values())
-        tokens_out: dict[int, int] = {}
+        tokens_out: dict[int, int | tuple[int, ...]] = {}  # a tuple: the tokens a verification emitted
         finished = set()
         rows: dict[int, torch.Tensor] = {}
         news = plan.num_new_tokens.tolist()
         self.counts["mixed_steps"] += min(news) == 1 and max(news) > 1
-        drafts = plan.num_draft_tokens
+        drafts, token_ids = plan.num_draft_tokens, plan.token_ids
+        assert token_ids is not None, "a model runner needs plans with token ids"
         accepted: dict[int, int] = {}
         for i, rid in enumerate(plan.request_ids.tolist()):
             c, n = int(plan.num_computed_tokens[i]), news[i]
             self.first_start.setdefault(rid, c)
             if drafts is not None and drafts[i]:
-                tokens_out[rid], accepted[rid] = self._verify_drafts(rid, c, plan.token_ids[i], int(drafts[i]))
+                tokens_out[rid], accepted[rid] = self._verify_drafts(rid, c, token_ids[i], int(drafts[i]))
                 continue
             self.counts["prefill_chunks"] += not plan.samples[i]
-            row = self._forward(rid, c, plan.token_ids[i], restored=hits.get(rid, 0))[-1]
+            row = self._forward(rid, c, token_ids[i], restored=hits.get(rid, 0))[-1]
             if plan.samples[i]:
                 rows[rid] = row
                 tokens_out[rid] = self._sample(rid, row, c + n)
@@ -118,6 +119,7 @@ class HybridExecutor:
         """Greedy verification of k drafts in one paged pass over [last token, drafts] -> (emitted tokens, j): the
         longest prefix j of drafts equal to the target's own tokens, then its next token. A rejected tail's state
         is rewound: the page of position c + j gets the state after c + j (the pass saved the one after c + k)."""
+        assert self.max_new_tokens is not None, "a run with drafts gives the executor its output lengths"
         req = self.requests[rid]
         remaining = self.max_new_tokens[rid] - len(req.output)
         proposal = list(self.drafter(rid, len(req.output), k))
@@ -136,6 +138,7 @@ class HybridExecutor:
         return tuple(emitted), j
 
     def _rewind_state(self, rid: int, position: int, states: dict[int, list]) -> None:
+        assert self.state_group is not None, "only a model with recurrent layers rewinds a state"
         table, B = self.pool.block_tables(rid)[self.state_group], self.B
         page = int(table[position // B])
         for layer, per_token in states.items():
@@ -218,6 +221,7 @@ class HybridExecutor:
                                     torch.as_tensor(read, device=device), window)
 
         def recur(layer: int, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            assert self.state_group is not None, "a recurrent layer is in the state group"
             table = tables[self.state_group]
             s = store.state[layer][state_page] if c else torch.zeros_like(x[0])
             out = []
@@ -235,8 +239,7 @@ class HybridExecutor:
                     saved_pages.append((p, page))
             return torch.stack(out)
 
-        ids = torch.as_tensor(list(new_tokens), device=device)
-        hidden = hybrid_forward(self.weights, ids, positions, attend, recur)
+        hidden = hybrid_forward(self.weights, torch.as_tensor([*new_tokens], device=device), positions, attend, recur)
         for p, b, off in write:
             store.slot_tag[b, off] = ident[p]
         for p, b in saved_pages:

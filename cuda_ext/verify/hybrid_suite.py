@@ -72,6 +72,7 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
     workload = from_token_ids([list(p) for p in reqs.prompts], list(reqs.max_new_tokens), list(reqs.arrival_s),
                               list(reqs.num_samples), description=f"verify {scenario.name}")
     prompts = workload.prompt_token_ids
+    assert prompts is not None, "from_token_ids keeps the token ids"
     keys = [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None
     policy = HybridExactPolicy(scenario.num_blocks, B, hybrid_pool_groups(weights), scenario.state_mode,
                                len(workload), keys, scenario.scheduler.max_batched_tokens)
@@ -97,7 +98,7 @@ def run_hybrid_scenario(scenario: HybridScenario, weights: HybridWeights, *, see
         cancel_at[row] = tokens
     if scenario.spec_tokens:
         speculation = SimSpeculation(scenario.spec_tokens, 1.0)  # acceptance: the model decides
-        engine = SpeculativeEngine(workload, policy, checked, scenario.scheduler, None, speculation=speculation)
+        engine: Engine = SpeculativeEngine(workload, policy, checked, scenario.scheduler, None, speculation=speculation)
     else:
         engine = Engine(workload, policy, checked, scenario.scheduler, cancel_at)
     error = None

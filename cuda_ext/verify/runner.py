@@ -16,7 +16,7 @@ import torch
 
 from ...core.errors import CudaUnavailableError
 from ...core.pool.block_pool import BlockPool
-from .beam import paged_beam_search, reference_beam_search
+from .beam import BeamResult, paged_beam_search, reference_beam_search
 from .dry_run import ObservedPolicy
 from .executor import ModelExecutor
 from .faults import Fault
@@ -78,7 +78,8 @@ def _run_beams(scenario: Scenario, weights: ModelWeights, attention_backend: str
     prompts, width, num_tokens = scenario.beam_prompts, scenario.beam_width, scenario.beam_tokens
     refs = [reference_beam_search(weights, p, width, num_tokens) for p in prompts]
     error = invariant_error = None
-    results, dropped = [], 0
+    results: list[BeamResult] = []
+    dropped = 0
     try:
         results, beam_events = paged_beam_search(executor, pool, prompts, width, num_tokens)
         dropped = beam_events.dropped

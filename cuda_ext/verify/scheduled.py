@@ -31,7 +31,7 @@ from .executor import ModelExecutor
 from .faults import Fault
 from .paged import allocate_paged_kv
 from .references import references
-from .scenarios import Scenario, sampling_of_row
+from .scenarios import Requests, Scenario, sampling_of_row
 from .verdict import TOP_K, Comparison, Decoding, compare
 from .weights import ModelWeights
 
@@ -154,15 +154,16 @@ PolicyFactory = Callable[[int, list | None], Any]
 
 
 def run_requests(scenario: Scenario, weights: ModelWeights, seed: int, attention_backend: str, fault: Fault | None,
-                 make_policy: PolicyFactory, *, engine_class: type[Engine] = WindowedEngine, label: str = "",
+                 make_policy: PolicyFactory, *, engine_class: Callable[..., Engine] = WindowedEngine, label: str = "",
                  engine_kw: dict[str, Any] | None = None, executor_class: type[ModelExecutor] = ModelExecutor,
                  executor_kw: dict[str, Any] | None = None) -> ScheduledRun:
     """The scenario's requests through `engine_class` over `make_policy`'s pool -> the run, judged against the
     references (`label` names the run in its workload and its error)."""
-    reqs, B = scenario.requests, scenario.block_size
+    reqs, B = scheduled_requests(scenario), scenario.block_size
     workload = from_token_ids([list(p) for p in reqs.prompts], list(reqs.max_new_tokens), list(reqs.arrival_s),
                               list(reqs.num_samples), description=f"verify {scenario.name}{label and f' ({label})'}")
     prompts = workload.prompt_token_ids
+    assert prompts is not None, "from_token_ids keeps the token ids"
     policy = make_policy(len(workload), [block_keys(p, B) for p in prompts] if scenario.prefix_caching else None)
     if fault is not None:
         fault.install(policy.pool)
@@ -191,3 +192,10 @@ def run_requests(scenario: Scenario, weights: ModelWeights, seed: int, attention
     return ScheduledRun(verdict, events, policy, engine, executor, checked, error,
                         [(tuple(prompts[row]), r.tokens, t.tokens) for row, (r, t) in enumerate(zip(refs, tests,
                                                                                                     strict=True))])
+
+
+def scheduled_requests(scenario: Scenario) -> Requests:
+    """The requests the scheduler runs: every scenario has them but beam search."""
+    if scenario.requests is None:
+        raise ValueError(f"scenario {scenario.name} is a beam search: the scheduler runs no requests")
+    return scenario.requests

@@ -36,7 +36,7 @@ from .faults import Fault
 from .result import ScenarioResult
 from .sampling import GREEDY, sample_token
 from .scenarios import Scenario
-from .scheduled import ScheduledRun, WindowedEngine, run_requests
+from .scheduled import ScheduledRun, WindowedEngine, run_requests, scheduled_requests
 from .weights import ModelWeights, init_weights
 
 ROLLBACK_POLICIES = ("keep", "free")
@@ -68,6 +68,7 @@ class SpeculativeModelExecutor(ModelExecutor):
             return super().execute(plan)
         assert not plan.events.forks, "parallel samples are not speculated"
         proposals: dict[int, list[int]] = {}
+        assert plan.token_ids is not None, "a model runner needs plans with token ids"
         token_ids = list(plan.token_ids)
         for i, (rid, d) in enumerate(zip(plan.request_ids.tolist(), drafts.tolist(), strict=True)):
             if d:
@@ -146,7 +147,7 @@ class _WindowedSpeculativeEngine(WindowedEngine, SpeculativeEngine):
 def _one_run(scenario: Scenario, weights: ModelWeights, draft: ModelWeights, seed: int, attention_backend: str,
              rollback_policy: str, fault: Fault | None) -> ScheduledRun:
     """The scenario through the one run path (scheduled.run_requests) under one rollback policy."""
-    reqs = scenario.requests
+    reqs = scheduled_requests(scenario)
     speculation = SimSpeculation(scenario.spec_tokens, 1.0, rollback_policy=rollback_policy)  # the model accepts
 
     def make_policy(num_requests: int, keys: list | None) -> SpeculativePagedPolicy:
@@ -175,6 +176,7 @@ def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed:
     invariant = next((f"{policy}: {run.checked.invariant_error}" for policy, run in zip(ROLLBACK_POLICIES, runs,
                       strict=True) if run.checked.invariant_error), None)
     mismatch = next((v.first_mismatch for v in verdicts if v.first_mismatch), None)
+    tolerances = [v.logit_tolerance for v in verdicts if v.logit_tolerance is not None]  # none or both runs'
     return ScenarioResult(
         scenario.name, sum(len(run.outputs) for run in runs),
         sum(v.tokens_compared for v in verdicts), sum(v.mismatched_tokens for v in verdicts), mismatch,
@@ -182,5 +184,5 @@ def run_speculative_scenario(scenario: Scenario, weights: ModelWeights, *, seed:
         content_errors=len(content), first_content_error=content[0] if content else None,
         invariant_error=invariant, error="; ".join(run.error for run in runs if run.error) or None,
         steps=sum(run.executor.counts["steps"] for run in runs),
-        logit_tolerance=None if verdicts[0].logit_tolerance is None else min(v.logit_tolerance for v in verdicts),
+        logit_tolerance=min(tolerances) if tolerances else None,
     )

@@ -100,7 +100,8 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
             weights = load_llama_weights(config.hf_model, config.dtype, device)
         model = weights.config
         backend = default_attention_backend(model, torch_dtype(config.dtype), device, BLOCK_SIZE)
-        results, texts = [], []
+        results: list[ScenarioResult] = []
+        texts: list[DecodedText] = []
         # the same questions in every scenario: one reference decoding per prompt, all decoded together first
         sources = [None if tokenizer is None else ChatPrompts(tokenizer) for _ in config.scenarios]
         built = [build(name, model.vocab_size, config.seed, src) for name, src in zip(config.scenarios, sources,
@@ -111,7 +112,7 @@ def run_verify(config: VerifyConfig, progress: Callable[[int], None] | None = No
             fault = Fault(config.inject) if config.inject else None
             results.append(run_scenario(scenario, weights, seed=config.seed, attention_backend=backend, fault=fault))
             if source is not None:
-                texts += _texts(results[-1], source, tokenizer, config.num_texts - len(texts))
+                texts += _texts(results[-1], source, source.tokenizer, config.num_texts - len(texts))
             if progress is not None:
                 progress(1)
     finally:
