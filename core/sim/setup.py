@@ -303,7 +303,8 @@ def _check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
     """What the hybrid pool does not run yet is refused by name."""
     others = [p for p in policies if p != "paged"]
     if others:
-        raise ParameterError(f"policy {others[0]}: the reservation policies reserve one region of full-attention "
+        raise ParameterError(f"{'compare' if o.compare else 'policy'} {others[0]}: the reservation policies reserve "
+                             "one region of full-attention "
                              f"KV; {spec.name} has several KV cache groups (windows, chunks or a recurrent state): "
                              "use policy paged", "policy", "compare")
     if o.spec_tokens is not None:
