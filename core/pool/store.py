@@ -37,11 +37,11 @@ from ..units import format_int_short
 from .accounting import PoolStats
 from .free_queue import FREE_CACHED, PENDING, USED, FreeBlockQueue
 from .hash_index import HashIndex
+from .limits import MAX_BLOCK_TOKENS, MAX_BLOCKS, store_memory_bytes
 from .prefix_cache import HashedKeys
 
 BlockKeys = Sequence[Hashable] | np.ndarray | HashedKeys | None
 
-MAX_BLOCKS = MAX_BLOCK_TOKENS = 2**31 - 1  # block ids and per-block fills are int32
 VERSION_INT32_MAX = 2**31 - 1  # versions stay int32 while every hand-out so far would fit (widen_versions)
 
 _NO_BLOCKS = np.empty(0, dtype=np.intp)
@@ -94,11 +94,8 @@ class BlockStore:
 
     @staticmethod
     def memory_bytes(num_blocks: int) -> int:
-        """Bytes a store of `num_blocks` allocates (with prefix caching), to refuse a pool that cannot fit
-        before creating it: the per-block arrays above, the free queue's and the hash index's int32 slots."""
-        arrays = 1 + 4 + 4 + 4 + 4 + 8 + 4 + 8 + 4 + 4  # state, ref, version, fill, block_slot .. parent_ver
-        queue = 4 + 2 * 4 + 4  # plain stack, LRU (room for two entries a block), stamp
-        return num_blocks * (arrays + queue) + 4 * HashIndex.num_slots(num_blocks)
+        """Bytes a store of `num_blocks` allocates (with prefix caching): limits.store_memory_bytes."""
+        return store_memory_bytes(num_blocks)
 
     # ---- sizes ----------------------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:

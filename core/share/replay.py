@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..inputs.traces import Trace, mooncake_block_keys
-from ..pool.store import BlockKeys
 from .id_replay import id_level_hits
 from .trace_blocks import (
     CheckedTrace,
@@ -28,6 +28,9 @@ from .trace_blocks import (
     request_blocks,
     trace_block_keys,
 )
+
+if TYPE_CHECKING:
+    from ..pool.store import BlockKeys
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
 

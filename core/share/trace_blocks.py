@@ -31,7 +31,7 @@ from ..inputs.traces import (
     mooncake_blocks_per_id,
     mooncake_ids_per_block,
 )
-from ..pool.store import MAX_BLOCK_TOKENS, BlockStore
+from ..pool.limits import MAX_BLOCK_TOKENS, store_memory_bytes
 from ..units import format_int_short
 
 
@@ -193,7 +193,7 @@ def _pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, key
     pool_blocks = unlimited_capacity(trace, block_size, chained) if keyed else largest
     if capacity_blocks is not None:
         pool_blocks = min(pool_blocks, capacity_blocks)
-    check_fits(BlockStore.memory_bytes(pool_blocks), f"the replay's pool of {pool_blocks:,} blocks",
+    check_fits(store_memory_bytes(pool_blocks), f"the replay's pool of {pool_blocks:,} blocks",
                "bound it with capacity_blocks", "capacity_blocks")
     return pool_blocks
 
