@@ -101,6 +101,18 @@ def with_overrides(
             f"{spec.name} uses MLA: its cache is one latent of kv_lora_rank + qk_rope_head_dim per token, "
             "so {kv_heads} and {head_dim} do not apply; drop them (or edit a config.json)", "kv_heads", "head_dim"
         )
+    # A hybrid's own values: all its layers (`spec.layers` counts only those with KV, so Nemotron-H's --layers 10,
+    # its KV layers, was silently no change), the main group's heads; checked before the sliding proportion below.
+    own = {"layers": spec.model_layers, "kv_heads": spec.kv_heads, "head_dim": spec.head_dim}
+    given = {k: v for k, v in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim))
+             if v is not None and v != own[k]}
+    if given and not spec.is_uniform:
+        raise ParameterError(
+            f"{spec.name}'s layers differ ({len(spec.layer_groups)} layer groups), so "
+            f"{', '.join(f'{{{k}}} {v}' for k, v in given.items())} has no one value to replace: edit its "
+            "config.json instead", *given)
+    if not spec.is_uniform:
+        return spec  # every value given is the model's own
     if layers is not None and layers != spec.layers:
         changes["layers"] = layers
         if spec.num_sliding_layers:
@@ -120,11 +132,6 @@ def with_overrides(
     if not changes:
         return spec
     label = ", ".join(f"{k}={v}" for k, v in changes.items() if k != "num_sliding_layers")
-    if not spec.is_uniform:
-        raise ValueError(
-            f"{spec.name}'s layers differ ({len(spec.layer_groups)} layer groups), so {label} has no one value "
-            "to replace: edit its config.json instead"
-        )
     # layer_groups=() re-derives the groups from the changed uniform fields; estimated weights no longer apply.
     return dataclasses.replace(spec, name=f"{spec.name} ({label})", layer_groups=(),
                                source=concat(spec.source, f"; overridden: {label}"), **changes)

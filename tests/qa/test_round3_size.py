@@ -1,0 +1,54 @@
+"""Round-3 QA of `kvcalc size`: each test one defect found by running it on presets, real configs and bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvcalc.core.model.presets import get_preset
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(("model", "flag", "value"), [
+    ("nemotron-h-56b", "--layers", "10"),  # its 10 KV layers: was silently no change (the model has 118 layers)
+    ("nemotron-h-56b", "--kv-heads", "4"),  # was "so kv_heads=4 has no one value", not the flag
+    ("llama-4-scout", "--layers", "16"),  # was "36 of 48 layers with a sliding window": they are chunked
+    ("llama-4-scout", "--head-dim", "64"),
+])
+def test_overriding_a_hybrid_is_refused_naming_the_flag(run_cli, model: str, flag: str, value: str) -> None:
+    line = _one_error_line(run_cli("size", "--model", model, flag, value, "--tokens", "8192"))
+    groups = len(get_preset(model).layer_groups)
+    assert f"layers differ ({groups} layer groups), so {flag} {value} has no one value to replace" in line
+
+
+def test_a_hybrid_keeps_its_own_values_when_they_are_given(run_cli) -> None:
+    plain = run_cli("size", "--model", "nemotron-h-56b", "--tokens", "8192", "--json")
+    given = run_cli("size", "--model", "nemotron-h-56b", "--layers", "118", "--kv-heads", "8", "--head-dim", "128",
+                    "--tokens", "8192", "--json")
+    assert plain.exit_code == given.exit_code == 0, given.stderr
+    assert given.json()["bytes_per_seq"] == plain.json()["bytes_per_seq"]
+
+
+def test_layers_fills_a_hybrid_config_without_num_hidden_layers(run_cli, tmp_path: Path) -> None:
+    # the error "missing the field 'num_hidden_layers'; add it to the file or give --layers" led to a second error:
+    # --layers 118 filled the field, then was re-applied as an override of the 10 KV layers and refused
+    pattern = "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-M-M-M-M-"  # Nemotron-H-56B: 54 Mamba-2, 54 MLP, 10 attention
+    config = {"model_type": "nemotron_h", "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
+              "attention_head_dim": 128, "hybrid_override_pattern": pattern, "mamba_num_heads": 256,
+              "mamba_head_dim": 64, "ssm_state_size": 256, "n_groups": 8, "conv_kernel": 4, "expand": 2,
+              "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run_cli("size", "--config", str(tmp_path), "--layers", "118", "--tokens", "8192", "--json")
+    assert result.exit_code == 0, result.stderr
+    # KV: 2 · 10 layers · 8,192 tokens · 8 heads · 128 · 2 B; state per Mamba-2 layer: conv (16,384 + 2·8·256) · 3
+    # at 2 B + ssm 256 heads · 64 · 256 at 4 B (vLLM keeps Nemotron-H's ssm state in fp32) = 16,900,096 B
+    kv, state = 2 * 10 * 8192 * 8 * 128 * 2, 54 * ((16384 + 2 * 8 * 256) * 3 * 2 + 256 * 64 * 256 * 4)
+    assert result.json()["bytes_per_seq"] == kv + state == 1_248_149_504
