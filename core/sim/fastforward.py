@@ -94,7 +94,7 @@ class FastForward:
             known = (s.prompt_tokens[admitted] + s.generated[admitted]).tolist()
             sampled_admitted = [rid for rid, end, k in zip(admitted, ends, known, strict=True) if end == k]
         s.finished_now = 0
-        parts, table_bytes = self.policy.parts(computed[s.running_ids], s.head())
+        parts, table_bytes = self.policy.parts(computed[s.running_ids] if admitted else grown, s.head())
         self.engine.account(d, parts, table_bytes)
         s.now_s += d
         totals.busy_s += d

@@ -108,7 +108,7 @@ class PagedPolicy:
             # start_tokens = the swapped tokens) needs fresh blocks for every token, start included. Counting
             # its start as held let a swap-in take blocks owed to running requests, whose next growth then
             # preempted it again at once (~3x the preemptions of recompute).
-            return int(ceil_div(total_tokens, self.block_size)) <= self.free_blocks
+            return -(-total_tokens // self.block_size) <= self.pool.num_free_blocks - self.owed_blocks
         self._settle_all()
         return self.pool.can_allocate(total_tokens, keys[: total_tokens // self.block_size])
 
@@ -130,14 +130,15 @@ class PagedPolicy:
         """Room for `totals[i]` tokens for every request, or (False) no change at all. `new_blocks`, when
         the caller knows it (a fast-forwarded run), saves recounting; `check=False` when the caller has
         checked the fit step by step (requests that finished inside a fast-forwarded run)."""
-        blocks = (totals + (self.block_size - 1)) // self.block_size
+        blocks = None
         if new_blocks is None:
+            blocks = (totals + (self.block_size - 1)) // self.block_size
             new_blocks = int((blocks - self.held_blocks[rids]).sum())
             if check and new_blocks > self.pool.num_free_blocks - self.owed_blocks:
                 return False
         self.held_tokens[rids] = totals
         if new_blocks:
-            self.held_blocks[rids] = blocks
+            self.held_blocks[rids] = (totals + (self.block_size - 1)) // self.block_size if blocks is None else blocks
             self.owed_blocks += new_blocks
             self.owing.update(rids.tolist())  # settling skips those whose pool count is current
         return True
