@@ -110,10 +110,11 @@ LayoutOpt = Annotated[
 ]
 MambaCacheModeOpt = Annotated[
     str | None,
-    typer.Option("--mamba-cache-mode", metavar="none|align",
+    typer.Option("--mamba-cache-mode", metavar="none|align|all",
                  help="With a recurrent model: none (default: one state page per sequence, vLLM without "
-                 "prefix caching) or align (two: the running state and the last one saved at a block "
-                 "boundary, vLLM's prefix caching of Mamba states)."),
+                 "prefix caching), align (two: the running state and the last one saved at a block "
+                 "boundary, vLLM's prefix caching of Mamba states) or all (Mamba-2: a page per block, the "
+                 "block aligned to the kernel's chunk)."),
 ]
 PlotOpt = Annotated[
     Path | None, typer.Option("--plot", help="Also write a figure of waste vs block size (.png or .svg).")

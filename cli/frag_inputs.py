@@ -110,9 +110,8 @@ def check_model_options(o: FragOptions, spec: ModelSpec | None) -> None:
             "--dtype applies to KV bytes: give a model too (--model, --config or --layers/--kv-heads/--head-dim)"
         )
     mode = o.mamba_cache_mode
-    if mode not in (None, "none", "align"):
-        raise ValueError(f"--mamba-cache-mode {mode!r} is not one of none, align ('all' needs the "
-                         "Mamba kernel's chunk size, which frag does not take)")
+    if mode not in (None, "none", "align", "all"):
+        raise ValueError(f"--mamba-cache-mode {mode!r} is not one of none, align, all")
     if spec is None and mode is not None:
         raise ValueError("--mamba-cache-mode applies to a model's recurrent layers: give a model too (--model or "
                          "--config)")

@@ -191,7 +191,7 @@ WorkspaceBytesOpt = Annotated[str | None, typer.Option("--workspace-bytes", help
 SimBlockOpt = Annotated[int, int_option("--block", "-b", help=_sim("block_size"))]
 LayoutOpt = Annotated[str | None, typer.Option("--layout", metavar="vllm|ideal", help=_sim("layout"))]
 MambaCacheModeOpt = Annotated[
-    str | None, typer.Option("--mamba-cache-mode", metavar="none|align", help=_sim("mamba_cache_mode"))]
+    str | None, typer.Option("--mamba-cache-mode", metavar="none|align|all", help=_sim("mamba_cache_mode"))]
 PolicyOpt = Annotated[str | None, typer.Option("--policy", help=_sim("policy"))]
 CompareOpt = Annotated[str | None, typer.Option("--compare", help=_sim("compare"))]
 MaxBatchedTokensOpt = Annotated[int, int_option("--max-batched-tokens", help=_sim("max_batched_tokens"))]

@@ -77,8 +77,9 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="With --capacity: w
                 ]
 LayoutOpt = Annotated[str | None, typer.Option("--layout", metavar="vllm|ideal", help=(
     "With a model: how its KV cache groups are paged, vllm (default) or ideal (as kvcalc frag)."))]
-MambaCacheModeOpt = Annotated[str | None, typer.Option("--mamba-cache-mode", metavar="none|align", help=(
-    "With a Mamba / linear-attention hybrid: vLLM's state prefix caching, none (default) or align."))]
+MambaCacheModeOpt = Annotated[str | None, typer.Option("--mamba-cache-mode", metavar="none|align|all", help=(
+    "With a Mamba / linear-attention hybrid: vLLM's state prefix caching, none (default), align or all (Mamba-2: "
+    "a state at every block, the block aligned to the kernel's chunk)."))]
 ShareDtypeOpt = Annotated[
     str | None, typer.Option("--dtype", help=f"With a model: KV precision (default {DEFAULT_DTYPE}).")
 ]

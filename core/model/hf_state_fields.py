@@ -93,7 +93,7 @@ def read_state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tu
             "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
             d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
             n_groups=f.int("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
-            d_conv=f.required_int("conv_kernel", "mamba_d_conv"),
+            d_conv=f.required_int("conv_kernel", "mamba_d_conv"), chunk=f.int("chunk_size", "mamba_chunk_size") or 0,
         )
     if linear_heads is not None:
         return RecurrentState(

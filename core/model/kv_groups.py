@@ -161,7 +161,7 @@ def kv_layout(
 
     `block_size` None is vLLM's default, 16. `mamba_cache_mode` is vLLM's: "none" (no prefix caching of
     the state), "align" (a state saved at each block boundary the prefix cache can hit), "all" (a state per
-    block; the block aligned to `mamba_chunk_size`, the kernel's chunk, which must then be given).
+    block; the block aligned to `mamba_chunk_size`, the kernel's chunk: by default the config's, `chunk_size`).
     """
     if layout not in LAYOUTS:
         raise ParameterError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}", "layout")
@@ -176,7 +176,27 @@ def kv_layout(
         raise ParameterError(f"{spec.name}: no layer keeps a KV cache, so there is nothing to page", "model")
     if layout == "ideal":
         return _ideal(types, requested, mamba_cache_mode)
+    if mamba_cache_mode == "all" and mamba_chunk_size is None and any(t.kind == "state" for t in types):
+        mamba_chunk_size = state_chunk(spec)
     return _vllm(spec.name, types, requested, mamba_cache_mode, mamba_chunk_size)
+
+
+def state_chunk(spec: ModelSpec) -> int:
+    """The Mamba-2 scan kernel's chunk of `spec`'s recurrent layers (config `chunk_size`), which vLLM's
+    mamba_cache_mode all aligns the block to: its kernel writes a state at every chunk boundary of a prefill, so
+    every block boundary has one. vLLM runs mode all on Mamba-2 layers only (Qwen3-Next and Qwen3.5 raise
+    NotImplementedError); a config without the chunk is refused by name."""
+    states = [g.state for g in spec.layer_groups if g.state is not None]
+    other = sorted({s.kind for s in states if s.kind != "mamba2"})
+    if other:
+        raise ParameterError(f"{spec.name}: mamba_cache_mode all (a state at every block) is vLLM's for Mamba-2 "
+                             f"layers only, not {', '.join(other)}: use none or align", "mamba_cache_mode")
+    chunks = {s.chunk for s in states}
+    if chunks == {0} or len(chunks) != 1:
+        raise ParameterError(f"{spec.name}: mamba_cache_mode all aligns the block to the Mamba kernel's chunk, and "
+                             "the model gives none (config chunk_size or mamba_chunk_size): add it to the config, "
+                             "or use none or align", "mamba_cache_mode")
+    return chunks.pop()
 
 
 def _ideal(types: list[_LayerType], block_size: int, mode: str) -> KVLayout:

@@ -187,7 +187,7 @@ _preset(ModelSpec.from_groups(
     (LayerGroup("full", 10, kv_heads=8, k_head_dim=128, v_head_dim=128, q_heads=64),
      LayerGroup("none", 54, note="mamba2", state=RecurrentState(
          "mamba2", conv_dtype="bf16", ssm_dtype="fp32", d_inner=16384, d_conv=4, d_state=256, heads=256,
-         head_dim=64, n_groups=8)),
+         head_dim=64, n_groups=8, chunk=128)),  # chunk_size 128: the scan kernel's (mamba_cache_mode all)
      LayerGroup("none", 54, note="MLP only")),
     num_attention_heads=64, hidden_size=8192, intermediate_size=32768, vocab_size=131072,
     max_position_embeddings=8192, num_params=56_324_350_464, source="nvidia/Nemotron-H-56B-Base-8K config.json",

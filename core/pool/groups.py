@@ -45,10 +45,8 @@ DEFAULT_STATE_MODE = "align"
 
 
 def check_state_mode_given(mode: str) -> None:
-    """A mamba_cache_mode the hybrid pool runs (all needs the Mamba kernel's chunk size, not read yet)."""
-    if mode == "all":
-        raise ParameterError("mamba_cache_mode all aligns the block to the Mamba kernel's chunk size, which kvcalc "
-                             "does not read from configs yet: use none or align", "mamba_cache_mode")
+    """A mamba_cache_mode the hybrid pool runs: none, align or all (all: the layout aligns the block to the Mamba
+    kernel's chunk, kv_groups.state_chunk, which refuses a model without one)."""
     check_state_mode(mode)
 
 

@@ -108,8 +108,9 @@ class SimOptions:
     mamba_cache_mode: str | None = option(
         None, "A Mamba / linear-attention hybrid's prefix caching of the state (vLLM's mamba_cache_mode): none "
               "(the default: one state page per running request, no prefix-cache hits), align (two pages: the "
-              "running state and the last one saved at a block boundary, which hits can restore).",
-        metavar="none|align")
+              "running state and the last one saved at a block boundary, which hits can restore), all (Mamba-2: "
+              "a state at every block, the block aligned to the kernel's chunk).",
+        metavar="none|align|all")
     # policies and scheduling
     policy: str | None = option(
         None, f"paged, reserve-max, reserve-pow2 or reserve-oracle (default: {DEFAULT_POLICY}).")

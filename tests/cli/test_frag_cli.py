@@ -535,5 +535,8 @@ def test_mamba_cache_mode_align_holds_two_state_pages(run_cli):
     assert align["allocated_state_bytes"] == 2 * 5 * 1_014_497_280
     assert none["state_bytes"] == align["state_bytes"] == 5 * 912_605_184  # what the states hold, padding aside
     _assert_bad_input(run_cli("frag", "--mamba-cache-mode", "align"), "--mamba-cache-mode applies to a model")
-    _assert_bad_input(run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "all"),
-                      "--mamba-cache-mode 'all' is not one of none, align")
+    _assert_bad_input(run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "every"),
+                      "--mamba-cache-mode 'every' is not one of none, align, all")
+    # all: a page per block, the block 4,224 (aligned to the kernel's chunk 128): ceil(n / 4,224) pages a sequence
+    every = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "all", "--json")
+    assert every.exit_code == 0 and every.json()["paged"][0]["allocated_state_bytes"] > 0

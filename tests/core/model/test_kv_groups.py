@@ -123,14 +123,6 @@ def test_qwen3_next():
     assert [blocks_held(state, 5000, mode) for mode in ("none", "align", "all")] == [1, 2, 10]  # ceil(5000/544)
 
 
-def test_mamba_cache_mode_all_needs_the_chunk():
-    with pytest.raises(ParameterError, match="mamba_chunk_size"):
-        kv_layout(get_preset("Nemotron-H-56B"), 16, mamba_cache_mode="all")
-    # chunk 128: lcm(128, 16) = 128; tokens per state ceil(16,900,096 / 4,096) = 4,127 -> 128 · ceil(4127/128) = 4,224
-    layout = kv_layout(get_preset("Nemotron-H-56B"), 16, mamba_cache_mode="all", mamba_chunk_size=128)
-    assert layout.block_size == 4224
-
-
 def test_request_blocks_vllm_worst_case():
     # Gemma-3-27B at max_model_len 131,072, 8,192 batched tokens: full cdiv(131072, 16) = 8,192; sliding
     # cdiv(min(1023 + 8192, 131072), 16) + 1 = 576 + 1 = 577 per table
@@ -322,3 +314,53 @@ def test_ideal_granite_h_is_refused_naming_the_cause():
     assert layout.page_bytes == 2_048 and [g.pages_per_block for g in layout.groups] == [128, 37_755]
     with pytest.raises(ParameterError, match=r"2,048 B \(their gcd\).*37,755 units.*37,883 block tables"):
         pool_groups(layout)
+
+
+def _real_config_spec(tmp_path, name: str):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from kvcalc.core.model.hf_config import load_config
+
+    path = Path(__file__).with_name("test_real_configs.py")
+    module_spec = importlib.util.spec_from_file_location("real_configs", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    (tmp_path / "config.json").write_text(json.dumps(getattr(module, name)))
+    return load_config(tmp_path)
+
+
+def test_mamba_cache_mode_all_aligns_the_block_to_the_kernel_chunk(tmp_path):
+    # Nemotron-H-56B: a Mamba-2 state of 16,900,096 B per layer, an attention token 2 · 8 · 128 · 2 = 4,096 B per
+    # layer: 16,900,096 / 4,096 = 4,126 tokens hold one state. align: 16 · ceil(4,126 / 16) = 16 · 258 = 4,128.
+    # all (vLLM: the block a multiple of lcm(chunk, 16), the config's chunk_size 128): 128 · ceil(4,126 / 128) =
+    # 128 · 33 = 4,224; the state page 4,224 · 4,096 = 17,301,504 B, padded by 401,408 / 16,900,096 = 2.38 %
+    for spec in (get_preset("Nemotron-H-56B"), _real_config_spec(tmp_path, "NEMOTRON_H_56B")):
+        assert kv_layout(spec, 16, 16, "vllm", 1, "align").block_size == 4_128
+        layout = kv_layout(spec, 16, 16, "vllm", 1, "all")
+        assert layout.block_size == 4_224 and layout.mamba_cache_mode == "all"
+        assert "lcm(128, 16) · ceil(4126 tokens / 128)" in layout.reason and "padded by 2.38 %" in layout.reason
+        assert layout.page_bytes == 10 * 4_224 * 4_096
+        state = layout.state_groups[0]
+        assert blocks_held(state, 10_000, "all") == 3 and blocks_held(state, 10_000, "align") == 2
+    # an explicit chunk still wins (vLLM's mamba_block_size)
+    assert kv_layout(get_preset("Nemotron-H-56B"), 16, 16, "vllm", 1, "all", mamba_chunk_size=256).block_size == 4_352
+
+
+def test_mamba_cache_mode_all_is_refused_where_vllm_does_not_run_it(tmp_path):
+    # Qwen3-Next's gated DeltaNet: vLLM raises NotImplementedError for 'all' (Mamba-2 only); a Mamba-2 model whose
+    # config gives no chunk (the hand-made Granite-4.0-H-Small here) cannot align its block: both refused by name
+    with pytest.raises(ParameterError, match="Mamba-2 layers only, not gated_deltanet: use none or align"):
+        kv_layout(qwen3_next(), 16, 16, "vllm", 1, "all")
+    with pytest.raises(ParameterError, match="chunk_size or mamba_chunk_size"):
+        kv_layout(granite_h_small(), 16, 16, "vllm", 1, "all")
+    with pytest.raises(ParameterError, match="Mamba-2 layers only, not mamba1"):
+        kv_layout(jamba(), 16, 16, "vllm", 1, "all")
+    # the pool's mode check takes all now; a mode it does not know is still refused by name
+    from kvcalc.core.pool.groups import check_state_mode_given
+
+    check_state_mode_given("all")
+    with pytest.raises(ParameterError, match="mamba_cache_mode 'every'"):
+        check_state_mode_given("every")

@@ -397,6 +397,28 @@ def test_align_hits_only_where_a_state_was_saved():
         assert other.hit_tokens(10, [*keys[:1], (9,)]) == hit
 
 
+def test_mode_all_hits_at_every_block_boundary_inside_a_step():
+    # B 4, full + state. "a": 40 tokens in ONE step (keys for its 10 blocks), then released. vLLM's mode all keeps
+    # a page per block, each the state at its boundary (the kernel writes one at every chunk boundary, and the
+    # block is a multiple of the chunk): a prompt sharing a's first 28 tokens hits 7 blocks = 28. Under align the
+    # same step saved only the page at 40 (where the step ended): that prompt hits nothing.
+    keys = np.arange(10, dtype=np.int64)
+    shared = np.array([0, 1, 2, 3, 4, 5, 6, 70, 80, 90, 100], dtype=np.int64)
+    hits = {}
+    for mode in ("align", "all"):
+        pool = HybridPool(64, B, (PoolGroup("full"), PoolGroup("state")), state_mode=mode)
+        pool.allocate("a", 40, keys)
+        # all: 10 state pages held (one per block); align: pages 40 // 4 − 1 = 9 on (the one saved and the next)
+        assert pool.held_blocks("a") == ([10, 10] if mode == "all" else [10, 1])
+        pool.release("a")
+        pool.check_invariants()
+        hits[mode] = pool.hit_tokens(44, shared)
+        assert pool.hit_tokens(44, np.arange(11)) == 40  # the whole prompt: both modes saved boundary 40
+        assert pool.allocate("b", 44, shared) == hits[mode]
+        pool.check_invariants()
+    assert hits == {"align": 0, "all": 28}
+
+
 def test_a_stale_anchored_block_gives_way_to_the_same_prefix_registered_again():
     # B 4, full + sliding W 2, 6 blocks. "a" (8 tokens, 2 keyed blocks) leaves F0 F1 S0 S1 cached, LRU order F1 F0
     # S1 S0 (the full group releases first). "x" (8 tokens, no keys) takes the 2 plain blocks and evicts F1, F0:

@@ -211,3 +211,18 @@ def test_share_with_mixed_tokens_per_block(tmp_path, config, id_bytes, kinds, lo
         assert result.physical_blocks == sum(per_type)
         assert [g["physical_bytes"] for g in doc["groups"]] == [b * id_bytes for b in per_type]
         assert result.cow_copies == (copies if prefix == 2_000 else 0)
+
+
+def test_share_nemotron_h_in_mode_all_holds_a_state_page_per_block():
+    # Nemotron-H-56B, mamba_cache_mode all: block 128 · ceil(4,126 / 128) = 4,224 (kv_groups: the kernel's chunk 128).
+    # 4 branches of 10,000 + 100 tokens: 10,000 = 2 · 4,224 + 1,552, each branch ceil(10,100 / 4,224) = 3 blocks.
+    # full: blocks 0, 1 shared + block 2 per branch (the shared partial block copied by 3 branches): 6. Each of the
+    # 6 state tables keeps every page: pages 0, 1 (the states at 4,224 and 8,448, the same history) shared + the
+    # running page 2 per branch (copied by 3): 6 each, 36. Copies 3 + 6 · 3 = 21. Under align a state table keeps
+    # the last saved page (1, shared) and the running one: 5 each.
+    for mode, state_blocks in (("all", 6), ("align", 5)):
+        layout, groups = model_groups(get_preset("Nemotron-H-56B"), 16, 16, None, mode)
+        assert layout.block_size == (4_224 if mode == "all" else 4_128)
+        scenario = ScenarioSpec(prefix_tokens=10_000, branches=4, gen_tokens=100, block_size=layout.block_size)
+        result = run_scenario(scenario, groups=groups, state_mode=mode, check=True)
+        assert result.group_blocks == (6, *[state_blocks] * 6) and result.cow_copies == 21
