@@ -265,9 +265,16 @@ def _merge(layers: list[LayerGroup]) -> tuple[LayerGroup, ...]:
     return tuple(dataclasses.replace(g, count=c) for g, c in counts.items())
 
 
+# The fields vLLM reads a model's length from (_get_and_verify_max_len: OPT, GPT-2, MPT, ChatGLM2, Command-R's
+# model_max_length, ...), plus context_length; vLLM takes the smallest of those a config sets, and so does kvcalc.
+LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_sequence_length", "max_seq_length", "seq_len", "context_length")
+
+
 def max_positions(f: ConfigFields) -> int | None:
-    return f.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len",
-                 "context_length")
+    """The model's length: the smallest of LENGTH_FIELDS that the config sets (None if it sets none)."""
+    lengths = [length for length in (f.int(key) for key in LENGTH_FIELDS) if length is not None]
+    return min(lengths) if lengths else None
 
 
 def tied(f: ConfigFields) -> bool | None:

@@ -107,3 +107,22 @@ def test_a_config_of_a_trillion_layers_is_one_error_line(run_cli, tmp_path: Path
               "num_key_value_heads": 2}
     line = _one_error_line(run_cli("size", "--config", str(_write(tmp_path, config, "m"))))
     assert "'num_hidden_layers' is 1,000,000,000,000" in line and "fix the file" in line
+
+
+@pytest.mark.parametrize(("lengths", "expected"), [
+    ({"model_max_length": 1_048_576}, 1_048_576),  # Kimi-Linear's field: was "names no context length"
+    ({"max_seq_length": 32_768}, 32_768),
+    ({"seq_len": 4_096}, 4_096),
+    # Command-R v01: vLLM takes the smallest of its length fields (_get_and_verify_max_len)
+    ({"max_position_embeddings": 8_192, "model_max_length": 131_072}, 8_192),
+    ({"model_max_length": 4_096, "max_position_embeddings": 131_072}, 4_096),
+])
+def test_the_model_length_is_the_smallest_of_vllms_length_fields(run_cli, tmp_path: Path, lengths: dict,
+                                                                  expected: int) -> None:
+    config = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 256, **lengths}
+    result = run_cli("size", "--config", str(_write(tmp_path, config, "m")), "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["tokens"] == doc["model"]["max_position_embeddings"] == expected
+    assert doc["bytes_per_seq"] == 2 * 2 * expected * 2 * 64 * 2  # K and V · 2 layers · tokens · 2 heads · 64 · 2 B
