@@ -37,6 +37,10 @@ from .scheduler import Scheduler
 from .step_sums import add_run, piece_bounds
 from .steptime import StepTimeModel, swap_bytes
 
+# ndarray.sum / .min reduce with these ufuncs and the same arguments, through a Python-level wrapper that costs more
+# than the reduction itself on a batch of ~11 requests: the same results, called directly
+_sum, _min = np.add.reduce, np.minimum.reduce
+
 
 class FastForward:
     """The engine's fast path (engine.FastPath) over the step-time model; acts on the engine's scheduler."""
@@ -73,7 +77,7 @@ class FastForward:
         if s.swapped_in_now:
             swapped = swap_bytes((), s.swapped_in_now, st.kv_bytes_per_token)
             s.swapped_in_now = []
-        context = int(tokens_run.sum()) + n  # decode: Σ (c + 1) positions attended
+        context = int(_sum(tokens_run)) + n  # decode: Σ (c + 1) positions attended
         tokens, positions, moved = n, context, context + n
         computed = s.computed
         starts = computed[admitted].tolist() if admitted else []
@@ -126,7 +130,7 @@ class FastForward:
             return 0, None
         if not s.waiting and (self.policy.releases_in_segment or getattr(self.policy, "runs_decode", False)):
             return -1, None  # nobody waits: a run through finishes
-        k = int((s.stop_at[run] - s.generated[run]).min())  # methods: np.min's dispatch costs more on ~13
+        k = int(_min(s.stop_at[run] - s.generated[run]))  # the ufunc's reduce: np.min's dispatch costs more on ~13
         if getattr(self.policy, "runs_decode", False):
             return k, None  # a hybrid pool: memory is checked in _segment, once the arrivals have bounded k
         k_memory, plan = self.policy.decode_steps_available(s.computed[run])
@@ -155,7 +159,7 @@ class FastForward:
         run = s.running_ids
         n = len(run)
         tokens0 = s.computed[run]
-        context0 = int(tokens0.sum()) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
+        context0 = int(_sum(tokens0)) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
         through = self._through_arrivals()
         until = s.next_deadline if through else min(self._until(), s.next_deadline)
         # steps only lengthen (the KV read grows), so no more than (until − now) / d_0 + 1 start before `until`

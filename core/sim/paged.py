@@ -16,6 +16,7 @@ from ..pool.block_pool import BlockPool, ReleaseReason
 from ..share.replay_groups import check_ids_key_blocks, trace_block_keys
 from .policies import UNLIMITED_STEPS
 
+_sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
 SMALL_BATCH = 64  # at most this many requests: batch arithmetic in plain ints (numpy's per-call cost dominates)
 
 
@@ -133,7 +134,7 @@ class PagedPolicy:
         blocks = None
         if new_blocks is None:
             blocks = (totals + (self.block_size - 1)) // self.block_size
-            new_blocks = int((blocks - self.held_blocks[rids]).sum())
+            new_blocks = int(_sum(blocks - self.held_blocks[rids]))
             if check and new_blocks > self.pool.num_free_blocks - self.owed_blocks:
                 return False
         self.held_tokens[rids] = totals

@@ -19,6 +19,8 @@ import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 
+_sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
+
 if TYPE_CHECKING:
     from .paged import PagedPolicy
     from .record import RunTotals
@@ -51,7 +53,7 @@ class PagedRun:
         table0 = self.table + before
         t0 = self.tokens + n * i
         used0, owed = self.used + before, self.owed + before
-        D, DS, DN = float(d.sum()), float(d @ s), float(d @ need)
+        D, DS, DN = float(_sum(d)), float(d @ s), float(d @ need)
         DE = 0.0
         if self.cached and owed + int(need[-1]) > self.plain:
             DE = float(d @ np.maximum(owed + need - self.plain, 0))
@@ -83,7 +85,7 @@ def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.nda
         parts, table_bytes = paged.piece(d[i:j], i, steps)
         totals.memory_slot_s += parts
         totals.block_table_byte_s += table_bytes
-        span = float(parts.sum()) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
+        span = float(_sum(parts)) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
         totals.running_s += span * n
         waiting = len(s.waiting)
         totals.in_system_s += span * (n + waiting)
