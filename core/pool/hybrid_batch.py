@@ -10,11 +10,11 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from .append import SeqTable
-from .hybrid_layout import HybridLayout
+from .hybrid_private import HybridPrivate
 from .store import PoolExhaustedError
 
 
-class HybridBatch(HybridLayout):
+class HybridBatch(HybridPrivate):
     """`append_many`, `free_skipped_many` and the private-pool fast paths of a hybrid pool."""
 
     def append_many(self, seq_ids: Sequence[Hashable], num_tokens: int) -> None:

@@ -140,16 +140,7 @@ def _advance_pool(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaini
         gone.append(int(run[i]))
     survivors = np.flatnonzero(remaining > k)
     if len(survivors):
-        ids, tokens = run[survivors].tolist(), tokens0[survivors]
-        after = []
-        for key, groups in policy._members():
-            first = policy._first(key, tokens)
-            if not isinstance(first, int):
-                pool.skip_many(groups, ids, first.tolist())
-                after.append((groups, policy._first(key, tokens + (k - 1)).tolist()))
-        pool.grow_private_many(ids, k)
-        for groups, first in after:
-            pool.skip_many(groups, ids, first)
+        pool.advance_private(run[survivors].tolist(), k, 1, check=False)
     if gone:
         left = set(gone)
         s.running = [r for r in s.running if r not in left]

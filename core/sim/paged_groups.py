@@ -65,6 +65,9 @@ class GroupedPagedPolicy:
         return 0 if keys is None else self.pool.hit_tokens(num_tokens, keys)
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
+        if self._private:  # no keys: each group's blocks from its first read one (allocate_private)
+            need = self.pool.allocate_private_need(total_tokens, start_tokens if from_swap else 0)
+            return need <= self.pool.num_free_blocks
         if from_swap:
             return self.pool.can_allocate(total_tokens, computed_tokens=start_tokens)
         return self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
@@ -72,6 +75,10 @@ class GroupedPagedPolicy:
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         if not self.can_admit(rid, start_tokens, total_tokens, from_swap):
             return False
+        if self._private:
+            assert from_swap or not start_tokens, f"request {rid}: no prefix keys, {start_tokens} tokens cached"
+            self.pool.allocate_private(rid, total_tokens, start_tokens if from_swap else 0)
+            return True
         if from_swap:
             self.pool.allocate(rid, total_tokens, computed_tokens=start_tokens)
             return True
@@ -86,7 +93,10 @@ class GroupedPagedPolicy:
         ids, targets = rids.tolist(), totals.tolist()
         if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
             distinct = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
-            if len(distinct) == 1 and (add := distinct.pop()) > 0:  # a decode step: one call per group
+            add = distinct.pop() if len(distinct) == 1 else 0
+            if add > 0 and self._private:  # a decode step (or one chunk each): every group at once
+                return pool.advance_private(ids, add, add, check)
+            if add > 0:  # a decode step: one call per group
                 pool.free_skipped_many(ids, one_drop=not self.exact_block_tables)  # verify counts skip_blocks
                 if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
                     return False
@@ -133,11 +143,15 @@ class GroupedPagedPolicy:
         """Runs of decode steps can be done at once (`decode_run`): without prefix caching, forks or
         speculative slots, every used block is in exactly one table, so what each group holds is a function
         of the sequences' lengths alone. `fast_runs = False` keeps every step (the reference in tests)."""
-        pool = self.pool
-        return (self.fast_runs and not self.exact_block_tables and self.prompt_keys is None and not pool.mixed
-                and not pool.store.counters["forks"] and not any(p.spec.tracked for p in pool.pools))
+        return self.fast_runs and self._private
 
     fast_runs = True
+
+    @property
+    def _private(self) -> bool:
+        """The pool is private (HybridPool.private: which block ids a table holds matters to nobody) and no plan
+        reads block tables: growth and runs go through advance_private."""
+        return not self.exact_block_tables and self.prompt_keys is None and self.pool.private
 
     def _kinds(self) -> list[tuple[PoolGroup, int]]:
         """The distinct groups with how many tables each (Gemma-3: full ×1, sliding ×6)."""
@@ -233,18 +247,8 @@ class GroupedPagedPolicy:
         frees, all grow by k tokens in one hand-out (HybridPool.grow_private_many), then each frees what its
         last step frees, which leaves every table as stepping leaves it; then checked against the closed form
         of the last step."""
-        pool, ids = self.pool, rids.tolist()
-        after = []
-        for key, members in self._members():
-            first = self._first(key, tokens)
-            if not isinstance(first, int):
-                pool.skip_many(members, ids, first.tolist())
-                last = self._first(key, tokens + (k - 1))
-                assert not isinstance(last, int)  # the group's kind made `first` an array: `last` is one too
-                after.append((members, last.tolist()))
-        pool.grow_private_many(ids, k)
-        for members, first in after:
-            pool.skip_many(members, ids, first)
+        pool = self.pool
+        pool.advance_private(rids.tolist(), k, 1, check=False)
         _, written, used = run
         usage = pool.usage()
         useful = sum(int(w[k - 1]) * c for w, c in written)
@@ -277,7 +281,10 @@ class GroupedPagedPolicy:
         return sum(pool.swap_bytes(rid, self.page_bytes)) - stale * self.page_bytes
 
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
-        self.pool.release(rid, ReleaseReason(reason))
+        if self._private:
+            self.pool.release_private(rid, ReleaseReason(reason))
+        else:
+            self.pool.release(rid, ReleaseReason(reason))
 
     def fork(self, parent: int, child: int) -> None:
         self.pool.fork(parent, child)
