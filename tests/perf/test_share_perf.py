@@ -12,16 +12,22 @@ left (the work that grows with the trace). Goals (issue 18): <= 1.5x the plain r
 the same hits, the memory goal (resident memory does not depend on the load), and generous CPU bounds (3x whole,
 1.5x past the fixed part: a loaded 2-core machine moves a ratio by tens of percent).
 
+Before and after: `share --json` of the package at BEFORE (the tree before the replay by ids), unpacked from git,
+and of this working tree, byte for byte, on both traces at every block size, with a capacity and without ids.
+
 In-process: the replay `share` runs (per hash id when nothing can be evicted, core/share/id_replay.py) against
 the block pool on the same trace, bounded and not; the pool's fast path against its general path; beam search.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import resource
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -34,7 +40,9 @@ from kvcalc.core.share.forks import ScenarioSpec, run_scenario
 from kvcalc.core.share.replay import replay
 
 pytestmark = pytest.mark.perf
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO.parent / "shared" / "traces"
+BEFORE = "b25049f7fba2a6a0c15d0c1a5710c24d345c09e2"  # every share replay through the block pool
 MOONCAKE = TRACES / "mooncake_conversation.jsonl"
 ID_REPLAY = Path(__file__).resolve().parents[1] / "core" / "pool" / "id_replay.py"
 BOUNDED_BLOCKS = 20_480  # 40 GiB / (2 · 32 layers · 8 KV heads · 128 dims · 2 bytes · 16 tokens = 2 MiB)
@@ -125,6 +133,49 @@ def test_share_against_the_plain_replay(name: str, block_size: int, env: dict[st
     assert mib <= GOAL_MIB, f"share peaks at {mib:.0f} MiB (goal {GOAL_MIB})"
     assert ratio <= MAX_RATIO, f"share takes {ratio:.2f}x the plain replay's CPU time"
     assert past_fixed <= MAX_RATIO_PAST_FIXED, f"past the fixed part, share takes {past_fixed:.2f}x the plain replay"
+
+
+@pytest.fixture(scope="module")
+def before_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as it was at BEFORE (every file from git: the two sides share nothing)."""
+    root = tmp_path_factory.mktemp("before")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE, "core", "cli", "cuda_ext"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root / "kvcalc", filter="data")
+    for name in ("__init__.py", "__main__.py"):
+        (root / "kvcalc" / name).write_bytes((REPO / "kvcalc" / name).read_bytes())
+    return root
+
+
+def run_share(args: list[str], pythonpath: Path, env: dict[str, str]) -> tuple[str, float]:
+    """(stdout, child CPU seconds) of `kvcalc share ARGS` importing the package from `pythonpath` (bytecode cached
+    under env's PYTHONPYCACHEPREFIX, written by the first run of each side)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, "-m", "kvcalc", "share", *args], check=True, capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(pythonpath)}, cwd=pythonpath).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return out, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+BYTE_CASES = [[name, str(block)] for name in NAMES for block in [16, 64, 512, 1024, 4096]] + [
+    ["mooncake_conversation.jsonl", "64", "--capacity-blocks", "20480"],  # through the pool: LRU evictions
+    ["mooncake_synthetic.jsonl", "16", "--capacity-blocks", "100000000"],  # above every cacheable block: by ids
+    ["mooncake_synthetic.jsonl", "16", "--model", "Llama-3-8B"],
+]
+
+
+@pytest.mark.parametrize("case", BYTE_CASES, ids=" ".join)
+def test_share_json_is_byte_identical_before_and_after(case: list[str], before_package: Path,
+                                                       env: dict[str, str]) -> None:
+    path = TRACES / case[0]
+    if not path.is_file():
+        pytest.skip(f"the Mooncake trace is not at {path} (see ../shared/traces/README.md)")
+    args = ["--trace", "mooncake", str(path), "--block", *case[1:], "--json"]
+    old, old_s = run_share(args, before_package, env)
+    new, new_s = run_share(args, REPO, env)
+    print(f"\n{' '.join(case)}: before {old_s:.2f} s CPU, after {new_s:.2f} s CPU ({old_s / new_s:.1f}x faster)")
+    assert new == old
 
 
 def timed(fn):
