@@ -5,7 +5,9 @@ order): the prompt is allocated — its longest cached prefix of full blocks is 
 instead of recomputed — the output is appended, then the request finishes and its blocks go to the LRU
 cache. Capacity is unlimited (no eviction ever), or a number of blocks (then LRU evictions happen and are
 counted). The same replay without prefix caching is the contrast. The trace's blocks, content keys and
-checks are in trace_blocks.
+checks are in trace_blocks. When nothing can be evicted — no capacity, or one above every block the trace can
+cache — the same results are computed per hash id instead of per block (id_replay: no pool; tests compare the two
+field by field).
 """
 
 from __future__ import annotations
