@@ -47,17 +47,19 @@ requests_strategy = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(requests_strategy, st.sampled_from([1, 8, 16, 64, 128, 512, 1024, 2048]), st.booleans(),
-       st.sampled_from([None, 0, 1, 10**9]), st.sampled_from([1, 7, 1 << 14]))
+       st.sampled_from([None, 0, 1, 10**9]), st.sampled_from([1, 7, 1 << 14]), st.sampled_from([1, 10**12]))
 def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained: bool, capacity: int | None,
-                                             chunk_pairs: int) -> None:
+                                             chunk_pairs: int, scale: int) -> None:
     """`chunk_pairs`: (request, position) pairs id_replay takes at a time, from one (every request its own chunk,
-    what a node covered carried over from chunk to chunk) to the default."""
+    what a node covered carried over from chunk to chunk) to the default; `scale` 10^12 spreads the ids over a
+    range far larger than their number."""
     need = [-(-p // 512) for _, p, _, _, _ in raw]
     if chained or block_size > 512:  # a block of several ids needs chained ids (check_trace refuses others)
         ids = chained_ids([shape for *_, shape in raw], need)
     else:  # a small alphabet, padded with fresh ids: mostly not prefix-chained
         ids = [(small + [1000 + 10 * k + j for j in range(n)])[:n] for k, ((*_, small, _), n) in
                enumerate(zip(raw, need, strict=True))]
+    ids = [[h * scale for h in hs] for hs in ids]
     trace = make_trace([(float(a), p, o, hs) for (a, p, o, _, _), hs in zip(raw, ids, strict=True)])
     unlimited = check_trace(trace, block_size, None).pool_blocks
     cap = None if capacity is None else unlimited + capacity  # capacity == unlimited: the pool; above: by ids
@@ -71,8 +73,10 @@ def test_the_id_level_replay_equals_the_pool(raw: list, block_size: int, chained
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(-3, 3), max_size=7), max_size=15))
-def test_trie_nodes_label_equal_id_sequences_alike(sequences: list[list[int]]) -> None:
+@given(st.lists(st.lists(st.integers(-3, 3), max_size=7), max_size=15), st.sampled_from([1, 10**12]))
+def test_trie_nodes_label_equal_id_sequences_alike(sequences: list[list[int]], scale: int) -> None:
+    """`scale` 10^12 spreads the ids over a range far larger than their number: labels by rank, not by value."""
+    sequences = [[h * scale for h in seq] for seq in sequences]
     hash_ids = np.array([h for seq in sequences for h in seq], dtype=np.int64)
     offsets = np.cumsum([0] + [len(seq) for seq in sequences]).astype(np.int64)
     labels_array, count = trie_nodes(hash_ids, offsets)
@@ -85,7 +89,7 @@ def test_trie_nodes_label_equal_id_sequences_alike(sequences: list[list[int]]) -
         assert first_label.setdefault(path, label) == label
     assert len(set(labels)) == len(first_label)
     assert all(0 <= label < count for label in labels)
-    if first_unchained_id(hash_ids, offsets) is None and labels:  # chained: an id fixes its prefix, labels itself
+    if first_unchained_id(hash_ids, offsets) is None and labels and scale == 1:  # chained: the id less the least
         assert labels == (hash_ids - hash_ids.min()).tolist()
 
 
