@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,3 +169,20 @@ def test_recomputed_tokens_match_the_plans(seed, blocks, block_size):
     assert p.recomputed_tokens == executor.recomputed
     assert p.recomputed_tokens <= p.dropped_tokens
     assert p.readmissions == p.admissions - n == int(record.preemptions.sum())
+
+
+TRACE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="../shared/traces/mooncake_conversation.jsonl is absent")
+def test_sliding_window_limits_the_hit_under_pressure():
+    # gpt-oss-120b (full and sliding-128 tables), 30 requests of the real conversation trace in a pool of 3,000
+    # blocks: the sliding group frees blocks that leave its window while a request runs, so they are evicted
+    # before the full group's: some prompts find their full-attention prefix but not the window before its end.
+    # The hit is what both serve: at most each group's own, and here below the full group's.
+    setup = build(SimOptions(model="gpt-oss-120b", gpu="H200", trace=("mooncake", str(TRACE)), limit=30,
+                             block_size=16, max_model_len=131072))
+    p = run_policy(setup.workload, "paged", replace(setup.sim, capacity_blocks=3000)).prefix
+    full, sliding = p.group_hit_tokens
+    assert p.hit_tokens <= sliding < full and p.hit_tokens <= full
+    assert p.readmissions > 0 and p.readmitted_hit_tokens > 0  # readmissions find their own cached blocks
