@@ -10,22 +10,18 @@ from .output import Field, Table, quantity_table
 
 
 def group_prefix_hits(layout: Any, prefix: dict) -> None:
-    """A hybrid pool's per-block-table `group_hit_tokens` as one entry per KV cache group (every block table of a
-    group hits alike), in `prefix["groups"]`; None for a single group of full attention."""
-    tables = prefix.pop("group_hit_tokens", None)
-    if layout is None or tables is None:
+    """A hybrid pool's `group_hit_tokens` (one per KV cache group, in the layout's order) as one entry per group
+    in `prefix["groups"]`; None for a single group of full attention."""
+    hits = prefix.pop("group_hit_tokens", None)
+    if layout is None or hits is None:
         prefix["groups"] = None
         return
-    groups, at, looked_up = [], 0, prefix["prompt_tokens"]
-    for g in layout.groups:
-        own = tables[at : at + g.pages_per_block]
-        assert len(set(own)) == 1, f"the block tables of one {g.kind} group hit differently: {own}"
-        at += g.pages_per_block
-        groups.append({"kind": g.kind, "window": g.window, "layers": g.layers, "source": g.source,
-                       "mamba_cache_mode": layout.mamba_cache_mode if g.kind == "state" else None,
-                       "hit_tokens": own[0], "hit_rate": own[0] / looked_up if looked_up else 0.0})
-    assert at == len(tables), f"{len(tables)} block tables for {at} in the layout"
-    prefix["groups"] = groups
+    assert len(hits) == len(layout.groups), f"{len(hits)} groups' hits for {len(layout.groups)} groups"
+    looked_up = prefix["prompt_tokens"]
+    prefix["groups"] = [{"kind": g.kind, "window": g.window, "layers": g.layers, "source": g.source,
+                         "mamba_cache_mode": layout.mamba_cache_mode if g.kind == "state" else None,
+                         "hit_tokens": own, "hit_rate": own / looked_up if looked_up else 0.0}
+                        for g, own in zip(layout.groups, hits, strict=True)]
 
 
 def _group_label(group: dict) -> str:

@@ -13,8 +13,10 @@ recompute threw away and computed again. The scheduler tells it of every admissi
                                request had once held h tokens, recomputes the tokens of [s, min(h, c)) by the
                                time it holds c (its end or its next preemption)
 
-A hybrid pool's groups (full, sliding, chunked, state) are looked up too: each group's own longest hit, what it
-alone could serve (`group_hit_tokens`, per block table); the admission's hit is what every group serves.
+A hybrid pool's KV cache groups (full, sliding, chunked, state) are looked up too: each group's own longest hit,
+what it alone could serve (`group_hit_tokens`; a group of several block tables — Gemma-3's six sliding ones —
+serves the least of theirs, each table's blocks being evicted on their own); the admission's hit is what every
+group serves.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ GroupProbe = Callable[[int, int], list[int]]
 
 @dataclass(frozen=True)
 class PrefixCacheTotals:
-    """One run's counts (module docstring); `group_hit_tokens` per block table of a hybrid pool, else None."""
+    """One run's counts (module docstring); `group_hit_tokens` per KV cache group of a hybrid pool, else None."""
 
     enabled: bool  # the policy looks prefixes up (the paged policy with prefix caching on and prefix ids)
     admissions: int
@@ -63,21 +65,21 @@ class PrefixCacheTotals:
 
 
 class PrefixCounts:
-    """The counters while a run goes (module docstring). `group_probe(rid, num_tokens)`: each block table's own
-    longest hit, asked before the admission changes the pool (None: a single group, or no prefix caching)."""
+    """The counters while a run goes (module docstring). `group_probe(rid, num_tokens)`: each group's own longest
+    hit, asked before the admission changes the pool (None: a single group, or no prefix caching)."""
 
     def __init__(self, num_requests: int, enabled: bool, group_probe: GroupProbe | None = None,
-                 num_tables: int = 0) -> None:
+                 num_groups: int = 0) -> None:
         self.enabled, self.group_probe = enabled, group_probe
         self.admissions = self.prompt_tokens = self.hit_tokens = 0
         self.readmissions = self.readmitted_prompt_tokens = self.readmitted_hit_tokens = 0
         self.dropped_tokens = self.recomputed_tokens = 0
         self.start = np.zeros(num_requests, np.int64)  # the tokens each request's current admission started with
         self.held: dict[int, int] = {}  # request preempted by recompute -> the most tokens it ever held
-        self.group_hits = [0] * num_tables if group_probe is not None else None
+        self.group_hits = [0] * num_groups if group_probe is not None else None
 
     def probe(self, rid: int, num_tokens: int) -> list[int] | None:
-        """Each block table's own hit for an admission about to happen (None without a group probe)."""
+        """Each group's own hit for an admission about to happen (None without a group probe)."""
         return None if self.group_probe is None else self.group_probe(rid, num_tokens)
 
     def admitted(self, rid: int, num_tokens: int, hit: int, group_hits: list[int] | None) -> None:
@@ -115,15 +117,23 @@ class PrefixCounts:
 
 
 def prefix_counts(policy: Any, num_requests: int) -> PrefixCounts:
-    """The counters for a run on `policy`: a hybrid paged pool with prefix keys is probed per group."""
+    """The counters for a run on `policy`: a hybrid paged pool with prefix keys is probed per group (a run of equal
+    pool groups, one per block table, is one KV cache group: kv_groups' pages_per_block tables of one layer type)."""
     keys = getattr(policy, "prompt_keys", None)
     pool = getattr(policy, "pool", None)
     group_hit_tokens = getattr(pool, "group_hit_tokens", None)
     if keys is None or group_hit_tokens is None:
         return PrefixCounts(num_requests, keys is not None)
-    B = int(policy.block_size)
+    B, tables = int(policy.block_size), policy.groups
+    spans: list[list[int]] = []  # [first table, end) of each group
+    for i, table in enumerate(tables):
+        if spans and tables[spans[-1][0]] == table:
+            spans[-1][1] = i + 1
+        else:
+            spans.append([i, i + 1])
 
     def probe(rid: int, num_tokens: int) -> list[int]:
-        return group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
+        own = group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
+        return [min(own[a:b]) for a, b in spans]
 
-    return PrefixCounts(num_requests, True, probe, len(policy.groups))
+    return PrefixCounts(num_requests, True, probe, len(spans))

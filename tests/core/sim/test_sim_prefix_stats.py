@@ -45,13 +45,13 @@ def hand_trace(tmp_path):
 HAND_LOOKED_UP, HAND_HITS = 6145, 2560
 
 
-@pytest.mark.parametrize(("model", "extra", "tables"), [
+@pytest.mark.parametrize(("model", "extra", "groups"), [
     ("llama-3.1-8b", {}, None),
-    ("gemma-3-27b", {}, 7),  # full x1 and sliding 1,024 x6 block tables
+    ("gemma-3-27b", {}, 2),  # full (one block table) and sliding 1,024 (six)
     ("gpt-oss-120b", {}, 2),  # full and sliding 128
-    ("llama-4-scout", {"tp": 2}, 4),  # chunked 8,192 x3 and full
+    ("llama-4-scout", {"tp": 2}, 2),  # chunked 8,192 (three tables) and full
 ])
-def test_hand_trace_hits_in_every_group(tmp_path, model, extra, tables):
+def test_hand_trace_hits_in_every_group(tmp_path, model, extra, groups):
     setup = build(SimOptions(model=model, gpu="H200", trace=("mooncake", str(hand_trace(tmp_path))), block_size=16,
                              max_model_len=16384, **extra))
     for fast_forward in (True, False):
@@ -60,7 +60,7 @@ def test_hand_trace_hits_in_every_group(tmp_path, model, extra, tables):
         assert (p.enabled, p.admissions, p.prompt_tokens, p.hit_tokens) == (True, 4, HAND_LOOKED_UP, HAND_HITS)
         assert p.hit_rate == pytest.approx(2560 / 6145)
         assert (p.readmissions, p.dropped_tokens, p.recomputed_tokens) == (0, 0, 0)
-        assert p.group_hit_tokens == (None if tables is None else [HAND_HITS] * tables)
+        assert p.group_hit_tokens == (None if groups is None else [HAND_HITS] * groups)
 
 
 def three_requests(tmp_path):
@@ -86,14 +86,14 @@ def test_mamba_hybrid_state_group_limits_the_hit(tmp_path, budget, hits, full, s
     assert setup.plan.block_size == 4128 and [g.kind for g in setup.sim.groups] == ["full"] + ["state"] * 6
     p = run_policy(setup.workload, "paged", setup.sim).prefix
     assert (p.prompt_tokens, p.hit_tokens) == (13000 + 9000 + 13000, hits)
-    assert p.group_hit_tokens == [full] + [state] * 6
+    assert p.group_hit_tokens == [full, state]  # the full group (one table), the state group (six tables)
 
 
 def test_mamba_hybrid_mode_none_caches_nothing(tmp_path):
     setup = build(SimOptions(model="nemotron-h-56b", gpu="H200", trace=("mooncake", str(three_requests(tmp_path))),
                              mamba_cache_mode="none", max_model_len=16384))
     p = run_policy(setup.workload, "paged", setup.sim).prefix
-    assert (p.prompt_tokens, p.hit_tokens, p.group_hit_tokens) == (35000, 0, [0] * 7)
+    assert (p.prompt_tokens, p.hit_tokens, p.group_hit_tokens) == (35000, 0, [0, 0])
 
 
 @pytest.mark.parametrize("fast_forward", [True, False])
