@@ -31,7 +31,7 @@ from .options import (
     SpecTokensOpt,
     int_option,
 )
-from .output import Format, emit, err_console
+from .output import Format, emit, err_console, warn_notes
 from .progress import progress_bar
 
 __all__ = ["PER_SEQ_LIMIT", "PROGRESS_FROM", "command"]
@@ -149,6 +149,8 @@ def _analyse(inputs: FragInputs) -> FragAnalysis:
     """core.frag.analyse on the checked inputs, with a progress bar for millions of lengths; a warning when the
     longest length is above the model's max_position_embeddings."""
     source, spec, o = inputs.source, inputs.spec, inputs.opts
+    if spec is not None:
+        warn_notes(spec.notes)
     passes = 1 if inputs.speculation is None else 2  # the speculative peaks take a pass of their own
     with progress_bar("paging", total=passes * source.count, enabled=source.count >= PROGRESS_FROM) as advance:
         result = analyse(

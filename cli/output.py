@@ -55,6 +55,14 @@ class _StderrConsole:
 err_console: Any = _StderrConsole()
 
 
+def warn_notes(notes: Sequence[str]) -> None:
+    """A model's notes (config fields defaulted or ignored, the checkpoint's KV format, MTP layers not counted) as
+    `warning:` lines on stderr, written with the running command's flags; every command that reads a model calls
+    it (size, frag and share did not print them the same way: frag and share printed none)."""
+    for note in notes:
+        err_console.print(f"warning: {rendered(note, current_flags())}", highlight=False, soft_wrap=True)
+
+
 class Format(str, Enum):
     table = "table"
     json = "json"

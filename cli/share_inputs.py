@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE, DTYPE_BITS, parse_dtype
-from .output import Format, resolve_format
+from .output import Format, resolve_format, warn_notes
 
 if TYPE_CHECKING:
     from ..core.model.models import ModelSpec
@@ -90,6 +90,8 @@ def share_inputs(o: ShareOptions) -> ShareInputs:
         from ..core.model.models import resolve_model
 
         spec = resolve_model(o.model, o.config, o.layers, o.kv_heads, o.head_dim)
+        if spec is not None:
+            warn_notes(spec.notes)
     if spec is None and o.dtype is not None:
         raise ValueError("--dtype applies to KV bytes: give a model too (--model, --config or explicit dimensions)")
     dtype = parse_dtype(DEFAULT_DTYPE if o.dtype is None else o.dtype)  # --dtype "" is an error, not the default

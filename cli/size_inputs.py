@@ -13,8 +13,7 @@ from ..core.dtypes import parse_dtype
 from ..core.errors import ParameterError
 from ..core.model.models import ModelSpec, resolve_model
 from ..core.units import format_count_short, parse_bytes
-from .flags import with_flags
-from .output import Format, err_console, resolve_format
+from .output import Format, resolve_format, warn_notes
 
 T = TypeVar("T")
 
@@ -105,8 +104,7 @@ def size_inputs(o: SizeOptions) -> SizeInputs:
         _check_needs_model(o)
         return SizeInputs(o, fmt, dtype, None)
     _check_needs_gpu(o)
-    for warning in spec.notes:
-        err_console.print(f"warning: {with_flags(warning)}", highlight=False, soft_wrap=True)
+    warn_notes(spec.notes)
     tokens = o.tokens
     if tokens is None and spec.max_position_embeddings is None and o.max_model_len is not None:
         tokens = o.max_model_len  # explicit dimensions name no context: the request length stands in for it

@@ -126,3 +126,27 @@ def test_the_model_length_is_the_smallest_of_vllms_length_fields(run_cli, tmp_pa
     doc = result.json()
     assert doc["tokens"] == doc["model"]["max_position_embeddings"] == expected
     assert doc["bytes_per_seq"] == 2 * 2 * expected * 2 * 64 * 2  # K and V · 2 layers · tokens · 2 heads · 64 · 2 B
+
+
+# A compressed-tensors checkpoint whose quantization_config gives the KV cache as fp8 (vLLM pages fp8 only with
+# --kv-cache-dtype fp8): size advised --dtype fp8, frag and share said nothing of it.
+FP8_KV_CHECKPOINT = {
+    "model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "hidden_size": 256, "max_position_embeddings": 4096, "vocab_size": 1000, "intermediate_size": 512,
+    "quantization_config": {"quant_method": "compressed-tensors",
+                            "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                "dynamic": False, "symmetric": True}},
+}
+
+
+@pytest.mark.parametrize("config", [GEMMA3_27B_IT, FP8_KV_CHECKPOINT], ids=["gemma3-defaults", "fp8-kv-scheme"])
+def test_every_command_that_reads_a_config_prints_its_notes(run_cli, tmp_path: Path, config: dict) -> None:
+    model = str(_write(tmp_path, config, "m"))
+    size = run_cli("size", "--config", model, "--tokens", "1024")
+    assert size.exit_code == 0, size.stderr
+    warnings = [line for line in size.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings and ("--dtype fp8" in size.stderr or "transformers' defaults" in size.stderr)
+    for command in (("frag", "--lengths", "100,1000"), ("share", "--prefix", "100", "--gen", "10")):
+        result = run_cli(*command, "--config", model)
+        assert result.exit_code == 0, result.stderr
+        assert [line for line in result.stderr.splitlines() if line.startswith("warning: ")] == warnings, command
