@@ -17,7 +17,7 @@ from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from . import options as opt
 from .options import check_output_path, sim_options
-from .output import Format, emit, err_console, resolve_format
+from .output import Format, emit, err_console, resolve_format, warn_notes
 
 PROGRESS_FROM = 5_000  # arrivals over all policies: about 2 s of simulation on a 2-core machine
 
@@ -105,6 +105,7 @@ def command(
     if timeline is not None:
         check_output_path("--timeline", timeline)
     job = build(options)
+    warn_notes(job.spec.notes)  # the model's notes, as size, frag and share print them
     result, plain, tier_comparison = _simulate(job, record_timeline=timeline is not None or plot is not None)
     if timeline is not None:
         _write_timeline(timeline, result.records)
