@@ -276,7 +276,8 @@ class GroupedPagedPolicy:
             return None
         pool, B, mode = self.pool, self.block_size, self.pool.state_mode
         tokens = pool.num_tokens(rid)
-        reads = [-(-tokens // B) - g.first_block_before_growth(tokens, B, mode) for g in self.groups]
+        reads = [-(-tokens // g.tokens_per_block(B)) - g.first_block_before_growth(tokens, g.tokens_per_block(B), mode)
+                 for g in self.groups]  # each group at its own tokens per block (mixed: group_blocks)
         stale = sum(max(h - r, 0) for h, r in zip(pool.held_blocks(rid), reads, strict=True))
         return sum(pool.swap_bytes(rid, self.page_bytes)) - stale * self.page_bytes
 

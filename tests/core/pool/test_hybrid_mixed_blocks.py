@@ -330,3 +330,17 @@ def test_decoding_holds_the_closed_form_at_each_groups_block(n: int, window: int
     full, sliding = 16 * coarse, 16
     assert held[0] == -(-n // full)
     assert held[1] == -(-n // sliding) - max(0, n - 1 - window + 1) // sliding
+
+
+def test_a_swap_moves_what_each_group_still_reads_at_its_own_block():
+    # Gemma-4-E4B's shape: sliding (W 80) at 32 tokens a block, full at 16. 200 tokens written in one step: the full
+    # table holds ceil(200 / 16) = 13 blocks, all read; the sliding one holds ceil(200 / 32) = 7 but the next token
+    # (200) reads from (200 − 79) // 32 = 3 on: 4. A swap moves 13 + 4 = 17 pages (at one block size for all, the
+    # sliding reads were ceil(200 / 16) − 121 // 16 = 6 and the swap 19 pages)
+    from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
+
+    groups = (PoolGroup("sliding", 80, block_tokens=32), PoolGroup("full", block_tokens=16))
+    policy = GroupedPagedPolicy(64, 16, groups, "none", 1, page_bytes=1_000)
+    assert policy.admit(0, 0, 200)
+    assert policy.pool.held_blocks(0) == [7, 13]
+    assert policy.swap_bytes(0) == 17 * 1_000
