@@ -7,12 +7,10 @@ from typing import Any
 
 from ..core.dtypes import DTYPE_BITS, parse_dtype
 from ..core.model.gpu_plan import GpuPlan
+from ..core.model.kv_groups import VLLM_BLOCK_SIZES  # one list: frag's best block uses it too
 from ..core.units import format_bytes, format_count, parse_logged_bytes
-from .output import Field, Report, quantity_table, record_table
+from .output import Field, Report, quantity_table, record_table, warn_notes
 from .size_inputs import SizeInputs, flagged
-
-VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices (CacheConfig.block_size; CUDA: up to 32
-#                                            for most attention backends, 64/128 for MLA and FlashInfer ones)
 
 
 def _gib(value: int) -> str:
@@ -109,6 +107,34 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         report.notes.append("Estimates: " + ", ".join(noted) + hint + ".")
 
 
+def start_refusals(plan: GpuPlan, max_positions: int | None) -> list[str]:
+    """Why vLLM would refuse to start with these settings (empty when it starts), in its own terms.
+
+    * a max_model_len above the model's length: vLLM's _get_and_verify_max_len raises unless
+      VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (a yarn or dynamic rope_scaling in the config may raise the length it derives);
+    * a pool that cannot hold one request of max_model_len tokens: vLLM v1's check_enough_kv_cache_memory raises
+      ("... KV cache is needed, which is larger than the available KV cache memory")."""
+    refusals = []
+    if max_positions is not None and plan.max_model_len > max_positions:
+        refusals.append(f"--max-model-len {plan.max_model_len:,} is above the model's max_position_embeddings "
+                        f"{max_positions:,} (allowed only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, or where the config's "
+                        "rope_scaling extends the length)")
+    if plan.num_blocks < plan.blocks_per_request:
+        refusals.append(f"one request of {plan.max_model_len:,} tokens needs {plan.blocks_per_request:,} blocks and "
+                        f"the pool has {plan.num_blocks:,} (not enough KV cache memory for one request at "
+                        "max_model_len); lower --max-model-len or give it more memory")
+    return refusals
+
+
+def _add_refusals(report: Report, plan: GpuPlan, max_positions: int | None) -> None:
+    """start_refusals as warnings on stderr, notes, and the JSON's gpu_plan.start_refusals (only when any)."""
+    refusals = start_refusals(plan, max_positions)
+    if refusals:
+        report.doc["gpu_plan"]["start_refusals"] = refusals
+        warn_notes([f"vLLM would not start: {r}" for r in refusals])
+        report.notes += [f"vLLM would not start: {r}." for r in refusals]
+
+
 def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
     """--gpu / --kv-memory: check the start-up flags, plan vLLM's start-up (core/model/gpu_plan), add it."""
     from ..core.gpus import get_gpu
@@ -162,5 +188,6 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
         else o.max_num_batched_tokens,
     )
     gpu_report(report, plan)
+    _add_refusals(report, plan, spec.max_position_embeddings)
     if rounding is not None:
         report.notes.append(f"--kv-memory {rounding}.")

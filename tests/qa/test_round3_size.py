@@ -52,3 +52,31 @@ def test_layers_fills_a_hybrid_config_without_num_hidden_layers(run_cli, tmp_pat
     # at 2 B + ssm 256 heads · 64 · 256 at 4 B (vLLM keeps Nemotron-H's ssm state in fp32) = 16,900,096 B
     kv, state = 2 * 10 * 8192 * 8 * 128 * 2, 54 * ((16384 + 2 * 8 * 256) * 3 * 2 + 256 * 64 * 256 * 4)
     assert result.json()["bytes_per_seq"] == kv + state == 1_248_149_504
+
+
+def test_gpu_plan_says_when_vllm_would_not_start(run_cli) -> None:
+    # was: "Maximum concurrency for 10,000,000 tokens per request: 0.04x" and nothing else, for a model of 8,192
+    # positions whose pool cannot hold one such request; vLLM refuses both at start-up
+    result = run_cli("size", "--model", "llama-3-8b", "--gpu", "H100-SXM", "--max-model-len", "10000000", "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = result.json()["gpu_plan"]
+    assert plan["blocks_per_request"] == 10_000_000 // 16 == 625_000 > plan["num_blocks"]
+    refusals = plan["start_refusals"]
+    assert refusals[0].startswith("--max-model-len 10,000,000 is above the model's max_position_embeddings 8,192")
+    assert refusals[1].startswith(f"one request of 10,000,000 tokens needs 625,000 blocks and the pool has "
+                                  f"{plan['num_blocks']:,}")
+    assert [line for line in result.stderr.splitlines() if line.startswith("warning: vLLM would not start: ")] == [
+        f"warning: vLLM would not start: {r}" for r in refusals]
+    fine = run_cli("size", "--model", "llama-3-8b", "--gpu", "H100-SXM", "--json")
+    assert fine.exit_code == 0 and "start_refusals" not in fine.json()["gpu_plan"] and fine.stderr == ""
+
+
+def test_gpu_plan_takes_every_block_size_vllm_accepts(run_cli) -> None:
+    # size --gpu refused --block 256, which vLLM's CacheConfig takes (BlockSize 1, 8, ..., 256) and frag's best block
+    # counts among the sizes vLLM accepts: two lists that disagreed, now one (core/model/kv_groups.py)
+    result = run_cli("size", "--model", "llama-3-8b", "--gpu", "H100-SXM", "--block", "256", "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = result.json()["gpu_plan"]
+    assert plan["block_size"] == 256 and plan["block_bytes"] == 256 * 131_072  # 128 KiB a token
+    line = run_cli("size", "--model", "llama-3-8b", "--gpu", "H100-SXM", "--block", "512").stderr
+    assert "(1, 8, 16, 32, 64, 128, 256)" in line
