@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .group_runs import RunForm, check_run, run_form
 from .step_sums import add_run
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     s.computed[run] = tokens0 + taken
     s.generated[run] += taken
     s.last_token_s[run] = ends[taken]
-    _advance_pool(ff, run, tokens0, remaining, k, ends)
+    _advance_pool(ff, run, remaining, k, ends, memory)
     s.now_s = float(ends[-1])
     s.steady = True
     return True
@@ -98,37 +99,24 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
     return d, alive
 
 
-def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, tuple]:
-    """(the leading steps of k that fit, decode_run's memory tuple over the k steps). A run of k' steps fits
-    iff every step's blocks fit and so does the pool's update after it (_advance_pool): the requests that
-    finished released, every survivor grown from first(t_i) to t_i + k' tokens before it frees."""
-    B, N = policy.block_size, policy.pool.num_blocks
-    steps = np.arange(k, dtype=np.int64)
-    computed = tokens0[:, None] + steps[None, :]
-    live = steps[None, :] < remaining[:, None]
-    table = (computed + B) // B
-    survive = steps[None, :] + 1 < remaining[:, None]  # [i, j]: still running after a run of j + 1 steps
-    held, written, peak = [], [], np.zeros(k, np.int64)
-    for group, count in policy._kinds():
-        first = policy._first(group, computed)
-        held.append((((table - first) * live).sum(axis=0), count))
-        written.append((((computed + 1 - B * first) * live).sum(axis=0), count))
-        start = first if isinstance(first, int) else first[:, :1]
-        peak += count * ((table - start) * survive).sum(axis=0)
-    used = sum(h * c for h, c in held)
-    over = np.flatnonzero(used > N)
+def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, RunForm]:
+    """(the leading steps of k that fit, their closed form: group_runs.run_form). A run of k' steps fits iff
+    every step's blocks fit and so does the pool's update after it (_advance_pool): the requests that finished
+    released, every survivor grown from first(t_i) to t_i + k' tokens before it frees."""
+    N = policy.pool.num_blocks
+    form = run_form(policy, tokens0, k, remaining)
+    over = np.flatnonzero(form.used > N)
     k = int(over[0]) if len(over) else k
-    fits = np.flatnonzero(peak[:k] <= N)  # a run of j + 1 steps may end where its update fits
-    k = int(fits[-1]) + 1 if len(fits) else 0
-    return k, (held, written, used)
+    fits = np.flatnonzero(form.peak[:k] <= N)  # a run of j + 1 steps may end where its update fits
+    return (int(fits[-1]) + 1 if len(fits) else 0), form
 
 
-def _advance_pool(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining: np.ndarray, k: int,
-                  ends: np.ndarray) -> None:
+def _advance_pool(ff: FastForward, run: np.ndarray, remaining: np.ndarray, k: int, ends: np.ndarray,
+                  form: RunForm) -> None:
     """The pool and the queues after the run: the requests that finished leave in finishing order, each at its
     own time (their blocks freed whatever they held: without prefix caching no figure depends on which); the
-    survivors free what their first step frees, grow by k tokens in one hand-out, then free what their last step
-    frees (GroupedPagedPolicy.advance_run's order); then checked against the closed form."""
+    survivors grow by k tokens, one at a time as stepping grows them (HybridPool.advance_private); then the pool
+    is checked against the closed form (group_runs.check_run)."""
     s, policy = ff.scheduler, ff.policy
     pool = policy.pool
     gone = []
@@ -145,20 +133,4 @@ def _advance_pool(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaini
         left = set(gone)
         s.running = [r for r in s.running if r not in left]
         s.set_running()
-    _check(policy, tokens0[survivors], k)
-
-
-def _check(policy: GroupedPagedPolicy, tokens: np.ndarray, k: int) -> None:
-    """The pool holds what the closed form says the survivors (t_i tokens at the start) hold after step k − 1."""
-    B = policy.block_size
-    computed = tokens + (k - 1)
-    table = (computed + B) // B
-    used = useful = 0
-    for group, count in policy._kinds():
-        first = policy._first(group, computed)
-        used += count * int((table - first).sum())
-        useful += count * int((computed + 1 - B * first).sum())
-    usage = policy.pool.usage()
-    assert usage.used_blocks == used == usage.logical_blocks and usage.useful_tokens == useful, (
-        f"hybrid run through finishes: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
-        f"the closed form {used} / {useful}")
+    check_run(policy, form, k)

@@ -24,6 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
+from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
 
@@ -166,96 +167,51 @@ class GroupedPagedPolicy:
 
     _kinds_memo: list[tuple[PoolGroup, int]] | None = None
 
-    def _members(self) -> list[tuple[PoolGroup, list[int]]]:
-        """The distinct groups with the indices of their tables (memoised like `_kinds`: read, never changed)."""
-        if self._members_memo is not None:
-            return self._members_memo
-        members: dict[PoolGroup, list[int]] = {}
-        for g, group in enumerate(self.groups):
-            members.setdefault(PoolGroup(group.kind, group.window), []).append(g)
-        self._members_memo = list(members.items())
-        return self._members_memo
-
-    _members_memo: list[tuple[PoolGroup, list[int]]] | None = None
-
-    def _first(self, group: PoolGroup, computed: np.ndarray) -> np.ndarray | int:
-        """The first block a group's table holds once a step has freed what it lets go before growing from
-        `computed` (≥ 1) tokens: PoolGroup.first_block_before_growth, over an array."""
-        B = self.block_size
-        if group.kind == "sliding":
-            return np.maximum(computed - group.span + 1, 0) // B
-        if group.kind == "chunked":
-            return computed // group.span * group.span // B
-        if group.kind == "state" and self.pool.state_mode == "none":
-            return (computed - 1) // B
-        if group.kind == "state" and self.pool.state_mode == "align":
-            return np.maximum(computed // B - 1, 0)
-        return 0
-
-    def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, tuple | None]:
+    def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, RunForm | None]:
         """(how many of the next k decode steps of the running requests, holding `tokens` [n] (≥ 1 each),
-        can be done at once, their memory per step).
+        can be done at once, their memory per step: group_runs.run_form).
 
-        In step j (0-based) request i grows from c = t_i + j to c + 1 tokens: each group first frees the
-        blocks before its first_block(c), then the table grows to ceil((c + 1) / B) entries, so the group
-        holds ceil((c + 1) / B) − first(c) blocks with c + 1 − B · first(c) tokens written in them. The step
-        fits iff the blocks held after it, summed over groups and requests, fit in the pool (the need of
+        A step fits iff the blocks held after it, summed over groups and requests, fit in the pool (the need of
         the growth is the held blocks less those held once the step has freed). A window that slides frees
-        blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the
-        head, refused now, could be admitted then). The pool itself is brought up to date after the run
-        (`advance_run`) by growing every group by k tokens before freeing what the run's later steps free:
-        steps are kept only while that peak, Σ ceil((t + k) / B) − first(t), fits too."""
-        B, n = self.block_size, len(tokens)
-        if len(self.pool.pools[0].seqs) != n:  # a sequence outside the run holds blocks: step by step
+        blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the head,
+        refused now, could be admitted then). The pool itself is brought up to date after the run
+        (`advance_run`): steps are kept only while its peak, Σ ceil((t + k) / B) − first(t), fits too."""
+        if len(self.pool.pools[0].seqs) != len(tokens):  # a sequence outside the run holds blocks: step by step
             return 0, None
-        steps = np.arange(k, dtype=np.int64)
-        computed = tokens[:, None] + steps[None, :]  # [n, k]
-        table = (computed + B) // B  # ceil((c + 1) / B)
-        held, written = [], []
-        peak = 0  # blocks held once `advance_run` has grown every group by j + 1 tokens, before it frees
-        for group, count in self._kinds():
-            first = self._first(group, computed)
-            held.append(((table - first).sum(axis=0), count))
-            written.append(((computed + 1 - B * first).sum(axis=0), count))
-            peak = peak + count * (table - (first[:, :1] if not isinstance(first, int) else 0)).sum(axis=0)
-        used = sum(h * c for h, c in held)
+        form = run_form(self, tokens, k)
         N = self.pool.num_blocks
-        bad = (used > N) | (peak > N)
+        bad = (form.used > N) | (form.peak > N)
         if waiting:
-            bad |= used < self.pool.num_used
+            bad |= form.used < self.pool.num_used
         stop = np.flatnonzero(bad)
-        k = int(stop[0]) if len(stop) else k
-        return k, (held, written, used)
+        return (int(stop[0]) if len(stop) else k), form
 
-    def run_memory(self, run: tuple, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_memory(self, form: RunForm, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
-        steps of a `decode_run`: what `parts` and `group_blocks` return after each of those steps."""
-        held, written, used = run
+        steps of a run (`run_form`): what `parts` and `group_blocks` return after each of those steps."""
         B = self.block_size
-        used = used[:k]
-        useful = sum(w[:k] * c for w, c in written)
+        used = form.used[:k]
+        useful = np.array([c for _, c in self._kinds()], dtype=np.int64) @ form.written[:, :k]
         parts = np.zeros((k, 6), dtype=np.int64)
         parts[:, 0] = useful
         parts[:, 1] = used * B - useful
         parts[:, 5] = self.capacity_slots - used * B
-        per_kind = {key: h[:k] for (key, _), (h, _) in zip(self._kinds(), held, strict=True)}
-        groups = np.stack([per_kind[PoolGroup(g.kind, g.window)] for g in self.groups], axis=1)
-        return parts, used * BLOCK_TABLE_ENTRY_BYTES, groups
+        return parts, used * BLOCK_TABLE_ENTRY_BYTES, form.held[self._kind_of_group(), :k].T
 
-    def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, run: tuple) -> None:
-        """The pool after k decode steps of `decode_run` from `tokens`: every group frees what its first step
-        frees, all grow by k tokens in one hand-out (HybridPool.grow_private_many), then each frees what its
-        last step frees, which leaves every table as stepping leaves it; then checked against the closed form
-        of the last step."""
-        pool = self.pool
-        pool.advance_private(rids.tolist(), k, 1, check=False)
-        _, written, used = run
-        usage = pool.usage()
-        useful = sum(int(w[k - 1]) * c for w, c in written)
-        assert (usage.used_blocks == int(used[k - 1]) == usage.logical_blocks and usage.useful_tokens == useful
-                and not usage.cached_free_blocks), (
-            f"hybrid run of {k} steps: pool holds {usage.used_blocks} blocks / {usage.useful_tokens} tokens, "
-            f"the closed form {int(used[k - 1])} / {useful}")
+    def _kind_of_group(self) -> list[int]:
+        """Each group's index in `_kinds` (memoised like it)."""
+        if self._kind_memo is None:
+            index = {group: i for i, (group, _) in enumerate(self._kinds())}
+            self._kind_memo = [index[PoolGroup(g.kind, g.window)] for g in self.groups]
+        return self._kind_memo
+
+    _kind_memo: list[int] | None = None
+
+    def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, form: RunForm) -> None:
+        """The pool after k decode steps of `decode_run` from `tokens`: every table as stepping leaves it
+        (HybridPool.advance_private, one token at a time), then checked against the closed form of the last step."""
+        self.pool.advance_private(rids.tolist(), k, 1, check=False)
+        check_run(self, form, k)
 
     @property
     def aligned_prefill_block(self) -> int:

@@ -23,9 +23,9 @@ def spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
                         lambda self, *a: (segments.append(a[2]), real(self, *a))[1])
     real_pool = fastforward_groups._advance_pool
 
-    def through(ff, run, tokens0, remaining, k, ends):
+    def through(ff, run, remaining, k, ends, form):
         finishing.append(int((remaining <= k).sum()))
-        return real_pool(ff, run, tokens0, remaining, k, ends)
+        return real_pool(ff, run, remaining, k, ends, form)
 
     monkeypatch.setattr(fastforward_groups, "_advance_pool", through)
     return segments, finishing

@@ -1,0 +1,85 @@
+"""What a hybrid pool holds through a run of k decode steps, in closed form (GroupedPagedPolicy.decode_run and
+fastforward_groups' runs through finishes), all kinds of group at once.
+
+In step j (0-based) request i grows from c = t_i + j to c + 1 tokens: each table of a kind first frees the blocks
+before its first block f(c) (pool.hybrid_private.first_blocks), then grows to ceil((c + 1) / B) entries, so it
+holds ceil((c + 1) / B) − f(c) blocks with c + 1 − B · f(c) tokens written in them. Summed over the requests in
+step j (all of them, or those with more than j tokens to go) and over tables (a kind's count of them):
+
+    held[kind, j], written[kind, j]   per table of the kind;  used[j] = Σ count · held
+    peak[j]    blocks held once the pool update after a run of j + 1 steps (hybrid_private.advance_private) has
+               grown every request still running then from f(t_i) to t_i + j + 1 tokens, before it frees
+    kept[j], kept_written[j]   what those requests hold after such a run (the pool's count then, `check_run`)
+
+Every sum is over exact integers, so the figures are those of stepping, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..pool.groups import PoolGroup
+from ..pool.hybrid import HybridPool
+from ..pool.hybrid_private import first_blocks
+
+
+class GroupedPolicy(Protocol):
+    """What a run's closed form reads of GroupedPagedPolicy (paged_groups, which imports this module)."""
+
+    block_size: int
+    pool: HybridPool
+
+    def _kinds(self) -> list[tuple[PoolGroup, int]]: ...
+
+
+class RunForm(NamedTuple):
+    held: np.ndarray  # int64 [kinds, k]
+    written: np.ndarray  # int64 [kinds, k]
+    used: np.ndarray  # int64 [k]
+    peak: np.ndarray  # int64 [k]
+    kept: np.ndarray  # int64 [k]
+    kept_written: np.ndarray  # int64 [k]
+
+
+def run_form(policy: GroupedPolicy, tokens: np.ndarray, k: int, remaining: np.ndarray | None = None) -> RunForm:
+    """The closed form of k decode steps of requests holding `tokens` [n] (≥ 1 each); `remaining` [n]: the tokens
+    each has to go (it leaves after its last; None: every request runs all k steps)."""
+    B, mode = policy.block_size, policy.pool.state_mode
+    steps = np.arange(k, dtype=np.int64)
+    computed = tokens[:, None] + steps  # [n, k]
+    kinds = policy._kinds()
+    counts = np.array([count for _, count in kinds], dtype=np.int64)
+    firsts = [first_blocks(group, computed, B, mode) for group, _ in kinds]
+    freeing = [i for i, f in enumerate(firsts) if not isinstance(f, int)]
+    # the quantities summed over requests: table length, tokens written, and each freeing kind's first block
+    terms = np.stack([(computed + B) // B, computed + 1, *(firsts[i] for i in freeing)])  # [2 + m, n, k]
+    starts = terms[2:, :, 0]  # [m, n]: f(t_i), where the pool update grows from
+    if remaining is None:
+        live = kept = terms.sum(axis=1)  # [2 + m, k]
+        start_sums = np.repeat(starts.sum(axis=1)[:, None], k, axis=1)  # [m, k]
+    else:
+        live = (terms * (steps < remaining[:, None])).sum(axis=1)
+        survive = steps + 1 < remaining[:, None]  # [n, k]: still running after a run of j + 1 steps
+        kept = (terms * survive).sum(axis=1)
+        start_sums = starts @ survive
+    first_sums = np.zeros((len(kinds), k), dtype=np.int64)
+    first_sums[freeing] = live[2:]
+    held = live[0] - first_sums
+    written = live[1] - B * first_sums
+    total, freeing_counts = int(counts.sum()), counts[freeing]
+    return RunForm(held, written, counts @ held, total * kept[0] - freeing_counts @ start_sums,
+                   total * kept[0] - freeing_counts @ kept[2:], total * kept[1] - B * (freeing_counts @ kept[2:]))
+
+
+def check_run(policy: GroupedPolicy, form: RunForm, k: int) -> None:
+    """The pool after a run of k steps (advance_private) holds what the closed form says the requests still
+    running hold: used blocks (each in one table) and the tokens written in them."""
+    pool = policy.pool
+    store = pool.store
+    logical = sum(p.logical_blocks for p in pool.pools)
+    used, useful = int(form.kept[k - 1]), int(form.kept_written[k - 1])
+    assert store.num_used == used == logical and store.useful_tokens == useful and not store.queue.num_cached, (
+        f"hybrid run of {k} steps: pool holds {store.num_used} blocks ({logical} in tables) / {store.useful_tokens} "
+        f"tokens, the closed form {used} / {useful}")
