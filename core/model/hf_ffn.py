@@ -57,7 +57,8 @@ def intermediate_widths(f: ConfigFields, n: int) -> list[int] | None:
         if widths is None or any(w < 1 for w in widths):
             raise f.error(f"field 'intermediate_size' must be a positive integer or a list of them, got {value!r}")
         return widths
-    width = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner")
+    # ff_intermediate_size: Phi-3-small's spelling (its config names no intermediate_size)
+    width = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner", "ff_intermediate_size")
     return None if width is None else [width] * n
 
 

@@ -150,3 +150,21 @@ def test_every_command_that_reads_a_config_prints_its_notes(run_cli, tmp_path: P
         result = run_cli(*command, "--config", model)
         assert result.exit_code == 0, result.stderr
         assert [line for line in result.stderr.splitlines() if line.startswith("warning: ")] == warnings, command
+
+
+def test_phi3_small_reads_its_mlp_width(run_cli, tmp_path: Path) -> None:
+    # microsoft/Phi-3-small-8k-instruct names its MLP width ff_intermediate_size: size --gpu, sim and plan stopped
+    # with "has no intermediate_size to count its MLP weights"; its blocksparse fields are attention compute only
+    # (vLLM keeps every token's K and V), so its KV is 32 layers · 8 heads · 128 · 2 · 2 B = 131,072 B a token
+    phi3_small = {"model_type": "phi3small", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "ff_intermediate_size": 14336, "max_position_embeddings": 8192,
+                  "vocab_size": 100352, "torch_dtype": "bfloat16", "dense_attention_every_n_layers": 2,
+                  "blocksparse_block_size": 64, "blocksparse_num_local_blocks": 16, "blocksparse_vert_stride": 8}
+    spelled = {k: v for k, v in phi3_small.items() if k != "ff_intermediate_size"} | {"intermediate_size": 14336}
+    plans = []
+    for name, config in (("phi3", phi3_small), ("spelled", spelled)):
+        result = run_cli("size", "--config", str(_write(tmp_path, config, name)), "--gpu", "H100-SXM", "--json")
+        assert result.exit_code == 0, result.stderr
+        assert result.json()["bytes_per_token"] == 32 * 8 * 128 * 2 * 2
+        plans.append(result.json()["gpu_plan"]["weights_bytes"])
+    assert plans[0] == plans[1]
