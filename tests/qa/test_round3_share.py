@@ -21,3 +21,37 @@ def test_a_replay_flag_without_a_trace_names_the_flags_given(run_cli, args: tupl
     # was "--capacity and the tier options replay a trace" whichever of them was given (e.g. --plot alone)
     line = _one_error_line(run_cli("share", *args))
     assert line.startswith(f"error: {named} to a trace's prefix-cache replay") and "add --trace mooncake FILE" in line
+
+
+def _mooncake(tmp_path, lines: list[tuple[int, int]]):
+    """A Mooncake trace of (input_length, output_length) requests with distinct hash ids."""
+    import json
+
+    path, next_id, rows = tmp_path / "t.jsonl", 0, []
+    for i, (prompt, output) in enumerate(lines):
+        ids = list(range(next_id, next_id + -(-prompt // 512)))
+        next_id += len(ids)
+        rows.append(json.dumps({"timestamp": i, "input_length": prompt, "output_length": output, "hash_ids": ids}))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("prompt", [1000, 1017, 2050, 3333])
+def test_a_hybrid_pool_too_small_for_one_request_suggests_values_the_flags_take(run_cli, tmp_path, prompt) -> None:
+    # was "... (vllm layout, chunks of 8,192): give at least 3.13 GiB" for gpt-oss (sliding windows, not chunks:
+    # the chunks are the prompt's prefill chunks), a --memory value that --memory refuses (not whole bytes), and a
+    # size in bytes for --capacity-blocks, a count of blocks
+    trace = _mooncake(tmp_path, [(prompt, 10)])
+    # gpt-oss-120b, vllm layout: 18 full + 18 sliding (128) layers, G = 18 slots of 16 tokens · 2,048 B = 576 KiB a
+    # block id (whole MiB only when the blocks are a multiple of 4: 576 KiB · 100 / 1 MiB = 56.25)
+    line = _one_error_line(run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b",
+                                   "--capacity-blocks", "3"))
+    need = int(line.split("fewer than the ")[1].split(" ")[0].replace(",", ""))
+    assert "prompts computed in chunks of 8,192 tokens" in line
+    least = need * 576 * 1024
+    mib = f"{least / 2**20:.2f}".removesuffix(".00") if least * 100 % 2**20 == 0 else str(-(-least // 2**20))
+    assert line.endswith(f"give --capacity-blocks {need:,} or --memory {mib}MiB or more")
+    ok = run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b", "--memory", f"{mib}MiB")
+    assert ok.exit_code == 0, ok.stderr  # the suggestion is a value --memory takes, and it is enough
+    assert run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b", "--capacity-blocks",
+                   str(need)).exit_code == 0
