@@ -30,8 +30,13 @@ MAX_BYTES = 2**90  # 1024 YiB (YiB is the largest IEC unit): a byte size above i
 def parse_bytes(text: str | int) -> int:
     """`"80GiB"` -> 85899345920; `"80GB"` -> 80000000000; `"80e9"` -> 80000000000. Exact; never rounds."""
     exact = _exact_bytes(text)
-    if exact.denominator != 1:
-        raise ValueError(f"the memory size {text!r} is not a whole number of bytes: give whole bytes")
+    if exact.denominator != 1:  # e.g. 79.19GiB as a log prints it: the fix names the whole sizes around it
+        down = exact.numerator // exact.denominator
+        if not down:
+            raise ValueError(f"the memory size {text!r} is not a whole number of bytes (less than one): give whole "
+                             "bytes, 1 or more")
+        raise ValueError(f"the memory size {text!r} is not a whole number of bytes ({_decimal(exact)}): give whole "
+                         f"bytes, e.g. {down} (rounded down) or {down + 1}")
     return int(exact)
 
 

@@ -80,3 +80,13 @@ def test_gpu_plan_takes_every_block_size_vllm_accepts(run_cli) -> None:
     assert plan["block_size"] == 256 and plan["block_bytes"] == 256 * 131_072  # 128 KiB a token
     line = run_cli("size", "--model", "llama-3-8b", "--gpu", "H100-SXM", "--block", "512").stderr
     assert "(1, 8, 16, 32, 64, 128, 256)" in line
+
+
+def test_a_size_that_is_not_whole_bytes_is_refused_with_whole_sizes_to_give(run_cli) -> None:
+    # was "give whole bytes" and nothing more for 79.19GiB, the H100's memory as vLLM logs it (docs/size.md)
+    line = _one_error_line(run_cli("size", "--model", "llama-3-8b", "--memory", "79.19GiB"))
+    # 79.19 · 2^30 = 85,029,615,042.56 bytes
+    assert line.endswith("not a whole number of bytes (85,029,615,042.56): give whole bytes, e.g. 85029615042 "
+                         "(rounded down) or 85029615043")
+    fixed = run_cli("size", "--model", "llama-3-8b", "--memory", "85029615042", "--tokens", "8192", "--json")
+    assert fixed.exit_code == 0 and fixed.json()["capacity"]["max_tokens"] == 85_029_615_042 // 131_072
