@@ -89,8 +89,12 @@ class HybridPrivate(HybridLayout):
         group's SeqTable.table pointed at its row, when another operation replaced a table or it is too short)."""
         wide = self.__dict__.setdefault("_private_wide", {})
         table = wide.get(seq_id)
-        if table is not None and table.shape[1] >= capacity and all(s.table.base is table for s in tables):
-            return table
+        if table is not None and table.shape[1] >= capacity:
+            for seq in tables:
+                if seq.table.base is not table:
+                    break
+            else:
+                return table
         held = tables[0].num_blocks
         table = np.empty((len(tables), max(2 * capacity, 2 * held, 8)), dtype=np.int64)
         for row, seq in zip(table, tables, strict=True):
@@ -98,6 +102,17 @@ class HybridPrivate(HybridLayout):
             seq.table = row
         wide[seq_id] = table
         return table
+
+    def _last_ids(self, seq_id: Hashable, table: np.ndarray, held: int) -> list[int]:
+        """The last block of each of the sequence's tables (its wide `table`, `held` entries long), remembered
+        while the table is the same array and as long: a decode step reads them to top them up."""
+        last = self.__dict__.setdefault("_private_last", {})
+        known = last.get(seq_id)
+        if known is not None and known[0] is table and known[1] == held:
+            return known[2]
+        ids = table[:, held - 1].tolist()
+        last[seq_id] = (table, held, ids)
+        return ids
 
     def _private_check(self, what: str) -> None:
         if not self.private:
@@ -185,6 +200,7 @@ class HybridPrivate(HybridLayout):
             pool._epoch += 1
         store.counters[counter] += len(self.pools)
         self.__dict__.get("_private_wide", {}).pop(seq_id, None)
+        self.__dict__.get("_private_last", {}).pop(seq_id, None)
         self._changed()
 
     # ---- growth -----------------------------------------------------------------------------------
@@ -210,7 +226,7 @@ class HybridPrivate(HybridLayout):
             self._changed()
             return False
         wides = self._private_free(seq_ids, columns, plan)
-        self._private_grow(columns, wides, plan, num_tokens, need)
+        self._private_grow(seq_ids, columns, wides, plan, num_tokens, need)
         self._changed()
         return True
 
@@ -264,37 +280,41 @@ class HybridPrivate(HybridLayout):
             store.drop(blocks, defer=self.pools[0]._in_step)
         return wides
 
-    def _private_grow(self, columns: list[tuple[SeqTable, ...]], wides: list[np.ndarray],
+    def _private_grow(self, seq_ids: Sequence[Hashable], columns: list[tuple[SeqTable, ...]], wides: list[np.ndarray],
                       plan: list[tuple[int, int, list[int]]], num_tokens: int, need: int) -> None:
         """Top up every kept partial last block, then hand out `need` fresh blocks (each table's all full but its
         last) for the tables' new entries from their first kept one on; the entries before it stay NULL_BLOCK."""
         store, B, G = self.store, self.block_size, len(self.pools)
         blocks = store.hand_out(need)[0]
+        ids = blocks.tolist()
         fills: list[int] = []  # of the fresh blocks, in hand-out order
-        topped: list[np.ndarray] = []  # the kept partial last blocks
-        tops: list[int] = []  # the tokens each of those arrays' blocks takes
+        topped: list[int] = []  # the kept partial last blocks
+        tops: list[int] = []  # and the tokens each takes
+        members = [m for _, m in self.kinds()]
         rows = self._rows()
+        last_ids = self.__dict__.setdefault("_private_last", {})
         at = grown = 0
-        for c, table, (held, after, firsts) in zip(columns, wides, plan, strict=True):
+        for seq_id, c, table, (held, after, firsts) in zip(seq_ids, columns, wides, plan, strict=True):
             tokens = c[0].num_tokens
             new = tokens + num_tokens
             grown += after - held
             if tokens % B:  # the old last block of every table that keeps it takes more tokens
-                room = min(B - tokens % B, num_tokens)
+                room, last = min(B - tokens % B, num_tokens), self._last_ids(seq_id, table, held)
                 if max(firsts) < held:
-                    topped.append(table[:, held - 1])
-                    tops.append(room)
+                    topped += last
+                    tops += [room] * G
                 else:
-                    for (_, r, _, _), first in zip(rows, firsts, strict=True):
+                    for group_rows, first in zip(members, firsts, strict=True):
                         if first < held:
-                            topped.append(np.atleast_1d(table[r, held - 1]))
-                            tops.append(room)
+                            topped += [last[g] for g in group_rows]
+                            tops += [room] * len(group_rows)
             if after > held:
-                last = new - (after - 1) * B
+                fill = new - (after - 1) * B
                 if max(firsts) <= held:  # every table grows from its end: one write
                     m = after - held
                     table[:, held:after] = blocks[at : at + G * m].reshape(G, m)
-                    fills += ([B] * (m - 1) + [last]) * G
+                    fills += ([B] * (m - 1) + [fill]) * G
+                    last_ids[seq_id] = (table, after, ids[at + m - 1 : at + G * m : m])
                     at += G * m
                 else:
                     for (_, r, count, _), first in zip(rows, firsts, strict=True):
@@ -302,7 +322,7 @@ class HybridPrivate(HybridLayout):
                         table[r, held:start] = NULL_BLOCK
                         m = after - start
                         table[r, start:after] = blocks[at : at + count * m].reshape(count, m)
-                        fills += ([B] * (m - 1) + [last]) * count
+                        fills += ([B] * (m - 1) + [fill]) * count
                         at += count * m
             for seq in c:
                 seq.num_blocks = after
@@ -311,13 +331,10 @@ class HybridPrivate(HybridLayout):
         for pool in self.pools:
             pool.logical_blocks += grown
             pool.logical_tokens += num_tokens * len(columns)
-        added = 0
         if topped:
-            sizes = [len(t) for t in topped]
-            store.fill[np.concatenate(topped)] += np.repeat(tops, sizes)
-            added = sum(t * n for t, n in zip(tops, sizes, strict=True))
+            store.fill[topped] += tops
         if need:
             store.ref[blocks] = 1
             store.fill[blocks] = fills
             store.num_used += need
-        store.useful_tokens += added + sum(fills)
+        store.useful_tokens += sum(tops) + sum(fills)

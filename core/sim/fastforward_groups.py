@@ -6,7 +6,7 @@ Request i (t_i tokens, r_i tokens to go) decodes in steps j < r_i; in step j eac
 ceil((t_i + j + 1) / B) − first(t_i + j) of its blocks (GroupedPagedPolicy.decode_run), masked by j < r_i,
 and the step fits iff the blocks of the requests alive in it fit. Step j's time is the decode step of the n_j
 alive requests, taken per stretch of constant n_j (the step-time model's scalar path, as a plain step takes
-it); every integral is added step by step in step order (step_sums.in_order). The pool is brought up to
+it); every integral is added step by step in step order (step_sums.add_run). The pool is brought up to
 date after the run: the finished requests leave (in finishing order, each at its own time), then the survivors
 grow by k tokens at once (_advance_pool); the run is kept only as long as that update fits the pool too.
 """
@@ -92,6 +92,11 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
     alive = n - gone
     context = (context_done[-1] - context_done[gone] + steps * alive).astype(np.float64)
     excess = ff._excess(tokens0, k, remaining)
+    if not st.num_experts:  # every term elementwise as decode_steps_s takes it: one call for all stretches
+        seqs = alive.astype(np.float64)
+        return np.asarray(st.step_s(seqs, context, context + seqs, 0.0, excess, excess, seqs)), alive
+    # NOTE: a MoE model's share of weights read is a power of the tokens, whose numpy loop may round differently
+    # from the scalar path's: a call per stretch of constant n_j keeps it scalar
     d = np.empty(k)
     cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
     for a, b in itertools.pairwise(cuts):

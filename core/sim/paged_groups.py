@@ -260,6 +260,11 @@ class GroupedPagedPolicy:
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
         slots count as used, its fill as useful)."""
+        if self._private:  # the store's running totals: no block is cached, shared or of another size
+            store, pools = self.pool.store, self.pool.pools
+            used = store.num_used * self.block_size
+            return (np.array([store.useful_tokens, used - store.useful_tokens, 0, 0, 0, self.capacity_slots - used],
+                             dtype=np.int64), sum(p.logical_blocks for p in pools) * BLOCK_TABLE_ENTRY_BYTES)
         usage = self.pool.usage()
         slots = usage.block_size  # a block's slots: the block size, or the lcm of the groups' (group_blocks, mixed)
         used, cached = usage.used_blocks * slots, usage.cached_free_blocks * slots
@@ -270,7 +275,9 @@ class GroupedPagedPolicy:
         return parts, usage.logical_blocks * BLOCK_TABLE_ENTRY_BYTES
 
     def group_blocks(self) -> list[int]:
-        """Blocks each group's tables hold now (a block is in one group only)."""
+        """Blocks each group's tables hold now (a block is in one group only; in a private pool, in one table)."""
+        if self._private:
+            return [p.logical_blocks for p in self.pool.pools]
         return [u.held_blocks for u in self.pool.group_usage()]
 
     def check_whole(self) -> None:

@@ -22,15 +22,6 @@ def piece_bounds(ends: np.ndarray, k: int, arrivals: Sequence[float], next_arriv
     return [0, *sorted({bisect_left(starts, a) for a in arrivals[next_arrival:last]}), k]
 
 
-def in_order(start: np.ndarray | float, terms: np.ndarray) -> np.ndarray:
-    """start + terms[0] + terms[1] + … added one at a time in that order (cumsum accumulates sequentially,
-    unlike sum's pairwise tree), as `+=` once per step adds them."""
-    out = np.empty((len(terms) + 1, *np.shape(start)))
-    out[0] = start
-    out[1:] = terms
-    return out.cumsum(axis=0)[-1]
-
-
 def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np.ndarray, np.ndarray, np.ndarray],
             running: np.ndarray | int, waiting: np.ndarray | int) -> None:
     """A run's step-by-step integrals, timeline rows, inter-token gaps and busy time, as stepping adds them: d[j] the
@@ -38,18 +29,27 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
     per group, each per step), `running` / `waiting` the requests each step (a count or one per step)."""
     parts, table, groups = memory
     running, waiting = np.broadcast_to(running, d.shape), np.broadcast_to(waiting, d.shape)
-    totals.memory_slot_s[...] = in_order(totals.memory_slot_s, d[:, None] * parts)
-    totals.block_table_byte_s = float(in_order(totals.block_table_byte_s, d * table))
-    totals.running_s = float(in_order(totals.running_s, d * running))
-    totals.in_system_s = float(in_order(totals.in_system_s, d * (running + waiting)))
     if totals.group_block_s is None:
         totals.group_block_s = np.zeros(groups.shape[1])
-    totals.group_block_s[...] = in_order(totals.group_block_s, d[:, None] * groups)
+    # every integral a column of one table (cumsum adds each column in step order): the parts, table bytes,
+    # running, in system, busy time, then the blocks of each group
+    sums = np.empty((len(d) + 1, 10 + groups.shape[1]))
+    sums[0] = (*totals.memory_slot_s, totals.block_table_byte_s, totals.running_s, totals.in_system_s, totals.busy_s,
+               *totals.group_block_s)
+    sums[1:, :6] = d[:, None] * parts
+    sums[1:, 6] = d * table
+    sums[1:, 7] = d * running
+    sums[1:, 8] = d * (running + waiting)
+    sums[1:, 9] = d
+    sums[1:, 10:] = d[:, None] * groups
+    total = sums.cumsum(axis=0)[-1]
+    totals.memory_slot_s[...] = total[:6]
+    totals.block_table_byte_s, totals.running_s, totals.in_system_s, totals.busy_s = total[6:10].tolist()
+    totals.group_block_s[...] = total[10:]
     if totals.timeline is not None:
         for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
             start = float(ends[j])
             totals.timeline.append((start, start + float(d[j]), int(running[j]), int(waiting[j]), *row, *blocks))
     totals.add_itl(np.repeat(ends[1:] - ends[:-1], running), 1)  # step by step: one gap per running request
-    totals.busy_s = float(in_order(totals.busy_s, d))
     totals.steps += len(d)
     totals.segments += 1
