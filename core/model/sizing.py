@@ -16,7 +16,8 @@ Capacity for a KV budget (per GPU when tp > 1):
   per token on one GPU). With windows or chunks this ignores them, a lower bound on what fits: a windowed
   layer stores at most W tokens per sequence, so how many tokens fit depends on how they are split into
   sequences (`max_seqs`); with a state it is an upper bound on tokens split into more than one sequence;
-* `max_seqs`: whole sequences of `tokens` tokens (windows applied, recurrent state included) that fit;
+* `max_seqs`: whole sequences of `tokens` tokens (windows applied, recurrent state included) that fit all the way
+  there (a chunked layer counted at its peak, a whole chunk, which it held before its current chunk began);
 * `num_blocks`: paged blocks of `block_size` tokens (every layer) that fit: equation 1, no padding;
 * `layout`, `layout_blocks`: the same budget paged as vLLM pages it (core/model/kv_groups.py: groups padded
   to one size, Mamba hybrids' block raised to hold a state), the block ids `plan_blocks` gives — what
@@ -161,6 +162,18 @@ class SizeResult:
         return self.per_gpu_bits_per_seq * self.seqs
 
     @property
+    def per_gpu_peak_bits_per_seq(self) -> int:
+        """The most one sequence holds on its way to `tokens` tokens (one GPU, its state included). A chunked
+        layer frees its chunk when the next one starts, so at n tokens it holds n − C·floor((n − 1)/C) but it held
+        a whole chunk of C at the last multiple of C: between those points every kind of layer only grows, so the
+        peak is at `tokens` or at a chunk's last end (Llama-4-Scout at 8,193 tokens holds 1 token a chunked layer,
+        and held 8,192 one token before)."""
+        ends = {self.tokens} | {g.window * (self.tokens // g.window) for g in self.spec.layer_groups
+                                if g.kind == "chunked" and g.window and self.tokens >= g.window}
+        return (max(self.spec.kv_bits(n, self.bits_per_scalar, self.tp) for n in ends)
+                + self.spec.state_bits(self.tp))
+
+    @property
     def groups(self) -> list[GroupRow]:
         return [
             GroupRow(g, g.count * g.bits_per_token(self.bits_per_scalar) if g.keeps_kv else 0,
@@ -251,7 +264,8 @@ def compute_size(
     if memory_bytes <= 0:
         raise ParameterError(f"memory_bytes must be positive, got {memory_bytes}", "memory_bytes")
     memory_bits = memory_bytes * 8
-    max_seqs = memory_bits // result.per_gpu_bits_per_seq
+    peak_bits = result.per_gpu_peak_bits_per_seq  # what a sequence held on its way there (chunks), not only at the end
+    max_seqs = memory_bits // peak_bits
     if not spec.keeps_kv:  # pure recurrent: one state page per sequence, whatever its length
         capacity = Capacity(memory_bytes=memory_bytes, per_gpu=tp > 1, max_tokens=max_seqs * tokens,
                             max_seqs=max_seqs, num_blocks=max_seqs, block_size=block_size,
@@ -268,7 +282,7 @@ def compute_size(
         max_seqs=max_seqs,
         num_blocks=memory_bits // (result.per_gpu_bits_per_token * block_size),
         block_size=block_size,
-        fits=result.per_gpu_bits <= memory_bits,
+        fits=peak_bits * seqs <= memory_bits,
         layout=layout,
         layout_blocks=None if layout is None else plan_blocks(layout, memory_bytes),
     )

@@ -90,3 +90,18 @@ def test_a_size_that_is_not_whole_bytes_is_refused_with_whole_sizes_to_give(run_
                          "(rounded down) or 85029615043")
     fixed = run_cli("size", "--model", "llama-3-8b", "--memory", "85029615042", "--tokens", "8192", "--json")
     assert fixed.exit_code == 0 and fixed.json()["capacity"]["max_tokens"] == 85_029_615_042 // 131_072
+
+
+@pytest.mark.parametrize(("tokens", "peak"), [
+    (8_192, 8_192), (8_193, 8_192), (16_384, 16_384), (16_385, 16_384), (100_000, 98_304)])
+def test_max_sequences_of_a_chunked_model_counts_each_at_its_peak(run_cli, tokens: int, peak: int) -> None:
+    # was 213 sequences of 8,193 tokens but 53 of 8,192 in 80 GiB: at 8,193 a chunked layer holds 1 token, but
+    # every sequence held a whole chunk of 8,192 one token before, so 213 of them cannot get there together
+    result = run_cli("size", "--model", "llama-4-scout", "--tokens", str(tokens), "--memory", "80GiB", "--json")
+    assert result.exit_code == 0, result.stderr
+    per_token_layer = 8 * 128 * 2 * 2  # 8 KV heads · 128 · K and V · 2 B
+    held = 36 * 8_192 * per_token_layer + 12 * peak * per_token_layer  # 36 chunked at a whole chunk, 12 full
+    assert result.json()["capacity"]["max_seqs"] == 80 * 2**30 // held
+    # the bytes at the end stay the current chunk's: 36 chunked layers hold n − 8,192 · floor((n − 1) / 8,192)
+    now = tokens - 8_192 * ((tokens - 1) // 8_192)
+    assert result.json()["bytes_per_seq"] == (36 * now + 12 * tokens) * per_token_layer
