@@ -7,13 +7,16 @@ them); the space, prices, execution and output options are the command's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from . import options as opt
 from .options import FormatOpt, JsonOpt, int_option, sim_options
-from .output import Format, emit, err_console, resolve_format
+from .output import Format, emit, err_console, resolve_format, warn_notes
+
+if TYPE_CHECKING:
+    from ..core.sim.options import SimOptions
 
 GpuCostOpt = Annotated[list[str] | None, typer.Option(
     "--gpu-cost", metavar="NAME=PRICE", help="A GPU to consider and its price per GPU-hour (repeat for each; "
@@ -65,8 +68,19 @@ def command(
     inputs = plan_inputs(base, PlanOptions(
         gpu_cost=gpu_cost, gpu=gpu, tp=tp, block=block, max_batched_tokens=max_batched_tokens, kv_dtype=kv_dtype,
         replicas=replicas, jobs=jobs, ray=ray, cache_dir=cache_dir, no_cache=no_cache, plot=plot))
+    _warn_model_notes(base)
     result = run_plan_timed(inputs)
     if plot is not None:
         write_plan_plot(plot, result)
         err_console.print(f"wrote {plot}", highlight=False)
     emit(build_report(result), fmt)
+
+
+def _warn_model_notes(base: SimOptions) -> None:
+    """The model's notes (config fields defaulted or ignored, the checkpoint's KV format) on stderr, as size, frag,
+    share and sim print them; the search reads the same model in each point's run."""
+    from ..core.model.models import resolve_model
+
+    spec = resolve_model(base.model, base.config, base.layers, base.kv_heads, base.head_dim)
+    if spec is not None:
+        warn_notes(spec.notes)
