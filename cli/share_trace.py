@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.inputs.traces import read_trace
 from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
 from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
-from ..core.units import format_bytes, format_count, format_percent, parse_bytes, plural
+from ..core.units import format_bytes, format_count, format_percent, memory_flag_at_least, parse_bytes, plural
 from .output import Field, Format, RawTable, Report, Table, err_console, quantity_table
 from .progress import progress_bar
 from .share_inputs import ShareInputs
@@ -88,14 +88,10 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     if capacity < need:
         given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,}" if memory_bytes is not None else (
             f"--capacity-blocks {capacity:,} is")
-        # the least --memory that holds `need` blocks, as --memory takes it (whole bytes): MiB to two decimals where
-        # that is exact, else whole MiB rounded up
-        least = need * layout.page_bytes
-        least_mib = f"{least / 2**20:.2f}".removesuffix(".00") if least * 100 % 2**20 == 0 else str(-(-least // 2**20))
         raise ValueError(f"{given} blocks of {format_bytes(layout.page_bytes)}, fewer than the {need:,} the largest "
                          f"request holds at its peak ({layout.layout} layout, prompts computed in chunks of "
                          f"{DEFAULT_CHUNK_TOKENS:,} tokens): give --capacity-blocks {need:,} or --memory "
-                         f"{least_mib}MiB or more")
+                         f"{memory_flag_at_least(need * layout.page_bytes)} or more")
     if fmt is Format.table:
         err_console.print(f"replaying {loaded.description} at block {layout.block_size} over "
                           f"{plural(len(groups), 'block table')} …", highlight=False)

@@ -196,3 +196,20 @@ def parse_int(text: str | int, flag: str) -> int:
             if exact.denominator == 1:
                 return -int(exact) if sign == "-" else int(exact)
     raise ValueError(f"{flag} {str(text)!r} {problem}: write a whole number, e.g. 4096, 1_000_000 or 1e12")
+
+
+def memory_flag_at_least(num_bytes: int) -> str:
+    """The least size, as a memory option takes it (whole bytes, written as a user types it), that holds
+    `num_bytes`: the largest IEC unit in which it is exact to two decimals (58,982,400 -> '56.25MiB'), else whole
+    units one below the largest, rounded up, which overshoots by less than 1/1,024 (65,142,784 -> '63616KiB')."""
+    if num_bytes < 1024:
+        return f"{num_bytes}B"
+    power = min(len(_IEC_NAMES) - 1, (num_bytes.bit_length() - 1) // 10)
+    for p in range(power, 0, -1):
+        hundredths = Fraction(num_bytes * 100, 1024**p)
+        if hundredths.denominator == 1:
+            whole, fraction = divmod(hundredths.numerator, 100)
+            decimals = f".{fraction:02d}".rstrip("0") if fraction else ""
+            return f"{whole}{decimals}{_IEC_NAMES[p]}"
+    unit = 1024 ** (power - 1)
+    return f"{-(-num_bytes // unit)}{_IEC_NAMES[power - 1]}"

@@ -16,7 +16,7 @@ from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.models import ModelSpec
 from ..model.sizing import bits_to_bytes
 from ..pool.groups import PoolGroup, check_state_mode_given, pool_groups
-from ..units import format_bytes
+from ..units import format_bytes, memory_flag_at_least
 
 
 def block_bytes(spec: ModelSpec, dtype_bits: int, block_size: int) -> int:
@@ -35,7 +35,7 @@ def blocks_in_memory(memory_bytes: int, bytes_per_block: int, least_blocks: int 
             f"holds {blocks:,} blocks of {format_bytes(bytes_per_block)}, fewer than the {least_blocks:,} {needed_by}")
         raise ParameterError(
             f"memory_bytes {format_bytes(memory_bytes)} {held}: give at least "
-            f"{format_bytes(least_blocks * bytes_per_block)}", "memory_bytes",
+            f"{memory_flag_at_least(least_blocks * bytes_per_block)}", "memory_bytes",
         )
     return blocks
 

@@ -229,7 +229,7 @@ def test_a_negative_beam_seed_names_the_option_and_the_fix(run_cli) -> None:
 def test_memory_errors_name_the_option_and_the_bytes(run_cli, mooncake: Path) -> None:
     # 20 MiB / 2 MiB per Llama-3-8B block = 10 blocks; request 2 needs ceil(1110 / 16) = 70 = 140 MiB
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "20MiB", "--model",
-                           "llama-3-8b"), "--memory 20.00 MiB holds 10 blocks", "give at least 140.00 MiB")
+                           "llama-3-8b"), "--memory 20.00 MiB holds 10 blocks", "give at least 140MiB")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "1KiB", "--model",
                            "llama-3-8b"), "--memory 1.00 KiB holds no block of 2.00 MiB")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "0"),

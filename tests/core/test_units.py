@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcalc.core.units import format_bytes, parse_bytes, parse_int, parse_logged_bytes, plural
+from kvcalc.core.units import format_bytes, memory_flag_at_least, parse_bytes, parse_int, parse_logged_bytes, plural
 
 _IEC_POWER = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5, "EiB": 6, "ZiB": 7, "YiB": 8}
 
@@ -189,3 +189,21 @@ def test_logged_sizes_are_rounded_down_to_whole_bytes_and_say_so():
                           ("lots", "cannot read")):
         with pytest.raises(ValueError, match=message):
             parse_logged_bytes(text)
+
+
+@given(st.integers(min_value=1, max_value=2**90))
+def test_memory_flag_at_least_is_the_least_size_a_memory_option_takes(num_bytes: int) -> None:
+    text = memory_flag_at_least(num_bytes)
+    taken = parse_bytes(text)  # whole bytes, or parse_bytes refuses it
+    assert taken >= num_bytes
+    assert taken - num_bytes < max(1, num_bytes / 1024)  # rounded up by less than one part in 1,024
+
+
+def test_memory_flag_at_least_by_hand() -> None:
+    assert memory_flag_at_least(1000) == "1000B"
+    assert memory_flag_at_least(1536) == "1.5KiB"
+    assert memory_flag_at_least(71 * 896 * 1024) == "63616KiB"  # 62.125 MiB: not two decimals of MiB
+    assert memory_flag_at_least(100 * 576 * 1024) == "56.25MiB"
+    assert memory_flag_at_least(3207 * 2**20) == "3207MiB"  # 3.1318359375 GiB
+    assert memory_flag_at_least(2**31) == "2GiB"
+    assert memory_flag_at_least(10**12 + 7) == "953675MiB"  # 953,674.316… MiB rounded up

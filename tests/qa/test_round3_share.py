@@ -49,19 +49,19 @@ def test_a_hybrid_pool_too_small_for_one_request_suggests_values_the_flags_take(
     need = int(line.split("fewer than the ")[1].split(" ")[0].replace(",", ""))
     assert "prompts computed in chunks of 8,192 tokens" in line
     least = need * 576 * 1024
-    mib = f"{least / 2**20:.2f}".removesuffix(".00") if least * 100 % 2**20 == 0 else str(-(-least // 2**20))
-    assert line.endswith(f"give --capacity-blocks {need:,} or --memory {mib}MiB or more")
-    ok = run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b", "--memory", f"{mib}MiB")
+    # exact to two decimals of MiB (need a multiple of 4 blocks: 576 KiB · 4 = 2.25 MiB), else the exact KiB
+    size = f"{least / 2**20:.2f}".removesuffix(".00") + "MiB" if least * 100 % 2**20 == 0 else f"{least // 1024}KiB"
+    assert line.endswith(f"give --capacity-blocks {need:,} or --memory {size} or more")
+    ok = run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b", "--memory", size)
     assert ok.exit_code == 0, ok.stderr  # the suggestion is a value --memory takes, and it is enough
     assert run_cli("share", "--trace", "mooncake", str(trace), "--model", "gpt-oss-120b", "--capacity-blocks",
                    str(need)).exit_code == 0
 
 
-@pytest.mark.xfail(strict=True, reason="D (core/share/memory.py blocks_in_memory): the suggested size is "
-                   "format_bytes(...) to two decimals, which --memory refuses when it is not a whole number of bytes")
 def test_a_plain_pool_too_small_for_one_request_suggests_a_size_memory_takes(run_cli, tmp_path) -> None:
     # Qwen2.5-7B: 28 layers · 4 KV heads · 128 · 2 · 2 B = 57,344 B a token, 896 KiB a block of 16; a request of
     # 1,120 + 10 tokens needs ceil(1130 / 16) = 71 blocks = 63,616 KiB = 62.125 MiB, said "give at least 62.12 MiB"
+    # (refused by --memory: not whole bytes); now "63616KiB", the exact least
     trace = _mooncake(tmp_path, [(1120, 10)])
     line = _one_error_line(run_cli("share", "--trace", "mooncake", str(trace), "--model", "qwen2.5-7b",
                                    "--memory", "10MiB"))
