@@ -56,8 +56,9 @@ class HybridPrivate(HybridLayout):
     @property
     def private(self) -> bool:
         store = self.store
-        return not (store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False)
-                    or any(p.spec.tracked for p in self.pools))
+        if store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False):
+            return False
+        return not any(pool.spec.tracked for pool in self.pools)
 
     def kinds(self) -> list[tuple[PoolGroup, list[int]]]:
         """The distinct groups (kind and window) with the indices of their tables, in group order (Gemma-3:

@@ -92,11 +92,16 @@ class GroupedPagedPolicy:
                   check: bool = True) -> bool:
         pool = self.pool
         ids, targets = rids.tolist(), totals.tolist()
+        if ids and self._private:
+            seqs = pool.pools[0].seqs  # (a private pool's groups count tokens alike)
+            if all(r in seqs for r in ids):
+                uniform = {t - seqs[r].num_tokens for r, t in zip(ids, targets, strict=True)}
+                add = uniform.pop() if len(uniform) == 1 else 0
+                if add > 0:  # a decode step (or one chunk each): every group at once
+                    return pool.advance_private(ids, add, add, check)
         if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
             distinct = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
             add = distinct.pop() if len(distinct) == 1 else 0
-            if add > 0 and self._private:  # a decode step (or one chunk each): every group at once
-                return pool.advance_private(ids, add, add, check)
             if add > 0:  # a decode step: one call per group
                 pool.free_skipped_many(ids, one_drop=not self.exact_block_tables)  # verify counts skip_blocks
                 if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
