@@ -26,6 +26,7 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Memory over time a
 
 
 def command(
+    # the workload: a trace, or a constructed arrival process
     trace: opt.TraceOpt = None,
     time_scale: opt.TimeScaleOpt = 1.0,
     limit: opt.LimitOpt = None,
@@ -35,6 +36,7 @@ def command(
     requests: opt.RequestsOpt = None,
     prompt_dist: opt.PromptDistOpt = None,
     output_dist: opt.OutputDistOpt = None,
+    # the model and its KV
     model: opt.ModelOpt = None,
     config: opt.ConfigOpt = None,
     layers: opt.LayersOpt = None,
@@ -43,6 +45,7 @@ def command(
     dtype: opt.KvDtypeOpt = DEFAULT_DTYPE,
     weight_dtype: opt.WeightDtypeOpt = None,
     weights_bytes: opt.WeightsBytesOpt = None,
+    # the GPU, its memory plan (as vLLM plans it) and the step-time roofline
     gpu: opt.GpuOpt = None,
     gpu_memory: opt.GpuMemoryOpt = None,
     bandwidth: opt.BandwidthOpt = None,
@@ -52,11 +55,13 @@ def command(
     vllm_version: opt.VllmVersionOpt = None,
     quantization: opt.QuantizationOpt = None,
     workspace_bytes: opt.WorkspaceBytesOpt = None,
+    # the KV pool
     block_size: opt.SimBlockOpt = DEFAULT_BLOCK_SIZE,
     layout: opt.LayoutOpt = None,
     mamba_cache_mode: opt.MambaCacheModeOpt = None,
     policy: opt.PolicyOpt = None,
     compare: opt.CompareOpt = None,
+    # the scheduler: batch limits, preemption, cancellations and timeouts
     max_batched_tokens: opt.MaxBatchedTokensOpt = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_seqs: opt.MaxSeqsOpt = None,
     max_model_len: opt.MaxModelLenOpt = None,
@@ -65,6 +70,7 @@ def command(
     cancel_fraction: opt.CancelFractionOpt = 0.0,
     timeout_s: opt.TimeoutOpt = None,
     seed: opt.SimSeedOpt = None,
+    # the step-time model's efficiencies, SLO targets, and the run's switches
     compute_eff: opt.ComputeEffOpt = 0.6,
     weight_eff: opt.WeightEffOpt = 0.8,
     attn_eff: opt.AttnEffOpt = 0.8,
@@ -75,6 +81,7 @@ def command(
     target_attainment: opt.AttainmentOpt = None,
     no_prefix_caching: opt.NoPrefixCachingOpt = False,
     no_fast_forward: opt.NoFastForwardOpt = False,
+    # KV tiers below the GPU, then speculative decoding
     host_cache: opt.HostCacheOpt = None,
     disk_cache: opt.DiskCacheOpt = None,
     host_bw: opt.HostBwOpt = None,
@@ -84,6 +91,7 @@ def command(
     spec_method: opt.SimSpecMethodOpt = None,
     draft_cost: opt.DraftCostOpt = None,
     rollback_policy: opt.RollbackPolicyOpt = None,
+    # output
     timeline: TimelineOpt = None,
     plot: PlotOpt = None,
     json_flag: opt.JsonOpt = False,
