@@ -84,6 +84,7 @@ def check_ray_address(address: str) -> None:
 def plan_inputs(base: SimOptions, o: PlanOptions) -> PlanInputs:
     """The flags checked (`check_plan_options`), the space and prices parsed, Ray imported when asked for."""
     from .. import __version__
+    from ..core.model.layers import check_tp
     from ..core.plan.cache import PointCache, code_fingerprint, default_cache_dir
     from ..core.plan.planner import PlanRequest
     from ..core.plan.space import Space, check_gpus, parse_dtypes, parse_ints, parse_prices
@@ -93,7 +94,8 @@ def plan_inputs(base: SimOptions, o: PlanOptions) -> PlanInputs:
     prices = parse_prices(o.gpu_cost or [])
     gpus = check_gpus([g for g in o.gpu.split(",")] if o.gpu is not None else [], prices)
     space = Space(
-        gpus=gpus, tp=parse_ints(o.tp, "tp", highest=1024), block_sizes=parse_ints(o.block, "block"),
+        gpus=gpus, tp=tuple(check_tp(tp) for tp in parse_ints(o.tp, "tp", lowest=-(2**63), highest=2**63)),
+        block_sizes=parse_ints(o.block, "block"),
         max_batched_tokens=parse_ints(o.max_batched_tokens, "max_batched_tokens"),
         kv_dtypes=parse_dtypes(o.kv_dtype), replicas=parse_ints(o.replicas, "replicas", highest=4096))
     if o.ray is not None:

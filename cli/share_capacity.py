@@ -12,6 +12,7 @@ import numpy as np
 from ..core.errors import ParameterError
 from ..core.gpus import get_gpu
 from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace, read_trace
+from ..core.model.layers import check_tp
 from ..core.model.models import ModelSpec
 from ..core.share.cache_bytes import CachedBlockBytes, cached_block_bytes
 from ..core.share.capacity import (
@@ -107,8 +108,8 @@ def parse_options(
         if value.unit == "bytes" and spec is None:
             raise ValueError(f"{value.text} is bytes: give a model (--model) to turn bytes into blocks, or tokens "
                              "(e.g. 3M)")
-    if tp is not None and not 1 <= tp <= 1024:
-        raise ValueError(f"--tp {tp} must be in 1..1,024")
+    if tp is not None:
+        check_tp(tp)
     if gpu is not None and tiers is None:
         raise ValueError("--gpu times the tiers' load-or-recompute rule: add --gpu-cache (and lower tiers)")
     gpu_name = DEFAULT_GPU if gpu is None else gpu

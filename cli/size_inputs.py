@@ -181,20 +181,20 @@ def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, s
 
 
 def _check_counts(spec: ModelSpec | None, tp: int | None, counts: dict[str, int | None]) -> None:
-    """One-line refusals for counts beyond what a result can mean (see MAX_COUNT and vllm_memory.MAX_TP)."""
-    from ..core.model.vllm_memory import MAX_TP
+    """One-line refusals for counts beyond what a result can mean (see MAX_COUNT and layers.MAX_TP)."""
+    from ..core.model.layers import MAX_TP, check_tp
 
     for flag, value in counts.items():
         if value is not None and value > MAX_COUNT:
             raise ValueError(f"{flag} {format_count_short(value)} is above 2**63-1, the largest count kvcalc takes; "
                              f"give a smaller {flag}")
     if tp is not None:
+        check_tp(tp)
         heads = spec.num_attention_heads if spec is not None else 0
-        bound = min(MAX_TP, heads) if heads else MAX_TP
-        if tp > bound:
-            raise ValueError(f"--tp {format_count_short(tp)} is above {bound}: each GPU needs at least one of "
-                             f"{spec.name if spec else 'the model'}'s attention heads (and kvcalc takes at most "
-                             f"{MAX_TP}); give --tp {bound} or fewer")
+        if heads and tp > heads:
+            raise ValueError(f"--tp {tp} is above {heads}: each GPU needs at least one of "
+                             f"{spec.name if spec else 'the model'}'s attention heads (kvcalc takes at most "
+                             f"{MAX_TP:,} GPUs); give --tp {heads} or fewer")
 
 
 def flagged(flag: str, parse: Callable[[str], T], text: str) -> T:

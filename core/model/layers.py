@@ -32,7 +32,25 @@ from dataclasses import dataclass
 
 from ..blocks import ceil_div
 from ..errors import ParameterError
+from ..units import format_int_short
 from .state import RecurrentState
+
+# The largest tensor-parallel size kvcalc takes, for every command (size, frag, share, sim, plan): 1,024 GPUs in
+# one tensor-parallel group is well past any real deployment (8 per node; 72 per NVL72 rack) and past the 128
+# attention heads of the largest real models (vLLM needs tp to divide them), yet a bound that keeps every
+# per-GPU count exact in the step-time and memory arithmetic. One value, read by every check.
+MAX_TP = 1024
+
+
+def check_tp(tp: int) -> int:
+    """`tp` if it is a tensor-parallel size kvcalc takes (1..MAX_TP), else a ParameterError naming it."""
+    if tp <= 0:
+        raise ParameterError(f"tp must be a positive number of GPUs, got {tp}", "tp")
+    if tp > MAX_TP:
+        raise ParameterError(f"{{tp}} {format_int_short(tp)} is above its limit of {MAX_TP:,} GPUs, the largest "
+                             f"tensor-parallel size kvcalc takes; give {{tp}} {MAX_TP} or fewer", "tp")
+    return tp
+
 
 KINDS = ("full", "sliding", "chunked", "mla", "none")
 # A layer that keeps no KV and whose recurrent state the config does not describe.
@@ -113,8 +131,7 @@ class LayerGroup:
 
         `where` names the layers in the error (the model, and which of its layers).
         """
-        if tp <= 0:
-            raise ParameterError(f"tp must be a positive number of GPUs, got {tp}", "tp")
+        check_tp(tp)
         if self.kind == "mla":
             return 1
         if not self.keeps_kv or tp == 1:

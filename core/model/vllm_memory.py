@@ -62,7 +62,7 @@ from math import ceil
 from ..blocks import ceil_div
 from ..dtypes import dtype_bits
 from ..errors import ParameterError
-from .layers import FfnGroup
+from .layers import FfnGroup, check_tp
 from .model_spec import ModelSpec
 from .weight_tensors import layer_rounding, table_rounding
 from .weights import param_count
@@ -81,7 +81,6 @@ NON_TORCH_TP2 = 2120 * MIB  # 2.07 GiB
 NON_TORCH_TP4 = 2202 * MIB  # 2.15 GiB
 CUDA_GRAPH_ESTIMATE = 860 * MIB  # 0.84 GiB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-MAX_TP = 4096  # the largest --tp kvcalc takes (and vLLM's heads must divide by it: see check_parallel)
 
 
 @dataclass(frozen=True)
@@ -155,8 +154,7 @@ def pp_layers(layers: int, pp: int) -> tuple[int, ...]:
 
 def check_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
     """vLLM's rules: attention heads divisible by tp, at least one layer per pipeline stage."""
-    if not 1 <= tp <= MAX_TP:
-        raise ParameterError(f"tp {tp} is outside 1..{MAX_TP}", "tp")
+    check_tp(tp)
     heads = spec.num_attention_heads
     if heads and heads % tp:
         raise ParameterError(f"tp {tp}: vLLM needs {spec.name}'s {heads} attention heads divisible by the tensor-"

@@ -21,12 +21,10 @@ MAX_REQUESTS = 1_000_000
 
 # Upper bounds of the integer options, checked before any arithmetic: past them a count reaches float
 # arithmetic (memory plan, step time) or a numpy int64 array and overflows instead of being refused. Token and
-# sequence counts stop at int32, as the pool's block ids and per-block fills do; tp at 1,024 GPUs per replica,
-# well past any real tensor-parallel group. Each option's help states its bound.
+# sequence counts stop at int32, as the pool's block ids and per-block fills do. tp is checked by
+# kvcalc.core.model.layers.check_tp (MAX_TP), as in every command. Each option's help states its bound.
 INT32_MAX = 2**31 - 1
-MAX_TP = 1024
 INT_BOUNDS = {
-    "tp": MAX_TP,
     "block_size": INT32_MAX,
     "max_batched_tokens": INT32_MAX,
     "max_seqs": INT32_MAX,

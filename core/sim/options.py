@@ -19,6 +19,7 @@ from typing import Any
 
 from ..blocks import DEFAULT_BLOCK_SIZE
 from ..dtypes import DEFAULT_DTYPE
+from ..model.layers import MAX_TP
 from ..model.vllm_memory import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_VLLM_VERSION,
@@ -28,7 +29,7 @@ from ..model.vllm_memory import (
     VLLM_VERSIONS,
 )
 from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
-from .checks import INT32_MAX, MAX_REQUESTS, MAX_TP
+from .checks import INT32_MAX, MAX_REQUESTS
 
 DEFAULT_MODEL = "OPT-13B"
 DEFAULT_GPU = "A100-40GB"

@@ -30,6 +30,7 @@ from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
 from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, check_mooncake_block_size, read_trace
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
+from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..notes import Note, concat
@@ -144,6 +145,7 @@ def _gpu(o: SimOptions):
 
 
 def build(o: SimOptions) -> SimJob:
+    check_tp(o.tp)
     check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
     _check_ignored(o)
     policies = choose_policies(o.policy, o.compare)

@@ -211,7 +211,7 @@ def test_seed_of_constructed_samples_defaults_to_zero(run_cli):
 
 # ---- integer options past their bounds, checked before any arithmetic -----------------------------------------------
 @pytest.mark.parametrize(("args", "needle"), [
-    (("--tp", "1e400", "--json"), "--tp 1.000e+400 is above its limit of 1,024"),  # was an OverflowError (step time)
+    (("--tp", "1e400", "--json"), "--tp 1.000e+400 is above its limit of 1,024 GPUs"),  # was an OverflowError
     (("--tp", "1025"), "--tp 1025 is above its limit of 1,024"),
     (("--block", "1e400"), "--block 1.000e+400 is above its limit of 2,147,483,647"),  # plan_memory overflowed
     (("--block", "3e9"), "--block 3000000000 is above its limit"),  # blamed the weights

@@ -354,7 +354,7 @@ def test_config_from_standard_input():
     (["-m", "llama-3-8b", "--block", "1e400"], "error: --block 1.000e+400 is above 2**63-1"),
     (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--max-model-len", "1e400"], "error: --max-model-len 1.000e+400 is "
                                                                               "above 2**63-1"),
-    (["-m", "llama-3-8b", "--tp", "1000000"], "error: --tp 1,000,000 is above 32"),
+    (["-m", "llama-3-8b", "--tp", "1000000"], "error: --tp 1000000 is above its limit of 1,024 GPUs"),
     (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--tp", "3"], "error: --tp 3 does not divide the 8 KV heads"),
     (["-m", "llama-3-8b", "--gpu", "H100-SXM", "--vllm-version", "0.5"], "is not modelled"),
 ])
