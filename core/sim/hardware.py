@@ -241,6 +241,37 @@ def plan_memory(
     return plan
 
 
+def _refuse_block(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
+    """Room is left for the KV pool, just not for one block: name the largest block size that fits (the pool over
+    one token's bytes; a page's bytes are linear in its tokens unless it holds a Mamba state), else what can."""
+    gib = 2**30
+    where = f"{spec.name} on {plan.gpu.name} x{plan.tp}"
+    pool = f"{plan.pool_bytes / gib:.2f} GiB for the KV pool"
+    linear = plan.layout is None or not plan.layout.state_groups
+    largest = plan.pool_bytes * block_size // plan.block_bytes if linear else 0
+    if largest >= 1:
+        raise ParameterError(f"block_size {block_size}: one KV block needs {plan.block_bytes / gib:.2f} GiB per GPU "
+                             f"but {where} leaves {pool}; use block_size {largest} or smaller", "block_size")
+    if plan.layout is not None and not linear:  # a page is at least its largest state page, at any block size
+        state = max(g.layer_used_bytes * plan.layout.group_size if plan.layout.layout == "vllm" else g.block_bytes
+                    for g in plan.layout.state_groups)
+        fix = (f"use a smaller block_size (the Mamba state alone takes {state / gib:.2f} GiB of a block)"
+               if state < plan.pool_bytes else "use a larger GPU or more tp")
+        raise ParameterError(f"block_size {block_size}: one block with its Mamba state needs "
+                             f"{plan.block_bytes / gib:.2f} GiB per GPU but {where} leaves {pool}; {fix}",
+                             "block_size", "tp")
+    token = plan.block_bytes / block_size
+    # Any tp leaves each GPU at least one KV head of every layer: a token's bytes over the most heads of a layer.
+    heads = max((g.kv_heads for g in spec.layer_groups if g.keeps_kv), default=1)
+    if token / max(heads, 1) > max(g.memory_bytes for g in GPU_PRESETS.values()):
+        fix = ("no GPU kvcalc knows holds one token at any tp: check the model's dimensions (layers, KV heads, "
+               "head size)")
+    else:
+        fix = "use a larger GPU or more tp"
+    raise ParameterError(f"{where}: one token's KV needs {token / gib:.2f} GiB per GPU but only {pool} is left, so "
+                         f"no block_size fits; {fix}", "tp", "block_size")
+
+
 def _check_fits(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
     """Refuse a plan without one KV block, naming what takes the memory and the fix."""
     gib = 2**30
@@ -258,12 +289,7 @@ def _check_fits(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
             "GPU or more tp", "tp", "gpu_memory"
         )
     if plan.num_blocks < 1 and plan.pool_bytes > 0:
-        # Room is left, just not for one block this large: the block size is at fault, not the weights.
-        raise ParameterError(
-            f"block_size {block_size}: one KV block needs {plan.block_bytes / gib:.2f} GiB per "
-            f"GPU but {spec.name} on {gpu.name} x{tp} leaves {plan.pool_bytes / gib:.2f} GiB for the KV pool; use a "
-            "smaller block_size (e.g. 16)", "block_size"
-        )
+        _refuse_block(plan, spec, block_size)
     if plan.num_blocks < 1:
         short = plan.block_bytes - plan.pool_bytes
         raise ParameterError(

@@ -227,9 +227,11 @@ def test_integer_options_past_their_bounds_are_one_line(run_cli, args, needle):
 
 def test_a_block_larger_than_the_pool_names_block_not_the_weights(run_cli):
     # OPT-13B: 40 layers · 2 (K, V) · 5,120 · 2 B = 819,200 B per token; 10^9 tokens = 762,939 GiB, far above
-    # the 9.65 GiB (10,358,869,524 B) that A100-40GB leaves after the weights and workspace.
+    # the 9.65 GiB (10,357,296,660 B) that A100-40GB leaves after the weights and workspace.
     line = one_error_line(run_cli("sim", *TINY, "--block", "1e9"))
-    assert "--block 1000000000: one KV block needs 762939.45 GiB" in line and "smaller --block" in line
+    # the largest block that fits the pool (10,357,296,660 B today, sim --json's kv_pool_bytes):
+    # 10,357,296,660 // 819,200 = 12,643 (12,643 · 819,200 = 10,357,145,600; 12,644 · 819,200 = 10,357,964,800)
+    assert "--block 1000000000: one KV block needs 762939.45 GiB" in line and "use --block 12643 or smaller" in line
     assert "larger GPU" not in line
 
 
