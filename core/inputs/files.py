@@ -213,7 +213,8 @@ def _read_json(text: str, name: str) -> np.ndarray:
         raise ValueError(f"{name} is an empty list: give at least one length")
     for i, value in enumerate(data):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name}, item {i + 1}: {value!r} is not an integer length")
+            fix = "; write whole numbers without a decimal point" if isinstance(value, float) else ""
+            raise ValueError(f"{name}, item {i + 1}: {value!r} is not an integer length{fix}")
         if value > MAX_LENGTH:
             raise ValueError(
                 f"{name}, item {i + 1}: length {format_int_short(value)} is too large (lengths must be <= 2^62)"
@@ -233,13 +234,9 @@ def _read_npy(data: bytes, name: str) -> np.ndarray:
         raise ValueError(f"{name} is an .npz archive, not an .npy array: save one array with numpy.save")
     if array.ndim != 1:
         raise ValueError(f"{name} holds an array of shape {array.shape}: give a 1-D array of lengths")
-    if array.dtype.kind == "f":
-        fractional = np.flatnonzero(~np.isfinite(array) | (array != np.floor(array)) | (np.abs(array) > 2**53))
-        if fractional.size:
-            i = int(fractional[0])
-            raise ValueError(f"{name}, item {i + 1}: {array[i].item()!r} is not an integer length")
-    elif array.dtype.kind not in "iu":
-        raise ValueError(f"{name} holds {array.dtype} values: give integer lengths")
-    elif array.dtype.kind == "u" and array.size and int(array.max()) > 2**62:
+    if array.dtype.kind not in "iu":  # a float array too, whole or not, as a JSON list refuses 2.0
+        raise ValueError(f"{name}: {array.dtype} values are not integer lengths; save an integer array, e.g. "
+                         "numpy.save(path, lengths.astype(numpy.int64)) once they are whole")
+    if array.dtype.kind == "u" and array.size and int(array.max()) > 2**62:
         raise ValueError(f"{name}: a length above 2^62 is too large")
     return validated(np.asarray(array, dtype=np.int64), None, name)
