@@ -67,14 +67,20 @@ def model_doc(spec: ModelSpec, bits: int) -> dict[str, Any]:
 def describe(spec: ModelSpec) -> str:
     """The heading line: attention kind, layers (which keep KV), heads, windows."""
     no_kv: dict[str, int] = {}
+    beside: dict[str, int] = {}
     for g in spec.layer_groups:
         if not g.keeps_kv:
-            no_kv[g.note] = no_kv.get(g.note, 0) + g.count
+            into = beside if g.beside_attention else no_kv
+            into[g.note] = into.get(g.note, 0) + g.count
+    # attention and a recurrent mixer side by side in the same layers (Falcon-H1; Zamba2's hybrid layers)
+    also = "; ".join(f"{'the ' if n == spec.layers else ''}{n} KV layers also run {note}" for note, n in beside.items())
     if no_kv:
         parts = ", ".join(f"{n} {note}" for note, n in no_kv.items())
-        layers = f"{spec.layers} of {spec.model_layers} layers keep KV ({parts})"
+        layers = f"{spec.layers} of {spec.model_layers} layers keep KV ({parts}{'; ' + also if also else ''})"
     else:
         layers = plural(spec.layers, "layer")
+        layers += "".join(f", each with attention and {note} side by side" if n == spec.layers
+                          else f" ({n} with attention and {note} side by side)" for note, n in beside.items())
     kv_groups = [g for g in spec.layer_groups if g.keeps_kv]
     if not kv_groups:  # a pure recurrent model (Mamba, RWKV)
         return f"{spec.name}: no KV cache, {layers}: a constant recurrent state per sequence"

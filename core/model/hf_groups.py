@@ -167,7 +167,8 @@ def _layer(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tuple[
         if state is None:
             raise f.error("hybrid layers (attention + Mamba) need the Mamba fields (mamba_n_heads, mamba_d_head, "
                           "mamba_d_state, ...); add them")
-        return [_attention(f, "full", heads, head_dim), LayerGroup("none", 1, note=state.kind, state=state)]
+        return [_attention(f, "full", heads, head_dim),
+                LayerGroup("none", 1, note=state.kind, state=state, beside_attention=True)]
     state = read_state(f, kind, heads, head_dim, dtypes)
     if state is None:
         return [LayerGroup("none", 1, note=UNKNOWN_STATE_NOTE)]

@@ -72,6 +72,8 @@ class LayerGroup:
     `note` says what a layer without KV is ("mamba2", "no-op", "KV shared") or where a group came from.
     `indexer_bytes`: bytes per token of a sparse-attention indexer's key cache kept beside the KV (DeepSeek
     sparse attention), in its own fixed precision whatever the KV's, and whole on every GPU under TP.
+    `beside_attention`: these are the recurrent halves of layers that an attention group also counts (Falcon-H1
+    runs attention and Mamba side by side in every layer), so they add no layers to the model.
     """
 
     kind: str
@@ -89,6 +91,7 @@ class LayerGroup:
     k_eq_v: bool = False
     note: str = ""
     indexer_bytes: int = 0
+    beside_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

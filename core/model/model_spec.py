@@ -223,8 +223,9 @@ class ModelSpec:
 
     @property
     def model_layers(self) -> int:
-        """All layers, KV-less ones included."""
-        return sum(g.count for g in self.layer_groups)
+        """All layers, KV-less ones included; a recurrent half beside attention in the same layers is not another
+        layer (Falcon-H1: 36 layers, each attention + Mamba-2, not 72)."""
+        return sum(g.count for g in self.layer_groups if not g.beside_attention)
 
     @property
     def has_state(self) -> bool:
