@@ -151,8 +151,10 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
     max_model_len = o.max_model_len
     if max_model_len is None:
         if spec.max_position_embeddings is None:
-            raise ValueError(f"the GPU plan needs a request length: {spec.name}'s config names none "
-                             "(max_position_embeddings); give --max-model-len L")
+            flag = "--gpu" if o.gpu is not None else "--kv-memory"
+            raise ValueError(f"{flag} plans vLLM's memory for a longest request (max_model_len), and {spec.name}'s "
+                             "config names none (no max_position_embeddings): give --max-model-len L, e.g. "
+                             "--max-model-len 32768 (without --gpu or --kv-memory, size needs none)")
         max_model_len = spec.max_position_embeddings
     device = get_gpu(o.gpu, otherwise="or give --kv-memory SIZE") if o.gpu is not None else None
     if o.weight_dtype is not None:
