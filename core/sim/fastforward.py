@@ -37,9 +37,9 @@ from .scheduler import Scheduler
 from .step_sums import add_run, piece_bounds
 from .steptime import StepTimeModel, swap_bytes
 
-# ndarray.sum / .min reduce with these ufuncs and the same arguments, through a Python-level wrapper that costs more
-# than the reduction itself on a batch of ~11 requests: the same results, called directly
-_sum, _min = np.add.reduce, np.minimum.reduce
+# ndarray.sum reduces with this ufunc and the same arguments, through a Python-level wrapper that costs more than the
+# reduction itself on a batch of ~11 requests: the same results, called directly
+_sum = np.add.reduce
 
 
 class FastForward:
@@ -50,6 +50,7 @@ class FastForward:
         self.policy, self.totals = engine.policy, engine.totals
         self._steps_index = np.arange(1024, dtype=np.int64)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
+        self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
 
     def advance(self) -> bool:
         k, plan = self._segment_length()
@@ -80,7 +81,7 @@ class FastForward:
         context = int(_sum(tokens_run)) + n  # decode: Σ (c + 1) positions attended
         tokens, positions, moved = n, context, context + n
         computed = s.computed
-        starts = computed[admitted].tolist() if admitted else []
+        starts = [int(computed[rid]) for rid in admitted]  # scalar reads: fancy indexing by a list costs more
         for start, new in zip(starts, chunks, strict=True):
             tokens += new
             positions += start * new + new * (new + 1) // 2
@@ -92,11 +93,11 @@ class FastForward:
         d = float(st.step_s(float(tokens), float(positions), float(moved), swapped, *excess, float(n + len(starts))))
         computed[run] = grown
         sampled_admitted = []
-        if admitted:
-            ends = [start + new for start, new in zip(starts, chunks, strict=True)]
-            computed[admitted] = ends
-            known = (s.prompt_tokens[admitted] + s.generated[admitted]).tolist()
-            sampled_admitted = [rid for rid, end, k in zip(admitted, ends, known, strict=True) if end == k]
+        prompt_tokens, generated = s.prompt_tokens, s.generated
+        for rid, start, new in zip(admitted, starts, chunks, strict=True):
+            computed[rid] = end = start + new
+            if end == prompt_tokens[rid] + generated[rid]:  # its known tokens computed: it samples
+                sampled_admitted.append(rid)
         s.finished_now = 0
         parts, table_bytes = self.policy.parts(computed[s.running_ids] if admitted else grown, s.head())
         self.engine.account(d, parts, table_bytes)
@@ -107,12 +108,13 @@ class FastForward:
         totals.add_itl(s.now_s - last_token_s[run], 1)
         _admitted_tokens(s, totals, sampled_admitted)
         last_token_s[run] = s.now_s
-        s.generated[run] += 1
+        generated[run] += 1
         sampled = run
         if sampled_admitted:
             sampled = np.concatenate([run, np.array(sampled_admitted, np.int64)])
-            last_token_s[sampled_admitted] = s.now_s
-            s.generated[sampled_admitted] += 1
+            for rid in sampled_admitted:
+                last_token_s[rid] = s.now_s
+                generated[rid] += 1
         s.finish(sampled)
         s.steady = len(sampled) - s.finished_now == len(s.running)
         return True
@@ -128,13 +130,18 @@ class FastForward:
             return 0, None
         if s.waiting and s.can_admit_head(s.config.max_batched_tokens - n):
             return 0, None
-        if not s.waiting and (self.policy.releases_in_segment or getattr(self.policy, "runs_decode", False)):
+        runs_decode = self._runs_decode()
+        if not s.waiting and (self.policy.releases_in_segment or runs_decode):
             return -1, None  # nobody waits: a run through finishes
-        k = int(_min(s.stop_at[run] - s.generated[run]))  # the ufunc's reduce: np.min's dispatch costs more on ~13
-        if getattr(self.policy, "runs_decode", False):
+        k = min((s.stop_at[run] - s.generated[run]).tolist())  # plain min: numpy's reduce costs more on ~13
+        if runs_decode:
             return k, None  # a hybrid pool: memory is checked in _segment, once the arrivals have bounded k
         k_memory, plan = self.policy.decode_steps_available(s.computed[run])
         return min(k, k_memory), plan
+
+    def _runs_decode(self) -> bool:
+        """A hybrid pool that does runs of decode steps itself (GroupedPagedPolicy.runs_decode, which may change)."""
+        return self._grouped and bool(getattr(self.policy, "runs_decode", False))
 
     def _steps_upto(self, k: int) -> np.ndarray:
         """0, 1, 2, … (at least k of them), kept between runs."""
@@ -179,7 +186,7 @@ class FastForward:
             if k < 2:
                 return False
             d, ends = d[:k], ends[: k + 1]
-        if getattr(self.policy, "runs_decode", False):
+        if self._runs_decode():
             return self._grouped_segment(k, d, ends)
         pieces = [0, k]
         if through and s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
@@ -211,7 +218,7 @@ class FastForward:
         reads the tokens) and one block table per request."""
         s = self.scheduler
         return (bool(s.waiting) and s.config.timeout_s is None and self.policy.releases_in_segment
-                and not self.steptime.sliding_share and not getattr(self.policy, "runs_decode", False))
+                and not self.steptime.sliding_share and not self._runs_decode())
 
     def _piece(self, run: np.ndarray, plan: np.ndarray | None, d: np.ndarray, ends: np.ndarray,
                steps: np.ndarray) -> None:
@@ -284,7 +291,7 @@ class FastForward:
         """Decode steps with nobody waiting: requests leave as they finish and the batch shrinks, so the
         run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
         more than j tokens to go; its time uses n_j and their context sum S_j, summed in step order."""
-        if getattr(self.policy, "runs_decode", False):
+        if self._runs_decode():
             return grouped_run_through_finishes(self)  # a hybrid pool's
         s, st, totals = self.scheduler, self.steptime, self.totals
         run = s.running_ids

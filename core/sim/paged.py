@@ -52,6 +52,16 @@ class PagedPolicy:
 
     # ---- free blocks, counting what is owed ---------------------------------------------------------
     @property
+    def pool(self) -> BlockPool:
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool: BlockPool) -> None:
+        """The pool, and its free queue: len(self._free) is pool.num_free_blocks without the property's calls
+        (a subclass may set a pool of its own: spec_run.SpeculativePagedPolicy)."""
+        self._pool, self._free = pool, pool.store.queue
+
+    @property
     def free_blocks(self) -> int:
         return self.pool.num_free_blocks - self.owed_blocks
 
@@ -109,7 +119,7 @@ class PagedPolicy:
             # start_tokens = the swapped tokens) needs fresh blocks for every token, start included. Counting
             # its start as held let a swap-in take blocks owed to running requests, whose next growth then
             # preempted it again at once (~3x the preemptions of recompute).
-            return -(-total_tokens // self.block_size) <= self.pool.num_free_blocks - self.owed_blocks
+            return -(-total_tokens // self.block_size) <= len(self._free) - self.owed_blocks
         self._settle_all()
         return self.pool.can_allocate(total_tokens, keys[: total_tokens // self.block_size])
 
@@ -135,7 +145,7 @@ class PagedPolicy:
         if new_blocks is None:
             blocks = (totals + (self.block_size - 1)) // self.block_size
             new_blocks = int(_sum(blocks - self.held_blocks[rids]))
-            if check and new_blocks > self.pool.num_free_blocks - self.owed_blocks:
+            if check and new_blocks > len(self._free) - self.owed_blocks:
                 return False
         self.held_tokens[rids] = totals
         if new_blocks:
@@ -148,7 +158,7 @@ class PagedPolicy:
         """grow_many for one request, in plain ints."""
         blocks = -(-total // self.block_size)
         new_blocks = blocks - int(self.held_blocks[rid])
-        if new_blocks > self.pool.num_free_blocks - self.owed_blocks:
+        if new_blocks > len(self._free) - self.owed_blocks:
             return False
         self.held_tokens[rid] = total
         if new_blocks:
@@ -167,7 +177,7 @@ class PagedPolicy:
         n, B = len(tokens), self.block_size
         if n == 0:
             return UNLIMITED_STEPS, None
-        periods, rest = divmod(self.pool.num_free_blocks - self.owed_blocks, n)
+        periods, rest = divmod(len(self._free) - self.owed_blocks, n)
         if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
             counts = [0] * (B + 1)
             for t in tokens.tolist():
@@ -211,9 +221,9 @@ class PagedPolicy:
     # ---- memory ------------------------------------------------------------------------------------------
     def pool_state(self) -> tuple[int, int, int]:
         """(used, plain free, cached free) blocks of the pool, with the owed blocks not yet taken."""
-        pool = self.pool
-        cached = pool.num_cached_free_blocks
-        return pool.num_used, pool.num_free_blocks - cached, cached
+        free = self._free  # the pool's counts, read from its store without the pool's properties
+        cached = free.num_cached
+        return self.pool.store.num_used, len(free) - cached, cached
 
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes) now, running requests holding `tokens` [n]."""

@@ -38,7 +38,7 @@ class PagedRun:
         m = steps[: k + 1]
         self.need = (m // B) * n + plan[m % B]  # need(m), m = 0 .. k
         self.tokens = sum(tokens)
-        self.table = sum(-(-t // B) for t in tokens)
+        self.table = sum([-(-t // B) for t in tokens])
         used, self.plain, self.cached = policy.pool_state()
         self.owed = policy.owed_blocks
         self.used = used + self.owed
@@ -47,9 +47,9 @@ class PagedRun:
         """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j) of the len(d) steps from step i of the run: the
         arithmetic of PagedPolicy.segment_integrals, operation for operation, on the piece's own integers."""
         B, n, k = self.block_size, self.n, len(d)
-        before = int(self.need[i])
+        before = int(self.need[i]) if i else 0  # need(0) = 0
         s = steps[1 : k + 1]
-        need = self.need[i + 1 : i + k + 1] - before
+        need = self.need[i + 1 : i + k + 1] - before if i else self.need[1 : k + 1]
         table0 = self.table + before
         t0 = self.tokens + n * i
         used0, owed = self.used + before, self.owed + before
