@@ -93,14 +93,15 @@ def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndar
 
 
 def anchored_present(store: BlockStore, groups: list[int], anchor_hits: np.ndarray,
-                     anchor_hashes: np.ndarray) -> np.ndarray:
+                     anchor_hashes: np.ndarray, start: int = 0) -> np.ndarray:
     """intp [len(groups), h]: each group's cached block at each of the full group's verified hit positions, or -1
-    (one look-up for all the groups)."""
+    (one look-up for all the groups); `anchor_hits` and `anchor_hashes` are those of positions start..start + h."""
     h = len(anchor_hits)
     if not h:
         return np.empty((len(groups), 0), dtype=np.intp)
     hashes = derived_hashes(np.tile(anchor_hashes, len(groups)), np.repeat(groups, h))
-    found, _ = store.index.find(hashes, store.index.home_slots(hashes, np.tile(np.arange(h), len(groups))))
+    positions = np.tile(np.arange(start, start + h), len(groups))
+    found, _ = store.index.find(hashes, store.index.home_slots(hashes, positions))
     anchors = np.tile(anchor_hits, len(groups))
     cand = np.maximum(found, 0)
     ok = found >= 0

@@ -98,19 +98,24 @@ class HybridPool(HybridHits, HybridBatch):
         return [blocks * page_bytes for blocks in self.held_blocks(seq_id)]
 
     def group_usage(self) -> list[GroupUsage]:
-        out = []
         # NOTE: without prefix-cache hits or forks no block is in two tables, so a group's distinct blocks are
-        # the blocks its tables hold (a counter); otherwise they are counted (O(table entries))
+        # the blocks its tables hold (a counter); otherwise they are counted (O(table entries + blocks))
         shared = self.store.counters["hit_blocks"] or self.store.counters["forks"]
-        for group, pool, scale in zip(self.groups, self.pools, self.scales, strict=True):
-            if not shared:
-                distinct = pool.logical_blocks
-            else:
-                held = [s.blocks for s in pool.seqs.values()]
-                distinct = len(np.unique(np.concatenate(held))) if held else 0
-            out.append(GroupUsage(group, distinct, sum(s.num_blocks for s in pool.seqs.values()),
-                                  pool.logical_tokens // scale))
-        return out
+        distinct = self._distinct_blocks() if shared else [p.logical_blocks for p in self.pools]
+        return [GroupUsage(group, held, sum(s.num_blocks for s in pool.seqs.values()), pool.logical_tokens // scale)
+                for group, pool, scale, held in zip(self.groups, self.pools, self.scales, distinct, strict=True)]
+
+    def _distinct_blocks(self) -> list[int]:
+        """Distinct blocks each group's live tables hold: every held block marked with its group (a block id is
+        in one group only: one store), then counted per group, in one pass over all the tables."""
+        tables = [[s.blocks for s in p.seqs.values()] for p in self.pools]
+        held = [t for group in tables for t in group]
+        if not held:
+            return [0] * len(self.pools)
+        sizes = [sum(map(len, group)) for group in tables]
+        owner = np.full(self.store.num_blocks, -1, dtype=np.int64)
+        owner[np.concatenate(held)] = np.repeat(np.arange(len(self.pools)), sizes)
+        return np.bincount(owner[owner >= 0], minlength=len(self.pools)).tolist()
 
     def usage(self) -> PoolUsage:
         """The store's usage; logical blocks and tokens summed over groups (max table: the longest of any). With
@@ -164,6 +169,14 @@ class HybridPool(HybridHits, HybridBatch):
         if need > len(self.store.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens needs {need} blocks over {len(self.groups)} "
                                      f"groups, {len(self.store.queue)} free")
+        return self.append_fitting(seq_id, num_tokens, block_keys)
+
+    def append_fitting(self, seq_id: Hashable, num_tokens: int, block_keys: BlockKeys = None
+                       ) -> list[tuple[int, int]]:
+        """`append` once its checks are done: `free_skipped(seq_id)` ran and `append_need` fits (a caller that
+        checked many sequences at once); the same change, without evaluating the group rules and needs again."""
+        if num_tokens == 0:
+            return []
         keys = self._keys(block_keys)
         copies: list[tuple[int, int]] = []
         B, old = self.block_size, self.num_tokens(seq_id)

@@ -19,6 +19,7 @@ from .group_hits import (
     anchor_positions,
     anchored_lookup,
     anchored_present,
+    first_needed,
     hit_table,
     register_anchored,
     valid_hits,
@@ -26,6 +27,17 @@ from .group_hits import (
 )
 from .hybrid_layout import HybridLayout
 from .store import BlockKeys, PoolExhaustedError
+
+
+def _same_keys(a: BlockKeys, b: BlockKeys) -> bool:
+    """The same keys: one object, or two views of the same memory (a prompt's keys sliced once per caller: the
+    scheduler's probe, the prefix statistics and the allocation each slice them anew), or equal lists."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return (a.base is not None and a.base is b.base and a.shape == b.shape and a.strides == b.strides
+                and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
+    return type(a) is list and type(b) is list and len(a) == len(b) and a == b
 
 
 class HybridHits(HybridLayout):
@@ -40,8 +52,8 @@ class HybridHits(HybridLayout):
         if keys is None:
             return 0, [0] * G, [None] * G
         memo = self._plan_memo
-        if memo is not None and memo[0] == self.pools[0]._epoch and memo[1] is keys and memo[2] == (
-                num_tokens, extra_key):
+        if memo is not None and memo[0] == self.pools[0]._epoch and memo[2] == (num_tokens, extra_key) and (
+                _same_keys(memo[1], keys)):
             return memo[3]
         plan = (self._hits_mixed if self.mixed else self._hits_one_size)(num_tokens, keys, extra_key)
         self._plan_memo = (self.pools[0]._epoch, keys, (num_tokens, extra_key), plan)
@@ -59,6 +71,8 @@ class HybridHits(HybridLayout):
         assert anchor is not None  # a group is anchored only where there is a full group (hybrid_layout)
         probe = self.pools[anchor]._probe(num_tokens, keys, (anchor, extra_key))
         anchored = [g for g in range(G) if self.anchored[g]]
+        if (whole := self._hits_at_top(hit, own, anchored, probe.hits, probe.hashes)) is not None:
+            return whole
         found = anchored_present(self.store, anchored, probe.hits[:hit], probe.hashes[:hit])
         serves = np.ones(hit + 1, dtype=bool)
         present: list[np.ndarray | None] = [None] * G
@@ -69,6 +83,25 @@ class HybridHits(HybridLayout):
             serves &= valid
         hit = int(np.flatnonzero(serves)[-1])
         tables = [None if p is None else hit_table(g, p, hit, B) for g, p in zip(self.groups, present, strict=True)]
+        return hit, own, tables
+
+    def _hits_at_top(self, hit: int, own: list[int], anchored: list[int], anchor_hits: np.ndarray,
+                     anchor_hashes: np.ndarray) -> tuple[int, list[int], list[np.ndarray | None]] | None:
+        """`_hits_one_size`'s plan when every anchored group serves the whole chain hit `hit` (then each one's own
+        hit is `hit` too), from the blocks each reads for it alone (a window, a chunk, a state page: not the
+        whole chain); None where one does not."""
+        B = self.block_size
+        firsts = [int(first_needed(self.groups[g], np.array([hit]), B)[0]) for g in anchored]
+        low = min(firsts)
+        found = anchored_present(self.store, anchored, anchor_hits[low:hit], anchor_hashes[low:hit], low)
+        if any((found[i, first - low :] < 0).any() for i, first in enumerate(firsts)):
+            return None
+        tables: list[np.ndarray | None] = [None] * len(self.groups)
+        own = list(own)
+        for i, (g, first) in enumerate(zip(anchored, firsts, strict=True)):
+            table = np.full(hit, -1, dtype=np.intp)
+            table[first:hit] = found[i, first - low :]
+            tables[g], own[g] = table, hit
         return hit, own, tables
 
     def _hits_mixed(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable

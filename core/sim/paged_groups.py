@@ -116,9 +116,10 @@ class GroupedPagedPolicy:
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
         if check and sum(pool.append_need(r, a) for r, a in zip(ids, adds, strict=True)) > pool.num_free_blocks:
             return False
+        append = pool.append_fitting if check else pool.append  # checked above: every group rule applied, all fit
         for rid, add in zip(ids, adds, strict=True):
             if add:
-                self.copies += pool.append(rid, add, self._completed_keys(rid, add))
+                self.copies += append(rid, add, self._completed_keys(rid, add))
         return True
 
     def _completed_keys(self, rid: int, add: int) -> np.ndarray | list | None:
