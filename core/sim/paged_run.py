@@ -96,7 +96,8 @@ def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.nda
         totals.segments += 1
         done = j
     totals.add_itl(ends[1 : done + 1] - ends[:done], n)  # as step by step: now − last token
-    s.computed[run] = tokens0 + done
+    grown = tokens0 + done
+    s.computed[run] = grown
     s.generated[run] += done
-    policy.grow_many(run, tokens0 + done, paged.blocks_taken(done))
+    policy.grow_many(run, grown, paged.blocks_taken(done))
     s.now_s = float(ends[done])

@@ -349,9 +349,10 @@ class Scheduler:
         self.finished_now = len(done)
         if not len(done):
             return
-        for rid in done.tolist():
+        done_ids = done.tolist()
+        for rid in done_ids:
             self.close(rid, rid in end_of_sequence)
-        gone = set(done.tolist())
+        gone = set(done_ids)
         self.running = [r for r in self.running if r not in gone]
         self.set_running()
 
