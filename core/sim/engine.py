@@ -41,6 +41,7 @@ class Engine:
         self.totals = RunTotals(record_timeline)
         self.progress = progress  # called with the number of arrivals taken in since the last call
         self.progress_done = 0
+        self._group_blocks_of = getattr(policy, "group_blocks", None)  # a hybrid pool's; looked up once
 
     def account(self, duration_s: float, parts: np.ndarray, table_bytes: float) -> None:
         s = self.scheduler
@@ -49,7 +50,7 @@ class Engine:
 
     def _group_blocks(self) -> list[int] | None:
         """A hybrid pool's blocks per group now (None for a single-group pool)."""
-        group_blocks = getattr(self.policy, "group_blocks", None)
+        group_blocks = self._group_blocks_of
         return None if group_blocks is None else group_blocks()
 
     # ---- one plain step: plan, execute, apply ------------------------------------------------------------
