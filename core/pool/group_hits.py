@@ -92,6 +92,18 @@ def first_needed(group: PoolGroup, hits: np.ndarray, block_size: int) -> np.ndar
     return np.zeros_like(hits)
 
 
+def first_needed_at(group: PoolGroup, hit: int, block_size: int) -> int:
+    """first_needed of one hit length `hit` (blocks), in plain ints."""
+    B, tokens = block_size, hit * block_size
+    if group.kind == "sliding":
+        return max(tokens - group.span + 1, 0) // B
+    if group.kind == "chunked":
+        return tokens // group.span * group.span // B
+    if group.kind == "state":
+        return max(hit - 1, 0)
+    return 0
+
+
 def anchored_present(store: BlockStore, groups: list[int], anchor_hits: np.ndarray,
                      anchor_hashes: np.ndarray, start: int = 0) -> np.ndarray:
     """intp [len(groups), h]: each group's cached block at each of the full group's verified hit positions, or -1
@@ -129,7 +141,7 @@ def valid_token_hits(group: PoolGroup, present: np.ndarray, block_tokens: int, h
 
 def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) -> np.ndarray:
     """intp [hit]: the group's hit blocks for a hit of `hit` blocks, -1 before the first one it reads."""
-    first = int(first_needed(group, np.array([hit]), block_size)[0])
+    first = first_needed_at(group, hit, block_size)
     table = np.full(hit, -1, dtype=np.intp)
     table[first:hit] = present[first:hit]
     return table

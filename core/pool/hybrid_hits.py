@@ -19,7 +19,7 @@ from .group_hits import (
     anchor_positions,
     anchored_lookup,
     anchored_present,
-    first_needed,
+    first_needed_at,
     hit_table,
     register_anchored,
     valid_hits,
@@ -51,12 +51,19 @@ class HybridHits(HybridLayout):
         G = len(self.groups)
         if keys is None:
             return 0, [0] * G, [None] * G
-        memo = self._plan_memo
-        if memo is not None and memo[0] == self.pools[0]._epoch and memo[2] == (num_tokens, extra_key) and (
-                _same_keys(memo[1], keys)):
-            return memo[3]
+        # NOTE: a few plans per epoch: a scheduler step asks for the waiting head's whole prompt (its hit) and for
+        # its first chunk (can it be admitted), then again as it admits it
+        epoch, at = self.pools[0]._epoch, (num_tokens, extra_key)
+        if self._plan_memo is None or self._plan_memo[0] != epoch:
+            self._plan_memo = (epoch, [])
+        plans: list = self._plan_memo[1]
+        for memo_keys, memo_at, memo_plan in plans:
+            if memo_at == at and _same_keys(memo_keys, keys):
+                return memo_plan
         plan = (self._hits_mixed if self.mixed else self._hits_one_size)(num_tokens, keys, extra_key)
-        self._plan_memo = (self.pools[0]._epoch, keys, (num_tokens, extra_key), plan)
+        plans.append((keys, at, plan))
+        if len(plans) > 4:
+            del plans[0]
         return plan
 
     def _hits_one_size(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
@@ -91,7 +98,7 @@ class HybridHits(HybridLayout):
         hit is `hit` too), from the blocks each reads for it alone (a window, a chunk, a state page: not the
         whole chain); None where one does not."""
         B = self.block_size
-        firsts = [int(first_needed(self.groups[g], np.array([hit]), B)[0]) for g in anchored]
+        firsts = [first_needed_at(self.groups[g], hit, B) for g in anchored]
         low = min(firsts)
         found = anchored_present(self.store, anchored, anchor_hits[low:hit], anchor_hashes[low:hit], low)
         if any((found[i, first - low :] < 0).any() for i, first in enumerate(firsts)):

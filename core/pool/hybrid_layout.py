@@ -54,7 +54,7 @@ class HybridLayout:
             k == "state" and self.state_mode == "align")) for k in kinds)
         has_state = "state" in kinds
         self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
-        self._plan_memo: tuple | None = None  # the last _hit_plan, until any group changes (pool 0's epoch)
+        self._plan_memo: tuple | None = None  # (epoch, the last few _hit_plans), until any group changes (pool 0's)
         self.caches = enable_prefix_caching and not (has_state and (
             self.state_mode == "none" or (self.state_mode == "align" and self.anchor is None)))
 

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvcalc.core.pool.group_hits import first_needed, first_needed_at
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.pool.hybrid import HybridPool
 from kvcalc.core.pool.store import PoolExhaustedError
@@ -69,3 +70,15 @@ def test_group_usage_of_two_sequences_sharing_a_prefix():
     assert (full.held_blocks, full.table_entries) == (4, 6)
     assert full.held_blocks == unique_counts(pool)[0]
     assert sliding.held_blocks == unique_counts(pool)[1]
+
+
+def test_first_needed_at_is_first_needed_of_one_hit():
+    # the scalar form the hit plan's fast path takes, against the array form at every hit up to 700 blocks
+    for group in (PoolGroup("full"), PoolGroup("sliding", 6), PoolGroup("sliding", 1024), PoolGroup("chunked", 8),
+                  PoolGroup("chunked", 8192), PoolGroup("state")):
+        for block in (1, 4, 16, 544):
+            hits = np.arange(700)
+            assert first_needed(group, hits, block).tolist() == [first_needed_at(group, h, block) for h in range(700)]
+    # by hand: sliding window 1,024, blocks of 16, a hit of 100 blocks (1,600 tokens): the next token (1,600) reads
+    # 577..1,600, so blocks from 577 // 16 = 36 on
+    assert first_needed_at(PoolGroup("sliding", 1024), 100, 16) == 36
