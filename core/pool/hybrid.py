@@ -35,7 +35,7 @@ hybrid_batch (`HybridBatch`); reading, append, fork, release, speculative slots 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +155,25 @@ class HybridPool(HybridHits, HybridBatch):
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
         return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True))
+
+    def append_need_many(self, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
+        """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
+        block size and no speculative slot every group's table of a sequence has its length, so the new blocks are
+        the first group's times the groups; a copy of a partial, shared last block is looked up in one take."""
+        if self.mixed or any(p.spec.tracked for p in self.pools):
+            return sum(self.append_need(s, a) for s, a in zip(seq_ids, adds, strict=True))
+        B, grow, partial, first = self.block_size, 0, [], self.pools[0]
+        for seq_id, add in zip(seq_ids, adds, strict=True):
+            seq = first._seq(seq_id)
+            if add > 0:
+                grow += -(-(seq.num_tokens + add) // B) - seq.num_blocks
+                if seq.num_tokens % B:
+                    partial.append(seq_id)
+        need = grow * len(self.pools)
+        if partial:
+            last = [int(t.table[t.num_blocks - 1]) for p in self.pools for t in map(p.seqs.__getitem__, partial)]
+            need += int(np.count_nonzero(self.store.ref.take(last) > 1))
+        return need
 
     def can_append(self, seq_id: Hashable, num_tokens: int) -> bool:
         self.free_skipped(seq_id)

@@ -114,7 +114,7 @@ class GroupedPagedPolicy:
         for rid in ids:
             pool.free_skipped(rid)
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
-        if check and sum(pool.append_need(r, a) for r, a in zip(ids, adds, strict=True)) > pool.num_free_blocks:
+        if check and pool.append_need_many(ids, adds) > pool.num_free_blocks:
             return False
         append = pool.append_fitting if check else pool.append  # checked above: every group rule applied, all fit
         for rid, add in zip(ids, adds, strict=True):

@@ -1,6 +1,7 @@
-"""HybridPool.group_usage against an independent count: each group's distinct held blocks are np.unique over its
-live tables (what it computed before it marked blocks by group), on random pools with prefix-cache hits, forks,
-appends, releases and every kind of group."""
+"""HybridPool.group_usage and append_need_many against independent counts: each group's distinct held blocks are
+np.unique over its live tables (what it computed before it marked blocks by group), a step's need the sum of
+append_need one sequence at a time, on random pools with prefix-cache hits, forks, appends, releases and every kind
+of group."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def test_group_usage_counts_each_groups_distinct_blocks(ops, mode):
                 pool.release(live[pick % len(live)])
         except PoolExhaustedError:
             pass
+        live = pool.seq_ids
+        adds = [(i * 7 + n) % 19 for i in range(len(live))]  # 0 (no growth) .. 18 tokens each
+        for seq_id in live:
+            pool.free_skipped(seq_id)
+        assert pool.append_need_many(live, adds) == sum(map(pool.append_need, live, adds))
         usage = pool.group_usage()
         assert [u.held_blocks for u in usage] == unique_counts(pool)
         assert [u.table_entries for u in usage] == [sum(s.num_blocks for s in p.seqs.values()) for p in pool.pools]
