@@ -22,6 +22,10 @@ def stage_slots(spec: ModelSpec, layout: KVLayout, kv_dtype_bits: int, tp: int, 
         raise ParameterError(f"pp {pp}: pipeline stages are planned for vLLM's layout only; use layout vllm or pp 1",
                              "pp")
     order = spec.layer_order
+    if any(g.beside_attention for g in spec.layer_groups):
+        raise ParameterError(f"{{pp}} {pp}: {spec.name}'s layers each hold attention and a recurrent state side by "
+                             "side, and kvcalc does not plan how vLLM cuts such layers' KV cache groups into "
+                             "pipeline stages: use {pp} 1", "pp")
     if len(order) != spec.model_layers or len(spec.layer_groups) <= max(order, default=-1):
         raise ParameterError(f"{{pp}} {pp}: {spec.name} has several KV-cache groups and kvcalc does not know which "
                              "layer is which (a preset, or layers of two kinds): give its config.json ({config}), or "

@@ -66,3 +66,15 @@ def test_zamba2_counts_its_hybrid_layers_once(tmp_path: Path, run_cli) -> None:
 def test_a_serial_hybrid_still_counts_each_layer(run_cli) -> None:
     line = run_cli("size", "--model", "nemotron-h-56b", "--tokens", "10").stdout.splitlines()[0]
     assert "10 of 118 layers keep KV (54 mamba2, 54 MLP only)" in line
+
+
+def test_falcon_h1_pipeline_stages_are_refused_naming_the_real_cause(tmp_path: Path, run_cli) -> None:
+    # was "give its config.json (--config)" with --config given: the layers' order is known, but each layer holds
+    # attention and a Mamba-2 state side by side, whose split into pipeline stages kvcalc does not plan
+    path = _write(tmp_path, FALCON_H1_05B, "Falcon-H1-0.5B")
+    result = run_cli("size", "--config", str(path), "--gpu", "H100-SXM", "--pp", "2")
+    assert result.exit_code == 2
+    line = result.stderr.strip()
+    assert line.startswith("error: --pp 2: Falcon-H1-0.5B's layers each hold attention and a recurrent state side by")
+    assert line.endswith("use --pp 1") and "--config" not in line
+    assert run_cli("size", "--config", str(path), "--gpu", "H100-SXM", "--pp", "1").exit_code == 0
