@@ -24,18 +24,16 @@ the block pool on the same trace, bounded and not; the pool's fast path against 
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import resource
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from package_at import run_kvcalc, unpack_package
 
 from kvcalc.core.inputs.traces import read_trace
 from kvcalc.core.pool.block_pool import BlockPool, ReleaseReason
@@ -140,25 +138,14 @@ def test_share_against_the_plain_replay(name: str, block_size: int, env: dict[st
 
 @pytest.fixture(scope="module")
 def before_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package as it was at BEFORE (every file from git: the two sides share nothing)."""
-    root = tmp_path_factory.mktemp("before")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE, "core", "cli", "cuda_ext"], check=True,
-                             capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(root / "kvcalc", filter="data")
-    for name in ("__init__.py", "__main__.py"):
-        (root / "kvcalc" / name).write_bytes((REPO / "kvcalc" / name).read_bytes())
-    return root
+    """The package as it was at BEFORE, unpacked from git."""
+    return unpack_package(BEFORE, tmp_path_factory.mktemp("before"))
 
 
 def run_share(args: list[str], pythonpath: Path, env: dict[str, str]) -> tuple[str, float]:
     """(stdout, child CPU seconds) of `kvcalc share ARGS` importing the package from `pythonpath` (bytecode cached
     under env's PYTHONPYCACHEPREFIX, written by the first run of each side)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run([sys.executable, "-m", "kvcalc", "share", *args], check=True, capture_output=True, text=True,
-                         env={**env, "PYTHONPATH": str(pythonpath)}, cwd=pythonpath).stdout
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return out, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return run_kvcalc(["share", *args], pythonpath, pythonpath, env)
 
 
 BYTE_CASES = [[name, str(block)] for name in NAMES for block in [16, 64, 512, 1024, 4096]] + [

@@ -10,16 +10,12 @@ times is printed (both sides in one run). Run with `python -m pytest -m perf tes
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import resource
-import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+from package_at import run_kvcalc, unpack_package
 
 pytestmark = pytest.mark.perf
 REPO = Path(__file__).resolve().parents[2]
@@ -47,26 +43,13 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def before_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package as it was at the "before" revision (every file from git: the two sides share nothing)."""
-    rev = os.environ.get("KVCALC_SIM_BEFORE", BEFORE)
-    root = tmp_path_factory.mktemp("before")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "core", "cli", "cuda_ext"], check=True,
-                             capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(root / "kvcalc", filter="data")
-    for name in ("__init__.py", "__main__.py"):
-        (root / "kvcalc" / name).write_bytes((REPO / "kvcalc" / name).read_bytes())
-    return root
+    """The package as it was at the "before" revision, unpacked from git."""
+    return unpack_package(os.environ.get("KVCALC_SIM_BEFORE", BEFORE), tmp_path_factory.mktemp("before"))
 
 
 def run_sim(args: list[str], pythonpath: Path, cwd: Path) -> tuple[str, float]:
     """(stdout, child CPU seconds) of `kvcalc sim ARGS --json` importing the package from `pythonpath`."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    out = subprocess.run([sys.executable, "-m", "kvcalc", "sim", *args, "--json"], check=True, capture_output=True,
-                         text=True, env=env, cwd=cwd).stdout
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return out, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return run_kvcalc(["sim", *args, "--json"], pythonpath, cwd, dict(os.environ))
 
 
 def differences(old: object, new: object, path: str = "") -> tuple[list[str], list[str]]:
