@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lru_reference import HAND
+from real_configs import write_config
 
 from kvcalc.core.inputs.traces import Trace
 from kvcalc.core.share.stack_distance import stack_distances
@@ -217,14 +218,7 @@ def test_sim_flops_that_are_not_finite_are_refused_as_typed(run_cli, value: str,
 def test_mamba_cache_mode_help_lists_only_what_runs(run_cli, monkeypatch, tmp_path, command: str) -> None:
     # the help lists `all` now that it runs (the block aligned to the config's Mamba chunk); a model it does not
     # run on (Qwen3-Next's gated DeltaNet: vLLM runs all on Mamba-2 only) is refused by name
-    import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "core" / "model"))
-    from test_real_configs import QWEN3_NEXT
-
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT))
+    write_config(tmp_path, "QWEN3_NEXT")
     monkeypatch.setenv("COLUMNS", "250")  # wide enough that rich folds no help text
     help_text = " ".join(run_cli(command, "--help").stdout.split())
     assert "none|align|all" in help_text

@@ -17,7 +17,6 @@ Granite, Jamba and Qwen3-Next have no preset: their public config.json files are
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from real_configs import real_config
 
 pytestmark = pytest.mark.perf
 SIM = [sys.executable, "-m", "kvcalc", "sim", "--gpu", "h200", "--json"]
@@ -42,15 +42,6 @@ GRANITE_4_H_SMALL = {
 }
 
 
-def real_configs() -> object:
-    path = Path(__file__).parents[1] / "core" / "model" / "test_real_configs.py"
-    spec = importlib.util.spec_from_file_location("real_configs", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def cpu_s(args: list[str]) -> float:
     """CPU seconds (user + system) of one child process."""
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -60,10 +51,9 @@ def cpu_s(args: list[str]) -> float:
 
 
 def test_every_hybrid_sim_costs_at_most_twice_a_plain_one(tmp_path):
-    configs = real_configs()
     folders = {}
-    for name, config in (("granite-4.0-h-small", GRANITE_4_H_SMALL), ("jamba-1.5-mini", configs.JAMBA_15_MINI),
-                         ("qwen3-next-80b", configs.QWEN3_NEXT)):
+    for name, config in (("granite-4.0-h-small", GRANITE_4_H_SMALL), ("jamba-1.5-mini", real_config("JAMBA_15_MINI")),
+                         ("qwen3-next-80b", real_config("QWEN3_NEXT"))):
         folders[name] = tmp_path / name
         folders[name].mkdir()
         (folders[name] / "config.json").write_text(json.dumps(config))

@@ -5,26 +5,15 @@ for the 36-layer Falcon-H1-0.5B (Falcon-H1-34B: "72 of 144"), and `model_layers`
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from real_configs import real_config
+
 from kvcalc.core.model.hf_config import load_config
 
-MODEL_TESTS = Path(__file__).resolve().parents[1] / "core" / "model"
-
-
-def _configs(module: str):
-    """The real configs quoted (with their sources) in tests/core/model/<module>.py."""
-    spec = importlib.util.spec_from_file_location(f"qa_{module}", MODEL_TESTS / f"{module}.py")
-    assert spec is not None and spec.loader is not None
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-FALCON_H1_05B = _configs("test_architecture_configs").FALCON_H1_05B
-ZAMBA2_27B = _configs("test_real_configs").ZAMBA2_27B
+FALCON_H1_05B = real_config("FALCON_H1_05B", "test_architecture_configs")
+ZAMBA2_27B = real_config("ZAMBA2_27B")
 
 
 def _write(tmp_path: Path, config: dict, folder: str) -> Path:

@@ -7,8 +7,10 @@ import pytest
 from hand_specs import ATTN_8x128, granite_h_small, jamba, qwen3_next
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from real_configs import write_config
 
 from kvcalc.core.errors import ParameterError
+from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.kv_groups import blocks_held, kv_layout, plan_blocks, request_blocks
 from kvcalc.core.model.layers import LayerGroup
 from kvcalc.core.model.models import ModelSpec, get_preset
@@ -249,19 +251,7 @@ def test_two_groups_against_real_vllm_logs():
 def test_real_configs_give_the_engine_block(tmp_path, config, block):
     """The public config.json files of test_real_configs.py, read by kvcalc's own reader, give the block sizes
     vLLM logs for them (issue 19: 544 / 80 / 4,128)."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    from kvcalc.core.model.hf_config import load_config
-
-    path = Path(__file__).with_name("test_real_configs.py")
-    module_spec = importlib.util.spec_from_file_location("real_configs", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    (tmp_path / "config.json").write_text(json.dumps(getattr(module, config)))
-    assert kv_layout(load_config(tmp_path), 16, 16).block_size == block
+    assert kv_layout(load_config(write_config(tmp_path, config)), 16, 16).block_size == block
 
 
 def test_a_vllm_layout_with_mixed_tokens_per_block_pages_each_group_at_its_own_block():
@@ -316,28 +306,12 @@ def test_ideal_granite_h_is_refused_naming_the_cause():
         pool_groups(layout)
 
 
-def _real_config_spec(tmp_path, name: str):
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    from kvcalc.core.model.hf_config import load_config
-
-    path = Path(__file__).with_name("test_real_configs.py")
-    module_spec = importlib.util.spec_from_file_location("real_configs", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    (tmp_path / "config.json").write_text(json.dumps(getattr(module, name)))
-    return load_config(tmp_path)
-
-
 def test_mamba_cache_mode_all_aligns_the_block_to_the_kernel_chunk(tmp_path):
     # Nemotron-H-56B: a Mamba-2 state of 16,900,096 B per layer, an attention token 2 · 8 · 128 · 2 = 4,096 B per
     # layer: 16,900,096 / 4,096 = 4,126 tokens hold one state. align: 16 · ceil(4,126 / 16) = 16 · 258 = 4,128.
     # all (vLLM: the block a multiple of lcm(chunk, 16), the config's chunk_size 128): 128 · ceil(4,126 / 128) =
     # 128 · 33 = 4,224; the state page 4,224 · 4,096 = 17,301,504 B, padded by 401,408 / 16,900,096 = 2.38 %
-    for spec in (get_preset("Nemotron-H-56B"), _real_config_spec(tmp_path, "NEMOTRON_H_56B")):
+    for spec in (get_preset("Nemotron-H-56B"), load_config(write_config(tmp_path, "NEMOTRON_H_56B"))):
         assert kv_layout(spec, 16, 16, "vllm", 1, "align").block_size == 4_128
         layout = kv_layout(spec, 16, 16, "vllm", 1, "all")
         assert layout.block_size == 4_224 and layout.mamba_cache_mode == "all"

@@ -12,13 +12,12 @@ exactly its tokens. check_invariants() after every operation.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from real_configs import write_config
 
 from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.kv_groups import kv_layout
@@ -200,20 +199,6 @@ TestMixedBlocks.settings = settings(max_examples=60, stateful_step_count=40, dea
                                     suppress_health_check=[HealthCheck.too_slow])
 
 
-def _real_config(tmp_path, name: str):
-    """A real config.json kept in tests/core/model/test_real_configs.py, written where `--config` reads it."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "model" / "test_real_configs.py"
-    module_spec = importlib.util.spec_from_file_location("real_configs", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    (tmp_path / "config.json").write_text(json.dumps(getattr(module, name)))
-    return tmp_path
-
-
 # 40 GiB of KV, bf16, block 16, vLLM layout; a sequence of n = 32,769 tokens (32,768 written) holds per table:
 # full ceil(n / B_g), sliding ceil(n / B_g) − floor((32,768 − W + 1) / B_g), each at its own B_g.
 CONCURRENCY = [
@@ -233,7 +218,7 @@ CONCURRENCY = [
 def test_concurrency_of_32k_contexts_in_40_gib(tmp_path, config, ids, held, concurrency):
     from kvcalc.core.model.kv_groups import plan_blocks
 
-    layout = kv_layout(load_config(_real_config(tmp_path, config)), 16, 16)
+    layout = kv_layout(load_config(write_config(tmp_path, config)), 16, 16)
     assert plan_blocks(layout, 40 * 2**30) == ids
     groups = pool_groups(layout)
     assert groups is not None
@@ -302,7 +287,7 @@ def test_sim_runs_a_mixed_layout_to_the_end(tmp_path, config):
 
     # 12 requests of 3,000 + 40 tokens at rate inf on an H100: every request completes and the pool is whole at the
     # end (run_policy checks); the groups' blocks add up to the pool's used slots at every moment
-    setup = build(SimOptions(config=_real_config(tmp_path, config), gpu="H100-SXM", requests=12, rate="inf",
+    setup = build(SimOptions(config=write_config(tmp_path, config), gpu="H100-SXM", requests=12, rate="inf",
                              weights_bytes="60GiB", prompt_dist="uniform:low=3000,high=3000",
                              output_dist="uniform:low=40,high=40"))
     assert setup.sim.groups is not None and any(g.block_tokens == 32 for g in setup.sim.groups)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 from hand_specs import granite_h_small, jamba, qwen3_next
+from real_configs import write_config
 
+from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.models import get_preset
 from kvcalc.core.share.forks import ScenarioSpec, run_scenario
 from kvcalc.core.share.memory import block_bytes, group_doc, model_groups, pool_bytes
@@ -149,23 +151,6 @@ def test_align_hits_match_the_stack_distance_count_with_one_prefill_chunk():
     assert 15_680 < chunked < every  # 138,560 and 345,920 here
 
 
-def _real_config(tmp_path, name: str):
-    """A real config.json kept in tests/core/model/test_real_configs.py, loaded as `share --config` loads it."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    from kvcalc.core.model.hf_config import load_config
-
-    path = Path(__file__).parents[1] / "model" / "test_real_configs.py"
-    module_spec = importlib.util.spec_from_file_location("real_configs", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    (tmp_path / "config.json").write_text(json.dumps(getattr(module, name)))
-    return load_config(tmp_path)
-
-
 # vLLM's unified pages give these models' layer types different tokens per block (core/pool/group_blocks.py):
 # (config, bytes of a block id, [(kind, tokens per block)] in layout order, physical blocks per type at
 # --prefix 32768 --gen 2048 (n = 34,816, last token written at 34,815), the same at --prefix 2000 --gen 300
@@ -199,7 +184,7 @@ MIXED = [
 
 @pytest.mark.parametrize(("config", "id_bytes", "kinds", "long", "short", "copies"), MIXED)
 def test_share_with_mixed_tokens_per_block(tmp_path, config, id_bytes, kinds, long, short, copies):
-    model = _real_config(tmp_path, config)
+    model = load_config(write_config(tmp_path, config))
     layout, groups = model_groups(model, 16, 16, None, None)
     assert groups is not None and layout.block_size == 16 and layout.page_bytes == id_bytes
     assert [(g.kind, g.block_tokens) for g in layout.groups] == kinds

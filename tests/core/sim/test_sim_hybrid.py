@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 from hand_specs import granite_h_small, jamba, qwen3_next
+from real_configs import write_config
 
 from kvcalc.core.model.kv_groups import kv_layout, plan_blocks
 from kvcalc.core.model.models import get_preset
@@ -139,14 +140,7 @@ def test_mamba_cache_modes_not_run_are_refused_by_name(tmp_path):
         build(SimOptions(model="Nemotron-H-56B", gpu="H200", requests=1, mamba_cache_mode="bogus"))
     assert error.value.params == ("mamba_cache_mode",)
     # mode all runs on Mamba-2 layers only, as vLLM (Qwen3-Next's gated DeltaNet raises NotImplementedError there)
-    import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-    from test_real_configs import QWEN3_NEXT
-
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_NEXT))
+    write_config(tmp_path, "QWEN3_NEXT")
     with pytest.raises(ValueError, match="Mamba-2 layers only, not gated_deltanet") as error:
         build(SimOptions(config=tmp_path, gpu="H200", requests=1, mamba_cache_mode="all"))
     assert error.value.params == ("mamba_cache_mode",)
