@@ -31,7 +31,7 @@ from ..notes import Note
 from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
 from .hf_ffn import expert_counts, ffn_groups, uniform_intermediate
 from .hf_fields import ConfigFields
-from .hf_groups import attention_layer, max_positions, read_groups_in_order, tied, weight_dtype
+from .hf_groups import attention_layer, max_positions, read_groups_in_order, served_dtype_notes, tied, weight_dtype
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
@@ -178,6 +178,7 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     kv_note = checkpoint_kv_note(f)
     if kv_note is not None:
         notes.append(kv_note)
+    notes += served_dtype_notes(f)
     return ModelSpec.from_groups(
         name, groups, drafter_groups=drafters, drafter_field=drafter_field,
         num_attention_heads=heads,

@@ -290,8 +290,15 @@ def tied(f: ConfigFields) -> bool | None:
 _QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_4bit": "int4"}
 
 
+# vLLM's --dtype auto serves a float32 checkpoint in the platform's preferred 16-bit dtype, bf16 on the GPUs kvcalc
+# plans (_resolve_auto_dtype: "Downcast for float32 models"); --weight-dtype fp32 stands for --dtype float32.
+FP32_SERVED_NOTE = ("torch_dtype float32: vLLM (--dtype auto) serves it in bf16, so the GPU plan loads 2 B a "
+                    "parameter; give --weight-dtype fp32 for vLLM's --dtype float32")
+
+
 def weight_dtype(f: ConfigFields) -> str | None:
-    """The checkpoint's weight precision: a quantization_config's, else the model dtype (None if unnamed)."""
+    """The precision vLLM loads the weights in: a quantization_config's, else the model dtype with float32
+    served as bf16 (FP32_SERVED_NOTE); None if the config names none."""
     quant = f.raw("quantization_config")
     if isinstance(quant, Mapping):
         method = str(quant.get("quant_method", ""))
@@ -299,4 +306,10 @@ def weight_dtype(f: ConfigFields) -> str | None:
         dtype = _QUANTIZED.get(method) or {4: "int4", 8: "int8"}.get(bits if isinstance(bits, int) else 0)
         if dtype is not None:
             return dtype
-    return model_dtype(f)
+    dtype = model_dtype(f)
+    return "bf16" if dtype == "fp32" else dtype
+
+
+def served_dtype_notes(f: ConfigFields) -> list[str]:
+    """FP32_SERVED_NOTE for a float32 checkpoint that no quantization_config overrides, else none."""
+    return [FP32_SERVED_NOTE] if model_dtype(f) == "fp32" and weight_dtype(f) == "bf16" else []
