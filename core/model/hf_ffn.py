@@ -6,8 +6,10 @@ gpt-oss, MiniMax, Llama-4), `num_experts` (Qwen-MoE, Jamba, Gemma-4) or `moe_num
 token `num_experts_per_tok`, `top_k_experts` (Gemma-4), `experts_per_token` (gpt-oss), `num_experts_per_token`
 (Kimi-Linear) or `moe_k` (ERNIE-4.5); both or neither (they change no KV: experts are MLPs); a per-layer list
 of one repeated value (Hunyuan) is that value. Shared experts: `n_shared_experts` · `moe_intermediate_size`
-(DeepSeek), `shared_expert_intermediate_size` (Qwen-MoE),
-`moe_shared_expert_intermediate_size` (Nemotron-H), one of `intermediate_size` (Llama-4).
+(DeepSeek; `num_shared_experts`, Kimi-Linear), `shared_expert_intermediate_size` (Qwen-MoE),
+`moe_shared_expert_intermediate_size` (Nemotron-H), `shared_intermediate_size` (Granite-4.0, in every layer;
+0 = none), one of `intermediate_size` (Llama-4). Granite-4.0's dense members write 0 experts and 0 per token:
+no MoE block, their MLP is the shared one (`shared_intermediate_size` wide).
 
 Which layers are MoE: `first_k_dense_replace` (DeepSeek: the first k dense), `moe_layer_freq` (a list,
 MiMo; 1 MoE), `mlp_layer_types` (dense / sparse), `decoder_sparse_step` with `mlp_only_layers` (Qwen-MoE),
@@ -36,9 +38,13 @@ def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
     if f.flag("enable_moe_block") is False:
         f.raw("num_experts", "top_k_experts")
         return None, None
-    experts = f.int("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-    per_token = _one_int(f, "num_experts_per_tok", "top_k_experts", "experts_per_token", "num_experts_per_token",
-                         "moe_k", "moe_topk")
+    count_keys = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    per_token_keys = ("num_experts_per_tok", "top_k_experts", "experts_per_token", "num_experts_per_token", "moe_k",
+                      "moe_topk")
+    if f.raw(*count_keys) == 0 and f.raw(*per_token_keys) in (0, None):
+        return None, None  # Granite-4.0's dense members: num_local_experts 0 and num_experts_per_tok 0, no MoE block
+    experts = f.int(*count_keys)
+    per_token = _one_int(f, *per_token_keys)
     if (experts is None) != (per_token is None):
         missing = "num_experts_per_tok (or top_k_experts)" if per_token is None else "the expert count"
         raise f.error(f"a MoE config needs both the expert count and the experts per token (missing {missing}); "
@@ -81,6 +87,8 @@ def ffn_groups(f: ConfigFields, n: int, hidden: int) -> tuple[FfnGroup, ...]:
     expert_width = expert_width or intermediate
     shared = _shared_width(f, expert_width, intermediate)
     dense_width = f.int("intermediate_size_mlp")
+    if experts is None and shared and str(f.raw("model_type")).startswith("granitemoe"):
+        dense_width = shared  # Granite-4.0's dense members: no MoE block, the shared MLP is the layer's MLP
     moe = _moe_layers(f, n, experts is not None)
     longcat = f.raw("model_type") == "longcat_flash"
     if longcat and experts is not None:
@@ -116,10 +124,11 @@ def _one_int(f: ConfigFields, *keys: str) -> int | None:
 
 
 def _shared_width(f: ConfigFields, expert_width: int | None, intermediate: int | None) -> int | None:
-    shared = f.int("n_shared_experts")
+    shared = f.int("n_shared_experts", "num_shared_experts", minimum=0)
     if shared is not None:
         return shared * (expert_width or 0)
-    width = f.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")
+    width = f.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
+                  minimum=0)
     if width is not None:
         return width
     if str(f.raw("model_type")).startswith("llama4"):
