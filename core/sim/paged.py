@@ -31,6 +31,12 @@ class PagedPolicy:
     blocks are free — that request's release, and, with prefix caching on, any allocation or cache
     look-up (the LRU eviction order then matches block-at-once taking). Without this, a decode step
     would cost one pool call per boundary crossing: 256 k calls for the Azure conversation trace.
+
+    Without a prefix cache (and without exact block tables) an admission's blocks are owed in the same way
+    (`lazy_admission`): which blocks a request holds can then decide nothing — every check counts free blocks,
+    and the owed ones come off the same count — so the pool hears of a request only when a caller asks for
+    its accounting (`sync`), and a release forgives what was never taken (a pool allocate and release cost
+    ~20 us a request: ~0.4 s of the Azure conversation trace).
     """
 
     name = "paged"
@@ -49,6 +55,7 @@ class PagedPolicy:
         self.held_blocks = np.zeros(num_requests, dtype=np.int64)  # = ceil(held_tokens / B) while live
         self.owed_blocks = 0  # Σ over live requests of held_blocks − the blocks the pool has given them
         self.owing: set[int] = set()
+        self.lazy_admission = prompt_keys is None and not self.exact_block_tables  # see the class docstring
 
     # ---- free blocks, counting what is owed ---------------------------------------------------------
     @property
@@ -70,6 +77,10 @@ class PagedPolicy:
         old, total = int(self.pool_tokens[rid]), int(self.held_tokens[rid])
         self.owing.discard(rid)
         if old == total:
+            return []
+        if not old and rid not in self.pool.seqs:  # admitted lazily: the pool hears of it now
+            self.pool.allocate(rid, total)
+            self.pool_tokens[rid] = total
             return []
         keys = self._keys(rid)
         block_keys = None
@@ -126,6 +137,16 @@ class PagedPolicy:
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         """Blocks for `total_tokens`, of which `start_tokens` are prefix-cache hits (a multiple of B) or,
         `from_swap`, KV swapped back in from the host (fresh blocks, no cache look-up)."""
+        if self.lazy_admission:  # no hit, from a swap or not: every block fresh, owed (class docstring)
+            blocks = -(-total_tokens // self.block_size)
+            if blocks > len(self._free) - self.owed_blocks:
+                return False
+            assert not start_tokens or from_swap, f"request {rid}: a hit of {start_tokens} without a prefix cache"
+            self.held_tokens[rid] = total_tokens
+            self.held_blocks[rid] = blocks
+            self.owed_blocks += blocks
+            self.owing.add(rid)
+            return True
         if not self.can_admit(rid, start_tokens, total_tokens, from_swap):
             return False
         keys = None if from_swap else self._keys(rid)
@@ -198,7 +219,11 @@ class PagedPolicy:
         elif rid in self.owing:
             self.owing.discard(rid)
             self.owed_blocks -= int(self.held_blocks[rid]) - ceil_div(int(self.pool_tokens[rid]), self.block_size)
-        self.pool.release(rid, reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason))
+        reason = reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason)
+        if self.lazy_admission and not self.pool_tokens[rid]:  # admitted lazily, never settled: the pool holds none
+            assert self.held_tokens[rid], f"request {rid} is not live: released twice or never admitted"
+        else:
+            self.pool.release(rid, reason)
         self.pool_tokens[rid] = self.held_tokens[rid] = self.held_blocks[rid] = 0
 
     # ---- block detail: only exact block tables have it (paged_exact.py) ------------------------------
@@ -300,7 +325,8 @@ class PagedPolicy:
     def check_whole(self) -> None:
         """After the run: every block free, no sequence live, nothing owed, invariants hold."""
         self.pool.check_invariants()
-        assert not self.pool.seqs, f"{len(self.pool.seqs)} sequences still hold blocks after the run"
+        live = len(self.pool.seqs) + len([r for r in self.owing if r not in self.pool.seqs])  # lazily admitted too
+        assert not live, f"{live} sequences still hold blocks after the run"
         assert self.owed_blocks == 0 and not self.owing, f"{self.owed_blocks} blocks still owed after the run"
         assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
 
