@@ -67,6 +67,7 @@ class PoolGroup:
     window: int | None = None
     label: str = ""
     block_tokens: int | None = None  # tokens per block of this group's tables; None: the pool's block size
+    weight: int = 1  # units of the pool one block of this group costs (weighted tables: core/pool/weighted.py)
 
     def tokens_per_block(self, block_size: int) -> int:
         """Tokens one block of this group's tables holds in a pool of `block_size` (the hash block)."""
@@ -81,6 +82,8 @@ class PoolGroup:
             raise ValueError(f"a {self.kind} group needs a positive window, got {self.window}")
         if self.block_tokens is not None and self.block_tokens < 1:
             raise ValueError(f"a group's blocks hold a positive number of tokens, got {self.block_tokens}")
+        if self.weight < 1:
+            raise ValueError(f"a group's block costs a positive number of units, got {self.weight}")
 
     @property
     def name(self) -> str:
@@ -128,12 +131,14 @@ FULL = PoolGroup("full")
 MAX_POOL_GROUPS = 256  # block tables per sequence a hybrid pool keeps
 
 
-def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
+def pool_groups(layout: KVLayout, weighted: bool = False) -> tuple[PoolGroup, ...] | None:
     """The pool groups of a layout (core/model/kv_groups.py): one per block table, so a layer type that spans
     k of vLLM's groups (or takes k pages of the ideal layout's unit) is k groups alike. None for one table of
     full attention (a plain BlockPool). Where vLLM's unified pages give the types different tokens per block
     (Gemma-4, MiMo-V2-Flash: a page is 16 tokens of one type, 32 of another), each group says its own
-    `block_tokens`; the pool then hashes blocks of `layout.block_size` (their gcd) and aligns hits to the lcm."""
+    `block_tokens`; the pool then hashes blocks of `layout.block_size` (their gcd) and aligns hits to the lcm.
+    `weighted` (a caller whose pool runs weighted tables, core/pool/weighted.py): an ideal layout of more than
+    MAX_POOL_GROUPS unit tables is one table per type instead, its block `weight` = the type's units."""
     if len(layout.groups) == 1 and layout.groups[0].kind == "full" and layout.groups[0].pages_per_block == 1:
         return None
     mixed = any(g.block_tokens != layout.block_size for g in layout.groups)
@@ -145,10 +150,14 @@ def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
             f"{layout.layout} layout: vLLM unifies the page sizes, so the {g.kind} layers' blocks hold "
             f"{g.block_tokens:,} tokens and the others' {layout.block_size:,}; with a recurrent state as well kvcalc's "
             "pool does not page that yet: use layout ideal (each type its own page, the block as given)", "layout")
+    labels = [f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
+              for g in layout.groups]
     groups: list[PoolGroup] = []
-    for g in layout.groups:
-        label = f"{g.kind}{'' if g.window is None else f' {g.window:,}'} ({g.source}, {g.layers} layers)"
+    for g, label in zip(layout.groups, labels, strict=True):
         groups += [PoolGroup(g.kind, g.window, label, g.block_tokens if mixed else None)] * g.pages_per_block
+    if len(groups) > MAX_POOL_GROUPS and weighted and layout.layout == "ideal":  # no padding, no mixed tokens
+        return tuple(PoolGroup(g.kind, g.window, label, None, g.pages_per_block)
+                     for g, label in zip(layout.groups, labels, strict=True))
     if len(groups) > MAX_POOL_GROUPS:
         # NOTE: the ideal layout counts memory in the gcd of the types' block bytes; a state of millions of bytes
         # against an attention block of a power of two is then thousands of units, each its own table here
@@ -156,8 +165,8 @@ def pool_groups(layout: KVLayout) -> tuple[PoolGroup, ...] | None:
         raise ParameterError(
             f"layout {layout.layout}: the unit that tiles every type's block is {layout.page_bytes:,} B (their "
             f"gcd), so the {big.kind} block ({big.block_bytes:,} B) is {big.pages_per_block:,} units and a sequence "
-            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit; a pool of "
-            "weighted tables is not done yet); use layout vllm", "layout")
+            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit); share's "
+            "scenario mode runs it on weighted tables, this command not yet: use layout vllm", "layout")
     return tuple(groups)
 
 
@@ -166,17 +175,18 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
     ceil((C + T) / B) + 1; two state pages (none: the page a step resumes from and the one it crosses into)
-    or a chunk's pages (align, all)."""
+    or a chunk's pages (align, all). A block of a weighted table counts its weight (units of the pool)."""
     n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
         B = g.tokens_per_block(block_size)  # a group's own tokens per block (mixed under vLLM's unified pages)
         all_blocks = ceil_div(n, B)
         if g.kind == "full" or (g.kind == "state" and state_mode == "all"):
-            blocks += all_blocks
+            held = all_blocks
         elif g.kind in ("sliding", "chunked"):
             reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
-            blocks += min(all_blocks, ceil_div(reach, B) + 1)
+            held = min(all_blocks, ceil_div(reach, B) + 1)
         else:
-            blocks += min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+            held = min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+        blocks += held * g.weight
     return blocks

@@ -154,13 +154,14 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True))
+        return sum(p.append_need(seq_id, num_tokens * s) * w  # weighted tables: a block costs w units (weighted)
+                   for p, s, w in zip(self.pools, self.scales, self.weights, strict=True))
 
     def append_need_many(self, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
         """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
         block size and no speculative slot every group's table of a sequence has its length, so the new blocks are
         the first group's times the groups; a copy of a partial, shared last block is looked up in one take."""
-        if self.mixed or any(p.spec.tracked for p in self.pools):
+        if self.mixed or self.weighted or any(p.spec.tracked for p in self.pools):
             return sum(self.append_need(s, a) for s, a in zip(seq_ids, adds, strict=True))
         B, grow, partial, first = self.block_size, 0, [], self.pools[0]
         for seq_id, add in zip(seq_ids, adds, strict=True):
@@ -240,7 +241,8 @@ class HybridPool(HybridHits, HybridBatch):
         return num_slots <= 0 or self.reserve_need(seq_id, num_slots) <= len(self.store.queue)
 
     def reserve_need(self, seq_id: Hashable, num_slots: int) -> int:
-        return sum(p.reserve_need(seq_id, num_slots * s) for p, s in zip(self.pools, self.scales, strict=True))
+        return sum(p.reserve_need(seq_id, num_slots * s) * w
+                   for p, s, w in zip(self.pools, self.scales, self.weights, strict=True))
 
     def reserve(self, seq_id: Hashable, num_slots: int) -> list[tuple[int, int]]:
         """`num_slots` speculative slots in every group (never hashed) until `commit`. A state group keeps its

@@ -163,22 +163,24 @@ class HybridHits(HybridLayout):
         computed = max(hit * self.block_size, computed_tokens)
         firsts = [g.first_block(computed, num_tokens, B, mode) for g, B in zip(self.groups, sizes, strict=True)]
         keys = self._keys(block_keys)
+        weights = self.weights  # units a group's block costs (weighted tables: weighted.py; all 1 otherwise)
         if keys is None and num_tokens >= 0:  # no hit in any group: each takes its blocks from its first held
-            return hit, firsts, sum(ceil_div(num_tokens, B) - min(first, ceil_div(num_tokens, B))
-                                    for first, B in zip(firsts, sizes, strict=True)), tables
+            return hit, firsts, sum((ceil_div(num_tokens, B) - min(first, ceil_div(num_tokens, B))) * w
+                                    for first, B, w in zip(firsts, sizes, weights, strict=True)), tables
         need, hit_tokens = 0, hit * self.block_size
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
-            table, group_hit, s = tables[g], hit_tokens // sizes[g], self.scales[g]
+            table, group_hit, s, own = tables[g], hit_tokens // sizes[g], self.scales[g], 0
             if table is not None:  # an anchored group: fresh blocks past the hit, cached hits revived
                 held = table[first:]
-                need += ceil_div(num_tokens, sizes[g]) - max(group_hit, first)
-                need += int(np.count_nonzero(self.store.state[held] == FREE_CACHED))
+                own += ceil_div(num_tokens, sizes[g]) - max(group_hit, first)
+                need += (own + int(np.count_nonzero(self.store.state[held] == FREE_CACHED))) * weights[g]
                 continue
             group_keys = self._group_keys(g, keys)
-            need += pool.allocate_need(num_tokens * s, group_keys, (g, extra_key), group_hit, first)
+            own += pool.allocate_need(num_tokens * s, group_keys, (g, extra_key), group_hit, first)
             if group_hit and first:  # skipped hits are pinned while the groups allocate (see allocate)
                 skipped = pool.hit_blocks(num_tokens * s, group_keys, (g, extra_key))[: min(first, group_hit)]
-                need += int(np.count_nonzero(self.store.state[skipped] == FREE_CACHED))
+                own += int(np.count_nonzero(self.store.state[skipped] == FREE_CACHED))
+            need += own * weights[g]
         return hit, firsts, need, tables
 
     def can_allocate(self, num_tokens: int, block_keys: BlockKeys = None, extra_key: Hashable = None,

@@ -17,7 +17,8 @@ from .group_hits import Canonical
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .prefix_lookup import PrefixIndex
 from .speculative import DEFAULT_ROLLBACK_POLICY
-from .store import BlockKeys, BlockStore
+from .store import BlockKeys
+from .weighted import group_stores
 
 
 class HybridLayout:
@@ -26,7 +27,7 @@ class HybridLayout:
     def __init__(
         self, num_blocks: int, block_size: int, groups: Sequence[PoolGroup] = (FULL,), *,
         enable_prefix_caching: bool = True, state_mode: str = DEFAULT_STATE_MODE,
-        rollback_policy: str = DEFAULT_ROLLBACK_POLICY,
+        rollback_policy: str = DEFAULT_ROLLBACK_POLICY, max_group_blocks: int | None = None,
     ) -> None:
         if not groups:
             raise ValueError("a hybrid pool needs at least one layer group")
@@ -36,14 +37,17 @@ class HybridLayout:
         # (all 1 unless vLLM's unified pages give the groups different tokens per block: group_blocks)
         self.group_blocks, self.scales, slots = group_block_sizes(self.groups, block_size)
         self.mixed = slots != block_size
-        self.store = BlockStore(num_blocks, slots, enable_prefix_caching=enable_prefix_caching)
+        # weights: units a group's block costs (weighted tables, the ideal layout's unit: weighted.py); all 1: one
+        # plain BlockStore shared by every group, as before; otherwise a WeightedStore and a view of it per group
+        self.weights = tuple(g.weight for g in self.groups)
+        self.weighted = any(w != 1 for w in self.weights)
+        self.store, stores = group_stores(num_blocks, slots, self.weights, enable_prefix_caching, max_group_blocks)
         self.prefix = PrefixIndex(self.store)
         self.coarse = CoarseKeys(self.group_blocks, block_size) if self.mixed else None
         self.state_mode = check_state_mode(state_mode)
-        shared = (self.store, self.prefix)
-        self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=shared)
-                      for _ in self.groups]
-        self.num_blocks, self.block_size = self.store.num_blocks, int(block_size)
+        self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=(store, self.prefix))
+                      for store in stores]
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)  # weighted: units
         # the groups that keep no whole chain (sliding, chunked, state in mode align) are anchored to the first
         # full group's blocks (see group_hits); without a full group they keep chains, and an align state group
         # then serves no hit. A state group serves a prefix only where a state was saved at exactly that

@@ -56,7 +56,8 @@ class HybridPrivate(HybridLayout):
     @property
     def private(self) -> bool:
         store = self.store
-        if store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False):
+        if store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False) or (
+                getattr(self, "weighted", False)):
             return False
         return not any(pool.spec.tracked for pool in self.pools)
 

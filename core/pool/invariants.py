@@ -9,6 +9,8 @@ table entries)):
     counters (used blocks, useful and logical tokens, logical blocks) equal what they count
     hash-index entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
     no live sequence (and no running step): no block in use
+    weighted tables (core/pool/weighted.py): the counters count units, Σ weight of the blocks they count; the
+    free units plain + cached never exceed the pool's units and never go negative (the queue's own check)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from ..blocks import ceil_div
 from .free_queue import FREE_CACHED, FREE_PLAIN, PENDING, USED
 from .store import BlockStore
+from .weighted import WeightedStore
 
 
 def check_pool_invariants(
@@ -35,6 +38,12 @@ def check_pool_invariants(
     counts = np.bincount(state, minlength=4)
     used, plain, cached, pending = (int(counts[s]) for s in (USED, FREE_PLAIN, FREE_CACHED, PENDING))
     assert used + plain + cached + pending == n, "block states do not add up to the pool"
+    if isinstance(store, WeightedStore):  # counters in units: a block of weight k counts k (weighted.py)
+        weight = store.weight
+        used = int(weight[state == USED].sum())
+        cached, pending = (int(weight[state == s].sum()) for s in (FREE_CACHED, PENDING))
+        plain = store.num_units - used - cached - pending  # a plain id holds no unit (ids are over-provisioned)
+        assert plain >= 0, f"blocks hold {used + cached + pending} units, the pool has {store.num_units}"
     assert used == store.num_used, f"{used} USED blocks, counter says {store.num_used}"
     assert plain + cached == len(store.queue), "free-queue length differs from the free blocks"
     assert pending == 0 or in_step, "blocks pending outside a step"

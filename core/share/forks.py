@@ -195,7 +195,9 @@ def _run_hybrid(spec: ScenarioSpec, groups: tuple[PoolGroup, ...], state_mode: s
     """`run_scenario` on a HybridPool: the same steps, one sequence at a time (the hybrid pool has no
     many-sequence calls)."""
     K = spec.branches
-    pool = HybridPool(spec.pool_blocks * len(groups), spec.block_size, groups, state_mode=state_mode)
+    # every group's blocks fit (a block of a weighted table costs its weight in units: core/pool/weighted.py)
+    pool = HybridPool(spec.pool_blocks * sum(g.weight for g in groups), spec.block_size, groups, state_mode=state_mode,
+                      max_group_blocks=spec.pool_blocks)
     peak = 0
 
     def track() -> None:
@@ -236,8 +238,10 @@ def _run_hybrid(spec: ScenarioSpec, groups: tuple[PoolGroup, ...], state_mode: s
         if progress is not None:
             progress(1)
     usage = pool.usage()
+    # blocks in the pool's units: a weighted table's entry costs its weight, as its unit tables would hold it
+    logical = sum(p.logical_blocks * w for p, w in zip(pool.pools, pool.weights, strict=True))
     return ScenarioResult(
-        spec=spec, logical_blocks=usage.logical_blocks, physical_blocks=usage.used_blocks,
+        spec=spec, logical_blocks=logical, physical_blocks=usage.used_blocks,
         cow_copies=pool.stats().cow_copies, peak_blocks=peak, forks=pool.stats().forks,
         dropped_branches=dropped, group_blocks=tuple(u.held_blocks for u in pool.group_usage()),
     )

@@ -84,19 +84,23 @@ def model_groups(spec: ModelSpec | None, dtype_bits: int, block_size: int, layou
     check_state_mode_given(mode)
     found = kv_layout(spec, dtype_bits, block_size, DEFAULT_LAYOUT if layout is None else layout.strip().lower(), 1,
                       mode)
-    return found, pool_groups(found)
+    return found, pool_groups(found, weighted=True)
 
 
 def group_doc(layout: KVLayout, group_blocks: tuple[int, ...], bytes_per_block: int) -> dict:
     """Each layer type's block tables, physical blocks and bytes (`group_blocks`: per pool group, in the order
-    pool_groups makes them: each type's tables one after another)."""
+    pool_groups makes them: each type's tables one after another). Physical blocks are units of `bytes_per_block`
+    (layout.page_bytes): a weighted table's blocks (pool_groups(weighted=True): one table per type, its block
+    `pages_per_block` units, core/pool/weighted.py) count their units, as the same type's unit tables would."""
     rows, at = [], 0
+    weighted = len(group_blocks) == len(layout.groups) != sum(g.pages_per_block for g in layout.groups)
     for g in layout.groups:
-        blocks = sum(group_blocks[at : at + g.pages_per_block])
-        at += g.pages_per_block
+        tables = 1 if weighted else g.pages_per_block
+        blocks = sum(group_blocks[at : at + tables]) * (g.pages_per_block if weighted else 1)
+        at += tables
         name = g.kind if g.window is None else f"{g.kind} {g.window:,}"
         rows.append({"group": f"{name} ({g.layers} {g.source} layers)", "kind": g.kind, "window": g.window,
-                     "layers": g.layers, "block_tables": g.pages_per_block, "physical_blocks": blocks,
+                     "layers": g.layers, "block_tables": tables, "physical_blocks": blocks,
                      "physical_bytes": blocks * bytes_per_block})
     return {"layout": layout.layout, "block_size": layout.block_size, "reason": layout.reason,
             "mamba_cache_mode": layout.mamba_cache_mode, "block_bytes": bytes_per_block, "groups": rows}

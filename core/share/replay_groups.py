@@ -38,8 +38,9 @@ from ..inputs.traces import (
     mooncake_block_size_error,
 )
 from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from ..pool.groups import PoolGroup, peak_blocks
+from ..pool.groups import MAX_POOL_GROUPS, PoolGroup, peak_blocks
 from ..pool.hybrid import HybridPool
+from ..pool.weighted import cached_units
 from .trace_blocks import in_arrival_order
 
 DEFAULT_CHUNK_TOKENS = DEFAULT_MAX_NUM_BATCHED_TOKENS  # a prefill chunk: vLLM's default max_num_batched_tokens
@@ -126,6 +127,12 @@ def replay_groups(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, progress: Callable[[int], None] | None = None,
 ) -> GroupReplayResult:
     """Replay `trace` through a HybridPool of `groups` (see the module docstring)."""
+    if any(g.weight != 1 for g in groups):
+        # NOTE: a state group takes a page per block a prefill chunk spans until the next step frees them; a page
+        # of a weighted table is a whole state (thousands of units), so the replay would hold ~chunk / B states
+        raise ParameterError("a trace replay on weighted tables (layout ideal with a recurrent state of more than "
+                             f"{MAX_POOL_GROUPS} units) is not done yet: use layout vllm, or the scenario mode",
+                             "layout")
     need = largest_request_peak(trace, groups, block_size, state_mode, chunk_tokens)
     if need > capacity_blocks:
         raise ParameterError(f"capacity_blocks {capacity_blocks:,} is less than the {need:,} blocks the largest "
@@ -161,7 +168,7 @@ def replay_groups(
             peak_used = max(peak_used, pool.num_used)
         peak_used = max(peak_used, pool.num_used)
         pool.release(i)
-        peak_cached = max(peak_cached, pool.store.queue.num_cached)
+        peak_cached = max(peak_cached, cached_units(pool.store))
         if progress is not None:
             progress(1)
     stats = pool.stats()

@@ -477,3 +477,30 @@ def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
     assert pool.allocate("c", 25, [*b_keys]) == 20
     assert pool.block_tables("c")[0][:3].tolist() == cached[:3]
     pool.check_invariants()
+
+
+# weighted tables (core/pool/weighted.py): each group one table whose blocks cost `weight` units of the pool; the
+# same machine and shadow, the pool counted in units (7 units a state page: a state evicted frees all 7 at once)
+WEIGHTED = (PoolGroup("full", weight=2), PoolGroup("sliding", 6, weight=3), PoolGroup("chunked", 8),
+            PoolGroup("state", weight=7))
+
+
+class WeightedPoolMachine(HybridPoolMachine):
+    @initialize(mode=st.sampled_from(["none", "align", "all"]), blocks=st.integers(40, 160),
+                policy=st.sampled_from(["keep", "free"]))
+    def setup(self, mode: str, blocks: int, policy: str) -> None:
+        self.pool = HybridPool(blocks, B, WEIGHTED, state_mode=mode, rollback_policy=policy)
+        self.shadow = HybridShadow(self.pool)
+        self.shadow.slots = np.full((self.pool.store.num_blocks, B), -1, dtype=np.int64)  # ids, not units
+
+    @invariant()
+    def units_add_up(self) -> None:
+        if hasattr(self, "pool"):  # used + free + pending units = the pool's units, no more handed out
+            store = self.pool.store
+            assert store.num_used + len(store.queue) + store.num_pending_blocks == self.pool.num_blocks
+            assert self.pool.num_blocks == store.num_units and store.queue.plain_units >= 0
+
+
+TestWeightedPool = WeightedPoolMachine.TestCase
+TestWeightedPool.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
