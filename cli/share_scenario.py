@@ -76,7 +76,7 @@ def window_note(spec: ModelSpec | None, kv: PoolBytes | None) -> list[str]:
 def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolBytes | None,
                      layout: KVLayout | None = None) -> Report:
     from ..core.share.forks import closed_form_physical_blocks
-    from ..core.share.memory import group_doc
+    from ..core.share.memory import group_doc, units_phrase
 
     s = result.spec
     doc: dict[str, Any] = {
@@ -109,7 +109,7 @@ def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolByt
         report.tables.append(_groups_table(doc["kv_cache_groups"]))
         unit = (f"a block id is one page in each layer slot of a group ({format_bytes(kv.bytes_per_block)})"
                 if layout.layout == "vllm" else f"a unit is {format_bytes(kv.bytes_per_block)} (the gcd of the "
-                "types' block bytes) and a type's block of B tokens takes 'block tables' units")
+                f"types' block bytes) and {units_phrase(layout, doc['kv_cache_groups'])}")
         state = (f"; each branch holds its own recurrent state (mamba_cache_mode {layout.mamba_cache_mode})"
                  if layout.state_groups else "")
         report.notes.append(f"{kv.model}: {layout.layout} layout, {layout.reason}; {unit}{state}")

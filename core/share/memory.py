@@ -87,6 +87,15 @@ def model_groups(spec: ModelSpec | None, dtype_bits: int, block_size: int, layou
     return found, pool_groups(found, weighted=True)
 
 
+def units_phrase(layout: KVLayout, doc: dict) -> str:
+    """How the ideal layout's types take units, for a note under `group_doc`'s table `doc`."""
+    if all(row["block_tables"] == g.pages_per_block for row, g in zip(doc["groups"], layout.groups, strict=True)):
+        return "a type's block of B tokens takes 'block tables' units"
+    each = ", ".join(f"{g.kind} {g.pages_per_block:,}" for g in layout.groups)
+    return (f"a type's block of B tokens costs its bytes / the unit in units ({each}), one table of such blocks a "
+            "type (weighted tables; physical blocks count units)")
+
+
 def group_doc(layout: KVLayout, group_blocks: tuple[int, ...], bytes_per_block: int) -> dict:
     """Each layer type's block tables, physical blocks and bytes (`group_blocks`: per pool group, in the order
     pool_groups makes them: each type's tables one after another). Physical blocks are units of `bytes_per_block`

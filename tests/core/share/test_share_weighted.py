@@ -1,0 +1,93 @@
+"""`share` on the ideal layout of Mamba hybrids whose state is thousands of units: weighted tables (one table a
+layer type, core/pool/weighted.py) where a table per unit was refused. Bytes worked by hand from the configs."""
+
+from __future__ import annotations
+
+import pytest
+from hand_specs import granite_h_small
+
+from kvcalc.core.errors import ParameterError
+from kvcalc.core.model.kv_groups import kv_layout
+from kvcalc.core.pool.groups import pool_groups
+from kvcalc.core.share.forks import ScenarioSpec, run_scenario
+from kvcalc.core.share.memory import group_doc, model_groups
+
+# Granite-4.0-H-Small, bf16, block 16, ideal: attention 4 layers · 8 KV heads · 128 · 2 (K, V) · 2 B = 16,384 B a
+# token -> a block 262,144 B; Mamba-2 state per layer: conv (8,192 + 2 · 128) · 3 · 2 B = 50,688 B + SSM 128 heads
+# · 64 · 128 · 2 B = 2,097,152 B = 2,147,840 B, · 36 layers = 77,322,240 B. Unit = gcd = 2,048 B: a block costs
+# 128 units, a state 37,755.
+BLOCK, STATE, UNIT = 262_144, 77_322_240, 2_048
+
+
+def granite():
+    layout, groups = model_groups(granite_h_small(), 16, 16, "ideal", None)
+    assert layout is not None and groups is not None
+    return layout, groups
+
+
+def test_granite_layout_is_two_weighted_tables():
+    layout, groups = granite()
+    assert layout.page_bytes == UNIT and [g.block_bytes for g in layout.groups] == [BLOCK, STATE]
+    assert [(g.kind, g.weight) for g in groups] == [("full", 128), ("state", 37_755)]
+    with pytest.raises(ParameterError, match="37,883 block tables"):  # a table per unit stays refused
+        pool_groups(kv_layout(granite_h_small(), 16, 16, "ideal"))
+
+
+@pytest.mark.parametrize(("prefix", "branches", "gen", "full_blocks", "copies", "peak_states"), [
+    # P = 32,768 = 2,048 · 16: 2,048 shared blocks + 4 · ceil(2,048 / 16) = 4 · 128 own -> 2,560; no partial
+    # block, no copy. The last step that crosses a page boundary (token 34,800 = 2,175 · 16) holds two states a
+    # branch until the next step: peak 8 states with all 2,560 blocks
+    (32_768, 4, 2_048, 2_560, 0, 8),
+    # P = 1,000 = 62 · 16 + 8: 62 shared + 3 · ceil((8 + 100) / 16) = 3 · 7 -> 83; the partial block 62 and the
+    # state page it ends in are copied by 2 of the 3 branches: 4 copies; peak 6 states (token 1,088 = 68 · 16)
+    (1_000, 3, 100, 83, 4, 6),
+])
+def test_granite_scenario_bytes(prefix, branches, gen, full_blocks, copies, peak_states):
+    layout, groups = granite()
+    scenario = ScenarioSpec(prefix_tokens=prefix, branches=branches, gen_tokens=gen, block_size=16)
+    result = run_scenario(scenario, groups=groups, state_mode="none")
+    # each branch its own state (mode none): one state page each at the end
+    assert result.group_blocks == (full_blocks, branches) and result.cow_copies == copies
+    doc = group_doc(layout, result.group_blocks, UNIT)
+    assert [g["physical_bytes"] for g in doc["groups"]] == [full_blocks * BLOCK, branches * STATE]
+    assert [g["block_tables"] for g in doc["groups"]] == [1, 1]
+    assert result.physical_blocks == full_blocks * 128 + branches * 37_755  # units
+    assert result.physical_blocks * UNIT == full_blocks * BLOCK + branches * STATE
+    # logical: every branch's own table, ceil((P + G) / 16) blocks and one state
+    assert result.logical_blocks == branches * (-(-(prefix + gen) // 16) * 128 + 37_755)
+    assert result.peak_blocks == full_blocks * 128 + peak_states * 37_755
+
+
+def test_granite_beam_search_checks_every_step():
+    _, groups = granite()
+    scenario = ScenarioSpec(prefix_tokens=100, branches=3, gen_tokens=40, block_size=16, mode="beam", seed=3)
+    result = run_scenario(scenario, groups=groups, check=True)  # check_invariants() after every step
+    assert result.group_blocks[1] == 3  # three live beams, one state each
+
+
+def test_nemotron_h_cli(run_cli):
+    # Nemotron-H-56B, ideal, block 16: attention 10 layers · 8 · 128 · 2 · 2 B · 16 = 655,360 B; state 54 layers
+    # 16,900,096 B = 912,605,184 B; unit gcd 16,384 B: 40 and 55,701 units. P 1,000, K 3, G 100: 83 blocks (as
+    # Granite's), 3 states
+    result = run_cli("share", "--prefix", "1000", "--branches", "3", "--gen", "100", "--model", "Nemotron-H-56B",
+                     "--layout", "ideal", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    rows = doc["kv_cache_groups"]["groups"]
+    assert [(r["block_tables"], r["physical_bytes"]) for r in rows] == [(1, 83 * 655_360), (1, 3 * 912_605_184)]
+    assert doc["physical_bytes"] == 83 * 655_360 + 3 * 912_605_184 and doc["block_bytes"] == 16_384
+    assert doc["physical_blocks"] == 83 * 40 + 3 * 55_701
+    table = run_cli("share", "--prefix", "1000", "--branches", "3", "--gen", "100", "--model", "Nemotron-H-56B",
+                    "--layout", "ideal")
+    assert table.exit_code == 0 and "(full 40, state 55,701), one table of such blocks" in table.stdout
+
+
+@pytest.mark.parametrize("command", [("sim", "--requests", "2"),
+                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB")])
+def test_commands_without_weighted_tables_say_so(run_cli, tmp_path, command):
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [0]}\n')
+    args = [str(trace) if a == "MOONCAKE" else a for a in command]
+    result = run_cli(*args, "--model", "Nemotron-H-56B", "--layout", "ideal")
+    assert result.exit_code == 2 and "not" in result.stderr and "--layout vllm" in result.stderr
+    assert "Traceback" not in result.stderr
