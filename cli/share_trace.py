@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..core.inputs.traces import read_trace
-from ..core.share.replay import ReplayResult, TraceShareResult, share_trace
-from ..core.share.trace_blocks import check_block_size, check_trace, largest_request_blocks
+from ..core.inputs.trace_text import read_mooncake_lines, read_trace_text
+from ..core.share.id_replay_lists import share_trace_lists
+from ..core.share.replay_result import ReplayResult, TraceShareResult, check_block_size
 from ..core.units import format_bytes, format_count, format_percent, memory_flag_at_least, parse_bytes, plural
 from .output import Field, Format, RawTable, Report, Table, err_console, quantity_table
 from .progress import progress_bar
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from ..core.share.replay_groups import GroupReplayResult
 
 PROGRESS_FROM_REQUESTS = 2_000  # requests that take about a second to replay on a 2-core machine: a progress bar
+# NOTE: a Mooncake trace of at most this many hash ids, replayed without a model and with nothing evicted, runs on
+# plain lists (core/share/id_replay_lists.py) and never imports numpy (~0.1 s CPU, more than such a replay takes).
+LIST_REPLAY_MAX_IDS = 1_000_000
 
 
 def trace_report(inputs: ShareInputs) -> Report:
@@ -44,19 +47,35 @@ def trace_report(inputs: ShareInputs) -> Report:
     capacity = capacity_blocks
     if memory_bytes is not None and bytes_per_block is not None:
         capacity = blocks_in_memory(memory_bytes, bytes_per_block)  # before reading, too
-    loaded = read_trace(trace[0], trace[1])
+    kind, name, text = read_trace_text(trace[0], trace[1])
+    lines = read_mooncake_lines(text, name) if kind == "mooncake" else None
+    if lines is not None and spec is None and lines.hash_ids is not None and len(lines.hash_ids) <= LIST_REPLAY_MAX_IDS:
+        listed = share_trace_lists(lines, kind, name, block, capacity, o.limit)
+        if listed is not None:  # else the replay below names the error, or evicts through the pool
+            _announce(listed.trace_description, block, inputs.fmt)
+            return _trace_report(listed, None, None, None)
+    from ..core.inputs.trace_formats import read_azure
+    from ..core.inputs.traces import trace_of
+    from ..core.share.replay import share_trace
+    from ..core.share.trace_blocks import check_trace, largest_request_blocks
+
+    loaded = trace_of(kind, name, lines if lines is not None else read_azure(text, name))
     if o.limit is not None:
         loaded = loaded.head(o.limit)
     if memory_bytes is not None and bytes_per_block is not None:
         blocks_in_memory(memory_bytes, bytes_per_block, largest_request_blocks(loaded, block),
                          "the largest request of the trace needs")
     checked = check_trace(loaded, block, capacity)  # every input error before any progress line
-    if inputs.fmt is Format.table:
-        err_console.print(f"replaying {loaded.description} at block size {block} …", highlight=False)
+    _announce(loaded.description, block, inputs.fmt)
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
         result = share_trace(loaded, block, capacity, progress=advance, checked=checked)
     kv = None if spec is None else pool_bytes(spec, dtype, bits, block, result.cached.longest_request_tokens)
     return _trace_report(result, spec, kv, memory_bytes)
+
+
+def _announce(description: str, block: int, fmt: Format) -> None:
+    if fmt is Format.table:
+        err_console.print(f"replaying {description} at block size {block} …", highlight=False)
 
 
 def _memory_bytes(memory: str) -> int:
@@ -70,6 +89,7 @@ def _memory_bytes(memory: str) -> int:
 def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: int | None, memory: str | None,
                   spec: ModelSpec, dtype: str, layout: KVLayout, groups: tuple, fmt: Format) -> Report:
     """Trace mode on a hybrid model: the replay through a pool of its KV cache groups, sized per group."""
+    from ..core.inputs.traces import read_trace
     from ..core.model.kv_groups import plan_blocks
     from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, largest_request_peak, replay_groups
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default page size
+MAX_LENGTH = 2**62  # the longest length kvcalc holds: n + B − 1 never wraps in int64 for any block up to 2^62
 BLOCK_TABLE_ENTRY_BYTES = 4  # one int32 physical block id per logical block, as vLLM's and FlashInfer's kernels take
 
 

@@ -22,12 +22,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from .blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
+from .blocks import BLOCK_TABLE_ENTRY_BYTES, MAX_LENGTH, ceil_div
 from .errors import ParameterError
 from .units import format_int_short
 
 SWEEP_BLOCK_SIZES = tuple(2**k for k in range(9))  # 1, 2, 4, …, 256
-MAX_LENGTH = 2**62  # so that n + B − 1 never wraps in int64 for any block size up to 2^62
 _INT64_MAX = np.iinfo(np.int64).max
 PASS_CHUNK = 1 << 18  # lengths per step of a chunked pass: 2 MiB of int64, small enough to stay in cache
 HISTOGRAM_CHUNK = 1 << 20  # lengths per bincount: large enough that the table's zeroing costs little

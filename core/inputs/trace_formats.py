@@ -1,26 +1,21 @@
-"""The two trace formats, parsed from text into columns: Azure LLM inference 2023 (CSV) and Mooncake
-FAST'25 (JSON lines). Every field of every line is checked — type, range, finiteness — and a bad one is a
-ValueError naming the file, the line, the value and the fix. traces.py turns the columns into a `Trace`.
+"""The two trace formats, parsed from text into numpy columns: Azure LLM inference 2023 (CSV) and Mooncake
+FAST'25 (JSON lines, read into lists by trace_text.py). Every field of every line is checked — type, range,
+finiteness — and a bad one is a ValueError naming the file, the line, the value and the fix. traces.py turns the
+columns into a `Trace`.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import ParameterError
-from ..paging import MAX_LENGTH
-from ..units import format_int_short, plural
-
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-MOONCAKE_BLOCK_TOKENS = 512  # prompt tokens covered by one Mooncake hash id
+from .trace_text import AZURE_COLUMNS as _AZURE_COLUMNS
+from .trace_text import MooncakeLines, parse_count, read_mooncake_lines, shown
 
 
 class TraceColumns(NamedTuple):
@@ -32,30 +27,6 @@ class TraceColumns(NamedTuple):
     output_tokens: np.ndarray
     hash_ids: np.ndarray | None = None
     hash_offsets: np.ndarray | None = None
-
-
-def _shown(value: object) -> str:
-    """A value as a message shows it: its repr, cut short (a line may hold thousands of ids)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _parse_count(text: object, what: str, where: str) -> int:
-    """A length from a CSV cell (str) or a JSON value (int; an integral float such as 512.0 is accepted).
-    3.7, true, null or a list are errors, never truncated to 3 or read as 1."""
-    try:
-        if (isinstance(text, bool) or not isinstance(text, (str, int, float))
-                or (isinstance(text, float) and not text.is_integer())):
-            raise ValueError
-        value = int(text)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{where}: {what} {_shown(text)} is not an integer; fix or remove that line") from None
-    if value < 0:
-        raise ValueError(f"{where}: {what} is negative ({value}); lengths must be >= 0")
-    if value > MAX_LENGTH:
-        raise ValueError(f"{where}: {what} {format_int_short(value)} is too large (lengths must be <= 2^62); fix or "
-                         "remove that line")
-    return value
 
 
 def read_azure(text: str, name: str) -> TraceColumns:
@@ -93,8 +64,8 @@ def read_azure(text: str, name: str) -> TraceColumns:
             raise ValueError(f"{where}: expected {len(header)} columns, found {len(row)}")
         stamps.append(row[i_time].strip())
         stamp_lines.append(reader.line_num)
-        prompts.append(_parse_count(row[i_ctx], "ContextTokens", where))
-        outputs.append(_parse_count(row[i_gen], "GeneratedTokens", where))
+        prompts.append(parse_count(row[i_ctx], "ContextTokens", where))
+        outputs.append(parse_count(row[i_gen], "GeneratedTokens", where))
     arrival_s = _azure_arrivals(stamps, stamp_lines, name)
     return TraceColumns(arrival_s, np.array(prompts, np.int64), np.array(outputs, np.int64))
 
@@ -116,14 +87,14 @@ def _azure_arrivals(stamps: list[str], lines: list[int], name: str) -> np.ndarra
     except (ValueError, OverflowError):
         i = next(i for i, s in enumerate(stamps) if not _is_timestamp(s))
         raise ValueError(
-            f"{name}:{lines[i]}: TIMESTAMP {_shown(stamps[i])} is not a date and time like 2023-11-16 18:15:46.6805900"
+            f"{name}:{lines[i]}: TIMESTAMP {shown(stamps[i])} is not a date and time like 2023-11-16 18:15:46.6805900"
         ) from None
     bad = np.flatnonzero(np.isnat(coarse) | (coarse < _NS_FIRST) | (coarse >= _NS_LAST))
     if bad.size:
         i = int(bad[0])
         problem = "is not a time" if np.isnat(coarse[i]) else "is outside the years 1678–2261 that kvcalc reads"
         raise ValueError(
-            f"{name}:{lines[i]}: TIMESTAMP {_shown(stamps[i])} {problem}: give a date and time like "
+            f"{name}:{lines[i]}: TIMESTAMP {shown(stamps[i])} {problem}: give a date and time like "
             "2023-11-16 18:15:46.6805900"
         )
     if int((coarse.max() - coarse.min()).astype(np.int64)) >= _MAX_SPAN_S:  # ns differences would wrap
@@ -154,120 +125,15 @@ def _is_timestamp(text: str) -> bool:
     return True
 
 
-# Mooncake timestamps are milliseconds from the start of the trace: a finite number >= 0. A negative one
-# is refused rather than read as an earlier arrival (arrivals are relative to the earliest request, so it
-# would shift every other request), and so is one past 2^53 ms (285,000 years), where float64 no longer
-# holds whole milliseconds. Requests may come in any order: replays sort them by arrival.
-_MAX_TIMESTAMP_MS = 2**53
-_INT64_MAX = 2**63 - 1
-
-
-def _timestamp_ms(value: object, where: str) -> float:
-    fix = "a Mooncake timestamp is a number of ms >= 0 from the start of the trace; fix or remove that line"
-    try:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError
-        ms = min(value, _MAX_TIMESTAMP_MS + 1) if isinstance(value, int) else float(value)  # 10^400 overflows float
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: timestamp {_shown(value)} is not a number of ms; {fix}") from None
-    if not math.isfinite(ms):
-        raise ValueError(f"{where}: timestamp {_shown(value)} is not finite; {fix}")
-    if ms < 0:
-        raise ValueError(f"{where}: timestamp {_shown(value)} is negative; {fix}")
-    if ms > _MAX_TIMESTAMP_MS:
-        raise ValueError(f"{where}: timestamp {_shown(value)} is past 2^53 ms (285,000 years); {fix}")
-    return float(ms)
-
-
-def _hash_ids(value: object, where: str) -> list[int]:
-    """A request's prefix-block ids: a list of integers in 0..2^63 - 1 (int64, as every id array holds them)."""
-    if not isinstance(value, list):
-        raise ValueError(f"{where}: hash_ids {_shown(value)} must be a list of integers (prefix-block ids >= 0)")
-    for h in value:
-        if type(h) is not int:  # bool is not an id, nor is 3.0
-            raise ValueError(f"{where}: hash_ids holds {_shown(h)}; hash_ids must be a list of integers "
-                             "(prefix-block ids >= 0)")
-    if value and (min(value) < 0 or max(value) > _INT64_MAX):
-        h = next(h for h in value if not 0 <= h <= _INT64_MAX)
-        bound = "negative" if h < 0 else "past 2^63 - 1, the largest id kvcalc holds (int64)"
-        raise ValueError(f"{where}: hash_ids holds {h}, which is {bound}; ids are integers in 0..2^63 - 1")
-    return value
-
-
-def _json_number(record: dict, field: str, kind: str, where: str) -> object:
-    """A numeric field of a JSON line as written: a quoted number ("100") is refused, not read as 100, for the
-    same reason 100.5 and true are: the file is not what the writer meant, and guessing hides it."""
-    value = record[field]
-    if isinstance(value, str):
-        raise ValueError(f"{where}: {field} {_shown(value)} is not {kind} but a string; write it as a JSON number, "
-                         "without quotes")
-    return value
-
-
-def _check_id_count(ids: list[int], prompt: int, where: str) -> None:
-    """Mooncake's hash ids cover the prompt, one per 512 tokens: more than that would key blocks that hold
-    no prompt token (and grow the pool needed without limit). Fewer is accepted, as the readers of the
-    blocks refuse a prompt block that no id covers."""
-    need = -(-prompt // MOONCAKE_BLOCK_TOKENS)
-    if len(ids) > need:
-        raise ValueError(
-            f"{where}: {len(ids):,} hash_ids for input_length {prompt:,}, which needs {need:,} (one per "
-            f"{MOONCAKE_BLOCK_TOKENS} prompt tokens); drop the ids past the prompt or fix input_length"
-        )
-
-
 def read_mooncake(text: str, name: str) -> TraceColumns:
-    """Mooncake trace: JSON lines with timestamp (ms), input_length, output_length, hash_ids."""
-    arrivals: list[float] = []
-    prompts: list[int] = []
-    outputs: list[int] = []
-    ids: list[int] = []
-    offsets = [0]
-    with_ids = 0
-    first_without: str | None = None
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{name}:{line_no}"
-        try:
-            record = json.loads(line)
-        except RecursionError:
-            raise ValueError(f"{where}: JSON nested too deeply to read; each line must be one JSON object") from None
-        except json.JSONDecodeError as exc:
-            if line_no == 1 and all(c in line for c in _AZURE_COLUMNS):
-                raise ParameterError(f"{name} is an Azure CSV, not JSON lines: read it with {{trace}} azure {name}",
-                                     "trace") from None
-            raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object per line, found {type(record).__name__}")
-        missing = [f for f in _MOONCAKE_FIELDS if f not in record]
-        if missing:
-            raise ValueError(
-                f"{where}: missing field {', '.join(missing)}; a Mooncake line has "
-                "timestamp, input_length, output_length and hash_ids"
-            )
-        arrivals.append(_timestamp_ms(_json_number(record, "timestamp", "a number", where), where) / 1000.0)
-        for field, column in (("input_length", prompts), ("output_length", outputs)):
-            column.append(_parse_count(_json_number(record, field, "an integer", where), field, where))
-        hashes = record.get("hash_ids")
-        if hashes is None:
-            first_without = first_without or where
-        else:
-            request_ids = _hash_ids(hashes, where)
-            _check_id_count(request_ids, prompts[-1], where)
-            ids.extend(request_ids)
-            with_ids += 1
-        offsets.append(len(ids))
-        if with_ids and first_without is not None:  # a mix would drop every line's ids, or invent empty ones
-            verb = "has" if with_ids == 1 else "have"
-            raise ValueError(
-                f"{first_without}: no hash_ids, but {plural(with_ids, 'other line')} {verb} them; give every request "
-                "its hash_ids (prefix-block ids), or remove them from every line for a trace without prefix ids"
-            )
-    arrival = np.array(arrivals, dtype=np.float64)
-    if len(arrival):
-        arrival -= arrival.min()
-    any_ids = with_ids > 0
-    hash_ids = np.array(ids, dtype=np.int64) if any_ids else None
-    hash_offsets = np.array(offsets, dtype=np.int64) if any_ids else None
-    return TraceColumns(arrival, np.array(prompts, np.int64), np.array(outputs, np.int64), hash_ids, hash_offsets)
+    """Mooncake trace: JSON lines with timestamp (ms), input_length, output_length, hash_ids (trace_text.py reads
+    and checks them), as numpy columns."""
+    return mooncake_columns(read_mooncake_lines(text, name))
+
+
+def mooncake_columns(lines: MooncakeLines) -> TraceColumns:
+    """The lists of read_mooncake_lines as numpy columns."""
+    arrival_s, prompts, outputs, ids, offsets = lines
+    return TraceColumns(np.array(arrival_s, dtype=np.float64), np.array(prompts, np.int64),
+                        np.array(outputs, np.int64), None if ids is None else np.array(ids, dtype=np.int64),
+                        None if offsets is None else np.array(offsets, dtype=np.int64))

@@ -15,15 +15,17 @@ import numpy as np
 
 from ..blocks import ceil_div
 from ..errors import ParameterError
-from ..units import format_int_short, plural
-from .sources import InputSource, decode_text, read_source
-from .trace_formats import MOONCAKE_BLOCK_TOKENS, read_azure, read_mooncake
-
-TRACE_KINDS = ("azure", "mooncake")
-_EXPECTED = {
-    "azure": "an Azure trace: a CSV with the columns TIMESTAMP, ContextTokens, GeneratedTokens",
-    "mooncake": "a Mooncake trace: JSON lines with timestamp, input_length, output_length, hash_ids",
-}
+from .sources import InputSource
+from .trace_formats import TraceColumns, mooncake_columns, read_azure, read_mooncake
+from .trace_text import (
+    MOONCAKE_BLOCK_TOKENS,
+    MooncakeLines,
+    mooncake_block_size_error,
+    mooncake_blocks_per_id,
+    mooncake_ids_per_block,
+    read_trace_text,
+    trace_description,
+)
 
 
 class RequestArrays:
@@ -74,7 +76,7 @@ class Trace(RequestArrays):
 
     @property
     def description(self) -> str:
-        return f"real trace: {self.kind} {self.path} ({plural(len(self), 'request')})"
+        return trace_description(self.kind, self.path, len(self))
 
     def head(self, limit: int) -> Trace:
         """The first `limit` requests (all of them when limit >= N)."""
@@ -89,31 +91,11 @@ class Trace(RequestArrays):
         )
 
 
-def mooncake_block_size_error(block_size: int) -> str | None:
-    """Why Mooncake's prefix ids cannot key blocks of `block_size` tokens (None when they can): a block must tile
-    one 512-token hash id exactly (B divides 512) or cover whole ids (B a multiple of 512)."""
-    if block_size >= 1 and (MOONCAKE_BLOCK_TOKENS % block_size == 0 or block_size % MOONCAKE_BLOCK_TOKENS == 0):
-        return None
-    return (f"block_size {format_int_short(block_size)} does not divide {MOONCAKE_BLOCK_TOKENS} and is not a "
-            f"multiple of it ({MOONCAKE_BLOCK_TOKENS} tokens per Mooncake hash id): use a divisor such as 16, 32, 64 "
-            "or a multiple such as 1,024, 2,048, 4,096")
-
-
 def check_mooncake_block_size(block_size: int) -> None:
     """Mooncake's content keys exist per 512-token hash id: a block must tile one id or cover whole ids."""
     message = mooncake_block_size_error(block_size)
     if message:
         raise ParameterError(message, "block_size")
-
-
-def mooncake_blocks_per_id(block_size: int) -> int:
-    """S: blocks of `block_size` tokens in one 512-token hash id (1 when a block covers whole ids)."""
-    return max(1, MOONCAKE_BLOCK_TOKENS // block_size)
-
-
-def mooncake_ids_per_block(block_size: int) -> int:
-    """m: hash ids one block of `block_size` tokens covers (1 when a block divides 512)."""
-    return max(1, block_size // MOONCAKE_BLOCK_TOKENS)
 
 
 def first_unchained_id(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> tuple[int, int] | None:
@@ -198,13 +180,14 @@ def coarse_hash_ids(hash_ids: np.ndarray, hash_offsets: np.ndarray, block_size: 
 
 def read_trace(kind: str, source: InputSource) -> Trace:
     """Read a trace of `kind` ('azure' or 'mooncake') from a path, `-` (standard input) or a binary stream."""
-    kind = kind.strip().lower()
-    if kind not in TRACE_KINDS:
-        raise ValueError(f"unknown trace kind {kind!r}: choose one of {', '.join(TRACE_KINDS)}")
-    expected = _EXPECTED[kind]
-    name, data = read_source(source, expected)
-    text = decode_text(data, name, expected)
-    columns = read_azure(text, name) if kind == "azure" else read_mooncake(text, name)
+    kind, name, text = read_trace_text(kind, source)
+    return trace_of(kind, name, read_azure(text, name) if kind == "azure" else read_mooncake(text, name))
+
+
+def trace_of(kind: str, name: str, columns: TraceColumns | MooncakeLines) -> Trace:
+    """The `Trace` of parsed columns (a Mooncake file's lists are made arrays); one with no request is an error."""
+    if isinstance(columns, MooncakeLines):
+        columns = mooncake_columns(columns)
     trace = Trace(kind, name, *columns)
     if len(trace) == 0:
         raise ValueError(f"the {kind} trace {name} holds no requests: give a file with at least one request")

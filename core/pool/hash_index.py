@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .limits import index_slots
+
 EMPTY = -1  # a slot never used since the last rebuild: a probe run ends here
 _TOMBSTONE = -2  # a deleted entry: probe runs go on past it
 _MINUS_ONES = np.full(8192, -1, dtype=np.intp)
 _LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks share one
 _STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
 _STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
-_ROOMY_SLOTS = 1 << 18  # 1 MiB of int32 slots
 
 
 class HashIndex:
@@ -59,8 +60,7 @@ class HashIndex:
     @staticmethod
     def num_slots(max_entries: int) -> int:
         """Slots of an index for `max_entries` (see the module docstring), a power of two."""
-        slots = max(32, 2 * max_entries, min(8 * max_entries, _ROOMY_SLOTS))
-        return 1 << int(slots - 1).bit_length()
+        return index_slots(max_entries)  # in limits.py: a pool's bytes are checked without numpy
 
     def home_slots(self, base_hashes: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """int64 [n]: home slot of the block at chain `positions` whose line is picked by `base_hashes`

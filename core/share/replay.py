@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..inputs.traces import Trace, mooncake_block_keys
 from .id_replay import id_level_hits
+from .replay_result import ReplayResult, TraceShareResult
 from .trace_blocks import (
     CheckedTrace,
     check_requests,
@@ -35,42 +35,6 @@ if TYPE_CHECKING:
     from ..pool.store import BlockKeys
 
 _BATCH_BLOCKS = 1 << 17  # prompt blocks hashed at a time: ~4 MiB of keys, hashes and home slots
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """One replay of a trace (with or without prefix caching)."""
-
-    prefix_caching: bool
-    block_size: int
-    capacity_blocks: int | None  # None: unlimited
-    pool_blocks: int  # blocks the pool was created with
-    requests: int
-    prompt_tokens: int
-    output_tokens: int
-    hit_tokens: int
-    hit_blocks: int
-    peak_used_blocks: int  # one request at a time: the largest request's blocks
-    longest_request_tokens: int  # prompt + output of the longest request
-    peak_cached_blocks: int  # most free blocks holding a cache entry at once: the cache's footprint
-    evictions: int
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def prefill_tokens_saved(self) -> int:
-        """Prompt tokens whose KV is reused instead of recomputed."""
-        return self.hit_tokens
-
-
-@dataclass(frozen=True)
-class TraceShareResult:
-    trace_description: str
-    has_prefix_ids: bool
-    cached: ReplayResult
-    uncached: ReplayResult
 
 
 def _key_batches(trace: Trace, block_size: int) -> list[tuple[int, int]]:

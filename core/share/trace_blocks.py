@@ -27,28 +27,11 @@ from ..inputs.traces import (
     coarse_hash_ids,
     first_unchained_id,
     mooncake_block_keys,
-    mooncake_block_size_error,
     mooncake_blocks_per_id,
     mooncake_ids_per_block,
 )
-from ..pool.limits import MAX_BLOCK_TOKENS, store_memory_bytes
-from ..units import format_int_short
-
-
-def check_block_size(block_size: int) -> None:
-    """A block size that Mooncake's prefix ids can key (see the module docstring)."""
-    _check_positive_block_size(block_size)
-    message = mooncake_block_size_error(block_size)
-    if message:  # short: a typed 1e400 has 401 digits
-        raise ParameterError(message, "block_size")
-
-
-def _check_positive_block_size(block_size: int) -> None:
-    if block_size < 1:
-        raise ParameterError(f"block_size {block_size} must be a positive number of tokens", "block_size")
-    if block_size > MAX_BLOCK_TOKENS:
-        raise ParameterError(f"block_size {format_int_short(block_size)} is more tokens than a block holds (at most "
-                             f"{MAX_BLOCK_TOKENS:,}): give a block size such as 16", "block_size")
+from ..pool.limits import store_memory_bytes
+from .replay_result import check_block_size, check_positive_block_size
 
 
 def _check_key_range(trace: Trace, block_size: int) -> None:
@@ -214,7 +197,7 @@ def check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -
             mooncake_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
                                f"{trace.path} request {i + 1}: ")
     else:
-        _check_positive_block_size(block_size)
+        check_positive_block_size(block_size)
     if capacity_blocks is not None and capacity_blocks < 1:
         raise ParameterError(f"capacity_blocks {capacity_blocks} must be a positive number of blocks",
                              "capacity_blocks")
@@ -231,7 +214,7 @@ def check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -
 
 def largest_request_blocks(trace: Trace, block_size: int) -> int:
     """Blocks of the largest request (prompt + output): the least capacity a replay of `trace` needs."""
-    _check_positive_block_size(block_size)
+    check_positive_block_size(block_size)
     return int(request_blocks(trace, block_size).max())
 
 
