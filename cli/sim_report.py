@@ -278,8 +278,9 @@ def _text(job) -> list[str]:
         f"{format_bytes(plan.workspace_bytes)}, non-torch {format_bytes(plan.non_torch_bytes)}"
         + (f", CUDA graphs {format_bytes(plan.cuda_graph_bytes)}" if plan.cuda_graph_bytes else "")
         + f", KV pool {format_bytes(plan.pool_bytes)} = "
-        f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots, "
-        f"{format_bytes(plan.kv_bytes_per_token)} per token in {job.kv_dtype}) per GPU",
+        f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots"
+        + (" in every attention group" if plan.layout is not None else "")
+        + f", {format_bytes(plan.kv_bytes_per_token)} per token in {job.kv_dtype}) per GPU",
     ]
     if plan.layout is not None:
         text.append(f"KV cache groups ({plan.layout.layout} layout, block {plan.block_size}, a block "

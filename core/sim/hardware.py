@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 
 from ..blocks import ceil_div
@@ -107,8 +108,16 @@ class MemoryPlan:
 
     @property
     def capacity_tokens(self) -> int:
-        """Token slots of the pool; reservation policies get exactly as many slots as paging."""
-        return self.num_blocks * self.block_size
+        """Token slots of the pool; reservation policies get exactly as many slots as paging. A hybrid layout's
+        block is one page of ONE group, so its slots are the tokens every attention group can hold at once:
+        num_blocks // Σ_attention pages_per_block / block_tokens (Gemma-3-27B on an H100, 6 sliding + 1 full
+        tables of 16 tokens: 14,435 · 16 // 7 = 32,994, not 14,435 · 16). Windows hold fewer tokens and states
+        take pages besides, so it is the pool's size in tokens of every layer, not a concurrency."""
+        if self.layout is None:
+            return self.num_blocks * self.block_size
+        per_token = sum((Fraction(g.pages_per_block, g.block_tokens) for g in self.layout.attention_groups),
+                        Fraction(0))
+        return int(self.num_blocks / per_token) if per_token else 0
 
 
 def _config_path(model: str | None, config: Path | str | None) -> Path | None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from real_configs import write_config
 
 
-def _plan(run_cli, *source: str) -> dict:
-    result = run_cli("sim", *source, "--gpu", "H100-SXM", "--requests", "5", "--json")
+def _plan(run_cli, *source: str, gpu: tuple[str, ...] = ("--gpu", "H100-SXM")) -> dict:
+    result = run_cli("sim", *source, *gpu, "--requests", "5", "--json")
     assert result.exit_code == 0, result.stderr
     return result.json()["memory_plan"]
 
@@ -25,11 +24,20 @@ def test_token_slots_of_a_single_group_model_fill_the_pool(run_cli) -> None:
     assert plan["kv_pool_bytes"] - plan["capacity_tokens"] * plan["kv_bytes_per_token"] < block
 
 
-@pytest.mark.xfail(strict=True, reason="cli/sim_report.py:281 and core/sim/hardware.py capacity_tokens (sim "
-                                       "reporting, no owner this round): a hybrid's token slots are num_blocks · B")
 def test_token_slots_of_gemma3_do_not_exceed_the_pool(run_cli, tmp_path: Path) -> None:
     plan = _plan(run_cli, "--config", str(write_config(tmp_path, "GEMMA3_27B")))
     # 7 groups (6 sliding of 10 layer slots, 1 full): a block id is 10 · 16 · 8,192 B = 1.25 MiB, while a token of
     # every layer is 62 · 8,192 = 507,904 B; token slots at that size must fit the pool
     assert plan["kv_bytes_per_token"] == 507_904
+    assert plan["capacity_tokens"] * plan["kv_bytes_per_token"] <= plan["kv_pool_bytes"]
+    # the pool's 14,435 blocks over 6 sliding + 1 full tables of 16 tokens: 14,435 · 16 // 7 = 32,994 tokens
+    assert plan["num_blocks"] == 14_435
+    assert plan["capacity_tokens"] == 32_994
+
+
+def test_token_slots_of_a_mamba_hybrid_count_attention_pages_only(run_cli) -> None:
+    plan = _plan(run_cli, "--model", "Nemotron-H-56B", gpu=("--gpu", "H200", "--tp", "2"))
+    # 902 blocks of 4,128 tokens (forced by the state page); one attention table per block of B tokens (the state's
+    # pages are per sequence, not per token): num_blocks · B
+    assert plan["capacity_tokens"] == plan["num_blocks"] * plan["block_size"]
     assert plan["capacity_tokens"] * plan["kv_bytes_per_token"] <= plan["kv_pool_bytes"]
