@@ -1,6 +1,6 @@
 """`kvcalc plan`: the cheapest deployment that serves a workload under an SLO, a search of `sim --max-rate` runs.
 
-The workload, model and SLO options are `kvcalc sim`'s own (the aliases of cli/options.py, as cli/sim.py declares
+The workload, model and SLO options are `kvcalc sim`'s own (the aliases of cli/sim_flags.py, as cli/sim.py declares
 them); the space, prices, execution and output options are the command's.
 """
 
@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from . import options as opt
-from .options import FormatOpt, JsonOpt, int_option, sim_options
+from . import sim_flags as opt
+from .options import FormatOpt, JsonOpt, int_option
 from .output import Format, emit, err_console, resolve_format, warn_notes
+from .sim_flags import sim_options
 
 if TYPE_CHECKING:
     from ..core.sim.options import SimOptions

@@ -1,7 +1,7 @@
 """`kvcalc sim`: continuous batching over the KV block pool under an arrival process.
 
 The options are those of `core.sim.options.SimOptions`, one flag per field, declared as `Annotated` aliases in
-cli/options.py (`kvcalc plan` reuses those it shares); only the output options are the command's own.
+cli/sim_flags.py (`kvcalc plan` reuses those it shares); only the output options are the command's own.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import typer
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from . import options as opt
-from .options import check_output_path, sim_options
+from . import sim_flags as opt
+from .options import check_output_path
 from .output import Format, emit, err_console, resolve_format, warn_notes
+from .sim_flags import sim_options
 
 PROGRESS_FROM = 5_000  # arrivals over all policies: about 2 s of simulation on a 2-core machine
 

@@ -1,5 +1,5 @@
 """The options of `kvcalc sim`, declared once: each field of `SimOptions` carries its default and its help;
-cli/options.py declares one flag per field (an `Annotated` alias reading the help here; a test checks that every
+cli/sim_flags.py declares one flag per field (an `Annotated` alias reading the help here; a test checks that every
 field has exactly one, with this flag and default), and scripts and tests construct them directly.
 
 A field's flag is `--` + its name with dashes, unless its metadata names another (`flag`); `negate` marks a

@@ -317,7 +317,7 @@ def test_sim_options_of_the_defaults_are_the_dataclass_defaults():
     import inspect
 
     from kvcalc.cli import sim
-    from kvcalc.cli.options import sim_options
+    from kvcalc.cli.sim_flags import sim_options
     from kvcalc.core.sim.options import SimOptions
 
     defaults = {name: p.default for name, p in inspect.signature(sim.command).parameters.items()}
