@@ -126,8 +126,12 @@ def start_refusals(plan: GpuPlan, max_positions: int | None) -> list[str]:
     return refusals
 
 
-def _add_refusals(report: Report, plan: GpuPlan, max_positions: int | None) -> None:
-    """start_refusals as warnings on stderr, notes, and the JSON's gpu_plan.start_refusals (only when any)."""
+def _add_refusals(report: Report, plan: GpuPlan, max_positions: int | None, spec_tokens: int = 0) -> None:
+    """start_refusals as warnings on stderr, notes, and the JSON's gpu_plan.start_refusals (only when any); with
+    speculative decoding on a recurrent model, the note on its extra state pages."""
+    if spec_tokens and any(g.block_size == 0 for g in plan.groups):
+        report.notes.append(f"--spec-tokens {spec_tokens}: a request holds 1 + {spec_tokens} pages in each state "
+                            "group (vLLM's num_speculative_blocks: the state after each draft position)")
     refusals = start_refusals(plan, max_positions)
     if refusals:
         report.doc["gpu_plan"]["start_refusals"] = refusals
@@ -147,6 +151,7 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
     )
 
     o, spec, block_size = inputs.opts, inputs.spec, inputs.block_size
+    spec_tokens = 0 if inputs.speculation is None else inputs.speculation.spec_tokens
     assert spec is not None  # the GPU plan needs a model: size_inputs refused it without one
     max_model_len = o.max_model_len
     if max_model_len is None:
@@ -188,8 +193,9 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
         kv_memory_bytes=kv_memory_bytes,
         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if o.max_num_batched_tokens is None
         else o.max_num_batched_tokens,
+        spec_tokens=spec_tokens,
     )
     gpu_report(report, plan)
-    _add_refusals(report, plan, spec.max_position_embeddings)
+    _add_refusals(report, plan, spec.max_position_embeddings, spec_tokens)
     if rounding is not None:
         report.notes.append(f"--kv-memory {rounding}.")

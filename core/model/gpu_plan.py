@@ -143,9 +143,11 @@ def plan_gpu(
     vllm_version: str = DEFAULT_VLLM_VERSION,
     quantization: str | None = None,
     vision_params: int = 0,
+    spec_tokens: int = 0,
 ) -> GpuPlan:
     """vLLM's start-up figures for `spec` on one GPU of `tp` (memory from the GPU, or `kv_memory_bytes`).
-    `gpu_memory_utilization` and `max_num_seqs` default as vLLM `vllm_version` does on that GPU."""
+    `gpu_memory_utilization` and `max_num_seqs` default as vLLM `vllm_version` does on that GPU. With
+    speculative decoding (`spec_tokens` K drafts a step) a request holds K more pages in every state group."""
     if gpu_memory_utilization is None:
         gpu_memory_utilization = get_version(vllm_version).default_gpu_memory_utilization
     if max_num_seqs is None:
@@ -153,7 +155,7 @@ def plan_gpu(
     _check_plan_inputs(block_size, max_model_len, tp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization)
     layout = attention_free_layout(spec, kv_dtype_bits, tp, max_model_len, block_size, mamba_cache_mode) or kv_layout(
         spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
-    groups = _cache_groups(layout, max_model_len, max_num_batched_tokens)
+    groups = _cache_groups(layout, max_model_len, max_num_batched_tokens, spec_tokens)
     page, group_size = layout.page_bytes // layout.group_size, layout.group_size
     estimates: list[str] = []
     if kv_memory_bytes is not None:
@@ -271,13 +273,17 @@ def cache_groups(
     return kv.page_bytes // kv.group_size, kv.group_size, _cache_groups(kv, max_model_len, max_num_batched_tokens)
 
 
-def _cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> tuple[CacheGroup, ...]:
-    """A layer type spans `tables` block tables, each of `group_size` layer slots (the last one padded)."""
+def _cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int,
+                  spec_tokens: int = 0) -> tuple[CacheGroup, ...]:
+    """A layer type spans `tables` block tables, each of `group_size` layer slots (the last one padded). With
+    `spec_tokens` K a state group's request holds K more pages (vLLM's MambaSpec.num_speculative_blocks = K, one
+    state per draft position; none in mamba_cache_mode all, whose pages already cover every block)."""
     groups = []
     for g in kv.groups:
         kind = g.source if g.kind == "state" or g.source == "mla" else g.kind
+        extra = spec_tokens if g.kind == "state" and kv.mamba_cache_mode != "all" else 0
         # per block table; under the ideal layout (one table) a block costs pages_per_block units of the plan
-        blocks = request_blocks(g, max_model_len, max_num_batched_tokens, kv.mamba_cache_mode) * (
+        blocks = (request_blocks(g, max_model_len, max_num_batched_tokens, kv.mamba_cache_mode) + extra) * (
             g.pages_per_block // g.tables)
         slots = g.padded_layers // g.tables
         for table in range(g.tables):
