@@ -181,7 +181,9 @@ def speculative_size(
     return SpeculativeSize(
         speculation, tokens, block_size, tp, max_model_len,
         paged_bits_per_seq(groups, tokens, tokens, block_size, dtype_bits, tp),
-        paged_bits_per_seq(groups, tokens, peak, block_size, dtype_bits, tp),
+        # + K states: vLLM keeps the state after each draft position (MambaSpec.num_speculative_blocks = K)
+        paged_bits_per_seq(groups, tokens, peak, block_size, dtype_bits, tp) + speculation.spec_tokens * state_bits(
+            groups, tp),
         memory_bytes,
     )
 

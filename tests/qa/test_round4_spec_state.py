@@ -49,3 +49,14 @@ def test_the_table_says_why(run_cli, tmp_path: Path) -> None:
     result = run_cli("size", "--config", str(write_config(tmp_path, "QWEN35_27B")), "--kv-memory", "40GiB",
                      "--max-model-len", "32768", "--spec-tokens", "2", "--spec-method", "mtp")
     assert result.exit_code == 0 and "a request holds 1 + 2 pages in each state group" in result.stdout
+
+
+def test_size_speculative_peak_counts_the_state_pages(run_cli, tmp_path: Path) -> None:
+    result = run_cli("size", "--config", str(write_config(tmp_path, "QWEN35_27B")), "--tokens", "32768",
+                     "--spec-tokens", "2", "--spec-method", "mtp", "--json")
+    assert result.exit_code == 0, result.stderr
+    s = result.json()["speculative"]
+    # 32,768 + 2 drafts + 2 lookahead slots = 32,772 slots: 2,049 blocks of 16 instead of 2,048, one block of
+    # 17 full layers (16 + the MTP layer) · 16 · 4,096 B = 1,114,112 B; and 2 more states of 48 · 3,207,168 B
+    assert (s["blocks_per_seq"], s["peak_blocks_per_seq"]) == (2048, 2049)
+    assert s["peak_bytes_per_seq"] - s["paged_bytes_per_seq"] == 1_114_112 + 2 * 153_944_064
