@@ -51,6 +51,7 @@ from ..errors import ParameterError
 from ..model.layers import bits_to_bytes
 from ..model.models import ModelSpec
 from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from ..model.weights import estimate_params
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .options import DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
@@ -247,14 +248,22 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
 
 
 def moe_shares(spec: ModelSpec) -> dict[str, Any]:  # floats and ints, each for its own StepTimeModel field
-    """The MoE fields of StepTimeModel for `spec` ({} for a dense model, or a MoE model without both
-    parameter counts: then every step reads every weight, the worst case)."""
+    """The MoE fields of StepTimeModel for `spec` ({} for a dense model, or a MoE model whose parameter counts
+    are neither given nor countable from its dimensions: then every step reads every weight, the worst case).
+    A config-read spec has no counts: they are estimated from its dimensions (weights.estimate_params, gpt-oss-120b
+    116,788,838,400 total / 5,710,233,600 active against the preset's published 116,829,156,672 / 5,715,982,912)."""
     experts, per_token = spec.num_experts, spec.experts_per_token
-    if not experts or not per_token or not spec.num_params or not spec.num_active_params or per_token == experts:
+    if not experts or not per_token or per_token == experts:
         return {}
-    per_expert = (spec.num_params - spec.num_active_params) / (experts - per_token)
-    dense = spec.num_active_params - per_token * per_expert
-    return {"moe_dense_share": dense / spec.num_params, "moe_expert_share": per_expert / spec.num_params,
+    total, active = spec.num_params, spec.num_active_params
+    if not total or not active:
+        if spec.vocab_size is None:
+            return {}
+        counted = estimate_params(spec)
+        total, active = counted.total, counted.active
+    per_expert = (total - active) / (experts - per_token)
+    dense = active - per_token * per_expert
+    return {"moe_dense_share": dense / total, "moe_expert_share": per_expert / total,
             "num_experts": experts, "experts_per_token": per_token}
 
 

@@ -25,8 +25,6 @@ def _tpot(run_cli, *source: str) -> tuple[float, object]:
     return doc["tpot_s"]["p50"], doc["moe_weight_reads"]
 
 
-@pytest.mark.xfail(strict=True, reason="helper S (core/sim/steptime.py moe_shares): a MoE model from --config reads "
-                                       "every expert each step (no parameter counts on a config-read spec)")
 def test_gpt_oss_from_its_config_decodes_as_the_preset(run_cli, tmp_path: Path) -> None:
     folder = str(write_config(tmp_path, "GPT_OSS_120B"))
     config_tpot, config_reads = _tpot(run_cli, "--config", folder, "--quantization", "mxfp4")

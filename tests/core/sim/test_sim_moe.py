@@ -74,8 +74,14 @@ def test_share_grows_with_tokens_from_active_to_all(k_small, tokens):
 
 def test_dense_models_and_moe_without_counts_read_every_weight():
     assert moe_shares(get_preset("Llama-3-8B")) == {}
-    no_active = dataclasses.replace(get_preset("Mixtral-8x7B"), num_active_params=None)
-    assert moe_shares(no_active) == {}
+    mixtral = get_preset("Mixtral-8x7B")
+    # without an active count the counts come from the dimensions (weights.estimate_params): Mixtral's estimate is
+    # within 1 % of its published 46.7 B total / 12.9 B active, so the shares are the preset's to within 2 %
+    no_active = dataclasses.replace(mixtral, num_active_params=None)
+    for key, value in moe_shares(mixtral).items():
+        assert moe_shares(no_active)[key] == pytest.approx(value, rel=0.02)
+    # nothing to count from (no vocab_size for the embeddings): every step reads every weight
+    assert moe_shares(dataclasses.replace(no_active, vocab_size=None)) == {}
 
 
 def test_moe_fields_are_checked():
