@@ -130,10 +130,10 @@ def _hash_ids(value: object, where: str) -> list[int]:
     """A request's prefix-block ids: a list of integers in 0..2^63 - 1 (int64, as every id array holds them)."""
     if not isinstance(value, list):
         raise ValueError(f"{where}: hash_ids {shown(value)} must be a list of integers (prefix-block ids >= 0)")
-    for h in value:
-        if type(h) is not int:  # bool is not an id, nor is 3.0
-            raise ValueError(f"{where}: hash_ids holds {shown(h)}; hash_ids must be a list of integers "
-                             "(prefix-block ids >= 0)")
+    if not set(map(type, value)) <= {int}:  # bool is not an id, nor is 3.0 (one pass in C; the loop names the first)
+        h = next(h for h in value if type(h) is not int)
+        raise ValueError(f"{where}: hash_ids holds {shown(h)}; hash_ids must be a list of integers "
+                         "(prefix-block ids >= 0)")
     if value and (min(value) < 0 or max(value) > _INT64_MAX):
         h = next(h for h in value if not 0 <= h <= _INT64_MAX)
         bound = "negative" if h < 0 else "past 2^63 - 1, the largest id kvcalc holds (int64)"
@@ -163,6 +163,23 @@ def _check_id_count(ids: list[int], prompt: int, where: str) -> None:
         )
 
 
+_decode = json.JSONDecoder().raw_decode  # what json.loads runs, from index 0 (no leading white space)
+
+
+def _loads(line: str, line_no: int, name: str) -> object:
+    """json.loads(line), or the error naming the line (or saying that the file is an Azure CSV)."""
+    where = f"{name}:{line_no}"
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply to read; each line must be one JSON object") from None
+    except json.JSONDecodeError as exc:
+        if line_no == 1 and all(c in line for c in AZURE_COLUMNS):
+            raise ParameterError(f"{name} is an Azure CSV, not JSON lines: read it with {{trace}} azure {name}",
+                                 "trace") from None
+        raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+
+
 def read_mooncake_lines(text: str, name: str) -> MooncakeLines:
     """Mooncake trace: JSON lines with timestamp (ms), input_length, output_length, hash_ids; every field of every
     line checked (see the module docstring)."""
@@ -178,14 +195,11 @@ def read_mooncake_lines(text: str, name: str) -> MooncakeLines:
             continue
         where = f"{name}:{line_no}"
         try:
-            record = json.loads(line)
-        except RecursionError:
-            raise ValueError(f"{where}: JSON nested too deeply to read; each line must be one JSON object") from None
-        except json.JSONDecodeError as exc:
-            if line_no == 1 and all(c in line for c in AZURE_COLUMNS):
-                raise ParameterError(f"{name} is an Azure CSV, not JSON lines: read it with {{trace}} azure {name}",
-                                     "trace") from None
-            raise ValueError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+            record, end = _decode(line)  # json.loads less its checks, which decide only when this fails
+            if end != len(line):  # trailing white space, or more after the object: json.loads reads or refuses it
+                record = _loads(line, line_no, name)
+        except (json.JSONDecodeError, RecursionError):
+            record = _loads(line, line_no, name)
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object per line, found {type(record).__name__}")
         missing = [f for f in _MOONCAKE_FIELDS if f not in record]
