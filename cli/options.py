@@ -61,10 +61,14 @@ def check_output_path(flag: str, path: Path, what: str = "the file") -> None:
     """Fail before any work when `flag`'s output file cannot be created: its directory is missing, is not a
     directory, or the path is itself a directory, or it is `-` (which would make a file named '-': stdout
     carries the report), or opening it for writing fails (tried: an existing file is opened to append and left
-    as it was, a new one is created and removed). Raises ValueError (one `error:` line, exit 2)."""
+    as it was, a new one is created and removed), or it is an option's name (`--timeline --json` would write a
+    file named --json). Raises ValueError (one `error:` line, exit 2)."""
     if str(path) == "-":
         raise ValueError(f"{flag} -: give a file name; {what} is not written to standard output, which carries "
                          "the report")
+    if str(path).startswith("--"):  # `--timeline --json` takes --json as the file name
+        raise ValueError(f"{flag} {path}: that is an option, not a file name; give the file right after {flag} "
+                         f"(e.g. {flag} out.csv)")
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory: give a file name inside it")
     if not path.parent.is_dir():

@@ -182,6 +182,15 @@ def test_dash_for_an_output_file_is_refused_not_written_as_a_file_named_dash(run
     assert result.exit_code == 2 and "-: give a file name" in result.stderr and not (tmp_path / "-").exists()
 
 
+@pytest.mark.parametrize("args", [("bench", "--device", "cpu", "--save", "--json"),
+                                  ("sim", "--requests", "3", "--timeline", "--json")])
+def test_an_option_after_an_output_flag_is_not_taken_as_its_file(run_cli, args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(*args)
+    assert result.exit_code == 2 and "--json: that is an option, not a file name" in result.stderr
+    assert not (tmp_path / "--json").exists()
+
+
 @pytest.fixture
 def unwritable_dir(tmp_path):
     """A folder in which no file can be created by this process: a read-only one, or /sys when root (whom
