@@ -4,7 +4,7 @@ with speculative decoding, paging at every sequence's speculative peak as well (
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
@@ -204,13 +204,23 @@ def analyse(
         peaks = [paging.PagedAllocation(p.block_size, p.num_seqs, max_len, p.useful_tokens, n)
                  for p, n in zip(paged, counts, strict=True)]
         plain_bytes = [None] * len(peaks) if model_bytes is None else model_bytes.paged
-        peak_bytes = [paged_bytes.paged_kv_bytes(tokens, lay, max_len, speculation.extra_slots, sums)
+        peak_bytes = [_speculative_states(paged_bytes.paged_kv_bytes(tokens, lay, max_len, speculation.extra_slots,
+                                                                     sums), lay, speculation.spec_tokens)
                       for lay in layouts] if layouts else [None] * len(peaks)
         speculative = SpeculativePeaks(speculation, [
             SpeculativePeak(p, q, kv, peak)
             for p, q, kv, peak in zip(paged, peaks, plain_bytes, peak_bytes, strict=True)
         ])
     return FragAnalysis(fixed, paged, rows, model_bytes, speculative)
+
+
+def _speculative_states(kv: paged_bytes.KvBytes, layout: KVLayout, spec_tokens: int) -> paged_bytes.KvBytes:
+    """At a speculative peak vLLM keeps K more state pages a sequence in each state group, the state after each
+    draft position (MambaSpec.num_speculative_blocks = K): mamba_cache_mode none holds 1 + K pages where it held
+    one. (align's 2 + K and all's page per block are left as the pool holds them.)"""
+    if layout.mamba_cache_mode != "none" or not kv.allocated_state_bytes:
+        return kv
+    return replace(kv, allocated_state_bytes=kv.allocated_state_bytes * (1 + spec_tokens))
 
 
 def _check_speculative_room(tokens: np.ndarray, speculation: Speculation, max_len: int | None) -> int | None:

@@ -60,3 +60,13 @@ def test_size_speculative_peak_counts_the_state_pages(run_cli, tmp_path: Path) -
     # 17 full layers (16 + the MTP layer) · 16 · 4,096 B = 1,114,112 B; and 2 more states of 48 · 3,207,168 B
     assert (s["blocks_per_seq"], s["peak_blocks_per_seq"]) == (2048, 2049)
     assert s["peak_bytes_per_seq"] - s["paged_bytes_per_seq"] == 1_114_112 + 2 * 153_944_064
+
+
+def test_frag_speculative_peak_counts_the_state_pages(run_cli, tmp_path: Path) -> None:
+    result = run_cli("frag", "--config", str(write_config(tmp_path, "QWEN35_27B")), "--lengths", "1000,5000",
+                     "--block", "16", "--spec-tokens", "2", "--spec-method", "mtp", "--json")
+    assert result.exit_code == 0, result.stderr
+    (peak,) = result.json()["speculative"]["paged"]
+    # block 784 (the state page forces it): 1,004 and 5,004 slots stay in 2 + 7 blocks, no more KV; each sequence
+    # keeps 2 more pages in each of the 3 state groups, a page 17 slots · 784 · 4,096 B = 54,591,488 B
+    assert peak["extra_kv_bytes"] == 2 * 3 * 2 * 54_591_488 == 655_097_856
