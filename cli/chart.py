@@ -50,8 +50,12 @@ def write_waste_plot(
     block_sizes: list[int],
     waste_tokens: list[int],
     utilization: list[float],
+    held: tuple[str, list[int], list[int]] | None = None,
 ) -> None:
     """Waste (token positions) and utilisation against block size, log2 x axis; .png or .svg by suffix.
+    `held` (with a model): (the model's name, the bytes held at each block size, the block each is paged at)
+    replaces the token-position waste panel, and `utilization` is then the share of those bytes that hold KV
+    or state, since a layout may page at another block than the one asked for (a Mamba hybrid: 16 -> 4,128).
 
     Fixed reservation is left to the title: its waste is usually orders of magnitude larger and would
     flatten the paged curve to zero.
@@ -63,10 +67,19 @@ def write_waste_plot(
     import matplotlib.pyplot as plt
 
     fig, (ax_waste, ax_util) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    ax_waste.plot(block_sizes, waste_tokens, marker="o")
-    ax_waste.set_ylabel("tail-block waste (token positions)")
+    if held is None:
+        ax_waste.plot(block_sizes, waste_tokens, marker="o")
+        ax_waste.set_ylabel("tail-block waste (token positions)")
+    else:
+        name, held_bytes, used = held
+        ax_waste.plot(block_sizes, [b / 2**30 for b in held_bytes], marker="o", color="tab:red")
+        ax_waste.set_ylabel(f"{name}: GiB held (KV, state, block tables)")
+        for b, h, u in zip(block_sizes, held_bytes, used, strict=True):
+            if u != b:
+                ax_waste.annotate(f"→ {u:,}", (b, h / 2**30), fontsize="x-small", textcoords="offset points",
+                                  xytext=(0, 6), ha="center")
     ax_util.plot(block_sizes, [100 * u for u in utilization], marker="o", color="tab:green")
-    ax_util.set_ylabel("position utilisation (%)")
+    ax_util.set_ylabel("position utilisation (%)" if held is None else "useful share of the bytes held (%)")
     for ax in (ax_waste, ax_util):
         ax.set_xscale("log", base=2)
         ax.set_xticks(block_sizes, [str(b) for b in block_sizes])

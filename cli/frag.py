@@ -175,6 +175,9 @@ def _write_plot(plot: Path, source: Lengths, result: FragAnalysis) -> None:
         f"({format_percent(fixed.waste_fraction)})",
         result.block_sizes,
         [p.waste_tokens for p in result.paged],
-        [float(p.utilization) for p in result.paged],
+        [float(p.utilization) for p in result.paged] if (m := result.model_bytes) is None else
+        [(k.useful_kv_bytes + k.state_bytes) / k.held_bytes for k in m.paged],
+        None if m is None else (m.spec.name, [k.held_bytes for k in m.paged],
+                                [k.used_block_size or k.block_size or 0 for k in m.paged]),
     )
     err_console.print(f"wrote {plot}", highlight=False)
