@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 PROGRESS_FROM_REQUESTS = 2_000  # requests that take about a second to replay on a 2-core machine: a progress bar
 # NOTE: a Mooncake trace of at most this many hash ids, replayed without a model and with nothing evicted, runs on
-# plain lists (core/share/id_replay_lists.py) and never imports numpy (~0.1 s CPU, more than such a replay takes).
+# plain lists (core/share/id_replay_lists.py) and never imports numpy (~0.1 s CPU: more than the replay of either
+# real trace takes). Past 0.35-2.2 M ids (measured: tests/perf/test_share_lists_perf.py) numpy pays for its import.
 LIST_REPLAY_MAX_IDS = 1_000_000
 
 
