@@ -8,9 +8,10 @@ from typing import Any
 from ..core.dtypes import DTYPE_BITS, parse_dtype
 from ..core.model.gpu_plan import GpuPlan
 from ..core.model.kv_groups import VLLM_BLOCK_SIZES  # one list: frag's best block uses it too
+from ..core.model.models import ModelSpec
 from ..core.units import format_bytes, format_count, parse_logged_bytes
 from .output import Field, Report, quantity_table, record_table, warn_notes
-from .size_inputs import SizeInputs, flagged
+from .size_inputs import SizeInputs, SizeOptions, flagged
 
 
 def _gib(value: int) -> str:
@@ -107,14 +108,21 @@ def gpu_report(report: Report, plan: GpuPlan) -> None:
         report.notes.append("Estimates: " + ", ".join(noted) + hint + ".")
 
 
-def start_refusals(plan: GpuPlan, max_positions: int | None) -> list[str]:
+def start_refusals(plan: GpuPlan, max_positions: int | None, scheduler: tuple[int, int] | None = None) -> list[str]:
     """Why vLLM would refuse to start with these settings (empty when it starts), in its own terms.
 
+    * a token budget below the running-request limit (`scheduler`: max_num_seqs, max_num_batched_tokens):
+      SchedulerConfig._verify_args raises ("max_num_batched_tokens ... must be greater than or equal to
+      max_num_seqs");
     * a max_model_len above the model's length: vLLM's _get_and_verify_max_len raises unless
       VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (a yarn or dynamic rope_scaling in the config may raise the length it derives);
     * a pool that cannot hold one request of max_model_len tokens: vLLM v1's check_enough_kv_cache_memory raises
       ("... KV cache is needed, which is larger than the available KV cache memory")."""
     refusals = []
+    if scheduler is not None and scheduler[1] < scheduler[0]:
+        refusals.append(f"max_num_batched_tokens {scheduler[1]:,} is below max_num_seqs {scheduler[0]:,} (vLLM "
+                        "needs at least one token a step for every running request); raise --max-num-batched-tokens "
+                        "or lower --max-num-seqs")
     if max_positions is not None and plan.max_model_len > max_positions:
         refusals.append(f"--max-model-len {plan.max_model_len:,} is above the model's max_position_embeddings "
                         f"{max_positions:,} (allowed only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, or where the config's "
@@ -126,17 +134,30 @@ def start_refusals(plan: GpuPlan, max_positions: int | None) -> list[str]:
     return refusals
 
 
-def _add_refusals(report: Report, plan: GpuPlan, max_positions: int | None, spec_tokens: int = 0) -> None:
+def _add_refusals(report: Report, plan: GpuPlan, max_positions: int | None, spec_tokens: int,
+                  scheduler: tuple[int, int]) -> None:
     """start_refusals as warnings on stderr, notes, and the JSON's gpu_plan.start_refusals (only when any); with
     speculative decoding on a recurrent model, the note on its extra state pages."""
     if spec_tokens and any(g.block_size == 0 for g in plan.groups):
         report.notes.append(f"--spec-tokens {spec_tokens}: a request holds 1 + {spec_tokens} pages in each state "
                             "group (vLLM's num_speculative_blocks: the state after each draft position)")
-    refusals = start_refusals(plan, max_positions)
+    refusals = start_refusals(plan, max_positions, scheduler)
     if refusals:
         report.doc["gpu_plan"]["start_refusals"] = refusals
         warn_notes([f"vLLM would not start: {r}" for r in refusals])
         report.notes += [f"vLLM would not start: {r}." for r in refusals]
+
+
+def _max_model_len(o: SizeOptions, spec: ModelSpec) -> int:
+    """--max-model-len, else the model's length; a model without one needs the flag."""
+    if o.max_model_len is not None:
+        return int(o.max_model_len)
+    if spec.max_position_embeddings is None:
+        flag = "--gpu" if o.gpu is not None else "--kv-memory"
+        raise ValueError(f"{flag} plans vLLM's memory for a longest request (max_model_len), and {spec.name}'s "
+                         "config names none (no max_position_embeddings): give --max-model-len L, e.g. "
+                         "--max-model-len 32768 (without --gpu or --kv-memory, size needs none)")
+    return int(spec.max_position_embeddings)
 
 
 def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
@@ -153,15 +174,11 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
     o, spec, block_size = inputs.opts, inputs.spec, inputs.block_size
     spec_tokens = 0 if inputs.speculation is None else inputs.speculation.spec_tokens
     assert spec is not None  # the GPU plan needs a model: size_inputs refused it without one
-    max_model_len = o.max_model_len
-    if max_model_len is None:
-        if spec.max_position_embeddings is None:
-            flag = "--gpu" if o.gpu is not None else "--kv-memory"
-            raise ValueError(f"{flag} plans vLLM's memory for a longest request (max_model_len), and {spec.name}'s "
-                             "config names none (no max_position_embeddings): give --max-model-len L, e.g. "
-                             "--max-model-len 32768 (without --gpu or --kv-memory, size needs none)")
-        max_model_len = spec.max_position_embeddings
+    max_model_len = _max_model_len(o, spec)
     device = get_gpu(o.gpu, otherwise="or give --kv-memory SIZE") if o.gpu is not None else None
+    seqs = default_max_num_seqs(device.memory_bytes if device else 0, device.name if device else "") if (
+        o.max_num_seqs is None) else o.max_num_seqs
+    budget = DEFAULT_MAX_NUM_BATCHED_TOKENS if o.max_num_batched_tokens is None else o.max_num_batched_tokens
     if o.weight_dtype is not None:
         spec = dataclasses.replace(spec, weight_dtype=parse_dtype(o.weight_dtype, "weight_dtype"))
     kv_memory_bytes, rounding = (None, None) if o.kv_memory is None else flagged("--kv-memory", parse_logged_bytes,
@@ -187,15 +204,10 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
         gpu_memory_utilization=version.default_gpu_memory_utilization if o.gpu_memory_utilization is None
         else o.gpu_memory_utilization,
         pp=1 if o.pp is None else o.pp, vllm_version=version.name, quantization=quantization,
-        vision_params=vision_params,
-        max_num_seqs=default_max_num_seqs(device.memory_bytes if device else 0, device.name if device else "")
-        if o.max_num_seqs is None else o.max_num_seqs,
-        kv_memory_bytes=kv_memory_bytes,
-        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if o.max_num_batched_tokens is None
-        else o.max_num_batched_tokens,
-        spec_tokens=spec_tokens,
+        vision_params=vision_params, max_num_seqs=seqs, kv_memory_bytes=kv_memory_bytes,
+        max_num_batched_tokens=budget, spec_tokens=spec_tokens,
     )
     gpu_report(report, plan)
-    _add_refusals(report, plan, spec.max_position_embeddings, spec_tokens)
+    _add_refusals(report, plan, spec.max_position_embeddings, spec_tokens, (seqs, budget))
     if rounding is not None:
         report.notes.append(f"--kv-memory {rounding}.")
