@@ -1,6 +1,7 @@
 """`kvcalc share`'s trace mode: a real trace's prefix-cache replay in arrival order through the block pool, with
 and without prefix caching (core/share/replay.py), or per KV cache group for a hybrid model
-(core/share/replay_groups.py)."""
+(core/share/replay_groups.py). A small Mooncake trace with nothing to evict is replayed on plain lists
+(core/share/id_replay_lists.py: the same results, and numpy never imported); numpy is imported only past it."""
 
 from __future__ import annotations
 
@@ -127,13 +128,13 @@ def _trace_groups_report(description: str, r: GroupReplayResult, spec: ModelSpec
     from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS
 
     rows: list[dict[str, Any]] = []
-    at = 0
+    at, weighted = 0, len(r.group_hit_tokens) == len(layout.groups) < sum(g.pages_per_block for g in layout.groups)
     for g in layout.groups:
         hits = r.group_hit_tokens[at] if r.group_hit_tokens else 0  # a type's tables hit alike
-        at += g.pages_per_block
+        at += 1 if weighted else g.pages_per_block  # weighted tables (core/pool/weighted.py): one table a type
         name = g.kind if g.window is None else f"{g.kind} {g.window:,}"
         rows.append({"group": f"{name} ({g.layers} {g.source} layers)", "kind": g.kind, "window": g.window,
-                     "block_tables": g.pages_per_block, "hit_tokens": hits,
+                     "block_tables": 1 if weighted else g.pages_per_block, "hit_tokens": hits,
                      "token_hit_rate": hits / r.prompt_tokens if r.prompt_tokens else 0.0})
     doc: dict[str, Any] = {
         "trace": description, "model": spec.name, "dtype": dtype, "layout": layout.layout,
