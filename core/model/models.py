@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import ParameterError
 from ..notes import Note, concat
+from .layers import LayerGroup
 from .model_spec import ModelSpec
 from .presets import PRESETS, get_preset
 
@@ -181,11 +182,23 @@ def with_drafter(spec: ModelSpec, method: str | None, draft: ModelSpec | None = 
         added = spec.drafter_groups
         what = f"{mtp} MTP drafter layer{'s' if mtp > 1 else ''} ({field} {mtp})"
     kv = sum(g.count for g in added if g.keeps_kv)
-    groups = spec.layer_groups + added
+    groups, unified = _unify_chunked(spec.layer_groups + added, method)
     merged = dataclasses.replace(
         spec, name=f"{spec.name} + {method} drafter", layer_groups=groups, layers=spec.layers + kv,
         num_kv_free_layers=spec.num_kv_free_layers + sum(g.count for g in added if not g.keeps_kv),
         drafter_groups=(), source=concat(spec.source, f"; with {what}"),
     )
     return merged, Note(f"{{spec_method}} {method}: the KV of {what} is included in every figure (vLLM keeps it in "
-                        "the same KV pool, at the same precision)", "spec_method")
+                        "the same KV pool, at the same precision)" + unified, "spec_method")
+
+
+def _unify_chunked(groups: tuple[LayerGroup, ...], method: str) -> tuple[tuple[LayerGroup, ...], str]:
+    """vLLM turns its hybrid KV cache manager off for chunked local attention with an EAGLE-style drafter (eagle,
+    mtp: speculative_config.use_eagle()) and pages the chunked layers as full attention; (groups, what the note
+    adds)."""
+    chunked = sum(g.count for g in groups if g.kind == "chunked")
+    if not chunked or method not in ("eagle", "mtp"):
+        return groups, ""
+    full = tuple(dataclasses.replace(g, kind="full", window=None) if g.kind == "chunked" else g for g in groups)
+    return full, (f"; and with it vLLM turns its hybrid KV cache manager off for chunked local attention, so the "
+                  f"{chunked} chunked layers are paged as full attention (every token)")
