@@ -51,6 +51,7 @@ class FastForward:
         self._steps_index = np.arange(1024, dtype=np.int64)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
         self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
+        self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
 
     def advance(self) -> bool:
         k, plan = self._segment_length()
@@ -70,7 +71,7 @@ class FastForward:
         tokens_run = s.computed[run]
         grown = tokens_run + 1
         if not self.policy.grow_many(run, grown):
-            return False  # memory is short: the plain step preempts
+            return self._preempting_step()  # memory is short: the running requests are preempted from the back
         admitted: list[int] = []
         chunks: list[int] = []
         s.admit_waiting(s.config.max_batched_tokens - n, admitted, chunks)
@@ -117,6 +118,40 @@ class FastForward:
                 generated[rid] += 1
         s.finish(sampled)
         s.steady = len(sampled) - s.finished_now == len(s.running)
+        return True
+
+    def _preempting_step(self) -> bool:
+        """A steady step whose growth does not fit: the plain step's outcome (the scheduler grows the running
+        requests one by one, preempting from the back, and admits nobody), without its StepPlan. Only where the
+        plan's events cannot change the step's time: preemption by recompute (nothing crosses the host link),
+        no sliding window, no prefix cache (`lazy_admission`: no tiers either). False: take the plain step."""
+        s, st, totals = self.scheduler, self.steptime, self.totals
+        if not self._lazy or s.config.preempt != "recompute" or st.sliding_share or s.swapped_in_now:
+            return False
+        ids: list[int] = []
+        news: list[int] = []
+        s._schedule_running_one_by_one(s.config.max_batched_tokens, ids, news)
+        assert s.preempted_now and ids == s.running, "a steady step that did not fit preempts, and keeps a prefix"
+        s.preempted_now, s.released = [], []  # the plain step's events, taken by its plan
+        run = s.running_ids
+        m = len(ids)
+        computed = s.computed
+        start = computed[run]
+        positions = int(_sum(start)) + m  # every request decodes one token: StepTimeExecutor.duration_s's sums
+        d = float(st.step_s(float(m), float(positions), float(positions + m), 0.0, 0.0, 0.0, float(m)))
+        grown = start + 1
+        computed[run] = grown
+        s.finished_now = 0
+        parts, table_bytes = self.policy.parts(grown, s.head())
+        self.engine.account(d, parts, table_bytes)
+        s.now_s += d
+        totals.busy_s += d
+        totals.steps += 1
+        totals.add_itl(s.now_s - s.last_token_s[run], 1)  # every one of them has its first token (steady)
+        s.last_token_s[run] = s.now_s
+        s.generated[run] += 1
+        s.finish(run)
+        s.steady = m - s.finished_now == len(s.running)
         return True
 
     # ---- runs of decode steps ----------------------------------------------------------------------------
