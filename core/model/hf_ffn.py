@@ -6,7 +6,8 @@ gpt-oss, MiniMax, Llama-4), `num_experts` (Qwen-MoE, Jamba, Gemma-4) or `moe_num
 token `num_experts_per_tok`, `top_k_experts` (Gemma-4), `experts_per_token` (gpt-oss), `num_experts_per_token`
 (Kimi-Linear) or `moe_k` (ERNIE-4.5); both or neither (they change no KV: experts are MLPs); a per-layer list
 of one repeated value (Hunyuan) is that value. Shared experts: `n_shared_experts` · `moe_intermediate_size`
-(DeepSeek; `num_shared_experts`, Kimi-Linear), `shared_expert_intermediate_size` (Qwen-MoE),
+(DeepSeek; `num_shared_experts`, Kimi-Linear; `moe_num_shared_experts`, ERNIE-4.5), `num_shared_expert` ·
+`intermediate_size` (Hunyuan, with use_mixed_mlp_moe), `shared_expert_intermediate_size` (Qwen-MoE),
 `moe_shared_expert_intermediate_size` (Nemotron-H), `shared_intermediate_size` (Granite-4.0, in every layer;
 0 = none), one of `intermediate_size` (Llama-4). Granite-4.0's dense members write 0 experts and 0 per token:
 no MoE block, their MLP is the shared one (`shared_intermediate_size` wide).
@@ -14,6 +15,7 @@ no MoE block, their MLP is the shared one (`shared_intermediate_size` wide).
 Which layers are MoE: `first_k_dense_replace` (DeepSeek: the first k dense), `moe_layer_freq` (a list,
 MiMo; 1 MoE), `mlp_layer_types` (dense / sparse), `decoder_sparse_step` with `mlp_only_layers` (Qwen-MoE),
 `interleave_moe_layer_step` / `moe_layers` (Llama-4; dense layers `intermediate_size_mlp` wide),
+`moe_layer_start_index` / `moe_layer_end_index` / `moe_layer_interval` (ERNIE-4.5),
 `expert_layer_period` / `expert_layer_offset` (Jamba), `E` blocks of Nemotron-H (whose `-` blocks are dense
 and `M` / `*` blocks have no MLP), `enable_moe_block` (Gemma-4: a dense MLP beside the experts), DeciLM's
 per-block `ffn_mult`; LongCat-Flash (a dense MLP in each of the two sublayers of a decoder layer, and
@@ -124,9 +126,11 @@ def _one_int(f: ConfigFields, *keys: str) -> int | None:
 
 
 def _shared_width(f: ConfigFields, expert_width: int | None, intermediate: int | None) -> int | None:
-    shared = f.int("n_shared_experts", "num_shared_experts", minimum=0)
+    shared = f.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", minimum=0)
     if shared is not None:
         return shared * (expert_width or 0)
+    if f.flag("use_mixed_mlp_moe"):  # Hunyuan: num_shared_expert (a per-layer list) MLPs of intermediate_size
+        return (_one_int(f, "num_shared_expert") or 0) * (intermediate or 0)
     width = f.int("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
                   minimum=0)
     if width is not None:
@@ -172,11 +176,23 @@ def _moe_layers(f: ConfigFields, n: int, is_moe: bool) -> list[bool]:
     period, offset = f.int("expert_layer_period"), f.int("expert_layer_offset", minimum=0)
     if period is not None:
         return [i % period == (offset or 0) for i in range(n)]
+    start = _first(f, "moe_layer_start_index")
+    if start is not None:  # ERNIE-4.5: MoE from start to end (inclusive), every moe_layer_interval-th
+        end, every = _first(f, "moe_layer_end_index"), f.int("moe_layer_interval") or 1
+        return [start <= i <= (n - 1 if end is None else end) and (i + 1) % every == 0 for i in range(n)]
     sparse_step = f.int("decoder_sparse_step")
     only_dense = set(f.raw("mlp_only_layers") or [])
     if sparse_step is not None:
         return [i not in only_dense and (i + 1) % sparse_step == 0 for i in range(n)]
     return [True] * n
+
+
+def _first(f: ConfigFields, key: str) -> int | None:
+    """An int field, or the first of a list of them (ERNIE-4.5-VL lists its text experts' bound first)."""
+    value = f.raw(key)
+    if isinstance(value, list) and value and isinstance(value[0], int) and not isinstance(value[0], bool):
+        return value[0] if value[0] >= 0 else f.int(key, minimum=0)
+    return f.int(key, minimum=0)
 
 
 def _decilm_ffn(block: object, hidden: int, gated: bool) -> FfnGroup:

@@ -88,3 +88,25 @@ def test_kimi_linear_counts_its_shared_expert(tmp_path: Path) -> None:
     assert moe == [FfnGroup(26, dense_intermediate=1024, experts=256, experts_per_token=8, expert_intermediate=1024,
                             gated=True)]
 
+
+
+def test_other_shared_expert_spellings(tmp_path: Path) -> None:
+    """Hunyuan-A13B: `num_shared_expert` (a per-layer list) · intermediate_size beside the experts when
+    use_mixed_mlp_moe; ERNIE-4.5: `moe_num_shared_experts` · moe_intermediate_size, and its dense first layer
+    (MoE only from moe_layer_start_index 1 to moe_layer_end_index 27, vLLM's Ernie4_5_MoeModel)."""
+    from real_configs import real_config
+
+    (tmp_path / "hunyuan").mkdir()
+    (tmp_path / "ernie").mkdir()
+    hunyuan = load_config(_write(tmp_path / "hunyuan", real_config("HUNYUAN_A13B")) / "config.json")
+    assert hunyuan.ffn_groups == (FfnGroup(32, dense_intermediate=3072, experts=64, experts_per_token=8,
+                                           expert_intermediate=3072, gated=True),)
+    # 80B total, 13B active as Tencent states: 32 · 64 · 3 · 4,096 · 3,072 routed + 32 · 3 · 4,096 · 3,072 shared
+    assert 79.9e9 < param_count(hunyuan).total < 80.9e9 and 12.5e9 < param_count(hunyuan).active < 13.5e9
+    ernie = load_config(_write(tmp_path / "ernie", real_config("ERNIE45_21B")) / "config.json")
+    assert sorted(ernie.ffn_groups, key=lambda g: g.count) == [
+        FfnGroup(1, dense_intermediate=12288, gated=True),
+        FfnGroup(27, dense_intermediate=2 * 1536, experts=64, experts_per_token=6, expert_intermediate=1536,
+                 gated=True)]
+    # 21B total, 3B active as Baidu states
+    assert 21.0e9 < param_count(ernie).total < 22.5e9 and 2.8e9 < param_count(ernie).active < 3.5e9
