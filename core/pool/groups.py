@@ -9,11 +9,13 @@ blocks of B token slots; a sequence holds one block table per group. What a grou
     sliding   the last W tokens                            max(0, computed − W + 1) // B
     chunked   the current chunk of C tokens                (computed // C) · C // B
     state     the recurrent state (Mamba, linear attention), one page a block boundary:
-                mode none   the running state only (1)     (computed − 1) // B (the page the step resumes from)
+                mode none   the running state only (1)     (n − 1) // B (the one page, updated in place)
                 mode align  it and the last saved one (2)  max(0, computed // B − 1)
                 mode all    a saved state at every block   0
-              (a step that crosses into a new page holds the page it resumes from too: the pool reports the
-              move as a copy (old page, new page) and frees the old page at the sequence's next step)
+              (align: a step that crosses into a new page holds the page it resumes from too: the pool reports
+              the move as a copy (old page, new page) and frees the old page at the sequence's next step. none:
+              vLLM's Mamba block is then max_model_len tokens, one page a request for its whole life; the pool
+              moves that page to the table's last entry as the sequence grows (state_pages.roll_page), no copy)
 
 Freed table entries are NULL_BLOCK (block_pool). A freed block with a content hash stays in the prefix
 cache's LRU and can serve a later hit until it is evicted.
@@ -105,10 +107,12 @@ class PoolGroup:
             return max(0, computed - self.span + 1) // B
         if self.kind == "chunked":
             return computed // self.span * self.span // B
-        if self.kind == "state" and state_mode != "all":
+        if self.kind == "state" and state_mode == "none":  # the one page, where the step's last token is
+            return max(0, num_tokens - 1) // B
+        if self.kind == "state" and state_mode == "align":
             if not computed:  # nothing to resume from: only the pages this step writes its last states into
-                return max(0, (num_tokens - 1) // B if state_mode == "none" else num_tokens // B - 1)
-            return max(0, (computed - 1) // B if state_mode == "none" else computed // B - 1)
+                return max(0, num_tokens // B - 1)
+            return max(0, computed // B - 1)
         return 0
 
     def first_block_before_growth(self, computed: int, block_size: int, state_mode: str) -> int:
@@ -118,7 +122,7 @@ class PoolGroup:
     def held_blocks(self, num_tokens: int, block_size: int, state_mode: str) -> int:
         """Blocks a sequence decoding its token num_tokens − 1 holds in this group (computed = num_tokens − 1):
         the closed form of what the pool does, for plans and checks. A state page crossing into a new block
-        holds the old page too for that step (none: 2 when num_tokens mod B = 1)."""
+        holds the old page too for that step (align); mode none holds one page."""
         if num_tokens <= 0:
             return 0
         total = ceil_div(num_tokens, block_size)
@@ -174,8 +178,9 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
                 chunk_tokens: int) -> int:
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
-    ceil((C + T) / B) + 1; two state pages (none: the page a step resumes from and the one it crosses into)
-    or a chunk's pages (align, all). A block of a weighted table counts its weight (units of the pool)."""
+    ceil((C + T) / B) + 1; one state page (none: vLLM's one page a request, updated in place) or a chunk's
+    pages (align: at least the page a step resumes from and the one it crosses into; all). A block of a
+    weighted table counts its weight (units of the pool)."""
     n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
@@ -187,6 +192,6 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
             reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
             held = min(all_blocks, ceil_div(reach, B) + 1)
         else:
-            held = min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+            held = min(all_blocks, 1) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
         blocks += held * g.weight
     return blocks

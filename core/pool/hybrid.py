@@ -46,6 +46,7 @@ from .hybrid_batch import HybridBatch
 from .hybrid_hits import HybridHits
 from .invariants import check_pool_invariants
 from .speculative import check_speculative
+from .state_pages import roll_need, roll_page, state_slack
 from .store import BlockKeys, PoolExhaustedError
 
 
@@ -127,9 +128,17 @@ class HybridPool(HybridHits, HybridBatch):
             cached_free_blocks=store.queue.num_cached, free_blocks=len(store.queue),
             pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
             logical_blocks=sum(p.logical_blocks for p in self.pools),
-            logical_tokens=sum(p.logical_tokens for p in self.pools), useful_tokens=store.useful_tokens,
+            logical_tokens=sum(p.logical_tokens for p in self.pools),
+            useful_tokens=store.useful_tokens + self.state_slack(),  # a state page: a whole state (state_pages)
             max_table_blocks=max((s.num_blocks for s in self.pools[0].seqs.values()), default=0),  # all alike
         )
+
+    def state_slack(self) -> int:
+        """Slots of the state groups' held pages that no token count fills: a page is a whole state, all of its
+        slots useful (state_pages), so usage adds them to the store's written tokens."""
+        shared = bool(self.store.counters["hit_blocks"] or self.store.counters["forks"])
+        return sum(state_slack(self.store, [*(s.blocks for s in p.seqs.values()), *p.spec.kept.values()], shared,
+                               g.weight) for g, p in zip(self.groups, self.pools, strict=True) if g.kind == "state")
 
     def stats(self) -> PoolStats:
         """Counters since creation: blocks (hand-outs, copies, evictions) once each; what happens to sequences
@@ -154,14 +163,15 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        return sum(p.append_need(seq_id, num_tokens * s) * w  # weighted tables: a block costs w units (weighted)
-                   for p, s, w in zip(self.pools, self.scales, self.weights, strict=True))
+        return sum(p.append_need(seq_id, num_tokens * s) * w if (seq := self._rolls(g, seq_id, num_tokens)) is None
+                   else roll_need(p.store, seq) * w  # weighted tables: a block costs w units (weighted)
+                   for g, (p, s, w) in enumerate(zip(self.pools, self.scales, self.weights, strict=True)))
 
     def append_need_many(self, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
         """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
         block size and no speculative slot every group's table of a sequence has its length, so the new blocks are
         the first group's times the groups; a copy of a partial, shared last block is looked up in one take."""
-        if self.mixed or self.weighted or any(p.spec.tracked for p in self.pools):
+        if self.mixed or self.weighted or self.rolling or any(p.spec.tracked for p in self.pools):
             return sum(self.append_need(s, a) for s, a in zip(seq_ids, adds, strict=True))
         B, grow, partial, first = self.block_size, 0, [], self.pools[0]
         for seq_id, add in zip(seq_ids, adds, strict=True):
@@ -203,9 +213,15 @@ class HybridPool(HybridHits, HybridBatch):
         if self.coarse is not None:
             self.coarse.note(seq_id, old, keys, B, self.pools[0])
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
-            grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
+            if (seq := self._rolls(g, seq_id, num_tokens)) is not None:  # mode none: the one page moves
+                freed, grown = roll_page(pool.store, seq, num_tokens, pool._in_step)
+                pool.logical_tokens += num_tokens
+                pool.logical_blocks -= freed
+                pool._epoch += 1
+            else:
+                grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
             copies += grown
-            if group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
+            if seq is None and group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
                 # the running state moves into a new page: it starts as a copy of the page it resumes from
                 table = pool.seqs[seq_id].table
                 move = (int(table[(old - 1) // B]), int(table[(old + num_tokens - 1) // B]))
@@ -267,7 +283,7 @@ class HybridPool(HybridHits, HybridBatch):
             raise ValueError(f"num_accepted {num_accepted} is outside 0..{res.num_slots // self.scales[0]}, the "
                              "reserved slots")
         keys = self._keys(block_keys)
-        old = self.pools[0].committed_tokens(seq_id) // self.scales[0]
+        B, old = self.block_size, self.pools[0].committed_tokens(seq_id) // self.scales[0]
         if self.coarse is not None:
             self.coarse.note(seq_id, old, keys, self.block_size, self.pools[0])
         rolled_back = 0
@@ -276,6 +292,8 @@ class HybridPool(HybridHits, HybridBatch):
             rolled_back //= self.scales[g]
             if group.kind == "state" and rolled_back:
                 pool.stop_hashing(seq_id)
+            if self.rolled[g]:  # mode none: the page the reservation resumed from goes now, one page is held
+                pool.skip_blocks(seq_id, group.first_block_before_growth(old + num_accepted, B, self.state_mode))
             self._changed()
         if keys is not None:
             self._register_anchored(seq_id, old, old + num_accepted)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .append import SeqTable
 from .hybrid_private import HybridPrivate
+from .state_pages import crosses, roll_need, roll_page
 from .store import PoolExhaustedError
 
 
@@ -30,7 +31,10 @@ class HybridBatch(HybridPrivate):
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
                                          f"blocks, {len(self.store.queue)} free")
-            for pool, scale in zip(self.pools, self.scales, strict=True):  # no state group (groups.pool_groups)
+            for g, (pool, scale) in enumerate(zip(self.pools, self.scales, strict=True)):  # mixed: no state group
+                if self.rolled[g]:  # (groups.pool_groups); weighted: a state table of mode none moves its page
+                    self._roll_many(g, seq_ids, num_tokens)
+                    continue
                 for seq_id in seq_ids:
                     pool.append(seq_id, num_tokens * scale)
             self._changed()
@@ -39,13 +43,41 @@ class HybridBatch(HybridPrivate):
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")
         grow = sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
-        need = grow * len(self.groups)  # every table of a sequence has the same length
+        need = grow * (len(self.groups) - sum(self.rolled))  # every table of a sequence has the same length
         if need > len(self.store.queue):
             raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
                                      f"blocks over {len(self.groups)} groups, {len(self.store.queue)} free")
-        for pool in self.pools:
-            pool.append_many(seq_ids, num_tokens)
+        for g, pool in enumerate(self.pools):
+            if self.rolled[g]:
+                self._roll_many(g, seq_ids, num_tokens)
+            else:
+                pool.append_many(seq_ids, num_tokens)
         self._changed()
+
+    def _rolls(self, g: int, seq_id: Hashable, num_tokens: int) -> SeqTable | None:
+        """The sequence's table of group g when an append of `num_tokens` moves its one state page (mode none,
+        no open reservation or kept page: state_pages.roll_page); None otherwise."""
+        if not self.rolled[g]:
+            return None
+        pool = self.pools[g]
+        seq = pool._seq(seq_id)
+        if pool.spec.tracked and pool.spec.tracks(seq_id):
+            return None
+        return seq if crosses(seq, num_tokens, self.block_size) else None
+
+    def _roll_many(self, g: int, seq_ids: Sequence[Hashable], num_tokens: int) -> None:
+        """Append `num_tokens` to each sequence's table of group g, a state group of mode none whose pages no fork
+        shares: its one page moves along in place when the sequence grows into a new block (state_pages)."""
+        pool, B = self.pools[g], self.block_size
+        for seq_id in seq_ids:
+            seq = pool.seqs[seq_id]
+            if crosses(seq, num_tokens, B):
+                freed = roll_page(pool.store, seq, num_tokens, pool._in_step)[0]
+                pool.logical_tokens += num_tokens
+                pool.logical_blocks -= freed
+                pool._epoch += 1
+            else:
+                pool.append(seq_id, num_tokens)
 
     def free_skipped_many(self, seq_ids: Sequence[Hashable], one_drop: bool = True) -> None:
         """`free_skipped` of each sequence (none with speculative slots), the rule evaluated once per kind of
@@ -106,9 +138,10 @@ class HybridBatch(HybridPrivate):
             return
         if num_tokens <= 0 or not seq_ids:
             return
-        first_tables = self.pools[0]._live(seq_ids, "appended to")  # every group holds the same sequences
-        tables = [first_tables, *([p.seqs[i] for i in seq_ids] for p in self.pools[1:])]
-        count, groups = len(seq_ids), len(self.pools)
+        self.pools[0]._live(seq_ids, "appended to")  # every group holds the same sequences
+        pools = [p for p, rolled in zip(self.pools, self.rolled, strict=True) if not rolled]  # mode none: in place
+        tables = [[p.seqs[i] for i in seq_ids] for p in pools]
+        count, groups = len(seq_ids), len(pools)
         old = np.fromiter((t.num_tokens for t in tables[0]), np.int64, count)
         grow = -(-(old + num_tokens) // B) - np.fromiter((t.num_blocks for t in tables[0]), np.int64, count)
         per = int(grow.sum())  # every group's tables have the same length
@@ -127,7 +160,10 @@ class HybridBatch(HybridPrivate):
         if need:
             self._grow_fresh(tables, grow, old + num_tokens, per)
         store.useful_tokens += num_tokens * count * groups
-        for t, pool in zip(tables, self.pools, strict=True):
+        for g in range(len(self.pools)) if self.rolling else ():
+            if self.rolled[g]:
+                self._roll_many(g, seq_ids, num_tokens)
+        for t, pool in zip(tables, pools, strict=True):
             for seq in t:
                 seq.num_tokens += num_tokens
             pool.logical_blocks += per
@@ -213,9 +249,15 @@ class HybridBatch(HybridPrivate):
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
         if self.mixed or self.weighted:  # groups of different tokens per block (group_blocks), weights (weighted)
             self.pools[0]._live(seq_ids, "appended to")
-            return sum(p.append_need(seq_id, num_tokens * s) * w
-                       for p, s, w in zip(self.pools, self.scales, self.weights, strict=True) for seq_id in seq_ids)
+            return sum(p.append_need(seq_id, num_tokens * s) * w if (seq := self._rolls(g, seq_id, num_tokens)) is None
+                       else roll_need(p.store, seq) * w
+                       for g, (p, s, w) in enumerate(zip(self.pools, self.scales, self.weights, strict=True))
+                       for seq_id in seq_ids)
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")
-        return len(self.groups) * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
+        if self.rolling and (self.store.counters["forks"] or any(p.spec.tracked for p in self.pools)):
+            return sum(p.append_need(seq_id, num_tokens) if (seq := self._rolls(g, seq_id, num_tokens)) is None
+                       else roll_need(p.store, seq) for g, p in enumerate(self.pools) for seq_id in seq_ids)
+        grown = len(self.groups) - sum(self.rolled)  # a state page of mode none moves in place (state_pages)
+        return grown * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)
 

@@ -57,6 +57,9 @@ class HybridLayout:
         self.anchored = tuple(self.anchor is not None and (k in ("sliding", "chunked") or (
             k == "state" and self.state_mode == "align")) for k in kinds)
         has_state = "state" in kinds
+        # mode none: a state group holds one page, moved along its table in place (state_pages.roll_page)
+        self.rolled = tuple(k == "state" and self.state_mode == "none" for k in kinds)
+        self.rolling = any(self.rolled)
         self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
         self._plan_memo: tuple | None = None  # (epoch, the last few _hit_plans), until any group changes (pool 0's)
         self.caches = enable_prefix_caching and not (has_state and (

@@ -37,14 +37,15 @@ from .store import PoolExhaustedError
 def first_blocks(group: PoolGroup, computed: np.ndarray, block_size: int, state_mode: str) -> np.ndarray | int:
     """The first block a group's table of a sequence holding `computed` tokens keeps once an append from there
     has freed what the group's rule lets go (PoolGroup.first_block_before_growth, element by element; 0 for a
-    group that frees nothing)."""
+    group that frees nothing). A state group of mode none: the block the append's token `computed` goes to (its
+    one page moves there, PoolGroup.first_block of the step that ends at computed + 1)."""
     B = block_size
     if group.kind == "sliding":
         return np.maximum(computed - group.span + 1, 0) // B
     if group.kind == "chunked":
         return computed // group.span * group.span // B
-    if group.kind == "state" and state_mode == "none":
-        return np.maximum(computed - 1, 0) // B
+    if group.kind == "state" and state_mode == "none":  # the one page, moved to where token `computed` goes
+        return computed // B
     if group.kind == "state" and state_mode == "align":
         return np.maximum(computed // B - 1, 0)
     return 0
@@ -223,7 +224,8 @@ class HybridPrivate(HybridLayout):
             if not check:
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
                                          f"blocks over {len(self.groups)} groups, {free_now} free")
-            first = plan if chunk == num_tokens else self._private_plan(columns, num_tokens, num_tokens)[0]
+            first = plan if chunk == num_tokens and not self.rolling else self._private_plan(
+                columns, num_tokens, num_tokens, refused=True)[0]  # mode none: the one page stays
             self._private_free(seq_ids, columns, first)
             self._changed()
             return False
@@ -232,11 +234,12 @@ class HybridPrivate(HybridLayout):
         self._changed()
         return True
 
-    def _private_plan(self, columns: list[tuple[SeqTable, ...]], num_tokens: int, chunk: int
+    def _private_plan(self, columns: list[tuple[SeqTable, ...]], num_tokens: int, chunk: int, refused: bool = False
                       ) -> tuple[list[tuple[int, int, list[int]]], int, int]:
         """(per sequence: its tables' length now and after, and per kind the first block they keep once the last
         append, from num_tokens − chunk tokens on, has freed; the fresh blocks the growth takes; the blocks it frees
-        that are held now). Python integers: a decode step holds a few sequences, whose numpy calls would cost more."""
+        that are held now). Python integers: a decode step holds a few sequences, whose numpy calls would cost more.
+        `refused`: what is freed before a growth that does not fit (a state page of mode none is kept then)."""
         B, mode = self.block_size, self.state_mode
         kinds = list(zip(self._rows(), self.kinds(), strict=True))
         plan, need, gone = [], 0, 0
@@ -246,8 +249,9 @@ class HybridPrivate(HybridLayout):
             firsts = []
             for (nothing, _, count, lead), (group, _) in kinds:
                 skipped = c[lead].num_skipped
-                first = skipped if nothing else max(skipped, group.first_block_before_growth(
-                    tokens + num_tokens - chunk, B, mode))
+                start = tokens + num_tokens - chunk
+                end = start if refused else tokens + num_tokens  # mode none: the page of the step's last token
+                first = skipped if nothing else max(skipped, group.first_block(start, end, B, mode))
                 firsts.append(first)
                 need += count * (after - max(held, first))
                 gone += count * max(0, min(first, held) - skipped)

@@ -197,7 +197,9 @@ class GroupedPagedPolicy:
         steps of a run (`run_form`): what `parts` and `group_blocks` return after each of those steps."""
         B = self.block_size
         used = form.used[:k]
-        useful = np.array([c for _, c in self._kinds()], dtype=np.int64) @ form.written[:, :k]
+        state = np.array([g.kind == "state" for g, _ in self._kinds()])  # a state page: B useful slots, a state
+        written = np.where(state[:, None], form.held[:, :k] * B, form.written[:, :k])
+        useful = np.array([c for _, c in self._kinds()], dtype=np.int64) @ written
         parts = np.zeros((k, 6), dtype=np.int64)
         parts[:, 0] = useful
         parts[:, 1] = used * B - useful
@@ -265,11 +267,12 @@ class GroupedPagedPolicy:
     # ---- memory ------------------------------------------------------------------------------------------
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
-        slots count as used, its fill as useful)."""
+        slots count as used and useful: a whole state; tail fragmentation is the attention blocks' unused slots)."""
         if self._private:  # the store's running totals: no block is cached, shared or of another size
             store, pools = self.pool.store, self.pool.pools
             used = store.num_used * self.block_size
-            return (np.array([store.useful_tokens, used - store.useful_tokens, 0, 0, 0, self.capacity_slots - used],
+            useful = store.useful_tokens + self.pool.state_slack()
+            return (np.array([useful, used - useful, 0, 0, 0, self.capacity_slots - used],
                              dtype=np.int64), sum(p.logical_blocks for p in pools) * BLOCK_TABLE_ENTRY_BYTES)
         usage = self.pool.usage()
         slots = usage.block_size  # a block's slots: the block size, or the lcm of the groups' (group_blocks, mixed)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from real_configs import write_config
 
 from kvcalc.core.pool.groups import PoolGroup
@@ -24,8 +23,6 @@ from kvcalc.core.pool.hybrid import HybridPool
 NEMOTRON = tuple([PoolGroup("state", None, "state")] * 6 + [PoolGroup("full", None, "full")])  # 54 Mamba-2 in 6
 
 
-@pytest.mark.xfail(strict=True, reason="helper H/W (core/pool/groups.py state rule 'none', hybrid.py append): a "
-                                       "state group holds two pages for a step after each block boundary")
 def test_one_state_page_per_group_while_a_sequence_grows() -> None:
     pool = HybridPool(200, 4, NEMOTRON, state_mode="none")
     pool.allocate(0, 7)
@@ -35,7 +32,6 @@ def test_one_state_page_per_group_while_a_sequence_grows() -> None:
         assert pool.num_used == -(-n // 4) + 6, n
 
 
-@pytest.mark.xfail(strict=True, reason="helper H/W (as above): share's peak counts the second state page")
 def test_share_peak_of_one_nemotron_h_request(run_cli, tmp_path: Path) -> None:
     folder = write_config(tmp_path, "NEMOTRON_H_56B")
     doc = run_cli("share", "--config", str(folder), "--prefix", "32768", "--branches", "1", "--gen", "2048",
@@ -48,8 +44,6 @@ def test_share_peak_of_one_nemotron_h_request(run_cli, tmp_path: Path) -> None:
     assert d["peak_blocks"] == 15
 
 
-@pytest.mark.xfail(strict=True, reason="helper H/W (core/pool usage of a state group): a state page's unused "
-                                       "token slots count as tail fragmentation")
 def test_a_state_page_is_not_tail_fragmentation() -> None:
     pool = HybridPool(100, 4128, NEMOTRON, state_mode="none")
     pool.allocate(0, 1000)

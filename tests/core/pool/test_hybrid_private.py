@@ -105,9 +105,15 @@ def test_a_refused_growth_frees_what_the_groups_let_go():
     pool.check_invariants()
 
 
-def test_first_blocks_is_first_block_before_growth_element_by_element():
+def test_first_blocks_is_first_block_of_a_decode_step_element_by_element():
+    # first_blocks(c): what a table keeps through the decode step from c to c + 1 tokens. Every group but a state
+    # group of mode none frees before growth (first_block_before_growth(c)); mode none's one page moves to the
+    # block of token c: c // B (B = 4: c = 4 -> 1, where the old rule kept page 0 for that step)
     computed = np.arange(0, 70)
     for group in (PoolGroup("full"), PoolGroup("sliding", 5), PoolGroup("chunked", 8), PoolGroup("state")):
         for mode in ("none", "align", "all"):
             got = np.broadcast_to(first_blocks(group, computed, B, mode), computed.shape)
-            assert got.tolist() == [group.first_block_before_growth(int(c), B, mode) for c in computed]
+            assert got.tolist() == [group.first_block(int(c), int(c) + 1, B, mode) for c in computed]
+            if group.kind != "state" or mode != "none":
+                assert got.tolist() == [group.first_block_before_growth(int(c), B, mode) for c in computed]
+    assert first_blocks(PoolGroup("state"), np.array([3, 4, 7, 8]), 4, "none").tolist() == [0, 1, 1, 2]

@@ -24,7 +24,7 @@ B = 4
 
 
 def test_units_of_a_growing_sequence():
-    # full blocks cost 2 units, a state page 5; 20 units, mode none (one state page, two while a step crosses)
+    # full blocks cost 2 units, a state page 5; 20 units, mode none (one state page, moved in place)
     pool = HybridPool(20, B, (PoolGroup("full", weight=2), PoolGroup("state", weight=5)), state_mode="none",
                       enable_prefix_caching=False)
     assert isinstance(pool.store, WeightedStore) and pool.num_blocks == 20
@@ -33,10 +33,12 @@ def test_units_of_a_growing_sequence():
     assert not pool.can_allocate(10)  # another 11 units > 9 free
     pool.append(0, 2)  # tokens 10, 11: full block 2 filled (4 tokens), state still page 2 -> 11
     assert pool.num_used == 11
-    pool.append(0, 1)  # token 12: full block 3 (+2), state page 3 (+5), page 2 kept until the next step -> 18
-    assert (pool.num_used, pool.num_free_blocks, pool.held_blocks(0)) == (18, 2, [4, 2])
-    pool.free_skipped(0)  # the step ran: page 2 freed, all 5 of its units -> 13
+    pool.append(0, 1)  # token 12: full block 3 (+2), the state page moves from block 2 to 3 in place (+0) -> 13
+    assert (pool.num_used, pool.num_free_blocks, pool.held_blocks(0)) == (13, 7, [4, 1])
+    pool.free_skipped(0)  # nothing left to free
     assert (pool.num_used, pool.num_free_blocks) == (13, 7)
+    # 7 free units: 3 full blocks (6 units) fit, a fourth (8) does not; the state page takes none
+    assert pool.append_need(0, 12) == 6 and pool.append_need(0, 16) == 8
     pool.check_invariants()
     pool.release(0)
     assert (pool.num_used, pool.num_free_blocks) == (0, 20)

@@ -35,12 +35,13 @@ def test_granite_layout_is_two_weighted_tables():
 
 @pytest.mark.parametrize(("prefix", "branches", "gen", "full_blocks", "copies", "peak_states"), [
     # P = 32,768 = 2,048 · 16: 2,048 shared blocks + 4 · ceil(2,048 / 16) = 4 · 128 own -> 2,560; no partial
-    # block, no copy. The last step that crosses a page boundary (token 34,800 = 2,175 · 16) holds two states a
-    # branch until the next step: peak 8 states with all 2,560 blocks
-    (32_768, 4, 2_048, 2_560, 0, 8),
+    # attention block, no copy of one; the one state page (mode none: vLLM's one state block a request, moved in
+    # place) is shared by the 4 branches and copied by 3 of them as each first writes it: 3 copies; one state a
+    # branch at every step: peak 4 states with all 2,560 blocks
+    (32_768, 4, 2_048, 2_560, 3, 4),
     # P = 1,000 = 62 · 16 + 8: 62 shared + 3 · ceil((8 + 100) / 16) = 3 · 7 -> 83; the partial block 62 and the
-    # state page it ends in are copied by 2 of the 3 branches: 4 copies; peak 6 states (token 1,088 = 68 · 16)
-    (1_000, 3, 100, 83, 4, 6),
+    # state page it ends in are copied by 2 of the 3 branches: 4 copies; peak 3 states, one a branch
+    (1_000, 3, 100, 83, 4, 3),
 ])
 def test_granite_scenario_bytes(prefix, branches, gen, full_blocks, copies, peak_states):
     layout, groups = granite()

@@ -31,9 +31,9 @@ def policy(groups, mode: str = "none", blocks: int = 64) -> GroupedPagedPolicy:
 @pytest.mark.parametrize(("groups", "mode", "grow_to", "pages", "pool_pages"), [
     # 40 tokens written (a prefill of 40): full ceil(40/16) = 3 blocks; state none: the page of token 39, 1 -> 4
     ((FULL, STATE), "none", None, 4, 4),
-    # then 9 more (49 written): full ceil(49/16) = 4; state: the step crossed into page 3 and holds page 2 until its
-    # next step frees it (the pool holds 2), but only page 3 = (49 − 1) // 16 is read on: 4 + 1 = 5 (pool: 6)
-    ((FULL, STATE), "none", 49, 5, 6),
+    # then 9 more (49 written): full ceil(49/16) = 4; state: the one page moved in place from block 2 to block
+    # 3 = (49 − 1) // 16 (vLLM's one state block a request): 4 + 1 = 5, all the pool holds
+    ((FULL, STATE), "none", 49, 5, 5),
     # align at 40: pages max(0, 40 // 16 − 1) = 1 .. 2 (the running state and the one saved at 32): 3 + 2 = 5
     ((FULL, STATE), "align", None, 5, 5),
     # sliding W 20 at 40 written: the next token (40) reads 21..40, blocks 21 // 16 = 1 .. 2; the prefill step

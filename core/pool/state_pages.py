@@ -1,0 +1,80 @@
+"""A state group's one page under mamba_cache_mode none, and the slots of state pages in a pool's accounting.
+
+vLLM without prefix caching gives a Mamba / linear-attention group a block of max_model_len tokens, so a request
+holds exactly one state page for its whole life, updated in place. The hybrid pool keeps every group's table one
+entry a block of B tokens (the tables of a sequence have one length); a state group in mode none holds only the
+table's last entry, and when the sequence grows into a new block its page moves there (`roll_page`): the same
+physical block, no copy and no second page, unless a fork shares it (then the growing branch takes a copy, as
+copy-on-write of any shared page). Mode align and all keep their pages (groups.PoolGroup.first_block).
+
+A state page holds a state, not token slots: in usage its B slots are all useful (tail fragmentation is the
+attention blocks' unused slots only). The store counts a block's written tokens (`fill`), so `state_slack` is the
+correction: Σ over the distinct blocks the state groups hold of B − fill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from .append import SeqTable
+from .store import BlockStore
+
+
+def crosses(seq: SeqTable, num_tokens: int, block_size: int) -> bool:
+    """Whether appending `num_tokens` to a sequence that holds tokens moves its running state into a new block."""
+    old = seq.num_tokens
+    return old > 0 and num_tokens > 0 and (old - 1) // block_size != (old + num_tokens - 1) // block_size
+
+
+def roll_need(store: BlockStore, seq: SeqTable) -> int:
+    """Free blocks `roll_page` takes: a copy of the page when another table holds it too (a fork), else none."""
+    return int(store.ref[seq.table[seq.num_blocks - 1]] > 1)
+
+
+def roll_page(store: BlockStore, seq: SeqTable, num_tokens: int, defer: bool = False
+              ) -> tuple[int, list[tuple[int, int]]]:
+    """Append `num_tokens` to a state table of mode none whose growth `crosses` into a new block: its page (the
+    table's last entry, the only one it holds) moves to the new last entry with the state updated in place, or,
+    shared, is copied there. Returns (table entries freed: the pages before it still held, the copies [(src, dst)]).
+    `defer`: inside a step (the freed pages pending, as BlockPool.skip_blocks). The caller counts the pool's
+    tokens and entries (logical_tokens += num_tokens, logical_blocks −= the freed) and staleness."""
+    B, old = store.block_size, seq.num_tokens
+    end = old + num_tokens
+    last, page = (end - 1) // B, int(seq.table[seq.num_blocks - 1])
+    freed = 0
+    if seq.num_skipped < seq.num_blocks - 1:  # older pages still held (none holds one, but be exact)
+        gone = seq.table[seq.num_skipped : seq.num_blocks - 1]
+        store.ref[gone] -= 1
+        store.drop(gone[store.ref[gone] == 0][::-1], defer=defer)
+        freed = len(gone)
+    fill = end - last * B
+    copies: list[tuple[int, int]] = []
+    if store.ref[page] > 1:  # a fork shares it: this branch's state is its own copy from now on
+        dst = store.take_one(fill)
+        store.ref[page] -= 1
+        copies.append((page, dst))
+        store.counters["cow_copies"] += 1
+        page = dst
+    else:
+        store.useful_tokens += fill - int(store.fill[page])
+        store.fill[page] = fill
+    if last + 1 > len(seq.table):
+        seq.table = np.concatenate([seq.table, np.empty(2 * (last + 1), dtype=np.int64)])
+    seq.table[last] = page
+    seq.num_skipped, seq.num_blocks, seq.num_tokens = last, last + 1, end
+    return freed, copies
+
+
+def state_slack(store: BlockStore, tables: Iterable[np.ndarray], shared: bool, weight: int = 1) -> int:
+    """Σ (weight · B − fill) over the distinct blocks in `tables` (a state group's held pages, kept speculative
+    pages): the slots a token count leaves unwritten in whole states (a block of a weighted table is `weight` units
+    of B slots, core/pool/weighted.py). `shared`: a block may be in two tables (forks, hits)."""
+    parts = [t for t in tables if len(t)]
+    if not parts:
+        return 0
+    blocks = np.concatenate(parts)
+    if shared:
+        blocks = np.unique(blocks)
+    return int(len(blocks) * weight * store.block_size - np.add.reduce(store.fill[blocks], dtype=np.int64))
