@@ -220,6 +220,8 @@ class HybridPool(HybridHits, HybridBatch):
                 pool._epoch += 1
             else:
                 grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
+                if self.rolled[g]:  # kept speculative pages took the growth: the page it resumed from goes now
+                    pool.skip_blocks(seq_id, group.first_block_before_growth(old + num_tokens, B, self.state_mode))
             copies += grown
             if seq is None and group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:
                 # the running state moves into a new page: it starts as a copy of the page it resumes from
