@@ -25,7 +25,8 @@ cache's LRU and can serve a later hit until it is evicted.
     sliding:      [  NULL    ] [  NULL     ] [    9      ] [  4  ]  the token at 52 reads 33..52
 
 A state page holds a sequence's recurrent state as it stood after the last token of its block; its
-`fill` counts those tokens, so the same counts and invariants hold for every group. A prefix-cache hit of
+`fill` counts those tokens, so the same counts and invariants hold for every group (usage counts the page
+whole: a state, not token slots; state_pages.state_slack). A prefix-cache hit of
 a state group is a page saved at exactly that boundary; mode none saves none, so a Mamba hybrid then has no
 prefix-cache hits at all (as vLLM). Mode all saves one at every boundary (a chain of pages, verified as any
 block's). Mode align saves one where a step ends (page n // B − 1 after a step to n tokens): only that page is

@@ -15,7 +15,8 @@ per sequence and kind, not per group. The tables, counters and invariants are th
                                         append (chunk n) — each group frees what its rule lets go before the last
                                         append, then grows; no block is handed out only to be freed within
     release_private(seq, reason)        HybridPool.release
-    first_blocks(group, computed)       PoolGroup.first_block_before_growth over an array of lengths
+    first_blocks(group, computed)       PoolGroup.first_block_before_growth over an array of lengths (mode none's
+                                        state page: where the decode step's token goes)
 """
 
 from __future__ import annotations

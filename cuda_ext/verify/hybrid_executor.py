@@ -158,16 +158,18 @@ class HybridExecutor:
         old_tables, saved = self.host.pop(rid)
         self.counts["swaps"] += 1
         row_of, r = {}, 0
+        one = self.state_group if self.pool.state_mode == "none" else None  # its one page, wherever it stands
         for g, old in enumerate(old_tables):
             for j, b in enumerate(old.tolist()):
                 if b != NULL_BLOCK:
-                    row_of[g, j], r = r, r + 1
+                    row_of[g, -1 if g == one else j], r = r, r + 1
         dst, rows = [], []
         for g, new in enumerate(self.pool.block_tables(rid)):
             for j, b in enumerate(new.tolist()):
-                if b != NULL_BLOCK and (g, j) in row_of:
+                key = (g, -1 if g == one else j)
+                if b != NULL_BLOCK and key in row_of:
                     dst.append(b)
-                    rows.append(row_of[g, j])
+                    rows.append(row_of[key])
                     self.counts["swapped_state_pages"] += g == self.state_group
         if dst:
             self.store.load(np.array(dst), saved, np.array(rows))
@@ -263,6 +265,8 @@ class HybridExecutor:
         if self.state_group is None or not c:
             return None
         page = (c - 1) // B
+        if self.pool.state_mode == "none":  # its one page, moved in place to the table's end (pool/state_pages)
+            page = len(tables[self.state_group]) - 1
         if self.fault is not None and restored:
             page = self.fault.restored_page(page, restored, B)
         state_page = int(tables[self.state_group][page])
