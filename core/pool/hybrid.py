@@ -137,6 +137,11 @@ class HybridPool(HybridHits, HybridBatch):
         """Slots of the state groups' held pages that no token count fills: a page is a whole state, all of its
         slots useful (state_pages), so usage adds them to the store's written tokens."""
         shared = bool(self.store.counters["hit_blocks"] or self.store.counters["forks"])
+        if self.rolling and not (shared or self.weighted or any(p.spec.tracked for p in self.pools)):
+            # mode none, no page shared or kept: each state table holds the page of token n − 1, n − B · ((n − 1)
+            # // B) tokens written in it, so B − fill = (−n) mod B, alike in every state group
+            B = self.block_size
+            return sum(self.rolled) * sum(-s.num_tokens % B for s in self.pools[0].seqs.values())
         return sum(state_slack(self.store, [*(s.blocks for s in p.seqs.values()), *p.spec.kept.values()], shared,
                                g.weight) for g, p in zip(self.groups, self.pools, strict=True) if g.kind == "state")
 
@@ -171,7 +176,8 @@ class HybridPool(HybridHits, HybridBatch):
         """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
         block size and no speculative slot every group's table of a sequence has its length, so the new blocks are
         the first group's times the groups; a copy of a partial, shared last block is looked up in one take."""
-        if self.mixed or self.weighted or self.rolling or any(p.spec.tracked for p in self.pools):
+        if self.mixed or self.weighted or (self.rolling and self.store.counters["forks"]) or any(
+                p.spec.tracked for p in self.pools):
             return sum(self.append_need(s, a) for s, a in zip(seq_ids, adds, strict=True))
         B, grow, partial, first = self.block_size, 0, [], self.pools[0]
         for seq_id, add in zip(seq_ids, adds, strict=True):
@@ -180,7 +186,7 @@ class HybridPool(HybridHits, HybridBatch):
                 grow += -(-(seq.num_tokens + add) // B) - seq.num_blocks
                 if seq.num_tokens % B:
                     partial.append(seq_id)
-        need = grow * len(self.pools)
+        need = grow * (len(self.pools) - sum(self.rolled))  # mode none's state page moves in place (no fork)
         if partial:
             last = [int(t.table[t.num_blocks - 1]) for p in self.pools for t in map(p.seqs.__getitem__, partial)]
             need += int(np.count_nonzero(self.store.ref.take(last) > 1))
