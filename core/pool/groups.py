@@ -165,8 +165,8 @@ def pool_groups(layout: KVLayout, weighted: bool = False) -> tuple[PoolGroup, ..
         raise ParameterError(
             f"layout {layout.layout}: the unit that tiles every type's block is {layout.page_bytes:,} B (their "
             f"gcd), so the {big.kind} block ({big.block_bytes:,} B) is {big.pages_per_block:,} units and a sequence "
-            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit); share's "
-            "scenario mode runs it on weighted tables, this command not yet: use layout vllm", "layout")
+            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit); share runs "
+            "it on weighted tables, this command not yet: use layout vllm", "layout")
     return tuple(groups)
 
 
@@ -175,7 +175,9 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
     ceil((C + T) / B) + 1; two state pages (none: the page a step resumes from and the one it crosses into)
-    or a chunk's pages (align, all). A block of a weighted table counts its weight (units of the pool)."""
+    or a chunk's pages (align, all). A block of a weighted table counts its weight (units of the pool), and its
+    state group never takes a chunk's pages (weighted.state_jump): 2 (none) or 3 (align: the saved page, the page a
+    step resumes from, the one it crosses into)."""
     n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
@@ -186,6 +188,8 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
         elif g.kind in ("sliding", "chunked"):
             reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
             held = min(all_blocks, ceil_div(reach, B) + 1)
+        elif g.weight > 1:
+            held = min(all_blocks, 2 if state_mode == "none" else 3)
         else:
             held = min(all_blocks, 2) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
         blocks += held * g.weight

@@ -47,6 +47,7 @@ from .hybrid_hits import HybridHits
 from .invariants import check_pool_invariants
 from .speculative import check_speculative
 from .store import BlockKeys, PoolExhaustedError
+from .weighted import state_jump, weighted_append_need
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,9 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        return sum(p.append_need(seq_id, num_tokens * s) * w  # weighted tables: a block costs w units (weighted)
-                   for p, s, w in zip(self.pools, self.scales, self.weights, strict=True))
+        if self.weighted:  # a block costs its group's weight in units, a state group's chunk may jump (weighted)
+            return weighted_append_need(self, seq_id, num_tokens)
+        return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True))
 
     def append_need_many(self, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
         """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
@@ -203,6 +205,10 @@ class HybridPool(HybridHits, HybridBatch):
         if self.coarse is not None:
             self.coarse.note(seq_id, old, keys, B, self.pools[0])
         for g, (group, pool) in enumerate(zip(self.groups, self.pools, strict=True)):
+            if self.weighted and (move := state_jump(self, g, seq_id, num_tokens)) is not None:
+                copies.append(move)  # a state group's chunk takes only the pages it keeps (weighted.state_jump)
+                self._changed()
+                continue
             grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
             copies += grown
             if group.kind == "state" and old and (old - 1) // B != (old + num_tokens - 1) // B:

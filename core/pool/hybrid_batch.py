@@ -12,6 +12,7 @@ import numpy as np
 from .append import SeqTable
 from .hybrid_private import HybridPrivate
 from .store import PoolExhaustedError
+from .weighted import state_jump, weighted_append_need
 
 
 class HybridBatch(HybridPrivate):
@@ -25,7 +26,18 @@ class HybridBatch(HybridPrivate):
             raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
         if num_tokens <= 0 or not seq_ids:
             return
-        if self.mixed or self.weighted:  # groups of other tokens per block (group_blocks) or weights: one at a time
+        if self.weighted:  # weighted tables: one sequence at a time, checked first (weighted.py)
+            self.free_skipped_many(seq_ids)
+            if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
+                raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                         f"units, {len(self.store.queue)} free")
+            for seq_id in seq_ids:
+                for g, pool in enumerate(self.pools):
+                    if state_jump(self, g, seq_id, num_tokens) is None:
+                        pool.append(seq_id, num_tokens)
+            self._changed()
+            return
+        if self.mixed:  # groups of different tokens per block (group_blocks): one at a time, checked first
             self.free_skipped_many(seq_ids)
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
@@ -211,10 +223,13 @@ class HybridBatch(HybridPrivate):
 
     def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
-        if self.mixed or self.weighted:  # groups of different tokens per block (group_blocks), weights (weighted)
+        if self.weighted:  # units, a state group's jump (weighted.py)
             self.pools[0]._live(seq_ids, "appended to")
-            return sum(p.append_need(seq_id, num_tokens * s) * w
-                       for p, s, w in zip(self.pools, self.scales, self.weights, strict=True) for seq_id in seq_ids)
+            return sum(weighted_append_need(self, seq_id, num_tokens) for seq_id in seq_ids)
+        if self.mixed:  # groups of different tokens per block (group_blocks)
+            self.pools[0]._live(seq_ids, "appended to")
+            return sum(p.append_need(seq_id, num_tokens * s) for p, s in zip(self.pools, self.scales, strict=True)
+                       for seq_id in seq_ids)
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")
         return len(self.groups) * sum(-(-(s.num_tokens + num_tokens) // B) - s.num_blocks for s in tables)

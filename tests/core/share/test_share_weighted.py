@@ -3,6 +3,8 @@ layer type, core/pool/weighted.py) where a table per unit was refused. Bytes wor
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hand_specs import granite_h_small
 
@@ -82,9 +84,41 @@ def test_nemotron_h_cli(run_cli):
     assert table.exit_code == 0 and "(full 40, state 55,701), one table of such blocks" in table.stdout
 
 
+def test_nemotron_h_trace_replay(run_cli, tmp_path):
+    # Nemotron-H-56B, ideal, block 16, --memory 40GiB = 2,621,440 units of 16 KiB; mode none (no state saved, no
+    # hits); prompt and output 8,192 tokens a chunk. Units: an attention block 40, a state 55,701.
+    # 1,000 + 10: 63 blocks and the state page of token 999 (page 62); the output crosses into page 63, the old page
+    #   held until the next step: 64 · 40 + 2 · 55,701 = 113,962
+    # 1,100 + 10: 69 blocks, then 70 and pages 68, 69: 70 · 40 + 111,402 = 114,202 (the peak); 600 + 10: 39 · 40 +
+    #   111,402 = 112,962
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]}\n'
+                     '{"timestamp": 5, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]}\n'
+                     '{"timestamp": 9, "input_length": 600, "output_length": 10, "hash_ids": [0, 3]}\n')
+    args = ("share", "--trace", "mooncake", str(trace), "--model", "Nemotron-H-56B", "--layout", "ideal", "--memory",
+            "40GiB", "--json")
+    doc = run_cli(*args).json()
+    assert (doc["capacity_blocks"], doc["peak_used_blocks"], doc["hit_tokens"]) == (2_621_440, 114_202, 0)
+    assert doc["largest_request_blocks"] == 114_202 and [g["block_tables"] for g in doc["groups"]] == [1, 1]
+
+
+def test_a_long_prompt_takes_one_state_a_chunk(run_cli, tmp_path):
+    # 20,000 + 4 tokens: chunks 8,192, 8,192, 3,620 (to 20,004). Each chunk after the first would take a state page
+    # per 16 tokens (512 states = 28.5 M units, over the 2.6 M of 40 GiB); a weighted state group jumps: it keeps only
+    # the page of the chunk's last token. Peak: after the last chunk, ceil(20,004 / 16) = 1,251 blocks · 40 + one
+    # state 55,701 = 105,741; the admission bound counts two states: 1,251 · 40 + 2 · 55,701 = 161,442
+    trace = tmp_path / "m.jsonl"
+    record = {"timestamp": 0, "input_length": 20_000, "output_length": 4, "hash_ids": list(range(100, 140))}
+    trace.write_text(json.dumps(record) + "\n")
+    doc = run_cli("share", "--trace", "mooncake", str(trace), "--model", "Nemotron-H-56B", "--layout", "ideal",
+                  "--memory", "40GiB", "--json").json()
+    assert (doc["peak_used_blocks"], doc["largest_request_blocks"]) == (105_741, 161_442)
+
+
 @pytest.mark.parametrize("command", [("sim", "--requests", "2"),
-                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB")])
-def test_commands_without_weighted_tables_say_so(run_cli, tmp_path, command):
+                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB",
+                                      "--mamba-cache-mode", "align")])
+def test_what_weighted_tables_do_not_run_yet_says_so(run_cli, tmp_path, command):
     trace = tmp_path / "m.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [0]}\n')
     args = [str(trace) if a == "MOONCAKE" else a for a in command]
