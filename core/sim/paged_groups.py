@@ -24,6 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
+from ..pool.hybrid_ordered import append_ordered, ordered, skip_ordered
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
@@ -111,6 +112,14 @@ class GroupedPagedPolicy:
                 else:
                     pool.grow_private_many(ids, add)  # the same tables, in one hand-out for all groups
                 return True
+        if check and ordered(pool):  # every sequence's free_skipped, then appends, pair by pair in one pass
+            skip_ordered(pool, ids)
+            adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
+            if pool.append_need_many(ids, adds) > pool.num_free_blocks:
+                return False
+            keys = [self._completed_keys(rid, add) if add else None for rid, add in zip(ids, adds, strict=True)]
+            self.copies += append_ordered(pool, ids, adds, keys)
+            return True
         for rid in ids:
             pool.free_skipped(rid)
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]

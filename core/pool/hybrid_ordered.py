@@ -1,0 +1,157 @@
+"""A step of many sequences on a hybrid pool with prefix caching, in one pass: the blocks each group's rule lets go
+freed, and the appends made, in exactly the order the one-sequence operations take (core/pool/hybrid.py).
+
+With prefix caching the order blocks enter the free queue is the order of the LRU that evicts them, and the order
+blocks are handed out decides which cached blocks are evicted: so a step stays the per-sequence loop
+
+    for seq in seq_ids: free_skipped(seq)            each group in group order: skip_blocks (a tail first)
+    for seq in seq_ids: append_fitting(seq, add)     each group in group order: BlockPool.append
+
+and these do the same changes, pair (sequence, group) by pair, with numpy over all the pairs at once:
+
+    skip_ordered     every pair's skipped blocks in pair order, each run tail first, concatenated; the reference
+                     counts dropped in one subtract; a block held by several of these drops where the loop drops
+                     it (its last holder's skip) — one drop of the store, whose free side keeps the order of the
+                     blocks given (plain stack and LRU each appended in order), as the loop's drops do in turn
+    append_ordered   consecutive sequences that add the same tokens and complete no keyed block (decode, or a
+                     prompt's unkeyed tail) with no state page to move: their pairs appended by batch.append_many,
+                     which hands out, copies and fills exactly as the appends one at a time in that order; any
+                     other sequence (keys to register, a state page that moves) through append_fitting, in turn.
+
+A pool of mixed tokens per block, weighted tables or speculative slots takes the loop itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .batch import append_many
+
+if TYPE_CHECKING:
+    from .hybrid import HybridPool
+
+
+def ordered(pool: HybridPool) -> bool:
+    """The pool's groups share one block size and one plain store, and no group tracks speculative slots: the
+    pairs of a step are alike and these functions apply."""
+    return not (pool.mixed or getattr(pool, "weighted", False) or any(p.spec.tracked for p in pool.pools))
+
+
+def _firsts(pool: HybridPool, tokens: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(group, the first block its tables keep once an append from `tokens` has freed what its rule lets go) for
+    each group that frees anything (PoolGroup.first_block_before_growth over an array)."""
+    B, mode, out = pool.block_size, pool.state_mode, []
+    memo: dict[tuple[str, int], np.ndarray] = {}
+    for g, group in enumerate(pool.groups):
+        if group.kind == "full" or (group.kind == "state" and mode == "all"):
+            continue
+        key = (group.kind, group.window or 0)
+        if key not in memo:
+            if group.kind == "sliding":
+                memo[key] = np.maximum(tokens - group.span + 1, 0) // B
+            elif group.kind == "chunked":
+                memo[key] = tokens // group.span * group.span // B
+            elif mode == "none":
+                memo[key] = np.maximum(tokens - 1, 0) // B
+            else:  # align
+                memo[key] = np.maximum(tokens // B - 1, 0)
+        out.append((g, memo[key]))
+    return out
+
+
+def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
+    """`pool.free_skipped(seq)` for each sequence in order (see the module docstring); returns the table entries
+    freed. Only for an `ordered` pool."""
+    seqs = pool.pools[0]._tables(seq_ids)
+    if not seqs:
+        return 0
+    tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
+    firsts = _firsts(pool, tokens)
+    if not firsts:
+        return 0
+    groups = [g for g, _ in firsts]
+    tables = [[pool.pools[g].seqs[i] for i in seq_ids] for g in groups]
+    skipped = np.array([[s.num_skipped for s in t] for t in tables], dtype=np.int64)  # [group, sequence]
+    blocks = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))  # every group's tables alike
+    first = np.minimum(np.stack([f for _, f in firsts]), blocks)
+    gone_at = np.argwhere((first > skipped).T)  # (sequence, group row) pairs, in the loop's order
+    if not len(gone_at):
+        return 0
+    parts, firsts_at = [], first.T[gone_at[:, 0], gone_at[:, 1]].tolist()
+    for (i, row), end in zip(gone_at.tolist(), firsts_at, strict=True):
+        seq = tables[row][i]
+        parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
+        pool.pools[groups[row]].logical_blocks -= end - seq.num_skipped
+        seq.num_skipped = end
+    held = np.concatenate(parts)
+    store = pool.store
+    _drop_in_order(store, held, defer=pool.pools[0]._in_step)
+    pool._changed()
+    return len(held)
+
+
+def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
+    """One reference less for each entry of `held` (a block may come several times), and the blocks whose count
+    reaches 0 dropped where the one-at-a-time decrements would drop them: at their last entry."""
+    if len(np.unique(held)) == len(held):  # the usual case: each block once
+        refs = store.ref[held] - 1
+        store.ref[held] = refs
+        assert refs.min(initial=0) >= 0, "a reference count went below zero"
+        store.drop(held[refs == 0], defer=defer)
+        return
+    np.subtract.at(store.ref, held, store.ref.dtype.type(1))
+    assert store.ref[held].min(initial=0) >= 0, "a reference count went below zero"
+    gone = np.flatnonzero(store.ref[held] == 0)
+    dropped = held[gone]
+    _, last_in_reversed = np.unique(dropped[::-1], return_index=True)
+    store.drop(held[np.sort(gone[::-1][last_in_reversed])], defer=defer)
+
+
+def append_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[int],
+                   keys: Sequence[Any]) -> list[tuple[int, int]]:
+    """`pool.append_fitting(seq, add, keys)` for each sequence in order (its checks done: `skip_ordered` ran and
+    the need fits); returns the copy-on-write copies in that order. Only for an `ordered` pool."""
+    B, copies = pool.block_size, []
+    state = any(g.kind == "state" for g in pool.groups)
+    run: list[Hashable] = []
+    run_add = 0
+    for seq_id, add, k in zip(seq_ids, adds, keys, strict=True):
+        if not add:
+            continue
+        if (k is None or not pool.caches) and not (state and _moves(pool, seq_id, add, B)):
+            if run and add != run_add:
+                copies += _append_run(pool, run, run_add)
+                run = []
+            run.append(seq_id)
+            run_add = add
+            continue
+        if run:
+            copies += _append_run(pool, run, run_add)
+            run = []
+        copies += pool.append_fitting(seq_id, add, k)
+    if run:
+        copies += _append_run(pool, run, run_add)
+    return copies
+
+
+def _moves(pool: HybridPool, seq_id: Hashable, add: int, B: int) -> bool:
+    """The append moves a state group's running state into a new page (append_fitting reports that copy)."""
+    old = pool.pools[0].seqs[seq_id].num_tokens
+    return bool(old) and (old - 1) // B != (old + add - 1) // B
+
+
+def _append_run(pool: HybridPool, seq_ids: list[Hashable], add: int) -> list[tuple[int, int]]:
+    """append_fitting(seq, add) without keys for each of `seq_ids`, every (sequence, group) pair in the loop's
+    order in one batch.append_many; each group's tables grow alike (one block size)."""
+    pools = pool.pools
+    pairs = [p.seqs[s] for s in seq_ids for p in pools]
+    copies, grown = append_many(pool.store, pairs, add)
+    per_group = grown // len(pools)
+    for p in pools:
+        p.logical_blocks += per_group
+        p.logical_tokens += add * len(seq_ids)
+    pool._changed()
+    return copies
