@@ -3,6 +3,7 @@ one record per policy)."""
 
 from __future__ import annotations
 
+from ..core.pool.groups import weighted_layout
 from ..core.sim.metrics import STATS
 from ..core.sim.policies import MEMORY_PARTS
 from ..core.sim.simulate import Simulation
@@ -26,7 +27,8 @@ def _groups_doc(plan, hits_lower_bound: bool) -> dict | None:
         "reason": layout.reason, "block_bytes": layout.page_bytes, "mamba_cache_mode": layout.mamba_cache_mode,
         "prefix_hits_lower_bound": hits_lower_bound,
         "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padded_layers": g.padded_layers,
-                    "block_tables": g.pages_per_block, "source": g.source} for g in layout.groups],
+                    "block_tables": 1 if weighted_layout(layout) else g.pages_per_block, "source": g.source}
+                   for g in layout.groups],
     }
 
 
@@ -35,12 +37,14 @@ def _groups_table(plan, policies: list[str], summaries: dict) -> Table:
     layout, raw = plan.layout, []
     for policy in policies:
         means = summaries[policy].get("group_blocks_mean") or []
-        at = 0
+        at, weighted = 0, weighted_layout(layout)  # weighted tables: one a type, its blocks cost their units
         for g in layout.groups:
-            blocks = float(sum(means[at : at + g.pages_per_block]))
-            at += g.pages_per_block
+            tables = 1 if weighted else g.pages_per_block
+            blocks = float(sum(means[at : at + tables]))
+            at += tables
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
-            raw.append([policy, label, g.layers, g.pages_per_block, blocks, blocks / max(plan.num_blocks, 1)])
+            units = blocks * g.pages_per_block if weighted else blocks
+            raw.append([policy, label, g.layers, tables, blocks, units / max(plan.num_blocks, 1)])
     rows = [[policy, f"{label.replace('_', ' ')} ({layers} layers)", tables, f"{blocks:,.1f}", format_percent(share)]
             for policy, label, layers, tables, blocks, share in raw]
     return Table(f"KV cache groups over time ({layout.layout} layout, block {layout.block_size}, time-averaged)",
@@ -285,7 +289,8 @@ def _text(job) -> list[str]:
     if plan.layout is not None:
         text.append(f"KV cache groups ({plan.layout.layout} layout, block {plan.block_size}, a block "
                     f"{format_bytes(plan.block_bytes)}): " + "; ".join(
-                        f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block} "
+                        f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block}"
+                        f"{' units' if weighted_layout(plan.layout) else ''} "
                         f"({g.layers} {g.source} layers)" for g in plan.layout.groups))
     return text
 

@@ -170,6 +170,17 @@ def pool_groups(layout: KVLayout, weighted: bool = False) -> tuple[PoolGroup, ..
     return tuple(groups)
 
 
+def weighted_layout(layout: KVLayout) -> bool:
+    """The layout's pool runs weighted tables (pool_groups(layout, weighted=True): one table a type)."""
+    return layout.layout == "ideal" and sum(g.pages_per_block for g in layout.groups) > MAX_POOL_GROUPS
+
+
+def pool_ids(layout: KVLayout, units: int) -> int:
+    """Block ids (per-block array entries) a pool of `units` of the layout allocates: the units themselves, or on
+    weighted tables each type's units // its weight (weighted.WeightedStore)."""
+    return sum(units // g.pages_per_block for g in layout.groups) if weighted_layout(layout) else units
+
+
 def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int, state_mode: str,
                 chunk_tokens: int) -> int:
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at

@@ -47,7 +47,7 @@ from .hybrid_hits import HybridHits
 from .invariants import check_pool_invariants
 from .speculative import check_speculative
 from .store import BlockKeys, PoolExhaustedError
-from .weighted import state_jump, weighted_append_need
+from .weighted import state_jump, weighted_append_need, weighted_usage
 
 
 @dataclass(frozen=True)
@@ -123,12 +123,14 @@ class HybridPool(HybridHits, HybridBatch):
         groups of different tokens per block (group_blocks) tokens are store slots: a block holds block_size =
         the lcm of the groups' blocks, a token of a group of B_g-token blocks fills block_size / B_g of them."""
         store = self.store
+        # weighted tables: blocks in units, tokens in the units' slots (a token of a block of weight w fills w)
+        useful, cached = weighted_usage(store) if self.weighted else (store.useful_tokens, store.queue.num_cached)
         return PoolUsage(
             num_blocks=self.num_blocks, block_size=store.block_size, used_blocks=store.num_used,
-            cached_free_blocks=store.queue.num_cached, free_blocks=len(store.queue),
+            cached_free_blocks=cached, free_blocks=len(store.queue),
             pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
             logical_blocks=sum(p.logical_blocks for p in self.pools),
-            logical_tokens=sum(p.logical_tokens for p in self.pools), useful_tokens=store.useful_tokens,
+            logical_tokens=sum(p.logical_tokens for p in self.pools), useful_tokens=useful,
             max_table_blocks=max((s.num_blocks for s in self.pools[0].seqs.values()), default=0),  # all alike
         )
 

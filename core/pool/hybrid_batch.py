@@ -107,6 +107,9 @@ class HybridBatch(HybridPrivate):
         store, B = self.store, self.block_size
         if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
             raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
+        if self.weighted:  # weighted tables: each group's own hand-outs, a state group's jump (weighted.py)
+            self.append_many(seq_ids, num_tokens)
+            return
         if self.mixed and num_tokens > 0 and seq_ids:  # groups of different tokens per block: one at a time
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "

@@ -314,6 +314,14 @@ def state_jump(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple[int, 
     return resume, int(seq.table[total - 1])
 
 
+def weighted_usage(store: BlockStore) -> tuple[int, int]:
+    """(useful slots, cached units) of a weighted store, in the units' slots: a unit has block_size slots, so a
+    block of weight w holding f tokens fills f · w of them (as store slots count under mixed block sizes)."""
+    assert isinstance(store, WeightedStore)
+    used = store.state == USED
+    return int(np.dot(store.fill[used], store.weight[used])), store.queue.cached_units
+
+
 def cached_units(store: BlockStore) -> int:
     """Units the free cached blocks hold (a plain store: its cached blocks)."""
     queue = store.queue

@@ -34,7 +34,7 @@ from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..notes import Note, concat
-from ..pool.groups import check_state_mode_given
+from ..pool.groups import check_state_mode_given, weighted_layout
 from ..share.replay_groups import keys_lower_bound
 from ..spec_decode import with_config_drafter
 from .checks import (
@@ -166,7 +166,10 @@ def build(o: SimOptions) -> SimJob:
         notes[-1] = concat(notes[-1], f"; the step time reads their KV once per step (as {spec.layers} layers)")
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
-    hybrid = pool_groups(layout) is not None
+    hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
+    if hybrid and o.preempt == "swap" and weighted_layout(layout):
+        raise ParameterError("preempt swap on weighted tables (layout ideal, a state of thousands of units) is not "
+                             "done yet: use preempt recompute or layout vllm", "preempt", "layout")
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         _check_hybrid(o, spec, policies)

@@ -115,7 +115,7 @@ def test_a_long_prompt_takes_one_state_a_chunk(run_cli, tmp_path):
     assert (doc["peak_used_blocks"], doc["largest_request_blocks"]) == (105_741, 161_442)
 
 
-@pytest.mark.parametrize("command", [("sim", "--requests", "2"),
+@pytest.mark.parametrize("command", [("sim", "--requests", "2", "--gpu", "H200", "--preempt", "swap"),
                                      ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB",
                                       "--mamba-cache-mode", "align")])
 def test_what_weighted_tables_do_not_run_yet_says_so(run_cli, tmp_path, command):
