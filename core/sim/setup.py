@@ -167,9 +167,11 @@ def build(o: SimOptions) -> SimJob:
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
     hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
-    if hybrid and o.preempt == "swap" and weighted_layout(layout):
-        raise ParameterError("preempt swap on weighted tables (layout ideal, a state of thousands of units) is not "
-                             "done yet: use preempt recompute or layout vllm", "preempt", "layout")
+    if hybrid and weighted_layout(layout) and (o.preempt == "swap" or layout.mamba_cache_mode == "align"):
+        what, fix = ("preempt swap", "preempt recompute") if o.preempt == "swap" else (
+            "mamba_cache_mode align", "mamba_cache_mode none or all")
+        raise ParameterError(f"{what} on weighted tables (layout ideal, a state of thousands of units) is not done "
+                             f"yet: use {fix}, or layout vllm", "preempt", "mamba_cache_mode", "layout")
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         _check_hybrid(o, spec, policies)
