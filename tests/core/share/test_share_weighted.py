@@ -125,3 +125,22 @@ def test_what_weighted_tables_do_not_run_yet_says_so(run_cli, tmp_path, command)
     result = run_cli(*args, "--model", "Nemotron-H-56B", "--layout", "ideal")
     assert result.exit_code == 2 and "not" in result.stderr and "--layout vllm" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["jamba", "qwen3_next"])
+@pytest.mark.parametrize(("prefix", "branches", "gen", "mode"), [(1_000, 3, 40, "parallel"), (777, 4, 30, "beam")])
+def test_weighted_tables_hold_the_bytes_of_unit_tables(name, prefix, branches, gen, mode):
+    # Jamba (4 attention + 133 state units) and Qwen3-Next (2 + 201) run on unit tables today (under 256): the same
+    # scenario on one weighted table a type holds the same units, peak and logical units included (decode steps of
+    # one token: no chunk, so no state jump), and so the same bytes
+    import hand_specs
+
+    from kvcalc.core.pool.groups import PoolGroup
+    layout, unit_tables = model_groups(getattr(hand_specs, name)(), 16, 16, "ideal", None)
+    assert layout is not None and unit_tables is not None and len(unit_tables) <= 256
+    weighted = tuple(PoolGroup(g.kind, g.window, weight=g.pages_per_block) for g in layout.groups)
+    scenario = ScenarioSpec(prefix_tokens=prefix, branches=branches, gen_tokens=gen, block_size=16, mode=mode, seed=5)
+    a, b = (run_scenario(scenario, groups=groups, state_mode="none") for groups in (unit_tables, weighted))
+    assert (a.physical_blocks, a.logical_blocks, a.peak_blocks) == (b.physical_blocks, b.logical_blocks, b.peak_blocks)
+    docs = [group_doc(layout, r.group_blocks, layout.page_bytes) for r in (a, b)]
+    assert [g["physical_bytes"] for g in docs[0]["groups"]] == [g["physical_bytes"] for g in docs[1]["groups"]]
