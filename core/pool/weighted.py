@@ -35,7 +35,10 @@ other operation (share, drop, free, the prefix index) reads an id's weight. A ca
 holds more than some number of blocks (share's scenario: its pool_blocks) may cap the id ranges there
 (`max_group_blocks`); a hand-out past a range is an AssertionError, never a silent overlap. A state group's
 prefill chunk jumps over the pages it would not keep (`state_jump`, below). With every weight 1 none of this
-is built: the pool keeps its plain BlockStore (hybrid_layout), the same code and output as before.
+is built: the pool keeps its plain BlockStore (hybrid_layout), the same code and output as before. Used where
+an ideal layout has more than MAX_POOL_GROUPS unit tables (pool_groups(weighted=True): share, its trace replay,
+sim); usage() counts tokens in the units' slots. Not yet: mode align (a hit's allocation would hold every state
+page from the hit to the chunk's end) and swaps (their bytes per group), refused by name.
 """
 
 from __future__ import annotations
