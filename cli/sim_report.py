@@ -231,12 +231,21 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     if plan.layout is not None:
         tables.append(_groups_table(plan, policies, summaries))
     if any(p["enabled"] or p["dropped_tokens"] for s in summaries.values() if (p := s.get("prefix_cache"))):
-        tables.append(prefix_table(plan.layout, policies, summaries))
+        tables.append(prefix_table(plan.layout, policies, summaries, _why_no_prefix_cache(job)))
     if speculating and plain:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
     return Report(doc=doc, tables=tables, notes=_notes(job, searches), text=_text(job))
+
+
+def _why_no_prefix_cache(job) -> str:
+    """Why no policy of the run had a prefix cache (the preemption table's title says it)."""
+    if job.workload.has_prefix_ids and not job.sim.prefix_caching:
+        return "prefix caching off, --no-prefix-caching"
+    if job.workload.has_prefix_ids:
+        return "only the paged policy has one"
+    return "the workload has no prefix ids"
 
 
 def _memory_plan_doc(plan) -> dict:

@@ -89,6 +89,7 @@ class SimJob:
     find_max_rate: bool
     target_attainment: float
     prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (_mooncake_keys_note)
+    start_refusals: tuple[str, ...] = ()  # why vLLM would not start with these settings (simulated anyway; warned)
 
 
 def _check_ignored(o: SimOptions) -> None:
@@ -185,6 +186,9 @@ def build(o: SimOptions) -> SimJob:
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
+    if o.find_max_rate and len(workload) < 2:  # before any run (search.max_rate says so only after the first)
+        raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
+                             "find_max_rate")
     speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
                                            o.rollback_policy, seed)
     if speculation is not None:
@@ -207,8 +211,22 @@ def build(o: SimOptions) -> SimJob:
                 "mamba_cache_mode", "max_batched_tokens")
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
+    refusals = _start_refusals(o, spec)
+    notes += [concat("vLLM would not start: ", r, "; simulated as given") for r in refusals]
     return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
-                 slo, o.find_max_rate, target_attainment, lower_bound)
+                 slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
+
+
+def _start_refusals(o: SimOptions, spec: ModelSpec) -> list[str]:
+    """What vLLM refuses at start-up that the simulation can still run (kvcalc size --gpu warns of the same):
+    a max_model_len above the model's max_position_embeddings (vLLM's _get_and_verify_max_len, unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
+    limit = spec.max_position_embeddings
+    if o.max_model_len is None or limit is None or o.max_model_len <= limit:
+        return []
+    return [Note(f"{{max_model_len}} {o.max_model_len:,} is above the model's max_position_embeddings {limit:,} "
+                 "(allowed only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, or where the config's rope_scaling extends the "
+                 "length)", "max_model_len")]
 
 
 def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,
