@@ -155,3 +155,25 @@ def _append_run(pool: HybridPool, seq_ids: list[Hashable], add: int) -> list[tup
         p.logical_tokens += add * len(seq_ids)
     pool._changed()
     return copies
+
+
+def held_blocks(pool: HybridPool) -> list[int]:
+    """Distinct blocks each group's live tables hold (`GroupUsage.held_blocks` of pool.group_usage()), in one pass
+    over the table entries and nothing over the pool: each entry marks the block with its position, a block's one
+    winning position counts it once, in the group whose entries hold that position."""
+    store = pool.store
+    if not (store.counters["hit_blocks"] or store.counters["forks"]):  # no block in two tables: a counter
+        return [p.logical_blocks for p in pool.pools]
+    tables = [[s.table[s.num_skipped : s.num_blocks] for s in p.seqs.values()] for p in pool.pools]
+    held = [t for group in tables for t in group]
+    if not held:
+        return [0] * len(pool.pools)
+    entries = np.concatenate(held)
+    mark = pool.__dict__.get("_held_mark")
+    if mark is None or len(mark) != len(store.ref):
+        mark = pool.__dict__["_held_mark"] = np.empty(len(store.ref), dtype=np.int64)  # no reset: each use writes
+    at = np.arange(len(entries))
+    mark[entries] = at  # of a block's entries, one position wins (whichever): the block is counted there
+    counted = np.concatenate([[0], np.cumsum(mark[entries] == at)])
+    ends = np.cumsum([0, *(sum(map(len, group)) for group in tables)])
+    return np.diff(counted[ends]).tolist()

@@ -24,7 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
-from ..pool.hybrid_ordered import append_ordered, ordered, skip_ordered
+from ..pool.hybrid_ordered import append_ordered, held_blocks, ordered, skip_ordered
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
@@ -293,7 +293,7 @@ class GroupedPagedPolicy:
         """Blocks each group's tables hold now (a block is in one group only; in a private pool, in one table)."""
         if self._private:
             return [p.logical_blocks for p in self.pool.pools]
-        return [u.held_blocks for u in self.pool.group_usage()]
+        return held_blocks(self.pool)  # pool.group_usage()'s held blocks, in one pass
 
     def check_whole(self) -> None:
         self.pool.check_invariants()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.pool.hybrid import HybridPool
-from kvcalc.core.pool.hybrid_ordered import append_ordered, ordered, skip_ordered
+from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, ordered, skip_ordered
 from kvcalc.core.pool.store import PoolExhaustedError
 
 B = 4
@@ -115,6 +115,7 @@ def test_a_step_in_one_pass_is_the_per_sequence_loop(name, mode, steps):
             copies_fast += append_ordered(fast, ids, add, keys)
         assert state(fast) == state(slow)
         assert copies_fast == copies_slow
+        assert held_blocks(fast) == [u.held_blocks for u in slow.group_usage()]
         fast.check_invariants()
 
 
