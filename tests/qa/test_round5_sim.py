@@ -140,3 +140,30 @@ def test_a_hybrid_on_a_mooncake_trace_runs_or_refuses_in_one_line(run_cli, tmp_p
         assert doc["completed"] + doc["rejected"] == 3
     else:
         _one_error_line(result)
+
+
+def test_speculation_with_every_draft_accepted_verifies_four_tokens_a_step(run_cli) -> None:
+    # K = 3 n-gram drafts (no drafter time), all accepted: each decode step computes the sampled token and 3 drafts
+    # (m = 4 after s cached: s·m + m(m+1)/2 positions, s + m read + m written) and yields 4 tokens, so 13 tokens are
+    # the prefill's first token and 3 steps at s = 1,000, 1,004, 1,008
+    doc = run_cli("sim", *CUSTOM, "--requests", "1", "--prompt-dist", "uniform:low=1000,high=1000", "--output-dist",
+                  "uniform:low=13,high=13", "--spec-tokens", "3", "--spec-acceptance", "1", "--spec-method", "ngram",
+                  "--json").json()
+    p, attn, kv = 8_030_261_248, 4 * 32 * 32 * 128, 131_072
+
+    def step(tokens: int, positions: float, moved: int) -> float:
+        return max((2 * p * tokens + attn * positions) / 6e14, 16e9 / 8e11 + moved * kv / 8e11) + 0.5e-3
+
+    ttft = step(1000, 1000 * 1001 / 2, 2000)
+    decodes = [step(4, s * 4 + 10, s + 8) for s in (1000, 1004, 1008)]
+    assert doc["steps"] == 4
+    assert doc["ttft_s"]["mean"] == pytest.approx(ttft, rel=1e-12)
+    assert doc["e2e_s"]["mean"] == pytest.approx(ttft + sum(decodes), rel=1e-12)
+    assert doc["tpot_s"]["mean"] == pytest.approx(sum(decodes) / 12, rel=1e-12)
+
+
+def test_zero_speculative_tokens_is_refused(run_cli) -> None:
+    # --spec-tokens 0 --spec-acceptance 0.7 ran "K = 0 drafts per decode step by a draft model ... 0 lookahead
+    # slots" beside the same run without speculation: the acceptance and method changed nothing
+    line = _one_error_line(run_cli("sim", "--requests", "5", "--spec-tokens", "0", "--spec-acceptance", "0.7"))
+    assert line.startswith("error: --spec-tokens 0 drafts nothing") and "--spec-acceptance" in line
