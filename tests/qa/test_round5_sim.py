@@ -167,3 +167,20 @@ def test_zero_speculative_tokens_is_refused(run_cli) -> None:
     # slots" beside the same run without speculation: the acceptance and method changed nothing
     line = _one_error_line(run_cli("sim", "--requests", "5", "--spec-tokens", "0", "--spec-acceptance", "0.7"))
     assert line.startswith("error: --spec-tokens 0 drafts nothing") and "--spec-acceptance" in line
+
+
+def test_a_mamba_hybrids_concurrency_comes_from_its_state_and_attention_pages(run_cli, tmp_path: Path) -> None:
+    # Nemotron-H-56B on an H200 (vllm layout): the mamba2 state page (16,900,096 B a layer) forces the block to
+    # 4,128 tokens; a block id is 10 layer slots of 4,128 · 4,096 B = 169,082,880 B. A request holds one page in each
+    # of the 6 state tables (54 mamba2 layers over 10 slots) and ceil(tokens / 4,128) in the full table: 300 tokens
+    # take 7 ids, so the pool's 126 ids run 126 // 7 = 18 requests at once, and 40 sent at once never preempt
+    doc = run_cli("sim", "--config", str(write_config(tmp_path, "NEMOTRON_H_56B")), "--gpu", "H200", "--rate", "inf",
+                  "--requests", "40", "--prompt-dist", "uniform:low=100,high=100", "--output-dist",
+                  "uniform:low=200,high=200", "--json").json()
+    groups = doc["kv_cache_groups"]
+    assert groups["block_size"] == 4128 and groups["block_bytes"] == 10 * 4128 * 4096 == 169_082_880
+    assert [(g["kind"], g["block_tables"]) for g in groups["groups"]] == [("state", 6), ("full", 1)]
+    plan = doc["memory_plan"]
+    assert plan["num_blocks"] == plan["kv_pool_bytes"] // 169_082_880 == 126
+    assert doc["peak_running"] == 126 // 7 == 18
+    assert (doc["completed"], doc["preemptions"], doc["rejected"]) == (40, 0, 0)

@@ -1,0 +1,47 @@
+"""Round-5 QA of `kvcalc share` on hybrid models from their public configs: blocks and bytes per KV cache group,
+worked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from real_configs import write_config
+
+
+def _share(run_cli, tmp_path: Path, name: str, *args: str) -> dict:
+    result = run_cli("share", "--config", str(write_config(tmp_path, name)), *args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return result.json()
+
+
+def test_gpt_oss_120b_three_branches_per_group(run_cli, tmp_path: Path) -> None:
+    doc = _share(run_cli, tmp_path, "GPT_OSS_120B", "--prefix", "5000", "--branches", "3", "--gen", "300")
+    groups = {g["kind"]: g for g in doc["kv_cache_groups"]["groups"]}
+    # 36 layers: 18 sliding (W = 128) and 18 full, 8 KV heads of 64 in bf16 = 2,048 B a token a layer; the vllm
+    # layout pads both to 18 layer slots, so one block id is 18 · 16 · 2,048 = 589,824 B
+    assert doc["block_bytes"] == 18 * 16 * 2048 == 589_824
+    # full: floor(5,000 / 16) = 312 shared blocks + 3 · ceil((5,000 mod 16 + 300) / 16) = 3 · 20 of their own
+    assert groups["full"]["physical_blocks"] == 312 + 3 * 20 == 372
+    # sliding: the last token (5,300th) is computed at 5,299 cached: blocks before (5,299 − 128 + 1) // 16 = 323 are
+    # freed, the table ends at 5,299 // 16 = 331: 9 blocks a branch, all past the prompt's (block 312), none shared
+    assert groups["sliding"]["physical_blocks"] == 3 * (331 - 323 + 1) == 27
+    assert doc["physical_blocks"] == 372 + 27
+    assert doc["physical_bytes"] == 399 * 589_824 == 235_339_776
+    # the closed form of a full-attention model holds for the full group alone
+    assert groups["full"]["physical_bytes"] == 372 * 589_824
+
+
+def test_nemotron_h_56b_copies_each_state_for_each_branch(run_cli, tmp_path: Path) -> None:
+    doc = _share(run_cli, tmp_path, "NEMOTRON_H_56B", "--prefix", "5000", "--branches", "3", "--gen", "300")
+    groups = {g["kind"]: g for g in doc["kv_cache_groups"]["groups"]}
+    # the state page forces block 4,128; a block id is 10 layer slots of 4,128 · 4,096 B
+    assert doc["block_size"] == 4128 and doc["block_bytes"] == 169_082_880
+    # full (10 layers, 1 table): floor(5,000 / 4,128) = 1 shared + 3 · ceil((872 + 300) / 4,128) = 3 own
+    assert groups["full"]["physical_blocks"] == 1 + 3 == 4
+    # state (54 mamba2 layers in 6 tables of 10 slots): one page a table a branch, never shared
+    assert (groups["state"]["block_tables"], groups["state"]["physical_blocks"]) == (6, 6 * 3)
+    # without sharing each branch holds 6 states + ceil(5,300 / 4,128) = 2 attention blocks
+    assert doc["logical_blocks"] == 3 * (6 + 2) == 24
+    # copies: 2 of the 3 branches copy the 6 forked state pages and the shared, partly filled attention block
+    assert doc["cow_copies"] == 2 * (6 + 1) == 14
+    assert doc["physical_bytes"] == 22 * 169_082_880 == 3_719_823_360
