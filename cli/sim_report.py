@@ -3,6 +3,8 @@ one record per policy)."""
 
 from __future__ import annotations
 
+import math
+
 from ..core.pool.groups import weighted_layout
 from ..core.sim.metrics import STATS
 from ..core.sim.policies import MEMORY_PARTS
@@ -312,5 +314,15 @@ def _notes(job, searches: dict) -> list[str]:
         *job.notes,
         *(f"max rate of {name}: the target is out of reach at any rate: {s.unattainable}"
           for name, s in searches.items() if s.unattainable),
+        *(_unbounded_note(name, s.max_rate_rps, len(job.workload))
+          for name, s in searches.items() if not s.unattainable and math.isinf(s.bracket_rps[1])),
     ]
     return notes
+
+
+def _unbounded_note(policy: str, rate: float, requests: int) -> str:
+    """A search that never saw a rate fail: the workload is too small to load the GPU, so its rate says little."""
+    where = ("the requests all arrive at one instant" if math.isinf(rate) else
+             f"up to {rate:,.6g} req/s, where the {requests:,} requests arrive within about {requests / rate:.3g} s")
+    return (f"max rate of {policy}: every rate tried passed ({where}): one batch that the GPU serves within the SLO, "
+            "not a sustained rate; give more requests (--requests, --limit) to find where it saturates")
