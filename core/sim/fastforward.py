@@ -51,6 +51,7 @@ class FastForward:
         self._steps_index = np.arange(1024, dtype=np.int64)
         self._steps_float = self._steps_index.astype(np.float64)  # the same, as floats (exact: < 2^53)
         self._remaining: list[int] = []  # tokens to go of each running request, as _segment_length saw them
+        self._floor_s: float | None = None  # the shortest decode step (one request, no context)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
         self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
         self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
@@ -344,8 +345,9 @@ class FastForward:
         k = int(remaining.max())
         until = self._until()
         if until < np.inf:  # no decode step is shorter than the weights' read + overhead
-            floor_s = st.step_s(1.0, 0.0, 0.0)
-            k = min(k, int((until - s.now_s) / floor_s) + 2)
+            if self._floor_s is None:
+                self._floor_s = float(st.step_s(1.0, 0.0, 0.0))  # the same every time: asked once
+            k = min(k, int((until - s.now_s) / self._floor_s) + 2)
         order, by_remaining, alive, context, d, ends = self._shrinking_run(tokens0, remaining, k)
         if until < np.inf:
             k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
@@ -355,8 +357,9 @@ class FastForward:
         d, ends, alive = d[:k], ends[: k + 1], alive[:k]
         totals.memory_slot_s += parts
         totals.block_table_byte_s += table_bytes
-        totals.running_s += float(d @ alive)
-        totals.in_system_s += float(d @ alive)
+        running_s = float(d @ alive)  # nobody waits: the same integral twice
+        totals.running_s += running_s
+        totals.in_system_s += running_s
         span = float(ends[-1] - ends[0])
         if totals.timeline is not None:
             totals.timeline.append((s.now_s, float(ends[-1]), len(run), 0, *(parts / float(d.sum())).tolist()))
