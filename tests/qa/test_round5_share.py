@@ -45,3 +45,16 @@ def test_nemotron_h_56b_copies_each_state_for_each_branch(run_cli, tmp_path: Pat
     # copies: 2 of the 3 branches copy the 6 forked state pages and the shared, partly filled attention block
     assert doc["cow_copies"] == 2 * (6 + 1) == 14
     assert doc["physical_bytes"] == 22 * 169_082_880 == 3_719_823_360
+
+
+def test_llama4_scout_chunked_tables_keep_the_current_chunk(run_cli, tmp_path: Path) -> None:
+    doc = _share(run_cli, tmp_path, "LLAMA4_SCOUT", "--prefix", "10000", "--branches", "3", "--gen", "100")
+    groups = {g["kind"]: g for g in doc["kv_cache_groups"]["groups"]}
+    # 48 layers: 36 chunked (C = 8,192) in 3 tables of 12 slots, 12 full; 8 KV heads of 128: a block id is
+    # 12 · 16 · 4,096 B. Full: 10,000 / 16 = 625 shared blocks + 3 · ceil(100 / 16) = 3 · 7 own = 646.
+    assert doc["block_bytes"] == 12 * 16 * 4096 == 786_432
+    assert groups["full"]["physical_blocks"] == 625 + 3 * 7 == 646
+    # chunked: at 10,100 tokens the chunk starts at floor(10,099 / 8,192) · 8,192 = 8,192 (block 512); the prompt's
+    # blocks 512..624 (113) are shared, 625..631 (7) are each branch's: 3 tables · (113 + 3 · 7)
+    assert (groups["chunked"]["block_tables"], groups["chunked"]["physical_blocks"]) == (3, 3 * (113 + 21)) == (3, 402)
+    assert doc["physical_bytes"] == (646 + 402) * 786_432
