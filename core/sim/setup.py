@@ -187,8 +187,9 @@ def build(o: SimOptions) -> SimJob:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
     if o.find_max_rate and len(workload) < 2:  # before any run (search.max_rate says so only after the first)
-        raise ParameterError("find_max_rate needs at least 2 requests (a rate is defined by inter-arrival gaps)",
-                             "find_max_rate")
+        raise ParameterError(f"find_max_rate needs at least 2 arrivals (a rate is defined by inter-arrival gaps) and "
+                             f"the workload has {len(workload)}: give requests 2 or more, or a trace of 2 or more",
+                             "find_max_rate", "requests")
     speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
                                            o.rollback_policy, seed)
     if speculation is not None:

@@ -67,7 +67,7 @@ def test_max_rate_on_one_request_is_refused_before_simulating(run_cli, tmp_path:
     one.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n")
     args = [str(one) if a == "ONE" else a for a in workload]
     line = _one_error_line(run_cli("sim", *args, "--max-rate", "--slo", "ttft=1"))
-    assert "--max-rate needs at least 2 requests" in line
+    assert "--max-rate needs at least 2 arrivals" in line and "give --requests 2 or more" in line
 
 
 def test_max_model_len_above_the_models_length_warns_as_size_does(run_cli) -> None:
