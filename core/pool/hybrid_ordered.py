@@ -132,6 +132,8 @@ def append_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence
             copies += _append_run(pool, run, run_add)
             run = []
         copies += pool.append_fitting(seq_id, add, k)
+        if k is not None:  # a prompt chunk: blocks a later prompt may hit (held_blocks)
+            label(pool, seq_id)
     if run:
         copies += _append_run(pool, run, run_add)
     return copies
@@ -158,22 +160,61 @@ def _append_run(pool: HybridPool, seq_ids: list[Hashable], add: int) -> list[tup
 
 
 def held_blocks(pool: HybridPool) -> list[int]:
-    """Distinct blocks each group's live tables hold (`GroupUsage.held_blocks` of pool.group_usage()), in one pass
-    over the table entries and nothing over the pool: each entry marks the block with its position, a block's one
-    winning position counts it once, in the group whose entries hold that position."""
+    """Distinct blocks each group's live tables hold (`GroupUsage.held_blocks` of pool.group_usage()). A block is in
+    one group only and its ref counts the tables holding it (no speculative block is kept in an `ordered` pool), so
+    a group holds its table entries (its logical_blocks) less Σ (ref − 1) over its blocks held more than once: only
+    those need their group, read from labels (`label`) that are current while the block's version is the one
+    labelled (a block changes group only when handed out again: a hit revives a block of its own group's chain).
+    A shared block without a current label: every table's blocks counted and labelled (`_count_all`)."""
     store = pool.store
     if not (store.counters["hit_blocks"] or store.counters["forks"]):  # no block in two tables: a counter
         return [p.logical_blocks for p in pool.pools]
+    owner, owner_ver = _labels(pool)
+    shared = np.flatnonzero(store.ref > 1)
+    if not ordered(pool) or (len(shared) and not (
+            np.array_equal(owner_ver[shared], store.version[shared]) and owner[shared].min() >= 0)):
+        return _count_all(pool)
+    extra = np.bincount(owner[shared], weights=store.ref[shared] - 1, minlength=len(pool.pools))
+    return [p.logical_blocks - int(e) for p, e in zip(pool.pools, extra.tolist(), strict=True)]
+
+
+def label(pool: HybridPool, seq_id: Hashable) -> None:
+    """Label the blocks the sequence's tables hold with their groups (a newly admitted sequence, a prompt chunk
+    just appended: the blocks a later prompt may hit), so that `held_blocks` finds them current."""
+    owner, owner_ver = _labels(pool)
+    for g, p in enumerate(pool.pools):
+        seq = p.seqs[seq_id]
+        blocks = seq.table[seq.num_skipped : seq.num_blocks]
+        owner[blocks] = g
+        owner_ver[blocks] = pool.store.version[blocks]
+
+
+def _labels(pool: HybridPool) -> tuple[np.ndarray, np.ndarray]:
+    """(group, version then) of every block labelled so far (-1: never), kept on the pool."""
+    labels = pool.__dict__.get("_group_labels")
+    if labels is None:
+        n = len(pool.store.ref)
+        labels = pool.__dict__["_group_labels"] = (np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+    return labels
+
+
+def _count_all(pool: HybridPool) -> list[int]:
+    """held_blocks by counting every table entry: each entry marks its block with its position, the winning
+    position counts the block once, in its group; every held block is labelled on the way."""
+    store = pool.store
     tables = [[s.table[s.num_skipped : s.num_blocks] for s in p.seqs.values()] for p in pool.pools]
     held = [t for group in tables for t in group]
     if not held:
         return [0] * len(pool.pools)
     entries = np.concatenate(held)
+    ends = np.cumsum([0, *(sum(map(len, group)) for group in tables)])
+    owner, owner_ver = _labels(pool)
+    owner[entries] = np.repeat(np.arange(len(pool.pools)), np.diff(ends))
+    owner_ver[entries] = store.version[entries]
     mark = pool.__dict__.get("_held_mark")
     if mark is None or len(mark) != len(store.ref):
         mark = pool.__dict__["_held_mark"] = np.empty(len(store.ref), dtype=np.int64)  # no reset: each use writes
     at = np.arange(len(entries))
     mark[entries] = at  # of a block's entries, one position wins (whichever): the block is counted there
     counted = np.concatenate([[0], np.cumsum(mark[entries] == at)])
-    ends = np.cumsum([0, *(sum(map(len, group)) for group in tables)])
     return np.diff(counted[ends]).tolist()

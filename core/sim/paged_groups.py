@@ -24,7 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
-from ..pool.hybrid_ordered import append_ordered, held_blocks, ordered, skip_ordered
+from ..pool.hybrid_ordered import append_ordered, held_blocks, label, ordered, skip_ordered
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
@@ -86,6 +86,7 @@ class GroupedPagedPolicy:
             return True
         hit = self.pool.allocate(rid, total_tokens, self._keys(rid, total_tokens))
         assert hit == start_tokens, f"request {rid}: pool hit {hit}, probe said {start_tokens}"
+        label(self.pool, rid)  # the blocks a later prompt may hit, with their groups (held_blocks)
         return True
 
     # ---- growth --------------------------------------------------------------------------------------

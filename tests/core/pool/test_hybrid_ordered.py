@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.pool.hybrid import HybridPool
-from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, ordered, skip_ordered
+from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, label, ordered, skip_ordered
 from kvcalc.core.pool.store import PoolExhaustedError
 
 B = 4
@@ -89,6 +89,7 @@ def test_a_step_in_one_pass_is_the_per_sequence_loop(name, mode, steps):
                 continue
             families[seq] = (family, n + 4 * (family % 2))  # its prompt: the first chunk, then 0 or 4 tokens
             assert fast.allocate(seq, n, keys) == slow.allocate(seq, n, keys)
+            label(fast, seq)  # as the sim's admission does: held_blocks then counts from labels
         elif op == "fork" and live and not slow.has_seq(seq + 8):
             families[seq + 8] = families[seq]
             fast.fork(seq, seq + 8)
