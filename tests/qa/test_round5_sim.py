@@ -235,3 +235,15 @@ def test_a_long_request_on_a_small_mamba_hybrid_pool_runs_or_is_rejected(run_cli
                   "uniform:low=10,high=10", "--json").json()
     assert doc["memory_plan"]["num_blocks"] == 19
     assert doc["completed"] + doc["rejected"] == 1
+
+
+def test_reservation_policies_run_as_many_as_their_reservations_fit(run_cli) -> None:
+    # OPT-13B on an A100-40GB: 790 blocks of 16 = 12,640 token slots for every policy. At rate inf, 40 requests of
+    # 100 + 28 tokens: reserve-max holds 2,048 (max_position_embeddings) each, 12,640 // 2,048 = 6 at once;
+    # reserve-oracle and reserve-pow2 hold 128 each, and 40 · 128 = 5,120 fit at once
+    doc = run_cli("sim", "--rate", "inf", "--requests", "40", "--compare", "reserve-max,reserve-oracle,reserve-pow2",
+                  "--prompt-dist", "uniform:low=100,high=100", "--output-dist", "uniform:low=28,high=28",
+                  "--json").json()
+    assert doc["memory_plan"]["capacity_tokens"] == 790 * 16 == 12_640
+    peaks = {name: p["peak_running"] for name, p in doc["policies"].items()}
+    assert peaks == {"reserve-max": 12_640 // 2_048, "reserve-oracle": 40, "reserve-pow2": 40}
