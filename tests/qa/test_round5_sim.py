@@ -247,3 +247,24 @@ def test_reservation_policies_run_as_many_as_their_reservations_fit(run_cli) -> 
     assert doc["memory_plan"]["capacity_tokens"] == 790 * 16 == 12_640
     peaks = {name: p["peak_running"] for name, p in doc["policies"].items()}
     assert peaks == {"reserve-max": 12_640 // 2_048, "reserve-oracle": 40, "reserve-pow2": 40}
+
+
+def test_gemma3_alone_reads_only_the_window_of_its_sliding_layers(run_cli) -> None:
+    # Gemma-3-27B (preset: 27,009,346,304 params; 62 layers of which 52 slide over W = 1,024; 32 heads of 128; 16 KV
+    # heads: 62 · 16 · 128 · 2 · 2 = 507,904 B of KV a token), 54 GB of weights on a 1 TB/s, 1 PFLOP/s GPU
+    doc = run_cli("sim", "--model", "gemma-3-27b", "--gpu-memory", "141GiB", "--bandwidth", "1e12", "--flops", "1e15",
+                  "--weights-bytes", "54GB", "--requests", "1", "--prompt-dist", "uniform:low=4000,high=4000",
+                  "--output-dist", "uniform:low=11,high=11", "--json").json()
+    p, attn, kv, w, share = 27_009_346_304, 4 * 62 * 32 * 128, 507_904, 1024, 52 / 62
+    assert doc["memory_plan"]["kv_bytes_per_token"] == kv
+
+    def step(tokens: int, positions: float, moved: float) -> float:
+        return max((2 * p * tokens + attn * positions) / 6e14, 54e9 / 8e11 + moved * kv / 8e11) + 0.5e-3
+
+    # prefill: query q attends min(q, W) positions in a sliding layer: 52/62 of the layers skip Σ_{q>W} (q − W) =
+    # 1 + ... + 2,976 positions; it reads its 4,000 new tokens and writes them (nothing cached is beyond the window)
+    ttft = step(4000, 4000 * 4001 / 2 - share * 2976 * 2977 / 2, 8000)
+    # decode at context c: the sliding layers attend and read only W of the c tokens
+    decodes = [step(1, c - share * (c - w), c + 1 - share * (c - w)) for c in range(4001, 4011)]
+    assert doc["ttft_s"]["mean"] == pytest.approx(ttft, rel=1e-12)
+    assert doc["tpot_s"]["mean"] == pytest.approx(sum(decodes) / 10, rel=1e-12)
