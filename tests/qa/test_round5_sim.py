@@ -268,3 +268,18 @@ def test_gemma3_alone_reads_only_the_window_of_its_sliding_layers(run_cli) -> No
     decodes = [step(1, c - share * (c - w), c + 1 - share * (c - w)) for c in range(4001, 4011)]
     assert doc["ttft_s"]["mean"] == pytest.approx(ttft, rel=1e-12)
     assert doc["tpot_s"]["mean"] == pytest.approx(sum(decodes) / 10, rel=1e-12)
+
+
+def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(run_cli) -> None:
+    # --max-batched-tokens 300: the 1,000-token prompt runs as chunks of 300, 300, 300, 100 (each after s cached:
+    # s·m + m(m+1)/2 positions, s + m read, m written), then 10 decode steps: 14 steps
+    doc = run_cli("sim", *CUSTOM, *ONE_REQUEST, "--max-batched-tokens", "300", "--max-seqs", "4", "--json").json()
+    p, attn, kv = 8_030_261_248, 4 * 32 * 32 * 128, 131_072
+
+    def step(tokens: int, positions: float, moved: int) -> float:
+        return max((2 * p * tokens + attn * positions) / 6e14, 16e9 / 8e11 + moved * kv / 8e11) + 0.5e-3
+
+    chunks = ((0, 300), (300, 300), (600, 300), (900, 100))
+    assert doc["ttft_s"]["mean"] == pytest.approx(sum(step(m, s * m + m * (m + 1) / 2, s + 2 * m) for s, m in chunks),
+                                                  rel=1e-12)
+    assert doc["steps"] == 4 + 10
