@@ -150,6 +150,11 @@ def build(o: SimOptions) -> SimJob:
     check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
     _check_ignored(o)
     policies = choose_policies(o.policy, o.compare)
+    if o.preempt.strip().lower() == "swap" and "paged" not in policies:
+        flag = "compare" if o.compare is not None else "policy"
+        raise ParameterError(f"preempt swap moves a preempted request's blocks, and {flag} {','.join(policies)} "
+                             "reserves each request's whole length at admission, so nothing is ever preempted: add "
+                             "paged or drop preempt", "preempt", flag)
     slo = parse_slo(o.slo)
     target_attainment = check_attainment(o.find_max_rate, o.target_attainment)
     if o.find_max_rate:

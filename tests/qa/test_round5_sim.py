@@ -283,3 +283,13 @@ def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks(run_cli) -
     assert doc["ttft_s"]["mean"] == pytest.approx(sum(step(m, s * m + m * (m + 1) / 2, s + 2 * m) for s, m in chunks),
                                                   rel=1e-12)
     assert doc["steps"] == 4 + 10
+
+
+@pytest.mark.parametrize("policies", [("--policy", "reserve-max"), ("--compare", "reserve-oracle,reserve-pow2")])
+def test_swap_with_only_reservation_policies_is_refused(run_cli, policies) -> None:
+    # a reservation holds the request's whole length from admission, so growth never needs memory and nothing is
+    # ever preempted: --preempt swap (and its --swap-bandwidth) changed nothing and ran silently
+    line = _one_error_line(run_cli("sim", "--requests", "5", *policies, "--preempt", "swap"))
+    assert line.startswith(f"error: --preempt swap moves a preempted request's blocks, and {' '.join(policies)} ")
+    both = run_cli("sim", "--requests", "5", "--compare", "paged,reserve-max", "--preempt", "swap", "--json")
+    assert both.exit_code == 0, both.stderr
