@@ -169,13 +169,22 @@ def held_blocks(pool: HybridPool) -> list[int]:
     store = pool.store
     if not (store.counters["hit_blocks"] or store.counters["forks"]):  # no block in two tables: a counter
         return [p.logical_blocks for p in pool.pools]
+    if not ordered(pool):
+        return _count_all(pool)
+    logical = [p.logical_blocks for p in pool.pools]
+    entries = sum(logical)
+    if entries == store.num_used:  # Σ ref over used blocks = the entries: none is held twice
+        return logical
+    if entries < len(store.ref) // 2:  # the blocks held twice, from the entries or from every block's ref
+        held = np.concatenate([s.table[s.num_skipped : s.num_blocks] for p in pool.pools for s in p.seqs.values()])
+        shared = np.unique(held[store.ref[held] > 1])
+    else:
+        shared = np.flatnonzero(store.ref > 1)
     owner, owner_ver = _labels(pool)
-    shared = np.flatnonzero(store.ref > 1)
-    if not ordered(pool) or (len(shared) and not (
-            np.array_equal(owner_ver[shared], store.version[shared]) and owner[shared].min() >= 0)):
+    if len(shared) and not (np.array_equal(owner_ver[shared], store.version[shared]) and owner[shared].min() >= 0):
         return _count_all(pool)
     extra = np.bincount(owner[shared], weights=store.ref[shared] - 1, minlength=len(pool.pools))
-    return [p.logical_blocks - int(e) for p, e in zip(pool.pools, extra.tolist(), strict=True)]
+    return [n - int(e) for n, e in zip(logical, extra.tolist(), strict=True)]
 
 
 def label(pool: HybridPool, seq_id: Hashable) -> None:
