@@ -191,6 +191,11 @@ def build(o: SimOptions) -> SimJob:
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
+    if not o.prefix_caching and not workload.has_prefix_ids and workload.prompt_token_ids is None:
+        raise ParameterError("no_prefix_caching: the workload has no prefix ids (constructed requests and Azure traces "
+                             "say nothing of their content), so no block can hit and turning the cache off changes "
+                             "nothing: drop no_prefix_caching, or give trace mooncake FILE", "no_prefix_caching",
+                             "trace")
     if o.find_max_rate and len(workload) < 2:  # before any run (search.max_rate says so only after the first)
         raise ParameterError(f"find_max_rate needs at least 2 arrivals (a rate is defined by inter-arrival gaps) and "
                              f"the workload has {len(workload)}: give requests 2 or more, or a trace of 2 or more",

@@ -293,3 +293,14 @@ def test_swap_with_only_reservation_policies_is_refused(run_cli, policies) -> No
     assert line.startswith(f"error: --preempt swap moves a preempted request's blocks, and {' '.join(policies)} ")
     both = run_cli("sim", "--requests", "5", "--compare", "paged,reserve-max", "--preempt", "swap", "--json")
     assert both.exit_code == 0, both.stderr
+
+
+@pytest.mark.parametrize("workload", [("--requests", "5"), ("--trace", "azure", "AZURE")])
+def test_no_prefix_caching_without_prefix_ids_is_refused(run_cli, tmp_path: Path, workload) -> None:
+    # constructed requests and Azure traces say nothing of their content: no block can hit, and --no-prefix-caching
+    # changed nothing without a word
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n")
+    args = [str(azure) if a == "AZURE" else a for a in workload]
+    line = _one_error_line(run_cli("sim", *args, "--no-prefix-caching"))
+    assert line.startswith("error: --no-prefix-caching: the workload has no prefix ids")
