@@ -304,3 +304,19 @@ def test_no_prefix_caching_without_prefix_ids_is_refused(run_cli, tmp_path: Path
     args = [str(azure) if a == "AZURE" else a for a in workload]
     line = _one_error_line(run_cli("sim", *args, "--no-prefix-caching"))
     assert line.startswith("error: --no-prefix-caching: the workload has no prefix ids")
+
+
+def test_tier_sizes_of_gpt_oss_120b_in_cached_blocks(run_cli, tmp_path: Path) -> None:
+    # gpt-oss-120b at tp 2: 36 layers (18 sliding, 18 full) of 8 KV heads of 64 in bf16, 4 heads a GPU: a cached
+    # block of 16 tokens is 16 · 36 · 4 · 64 · 2 · 2 = 589,824 B per GPU, so 100 GiB hold 182,044 blocks and 1 TiB
+    # 1,864,135; the GPU pool as a cache is its block ids over the 2 groups' tables (a block in each)
+    trace = _mooncake(tmp_path / "t.jsonl", [(1200, 4, [1, 2, 3]), (1300, 4, [1, 2, 4]), (700, 2, [1, 5])])
+    doc = run_cli("sim", "--config", str(write_config(tmp_path, "GPT_OSS_120B")), "--gpu", "H200", "--tp", "2",
+                  "--trace", "mooncake", str(trace), "--host-cache", "100GiB", "--disk-cache", "1TiB", "--json").json()
+    tiers = doc["tiers"]
+    assert tiers["bytes_per_block"] == 16 * 36 * 4 * 64 * 2 * 2 == 589_824
+    assert tiers["gpu_cache_blocks"] == doc["memory_plan"]["num_blocks"] // 2
+    last = tiers["rungs"][-1]
+    assert (last["host_cache_blocks"], last["disk_cache_blocks"]) == (100 * 2**30 // 589_824, 2**40 // 589_824)
+    assert (last["host_cache_blocks"], last["disk_cache_blocks"]) == (182_044, 1_864_135)
+    assert last["host_cache_bytes"] == 182_044 * 589_824
