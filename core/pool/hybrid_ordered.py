@@ -149,14 +149,47 @@ def _append_run(pool: HybridPool, seq_ids: list[Hashable], add: int) -> list[tup
     """append_fitting(seq, add) without keys for each of `seq_ids`, every (sequence, group) pair in the loop's
     order in one batch.append_many; each group's tables grow alike (one block size)."""
     pools = pool.pools
-    pairs = [p.seqs[s] for s in seq_ids for p in pools]
-    copies, grown = append_many(pool.store, pairs, add)
+    if add == 1 and not pool.store.counters["forks"]:  # a decode step, no block copied
+        copies, grown = [], _decode(pool, seq_ids)
+    else:
+        copies, grown = append_many(pool.store, [p.seqs[s] for s in seq_ids for p in pools], add)
     per_group = grown // len(pools)
     for p in pools:
         p.logical_blocks += per_group
         p.logical_tokens += add * len(seq_ids)
     pool._changed()
     return copies
+
+
+def _decode(pool: HybridPool, seq_ids: list[Hashable]) -> int:
+    """batch.append_many(pairs, 1) of a pool without forks (so no partially filled block is in two tables: nothing
+    is copied), in plain ints: a pair's last block filled by one token, or one fresh block of one token, handed out
+    in pair order. Returns the blocks handed out."""
+    store, B, pools = pool.store, pool.block_size, pool.pools
+    lasts, grows = [], []
+    for seq_id in seq_ids:
+        for p in pools:
+            seq = p.seqs[seq_id]
+            if seq.num_tokens % B:
+                lasts.append(seq.table[seq.num_blocks - 1])
+            else:
+                grows.append(seq)
+            seq.num_tokens += 1
+    if lasts:
+        store.fill[np.array(lasts, dtype=np.int64)] += 1  # distinct blocks: each in one table
+    if grows:
+        blocks = store.hand_out(len(grows))[0]
+        store.ref[blocks] = 1
+        store.fill[blocks] = 1
+        store.num_used += len(grows)
+        for seq, block in zip(grows, blocks.tolist(), strict=True):
+            n = seq.num_blocks
+            if n + 1 > len(seq.table):
+                seq.table = np.concatenate([seq.table, np.empty(2 * (n + 1), dtype=np.int64)])
+            seq.table[n] = block
+            seq.num_blocks = n + 1
+    store.useful_tokens += len(seq_ids) * len(pools)
+    return len(grows)
 
 
 def held_blocks(pool: HybridPool) -> list[int]:
