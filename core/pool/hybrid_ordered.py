@@ -149,8 +149,9 @@ def _append_run(pool: HybridPool, seq_ids: list[Hashable], add: int) -> list[tup
     """append_fitting(seq, add) without keys for each of `seq_ids`, every (sequence, group) pair in the loop's
     order in one batch.append_many; each group's tables grow alike (one block size)."""
     pools = pool.pools
+    copies: list[tuple[int, int]] = []
     if add == 1 and not pool.store.counters["forks"]:  # a decode step, no block copied
-        copies, grown = [], _decode(pool, seq_ids)
+        grown = _decode(pool, seq_ids)
     else:
         copies, grown = append_many(pool.store, [p.seqs[s] for s in seq_ids for p in pools], add)
     per_group = grown // len(pools)
