@@ -65,6 +65,7 @@ from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
 from .settings import SimSetup
+from .setup_checks import check_rate_inf_arrival, check_workload_options, start_refusals
 from .speculative import check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .tiers_options import sim_tiers
@@ -118,6 +119,7 @@ def _workload(o: SimOptions, seed: int) -> Workload:
         "rate", o.rate, allow_inf=True, inf_meaning="every request at time 0 (an offline batch)")
     if not rate > 0:
         raise ParameterError(f"rate {o.rate} must be a positive number of requests per second (or inf)", "rate")
+    check_rate_inf_arrival(o, rate)
     requests = DEFAULT_REQUESTS if o.requests is None else o.requests
     check_requests(requests)
     burstiness = 1.0 if o.burstiness is None else finite_float("burstiness", o.burstiness)
@@ -150,11 +152,6 @@ def build(o: SimOptions) -> SimJob:
     check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
     _check_ignored(o)
     policies = choose_policies(o.policy, o.compare)
-    if o.preempt.strip().lower() == "swap" and "paged" not in policies:
-        flag = "compare" if o.compare is not None else "policy"
-        raise ParameterError(f"preempt swap moves a preempted request's blocks, and {flag} {','.join(policies)} "
-                             "reserves each request's whole length at admission, so nothing is ever preempted: add "
-                             "paged or drop preempt", "preempt", flag)
     slo = parse_slo(o.slo)
     target_attainment = check_attainment(o.find_max_rate, o.target_attainment)
     if o.find_max_rate:
@@ -191,15 +188,7 @@ def build(o: SimOptions) -> SimJob:
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
-    if not o.prefix_caching and not workload.has_prefix_ids and workload.prompt_token_ids is None:
-        raise ParameterError("no_prefix_caching: the workload has no prefix ids (constructed requests and Azure traces "
-                             "say nothing of their content), so no block can hit and turning the cache off changes "
-                             "nothing: drop no_prefix_caching, or give trace mooncake FILE", "no_prefix_caching",
-                             "trace")
-    if o.find_max_rate and len(workload) < 2:  # before any run (search.max_rate says so only after the first)
-        raise ParameterError(f"find_max_rate needs at least 2 arrivals (a rate is defined by inter-arrival gaps) and "
-                             f"the workload has {len(workload)}: give requests 2 or more, or a trace of 2 or more",
-                             "find_max_rate", "requests")
+    check_workload_options(o, workload, policies)
     speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
                                            o.rollback_policy, seed)
     if speculation is not None:
@@ -222,22 +211,9 @@ def build(o: SimOptions) -> SimJob:
                 "mamba_cache_mode", "max_batched_tokens")
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
-    refusals = _start_refusals(o, spec)
-    notes += [concat("vLLM would not start: ", r, "; simulated as given") for r in refusals]
+    refusals = start_refusals(o, spec, notes)
     return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
                  slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
-
-
-def _start_refusals(o: SimOptions, spec: ModelSpec) -> list[str]:
-    """What vLLM refuses at start-up that the simulation can still run (kvcalc size --gpu warns of the same):
-    a max_model_len above the model's max_position_embeddings (vLLM's _get_and_verify_max_len, unless
-    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
-    limit = spec.max_position_embeddings
-    if o.max_model_len is None or limit is None or o.max_model_len <= limit:
-        return []
-    return [Note(f"{{max_model_len}} {o.max_model_len:,} is above the model's max_position_embeddings {limit:,} "
-                 "(allowed only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, or where the config's rope_scaling extends the "
-                 "length)", "max_model_len")]
 
 
 def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,

@@ -320,3 +320,14 @@ def test_tier_sizes_of_gpt_oss_120b_in_cached_blocks(run_cli, tmp_path: Path) ->
     assert (last["host_cache_blocks"], last["disk_cache_blocks"]) == (100 * 2**30 // 589_824, 2**40 // 589_824)
     assert (last["host_cache_blocks"], last["disk_cache_blocks"]) == (182_044, 1_864_135)
     assert last["host_cache_bytes"] == 182_044 * 589_824
+
+
+@pytest.mark.parametrize("arrival", [("--arrival", "gamma"), ("--arrival", "gamma", "--burstiness", "2"),
+                                     ("--arrival", "poisson")])
+def test_an_arrival_process_at_rate_inf_is_refused_unless_a_search_rescales_it(run_cli, arrival) -> None:
+    # --rate inf sends every request at time 0: --arrival gamma --burstiness 2 changed nothing and ran silently.
+    # With --max-rate the seeded unit-rate arrivals are what each tried rate divides, so there they count
+    line = _one_error_line(run_cli("sim", "--requests", "5", "--rate", "inf", *arrival))
+    assert line.startswith(f"error: {arrival[0]} {arrival[1]} with --rate inf")
+    searched = run_cli("sim", "--requests", "5", "--rate", "inf", *arrival, "--max-rate", "--slo", "ttft=2", "--json")
+    assert searched.exit_code == 0, searched.stderr
