@@ -199,13 +199,16 @@ def test_a_search_that_never_fails_says_the_workload_is_one_batch(run_cli) -> No
                                                     "ttft=2,tpot=50ms").stdout
 
 
-@pytest.mark.xfail(strict=True, reason="core/sim/metrics.py attainment(): 0 / 0 is returned as 0.0 when every "
-                   "request is cancelled (requests - cancelled = 0), so sim reports 0.00 % attainment and --max-rate "
-                   "searches 13 runs to report 0.000 req/s; it is undefined (null)")
 def test_attainment_of_a_run_with_every_request_cancelled_is_undefined(run_cli) -> None:
+    # 0 of 0 measured requests was reported as 0.00 % attainment, and --max-rate searched 13 runs to say 0.000
     doc = run_cli("sim", "--requests", "50", "--cancel-fraction", "1", "--slo", "ttft=1", "--json").json()
     assert doc["cancelled"] == doc["requests"] == 50
     assert doc["slo_attainment"] is None
+    search = run_cli("sim", "--requests", "50", "--cancel-fraction", "1", "--slo", "ttft=1", "--max-rate", "--json")
+    assert search.exit_code == 0, search.stderr
+    found = search.json()["max_rate_search"]["paged"]
+    # the cancellation points are output counts drawn once: every rate cancels all 50, so one run decides
+    assert len(found["evaluations"]) == 1 and "all 50 requests are cancelled" in found["unattainable"]
 
 
 @pytest.mark.xfail(strict=True, reason="core/sim/paged_groups.py parts() / core/pool/hybrid.py usage(): a Mamba "
