@@ -30,9 +30,9 @@ LAYOUTS = {
 PROMPT = 16  # tokens of each family's prompt: keys for its 4 full blocks
 
 
-def family_keys(family: int) -> list[int]:
-    """The content keys of a family's prompt blocks: families 0 and 1 share their first 2 blocks."""
-    return [1000 * min(family, 1 if i < 2 else family) + i for i in range(PROMPT // B)]
+def family_keys(family: int) -> np.ndarray:
+    """The content keys of a family's prompt blocks (int64, as the sim's): families 0 and 1 share their first 2."""
+    return np.array([1000 * min(family, 1 if i < 2 else family) + i for i in range(PROMPT // B)], dtype=np.int64)
 
 
 def state(pool: HybridPool) -> dict:
@@ -51,7 +51,7 @@ def state(pool: HybridPool) -> dict:
     }
 
 
-def keys_of(pool: HybridPool, families: dict, seq: int, add: int) -> list[int] | None:
+def keys_of(pool: HybridPool, families: dict, seq: int, add: int) -> np.ndarray | None:
     """The keys of the prompt blocks that `add` more tokens of `seq` complete (the sim's _completed_keys): none
     past the prompt's full blocks (decode)."""
     family, prompt = families[seq]
@@ -117,6 +117,10 @@ def test_a_step_in_one_pass_is_the_per_sequence_loop(name, mode, steps):
         assert state(fast) == state(slow)
         assert copies_fast == copies_slow
         assert held_blocks(fast) == [u.held_blocks for u in slow.group_usage()]
+        for f in range(4):  # a kept look-up (prefix_lookup.probe) is the look-up the index gives now
+            keys, extra = family_keys(f), (fast.anchor, None)  # the full group's chains
+            kept, now = fast.prefix.probe(PROMPT, keys, extra), fast.prefix._probe_now(PROMPT, keys, extra)
+            assert all(np.array_equal(a, b) for a, b in zip(kept, now, strict=True))
         fast.check_invariants()
 
 
@@ -125,11 +129,11 @@ def test_a_block_two_tables_skip_drops_at_its_last_holder():
     go of it (ref 2 -> 1 -> 0), so the blocks enter the free queue then, in the second table's order."""
     groups = (PoolGroup("full"), PoolGroup("sliding", 4))
     pools = [HybridPool(40, B, groups) for _ in range(2)]
-    keys = [7, 8, 9, 10]
+    keys = np.array([7, 8, 9, 10])
     for pool in pools:
         pool.allocate("a", 18, keys)
         pool.fork("a", "b")
-        pool.allocate("c", 18, [1, 2, 3, 4])
+        pool.allocate("c", 18, np.array([1, 2, 3, 4]))
     ids = ["a", "c", "b"]
     for s in ids:
         pools[1].free_skipped(s)
@@ -146,7 +150,7 @@ def test_a_block_two_tables_skip_drops_at_its_last_holder():
 def test_append_ordered_refuses_nothing_it_was_not_asked():
     """A step that does not fit raises before any change (batch.append_many checks first)."""
     pool = HybridPool(6, B, (PoolGroup("full"), PoolGroup("sliding", 4)))
-    pool.allocate("a", 8, [1, 2])
+    pool.allocate("a", 8, np.array([1, 2]))
     before = state(pool)
     with pytest.raises(PoolExhaustedError):
         append_ordered(pool, ["a"], [40], [None])
