@@ -110,6 +110,19 @@ def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
     store.drop(held[np.sort(gone[::-1][last_in_reversed])], defer=defer)
 
 
+def need_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
+    """pool.append_need_many(seq_ids, adds) of an `ordered` pool, in plain ints where no fork was made: then no
+    partially filled block is in two tables (a hit holds full blocks only), so nothing is copied and the need is
+    the first group's new blocks times the groups."""
+    if pool.store.counters["forks"]:
+        return pool.append_need_many(seq_ids, adds)
+    B, grow, seqs = pool.block_size, 0, pool.pools[0]._tables(seq_ids)
+    for seq, add in zip(seqs, adds, strict=True):
+        if add > 0:
+            grow += -(-(seq.num_tokens + add) // B) - seq.num_blocks
+    return grow * len(pool.pools)
+
+
 def append_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[int],
                    keys: Sequence[Any]) -> list[tuple[int, int]]:
     """`pool.append_fitting(seq, add, keys)` for each sequence in order (its checks done: `skip_ordered` ran and

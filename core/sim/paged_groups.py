@@ -24,7 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
-from ..pool.hybrid_ordered import append_ordered, held_blocks, label, ordered, skip_ordered
+from ..pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
@@ -115,8 +115,8 @@ class GroupedPagedPolicy:
                 return True
         if check and ordered(pool):  # every sequence's free_skipped, then appends, pair by pair in one pass
             skip_ordered(pool, ids)
-            adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
-            if pool.append_need_many(ids, adds) > pool.num_free_blocks:
+            adds = [t - s.num_tokens for s, t in zip(pool.pools[0]._tables(ids), targets, strict=True)]
+            if need_ordered(pool, ids, adds) > pool.num_free_blocks:
                 return False
             keys = [self._completed_keys(rid, add) if add else None for rid, add in zip(ids, adds, strict=True)]
             self.copies += append_ordered(pool, ids, adds, keys)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.pool.hybrid import HybridPool
-from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, label, ordered, skip_ordered
+from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
 from kvcalc.core.pool.store import PoolExhaustedError
 
 B = 4
@@ -105,6 +105,7 @@ def test_a_step_in_one_pass_is_the_per_sequence_loop(name, mode, steps):
             skip_ordered(fast, ids)
             assert state(fast) == state(slow)
             add = [adds[i % 8] for i in range(len(ids))]
+            assert need_ordered(fast, ids, add) == slow.append_need_many(ids, add)
             if slow.append_need_many(ids, add) > slow.num_free_blocks:  # preempt the newest, as the scheduler
                 fast.release(ids[-1])
                 slow.release(ids[-1])
