@@ -40,55 +40,45 @@ def ordered(pool: HybridPool) -> bool:
     return not (pool.mixed or getattr(pool, "weighted", False) or any(p.spec.tracked for p in pool.pools))
 
 
-def _firsts(pool: HybridPool, tokens: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(group, the first block its tables keep once an append from `tokens` has freed what its rule lets go) for
-    each group that frees anything (PoolGroup.first_block_before_growth over an array)."""
-    B, mode, out = pool.block_size, pool.state_mode, []
-    memo: dict[tuple[str, int], np.ndarray] = {}
-    for g, group in enumerate(pool.groups):
-        if group.kind == "full" or (group.kind == "state" and mode == "all"):
-            continue
-        key = (group.kind, group.window or 0)
-        if key not in memo:
-            if group.kind == "sliding":
-                memo[key] = np.maximum(tokens - group.span + 1, 0) // B
-            elif group.kind == "chunked":
-                memo[key] = tokens // group.span * group.span // B
-            elif mode == "none":
-                memo[key] = np.maximum(tokens - 1, 0) // B
-            else:  # align
-                memo[key] = np.maximum(tokens // B - 1, 0)
-        out.append((g, memo[key]))
-    return out
+def _rules(pool: HybridPool) -> list[tuple[int, str, int]]:
+    """(group, kind, window) of each group that frees anything, in group order (kept on the pool)."""
+    rules = pool.__dict__.get("_skip_rules")
+    if rules is None:
+        rules = pool.__dict__["_skip_rules"] = [
+            (g, group.kind, group.window or 0) for g, group in enumerate(pool.groups)
+            if group.kind != "full" and not (group.kind == "state" and pool.state_mode == "all")]
+    return rules
+
+
+def _first(kind: str, window: int, tokens: int, B: int, mode: str) -> int:
+    """PoolGroup.first_block_before_growth(tokens) of a group that frees, in plain ints."""
+    if kind == "sliding":
+        return max(tokens - window + 1, 0) // B
+    if kind == "chunked":
+        return tokens // window * window // B
+    return max(tokens - 1, 0) // B if mode == "none" else max(tokens // B - 1, 0)
 
 
 def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     """`pool.free_skipped(seq)` for each sequence in order (see the module docstring); returns the table entries
     freed. Only for an `ordered` pool."""
-    seqs = pool.pools[0]._tables(seq_ids)
-    if not seqs:
+    rules = _rules(pool)
+    if not rules:
         return 0
-    tokens = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
-    firsts = _firsts(pool, tokens)
-    if not firsts:
+    B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
+    for seq_id, first_table in zip(seq_ids, pools[0]._tables(seq_ids), strict=True):
+        tokens, blocks = first_table.num_tokens, first_table.num_blocks  # every group's tables alike
+        for g, kind, window in rules:
+            seq = pools[g].seqs[seq_id]
+            end = min(_first(kind, window, tokens, B, mode), blocks)
+            if end > seq.num_skipped:
+                parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
+                pools[g].logical_blocks -= end - seq.num_skipped
+                seq.num_skipped = end
+    if not parts:
         return 0
-    groups = [g for g, _ in firsts]
-    tables = [[pool.pools[g].seqs[i] for i in seq_ids] for g in groups]
-    skipped = np.array([[s.num_skipped for s in t] for t in tables], dtype=np.int64)  # [group, sequence]
-    blocks = np.fromiter((s.num_blocks for s in seqs), np.int64, len(seqs))  # every group's tables alike
-    first = np.minimum(np.stack([f for _, f in firsts]), blocks)
-    gone_at = np.argwhere((first > skipped).T)  # (sequence, group row) pairs, in the loop's order
-    if not len(gone_at):
-        return 0
-    parts, firsts_at = [], first.T[gone_at[:, 0], gone_at[:, 1]].tolist()
-    for (i, row), end in zip(gone_at.tolist(), firsts_at, strict=True):
-        seq = tables[row][i]
-        parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
-        pool.pools[groups[row]].logical_blocks -= end - seq.num_skipped
-        seq.num_skipped = end
     held = np.concatenate(parts)
-    store = pool.store
-    _drop_in_order(store, held, defer=pool.pools[0]._in_step)
+    _drop_in_order(pool.store, held, defer=pools[0]._in_step)
     pool._changed()
     return len(held)
 
