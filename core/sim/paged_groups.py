@@ -113,7 +113,9 @@ class GroupedPagedPolicy:
                 else:
                     pool.grow_private_many(ids, add)  # the same tables, in one hand-out for all groups
                 return True
-        if check and ordered(pool):  # every sequence's free_skipped, then appends, pair by pair in one pass
+        # every sequence's free_skipped, then appends, pair by pair in one pass (verify counts skip_blocks calls:
+        # its exact policy takes the loop below, which the ordered pass equals — tests/core/pool/test_hybrid_ordered)
+        if check and ordered(pool) and not self.exact_block_tables:
             skip_ordered(pool, ids)
             adds = [t - s.num_tokens for s, t in zip(pool.pools[0]._tables(ids), targets, strict=True)]
             if need_ordered(pool, ids, adds) > pool.num_free_blocks:
