@@ -15,6 +15,7 @@ import typer
 from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from ..core.notes import concat
 from . import sim_flags as opt
 from .options import check_output_path
 from .output import Format, emit, err_console, resolve_format, warn_notes
@@ -115,6 +116,7 @@ def command(
         check_output_path("--timeline", timeline)
     job = build(options)
     warn_notes(job.spec.notes)  # the model's notes, as size, frag and share print them
+    warn_notes([concat("vLLM would not start: ", r) for r in job.start_refusals])  # as size --gpu warns
     result, plain, tier_comparison = _simulate(job, record_timeline=timeline is not None or plot is not None)
     if timeline is not None:
         _write_timeline(timeline, result.records)

@@ -30,10 +30,11 @@ def _group_label(group: dict) -> str:
     return f"  {kind} group alone ({group['layers']} {group['source']} layers{mode})"
 
 
-def prefix_table(layout: Any, policies: list[str], summaries: dict) -> Table:
+def prefix_table(layout: Any, policies: list[str], summaries: dict, why_none: str = "the workload has no prefix ids"
+                 ) -> Table:
     """One column per policy: tokens looked up, hits, hit rate (each group's own for a hybrid model; – for a policy
     without a prefix cache), then the readmissions after a preemption by recompute and the tokens it dropped and
-    computed again. Without any prefix cache (no prefix ids), only the preemption rows."""
+    computed again. Without any prefix cache, only the preemption rows, the title saying why (`why_none`)."""
     records = []
     for policy in policies:
         p = summaries[policy]["prefix_cache"]
@@ -56,7 +57,7 @@ def prefix_table(layout: Any, policies: list[str], summaries: dict) -> Table:
                Field("dropped_tokens", "KV tokens dropped by preemption", count),
                Field("recomputed_tokens", "  computed again", count)]
     if not caching:
-        title = "Preemption by recompute (no prefix cache: the workload has no prefix ids)"
+        title = f"Preemption by recompute (no prefix cache: {why_none})"
     elif layout is not None:
         title = "Prefix cache (looked up at each admission; a group alone: its own longest hit)"
     else:

@@ -3,6 +3,9 @@ one record per policy)."""
 
 from __future__ import annotations
 
+import math
+
+from ..core.pool.groups import weighted_layout
 from ..core.sim.metrics import STATS
 from ..core.sim.policies import MEMORY_PARTS
 from ..core.sim.simulate import Simulation
@@ -26,7 +29,8 @@ def _groups_doc(plan, hits_lower_bound: bool) -> dict | None:
         "reason": layout.reason, "block_bytes": layout.page_bytes, "mamba_cache_mode": layout.mamba_cache_mode,
         "prefix_hits_lower_bound": hits_lower_bound,
         "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padded_layers": g.padded_layers,
-                    "block_tables": g.pages_per_block, "source": g.source} for g in layout.groups],
+                    "block_tables": 1 if weighted_layout(layout) else g.pages_per_block, "source": g.source}
+                   for g in layout.groups],
     }
 
 
@@ -35,12 +39,14 @@ def _groups_table(plan, policies: list[str], summaries: dict) -> Table:
     layout, raw = plan.layout, []
     for policy in policies:
         means = summaries[policy].get("group_blocks_mean") or []
-        at = 0
+        at, weighted = 0, weighted_layout(layout)  # weighted tables: one a type, its blocks cost their units
         for g in layout.groups:
-            blocks = float(sum(means[at : at + g.pages_per_block]))
-            at += g.pages_per_block
+            tables = 1 if weighted else g.pages_per_block
+            blocks = float(sum(means[at : at + tables]))
+            at += tables
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
-            raw.append([policy, label, g.layers, g.pages_per_block, blocks, blocks / max(plan.num_blocks, 1)])
+            units = blocks * g.pages_per_block if weighted else blocks
+            raw.append([policy, label, g.layers, tables, blocks, units / max(plan.num_blocks, 1)])
     rows = [[policy, f"{label.replace('_', ' ')} ({layers} layers)", tables, f"{blocks:,.1f}", format_percent(share)]
             for policy, label, layers, tables, blocks, share in raw]
     return Table(f"KV cache groups over time ({layout.layout} layout, block {layout.block_size}, time-averaged)",
@@ -227,12 +233,21 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     if plan.layout is not None:
         tables.append(_groups_table(plan, policies, summaries))
     if any(p["enabled"] or p["dropped_tokens"] for s in summaries.values() if (p := s.get("prefix_cache"))):
-        tables.append(prefix_table(plan.layout, policies, summaries))
+        tables.append(prefix_table(plan.layout, policies, summaries, _why_no_prefix_cache(job)))
     if speculating and plain:
         tables.append(_speculative_table(result, summaries, plain_docs))
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
     return Report(doc=doc, tables=tables, notes=_notes(job, searches), text=_text(job))
+
+
+def _why_no_prefix_cache(job) -> str:
+    """Why no policy of the run had a prefix cache (the preemption table's title says it)."""
+    if job.workload.has_prefix_ids and not job.sim.prefix_caching:
+        return "prefix caching off, --no-prefix-caching"
+    if job.workload.has_prefix_ids:
+        return "only the paged policy has one"
+    return "the workload has no prefix ids"
 
 
 def _memory_plan_doc(plan) -> dict:
@@ -285,7 +300,8 @@ def _text(job) -> list[str]:
     if plan.layout is not None:
         text.append(f"KV cache groups ({plan.layout.layout} layout, block {plan.block_size}, a block "
                     f"{format_bytes(plan.block_bytes)}): " + "; ".join(
-                        f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block} "
+                        f"{g.kind}{'' if g.window is None else f' {g.window:,}'} x{g.pages_per_block}"
+                        f"{' units' if weighted_layout(plan.layout) else ''} "
                         f"({g.layers} {g.source} layers)" for g in plan.layout.groups))
     return text
 
@@ -298,5 +314,15 @@ def _notes(job, searches: dict) -> list[str]:
         *job.notes,
         *(f"max rate of {name}: the target is out of reach at any rate: {s.unattainable}"
           for name, s in searches.items() if s.unattainable),
+        *(_unbounded_note(name, s.max_rate_rps, len(job.workload))
+          for name, s in searches.items() if not s.unattainable and math.isinf(s.bracket_rps[1])),
     ]
     return notes
+
+
+def _unbounded_note(policy: str, rate: float, requests: int) -> str:
+    """A search that never saw a rate fail: the workload is too small to load the GPU, so its rate says little."""
+    where = ("the requests all arrive at one instant" if math.isinf(rate) else
+             f"up to {rate:,.6g} req/s, where the {requests:,} requests arrive within about {requests / rate:.3g} s")
+    return (f"max rate of {policy}: every rate tried passed ({where}): one batch that the GPU serves within the SLO, "
+            "not a sustained rate; give more requests (--requests, --limit) to find where it saturates")

@@ -37,8 +37,8 @@ def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:
         "host_cache_bytes": rung.tiers.host_blocks * per_block, "disk_cache_bytes": rung.tiers.disk_blocks * per_block,
         "gpu_hit_rate": _rate(hits[0], c), "host_hit_rate": _rate(hits[1], c), "disk_hit_rate": _rate(hits[2], c),
         "hit_rate": _rate(sum(hits), c), "hit_tokens": sum(hits) * c.block_size,
-        "replay_gpu_hit_rate": _rate(rung.replay_hit_blocks[0], c),
-        "replay_hit_rate": _rate(sum(rung.replay_hit_blocks), c),
+        "replay_gpu_hit_rate": None if rung.replay_hit_blocks is None else _rate(rung.replay_hit_blocks[0], c),
+        "replay_hit_rate": None if rung.replay_hit_blocks is None else _rate(sum(rung.replay_hit_blocks), c),
         "recomputed_tier_blocks": int(t.recomputed_blocks.sum()), "loading_requests": int(loaders.sum()),
         "mean_load_wait_s": float(t.wait_s[loaders].mean()) if loaders.any() else None,
         "host_read_bytes": sum(reads[HOST].values()), "disk_read_bytes": sum(reads[DISK].values()),
@@ -65,8 +65,8 @@ FIELDS = [
     Field("host_cache_bytes", "host cache", format_bytes), Field("disk_cache_bytes", "disk cache", format_bytes),
     Field("gpu_hit_rate", "hit rate: GPU", format_percent), Field("host_hit_rate", "hit rate: host", format_percent),
     Field("disk_hit_rate", "hit rate: disk", format_percent), Field("hit_rate", "hit rate, all tiers", format_percent),
-    Field("replay_gpu_hit_rate", "one at a time (share): GPU", format_percent),
-    Field("replay_hit_rate", "one at a time (share): all tiers", format_percent),
+    Field("replay_gpu_hit_rate", "one at a time (share): GPU", _share),
+    Field("replay_hit_rate", "one at a time (share): all tiers", _share),
     Field("loading_requests", "requests that loaded", format_count),
     Field("recomputed_tier_blocks", "lower-tier blocks recomputed", format_count),
     Field("mean_load_wait_s", "mean load wait (ms)", _ms),
@@ -101,12 +101,20 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
     report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}
-    gap = docs[0]["gpu_hit_rate"] - docs[0]["replay_gpu_hit_rate"]
-    report.notes.append(
-        f"hit rate under load vs one at a time: with the GPU pool alone, {format_percent(docs[0]['gpu_hit_rate'])} of "
-        f"prompt tokens hit under this run's load, {format_percent(docs[0]['replay_gpu_hit_rate'])} in share's "
-        f"one-at-a-time replay with a cache of the same {format_count(c.gpu_cache_blocks)} blocks ({gap * 100:+.2f} "
-        "points). Under load, running requests hold blocks the cache cannot use (fewer hits), and a block's recency "
-        "is set when its request releases it, not when it arrives (either way).")
+    report.notes.append(_replay_note(docs[0], c))
     if np.isnan(docs[0]["ttft_mean_s"]):
         report.notes.append("no request completed in the GPU-only run: its TTFT is undefined")
+
+
+def _replay_note(gpu_only: dict[str, Any], c: TierComparison) -> str:
+    """The GPU-only run's hit rate beside share's one-at-a-time replay of the same trace, or why there is none."""
+    if gpu_only["replay_gpu_hit_rate"] is None:
+        return (f"one at a time (share): — because the block of {c.block_size:,} tokens does not tile the trace's "
+                "512-token hash ids: share's replay keys blocks only exactly (a block dividing 512 or a multiple of "
+                "it), while this run keys each block by the id of its last token (its hits a lower bound)")
+    load, alone = gpu_only["gpu_hit_rate"], gpu_only["replay_gpu_hit_rate"]
+    return (f"hit rate under load vs one at a time: with the GPU pool alone, {format_percent(load)} of prompt tokens "
+            f"hit under this run's load, {format_percent(alone)} in share's one-at-a-time replay with a cache of the "
+            f"same {format_count(c.gpu_cache_blocks)} blocks ({(load - alone) * 100:+.2f} points). Under load, running "
+            "requests hold blocks the cache cannot use (fewer hits), and a block's recency is set when its request "
+            "releases it, not when it arrives (either way).")

@@ -220,4 +220,5 @@ class Canonical:
                 and store.version[cached] == version):
             store.parent_id[block] = cached
             store.parent_ver[block] = version
+            store.index.generation += 1  # a chain changed: look-ups kept since are stale (prefix_lookup.probe)
         return True

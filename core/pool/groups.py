@@ -170,18 +170,30 @@ def pool_groups(layout: KVLayout, weighted: bool = False) -> tuple[PoolGroup, ..
         raise ParameterError(
             f"layout {layout.layout}: the unit that tiles every type's block is {layout.page_bytes:,} B (their "
             f"gcd), so the {big.kind} block ({big.block_bytes:,} B) is {big.pages_per_block:,} units and a sequence "
-            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit); share's "
-            "scenario mode runs it on weighted tables, this command not yet: use layout vllm", "layout")
+            f"holds {len(groups):,} block tables, above the pool's {MAX_POOL_GROUPS} (a table per unit); share runs "
+            "it on weighted tables, this command not yet: use layout vllm", "layout")
     return tuple(groups)
+
+
+def weighted_layout(layout: KVLayout) -> bool:
+    """The layout's pool runs weighted tables (pool_groups(layout, weighted=True): one table a type)."""
+    return layout.layout == "ideal" and sum(g.pages_per_block for g in layout.groups) > MAX_POOL_GROUPS
+
+
+def pool_ids(layout: KVLayout, units: int) -> int:
+    """Block ids (per-block array entries) a pool of `units` of the layout allocates: the units themselves, or on
+    weighted tables each type's units // its weight (weighted.WeightedStore)."""
+    return sum(units // g.pages_per_block for g in layout.groups) if weighted_layout(layout) else units
 
 
 def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int, state_mode: str,
                 chunk_tokens: int) -> int:
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
-    ceil((C + T) / B) + 1; one state page (none: vLLM's one page a request, updated in place) or a chunk's
-    pages (align: at least the page a step resumes from and the one it crosses into; all). A block of a
-    weighted table counts its weight (units of the pool)."""
+    ceil((C + T) / B) + 1; one state page (none: vLLM's one page a request, updated in place, weighted or not)
+    or a chunk's pages (align: at least the page a step resumes from and the one it crosses into; all). A block of
+    a weighted table counts its weight (units of the pool), and its state group never takes a chunk's pages
+    (weighted.state_jump): 3 under align (the saved page, the page a step resumes from, the one it crosses into)."""
     n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
@@ -192,7 +204,11 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
         elif g.kind in ("sliding", "chunked"):
             reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
             held = min(all_blocks, ceil_div(reach, B) + 1)
+        elif state_mode == "none":  # the one page, weighted or not (state_pages.roll_page)
+            held = min(all_blocks, 1)
+        elif g.weight > 1:  # weighted.state_jump: the saved page, the page a step resumes from, the one it crosses into
+            held = min(all_blocks, 3)
         else:
-            held = min(all_blocks, 1) if state_mode == "none" else min(all_blocks, max(2, ceil_div(T, B) + 1))
+            held = min(all_blocks, max(2, ceil_div(T, B) + 1))
         blocks += held * g.weight
     return blocks

@@ -48,6 +48,7 @@ from .invariants import check_pool_invariants
 from .speculative import check_speculative
 from .state_pages import roll_need, roll_page, state_slack
 from .store import BlockKeys, PoolExhaustedError
+from .weighted import state_jump, weighted_append_need, weighted_usage
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,15 @@ class HybridPool(HybridHits, HybridBatch):
         groups of different tokens per block (group_blocks) tokens are store slots: a block holds block_size =
         the lcm of the groups' blocks, a token of a group of B_g-token blocks fills block_size / B_g of them."""
         store = self.store
+        # weighted tables: blocks in units, tokens in the units' slots (a token of a block of weight w fills w)
+        useful, cached = weighted_usage(store) if self.weighted else (store.useful_tokens, store.queue.num_cached)
         return PoolUsage(
             num_blocks=self.num_blocks, block_size=store.block_size, used_blocks=store.num_used,
-            cached_free_blocks=store.queue.num_cached, free_blocks=len(store.queue),
+            cached_free_blocks=cached, free_blocks=len(store.queue),
             pending_free_blocks=store.num_pending_blocks, num_seqs=len(self.pools[0].seqs),
             logical_blocks=sum(p.logical_blocks for p in self.pools),
             logical_tokens=sum(p.logical_tokens for p in self.pools),
-            useful_tokens=store.useful_tokens + self.state_slack(),  # a state page: a whole state (state_pages)
+            useful_tokens=useful + self.state_slack(),  # a state page: a whole state (state_pages)
             max_table_blocks=max((s.num_blocks for s in self.pools[0].seqs.values()), default=0),  # all alike
         )
 
@@ -168,9 +171,11 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        return sum(p.append_need(seq_id, num_tokens * s) * w if (seq := self._rolls(g, seq_id, num_tokens)) is None
-                   else roll_need(p.store, seq) * w  # weighted tables: a block costs w units (weighted)
-                   for g, (p, s, w) in enumerate(zip(self.pools, self.scales, self.weights, strict=True)))
+        if self.weighted:  # a block costs its group's weight in units, a state group's chunk may jump (weighted)
+            return weighted_append_need(self, seq_id, num_tokens)  # mode none: the one page moves (roll_need)
+        return sum(p.append_need(seq_id, num_tokens * s) if (seq := self._rolls(g, seq_id, num_tokens)) is None
+                   else roll_need(p.store, seq)  # mode none: the one state page moves in place (state_pages)
+                   for g, (p, s) in enumerate(zip(self.pools, self.scales, strict=True)))
 
     def append_need_many(self, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
         """Σ append_need(seq, add) (each after `free_skipped`): a step's check of every sequence at once. With one
@@ -224,6 +229,10 @@ class HybridPool(HybridHits, HybridBatch):
                 pool.logical_tokens += num_tokens
                 pool.logical_blocks -= freed
                 pool._epoch += 1
+            elif self.weighted and (move := state_jump(self, g, seq_id, num_tokens)) is not None:
+                copies.append(move)  # align: a state group's chunk takes only the pages it keeps (weighted.state_jump)
+                self._changed()
+                continue
             else:
                 grown = pool.append(seq_id, num_tokens * self.scales[g], self._group_keys(g, keys, seq_id))
                 if self.rolled[g]:  # kept speculative pages took the growth: the page it resumed from goes now

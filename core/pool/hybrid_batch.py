@@ -13,6 +13,7 @@ from .append import SeqTable
 from .hybrid_private import HybridPrivate
 from .state_pages import crosses, roll_need, roll_page
 from .store import PoolExhaustedError
+from .weighted import state_jump, weighted_append_need
 
 
 class HybridBatch(HybridPrivate):
@@ -26,7 +27,20 @@ class HybridBatch(HybridPrivate):
             raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
         if num_tokens <= 0 or not seq_ids:
             return
-        if self.mixed or self.weighted:  # groups of other tokens per block (group_blocks) or weights: one at a time
+        if self.weighted:  # weighted tables: one sequence at a time, checked first (weighted.py)
+            self.free_skipped_many(seq_ids)
+            if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
+                raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
+                                         f"units, {len(self.store.queue)} free")
+            for seq_id in seq_ids:
+                for g, pool in enumerate(self.pools):
+                    if self.rolled[g]:  # mode none: the one state page moves in place (state_pages)
+                        self._roll_many(g, (seq_id,), num_tokens)
+                    elif state_jump(self, g, seq_id, num_tokens) is None:
+                        pool.append(seq_id, num_tokens)
+            self._changed()
+            return
+        if self.mixed:  # groups of different tokens per block (group_blocks): one at a time, checked first
             self.free_skipped_many(seq_ids)
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
@@ -127,6 +141,9 @@ class HybridBatch(HybridPrivate):
         store, B = self.store, self.block_size
         if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
             raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
+        if self.weighted:  # weighted tables: each group's own hand-outs, a state group's jump (weighted.py)
+            self.append_many(seq_ids, num_tokens)
+            return
         if self.mixed and num_tokens > 0 and seq_ids:  # groups of different tokens per block: one at a time
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
@@ -247,11 +264,14 @@ class HybridBatch(HybridPrivate):
 
     def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
-        if self.mixed or self.weighted:  # groups of different tokens per block (group_blocks), weights (weighted)
+        if self.weighted:  # units, a state group's jump (weighted.py)
             self.pools[0]._live(seq_ids, "appended to")
-            return sum(p.append_need(seq_id, num_tokens * s) * w if (seq := self._rolls(g, seq_id, num_tokens)) is None
-                       else roll_need(p.store, seq) * w
-                       for g, (p, s, w) in enumerate(zip(self.pools, self.scales, self.weights, strict=True))
+            return sum(weighted_append_need(self, seq_id, num_tokens) for seq_id in seq_ids)
+        if self.mixed:  # groups of different tokens per block (group_blocks)
+            self.pools[0]._live(seq_ids, "appended to")
+            return sum(p.append_need(seq_id, num_tokens * s) if (seq := self._rolls(g, seq_id, num_tokens)) is None
+                       else roll_need(p.store, seq)
+                       for g, (p, s) in enumerate(zip(self.pools, self.scales, strict=True))
                        for seq_id in seq_ids)
         B = self.block_size
         tables = self.pools[0]._live(seq_ids, "appended to")

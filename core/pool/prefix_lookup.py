@@ -30,6 +30,7 @@ GivenKeys = Sequence[Hashable] | np.ndarray | HashedKeys  # BlockKeys once None 
 
 _ROOT = np.array([-1], dtype=np.intp)
 _LOOKAHEAD_PROMPTS = 32  # prompts of a hashed batch looked up at once (see _find)
+_KEPT_PROBES = 8  # look-ups kept while the index is unchanged (see probe)
 _NO_IDS = np.empty(0, dtype=np.intp)
 _NO_IDS.flags.writeable = False
 _NO_HASHES = np.empty(0, dtype=np.uint64)
@@ -61,6 +62,8 @@ class PrefixIndex:
         self._interned: dict[Hashable, int] = {}
         self._extras: dict[Hashable, int] = {None: 0}
         self._lookahead: tuple | None = None  # see _find
+        self._probes_at: tuple[int, int] | None = None  # the index's (generation, num_live) of the kept look-ups
+        self._probes: list[tuple[int, Hashable, np.ndarray, Probe]] = []
 
     # ---- content keys and their hashes ----------------------------------------------------------
     def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
@@ -122,7 +125,25 @@ class PrefixIndex:
 
     # ---- prefix look-up -------------------------------------------------------------------------
     def probe(self, num_tokens: int, block_keys: GivenKeys, extra_key: Hashable) -> Probe:
-        """The look-up of a prompt of `num_tokens` whose first full blocks have `block_keys` (not None)."""
+        """The look-up of a prompt of `num_tokens` whose first full blocks have `block_keys` (not None). The last
+        few look-ups of int keys are kept while the index is unchanged (no entry inserted, deleted or moved, no
+        chain relinked: `generation`, `num_live`), when a look-up finds the same: a waiting prompt is looked up
+        again at every step it waits, and decode steps change no entry."""
+        if not isinstance(block_keys, np.ndarray):
+            return self._probe_now(num_tokens, block_keys, extra_key)
+        index = self.index
+        now = (index.generation, index.num_live)
+        if self._probes_at != now:
+            self._probes_at, self._probes = now, []
+        for tokens, extra, keys, result in self._probes:
+            if tokens == num_tokens and len(keys) == len(block_keys) and extra == extra_key and np.array_equal(
+                    keys, block_keys):
+                return result
+        result = self._probe_now(num_tokens, block_keys, extra_key)
+        self._probes = [(num_tokens, extra_key, block_keys.copy(), result), *self._probes[:_KEPT_PROBES - 1]]
+        return result
+
+    def _probe_now(self, num_tokens: int, block_keys: GivenKeys, extra_key: Hashable) -> Probe:
         B = self.store.block_size
         keys, hashes, homes, extra_id = self._prompt_hashes(block_keys, extra_key)
         if len(keys) > num_tokens // B:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .append import SeqTable
+from .pool_tables import NULL_BLOCK
 from .store import BlockStore
 
 
@@ -62,19 +63,21 @@ def roll_page(store: BlockStore, seq: SeqTable, num_tokens: int, defer: bool = F
         store.fill[page] = fill
     if last + 1 > len(seq.table):
         seq.table = np.concatenate([seq.table, np.empty(2 * (last + 1), dtype=np.int64)])
+    seq.table[seq.num_skipped : last] = NULL_BLOCK  # entries it no longer holds, as skip_blocks leaves them
     seq.table[last] = page
     seq.num_skipped, seq.num_blocks, seq.num_tokens = last, last + 1, end
     return freed, copies
 
 
 def state_slack(store: BlockStore, tables: Iterable[np.ndarray], shared: bool, weight: int = 1) -> int:
-    """Σ (weight · B − fill) over the distinct blocks in `tables` (a state group's held pages, kept speculative
-    pages): the slots a token count leaves unwritten in whole states (a block of a weighted table is `weight` units
-    of B slots, core/pool/weighted.py). `shared`: a block may be in two tables (forks, hits)."""
+    """Σ weight · (B − fill) over the distinct blocks in `tables` (a state group's held pages, kept speculative
+    pages): the slots a token count leaves unwritten in whole states. A block of a weighted table is `weight` units
+    of B slots, and weighted usage counts its fill `weight` times (core/pool/weighted.py weighted_usage), so a
+    state page counts weight · B slots, a whole state. `shared`: a block may be in two tables (forks, hits)."""
     parts = [t for t in tables if len(t)]
     if not parts:
         return 0
     blocks = np.concatenate(parts)
     if shared:
         blocks = np.unique(blocks)
-    return int(len(blocks) * weight * store.block_size - np.add.reduce(store.fill[blocks], dtype=np.int64))
+    return weight * int(len(blocks) * store.block_size - np.add.reduce(store.fill[blocks], dtype=np.int64))

@@ -31,8 +31,14 @@ so at most floor((num_units − plain_units) / w) ids, and floor(U / w) − floo
 
 `store.num_used` counts units (the hybrid pool's num_blocks is num_units, its free blocks free units), and
 each group's BlockPool hands out through a `GroupStore`, a view of the one store that knows its group; every
-other operation (share, drop, free, the prefix index) reads an id's weight. With every weight 1 none of this
-is built: the pool keeps its plain BlockStore (hybrid_layout), the same code and output as before.
+other operation (share, drop, free, the prefix index) reads an id's weight. A caller that knows a group never
+holds more than some number of blocks (share's scenario: its pool_blocks) may cap the id ranges there
+(`max_group_blocks`); a hand-out past a range is an AssertionError, never a silent overlap. A state group's
+prefill chunk jumps over the pages it would not keep (`state_jump`, below). With every weight 1 none of this
+is built: the pool keeps its plain BlockStore (hybrid_layout), the same code and output as before. Used where
+an ideal layout has more than MAX_POOL_GROUPS unit tables (pool_groups(weighted=True): share, its trace replay,
+sim); usage() counts tokens in the units' slots. Not yet: mode align (a hit's allocation would hold every state
+page from the hit to the chunk's end) and swaps (their bytes per group), refused by name.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .free_queue import FREE_CACHED, FREE_PLAIN, USED, FreeBlockQueue
+from .state_pages import roll_need
 from .store import VERSION_INT32_MAX, BlockStore
 
 
@@ -251,6 +258,77 @@ class GroupStore(WeightedStore):
 
     def group_stores(self) -> list[GroupStore]:
         return self._store.group_stores()
+
+
+# ---- a state group's chunk on weighted tables ---------------------------------------------------------------
+# A state group holds a page per block boundary (groups.py) and frees the older ones at the sequence's next step;
+# an append of T tokens takes every page up to the last, ceil(T / B) of them. Of those a step keeps only the ones
+# groups.first_block names after it (none: the last; align: the saved one and the last). On unit tables a page is
+# one id; on a weighted table it is a whole state (Granite at B 16: 37,755 units, so a prefill chunk of 8,192 tokens
+# would take 512 states), so here a state group jumps: the pages in between are never taken (NULL entries, as
+# skipped ones), and the pages it held are let go now (pending until the step ends when the pool is inside one),
+# the one the step resumes from included: the table never names a page for a boundary whose state it does not
+# hold (a saved state keeps its hash and content). The move (resume page, last page) is reported as a copy.
+# Mode none never gets here: its one page moves along the table in place (state_pages.roll_page), taken first.
+
+
+def _state_jump_plan(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple[int, int] | None:
+    """(first slot the step keeps, slots after the step) when group g (a state group of a weighted pool) jumps;
+    None when a plain append takes no page it would not keep (or the sequence has speculative slots)."""
+    pool, group = hybrid.pools[g], hybrid.groups[g]
+    seq = pool._seq(seq_id)
+    if group.kind != "state" or hybrid.state_mode == "all" or not seq.num_tokens or pool.spec.tracks(seq_id):
+        return None
+    B, new = pool.block_size, seq.num_tokens + num_tokens
+    keep = group.first_block(new, new, B, hybrid.state_mode)
+    return (keep, -(-new // B)) if keep > seq.num_blocks else None
+
+
+def weighted_append_need(hybrid: Any, seq_id: Any, num_tokens: int) -> int:
+    """Units an append takes on a weighted pool (after free_skipped): each group's blocks times its weight, a state
+    group's only the pages it keeps when it jumps (align), and under mode none its one page moving in place: a copy
+    (w units) only when a fork shares it (state_pages.roll_need)."""
+    need = 0
+    for g, (pool, w) in enumerate(zip(hybrid.pools, hybrid.weights, strict=True)):
+        if (seq := hybrid._rolls(g, seq_id, num_tokens)) is not None:
+            need += w * roll_need(pool.store, seq)
+            continue
+        plan = _state_jump_plan(hybrid, g, seq_id, num_tokens) if num_tokens > 0 else None
+        need += w * (pool.append_need(seq_id, num_tokens) if plan is None else plan[1] - plan[0])
+    return need
+
+
+def state_jump(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple[int, int] | None:
+    """Append `num_tokens` to state group g by a jump (see above); returns the move (the page it resumes from,
+    the last page) or None where a plain append is right (the caller appends then)."""
+    plan = _state_jump_plan(hybrid, g, seq_id, num_tokens)
+    if plan is None:
+        return None
+    keep, total = plan
+    pool = hybrid.pools[g]
+    seq, store = pool._seq(seq_id), pool.store
+    resume = int(seq.table[seq.num_blocks - 1])
+    gone = seq.table[seq.num_skipped : seq.num_blocks]  # every page held: a fork's sibling may still hold some
+    refs = store.ref[gone] - 1
+    store.ref[gone] = refs
+    store.drop(gone[refs == 0][::-1], defer=pool._in_step)
+    if len(seq.table) < total:
+        seq.table = np.concatenate([seq.table, np.empty(2 * total, dtype=np.int64)])
+    new = seq.num_tokens + num_tokens
+    seq.table[keep:total] = store.take(total - keep, new - keep * pool.block_size)
+    pool.logical_blocks += total - keep - len(gone)
+    pool.logical_tokens += num_tokens
+    seq.num_skipped, seq.num_blocks, seq.num_tokens = keep, total, new
+    pool._epoch += 1
+    return resume, int(seq.table[total - 1])
+
+
+def weighted_usage(store: BlockStore) -> tuple[int, int]:
+    """(useful slots, cached units) of a weighted store, in the units' slots: a unit has block_size slots, so a
+    block of weight w holding f tokens fills f · w of them (as store slots count under mixed block sizes)."""
+    assert isinstance(store, WeightedStore)
+    used = store.state == USED
+    return int(np.dot(store.fill[used], store.weight[used])), store.queue.cached_units
 
 
 def cached_units(store: BlockStore) -> int:

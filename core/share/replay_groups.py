@@ -38,7 +38,7 @@ from ..inputs.traces import (
     mooncake_block_size_error,
 )
 from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from ..pool.groups import MAX_POOL_GROUPS, PoolGroup, peak_blocks
+from ..pool.groups import PoolGroup, peak_blocks
 from ..pool.hybrid import HybridPool
 from ..pool.weighted import cached_units
 from .trace_blocks import in_arrival_order
@@ -127,11 +127,11 @@ def replay_groups(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, progress: Callable[[int], None] | None = None,
 ) -> GroupReplayResult:
     """Replay `trace` through a HybridPool of `groups` (see the module docstring)."""
-    if any(g.weight != 1 for g in groups):
-        # NOTE: a state group takes a page per block a prefill chunk spans until the next step frees them; a page
-        # of a weighted table is a whole state (thousands of units), so the replay would hold ~chunk / B states
-        raise ParameterError("a trace replay on weighted tables (layout ideal with a recurrent state of more than "
-                             f"{MAX_POOL_GROUPS} units) is not done yet: use layout vllm, or the scenario mode",
+    if state_mode == "align" and any(g.weight > 1 for g in groups):
+        # NOTE: a hit's allocation holds every state page from the hit to the chunk's end (hybrid_hits: first_block
+        # of the hit); on weighted tables (core/pool/weighted.py) a page is a whole state, so this is not exact yet
+        raise ParameterError("mamba_cache_mode align on weighted tables (layout ideal, a state of thousands of units) "
+                             "is not done yet: use mamba_cache_mode none or all, or layout vllm", "mamba_cache_mode",
                              "layout")
     need = largest_request_peak(trace, groups, block_size, state_mode, chunk_tokens)
     if need > capacity_blocks:

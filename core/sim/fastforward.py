@@ -49,6 +49,9 @@ class FastForward:
         self.engine, self.scheduler, self.steptime = engine, engine.scheduler, steptime
         self.policy, self.totals = engine.policy, engine.totals
         self._steps_index = np.arange(1024, dtype=np.int64)
+        self._steps_float = self._steps_index.astype(np.float64)  # the same, as floats (exact: < 2^53)
+        self._remaining: list[int] = []  # tokens to go of each running request, as _segment_length saw them
+        self._floor_s: float | None = None  # the shortest decode step (one request, no context)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
         self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
         self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
@@ -168,7 +171,8 @@ class FastForward:
         runs_decode = self._runs_decode()
         if not s.waiting and (self.policy.releases_in_segment or runs_decode):
             return -1, None  # nobody waits: a run through finishes
-        k = min((s.stop_at[run] - s.generated[run]).tolist())  # plain min: numpy's reduce costs more on ~13
+        self._remaining = (s.stop_at[run] - s.generated[run]).tolist()  # _segment's finishes come from these
+        k = min(self._remaining)  # plain min: numpy's reduce costs more on ~13
         if runs_decode:
             return k, None  # a hybrid pool: memory is checked in _segment, once the arrivals have bounded k
         k_memory, plan = self.policy.decode_steps_available(s.computed[run])
@@ -182,6 +186,7 @@ class FastForward:
         """0, 1, 2, … (at least k of them), kept between runs."""
         if k > len(self._steps_index):
             self._steps_index = np.arange(max(k, 2 * len(self._steps_index)), dtype=np.int64)
+            self._steps_float = self._steps_index.astype(np.float64)
         return self._steps_index
 
     def _excess(self, tokens: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray | float:
@@ -210,7 +215,8 @@ class FastForward:
             first_s = st.decode_steps_s(n, float(context0), excess1)
             k = min(k, int((until - s.now_s) / first_s) + 2)
         steps = self._steps_upto(k + 1)
-        d = np.asarray(st.decode_steps_s(n, (context0 + n * steps[:k]).astype(np.float64), self._excess(tokens0, k)))
+        # step j attends context0 + n·j positions, an integer < 2^53: the same float from float steps
+        d = np.asarray(st.decode_steps_s(n, context0 + n * self._steps_float[:k], self._excess(tokens0, k)))
         ends = np.empty(k + 1)
         ends[0] = s.now_s
         ends[1:] = d
@@ -231,15 +237,19 @@ class FastForward:
         if self._paged:
             assert isinstance(self.policy, PagedPolicy) and plan is not None, "a paged run has a plan"
             paged = PagedRun(self.policy, tokens0.tolist(), plan, k, steps)
-            run_pieces(s, self.totals, self.policy, run, tokens0, paged, d, ends, pieces, steps)
-        else:
-            for i, j in itertools.pairwise(pieces):
-                if j - i < 2:
-                    break  # a run of one step: the general step takes it, as without merging
-                if i:
-                    s.ingest()  # the arrivals up to now join the queue behind its blocked head
-                    plan = self.policy.decode_steps_available(s.computed[run])[1]
-                self._piece(run, plan, d[i:j].copy(), ends[i : j + 1], steps)
+            done = run_pieces(s, self.totals, self.policy, run, tokens0, paged, d, ends, pieces, self._steps_float)
+            s.last_token_s[run] = s.now_s
+            # who reaches its last token: the generated counts went up by `done` (Scheduler.finish's test)
+            s.leave([rid for rid, rest in zip(run.tolist(), self._remaining, strict=True) if rest <= done])
+            s.steady = True
+            return True
+        for i, j in itertools.pairwise(pieces):
+            if j - i < 2:
+                break  # a run of one step: the general step takes it, as without merging
+            if i:
+                s.ingest()  # the arrivals up to now join the queue behind its blocked head
+                plan = self.policy.decode_steps_available(s.computed[run])[1]
+            self._piece(run, plan, d[i:j].copy(), ends[i : j + 1], steps)
         s.last_token_s[run] = s.now_s
         s.finish(run)
         s.steady = True
@@ -335,8 +345,9 @@ class FastForward:
         k = int(remaining.max())
         until = self._until()
         if until < np.inf:  # no decode step is shorter than the weights' read + overhead
-            floor_s = st.step_s(1.0, 0.0, 0.0)
-            k = min(k, int((until - s.now_s) / floor_s) + 2)
+            if self._floor_s is None:
+                self._floor_s = float(st.step_s(1.0, 0.0, 0.0))  # the same every time: asked once
+            k = min(k, int((until - s.now_s) / self._floor_s) + 2)
         order, by_remaining, alive, context, d, ends = self._shrinking_run(tokens0, remaining, k)
         if until < np.inf:
             k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
@@ -346,8 +357,9 @@ class FastForward:
         d, ends, alive = d[:k], ends[: k + 1], alive[:k]
         totals.memory_slot_s += parts
         totals.block_table_byte_s += table_bytes
-        totals.running_s += float(d @ alive)
-        totals.in_system_s += float(d @ alive)
+        running_s = float(d @ alive)  # nobody waits: the same integral twice
+        totals.running_s += running_s
+        totals.in_system_s += running_s
         span = float(ends[-1] - ends[0])
         if totals.timeline is not None:
             totals.timeline.append((s.now_s, float(ends[-1]), len(run), 0, *(parts / float(d.sum())).tolist()))

@@ -42,6 +42,7 @@ from ..model.vllm_memory import (
     predict_memory,
 )
 from ..model.weights import checkpoint_quantization, config_vision_params, estimate_params
+from ..pool.groups import pool_ids
 
 __all__ = ["GPU_PRESETS", "GpuSpec", "MemoryPlan", "custom_gpu", "get_gpu", "plan_memory"]
 
@@ -308,7 +309,7 @@ def _check_fits(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
             f"({short / gib:.2f} GiB short); use a larger GPU, more tp or a smaller max_batched_tokens",
             "tp", "max_batched_tokens"
         )
-    if plan.num_blocks > MAX_POOL_BLOCKS:
+    if (plan.num_blocks if plan.layout is None else pool_ids(plan.layout, plan.num_blocks)) > MAX_POOL_BLOCKS:
         raise ParameterError(
             f"{spec.name} on {gpu.name} x{tp}: the KV pool would hold {_count(plan.num_blocks)} blocks of "
             f"{block_size}, above the simulator's limit of {MAX_POOL_BLOCKS:,}; use a larger block_size or less "

@@ -219,7 +219,8 @@ def summarize(record: RunRecord, slo: Slo, kv_bytes_per_token: int) -> RunSummar
         throughput_rps=float(np.sum(done)) / duration,
         output_tokens_per_s=float(record.generated.sum()) / duration,
         goodput_rps=float(np.sum(met)) / duration if not slo.is_empty else None,
-        slo_attainment=attainment(record, slo) if not slo.is_empty else None,
+        slo_attainment=attainment(record, slo) if not slo.is_empty and not bool(np.all(record.status == CANCELLED))
+        else None,  # every request cancelled: no request is measured, the share is undefined (not 0)
         memory=memory,
         block_table_bytes_mean=record.block_table_byte_s / duration,
         peak_running=record.peak_running,

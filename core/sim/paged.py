@@ -204,8 +204,8 @@ class PagedPolicy:
             for t in tokens.tolist():
                 counts[(-t) % B + 1] += 1
             first = list(accumulate(counts))
-            return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.int64)
-        cum = np.zeros(B + 1, dtype=np.int64)
+            return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.float64)
+        cum = np.zeros(B + 1, dtype=np.float64)
         np.cumsum(np.bincount((-tokens) % B, minlength=B), out=cum[1:])
         return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
 

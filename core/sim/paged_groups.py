@@ -24,6 +24,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
+from ..pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
@@ -85,6 +86,7 @@ class GroupedPagedPolicy:
             return True
         hit = self.pool.allocate(rid, total_tokens, self._keys(rid, total_tokens))
         assert hit == start_tokens, f"request {rid}: pool hit {hit}, probe said {start_tokens}"
+        label(self.pool, rid)  # the blocks a later prompt may hit, with their groups (held_blocks)
         return True
 
     # ---- growth --------------------------------------------------------------------------------------
@@ -111,6 +113,16 @@ class GroupedPagedPolicy:
                 else:
                     pool.grow_private_many(ids, add)  # the same tables, in one hand-out for all groups
                 return True
+        # every sequence's free_skipped, then appends, pair by pair in one pass (verify counts skip_blocks calls:
+        # its exact policy takes the loop below, which the ordered pass equals — tests/core/pool/test_hybrid_ordered)
+        if check and ordered(pool) and not self.exact_block_tables:
+            skip_ordered(pool, ids)
+            adds = [t - s.num_tokens for s, t in zip(pool.pools[0]._tables(ids), targets, strict=True)]
+            if need_ordered(pool, ids, adds) > pool.num_free_blocks:
+                return False
+            keys = [self._completed_keys(rid, add) if add else None for rid, add in zip(ids, adds, strict=True)]
+            self.copies += append_ordered(pool, ids, adds, keys)
+            return True
         for rid in ids:
             pool.free_skipped(rid)
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
@@ -287,7 +299,7 @@ class GroupedPagedPolicy:
         """Blocks each group's tables hold now (a block is in one group only; in a private pool, in one table)."""
         if self._private:
             return [p.logical_blocks for p in self.pool.pools]
-        return [u.held_blocks for u in self.pool.group_usage()]
+        return held_blocks(self.pool)  # pool.group_usage()'s held blocks, in one pass
 
     def check_whole(self) -> None:
         self.pool.check_invariants()

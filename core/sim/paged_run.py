@@ -36,7 +36,7 @@ class PagedRun:
         B, n = policy.block_size, len(tokens)
         self.block_size, self.n, self.capacity = B, n, policy.capacity_slots
         m = steps[: k + 1]
-        self.need = (m // B) * n + plan[m % B]  # need(m), m = 0 .. k
+        self.need = (m // B) * n + plan[m % B]  # need(m), m = 0 .. k: floats (plan's), exact integers
         self.tokens = sum(tokens)
         self.table = sum([-(-t // B) for t in tokens])
         used, self.plain, self.cached = policy.pool_state()
@@ -45,7 +45,8 @@ class PagedRun:
 
     def piece(self, d: np.ndarray, i: int, steps: np.ndarray) -> tuple[np.ndarray, float]:
         """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j) of the len(d) steps from step i of the run: the
-        arithmetic of PagedPolicy.segment_integrals, operation for operation, on the piece's own integers."""
+        arithmetic of PagedPolicy.segment_integrals, operation for operation, on the piece's own integers
+        (`steps` = 0, 1, 2, … as floats: the dot products then need no cast, and give the same sums)."""
         B, n, k = self.block_size, self.n, len(d)
         before = int(self.need[i]) if i else 0  # need(0) = 0
         s = steps[1 : k + 1]
@@ -53,7 +54,7 @@ class PagedRun:
         table0 = self.table + before
         t0 = self.tokens + n * i
         used0, owed = self.used + before, self.owed + before
-        D, DS, DN = float(_sum(d)), float(d @ s), float(d @ need)
+        D, DS, DN = float(_sum(d)), float(np.dot(d, s)), float(np.dot(d, need))
         DE = 0.0
         if self.cached and owed + int(need[-1]) > self.plain:
             DE = float(d @ np.maximum(owed + need - self.plain, 0))
@@ -69,11 +70,12 @@ class PagedRun:
 
 
 def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.ndarray, tokens0: np.ndarray,
-               paged: PagedRun, d: np.ndarray, ends: np.ndarray, pieces: list[int], steps: np.ndarray) -> None:
+               paged: PagedRun, d: np.ndarray, ends: np.ndarray, pieces: list[int], steps: np.ndarray) -> int:
     """The pieces of a run of decode steps of the batch `run` (holding `tokens0`; step j lasts d[j] and ends at
     ends[j + 1]; pieces from piece_bounds), each accounted as fastforward._piece accounts a run: its integrals,
     timeline row, busy time and steps, the arrivals joining before it; the tokens, inter-token gaps and the
-    pool's growth once, after the last piece (the same values and order as piece by piece)."""
+    pool's growth once, after the last piece (the same values and order as piece by piece); returns the steps done.
+    `steps` = 0, 1, 2, … as floats (PagedRun.piece)."""
     n, capacity, timeline = len(run), policy.capacity_slots, totals.timeline
     done = 0
     for i, j in itertools.pairwise(pieces):
@@ -101,3 +103,4 @@ def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.nda
     s.generated[run] += done
     policy.grow_many(run, grown, paged.blocks_taken(done))
     s.now_s = float(ends[done])
+    return done

@@ -345,11 +345,13 @@ class Scheduler:
         if end_of_sequence:
             assert end_of_sequence <= set(sampled.tolist()), f"requests {end_of_sequence} ended without sampling"
             done_mask |= np.isin(sampled, list(end_of_sequence))
-        done = sampled[done_mask]
-        self.finished_now = len(done)
-        if not len(done):
+        self.leave(sampled[done_mask].tolist(), end_of_sequence)
+
+    def leave(self, done_ids: list[int], end_of_sequence: frozenset[int] = frozenset()) -> None:
+        """`done_ids`, running requests at their last token (or an end of sequence), leave in this order."""
+        self.finished_now = len(done_ids)
+        if not done_ids:
             return
-        done_ids = done.tolist()
         for rid in done_ids:
             self.close(rid, rid in end_of_sequence)
         gone = set(done_ids)

@@ -63,11 +63,13 @@ def attainment_ceiling(record: RunRecord, target: float) -> tuple[float, str | N
     """(the highest attainment any arrival rate can give this workload, why the target is out of reach or
     None): requests rejected at arrival are rejected at every rate (the checks depend only on the request:
     its length against the max length, its KV against the whole pool), so at most the others meet the
-    SLO. Cancelled requests are outside the share, as in `attainment`."""
+    SLO. Cancelled requests are outside the share, as in `attainment`; when every request is cancelled (each at
+    an output count drawn once, so at every rate) no rate has an attainment at all."""
     counted = len(record.status) - int(np.count_nonzero(record.status == CANCELLED))
     rejected = int(np.count_nonzero(record.status == REJECTED))
-    if not counted:
-        return 0.0, None
+    if not counted:  # a request's cancellation point is an output count, the same at every rate
+        return 0.0, (f"all {len(record.status):,} requests are cancelled (at the same output token at any rate), "
+                     "so none is measured against the SLO: attainment is undefined; lower --cancel-fraction")
     ceiling = (counted - rejected) / counted
     if ceiling >= target:
         return ceiling, None

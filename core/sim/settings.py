@@ -38,7 +38,7 @@ class SimSetup:
 
     @classmethod
     def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
-        groups = None if plan.layout is None else pool_groups(plan.layout)
+        groups = None if plan.layout is None else pool_groups(plan.layout, weighted=True)
         mode = "none" if plan.layout is None else plan.layout.mamba_cache_mode
         page_bytes = 0 if plan.layout is None or groups is None else plan.layout.page_bytes
         return cls(plan.num_blocks, plan.block_size, steptime, scheduler, groups=groups, state_mode=mode,

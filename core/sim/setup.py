@@ -34,7 +34,7 @@ from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..notes import Note, concat
-from ..pool.groups import check_state_mode_given
+from ..pool.groups import check_state_mode_given, weighted_layout
 from ..share.replay_groups import keys_lower_bound
 from ..spec_decode import with_config_drafter
 from .checks import (
@@ -65,6 +65,7 @@ from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
 from .settings import SimSetup
+from .setup_checks import check_rate_inf_arrival, check_workload_options, start_refusals
 from .speculative import check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .tiers_options import sim_tiers
@@ -89,6 +90,7 @@ class SimJob:
     find_max_rate: bool
     target_attainment: float
     prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (_mooncake_keys_note)
+    start_refusals: tuple[str, ...] = ()  # why vLLM would not start with these settings (simulated anyway; warned)
 
 
 def _check_ignored(o: SimOptions) -> None:
@@ -117,6 +119,7 @@ def _workload(o: SimOptions, seed: int) -> Workload:
         "rate", o.rate, allow_inf=True, inf_meaning="every request at time 0 (an offline batch)")
     if not rate > 0:
         raise ParameterError(f"rate {o.rate} must be a positive number of requests per second (or inf)", "rate")
+    check_rate_inf_arrival(o, rate)
     requests = DEFAULT_REQUESTS if o.requests is None else o.requests
     check_requests(requests)
     burstiness = 1.0 if o.burstiness is None else finite_float("burstiness", o.burstiness)
@@ -166,7 +169,12 @@ def build(o: SimOptions) -> SimJob:
         notes[-1] = concat(notes[-1], f"; the step time reads their KV once per step (as {spec.layers} layers)")
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
-    hybrid = pool_groups(layout) is not None
+    hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
+    if hybrid and weighted_layout(layout) and (o.preempt == "swap" or layout.mamba_cache_mode == "align"):
+        what, fix = ("preempt swap", "preempt recompute") if o.preempt == "swap" else (
+            "mamba_cache_mode align", "mamba_cache_mode none or all")
+        raise ParameterError(f"{what} on weighted tables (layout ideal, a state of thousands of units) is not done "
+                             f"yet: use {fix}, or layout vllm", "preempt", "mamba_cache_mode", "layout")
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         _check_hybrid(o, spec, policies)
@@ -180,6 +188,7 @@ def build(o: SimOptions) -> SimJob:
     if not 0 <= o.cancel_fraction <= 1:
         raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
     workload = _workload(o, seed)
+    check_workload_options(o, workload, policies)
     speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
                                            o.rollback_policy, seed)
     if speculation is not None:
@@ -202,8 +211,9 @@ def build(o: SimOptions) -> SimJob:
                 "mamba_cache_mode", "max_batched_tokens")
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
+    refusals = start_refusals(o, spec, notes)
     return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
-                 slo, o.find_max_rate, target_attainment, lower_bound)
+                 slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
 
 
 def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,

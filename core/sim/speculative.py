@@ -103,6 +103,10 @@ def speculation_from_options(spec_tokens: int | None, acceptance: float | None, 
     if isinstance(acceptance, float) and math.isnan(acceptance):
         raise ParameterError("spec_acceptance nan is not a probability: give a number between 0 and 1",
                              "spec_acceptance")
+    if spec_tokens == 0:  # as vLLM, which takes num_speculative_tokens > 0 only
+        raise ParameterError("spec_tokens 0 drafts nothing, so spec_acceptance and the drafter change nothing: give "
+                             "K of 1 or more (e.g. 4), or drop spec_tokens and spec_acceptance", "spec_tokens",
+                             "spec_acceptance")
     method = DEFAULT_SPEC_METHOD if method is None else method.strip().lower()
     if method == "ngram" and draft_cost is not None and draft_cost != 0:
         raise ParameterError(f"draft_cost {draft_cost:g} with spec_method ngram: n-gram drafting runs no model; "

@@ -27,8 +27,8 @@ reads is cut by the tokens beyond the window ("excess"): for a chunk of m tokens
 
     excess positions = Σ_{q=s+1}^{s+m} max(q − W, 0)      excess reads = max(s + 1 − W, 0)
 
-(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0)). The KV pool is NOT windowed: it
-stores every token of every layer (see kvcalc sim's notes), so only the time side applies the window.
+(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0)). The pool side is the hybrid pool's:
+a sliding group frees the blocks that left the window (core/pool/groups.py), so here only the time is windowed.
 
 Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
 bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..inputs.traces import Trace
+from ..share.replay_groups import keys_lower_bound
 from ..share.stack_distance import stack_distances
 from ..share.tiers import tier_hit_blocks
 from .metrics import RunSummary, summarize
@@ -34,7 +35,9 @@ class TierRung:
     record: RunRecord
     summary: RunSummary
     search: RateSearch | None
-    replay_hit_blocks: tuple[int, int, int]  # one-at-a-time replay: hits served by gpu, host, disk
+    # one-at-a-time replay (share's): hits served by gpu, host, disk; None when the block does not tile the trace's
+    # 512-token ids (a hybrid's forced block: the run keys it by its last id, share's replay only exactly)
+    replay_hit_blocks: tuple[int, int, int] | None
 
     @property
     def totals(self) -> TierTotals:
@@ -84,7 +87,7 @@ def compare_tiers(job: SimJob, records: dict[str, RunRecord], searches: dict[str
     tiers = job.sim.tiers
     assert tiers is not None, "compare_tiers needs a job with tiers"
     trace = replay_trace(job, records["paged"])
-    distances = stack_distances(trace, job.sim.block_size)
+    distances = None if keys_lower_bound(job.sim.block_size) else stack_distances(trace, job.sim.block_size)
     gpu = gpu_cache_blocks(job)
     kv_per_token = job.plan.kv_bytes_per_token
     rungs = []
@@ -96,7 +99,9 @@ def compare_tiers(job: SimJob, records: dict[str, RunRecord], searches: dict[str
         if job.find_max_rate:
             search = searches.get("paged") if last else max_rate(job.workload, "paged", sim, job.slo,
                                                                job.target_attainment, first=record)
-        hits = tier_hit_blocks(distances, (gpu, rung_tiers.host_blocks, rung_tiers.disk_blocks))
-        rungs.append(TierRung(label, rung_tiers, record, summarize(record, job.slo, kv_per_token), search,
-                              (int(hits[0].sum()), int(hits[1].sum()), int(hits[2].sum()))))
+        replay = None
+        if distances is not None:
+            hits = tier_hit_blocks(distances, (gpu, rung_tiers.host_blocks, rung_tiers.disk_blocks))
+            replay = (int(hits[0].sum()), int(hits[1].sum()), int(hits[2].sum()))
+        rungs.append(TierRung(label, rung_tiers, record, summarize(record, job.slo, kv_per_token), search, replay))
     return TierComparison(tuple(rungs), int(np.sum(trace.prompt_tokens)), job.sim.block_size, gpu)

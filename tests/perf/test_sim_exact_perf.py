@@ -40,6 +40,14 @@ CONFIGS = {
                                             "--gpu", "H200"],
 }
 
+# Report figures changed on purpose since BEFORE by work outside the engine (each with the commit that made it): they
+# are left out of the comparison of that configuration only, and everything else must still match.
+INTENDED = {
+    # b8ce3c3: a hybrid layout's token slots are the tokens every attention group can hold at once (Gemma-3-27B:
+    # blocks // Σ pages per block / block tokens), no longer blocks × block size; the simulation itself is unchanged
+    "hybrid sliding window (Gemma-3-27B, H200)": {"/memory_plan/capacity_tokens"},
+}
+
 
 @pytest.fixture(scope="module")
 def before_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -80,6 +88,10 @@ def test_sim_json_is_byte_identical_before_and_after(name: str, before_package: 
     changed, added = differences(json.loads(old), json.loads(new))
     print(f"\n{name}: before {old_s:.2f} s CPU, after {new_s:.2f} s CPU ({old_s / new_s:.2f}x faster)"
           + (f"; keys only after: {', '.join(added)}" if added else ""))
+    intended = sorted(set(changed) & INTENDED.get(name, set()))
+    if intended:
+        print(f"changed on purpose since {BEFORE[:7]}: {', '.join(intended)}")
+    changed = [path for path in changed if path not in INTENDED.get(name, set())]
     assert not changed, f"figures changed: {changed}"
     if "--timeline" in args:  # the memory/queue timeline, row for row
         old_rows = (tmp_path / "old" / "timeline.csv").read_bytes()

@@ -83,25 +83,48 @@ def test_every_hybrid_sim_costs_at_most_twice_a_plain_one(tmp_path):
 
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
-PREFIX_LIMIT = 12.0
+PREFIX_LIMIT = 5.0
+# each hybrid with prefix caching -> the plain run of the same requests it is measured against: Llama-3.1-8B and
+# -70B serve all 100 (Llama-3-8B's 8,192-token limit refuses 59 of them, so it is Gemma's workload no more); the
+# 8,192-token Nemotron-H-56B refuses the same 59 and is measured against Llama-3-8B
+PREFIX_PLAINS = {"llama-3.1-8b": ["--model", "llama-3.1-8b"],
+                 "llama-3.1-70b": ["--model", "llama-3.1-70b", "--tp", "2"], "llama-3-8b": ["--model", "llama-3-8b"]}
+PREFIX_HYBRIDS = {
+    "gemma-3-27b": (["--model", "gemma-3-27b"], "llama-3.1-8b"),
+    "gpt-oss-120b": (["--model", "gpt-oss-120b", "--tp", "2"], "llama-3.1-70b"),
+    "llama-4-scout": (["--model", "llama-4-scout", "--tp", "2"], "llama-3.1-70b"),
+    "nemotron-h-56b": (["--model", "nemotron-h-56b"], "llama-3-8b"),
+}
 
 
 def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
-    """Gemma-3-27B (sliding 1,024) against Llama-3-8B on the Mooncake conversation trace's first 100 requests, prefix
-    caching on (the trace's hash ids): the hybrid pool's hits across groups, anchored blocks and per-group usage
-    against a plain pool's. Measured on one H200 (CPU s, whole process): 16.1 vs 0.73 (22x) before the hit plan's
-    window look-up, multi-entry memo and one-pass group usage, 4.5-4.8 vs 0.73 (6.2-6.6x) after. Not yet issue 19's 2x:
-    a step still appends and frees per sequence and group (BlockPool.append, skip_blocks), the order the prefix
-    cache's LRU depends on. PREFIX_LIMIT bounds it with room for a loaded machine."""
+    """Hybrids with prefix caching on the Mooncake conversation trace's first 100 requests (the trace's hash ids),
+    each against a plain model serving the same requests (PREFIX_HYBRIDS), interleaved, best of two: the hybrid
+    pool's hits across groups, anchored blocks and per-group usage against a plain pool's.
+
+    Measured on one loaded machine (CPU s, whole process, best of 3 interleaved; plain 0.76 / 0.81 / 0.61 s):
+        Gemma-3-27B       3.93 -> 2.58 s: 5.2x -> 3.4x Llama-3.1-8B  (was 22x before the hit-plan work)
+        gpt-oss-120b      4.11 -> 2.72 s: 5.1x -> 3.4x Llama-3.1-70B
+        Llama-4-Scout     3.56 -> 2.60 s: 4.4x -> 3.2x Llama-3.1-70B
+        Nemotron-H-56B    1.08 -> 0.95 s: 1.8x -> 1.6x Llama-3-8B
+    after a step's frees and appends in one pass in the loop's order (core/pool/hybrid_ordered.py) and blocks per
+    group from labels. Not yet issue 19's 2x: the plain pool runs decode steps at once (owed blocks, settled in
+    order), the hybrid one steps one by one (gpt-oss: 5,839 steps), each a few dozen numpy calls. PREFIX_LIMIT
+    bounds it with room for a loaded machine."""
     if not MOONCAKE.exists():
         pytest.skip(f"{MOONCAKE} is absent (the shared traces are not checked in)")
-    trace = ["--trace", "mooncake", str(MOONCAKE), "--limit", "100"]
-    runs = {name: [*SIM, *trace, "--model", name] for name in ("gemma-3-27b", "llama-3-8b")}
+    trace = [*SIM, "--trace", "mooncake", str(MOONCAKE), "--limit", "100"]
     best: dict[str, float] = {}
-    for _ in range(2):  # interleaved, best of two
-        for name, args in runs.items():
-            best[name] = min(best.get(name, float("inf")), cpu_s(args))
-    ratio = best["gemma-3-27b"] / best["llama-3-8b"]
-    print(f"\nprefix caching, Mooncake conversation x100: gemma-3-27b {best['gemma-3-27b']:.2f} s CPU vs llama-3-8b "
-          f"{best['llama-3-8b']:.2f} s, ratio {ratio:.2f}")
-    assert ratio <= PREFIX_LIMIT, f"a hybrid run with prefix caching costs {ratio:.2f}x a plain one (> {PREFIX_LIMIT})"
+    for _ in range(2):  # each plain run, then the hybrids measured against it, round after round
+        for plain, args in PREFIX_PLAINS.items():
+            best[plain] = min(best.get(plain, float("inf")), cpu_s([*trace, *args]))
+            for name, (hybrid_args, against) in PREFIX_HYBRIDS.items():
+                if against == plain:
+                    best[name] = min(best.get(name, float("inf")), cpu_s([*trace, *hybrid_args]))
+    ratios = {name: best[name] / best[plain] for name, (_, plain) in PREFIX_HYBRIDS.items()}
+    print()
+    for name, (_, plain) in PREFIX_HYBRIDS.items():
+        print(f"prefix caching, Mooncake conversation x100: {name} {best[name]:.2f} s CPU vs {plain} "
+              f"{best[plain]:.2f} s, ratio {ratios[name]:.2f}")
+    over = {name: round(r, 2) for name, r in ratios.items() if r > PREFIX_LIMIT}
+    assert not over, f"hybrid runs with prefix caching costing more than {PREFIX_LIMIT}x a plain one: {over}"

@@ -493,6 +493,12 @@ class WeightedPoolMachine(HybridPoolMachine):
         self.shadow = HybridShadow(self.pool)
         self.shadow.slots = np.full((self.pool.store.num_blocks, B), -1, dtype=np.int64)  # ids, not units
 
+    @precondition(lambda self: bool(self.shadow.tokens))
+    @rule(data=st.data(), count=st.integers(B + 1, 3 * B))
+    def append_chunk(self, data, count: int) -> None:
+        """A prefill chunk over several pages: a state group jumps over those it does not keep (state_jump)."""
+        HybridPoolMachine.append(self, data, count)
+
     @invariant()
     def units_add_up(self) -> None:
         if hasattr(self, "pool"):  # used + free + pending units = the pool's units, no more handed out

@@ -81,7 +81,8 @@ def replicated(groups: tuple[PoolGroup, ...]) -> tuple[PoolGroup, ...]:
 @settings(max_examples=60, deadline=None)
 def test_weighted_is_the_unit_tables_when_nothing_is_evicted(ops, mode):
     # with room for everything no block is evicted, so k identical unit tables hold exactly the units of one
-    # table of weight k: used units, free units and hits agree after every operation
+    # table of weight k: used units, free units and hits agree after every operation (appends of at most B tokens:
+    # a longer one makes a weighted state group jump over the pages it would not keep, test_state_jump_*)
     groups = (PoolGroup("full", weight=2), PoolGroup("sliding", 6, weight=3), PoolGroup("state", weight=4))
     pools = [HybridPool(4_000, B, g, state_mode=mode) for g in (groups, replicated(groups))]
     live: list[int] = []
@@ -92,7 +93,7 @@ def test_weighted_is_the_unit_tables_when_nothing_is_evicted(ops, mode):
             if op == 0 or not live:
                 hits.append(pool.allocate(n, size, keys))
             elif op == 1:
-                pool.append(live[pick % len(live)], size)
+                pool.append(live[pick % len(live)], min(size, B))  # one page boundary at most: no state jump
             elif op == 2:
                 pool.fork(live[pick % len(live)], n)
             else:
@@ -168,3 +169,34 @@ def test_unweighted_pools_keep_the_plain_store():
     pool = HybridPool(40, B, (PoolGroup("full"), PoolGroup("state")))
     assert type(pool.store).__name__ == "BlockStore" and all(p.store is pool.store for p in pool.pools)
     assert not pool.weighted and np.array_equal(pool.store.queue.order()[:3], [0, 1, 2])
+
+
+def test_state_jump_takes_only_the_pages_it_keeps():
+    # B 4, full 2 units a block, state 7 a page, mode none: 4 tokens then a chunk of 8 (to 12). Mode none holds one
+    # page a request (state_pages.roll_page), weighted or not: the page moves to the last entry in place
+    groups = (PoolGroup("full", weight=2), PoolGroup("state", weight=7))
+    pool = HybridPool(100, B, groups, state_mode="none", enable_prefix_caching=False)
+    pool.allocate(0, 4)  # 1 block (2) + the page of token 3 (7) = 9
+    resume = int(pool.block_tables(0)[1][0])
+    assert pool.append_need(0, 8) == 2 * 2 + 0  # 2 more blocks; the page moves (unit tables alike: no page taken)
+    moves = pool.append(0, 8)
+    full, state = pool.block_tables(0)
+    assert len(full) == 3 and state.tolist() == [-1, -1, resume]  # pages 1 and 2 never taken: the one page moved
+    assert moves == [] and pool.num_used == 3 * 2 + 7
+    pool.check_invariants()
+    # forked: both branches hold the one page; the first to grow copies it (7 units), the last holder moves it
+    pool.fork(0, 1)
+    pool.append(0, 8)
+    pool.append(1, 8)
+    assert [pool.held_blocks(s) for s in (0, 1)] == [[5, 1], [5, 1]]
+    assert pool.num_used == (3 + 2 + 2) * 2 + 2 * 7  # 3 shared blocks, 2 own each; a page each (one a copy)
+    pool.check_invariants()
+    # mode align jumps (weighted.state_jump): the chunk keeps page 12 // 4 − 1 = 2 only, page 1 never taken
+    pool = HybridPool(100, B, groups, state_mode="align", enable_prefix_caching=False)
+    pool.allocate(0, 4)
+    resume = int(pool.block_tables(0)[1][0])
+    assert pool.append_need(0, 8) == 2 * 2 + 7
+    moves = pool.append(0, 8)
+    full, state = pool.block_tables(0)
+    assert state[:2].tolist() == [-1, -1] and moves == [(resume, int(state[2]))] and pool.num_used == 3 * 2 + 7
+    pool.check_invariants()

@@ -3,6 +3,8 @@ layer type, core/pool/weighted.py) where a table per unit was refused. Bytes wor
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hand_specs import granite_h_small
 
@@ -83,12 +85,64 @@ def test_nemotron_h_cli(run_cli):
     assert table.exit_code == 0 and "(full 40, state 55,701), one table of such blocks" in table.stdout
 
 
-@pytest.mark.parametrize("command", [("sim", "--requests", "2"),
-                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB")])
-def test_commands_without_weighted_tables_say_so(run_cli, tmp_path, command):
+def test_nemotron_h_trace_replay(run_cli, tmp_path):
+    # Nemotron-H-56B, ideal, block 16, --memory 40GiB = 2,621,440 units of 16 KiB; mode none (no state saved, no
+    # hits); prompt and output 8,192 tokens a chunk. Units: an attention block 40, a state 55,701.
+    # mode none holds one state page a request, moved in place as it grows (state_pages.roll_page):
+    # 1,000 + 10: ceil(1,010 / 16) = 64 blocks and one state: 64 · 40 + 55,701 = 58,261
+    # 1,100 + 10: ceil(1,110 / 16) = 70 blocks and one state: 70 · 40 + 55,701 = 58,501 (the peak); 600 + 10:
+    #   39 · 40 + 55,701 = 57,261
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]}\n'
+                     '{"timestamp": 5, "input_length": 1100, "output_length": 10, "hash_ids": [0, 1, 2]}\n'
+                     '{"timestamp": 9, "input_length": 600, "output_length": 10, "hash_ids": [0, 3]}\n')
+    args = ("share", "--trace", "mooncake", str(trace), "--model", "Nemotron-H-56B", "--layout", "ideal", "--memory",
+            "40GiB", "--json")
+    doc = run_cli(*args).json()
+    assert (doc["capacity_blocks"], doc["peak_used_blocks"], doc["hit_tokens"]) == (2_621_440, 58_501, 0)
+    assert doc["largest_request_blocks"] == 58_501 and [g["block_tables"] for g in doc["groups"]] == [1, 1]
+
+
+def test_a_long_prompt_takes_one_state_a_chunk(run_cli, tmp_path):
+    # 20,000 + 4 tokens: chunks 8,192, 8,192, 3,620 (to 20,004). Each chunk after the first would take a state page
+    # per 16 tokens (512 states = 28.5 M units, over the 2.6 M of 40 GiB); a weighted state group jumps: it keeps only
+    # the page of the chunk's last token. Peak: after the last chunk, ceil(20,004 / 16) = 1,251 blocks · 40 + one
+    # state 55,701 = 105,741; the admission bound counts one state too (mode none: one page a request, moved in
+    # place): 1,251 · 40 + 55,701 = 105,741
+    trace = tmp_path / "m.jsonl"
+    record = {"timestamp": 0, "input_length": 20_000, "output_length": 4, "hash_ids": list(range(100, 140))}
+    trace.write_text(json.dumps(record) + "\n")
+    doc = run_cli("share", "--trace", "mooncake", str(trace), "--model", "Nemotron-H-56B", "--layout", "ideal",
+                  "--memory", "40GiB", "--json").json()
+    assert (doc["peak_used_blocks"], doc["largest_request_blocks"]) == (105_741, 105_741)
+
+
+@pytest.mark.parametrize("command", [("sim", "--requests", "2", "--gpu", "H200", "--preempt", "swap"),
+                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB",
+                                      "--mamba-cache-mode", "align")])
+def test_what_weighted_tables_do_not_run_yet_says_so(run_cli, tmp_path, command):
     trace = tmp_path / "m.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [0]}\n')
     args = [str(trace) if a == "MOONCAKE" else a for a in command]
     result = run_cli(*args, "--model", "Nemotron-H-56B", "--layout", "ideal")
     assert result.exit_code == 2 and "not" in result.stderr and "--layout vllm" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["jamba", "qwen3_next"])
+@pytest.mark.parametrize(("prefix", "branches", "gen", "mode"), [(1_000, 3, 40, "parallel"), (777, 4, 30, "beam")])
+def test_weighted_tables_hold_the_bytes_of_unit_tables(name, prefix, branches, gen, mode):
+    # Jamba (4 attention + 133 state units) and Qwen3-Next (2 + 201) run on unit tables today (under 256): the same
+    # scenario on one weighted table a type holds the same units, peak and logical units included (decode steps of
+    # one token: no chunk, so no state jump), and so the same bytes
+    import hand_specs
+
+    from kvcalc.core.pool.groups import PoolGroup
+    layout, unit_tables = model_groups(getattr(hand_specs, name)(), 16, 16, "ideal", None)
+    assert layout is not None and unit_tables is not None and len(unit_tables) <= 256
+    weighted = tuple(PoolGroup(g.kind, g.window, weight=g.pages_per_block) for g in layout.groups)
+    scenario = ScenarioSpec(prefix_tokens=prefix, branches=branches, gen_tokens=gen, block_size=16, mode=mode, seed=5)
+    a, b = (run_scenario(scenario, groups=groups, state_mode="none") for groups in (unit_tables, weighted))
+    assert (a.physical_blocks, a.logical_blocks, a.peak_blocks) == (b.physical_blocks, b.logical_blocks, b.peak_blocks)
+    docs = [group_doc(layout, r.group_blocks, layout.page_bytes) for r in (a, b)]
+    assert [g["physical_bytes"] for g in docs[0]["groups"]] == [g["physical_bytes"] for g in docs[1]["groups"]]
