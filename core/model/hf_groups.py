@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..notes import Note
 from .hf_fields import ConfigFields
 from .hf_layers import chunk_size, layer_kinds, sliding_window
 from .hf_state_fields import model_dtype, read_state, state_dtypes
@@ -292,8 +293,8 @@ _QUANTIZED = {"fp8": "fp8", "fbgemm_fp8": "fp8", "mxfp4": "int4", "bitsandbytes_
 
 # vLLM's --dtype auto serves a float32 checkpoint in the platform's preferred 16-bit dtype, bf16 on the GPUs kvcalc
 # plans (_resolve_auto_dtype: "Downcast for float32 models"); --weight-dtype fp32 stands for --dtype float32.
-FP32_SERVED_NOTE = ("torch_dtype float32: vLLM (--dtype auto) serves it in bf16, so the GPU plan loads 2 B a "
-                    "parameter; give --weight-dtype fp32 for vLLM's --dtype float32")
+FP32_SERVED_NOTE = Note("torch_dtype float32: vLLM (its --dtype auto) serves it in bf16, so the GPU plan loads 2 B a "
+                        "parameter; give {weight_dtype} fp32 for vLLM's --dtype float32", "weight_dtype")
 
 
 def weight_dtype(f: ConfigFields) -> str | None:

@@ -69,7 +69,7 @@ def attainment_ceiling(record: RunRecord, target: float) -> tuple[float, str | N
     rejected = int(np.count_nonzero(record.status == REJECTED))
     if not counted:  # a request's cancellation point is an output count, the same at every rate
         return 0.0, (f"all {len(record.status):,} requests are cancelled (at the same output token at any rate), "
-                     "so none is measured against the SLO: attainment is undefined; lower --cancel-fraction")
+                     "so none is measured against the SLO: attainment is undefined; cancel a smaller fraction")
     ceiling = (counted - rejected) / counted
     if ceiling >= target:
         return ceiling, None

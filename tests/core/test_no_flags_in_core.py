@@ -32,6 +32,7 @@ ALLOWED = {
     ("model/weights.py", "model x has no"): "names `size --kv-memory`, another command, also from sim's plan",
     # vLLM's own flag, said as vLLM's (`vLLM's --kv-cache-dtype`); kvcalc's own is the Note's {dtype} mark.
     ("model/hf_config.py", "x: vLLM"): "vLLM's --kv-cache-dtype, another program's flag",
+    ("model/hf_groups.py", "torch_dtype float32: vLLM"): "vLLM's --dtype, another program's flag",
 }
 
 

@@ -52,6 +52,7 @@ def test_a_float32_config_is_planned_as_vllm_serves_it(run_cli, tmp_path: Path) 
     assert explicit["weights_bytes"] > 1.9 * as_bf16["weights_bytes"]
     result = run_cli("size", "--config", _folder(tmp_path, "note", olmo), "--gpu", "H100-SXM")
     assert "float32" in result.stdout + result.stderr and "bf16" in result.stdout + result.stderr
+    assert "give --weight-dtype fp32" in " ".join((result.stdout + result.stderr).split())  # the note names our flag
 
 
 def test_sim_plans_the_same_weights(run_cli, tmp_path: Path) -> None:
