@@ -30,16 +30,7 @@ pytestmark = pytest.mark.perf
 SIM = [sys.executable, "-m", "kvcalc", "sim", "--gpu", "h200", "--json"]
 ROUNDS = 3
 LIMIT = 2.0
-# https://huggingface.co/ibm-granite/granite-4.0-h-small/blob/main/config.json (the fields kvcalc reads): 40 layers,
-# attention at 5, 15, 25, 35 (8 KV heads of 128), 36 Mamba-2 layers of 128 heads of 64, d_state 128
-GRANITE_4_H_SMALL = {
-    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 4096,
-    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "layer_types": ["attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40)], "mamba_n_heads": 128,
-    "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_expand": 2,
-    "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "vocab_size": 100352, "intermediate_size": 512,
-    "num_local_experts": 72, "num_experts_per_tok": 10, "shared_intermediate_size": 8192,
-}
+GRANITE_4_H_SMALL = real_config("GRANITE_4_H_SMALL")  # tests/core/model/test_real_configs.py
 
 
 def cpu_s(args: list[str]) -> float:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from real_configs import real_config
 
 from kvcalc.core.model.hf_config import load_config
 from kvcalc.core.model.layers import FfnGroup
@@ -29,14 +30,7 @@ GRANITE_4_H_MICRO = {
     "mamba_expand": 2, "max_position_embeddings": 131072, "vocab_size": 100352, "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
 }
-# ibm-granite/granite-4.0-h-small, as tests/perf/test_sim_hybrid_perf.py quotes it
-GRANITE_4_H_SMALL = {
-    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 4096,
-    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "layer_types": _TYPES,
-    "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
-    "mamba_expand": 2, "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "vocab_size": 100352,
-    "intermediate_size": 512, "num_local_experts": 72, "num_experts_per_tok": 10, "shared_intermediate_size": 8192,
-}
+GRANITE_4_H_SMALL = real_config("GRANITE_4_H_SMALL")  # tests/core/model/test_real_configs.py
 
 
 def _write(tmp_path: Path, config: dict) -> Path:
@@ -94,8 +88,6 @@ def test_other_shared_expert_spellings(tmp_path: Path) -> None:
     """Hunyuan-A13B: `num_shared_expert` (a per-layer list) · intermediate_size beside the experts when
     use_mixed_mlp_moe; ERNIE-4.5: `moe_num_shared_experts` · moe_intermediate_size, and its dense first layer
     (MoE only from moe_layer_start_index 1 to moe_layer_end_index 27, vLLM's Ernie4_5_MoeModel)."""
-    from real_configs import real_config
-
     (tmp_path / "hunyuan").mkdir()
     (tmp_path / "ernie").mkdir()
     hunyuan = load_config(_write(tmp_path / "hunyuan", real_config("HUNYUAN_A13B")) / "config.json")

@@ -729,3 +729,16 @@ def test_weights_from_dimensions_match_published_counts(tmp_path, config, publis
 ])
 def test_active_parameters(tmp_path, config, published_active):
     assert estimate_params(load_config(write(tmp_path, config))).active == pytest.approx(published_active, rel=0.03)
+
+
+# https://huggingface.co/ibm-granite/granite-4.0-h-small/blob/main/config.json (the fields kvcalc reads): 40 layers,
+# attention at 5, 15, 25, 35 (8 KV heads of 128), 36 Mamba-2 layers of 128 heads of 64, d_state 128; 72 experts of
+# 512 (10 a token) and a shared MLP of 8,192 in every layer
+GRANITE_4_H_SMALL = {
+    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 4096,
+    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "layer_types": ["attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40)], "mamba_n_heads": 128,
+    "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_expand": 2,
+    "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "vocab_size": 100352, "intermediate_size": 512,
+    "num_local_experts": 72, "num_experts_per_tok": 10, "shared_intermediate_size": 8192,
+}

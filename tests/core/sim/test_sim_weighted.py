@@ -6,22 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from real_configs import real_config
 
 from kvcalc.core.sim.options import SimOptions
 from kvcalc.core.sim.record import COMPLETED
 from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 
-_TYPES = (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"]
-          + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4)
-# ibm-granite/granite-4.0-h-small/config.json, the fields sizing reads (as tests/perf/test_sim_hybrid_perf.py)
-GRANITE_4_H_SMALL = {
-    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 4096,
-    "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "layer_types": _TYPES,
-    "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
-    "mamba_expand": 2, "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "vocab_size": 100352,
-    "intermediate_size": 512, "num_local_experts": 72, "num_experts_per_tok": 10, "shared_intermediate_size": 8192,
-}
+GRANITE_4_H_SMALL = real_config("GRANITE_4_H_SMALL")  # tests/core/model/test_real_configs.py
 
 
 def granite_40_gib(tmp_path, **kw) -> SimOptions:
