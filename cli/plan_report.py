@@ -175,6 +175,15 @@ def _notes(result: PlanResult) -> list[str]:
         "a point whose run at its own load misses the attainment target is not searched further (its SLO is lost)",
         "cost = price per GPU-hour × tp × replicas (prices from --gpu-cost only)",
     ]
+    unbounded = [r for r in result.points if r.get("bracket_rps") and r["bracket_rps"][1] is None
+                 and r.get("max_rate_rps") and r.get("requests")]
+    if unbounded:  # as sim's note: the search doubled up to its limit without a failure
+        slowest = min(unbounded, key=lambda r: r["max_rate_rps"])
+        rate, requests = slowest["max_rate_rps"], slowest["requests"]
+        notes.append(f"{len(unbounded)} point{'s' if len(unbounded) > 1 else ''} never saw a rate fail (max rate "
+                     f"'≥'): at {rate:,.6g} req/s the {requests:,} requests arrive within about "
+                     f"{requests / rate:.3g} s, one batch that the GPU serves within the SLO, not a sustained rate; "
+                     "give more requests (--requests, --limit) to find where each point saturates")
     raised = sorted({(r["block_size"], r["memory"]["block_size"]) for r in result.points
                      if "memory" in r and r["memory"]["block_size"] != r["block_size"]})
     if raised:

@@ -142,3 +142,13 @@ def test_a_hybrid_plan_says_which_block_it_simulated(run_cli):
     assert ("the pool's block differs" in table) == (simulated != 16)
     if simulated != 16:
         assert f"16 → {simulated:,} tokens" in table
+
+
+def test_a_point_that_never_saw_a_rate_fail_is_called_one_batch(run_cli):
+    # 100 requests at sim's default 1 req/s: every doubling passed up to 2^12 = 4,096 req/s, where the 100 arrive
+    # within 100 / 4,096 = 0.0244 s — the table's "≥ 4096" is a batch, not a sustained rate, and a note says so
+    result = run_cli("plan", "--model", "Llama-3-8B", "--gpu", "H100-SXM", "--gpu-cost", "H100-SXM=2", "--requests",
+                     "100", "--slo", "ttft=2", "--tp", "1", "--replicas", "1", "--jobs", "1", "--no-cache")
+    assert result.exit_code == 0, result.stderr
+    assert ("1 point never saw a rate fail (max rate '≥'): at 4,096 req/s the 100 requests arrive within about "
+            "0.0244 s, one batch") in " ".join(result.stdout.split())
