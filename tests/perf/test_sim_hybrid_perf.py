@@ -41,6 +41,20 @@ def cpu_s(args: list[str]) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def interleaved_ratios(base: list[str], plains: dict[str, list[str]], hybrids: dict[str, tuple[list[str], str]],
+                       rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(best CPU s of each run, each hybrid's ratio to its plain run): `base` + each plain's arguments, then the
+    hybrids measured against it, round after round (interleaved, so load drifts reach both sides alike)."""
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for plain, args in plains.items():
+            best[plain] = min(best.get(plain, float("inf")), cpu_s([*base, *args]))
+            for name, (hybrid_args, against) in hybrids.items():
+                if against == plain:
+                    best[name] = min(best.get(name, float("inf")), cpu_s([*base, *hybrid_args]))
+    return best, {name: best[name] / best[plain] for name, (_, plain) in hybrids.items()}
+
+
 def test_every_hybrid_sim_costs_at_most_twice_a_plain_one(tmp_path):
     folders = {}
     for name, config in (("granite-4.0-h-small", GRANITE_4_H_SMALL), ("jamba-1.5-mini", real_config("JAMBA_15_MINI")),
@@ -58,14 +72,7 @@ def test_every_hybrid_sim_costs_at_most_twice_a_plain_one(tmp_path):
         "llama-4-scout": (["--model", "llama-4-scout", "--tp", "2"], "llama-3-70b"),
         "qwen3-next-80b": (["--config", str(folders["qwen3-next-80b"]), "--tp", "2"], "llama-3-70b"),
     }
-    best: dict[str, float] = {}
-    for _ in range(ROUNDS):  # each plain run, then the hybrids measured against it, round after round
-        for plain, args in plains.items():
-            best[plain] = min(best.get(plain, float("inf")), cpu_s([*SIM, *args]))
-            for name, (hybrid_args, against) in hybrids.items():
-                if against == plain:
-                    best[name] = min(best.get(name, float("inf")), cpu_s([*SIM, *hybrid_args]))
-    ratios = {name: best[name] / best[plain] for name, (_, plain) in hybrids.items()}
+    best, ratios = interleaved_ratios(SIM, plains, hybrids, ROUNDS)
     print()
     for name, (_, plain) in hybrids.items():
         print(f"{name:>20}: {best[name]:.2f} s CPU vs {plain} {best[plain]:.2f} s, ratio {ratios[name]:.2f}")
@@ -108,14 +115,7 @@ def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
     if not MOONCAKE.exists():
         pytest.skip(f"{MOONCAKE} is absent (the shared traces are not checked in)")
     trace = [*SIM, "--trace", "mooncake", str(MOONCAKE), "--limit", "100"]
-    best: dict[str, float] = {}
-    for _ in range(2):  # each plain run, then the hybrids measured against it, round after round
-        for plain, args in PREFIX_PLAINS.items():
-            best[plain] = min(best.get(plain, float("inf")), cpu_s([*trace, *args]))
-            for name, (hybrid_args, against) in PREFIX_HYBRIDS.items():
-                if against == plain:
-                    best[name] = min(best.get(name, float("inf")), cpu_s([*trace, *hybrid_args]))
-    ratios = {name: best[name] / best[plain] for name, (_, plain) in PREFIX_HYBRIDS.items()}
+    best, ratios = interleaved_ratios(trace, PREFIX_PLAINS, PREFIX_HYBRIDS, 2)
     print()
     for name, (_, plain) in PREFIX_HYBRIDS.items():
         print(f"prefix caching, Mooncake conversation x100: {name} {best[name]:.2f} s CPU vs {plain} "
