@@ -23,7 +23,7 @@ A pool of mixed tokens per block, weighted tables or speculative slots takes the
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,23 +40,15 @@ def ordered(pool: HybridPool) -> bool:
     return not (pool.mixed or getattr(pool, "weighted", False) or any(p.spec.tracked for p in pool.pools))
 
 
-def _rules(pool: HybridPool) -> list[tuple[int, str, int]]:
-    """(group, kind, window) of each group that frees anything, in group order (kept on the pool)."""
+def _rules(pool: HybridPool) -> list[tuple[int, Callable[[int, int, str], int]]]:
+    """(group, its PoolGroup.first_block_before_growth) of each group that frees anything, in group order (kept on
+    the pool)."""
     rules = pool.__dict__.get("_skip_rules")
     if rules is None:
         rules = pool.__dict__["_skip_rules"] = [
-            (g, group.kind, group.window or 0) for g, group in enumerate(pool.groups)
+            (g, group.first_block_before_growth) for g, group in enumerate(pool.groups)
             if group.kind != "full" and not (group.kind == "state" and pool.state_mode == "all")]
     return rules
-
-
-def _first(kind: str, window: int, tokens: int, B: int, mode: str) -> int:
-    """PoolGroup.first_block_before_growth(tokens) of a group that frees, in plain ints."""
-    if kind == "sliding":
-        return max(tokens - window + 1, 0) // B
-    if kind == "chunked":
-        return tokens // window * window // B
-    return max(tokens - 1, 0) // B if mode == "none" else max(tokens // B - 1, 0)
 
 
 def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
@@ -68,9 +60,9 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
     for seq_id, first_table in zip(seq_ids, pools[0]._tables(seq_ids), strict=True):
         tokens, blocks = first_table.num_tokens, first_table.num_blocks  # every group's tables alike
-        for g, kind, window in rules:
+        for g, first in rules:
             seq = pools[g].seqs[seq_id]
-            end = min(_first(kind, window, tokens, B, mode), blocks)
+            end = min(first(tokens, B, mode), blocks)
             if end > seq.num_skipped:
                 parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
                 pools[g].logical_blocks -= end - seq.num_skipped
