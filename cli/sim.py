@@ -16,6 +16,7 @@ from ..core.blocks import DEFAULT_BLOCK_SIZE
 from ..core.dtypes import DEFAULT_DTYPE
 from ..core.model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..core.notes import concat
+from ..core.sim.options import SimOptions
 from . import sim_flags as opt
 from .options import check_output_path
 from .output import Format, emit, err_console, resolve_format, warn_notes
@@ -29,74 +30,38 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Memory over time a
 
 def command(
     # the workload: a trace, or a constructed arrival process
-    trace: opt.TraceOpt = None,
-    time_scale: opt.TimeScaleOpt = 1.0,
-    limit: opt.LimitOpt = None,
-    rate: opt.RateOpt = None,
-    arrival: opt.ArrivalOpt = None,
-    burstiness: opt.BurstinessOpt = None,
-    requests: opt.RequestsOpt = None,
-    prompt_dist: opt.PromptDistOpt = None,
-    output_dist: opt.OutputDistOpt = None,
+    trace: opt.TraceOpt = None, time_scale: opt.TimeScaleOpt = 1.0, limit: opt.LimitOpt = None,
+    rate: opt.RateOpt = None, arrival: opt.ArrivalOpt = None, burstiness: opt.BurstinessOpt = None,
+    requests: opt.RequestsOpt = None, prompt_dist: opt.PromptDistOpt = None, output_dist: opt.OutputDistOpt = None,
     # the model and its KV
-    model: opt.ModelOpt = None,
-    config: opt.ConfigOpt = None,
-    layers: opt.LayersOpt = None,
-    kv_heads: opt.KvHeadsOpt = None,
-    head_dim: opt.HeadDimOpt = None,
-    dtype: opt.KvDtypeOpt = DEFAULT_DTYPE,
-    weight_dtype: opt.WeightDtypeOpt = None,
-    weights_bytes: opt.WeightsBytesOpt = None,
+    model: opt.ModelOpt = None, config: opt.ConfigOpt = None, layers: opt.LayersOpt = None,
+    kv_heads: opt.KvHeadsOpt = None, head_dim: opt.HeadDimOpt = None, dtype: opt.KvDtypeOpt = DEFAULT_DTYPE,
+    weight_dtype: opt.WeightDtypeOpt = None, weights_bytes: opt.WeightsBytesOpt = None,
     # the GPU, its memory plan (as vLLM plans it) and the step-time roofline
-    gpu: opt.GpuOpt = None,
-    gpu_memory: opt.GpuMemoryOpt = None,
-    bandwidth: opt.BandwidthOpt = None,
-    flops: opt.FlopsOpt = None,
-    tp: opt.TpOpt = 1,
-    memory_utilization: opt.MemoryUtilizationOpt = None,
-    vllm_version: opt.VllmVersionOpt = None,
-    quantization: opt.QuantizationOpt = None,
+    gpu: opt.GpuOpt = None, gpu_memory: opt.GpuMemoryOpt = None, bandwidth: opt.BandwidthOpt = None,
+    flops: opt.FlopsOpt = None, tp: opt.TpOpt = 1, memory_utilization: opt.MemoryUtilizationOpt = None,
+    vllm_version: opt.VllmVersionOpt = None, quantization: opt.QuantizationOpt = None,
     workspace_bytes: opt.WorkspaceBytesOpt = None,
     # the KV pool
-    block_size: opt.SimBlockOpt = DEFAULT_BLOCK_SIZE,
-    layout: opt.LayoutOpt = None,
-    mamba_cache_mode: opt.MambaCacheModeOpt = None,
-    policy: opt.PolicyOpt = None,
-    compare: opt.CompareOpt = None,
+    block_size: opt.SimBlockOpt = DEFAULT_BLOCK_SIZE, layout: opt.LayoutOpt = None,
+    mamba_cache_mode: opt.MambaCacheModeOpt = None, policy: opt.PolicyOpt = None, compare: opt.CompareOpt = None,
     # the scheduler: batch limits, preemption, cancellations and timeouts
-    max_batched_tokens: opt.MaxBatchedTokensOpt = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_seqs: opt.MaxSeqsOpt = None,
-    max_model_len: opt.MaxModelLenOpt = None,
-    preempt: opt.PreemptOpt = "recompute",
-    swap_bandwidth: opt.SwapBandwidthOpt = None,
-    cancel_fraction: opt.CancelFractionOpt = 0.0,
-    timeout_s: opt.TimeoutOpt = None,
-    seed: opt.SimSeedOpt = None,
+    max_batched_tokens: opt.MaxBatchedTokensOpt = DEFAULT_MAX_NUM_BATCHED_TOKENS, max_seqs: opt.MaxSeqsOpt = None,
+    max_model_len: opt.MaxModelLenOpt = None, preempt: opt.PreemptOpt = "recompute",
+    swap_bandwidth: opt.SwapBandwidthOpt = None, cancel_fraction: opt.CancelFractionOpt = 0.0,
+    timeout_s: opt.TimeoutOpt = None, seed: opt.SimSeedOpt = None,
     # the step-time model's efficiencies, SLO targets, and the run's switches
-    compute_eff: opt.ComputeEffOpt = 0.6,
-    weight_eff: opt.WeightEffOpt = 0.8,
-    attn_eff: opt.AttnEffOpt = 0.8,
-    step_overhead_ms: opt.StepOverheadMsOpt = 0.5,
-    calibrate: opt.CalibrateOpt = None,
-    slo: opt.SloOpt = None,
-    find_max_rate: opt.MaxRateOpt = False,
-    target_attainment: opt.AttainmentOpt = None,
-    no_prefix_caching: opt.NoPrefixCachingOpt = False,
-    no_fast_forward: opt.NoFastForwardOpt = False,
+    compute_eff: opt.ComputeEffOpt = 0.6, weight_eff: opt.WeightEffOpt = 0.8, attn_eff: opt.AttnEffOpt = 0.8,
+    step_overhead_ms: opt.StepOverheadMsOpt = 0.5, calibrate: opt.CalibrateOpt = None, slo: opt.SloOpt = None,
+    find_max_rate: opt.MaxRateOpt = False, target_attainment: opt.AttainmentOpt = None,
+    no_prefix_caching: opt.NoPrefixCachingOpt = False, no_fast_forward: opt.NoFastForwardOpt = False,
     # KV tiers below the GPU, then speculative decoding
-    host_cache: opt.HostCacheOpt = None,
-    disk_cache: opt.DiskCacheOpt = None,
-    host_bw: opt.HostBwOpt = None,
-    disk_bw: opt.DiskBwOpt = None,
-    spec_tokens: opt.SimSpecTokensOpt = None,
-    spec_acceptance: opt.SpecAcceptanceOpt = None,
-    spec_method: opt.SimSpecMethodOpt = None,
-    draft_cost: opt.DraftCostOpt = None,
-    rollback_policy: opt.RollbackPolicyOpt = None,
+    host_cache: opt.HostCacheOpt = None, disk_cache: opt.DiskCacheOpt = None, host_bw: opt.HostBwOpt = None,
+    disk_bw: opt.DiskBwOpt = None, spec_tokens: opt.SimSpecTokensOpt = None,
+    spec_acceptance: opt.SpecAcceptanceOpt = None, spec_method: opt.SimSpecMethodOpt = None,
+    draft_cost: opt.DraftCostOpt = None, rollback_policy: opt.RollbackPolicyOpt = None,
     # output
-    timeline: TimelineOpt = None,
-    plot: PlotOpt = None,
-    json_flag: opt.JsonOpt = False,
+    timeline: TimelineOpt = None, plot: PlotOpt = None, json_flag: opt.JsonOpt = False,
     fmt: opt.FormatOpt = Format.table,
 ) -> None:
     """Simulate serving: continuous batching over the KV pool; TTFT, TPOT, E2E, goodput, memory, max rate.
@@ -104,7 +69,12 @@ def command(
     Latencies come from a roofline step-time model, not a measurement.
     Default: OPT-13B on one A100-40GB, 1,000 ShareGPT-like constructed requests at 1 request/s.
     """
-    options = sim_options(locals())
+    _run(sim_options(locals()), timeline, plot, json_flag, fmt)
+
+
+def _run(options: SimOptions, timeline: Path | None, plot: Path | None, json_flag: bool, fmt: Format) -> None:
+    """The command's work once its parameters are SimOptions: check the output paths, build and run the job,
+    write the timeline/plot, print the report."""
     from ..core.sim.setup import build
     from .sim_report import build_report
 
