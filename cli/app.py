@@ -108,8 +108,8 @@ def flag_message(exc: ParameterError, flags: dict[str, str]) -> str:
 
 
 def _check_one_format(args: list[str]) -> None:
-    """`--json` with `--format csv|markdown` asks for two formats: refuse before any work is done (the
-    commands check it again when they print)."""
+    """`--json` with `--format table|csv|markdown` asks for two formats: refuse before any work is done (the
+    commands check csv and markdown again when they print)."""
     if "--json" not in args:
         return
     from .output import check_one_format
@@ -118,7 +118,7 @@ def _check_one_format(args: list[str]) -> None:
         value = arg.partition("=")[2] if arg.startswith("--format=") else (
             args[i + 1] if arg == "--format" and i + 1 < len(args) else None)
         if value is not None:
-            check_one_format(True, value)
+            check_one_format(True, value, given=True)
 
 
 # Every option naming a file a command writes, and what it writes: checked by check_output_paths before any

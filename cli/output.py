@@ -164,10 +164,11 @@ class Report:
     footer: list[str] = field(default_factory=list)
 
 
-def check_one_format(json_flag: bool, fmt: str) -> None:
-    """`--json` with `--format csv` or `markdown` asks for two formats (`table` is the default, so it cannot
-    be told from no --format at all)."""
-    if json_flag and fmt.lower() in (Format.csv.value, Format.markdown.value):
+def check_one_format(json_flag: bool, fmt: str, given: bool = False) -> None:
+    """`--json` with `--format csv` or `markdown` asks for two formats, and so does `--format table` when the
+    command line `given` says so (a parsed `table` is also the default, which cannot be told from no --format)."""
+    others = (Format.csv.value, Format.markdown.value) + ((Format.table.value,) if given else ())
+    if json_flag and fmt.lower() in others:
         raise ValueError(f"--json and --format {fmt} ask for two formats: give one of them")
 
 

@@ -41,18 +41,24 @@ def validated(values: np.ndarray, where: Callable[[int], str] | None, what: str)
     return values
 
 
-def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = "") -> np.ndarray:
-    """Parse integer strings; the fast path is vectorised, the slow one finds and names the first bad item."""
+def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = "",
+                   option_spellings: bool = False) -> np.ndarray:
+    """Parse integer strings; the fast path is vectorised, the slow one finds and names the first bad item.
+
+    A file's lengths are whole numbers written as such (4096, +4096, 1_000), as its JSON and .npy forms must
+    be; `option_spellings` (a list typed on the command line) also takes what every count option takes (1e3,
+    4096.0 when exactly whole)."""
     try:
         return np.array(items).astype(np.int64) if items else np.zeros(0, np.int64)
     except (ValueError, OverflowError):
         pass
     values = []
-    for i, text in enumerate(items):  # exact spellings as every integer option reads them: 1e3, 1_000, 4096.0
+    for i, text in enumerate(items):
         try:
-            value = parse_int(text, "length")
+            value = parse_int(text, "length") if option_spellings else int(text)
         except ValueError:
-            raise ValueError(f"{where(i)}: {text!r} is not an integer length{hint}") from None
+            fix = "; write whole numbers without a decimal point or exponent" if _numeric(text) else ""
+            raise ValueError(f"{where(i)}: {text!r} is not an integer length{fix or hint}") from None
         if value > MAX_LENGTH:
             raise ValueError(f"{where(i)}: length {format_int_short(value)} is too large (lengths must be <= 2^62)")
         if value < -MAX_LENGTH:  # would not fit int64; smaller negatives are named by the range check
@@ -60,6 +66,14 @@ def ints_from_text(items: list[str], where: Callable[[int], str], hint: str = ""
                              "least 1 token")
         values.append(value)
     return np.array(values, dtype=np.int64)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def read_lengths_array(source: InputSource, column: str | None = None) -> np.ndarray:

@@ -107,7 +107,7 @@ def parse_lengths_list(text: str) -> Lengths:
         return f"{{lengths}} item {i + 1}"  # marked: the message is raised again as lengths' ParameterError
 
     try:
-        values = validated(ints_from_text(items, where), where, "{lengths}")
+        values = validated(ints_from_text(items, where, option_spellings=True), where, "{lengths}")
     except ValueError as exc:
         raise ParameterError(str(exc), "lengths") from None
     return Lengths(values, "user", Note(f"{{lengths}} ({values.size:,} given on the command line)", "lengths"))

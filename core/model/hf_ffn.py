@@ -33,6 +33,9 @@ from .layers import FfnGroup
 
 _PLAIN_MLP_TYPES = frozenset({"falcon", "opt", "gpt2", "gpt_bigcode", "gptj", "gpt_neox", "phi", "mpt", "bloom",
                               "starcoder2", "RefinedWeb", "RefinedWebModel"})
+# MLP 4 x hidden when the config names no width (transformers' defaults: Falcon's ffn_hidden_size, GPT-2 /
+# GPT-J / StarCoder's n_inner; BLOOM has no field): tiiuae/falcon-7b's config.json names none
+_FOUR_X_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel", "gpt2", "gptj", "gpt_bigcode", "bloom"})
 
 
 def expert_counts(f: ConfigFields) -> tuple[int | None, int | None]:
@@ -67,6 +70,9 @@ def intermediate_widths(f: ConfigFields, n: int) -> list[int] | None:
         return widths
     # ff_intermediate_size: Phi-3-small's spelling (its config names no intermediate_size)
     width = f.int("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner", "ff_intermediate_size")
+    if width is None and f.raw("model_type") in _FOUR_X_TYPES:
+        hidden = f.int("hidden_size", "n_embd", "d_model")
+        width = None if hidden is None else 4 * hidden
     return None if width is None else [width] * n
 
 

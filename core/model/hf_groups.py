@@ -56,7 +56,7 @@ def read_groups_in_order(f: ConfigFields, n: int, heads: int, head_dim: int,
         layers = [g for kind in kinds for g in _layer(f, kind, heads, head_dim, dtypes)]
         layers = _per_layer_overrides(f, layers, n)
         layers = _shared_indexers(f, layers, n)
-    layers = _kv_shared(f, layers, n)
+    layers = _windows_within_positions(f, _kv_shared(f, layers, n), notes)
     unknown = sum(1 for g in layers if g.note == UNKNOWN_STATE_NOTE)
     if unknown:
         notes.append(f"the recurrent state of {unknown} linear-attention / state-space layers is not known (the "
@@ -66,6 +66,18 @@ def read_groups_in_order(f: ConfigFields, n: int, heads: int, head_dim: int,
         return groups, ()
     index = {dataclasses.replace(g, count=1): i for i, g in enumerate(groups)}
     return groups, tuple(index[g] for g in layers)
+
+
+def _windows_within_positions(f: ConfigFields, layers: list[LayerGroup], notes: list[str]) -> list[LayerGroup]:
+    """A window or chunk no shorter than the model's positions never drops a token (Phi-4-mini: sliding_window
+    262,144, max_position_embeddings 131,072): those layers are full attention, paged as such."""
+    positions = max_positions(f)
+    wide = {g.window for g in layers if g.window is not None and positions is not None and g.window >= positions}
+    if not wide:
+        return layers
+    notes.append(f"window {max(wide):,} is not shorter than the model's {positions:,} positions, so no token leaves "
+                 "it: those layers are full attention")
+    return [dataclasses.replace(g, kind="full", window=None) if g.window in wide else g for g in layers]
 
 
 def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGroup:
@@ -280,11 +292,17 @@ def max_positions(f: ConfigFields) -> int | None:
 
 
 def tied(f: ConfigFields) -> bool | None:
-    """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma: tied)."""
+    """`tie_word_embeddings`; absent, the default of the model type's transformers config (Gemma, and the
+    types that keep PretrainedConfig's True: Falcon, GPT-2, StarCoder, BLOOM, OPT: tied)."""
     tied = f.flag("tie_word_embeddings")
-    if tied is None and str(f.raw("model_type")).startswith("gemma"):
+    if tied is None and (str(f.raw("model_type")).startswith("gemma") or f.raw("model_type") in _TIED_TYPES):
         return True
     return tied
+
+
+# transformers' configs of these types leave tie_word_embeddings at PretrainedConfig's default, True
+# (tiiuae/falcon-7b's config.json names none, and its lm_head is the embedding table)
+_TIED_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel", "gpt2", "gpt_bigcode", "bloom", "opt"})
 
 
 # quantization_config quant_method -> the precision most weights are stored in (scales aside).

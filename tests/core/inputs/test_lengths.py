@@ -410,16 +410,20 @@ def test_lines_file_reads_what_was_written(tmp_path_factory, values, separators)
 
 
 def test_lengths_read_exact_integer_spellings_like_every_count():
-    # 1e3 = 1000, 2_000 = 2000, 4096.0 = 4096 (as --max-len and every integer option read them); 1.5 is not a length
+    # typed as an option's list: 1e3 = 1000, 2_000 = 2000, 4096.0 = 4096 (as --max-len and every integer option
+    # read them); 1.5 is not a length. In a file, a length is written as a whole number (as its JSON form must)
     from kvcalc.core.inputs.distributions import LengthDistribution
     from kvcalc.core.inputs.files import ints_from_text
 
     items = ["1e3", "2_000", "4096.0", "37"]
-    assert ints_from_text(items, lambda i: f"item {i + 1}").tolist() == [1000, 2000, 4096, 37]
+    assert ints_from_text(items, lambda i: f"item {i + 1}", option_spellings=True).tolist() == [1000, 2000, 4096, 37]
+    with pytest.raises(ValueError, match=r"item 1: '1e3' is not an integer length; write whole numbers"):
+        ints_from_text(items, lambda i: f"item {i + 1}")
+    assert ints_from_text(["+1_000", "37"], lambda i: f"item {i + 1}").tolist() == [1000, 37]
     with pytest.raises(ValueError, match=r"item 2: '1\.5' is not an integer length"):
-        ints_from_text(["1", "1.5"], lambda i: f"item {i + 1}")
+        ints_from_text(["1", "1.5"], lambda i: f"item {i + 1}", option_spellings=True)
     with pytest.raises(ValueError, match=r"item 1: length -100000000000000000000 is not positive"):
-        ints_from_text(["-1e20"], lambda i: f"item {i + 1}")
+        ints_from_text(["-1e20"], lambda i: f"item {i + 1}", option_spellings=True)
     dist = LengthDistribution.parse("uniform:low=1e2,high=1_000")
     assert (dist.param("low"), dist.param("high")) == (100, 1000)
 
