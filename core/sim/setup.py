@@ -34,7 +34,7 @@ from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..notes import Note, concat
-from ..pool.groups import check_state_mode_given, weighted_layout
+from ..pool.groups import check_state_mode_given
 from ..share.replay_groups import keys_lower_bound
 from ..spec_decode import with_config_drafter
 from .checks import (
@@ -65,8 +65,16 @@ from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
 from .settings import SimSetup
-from .setup_checks import check_rate_inf_arrival, check_workload_options, start_refusals
-from .speculative import check_speculative_setup, speculation_from_options
+from .setup_checks import (
+    check_align_block_fits,
+    check_hybrid,
+    check_ignored,
+    check_rate_inf_arrival,
+    check_weighted_tables,
+    check_workload_options,
+    start_refusals,
+)
+from .speculative import SimSpeculation, check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .tiers_options import sim_tiers
 from .workload import Workload, constructed, from_trace, length_streams
@@ -91,17 +99,6 @@ class SimJob:
     target_attainment: float
     prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (_mooncake_keys_note)
     start_refusals: tuple[str, ...] = ()  # why vLLM would not start with these settings (simulated anyway; warned)
-
-
-def _check_ignored(o: SimOptions) -> None:
-    """Refuse options that were given but would change nothing (their defaults are None so a given value shows)."""
-    if o.swap_bandwidth is not None and o.preempt.strip().lower() != "swap":
-        raise ParameterError(f"swap_bandwidth applies to preempt swap (preempt {o.preempt} never swaps): "
-                             "add preempt swap or drop swap_bandwidth", "swap_bandwidth", "preempt")
-    if o.seed is not None and o.trace is not None and o.cancel_fraction == 0:
-        raise ParameterError("seed with trace only picks the cancelled requests, and there are none: the file "
-                             "fixes arrivals and lengths; add cancel_fraction or drop seed", "seed", "trace",
-                             "cancel_fraction")
 
 
 def _workload(o: SimOptions, seed: int) -> Workload:
@@ -150,7 +147,7 @@ def _gpu(o: SimOptions):
 def build(o: SimOptions) -> SimJob:
     check_tp(o.tp)
     check_int_bounds({name: getattr(o, name) for name in INT_BOUNDS})
-    _check_ignored(o)
+    check_ignored(o)
     policies = choose_policies(o.policy, o.compare)
     slo = parse_slo(o.slo)
     target_attainment = check_attainment(o.find_max_rate, o.target_attainment)
@@ -161,40 +158,21 @@ def build(o: SimOptions) -> SimJob:
     gpu = _gpu(o)
     kv_dtype = parse_dtype(o.dtype)
     kv_bits = dtype_bits(kv_dtype)
-    spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype, o.quantization)
-    target_layers = spec.layers
-    spec, drafter = with_config_drafter(spec, o.spec_tokens, o.spec_method, "sim")
-    notes: list[str] = [] if drafter is None else [drafter]
-    if spec.layers != target_layers:  # the drafter's layers joined the target's
-        notes[-1] = concat(notes[-1], f"; the step time reads their KV once per step (as {spec.layers} layers)")
+    spec, quantization, notes = _checkpoint_and_drafter(o, spec)
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
     hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
-    if hybrid and weighted_layout(layout) and (o.preempt == "swap" or layout.mamba_cache_mode == "align"):
-        what, fix = ("preempt swap", "preempt recompute") if o.preempt == "swap" else (
-            "mamba_cache_mode align", "mamba_cache_mode none or all")
-        raise ParameterError(f"{what} on weighted tables (layout ideal, a state of thousands of units) is not done "
-                             f"yet: use {fix}, or layout vllm", "preempt", "mamba_cache_mode", "layout")
+    if hybrid:
+        check_weighted_tables(o, layout)
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
-        _check_hybrid(o, spec, policies)
+        check_hybrid(o, spec, policies)
         notes.append(_groups_note(layout))
     steptime, source = _steptime(o, spec, plan, notes)
-    timeout = None
-    if o.timeout_s is not None:
-        timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
-    scheduler = SchedulerConfig(o.max_batched_tokens, plan.max_num_seqs, max_model_len, o.preempt.strip().lower(),
-                                None if timeout == math.inf else timeout, o.fast_forward)
-    if not 0 <= o.cancel_fraction <= 1:
-        raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
+    scheduler = _scheduler(o, plan, max_model_len)
     workload = _workload(o, seed)
     check_workload_options(o, workload, policies)
-    speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
-                                           o.rollback_policy, seed)
-    if speculation is not None:
-        check_speculative_setup(speculation, o.max_batched_tokens, max_model_len, policies,
-                                rollback_given=o.rollback_policy is not None)
-        notes.append(speculation.describe())
+    speculation = _speculation(o, max_model_len, policies, seed, notes)
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching, speculation=speculation)
     tiers = sim_tiers(o, spec, kv_dtype, kv_bits, sim, workload, policies)  # host and disk tiers (tiers.py)
@@ -202,18 +180,49 @@ def build(o: SimOptions) -> SimJob:
         sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
         notes.append(_mooncake_keys_note(plan.block_size, hybrid))
-        if hybrid and layout.state_groups and layout.mamba_cache_mode == "align" and (
-                o.max_batched_tokens < plan.block_size):
-            raise ParameterError(
-                f"mamba_cache_mode align splits prefill at block boundaries (a state is saved where a step ends), so "
-                f"the block of {plan.block_size:,} tokens must fit the step's max_batched_tokens "
-                f"{o.max_batched_tokens:,}: raise max_batched_tokens or use mamba_cache_mode none",
-                "mamba_cache_mode", "max_batched_tokens")
+        if hybrid:
+            check_align_block_fits(o, layout, plan.block_size)
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
     refusals = start_refusals(o, spec, notes)
     return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
-                 slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
+                  slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
+
+
+def _checkpoint_and_drafter(o: SimOptions, spec: ModelSpec) -> tuple[ModelSpec, str | None, list[str]]:
+    """The model with its checkpoint's weights and, for spec_tokens with a config's MTP layers, its drafter; the
+    quantization it names; the notes begun (the drafter's, said once its layers join the target's)."""
+    spec, quantization = checkpoint_weights(spec, o.model, o.config, o.weight_dtype, o.quantization)
+    target_layers = spec.layers
+    spec, drafter = with_config_drafter(spec, o.spec_tokens, o.spec_method, "sim")
+    notes: list[str] = [] if drafter is None else [drafter]
+    if spec.layers != target_layers:  # the drafter's layers joined the target's
+        notes[-1] = concat(notes[-1], f"; the step time reads their KV once per step (as {spec.layers} layers)")
+    return spec, quantization, notes
+
+
+def _scheduler(o: SimOptions, plan: MemoryPlan, max_model_len: int) -> SchedulerConfig:
+    """The scheduler's limits, preemption mode and timeout (inf: none); cancel_fraction checked with them."""
+    timeout = None
+    if o.timeout_s is not None:
+        timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
+    scheduler = SchedulerConfig(o.max_batched_tokens, plan.max_num_seqs, max_model_len, o.preempt.strip().lower(),
+                                None if timeout == math.inf else timeout, o.fast_forward)
+    if not 0 <= o.cancel_fraction <= 1:
+        raise ParameterError(f"cancel_fraction {o.cancel_fraction:g} must be between 0 and 1", "cancel_fraction")
+    return scheduler
+
+
+def _speculation(o: SimOptions, max_model_len: int, policies: list[str], seed: int,
+                 notes: list[str]) -> SimSpeculation | None:
+    """Speculative decoding as the spec_* options ask (None without spec_tokens), checked and said in a note."""
+    speculation = speculation_from_options(o.spec_tokens, o.spec_acceptance, o.spec_method, o.draft_cost,
+                                           o.rollback_policy, seed)
+    if speculation is not None:
+        check_speculative_setup(speculation, o.max_batched_tokens, max_model_len, policies,
+                                rollback_given=o.rollback_policy is not None)
+        notes.append(speculation.describe())
+    return speculation
 
 
 def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization: str | None,
@@ -309,19 +318,6 @@ def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
     if o.tp != 1:
         spec.kv_heads_per_gpu(o.tp)  # an uneven split is refused naming the model and its layers
     return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)
-
-
-def _check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
-    """What the hybrid pool does not run yet is refused by name."""
-    others = [p for p in policies if p != "paged"]
-    if others:
-        raise ParameterError(f"{'compare' if o.compare else 'policy'} {others[0]}: the reservation policies reserve "
-                             "one region of full-attention "
-                             f"KV; {spec.name} has several KV cache groups (windows, chunks or a recurrent state): "
-                             "use policy paged", "policy", "compare")
-    if o.spec_tokens is not None:
-        raise ParameterError(f"spec_tokens: speculative decoding is not simulated on a hybrid pool yet ({spec.name} "
-                             "has several KV cache groups): drop spec_tokens", "spec_tokens")
 
 
 def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:

@@ -1,5 +1,6 @@
-"""Checks of `kvcalc sim`'s options against each other once the policies and the workload are known (setup.build
-calls them): options that would change nothing are refused, and what vLLM would refuse at start-up is named.
+"""Checks of `kvcalc sim`'s options against each other, the model's KV layout, the policies and the workload
+(setup.build calls them): options that would change nothing are refused, what the hybrid pool does not run yet
+is refused by name, and what vLLM would refuse at start-up is named.
 
 Each raises a ParameterError naming the options (SimOptions fields) and the fix, or returns the start-up refusals
 that the simulation still runs (warned on stderr and noted, as `kvcalc size --gpu` does)."""
@@ -9,8 +10,10 @@ from __future__ import annotations
 import math
 
 from ..errors import ParameterError
+from ..model.kv_groups import KVLayout
 from ..model.models import ModelSpec
 from ..notes import Note, concat
+from ..pool.groups import weighted_layout
 from .options import SimOptions
 from .workload import Workload
 
@@ -61,3 +64,48 @@ def start_refusals(o: SimOptions, spec: ModelSpec, notes: list[str]) -> list[str
                                 "rope_scaling extends the length)", "max_model_len")]
     notes += [concat("vLLM would not start: ", r, "; simulated as given") for r in refusals]
     return refusals
+
+
+def check_ignored(o: SimOptions) -> None:
+    """Refuse options that were given but would change nothing (their defaults are None so a given value shows)."""
+    if o.swap_bandwidth is not None and o.preempt.strip().lower() != "swap":
+        raise ParameterError(f"swap_bandwidth applies to preempt swap (preempt {o.preempt} never swaps): "
+                             "add preempt swap or drop swap_bandwidth", "swap_bandwidth", "preempt")
+    if o.seed is not None and o.trace is not None and o.cancel_fraction == 0:
+        raise ParameterError("seed with trace only picks the cancelled requests, and there are none: the file "
+                             "fixes arrivals and lengths; add cancel_fraction or drop seed", "seed", "trace",
+                             "cancel_fraction")
+
+
+def check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
+    """What the hybrid pool does not run yet is refused by name."""
+    others = [p for p in policies if p != "paged"]
+    if others:
+        raise ParameterError(f"{'compare' if o.compare else 'policy'} {others[0]}: the reservation policies reserve "
+                             "one region of full-attention "
+                             f"KV; {spec.name} has several KV cache groups (windows, chunks or a recurrent state): "
+                             "use policy paged", "policy", "compare")
+    if o.spec_tokens is not None:
+        raise ParameterError(f"spec_tokens: speculative decoding is not simulated on a hybrid pool yet ({spec.name} "
+                             "has several KV cache groups): drop spec_tokens", "spec_tokens")
+
+
+def check_weighted_tables(o: SimOptions, layout: KVLayout) -> None:
+    """A hybrid pool on weighted tables (core/pool/weighted.py: layout ideal, a state of thousands of units) does
+    not swap or keep align's saved states yet: refused by name, before the memory plan."""
+    if weighted_layout(layout) and (o.preempt == "swap" or layout.mamba_cache_mode == "align"):
+        what, fix = ("preempt swap", "preempt recompute") if o.preempt == "swap" else (
+            "mamba_cache_mode align", "mamba_cache_mode none or all")
+        raise ParameterError(f"{what} on weighted tables (layout ideal, a state of thousands of units) is not done "
+                             f"yet: use {fix}, or layout vllm", "preempt", "mamba_cache_mode", "layout")
+
+
+def check_align_block_fits(o: SimOptions, layout: KVLayout, block_size: int) -> None:
+    """With prefix caching on a hybrid pool, align saves a state where a step ends, at a block boundary: a step
+    must be able to reach one (max_batched_tokens ≥ the block)."""
+    if layout.state_groups and layout.mamba_cache_mode == "align" and o.max_batched_tokens < block_size:
+        raise ParameterError(
+            f"mamba_cache_mode align splits prefill at block boundaries (a state is saved where a step ends), so "
+            f"the block of {block_size:,} tokens must fit the step's max_batched_tokens "
+            f"{o.max_batched_tokens:,}: raise max_batched_tokens or use mamba_cache_mode none",
+            "mamba_cache_mode", "max_batched_tokens")
