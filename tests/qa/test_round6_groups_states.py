@@ -32,7 +32,7 @@ def _config(tmp_path: Path, name: str) -> str:
     return str(write_config(tmp_path, name, "test_architecture_configs" if name in ARCH else "test_real_configs"))
 
 
-ARCH = {"FALCON_H1_05B", "NEMOTRON3_NANO", "LFM2_12B"}
+ARCH = {"FALCON_H1_05B", "NEMOTRON3_NANO", "LFM2_12B", "KIMI_K3"}
 
 # Per model, by hand from config.json:
 # FALCON_H1_05B: 36 parallel layers, each one attention (2 KV heads of 64: 2 · 2 · 64 · 2 B = 512 B a token) and
@@ -49,12 +49,18 @@ ARCH = {"FALCON_H1_05B", "NEMOTRON3_NANO", "LFM2_12B"}
 # LFM2_12B: 6 attention layers (8 KV heads of 2048 / 32 = 64: 2,048 B a token), 10 short convs ((3 − 1) · 2,048
 #   bf16 = 8,192 B). Block 16 · ceil(8,192 / 32,768) = 16; page 16 · 2,048 = 32,768 B (the state padded 4×);
 #   group size 6 (10 ≥ 9): 1 full + 2 state groups (2 padding slots); a block id 6 · 32,768 = 196,608 B.
+# KIMI_K3 (Kimi-Linear-48B's layers): 7 MLA layers ((512 + 64) latent · 2 B = 1,152 B a token), 20 KDA layers (conv
+#   q, k, v 3 · (4 − 1) · 32 · 128 bf16 = 73,728 B + recurrent 32 · 128 · 128 fp32, vLLM's kda_state_dtype, =
+#   2,097,152 B = 2,170,880 B). FlashAttention-MLA (Hopper's first MLA backend) pages in multiples of 16: block
+#   16 · ceil(2,170,880 / 18,432) = 16 · 118 = 1,888, page 1,888 · 1,152 = 2,174,976 B; group size 7 (20 ≥ 10.5):
+#   1 MLA + 3 state groups (1 padding slot); a block id 7 · 2,174,976 = 15,224,832 B.
 MODELS = {
     # name: (block, block id bytes, state tables, state bytes a sequence, attention bytes a token)
     "FALCON_H1_05B": (800, 14_745_600, 1, 36 * 403_968, 36 * 512),
     "NEMOTRON3_NANO": (2096, 12_877_824, 4, 23 * 2_134_016, 6 * 1024),
     "MINIMAX_M1": (512, 20_971_520, 7, 70 * 2_097_152, 10 * 4096),
     "LFM2_12B": (16, 196_608, 2, 10 * 8192, 6 * 2048),
+    "KIMI_K3": (1888, 15_224_832, 3, 20 * 2_170_880, 7 * 1152),
 }
 
 
@@ -75,8 +81,8 @@ def test_size_kv_memory_groups_blocks_and_concurrency(run_cli, tmp_path: Path, n
     per_request = _cdiv(16384, block) + state_tables
     assert plan["blocks_per_request"] == per_request
     assert plan["max_concurrency"] == pytest.approx((40 * GiB // block_id) / per_request, rel=1e-12)
-    kinds = [g["kind"] for g in plan["groups"]]
-    assert kinds.count("full") == 1 and len(kinds) == 1 + state_tables
+    # one attention group (full, or Kimi's MLA) paged in blocks, and the state groups (no tokens per block)
+    assert [g["block_size"] for g in plan["groups"]].count(block) == 1 and len(plan["groups"]) == 1 + state_tables
 
 
 @pytest.mark.parametrize(("name", "tp", "block", "page", "why"), [
@@ -181,6 +187,8 @@ def test_share_copies_a_state_per_branch(run_cli, tmp_path: Path, name: str) -> 
     ("MINIMAX_M1", 3100, 200, 300),
     # LFM2: (2,150 MiB − FIXED) // 196,608 = 53 ids; 10 + 6 tokens in one 16-token block, 1 + 2: 53 // 3 = 17
     ("LFM2_12B", 2150, 10, 6),
+    # Kimi-Linear: (3,100 MiB − FIXED) // 15,224,832 = 66 ids; 1 MLA block + 3 state pages: 66 // 4 = 16
+    ("KIMI_K3", 3100, 1000, 500),
 ])
 def test_sim_concurrency_at_rate_inf_is_ids_over_a_requests_pages(run_cli, tmp_path: Path, name: str, mib: int,
                                                                   prompt: int, output: int) -> None:
