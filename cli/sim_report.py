@@ -185,31 +185,7 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     for summary in summaries.values():
         if "prefix_cache" in summary:  # absent only from a record made without the scheduler's counts
             group_prefix_hits(plan.layout, summary["prefix_cache"])
-    doc = {
-        **summaries[policies[0]],
-        "workload": {
-            "kind": job.workload.kind,
-            "description": job.workload.description,
-            "requests": len(job.workload),
-            "mean_rate_rps": job.workload.mean_rate_per_s,
-        },
-        "latency_source": job.latency_source,
-        "model": job.spec.name,
-        "gpu": plan.gpu.name,
-        "tp": plan.tp,
-        "kv_dtype": job.kv_dtype,
-        "memory_plan": _memory_plan_doc(plan),
-        "sliding_window": None if not job.spec.num_sliding_layers else {
-            "window_tokens": job.spec.sliding_window, "sliding_layers": job.spec.num_sliding_layers,
-            "layers": job.spec.layers, "attention_modelled": True, "pool_modelled": job.sim.groups is not None,
-        },
-        "kv_cache_groups": _groups_doc(plan, job.prefix_hits_lower_bound),
-        "moe_weight_reads": "uniform_routing_expectation" if job.sim.steptime.num_experts else None,
-        "slo": None
-        if slo_spec.is_empty
-        else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
-        "policies": summaries,
-    }
+    doc = _job_doc(job, summaries)
     speculating = job.sim.speculation is not None
     if speculating:
         plain_docs = {name: summary.to_dict() for name, summary in (plain or {}).items()}
@@ -239,6 +215,37 @@ def build_report(result: Simulation, plain: dict | None = None) -> Report:
     if searches:
         tables.append(_max_rate_table(searches, slo_spec, target))
     return Report(doc=doc, tables=tables, notes=_notes(job, searches), text=_text(job))
+
+
+def _job_doc(job, summaries: dict[str, dict]) -> dict:
+    """The JSON document's top: the first policy's summary, then what was simulated (workload, model, GPU,
+    memory plan, KV groups, SLO) and every policy's summary."""
+    plan, slo_spec = job.plan, job.slo
+    return {
+        **summaries[job.policies[0]],
+        "workload": {
+            "kind": job.workload.kind,
+            "description": job.workload.description,
+            "requests": len(job.workload),
+            "mean_rate_rps": job.workload.mean_rate_per_s,
+        },
+        "latency_source": job.latency_source,
+        "model": job.spec.name,
+        "gpu": plan.gpu.name,
+        "tp": plan.tp,
+        "kv_dtype": job.kv_dtype,
+        "memory_plan": _memory_plan_doc(plan),
+        "sliding_window": None if not job.spec.num_sliding_layers else {
+            "window_tokens": job.spec.sliding_window, "sliding_layers": job.spec.num_sliding_layers,
+            "layers": job.spec.layers, "attention_modelled": True, "pool_modelled": job.sim.groups is not None,
+        },
+        "kv_cache_groups": _groups_doc(plan, job.prefix_hits_lower_bound),
+        "moe_weight_reads": "uniform_routing_expectation" if job.sim.steptime.num_experts else None,
+        "slo": None
+        if slo_spec.is_empty
+        else {"ttft_s": slo_spec.ttft_s, "tpot_s": slo_spec.tpot_s, "e2e_s": slo_spec.e2e_s},
+        "policies": summaries,
+    }
 
 
 def _why_no_prefix_cache(job) -> str:
