@@ -205,3 +205,40 @@ def test_sim_concurrency_at_rate_inf_is_ids_over_a_requests_pages(run_cli, tmp_p
     assert ids % hold != 0 and (ids - 1) // hold == ids // hold
     assert doc["peak_running"] == min(40, ids // hold)
     assert (doc["completed"], doc["preemptions"], doc["rejected"]) == (40, 0, 0)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_share_ideal_layout_holds_exact_bytes(run_cli, tmp_path: Path, name: str) -> None:
+    # --layout ideal: each layer type pooled on its own at the block asked for (16), no padding, a state its exact
+    # bytes: the full table 312 shared blocks + 3 · ceil((8 + 300) / 16) = 60 own, each 16 tokens of every attention
+    # layer; 3 branches, a state each
+    _, _, _, state, per_token = MODELS[name]
+    doc = run_cli("share", "--config", _config(tmp_path, name), "--prefix", "5000", "--branches", "3", "--gen",
+                  "300", "--layout", "ideal", "--json").json()
+    groups = {g["kind"]: g for g in doc["kv_cache_groups"]["groups"]}
+    assert doc["kv_cache_groups"]["layout"] == "ideal" and doc["block_size"] == 16
+    assert groups["full"]["physical_bytes"] == (312 + 3 * 20) * 16 * per_token
+    assert groups["state"]["physical_bytes"] == 3 * state
+    assert doc["physical_bytes"] == (312 + 3 * 20) * 16 * per_token + 3 * state
+
+
+@pytest.mark.parametrize(("name", "unit", "expected"), [
+    # Falcon-H1: an attention block 16 · 18,432 = 294,912 B = 2^15 · 9, a state 14,542,848 B = 2^11 · 9 · 789: the
+    # unit is their gcd 2^11 · 9 = 18,432 B; (3,000 MiB − FIXED) // 18,432 = 48,924 units; a 10 + 6-token request
+    # holds 1 block (16 units) and a state (789 units): 48,924 // 805 = 60 at once
+    ("FALCON_H1_05B", 18_432, 60),
+    # Kimi-Linear: 16 · 8,064 = 129,024 B = 2^11 · 63, a state 43,417,600 B = 2^15 · 1,325: unit 2,048 B; 440,319
+    # units; 63 + 21,200 a request: 440,319 // 21,263 = 20
+    ("KIMI_K3", 2048, 20),
+])
+def test_sim_ideal_layout_concurrency_in_units(run_cli, tmp_path: Path, name: str, unit: int, expected: int) -> None:
+    doc = run_cli("sim", "--config", _config(tmp_path, name), *small_gpu(3000), "--layout", "ideal", "--rate", "inf",
+                  "--requests", "80", "--prompt-dist", "uniform:low=10,high=10", "--output-dist",
+                  "uniform:low=6,high=6", "--json").json()
+    _, _, _, state, per_token = MODELS[name]
+    units = (3000 * MiB - FIXED) // unit
+    assert (doc["kv_cache_groups"]["block_bytes"], doc["memory_plan"]["num_blocks"]) == (unit, units)
+    assert doc["peak_running"] == units // ((16 * per_token + state) // unit) == expected
+    # an ideal engine: whole requests of 16 · per_token + state bytes in the pool's bytes
+    assert (3000 * MiB - FIXED) // (16 * per_token + state) == expected
+    assert (doc["completed"], doc["preemptions"]) == (80, 0)
