@@ -14,6 +14,7 @@ vLLM v1's rules used (vllm/v1/core/kv_cache_utils.py, single_type_kv_cache_manag
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,24 @@ def test_sim_leaves_vllms_null_block_out_of_the_free_ids(run_cli, tmp_path: Path
                   "uniform:low=10,high=10", "--output-dist", "uniform:low=6,high=6", "--json").json()
     assert doc["memory_plan"]["num_blocks"] == ids  # vLLM's num_gpu_blocks, as its start-up log counts them
     assert doc["peak_running"] == (ids - 1) // (sliding + full)
+
+
+def test_size_pads_gpt_oss_20b_with_an_eagle_layer_as_vllms_own_example(run_cli, tmp_path: Path) -> None:
+    # vLLM's kv_cache_utils comment: "gpt-oss-20b + eagle, with 12 sw + 13 full. We pad it to (13 sw, 13 full)
+    # instead of (12 sw, 24 full)": 13 < 1.5 · 12, so the group size is 13: 2 groups, one padding slot. An EAGLE-3
+    # head (one Llama layer, 8 KV heads of 64: the same page as the target's) joins the full bucket
+    head = tmp_path / "eagle"
+    head.mkdir()
+    head.joinpath("config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 2880, "num_hidden_layers": 1,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 17280,
+        "vocab_size": 201088, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}))
+    result = run_cli("size", "--model", "gpt-oss-20b", "--kv-memory", "40GiB", "--max-model-len", "32768",
+                     "--max-num-batched-tokens", "2048", "--spec-tokens", "3", "--spec-method", "eagle",
+                     "--draft-config", str(head), "--json")
+    assert result.exit_code == 0, result.stderr
+    plan = result.json()["gpu_plan"]
+    # a block id: 13 slots · 16 · 2,048 B = 425,984 B; 40 GiB of them: 100,824
+    assert (plan["group_size"], plan["block_bytes"], plan["num_blocks"]) == (13, 425_984, 40 * GiB // 425_984)
+    assert sorted((g["kind"], g["layers"]) for g in plan["groups"]) == [("full", 13), ("sliding", 12)]
+    assert "1 padding" in plan["block_size_reason"]
