@@ -23,11 +23,21 @@ from .scheduler import Scheduler, SchedulerConfig
 from .workload import Workload
 
 STOP_EVERY = 64  # a run's stop condition is asked every this many steps (or runs of steps)
+PROGRESS_EVERY = 2000  # steps (or runs of steps) between progress reports
+
+
+class WholeLoop(Protocol):
+    def run(self, stop: Callable[[Scheduler], bool] | None) -> bool:
+        """The whole loop of `Engine.run` (arrivals, idle gaps, steps, `stop` and progress as it asks them);
+        True when `stop` ended it early."""
 
 
 class FastPath(Protocol):
     def advance(self) -> bool:
         """Do one or more steps without a plan; False: nothing done, take a plain step."""
+
+    def whole_loop(self) -> WholeLoop | None:
+        """A loop that runs this whole run itself with the same results (lean.LeanLoop), or None."""
 
 
 class Engine:
@@ -154,6 +164,22 @@ class Engine:
         """The whole run's record; None when `stop` (asked every STOP_EVERY steps or runs of steps, with the
         scheduler) said to stop early: the search's verdict is then already certain (verdict.py)."""
         s = self.scheduler
+        loop = None if fast is None else fast.whole_loop()
+        if loop is not None:
+            if loop.run(stop):
+                return None
+        else:
+            if self._loop(fast, stop):
+                return None
+        assert not s.unborn, f"parallel samples never forked: {s.unborn}"
+        self.policy.check_whole()
+        if self.progress is not None:
+            self._report_progress()
+        return self._record()
+
+    def _loop(self, fast: FastPath | None, stop: Callable[[Scheduler], bool] | None) -> bool:
+        """The loop of `run`, one step (or run of steps) at a time; True when `stop` ended it early."""
+        s = self.scheduler
         ticks = 0
         while True:
             s.ingest()
@@ -170,14 +196,10 @@ class Engine:
                 self.step()
             ticks += 1
             if stop is not None and ticks % STOP_EVERY == 0 and stop(s):
-                return None
-            if self.progress is not None and ticks % 2000 == 0:
+                return True
+            if self.progress is not None and ticks % PROGRESS_EVERY == 0:
                 self._report_progress()
-        assert not s.unborn, f"parallel samples never forked: {s.unborn}"
-        self.policy.check_whole()
-        if self.progress is not None:
-            self._report_progress()
-        return self._record()
+        return False
 
     def _report_progress(self) -> None:
         arrived = self.scheduler.next_arrival

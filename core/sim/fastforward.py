@@ -29,6 +29,8 @@ import numpy as np
 
 from .engine import Engine
 from .fastforward_groups import grouped_run_through_finishes
+from .lean import LeanLoop
+from .lean import applies as lean_applies
 from .paged import PagedPolicy
 from .paged_groups import GroupedPagedPolicy
 from .paged_run import PagedRun, run_pieces
@@ -55,6 +57,10 @@ class FastForward:
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
         self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
         self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
+
+    def whole_loop(self) -> LeanLoop | None:
+        """The lean loop (lean.py) where it applies to this run."""
+        return LeanLoop(self) if lean_applies(self) else None
 
     def advance(self) -> bool:
         k, plan = self._segment_length()

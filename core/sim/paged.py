@@ -189,25 +189,10 @@ class PagedPolicy:
         return True
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """(the most decode steps the free blocks cover, a plan for `segment_integrals`).
-
-        Request i, holding t_i tokens, needs a new block in step j iff (t_i + j) % B == 0, so the blocks
-        needed by the first s steps repeat with period B: need(s) = (s // B)·n + cum[s % B], where cum
-        is the running count of requests by their first boundary step.
-        """
-        n, B = len(tokens), self.block_size
-        if n == 0:
+        """(the most decode steps the free blocks cover, a plan for `segment_integrals`): decode_steps_plan."""
+        if len(tokens) == 0:
             return UNLIMITED_STEPS, None
-        periods, rest = divmod(len(self._free) - self.owed_blocks, n)
-        if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
-            counts = [0] * (B + 1)
-            for t in tokens.tolist():
-                counts[(-t) % B + 1] += 1
-            first = list(accumulate(counts))
-            return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.float64)
-        cum = np.zeros(B + 1, dtype=np.float64)
-        np.cumsum(np.bincount((-tokens) % B, minlength=B), out=cum[1:])
-        return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
+        return decode_steps_plan(tokens, self.block_size, len(self._free) - self.owed_blocks)
 
     # ---- release ---------------------------------------------------------------------------------------
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
@@ -329,6 +314,26 @@ class PagedPolicy:
         assert not live, f"{live} sequences still hold blocks after the run"
         assert self.owed_blocks == 0 and not self.owing, f"{self.owed_blocks} blocks still owed after the run"
         assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
+
+
+def decode_steps_plan(tokens: np.ndarray | list[int], block_size: int, spare: int) -> tuple[int, np.ndarray]:
+    """(the most decode steps `spare` free blocks cover for requests holding `tokens` [n ≥ 1], the plan).
+
+    Request i, holding t_i tokens, needs a new block in step j iff (t_i + j) % B == 0, so the blocks
+    needed by the first s steps repeat with period B: need(s) = (s // B)·n + cum[s % B], where cum
+    is the running count of requests by their first boundary step (the plan: cum as floats, exact).
+    """
+    n, B = len(tokens), block_size
+    periods, rest = divmod(spare, n)
+    if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
+        counts = [0] * (B + 1)
+        for t in tokens.tolist() if isinstance(tokens, np.ndarray) else tokens:
+            counts[(-t) % B + 1] += 1
+        first = list(accumulate(counts))
+        return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.float64)
+    cum = np.zeros(B + 1, dtype=np.float64)
+    np.cumsum(np.bincount((-np.asarray(tokens, np.int64)) % B, minlength=B), out=cum[1:])
+    return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
 
 
 def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,

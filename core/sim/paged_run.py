@@ -32,7 +32,9 @@ class PagedRun:
 
     __slots__ = ("block_size", "cached", "capacity", "n", "need", "owed", "plain", "table", "tokens", "used")
 
-    def __init__(self, policy: PagedPolicy, tokens: list[int], plan: np.ndarray, k: int, steps: np.ndarray) -> None:
+    def __init__(self, policy: PagedPolicy, tokens: list[int], plan: np.ndarray, k: int, steps: np.ndarray,
+                 owed: int | None = None) -> None:
+        """`owed`: the policy's owed blocks, when its caller keeps them (lean.LeanLoop; default: the policy's)."""
         B, n = policy.block_size, len(tokens)
         self.block_size, self.n, self.capacity = B, n, policy.capacity_slots
         m = steps[: k + 1]
@@ -40,7 +42,7 @@ class PagedRun:
         self.tokens = sum(tokens)
         self.table = sum([-(-t // B) for t in tokens])
         used, self.plain, self.cached = policy.pool_state()
-        self.owed = policy.owed_blocks
+        self.owed = policy.owed_blocks if owed is None else owed
         self.used = used + self.owed
 
     def piece(self, d: np.ndarray, i: int, steps: np.ndarray) -> tuple[np.ndarray, float]:
@@ -71,12 +73,24 @@ class PagedRun:
 
 def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.ndarray, tokens0: np.ndarray,
                paged: PagedRun, d: np.ndarray, ends: np.ndarray, pieces: list[int], steps: np.ndarray) -> int:
-    """The pieces of a run of decode steps of the batch `run` (holding `tokens0`; step j lasts d[j] and ends at
-    ends[j + 1]; pieces from piece_bounds), each accounted as fastforward._piece accounts a run: its integrals,
-    timeline row, busy time and steps, the arrivals joining before it; the tokens, inter-token gaps and the
-    pool's growth once, after the last piece (the same values and order as piece by piece); returns the steps done.
-    `steps` = 0, 1, 2, … as floats (PagedRun.piece)."""
-    n, capacity, timeline = len(run), policy.capacity_slots, totals.timeline
+    """The pieces of a run of decode steps of the batch `run` (holding `tokens0`), accounted (account_pieces), then
+    the tokens and the pool's growth once, after the last piece (the same values and order as piece by piece);
+    returns the steps done."""
+    done = account_pieces(s, totals, paged, d, ends, pieces, steps)
+    grown = tokens0 + done
+    s.computed[run] = grown
+    s.generated[run] += done
+    policy.grow_many(run, grown, paged.blocks_taken(done))
+    return done
+
+
+def account_pieces(s: Scheduler, totals: RunTotals, paged: PagedRun, d: np.ndarray, ends: np.ndarray,
+                   pieces: list[int], steps: np.ndarray) -> int:
+    """The pieces of a run of decode steps of a fixed batch (step j lasts d[j] and ends at ends[j + 1]; pieces from
+    piece_bounds), each accounted as fastforward._piece accounts a run: its integrals, timeline row, busy time and
+    steps, the arrivals joining before it; then the inter-token gaps of the steps done, and the clock at their end.
+    Returns the steps done. `steps` = 0, 1, 2, … as floats (PagedRun.piece)."""
+    n, capacity, timeline = paged.n, paged.capacity, totals.timeline
     done = 0
     for i, j in itertools.pairwise(pieces):
         if j - i < 2:
@@ -98,9 +112,5 @@ def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.nda
         totals.segments += 1
         done = j
     totals.add_itl(ends[1 : done + 1] - ends[:done], n)  # as step by step: now − last token
-    grown = tokens0 + done
-    s.computed[run] = grown
-    s.generated[run] += done
-    policy.grow_many(run, grown, paged.blocks_taken(done))
     s.now_s = float(ends[done])
     return done

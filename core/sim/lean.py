@@ -1,0 +1,342 @@
+"""The whole engine loop of a plain paged run in plain Python: the running batch's tokens and tokens to go kept as
+lists across finishes and admissions, with no StepPlan, no per-event numpy on the ~13 running requests and no chain
+of scheduler and policy calls — the fast path (fastforward.py) of `kvcalc sim`'s default runs, with its results.
+
+It applies where the fast path's general steps provably reduce to a few integers (`applies`): the paged policy
+without a prefix cache and with lazy admission (paged.py: the pool is never touched, so every decision counts free
+blocks only: free = the pool's blocks, owed = Σ ceil(tokens / B) over the running requests), preemption by
+recompute, no timeout, no sliding window, no token ids, no parallel samples, no block-aligned prefill.
+
+Each tick is what FastForward.advance (or the plain step) does in the same state, in the same order:
+
+    _steady    every running request decodes one token and waiting requests are admitted (FastForward._steady_step)
+    _preempt   that step's growth does not fit: running requests preempted from the back (_preempting_step)
+    _segment   a run of decode steps to the next finish or the memory limit while the head of the queue cannot be
+               admitted, in pieces where arrivals join (FastForward._segment; the same numpy sums: paged_run)
+
+Anything else (a batch that is not steady: a prefill chunk; nobody waiting: a run through finishes) is handed to the
+fast path or the plain step after the lists are written back (`_sync_out`), and read again after (`_sync_in`). Step
+times are the step-time model's own calls with the same arguments; every float is summed in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
+from .engine import PROGRESS_EVERY, STOP_EVERY
+from .paged import PagedPolicy, decode_steps_plan
+from .paged_run import PagedRun, account_pieces
+from .record import CANCELLED, COMPLETED, RUNNING, WAITING
+from .step_sums import piece_bounds
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .fastforward import FastForward
+    from .scheduler import Scheduler
+
+def applies(fast: FastForward) -> bool:
+    """The run is one the lean loop takes whole (module docstring)."""
+    s, policy = fast.scheduler, fast.policy
+    return (type(policy) is PagedPolicy and policy.lazy_admission and s.config.preempt == "recompute"
+            and s.config.timeout_s is None and not s.align_block and s.token_ids is None and not s.unborn
+            and s.is_fork is None and not fast.steptime.sliding_share and policy.owed_blocks == 0
+            and not policy.pool.seqs and policy.pool.num_free_blocks == policy.pool.num_blocks)
+
+
+class LeanLoop:
+    """Engine.run's loop for a run that `applies`; `run` returns True when `stop` ended it early."""
+
+    def __init__(self, fast: FastForward) -> None:
+        self.fast, self.engine, self.s, self.totals = fast, fast.engine, fast.scheduler, fast.totals
+        policy = fast.policy
+        assert isinstance(policy, PagedPolicy), "applies() takes only the paged policy"
+        self.policy, self.st = policy, fast.steptime
+        self.B, self.free, self.capacity = policy.block_size, policy.pool.num_blocks, policy.capacity_slots
+        s = self.s
+        self.prompt, self.stop_at, self.output = s.prompt_tokens.tolist(), s.stop_at.tolist(), s.output_tokens.tolist()
+        self.budget, self.max_seqs = s.config.max_batched_tokens, s.config.max_seqs
+        self.tok: list[int] = []  # tokens held by each running request (s.running's order)
+        self.rem: list[int] = []  # tokens each still has to generate
+        self.owed = 0  # Σ ceil(tok / B): the blocks the running requests hold (the policy's owed_blocks)
+        self.last_s = 0.0  # when every running request but `unsampled` got its last token
+        self.unsampled: list[int] = []  # admitted in the last step without completing their prompt
+        self._sync_in()
+
+    def run(self, stop: Callable[[Scheduler], bool] | None) -> bool:
+        s, engine = self.s, self.engine
+        arrivals, num_requests = s.arrival_list, s.num_requests
+        ticks = 0
+        while True:
+            if s.next_arrival < num_requests and arrivals[s.next_arrival] <= s.now_s:
+                s.ingest()
+            running, waiting = s.running, s.waiting
+            if not running and not waiting:
+                if s.next_arrival >= num_requests:
+                    break
+                idle_until = float(s.arrival_s[s.next_arrival])
+                self._account(idle_until - s.now_s, 0)
+                s.now_s = idle_until
+                continue
+            self._tick(len(running), waiting)
+            ticks += 1
+            if stop is not None and ticks % STOP_EVERY == 0:
+                self._sync_out()
+                if stop(s):
+                    return True
+            if engine.progress is not None and ticks % PROGRESS_EVERY == 0:
+                engine._report_progress()
+        self._sync_out()
+        return False
+
+    def _tick(self, n: int, waiting: object) -> None:
+        """One tick of the loop with `n` running requests (FastForward.advance's choice, then its step)."""
+        s = self.s
+        if not s.steady or n == 0 or n > self.budget:
+            self._fallback()
+        elif waiting and self._can_admit_head(self.budget - n):
+            self._steady(n)
+        elif not waiting:
+            self._fallback()  # a run through finishes
+        else:
+            k = min(self.rem)
+            k_memory, plan = decode_steps_plan(self.tok, self.B, self.free - self.owed)
+            if not (min(k, k_memory) >= 2 and self._segment(min(k, k_memory), plan)):
+                self._steady(n)
+
+    def _can_admit_head(self, budget: int) -> bool:
+        """Scheduler.can_admit_head: no hit without a prefix cache, nothing swapped (recompute)."""
+        s = self.s
+        if len(s.running) >= self.max_seqs or budget <= 0:
+            return False
+        rid = s.waiting[0]
+        new = min(self.prompt[rid] + int(s.generated[rid]), budget)
+        return -(-new // self.B) <= self.free - self.owed
+
+    # ---- the general step, in plain ints ------------------------------------------------------------
+    def _steady(self, n: int) -> None:
+        """FastForward._steady_step: the running requests decode, waiting ones are admitted (prefill from 0)."""
+        s, B, tok = self.s, self.B, self.tok
+        grow = sum([1 for t in tok if not t % B])  # ceil((t + 1) / B) − ceil(t / B)
+        if grow > self.free - self.owed:
+            self._preempt()
+            return
+        self.owed += grow
+        context = sum(tok) + n
+        admitted, chunks, whole = self._admit(self.budget - n)
+        tokens, positions, moved = n, context, context + n
+        for new in chunks:  # a prefill chunk from 0: 0·m + m(m + 1)/2 positions, m read and m written
+            tokens += new
+            positions += new * (new + 1) // 2
+            moved += 2 * new
+        d = float(self.st.step_s(float(tokens), float(positions), float(moved), 0.0, 0.0, 0.0,
+                                 float(n + len(chunks))))
+        for i in range(n):
+            tok[i] += 1
+        tok.extend(chunks)
+        self._account(d, sum(tok))
+        now = s.now_s = s.now_s + d
+        totals = self.totals
+        totals.busy_s += d
+        totals.steps += 1
+        totals.add_itl(np.full(n, now - self.last_s), 1)
+        sampled = [rid for rid, done in zip(admitted, whole, strict=True) if done]
+        self._first_tokens(sampled, now)
+        self.last_s = now
+        rem = self.rem
+        for i in range(n):
+            rem[i] -= 1
+        generated, stop_at = s.generated, self.stop_at
+        rem.extend([stop_at[rid] - int(generated[rid]) for rid in admitted])  # the sampled ones counted above
+        self.unsampled = [rid for rid, done in zip(admitted, whole, strict=True) if not done]
+        finished = self._leave(n + len(admitted))
+        s.steady = n + len(sampled) - finished == len(s.running)
+
+    def _admit(self, budget: int) -> tuple[list[int], list[int], list[bool]]:
+        """Scheduler.admit_waiting under lazy admission: (admitted, their chunks, whether each completes its known
+        tokens and samples)."""
+        s, B, waiting, running = self.s, self.B, self.s.waiting, self.s.running
+        admitted: list[int] = []
+        chunks: list[int] = []
+        whole: list[bool] = []
+        while waiting and len(running) < self.max_seqs and budget > 0:
+            rid = waiting[0]
+            num_tokens = self.prompt[rid] + int(s.generated[rid])
+            new = min(num_tokens, budget)
+            blocks = -(-new // B)
+            if blocks > self.free - self.owed:
+                break
+            self.owed += blocks
+            waiting.popleft()
+            s.prefix.admitted(rid, num_tokens, 0, None)
+            s.status[rid] = RUNNING
+            running.append(rid)
+            admitted.append(rid)
+            chunks.append(new)
+            whole.append(new == num_tokens)
+            budget -= new
+        if admitted:
+            s.peak_running = max(s.peak_running, len(running))
+        return admitted, chunks, whole
+
+    def _first_tokens(self, sampled: list[int], now: float) -> None:
+        """fastforward._admitted_tokens, then the tokens of the admitted requests that sampled."""
+        if not sampled:
+            return
+        s = self.s
+        first_token_s = s.first_token_s
+        later = [rid for rid in sampled if first_token_s[rid] == first_token_s[rid]]  # not NaN: recomputed
+        if later:
+            self.totals.add_itl(now - s.last_token_s[later], 1)
+        for rid in sampled:
+            if first_token_s[rid] != first_token_s[rid]:
+                first_token_s[rid] = now
+            s.generated[rid] += 1
+
+    def _preempt(self) -> None:
+        """FastForward._preempting_step: grown one by one in admission order, preempting from the back by recompute
+        while one does not fit; then the decode step of those left (nobody admitted)."""
+        s, B, tok = self.s, self.B, self.tok
+        running = s.running
+        i = 0
+        while i < len(running):
+            grow = 0 if tok[i] % B else 1
+            while grow > self.free - self.owed:
+                victim = len(running) - 1
+                self._requeue(victim)
+                if victim == i:
+                    break
+            else:
+                self.owed += grow
+                i += 1
+                continue
+            break
+        m = len(running)
+        positions = sum(tok) + m
+        d = float(self.st.step_s(float(m), float(positions), float(positions + m), 0.0, 0.0, 0.0, float(m)))
+        for j in range(m):
+            tok[j] += 1
+            self.rem[j] -= 1
+        self._account(d, sum(tok))
+        now = s.now_s = s.now_s + d
+        self.totals.busy_s += d
+        self.totals.steps += 1
+        self.totals.add_itl(np.full(m, now - self.last_s), 1)
+        self.last_s = now
+        self.unsampled = []
+        self._leave(m)
+        s.steady = True
+
+    def _requeue(self, i: int) -> None:
+        """Scheduler._preempt of the running request at `i` (the last) by recompute."""
+        s = self.s
+        rid = s.running.pop()
+        tokens, rest = self.tok.pop(), self.rem.pop()
+        s.preemptions[rid] += 1
+        s.prefix.preempted(rid, tokens)
+        s.computed[rid] = 0
+        s.generated[rid] = self.stop_at[rid] - rest
+        s.last_token_s[rid] = self.last_s
+        self.owed -= -(-tokens // self.B)
+        s.status[rid] = WAITING
+        s.waiting.appendleft(rid)
+
+    # ---- a run of decode steps ----------------------------------------------------------------------
+    def _segment(self, k: int, plan: np.ndarray) -> bool:
+        """FastForward._segment for a paged run through arrivals (someone waits, no timeout: up to the first
+        finish or the memory limit), accounted by paged_run.account_pieces."""
+        s, fast, tok = self.s, self.fast, self.tok
+        n = len(tok)
+        context0 = sum(tok) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
+        steps = fast._steps_upto(k + 1)
+        d = np.asarray(self.st.decode_steps_s(n, context0 + n * fast._steps_float[:k], 0.0))
+        ends = np.empty(k + 1)
+        ends[0] = s.now_s
+        ends[1:] = d
+        ends.cumsum(out=ends)  # ends[j + 1] = end of step j, summed in the order of now += d
+        pieces = [0, k]
+        if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
+            pieces = piece_bounds(ends, k, s.arrival_list, s.next_arrival)
+            if pieces[1] < 2:
+                return False
+        paged = PagedRun(self.policy, tok, plan, k, steps, self.owed)
+        done = account_pieces(s, self.totals, paged, d, ends, pieces, fast._steps_float)
+        self.owed += paged.blocks_taken(done)
+        self.tok = [t + done for t in tok]
+        self.rem = [r - done for r in self.rem]
+        self.last_s = s.now_s
+        self.unsampled = []
+        self._leave(n)
+        s.steady = True
+        return True
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------
+    def _account(self, d: float, held: int) -> None:
+        """RunTotals.account of a span of `d` with the running requests holding `held` tokens in `owed` blocks (the
+        policy's parts: no pool block is used or cached, every held block is owed, so its table has `owed`
+        entries)."""
+        owed_slots = self.owed * self.B
+        parts = np.array([held, owed_slots - held, 0, 0, 0, self.capacity - owed_slots], dtype=np.int64)
+        self.engine.account(d, parts, self.owed * BLOCK_TABLE_ENTRY_BYTES)
+
+    def _leave(self, m: int) -> int:
+        """Scheduler.finish of the first `m` running requests (those sampled, in order): those with nothing left to
+        generate leave; returns how many."""
+        rem = self.rem
+        done = [i for i in range(m) if rem[i] <= 0]
+        if not done:
+            return 0
+        s, tok, B = self.s, self.tok, self.B
+        running, stop_at, output = s.running, self.stop_at, self.output
+        for i in done:
+            rid = running[i]
+            cancelled = stop_at[rid] < output[rid]
+            s.status[rid] = CANCELLED if cancelled else COMPLETED
+            s.finish_s[rid] = s.now_s
+            s.computed[rid] = tok[i]
+            s.generated[rid] = stop_at[rid] - rem[i]
+            s.prefix.ended(rid, tok[i])
+            self.owed -= -(-tok[i] // B)
+        keep = [i for i in range(len(running)) if i >= m or rem[i] > 0]
+        s.running = [running[i] for i in keep]
+        self.tok = [tok[i] for i in keep]
+        self.rem = [rem[i] for i in keep]
+        return len(done)
+
+    def _fallback(self) -> None:
+        """What the fast path (or the plain step) does now, on the scheduler and policy written back."""
+        self._sync_out()
+        if not self.fast.advance():
+            self.engine.step()
+        self._sync_in()
+
+    def _sync_out(self) -> None:
+        """Write the lists back: the scheduler's arrays of the running requests, the policy's holdings."""
+        s, policy = self.s, self.policy
+        ids = np.array(s.running, dtype=np.int64)
+        s.running_ids = ids
+        s.computed[ids] = self.tok
+        s.generated[ids] = s.stop_at[ids] - np.array(self.rem, dtype=np.int64)
+        unsampled = set(self.unsampled)
+        s.last_token_s[[r for r in s.running if r not in unsampled]] = self.last_s
+        policy.held_tokens[:] = 0
+        policy.held_blocks[:] = 0
+        policy.held_tokens[ids] = self.tok
+        policy.held_blocks[ids] = [-(-t // self.B) for t in self.tok]
+        policy.owed_blocks = self.owed
+        policy.owing = set(s.running)
+        s.released, s.preempted_now = [], []  # a plain step's events: none of them changes its time here
+
+    def _sync_in(self) -> None:
+        """Read the lists from the scheduler and policy (after a step taken by the fast path or a plain step)."""
+        s, policy = self.s, self.policy
+        ids = np.array(s.running, dtype=np.int64)
+        self.tok = s.computed[ids].tolist()
+        self.rem = (s.stop_at[ids] - s.generated[ids]).tolist()
+        self.owed = policy.owed_blocks
+        assert self.owed == sum([-(-t // self.B) for t in self.tok]) and not policy.pool.seqs, "lazy holdings"
+        self.last_s = s.now_s
+        self.unsampled = [] if s.steady else list(s.running)  # not steady: the plain step comes next (no write)
