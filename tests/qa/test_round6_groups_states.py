@@ -12,6 +12,7 @@ The rules used (vLLM v1, read in vllm/v1/core/kv_cache_utils.py and vllm/platfor
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,23 @@ def test_sim_ideal_layout_concurrency_in_units(run_cli, tmp_path: Path, name: st
     # an ideal engine: whole requests of 16 · per_token + state bytes in the pool's bytes
     assert (3000 * MiB - FIXED) // (16 * per_token + state) == expected
     assert (doc["completed"], doc["preemptions"]) == (80, 0)
+
+
+def test_sim_memory_over_time_per_group_of_one_mamba_request(run_cli, tmp_path: Path) -> None:
+    # Nemotron-3-Nano (block 2,096; 4 state tables, then the full one), one request of 4,000 + 300 tokens: step 1
+    # prefills 4,000 tokens (ceil(4,000 / 2,096) = 2 full blocks), decode step s ≥ 2 writes position 3,998 + s with
+    # n = 3,998 + s cached: ceil((n + 1) / 2,096) full blocks; each state table holds its one page all along (mode
+    # none). A state page counts as a whole state, 2,096 slots of use; the full table's unused slots are its tail
+    timeline = tmp_path / "t.csv"
+    result = run_cli("sim", "--config", _config(tmp_path, "NEMOTRON3_NANO"), *small_gpu(3100), "--requests", "1",
+                     "--prompt-dist", "uniform:low=4000,high=4000", "--output-dist", "uniform:low=300,high=300",
+                     "--timeline", str(timeline))
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(timeline.open()))
+    written = [4000] + [n + 1 for n in range(4000, 4299)]  # tokens in the cache at the end of each step
+    full = [_cdiv(t, 2096) for t in written]
+    assert [tuple(int(r[f"group{i}_blocks"]) for i in range(5)) for r in rows] == [(1, 1, 1, 1, f) for f in full]
+    assert full.count(2) == 193 and full.count(3) == 107  # the third block from position 4,192 (step 194) on
+    assert [int(r["useful_slots"]) for r in rows] == [t + 4 * 2096 for t in written]
+    tails = [f * 2096 - t for f, t in zip(full, written, strict=True)]
+    assert [int(r["tail_fragmentation_slots"]) for r in rows] == tails
