@@ -6,11 +6,9 @@
     max_concurrency  = num_blocks / Σ_groups blocks one request of max_model_len needs
     kv_cache_tokens  = int(max_concurrency × max_model_len)                 (vLLM's current log line)
 
-Weights are the parameter count (the preset's, or core/model/weights.py's estimate) × the checkpoint dtype's
-bytes (bf16 when the config names none). The activation peak is what vLLM's profiling forward pass over
-`max_num_batched_tokens` leaves: the MLP's gate and up outputs (2 · intermediate) and about four hidden-sized
-buffers per token in bf16, over tp, plus fp32 logits of `max_num_seqs` sequences; non-torch memory (CUDA
-context, NCCL buffers) a flat figure. Both are estimates and labelled so; `kv_memory_bytes` skips all three.
+Weights, the activation peak and non-torch memory are core/model/vllm_memory.py's `predict_memory` (each term
+and where it comes from is said there, per pipeline stage); the last two are estimates and labelled so;
+`kv_memory_bytes` skips all three.
 
 KV-cache groups are core/model/kv_groups.py's `kv_layout` (vLLM's hybrid allocator, or the ideal layout), and
 the blocks a KV budget holds are its `plan_blocks`: the one memory plan that size, sim, share and frag share.
@@ -37,19 +35,9 @@ from .weights import param_count
 if TYPE_CHECKING:
     from .vllm_memory import MemoryPrediction
 
-ACTIVATION_BYTES = 2  # bf16/fp16 activations
-LOGIT_BYTES = 4  # fp32 logits for sampling
-NON_TORCH_BYTES = 512 * 2**20  # CUDA context and communication buffers outside torch's allocator: an estimate
 # vLLM's defaults are defined once, in vllm_memory.py: max_num_batched_tokens, the version and its
 # gpu_memory_utilization, max_num_seqs by GPU; this one is max_num_seqs where no large GPU is named (256).
 DEFAULT_MAX_NUM_SEQS = default_max_num_seqs(0)
-
-
-def activation_bytes_estimate(spec: ModelSpec, max_batched_tokens: int, max_seqs: int, tp: int) -> int:
-    """Peak activation bytes of one profiling forward pass on one GPU (see the module docstring)."""
-    intermediate = spec.intermediate_size or 4 * spec.hidden_size
-    per_token = (2 * intermediate + 4 * spec.hidden_size) * ACTIVATION_BYTES
-    return max_batched_tokens * per_token // tp + max_seqs * (spec.vocab_size or 0) * LOGIT_BYTES
 
 
 @dataclass(frozen=True)

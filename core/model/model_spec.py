@@ -203,14 +203,6 @@ class ModelSpec:
         return Counter(self.layer_groups) == Counter(self._uniform_groups())
 
     @property
-    def scalars_per_token_per_layer(self) -> int:
-        """K and V of every KV head (2 · h_KV · d_h), or the MLA latent, when every KV layer caches the same."""
-        sizes = {g.scalars_per_token() for g in self.layer_groups if g.keeps_kv}
-        if len(sizes) != 1 or any(g.indexer_bytes for g in self.layer_groups):
-            raise ValueError(f"{self.name}: the cached scalars per token differ by layer ({sorted(sizes)})")
-        return sizes.pop()
-
-    @property
     def num_global_layers(self) -> int:
         return self.layers - self.num_sliding_layers
 

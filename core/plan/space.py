@@ -156,15 +156,6 @@ def check_space(space: Space) -> None:
                              "block, max_batched_tokens, kv_dtype or replicas", "tp", "block", "replicas")
 
 
-def target_rate(base: SimOptions, trace_rate_rps: float | None) -> float:
-    """The rate the whole deployment must serve: a constructed workload's `rate`, or the trace's own mean
-    rate (after `time_scale`)."""
-    if base.trace is not None:
-        assert trace_rate_rps is not None
-        return trace_rate_rps
-    return DEFAULT_RATE if base.rate is None else float(base.rate)
-
-
 def point_options(base: SimOptions, point: Point) -> SimOptions:
     """The `kvcalc sim --max-rate` options of one point: one replica at 1/replicas of the workload's rate."""
     load: dict = {}

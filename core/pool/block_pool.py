@@ -231,9 +231,6 @@ class BlockPool(ManySequences):
         table[: seq.num_skipped] = NULL_BLOCK
         return table
 
-    def num_skipped_blocks(self, seq_id: Hashable) -> int:
-        return self._seq(seq_id).num_skipped
-
     # ---- a layer group that forgets (sliding window, chunked local attention, recurrent state) ---------
     def skip_blocks(self, seq_id: Hashable, first_block: int) -> int:
         """Free the sequence's blocks before logical block `first_block` (its layers never read them again:
