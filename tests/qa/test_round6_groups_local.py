@@ -1,14 +1,16 @@
 """Round-6 QA, issue 19: concurrency at rate inf when memory binds on models whose local layers free blocks as a
-request advances (sliding windows: gpt-oss-20b, Command-R7B; chunked attention: Llama-4-Scout), against a
-burst model of vLLM v1's scheduler written here, plus Llama-4-Scout's chunked groups in size and frag.
+request advances (sliding windows: gpt-oss-20b, Command-R7B; chunked attention: Llama-4-Scout), against a model of
+vLLM v1's scheduler written here, plus Llama-4-Scout's chunked groups in size and frag.
 
-The burst model (vllm/v1/core/sched/scheduler.py and single_type_kv_cache_manager.py, re-derived): every request
-arrives at t = 0; each step first schedules the running requests (a decode frees a local group's blocks before
-the window or chunk, remove_skipped_blocks, before anything is admitted), then admits waiting requests in order
-while the step's token budget holds a whole prompt and the free block ids hold what its prefill allocates (a
-prefill of n tokens from 0 cached frees nothing: ceil(n / B) blocks in EVERY table); a request that produced its
-last token returns its blocks after the step. The cases are built so that nothing else happens: one chunk a
-prompt, a decode never needs a new block (P + O ≤ the prompt's blocks · B), no preemption.
+The engine model (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, single_type_kv_cache_manager.py,
+re-derived): every request arrives at t = 0. A step first schedules the running requests in order, each
+`min(tokens it still lacks, budget left)` tokens: allocate_slots frees ITS blocks that a local group no longer
+reads (remove_skipped_blocks: sliding, before (n − W + 1) // B; chunked, before n // C · C // B, n computed) and
+then takes the blocks its new tokens need in every table, or fails; on failure the last running request is
+preempted (all its blocks freed, back to the front of the queue, recomputed) until it fits or is itself the
+victim. Then, unless the step preempted, waiting requests are admitted in order while the budget, max_num_seqs and
+the free ids allow (a chunk of a prompt is scheduled when the budget ends inside it). A request samples a token
+when its computed tokens reach its length, and returns every block after its last token.
 """
 
 from __future__ import annotations
@@ -20,66 +22,156 @@ from real_configs import write_config
 
 GiB, MiB = 2**30, 2**20
 FIXED = 1 * GiB + 256 * MiB + 860 * MiB + 1  # weights, vLLM 0.21's non-torch and CUDA graphs, a 1-byte workspace
+B = 16
 
 
-def burst(ids: int, requests: int, prompt: int, output: int, prefill_hold: int, first_decode_frees: int,
-          budget: int, max_seqs: int = 256) -> tuple[int, int]:
-    """(peak running, steps) of `requests` identical requests sent at once to `ids` free block ids."""
-    free, waiting, ages, peak, steps = ids, requests, [], 0, 0
-    while waiting or ages:
-        steps += 1
-        free += first_decode_frees * sum(1 for age in ages if age == 1)  # the first decode frees the local blocks
-        tokens = budget - sum(1 for age in ages if age >= 1)
-        while waiting and free >= prefill_hold and tokens >= prompt and len(ages) < max_seqs:
-            ages.append(0)
-            waiting, free, tokens = waiting - 1, free - prefill_hold, tokens - prompt
-        peak = max(peak, len(ages))
-        ages = [age + 1 for age in ages]
-        held = prefill_hold - (first_decode_frees if output > 1 else 0)
-        free += held * sum(1 for age in ages if age == output)  # a finished request returns all it held
-        ages = [age for age in ages if age < output]
-    return peak, steps
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
+class Engine:
+    """Identical requests of `prompt` + `output` tokens sent at once to `ids` free block ids; tables are (kind,
+    span) pairs: ("full", 0), ("sliding", W), ("chunked", C)."""
+
+    def __init__(self, tables: list[tuple[str, int]], ids: int, requests: int, prompt: int, output: int) -> None:
+        self.tables, self.free, self.prompt, self.output = tables, ids, prompt, output
+        self.waiting, self.running = list(range(requests)), []
+        self.computed, self.outputs = [0] * requests, [0] * requests
+        self.held = [[[0, 0] for _ in tables] for _ in range(requests)]  # [first, end) block a table
+
+    def _skip(self, kind: str, span: int, n: int) -> int:
+        if kind == "sliding":
+            return max(0, (n - span + 1) // B)
+        return n // span * span // B if kind == "chunked" else 0
+
+    def allocate(self, r: int, new: int) -> bool:
+        for (kind, span), held in zip(self.tables, self.held[r], strict=True):
+            first = min(max(held[0], self._skip(kind, span, self.computed[r])), held[1])
+            self.free, held[0] = self.free + first - held[0], first
+        need = [max(_cdiv(self.computed[r] + new, B) - held[1], 0) for held in self.held[r]]
+        if sum(need) > self.free:
+            return False
+        self.free -= sum(need)
+        for held, n in zip(self.held[r], need, strict=True):
+            held[1] += n
+        return True
+
+    def release(self, r: int) -> None:
+        self.free += sum(end - first for first, end in self.held[r])
+        self.held[r] = [[0, 0] for _ in self.tables]
+
+    def step(self, budget: int, max_seqs: int) -> tuple[list[tuple[int, int]], int]:
+        scheduled, preempted, index = [], 0, 0
+        while index < len(self.running) and budget > 0:
+            r = self.running[index]
+            new = min(self.prompt + self.outputs[r] - self.computed[r], budget)
+            while not self.allocate(r, new):
+                victim = self.running.pop()
+                self.release(victim)
+                self.computed[victim], preempted = 0, preempted + 1
+                self.waiting.insert(0, victim)
+                if victim == r:
+                    return scheduled, preempted
+            scheduled.append((r, new))
+            budget, index = budget - new, index + 1
+        while not preempted and self.waiting and budget > 0 and len(self.running) < max_seqs:
+            r = self.waiting[0]
+            new = min(self.prompt + self.outputs[r] - self.computed[r], budget)
+            if not self.allocate(r, new):
+                break
+            self.running.append(self.waiting.pop(0))
+            scheduled.append((r, new))
+            budget -= new
+        return scheduled, preempted
+
+    def run(self, budget: int, max_seqs: int = 256) -> tuple[int, int, int]:
+        """(peak running, steps, preemptions)."""
+        peak = steps = preemptions = 0
+        while self.waiting or self.running:
+            scheduled, preempted = self.step(budget, max_seqs)
+            steps, preemptions, peak = steps + 1, preemptions + preempted, max(peak, len(self.running))
+            for r, new in scheduled:
+                self.computed[r] += new
+                if self.computed[r] == self.prompt + self.outputs[r]:
+                    self.outputs[r] += 1
+                    if self.outputs[r] == self.output:
+                        self.running.remove(r)
+                        self.release(r)
+        return peak, steps, preemptions
+
+
+GPT_OSS = [("full", 0), ("sliding", 128)]  # gpt-oss-20b: 12 full + 12 sliding layers (W 128), group size 12
+COMMAND_R7B = [("full", 0)] + [("sliding", 4096)] * 3  # 8 full + 24 sliding (W 4,096) layers, group size 8
+SCOUT = [("full", 0)] + [("chunked", 8192)] * 3  # Llama-4-Scout: 12 full + 36 chunked (C 8,192), group size 12
+# a block id: gpt-oss-20b 12 slots · 16 · (8 KV heads · 64 · 2 · 2 B = 2,048) = 393,216 B; Command-R7B 8 · 16 ·
+# 4,096 = 524,288 B; Llama-4-Scout 12 · 16 · 4,096 = 786,432 B. The pool: (MiB − FIXED) // block id.
+SOURCES = {"gpt-oss-20b": (("--model", "gpt-oss-20b"), GPT_OSS, 393_216),
+           "COMMAND_R7B": (("--config", "COMMAND_R7B"), COMMAND_R7B, 524_288),
+           "Llama-4-Scout": (("--model", "Llama-4-Scout"), SCOUT, 786_432)}
 CASES = [
-    # gpt-oss-20b: 12 sliding (W 128) + 12 full layers, 8 KV heads of 64: a block id 12 · 16 · 2,048 = 393,216 B;
-    # (2,890 MiB − FIXED) // 393,216 = 1,999 ids. Prompt 1,025 = 64 · 16 + 1: 65 blocks a table, 130 for the
-    # prefill; the first decode (1,025 cached) frees blocks before (1,025 − 127) // 16 = 56 in the sliding table;
-    # 15 output tokens end at 1,039 < 65 · 16, so the full table never grows and the sliding one keeps 9 blocks
-    ("gpt-oss-20b", ("--model", "gpt-oss-20b"), 2890, 393_216, 200, 1025, 2 * 65, 56, (26, 127)),
-    # Command-R7B: 24 sliding (W 4,096) in 3 tables + 8 full, a block id 8 · 16 · 4,096 = 524,288 B; (17,140 MiB −
-    # FIXED) // 524,288 = 29,999 ids. Prompt 8,193: 513 blocks in each of 4 tables = 2,052; the first decode frees
-    # (8,193 − 4,095) // 16 = 256 in each sliding table (768); up to 8,207 tokens the sliding tables keep 257
-    ("COMMAND_R7B", ("--config", "COMMAND_R7B"), 17140, 524_288, 60, 8193, 4 * 513, 3 * 256, (22, 48)),
-    # Llama-4-Scout: 36 chunked (C 8,192) in 3 tables + 12 full, 8 KV heads of 128: a block id 12 · 16 · 4,096 =
-    # 786,432 B; (17,140 MiB − FIXED) // 786,432 = 19,999 ids. Prompt 8,193: 513 blocks in each of 4 tables; the
-    # first decode (8,193 cached) starts the chunk at 8,192: the blocks before 512 are freed in each chunked table
-    ("Llama-4-Scout", ("--model", "Llama-4-Scout"), 17140, 786_432, 60, 8193, 4 * 513, 3 * 512, (35, 37)),
+    # name, MiB, requests, prompt, output, token budget, (peak running, steps, preemptions) of the engine model.
+    # A prompt of 64 · 16 + 1 (or 512 · 16 + 1) tokens and 15 outputs: the full table never grows past the
+    # prompt's blocks, and the first decode frees all but the window's (9 of 65 blocks at W 128, 257 of 513 at
+    # W 4,096) or the current chunk's (1 of 513): an engine holding every layer's tokens runs 15, 14 and 9 at once
+    ("gpt-oss-20b", 2890, 200, 1025, 15, 65536, (26, 127, 0)),
+    ("COMMAND_R7B", 17140, 60, 8193, 15, 65536, (22, 48, 0)),
+    ("Llama-4-Scout", 17140, 60, 8193, 15, 65536, (35, 37, 0)),
+    # issue 19's scenario: 40 GiB (− 1 B) of KV, prompts of 32,768 (+ 1) tokens at rate inf, chunks of 131,072
+    # (the fourth prompt of a step is a chunk: 131,072 − 3 · 32,769 = 32,765 tokens)
+    ("COMMAND_R7B", 40 * 1024 + 2140, 60, 32769, 15, 131072, (27, 48, 0)),
+    ("Llama-4-Scout", 40 * 1024 + 2140, 60, 32769, 15, 131072, (23, 53, 0)),
+    # longer outputs: full tables grow, chunks of 8,192 split prompts, one preemption by recompute
+    ("gpt-oss-20b", 2300, 60, 1000, 300, 8192, (5, 4501, 1)),
+    ("COMMAND_R7B", 12140, 40, 6000, 300, 8192, (17, 906, 0)),
+    ("Llama-4-Scout", 12140, 40, 9000, 300, 8192, (16, 916, 0)),
 ]
 
 
-@pytest.mark.parametrize(("name", "source", "mib", "block_id", "requests", "prompt", "hold", "frees", "expected"),
-                         CASES, ids=[c[0] for c in CASES])
-def test_sim_concurrency_when_local_layers_free_blocks(run_cli, tmp_path: Path, name: str, source: tuple[str, ...],
-                                                       mib: int, block_id: int, requests: int, prompt: int,
-                                                       hold: int, frees: int, expected: tuple[int, int]) -> None:
+def _sim(run_cli, tmp_path: Path, name: str, mib: int, requests: int, prompt: int, output: int, budget: int) -> dict:
+    source = SOURCES[name][0]
     if source[0] == "--config":
         source = ("--config", str(write_config(tmp_path, name)))
+    result = run_cli("sim", *source, "--gpu-memory", f"{mib}MiB", "--bandwidth", "4.8e12", "--flops", "989e12",
+                     "--weights-bytes", "1GiB", "--workspace-bytes", "1", "--memory-utilization", "1", "--rate", "inf",
+                     "--requests", str(requests), "--prompt-dist", f"uniform:low={prompt},high={prompt}",
+                     "--output-dist", f"uniform:low={output},high={output}", "--max-batched-tokens", str(budget),
+                     "--json")
+    assert result.exit_code == 0, result.stderr
+    return result.json()
+
+
+@pytest.mark.parametrize(("name", "mib", "requests", "prompt", "output", "budget", "expected"), CASES)
+def test_sim_concurrency_when_local_layers_free_blocks(run_cli, tmp_path: Path, name: str, mib: int, requests: int,
+                                                       prompt: int, output: int, budget: int,
+                                                       expected: tuple[int, int, int]) -> None:
+    _, tables, block_id = SOURCES[name]
     ids = (mib * MiB - FIXED) // block_id
-    # the hand model, with every id usable and with vLLM's null block (block 0, never handed out) taken away:
-    # the same answer, so the check does not depend on it
-    assert burst(ids, requests, prompt, 15, hold, frees, 65536) == burst(ids - 1, requests, prompt, 15, hold, frees,
-                                                                         65536) == expected
-    # an engine holding every token in every layer would run ids // hold at once
-    assert expected[0] > ids // hold
-    doc = run_cli("sim", *source, "--gpu-memory", f"{mib}MiB", "--bandwidth", "4.8e12", "--flops", "989e12",
-                  "--weights-bytes", "1GiB", "--workspace-bytes", "1", "--memory-utilization", "1", "--rate", "inf",
-                  "--requests", str(requests), "--prompt-dist", f"uniform:low={prompt},high={prompt}",
-                  "--output-dist", "uniform:low=15,high=15", "--max-batched-tokens", "65536", "--json").json()
+    # the engine model, with every id free and with vLLM's null block (block 0, never handed out) taken away: the
+    # same answer, so the check does not depend on it
+    assert Engine(tables, ids, requests, prompt, output).run(budget) == expected
+    assert Engine(tables, ids - 1, requests, prompt, output).run(budget) == expected
+    if output == 15:  # the windows matter: every layer holding every token runs fewer at once
+        assert Engine([("full", 0)] * len(tables), ids, requests, prompt, output).run(budget)[0] < expected[0]
+    doc = _sim(run_cli, tmp_path, name, mib, requests, prompt, output, budget)
     assert (doc["memory_plan"]["num_blocks"], doc["kv_cache_groups"]["block_bytes"]) == (ids, block_id)
     assert doc["memory_plan"]["max_num_seqs"] == 256
-    assert (doc["peak_running"], doc["steps"]) == expected
-    assert (doc["completed"], doc["preemptions"], doc["rejected"]) == (requests, 0, 0)
+    assert (doc["peak_running"], doc["steps"], doc["preemptions"]) == expected
+    assert (doc["completed"], doc["rejected"]) == (requests, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="core/sim/paged_groups.py grow_many frees every running sequence's skipped "
+                   "blocks before checking the step's total need; vLLM frees and allocates request by request")
+def test_sim_frees_window_blocks_request_by_request(run_cli, tmp_path: Path) -> None:
+    # gpt-oss-20b, 159 ids, 40 requests of 300 + 200 tokens. At step 257 one id is free; the 4th running request
+    # (336 cached) needs a new block in both tables, and only the 5th (335 cached) would free one (its block 12
+    # leaves the window). vLLM's allocate_slots runs remove_skipped_blocks for the request it schedules only, so
+    # the 4th does not fit and the 5th is preempted; kvcalc frees the 5th's block first and preempts nobody. Over
+    # the run: 10 preemptions in vLLM's order, 4 in kvcalc's
+    ids = (2200 * MiB - FIXED) // 393_216
+    expected = Engine(GPT_OSS, ids, 40, 300, 200).run(8192)
+    assert expected == Engine(GPT_OSS, ids - 1, 40, 300, 200).run(8192) == (5, 2019, 10)
+    doc = _sim(run_cli, tmp_path, "gpt-oss-20b", 2200, 40, 300, 200, 8192)
+    assert (doc["peak_running"], doc["steps"], doc["preemptions"]) == expected
 
 
 def test_size_chunked_blocks_per_request(run_cli) -> None:
