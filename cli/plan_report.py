@@ -12,19 +12,20 @@ from ..core.plan.evaluate import SERVES, VERDICTS
 from ..core.plan.planner import PlanResult, without_point
 from ..core.sim.options import DEFAULT_MODEL
 from ..core.units import format_percent
-from .output import Field, Report, record_table
+from .output import NOT_APPLICABLE, Field, Report, record_table
 
 
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value * 1e3:,.2f}"
 
 
-def _max_rate(record: dict) -> str:
-    """The max rate per replica; '≥ R' when the search stopped doubling before any rate failed."""
-    if record["max_rate_rps"] is None:
-        return "–"
+def _max_rate(record: dict, key: str = "max_rate_rps", missing: str = "–") -> str:
+    """The max rate per replica (or per GPU, `key`); '≥ R' when the search stopped doubling before any rate
+    failed."""
+    if record[key] is None:
+        return missing
     bracket = record["bracket_rps"]
-    return ("≥ " if bracket[1] is None else "") + f"{record['max_rate_rps']:.4g}"
+    return ("≥ " if bracket[1] is None else "") + f"{record[key]:.4g}"
 
 
 def _headroom(record: dict) -> str:
@@ -73,7 +74,8 @@ def _fields(result: PlanResult) -> list[Field]:
         Field(metric, f"{metric_label} (ms)", _ms),
         Field(None, "max (req/s)", lambda r: _max_rate(r)),
         Field("max_rate_rps"),
-        Field("max_rps_per_gpu", "req/s/GPU", "{:.4g}".format),
+        Field(None, "req/s/GPU", lambda r: _max_rate(r, "max_rps_per_gpu", NOT_APPLICABLE)),
+        Field("max_rps_per_gpu"),
         Field(None, "headroom", lambda r: _headroom(r)),
         Field("headroom"),
         Field("front_text", "front"),
