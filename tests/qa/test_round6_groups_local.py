@@ -199,3 +199,27 @@ def test_frag_chunked_tables_keep_the_current_chunk(run_cli) -> None:
     # useful: the tokens of the current chunk, 36 layers · 4,096 B each
     assert groups["chunked"]["useful_bytes"] == (100 + 8192 + 1 + 3616) * 36 * 4096
     assert groups["full"]["blocks"] == 7 + 512 + 513 + 1250
+
+
+def _mooncake(path: Path) -> Path:
+    # three requests a second apart: 1,024 tokens of hash ids [1, 2] twice, then 1,500 of [1, 2, 3] (512 tokens an id)
+    lines = [(0, 1024, [1, 2]), (1000, 1024, [1, 2]), (2000, 1500, [1, 2, 3])]
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 5, "hash_ids": {ids}}}\n'
+                            for t, n, ids in lines))
+    return path
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "Llama-4-Scout", "COMMAND_R7B"])
+def test_sim_prefix_hits_per_group_of_local_layers(run_cli, tmp_path: Path, name: str) -> None:
+    # nothing is evicted (the pool holds all three), so a block freed when it left the window (or chunk) stays
+    # cached: every group serves the hit. The 2nd request hits (1,024 − 1) // 16 = 63 blocks (the last token is
+    # always computed): 1,008 tokens; the 3rd all 64 blocks of ids 1 and 2: 1,024. 2,032 of 1,024 + 1,024 + 1,500
+    source = SOURCES[name][0]
+    if source[0] == "--config":
+        source = ("--config", str(write_config(tmp_path, name)))
+    doc = run_cli("sim", *source, "--gpu-memory", "2890MiB", "--bandwidth", "4.8e12", "--flops", "989e12",
+                  "--weights-bytes", "1GiB", "--workspace-bytes", "1", "--memory-utilization", "1", "--trace",
+                  "mooncake", str(_mooncake(tmp_path / "t.jsonl")), "--json").json()
+    cache = doc["prefix_cache"]
+    assert (cache["prompt_tokens"], cache["hit_tokens"]) == (3548, 1008 + 1024)
+    assert [g["hit_tokens"] for g in cache["groups"]] == [2032, 2032]

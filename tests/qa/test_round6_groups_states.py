@@ -263,3 +263,23 @@ def test_sim_memory_over_time_per_group_of_one_mamba_request(run_cli, tmp_path: 
     assert [int(r["useful_slots"]) for r in rows] == [t + 4 * 2096 for t in written]
     tails = [f * 2096 - t for f, t in zip(full, written, strict=True)]
     assert [int(r["tail_fragmentation_slots"]) for r in rows] == tails
+
+
+@pytest.mark.parametrize(("mode", "hits"), [
+    # none: one state page a request, overwritten in place: no state to resume from, no hit in any group
+    ("none", 0),
+    # align (vLLM's _mamba_block_aligned_split): a prefill chunk that passes the last block boundary of the prompt
+    # ends on it, so the 1,024-token prompt runs as 800 + 224 and a state is saved at 800 (block 800). The 2nd
+    # request resumes at 800; the 3rd (1,500 tokens, ids 1, 2, 3) too: 1,600 on every group
+    ("align", 800 + 800),
+])
+def test_sim_mamba_prefix_hits_only_where_a_state_was_saved(run_cli, tmp_path: Path, mode: str, hits: int) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 5, "hash_ids": {ids}}}\n'
+                             for t, n, ids in [(0, 1024, [1, 2]), (1000, 1024, [1, 2]), (2000, 1500, [1, 2, 3])]))
+    doc = run_cli("sim", "--config", _config(tmp_path, "FALCON_H1_05B"), *small_gpu(2890), "--trace", "mooncake",
+                  str(trace), "--mamba-cache-mode", mode, "--json").json()
+    cache = doc["prefix_cache"]
+    assert doc["kv_cache_groups"]["block_size"] == 800
+    assert (cache["prompt_tokens"], cache["hit_tokens"]) == (3548, hits)
+    assert [g["hit_tokens"] for g in cache["groups"]] == [hits, hits]
