@@ -109,7 +109,7 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     need = largest_request_peak(loaded, groups, layout.block_size, layout.mamba_cache_mode)
     if capacity < need:
         given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,}" if memory_bytes is not None else (
-            f"--capacity-blocks {capacity:,} is")
+            f"--capacity-blocks {capacity:,} is {capacity:,}")
         raise ValueError(f"{given} blocks of {format_bytes(layout.page_bytes)}, fewer than the {need:,} the largest "
                          f"request holds at its peak ({layout.layout} layout, prompts computed in chunks of "
                          f"{DEFAULT_CHUNK_TOKENS:,} tokens): give --capacity-blocks {need:,} or --memory "
