@@ -52,7 +52,7 @@ def _parse_seed(value: Any) -> int:
     return seed
 
 
-def seed_option(help: str) -> Any:
+def seed_option(help: str | None) -> Any:
     """`typer.Option("--seed")` with this help; see the module docstring for what it accepts."""
     return typer.Option("--seed", parser=_parse_seed, metavar="<int>", help=help)
 
@@ -110,7 +110,7 @@ def float_option(*param_decls: str, example: str, help: str | None, metavar: str
     return typer.Option(*param_decls, parser=number(param_decls[0], example), metavar=metavar, help=help)
 
 
-def int_option(*param_decls: str, help: str) -> Any:
+def int_option(*param_decls: str, help: str | None) -> Any:
     """`typer.Option` for an integer count that accepts `1e12` and `1_000_000` (see `integer`)."""
     return typer.Option(*param_decls, parser=integer(param_decls[0]), metavar="<int>", help=help)
 

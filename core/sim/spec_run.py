@@ -46,13 +46,16 @@ class SpeculativePolicy(MemoryPolicy, Protocol):
 
     def reserve(self, rid: int, num_slots: int) -> bool:
         """Room for `num_slots` slots past `rid`'s committed tokens, or False and no change."""
+        ...
 
     def commit(self, rid: int, num_accepted: int) -> int:
         """Keep `num_accepted` of the reserved slots; the slots rolled back."""
+        ...
 
     def speculative_parts(self, tokens: np.ndarray, head_rid: int | None,
                           steps: dict[int, tuple[int, int]]) -> tuple[np.ndarray, int, int]:
         """(the six parts less the speculative slots, block-table bytes, speculative slots)."""
+        ...
 
 
 class SpeculativePagedPolicy(ExactPagedPolicy):
@@ -196,7 +199,7 @@ class SpeculativeEngine(Engine):
         super().__init__(workload, policy, executor, config, cancel_at, record_timeline=record_timeline,
                          progress=progress)
         self.scheduler = SpeculativeScheduler(workload, policy, config, cancel_at, speculation=speculation)
-        self.counts = dict.fromkeys(("steps", "drafts", "accepted", "emitted", "rolled_back_slots"), 0)
+        self.counts: dict[str, int] = dict.fromkeys(("steps", "drafts", "accepted", "emitted", "rolled_back_slots"), 0)
         self.speculative_slot_s = 0.0
 
     def step(self) -> None:
