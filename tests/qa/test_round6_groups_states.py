@@ -283,3 +283,17 @@ def test_sim_mamba_prefix_hits_only_where_a_state_was_saved(run_cli, tmp_path: P
     assert doc["kv_cache_groups"]["block_size"] == 800
     assert (cache["prompt_tokens"], cache["hit_tokens"]) == (3548, hits)
     assert [g["hit_tokens"] for g in cache["groups"]] == [hits, hits]
+
+
+def test_frag_sweep_forced_blocks_of_nemotron3_nano(run_cli, tmp_path: Path) -> None:
+    # a block b (kernel alignment max(16, b)) becomes max(16, b) · ceil(2,134,016 / (max(16, b) · 1,024)): 1, 8, 16 ->
+    # 2,096; 32, 64 -> 2,112; 128 -> 2,176; 256 -> 2,304. Lengths 100, 3,000, 9,000: full blocks 1 + 2 + 5 (4 at
+    # 2,304), 12 state pages; a block id 6 · block · 1,024 B; 4 B a table entry
+    doc = run_cli("frag", "--config", _config(tmp_path, "NEMOTRON3_NANO"), "--lengths", "100,3000,9000", "--sweep",
+                  "--json").json()
+    held = {p["block_size"]: (p["used_block_size"], p["held_bytes"]) for p in doc["paged"]}
+    for asked, block, full in [(1, 2096, 8), (8, 2096, 8), (16, 2096, 8), (32, 2112, 8), (64, 2112, 8),
+                               (128, 2176, 8), (256, 2304, 7)]:
+        assert held[asked] == (block, (full + 12) * 6 * block * 1024 + 4 * (full + 12))
+    best = doc["best_block_size"]
+    assert (best["used_block_size"], best["held_bytes"]) == (2096, 20 * 12_877_824 + 80)
