@@ -39,49 +39,63 @@ class MemoryPolicy(Protocol):
     @property
     def releases_in_segment(self) -> bool:
         """Fast-forwarded runs may go past finishes (block identities cannot matter); read only."""
+        ...
 
     def never_fits(self, rid: int, total_tokens: int) -> bool:
         """Reject at arrival: the request's whole KV exceeds the pool."""
+        ...
 
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         """Prefix-cache hit tokens of an admission computing `num_tokens` (a pure look-up)."""
+        ...
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool: ...
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         """Memory for `total_tokens` (the first chunk), `start_tokens` of them hits or swapped back in."""
+        ...
 
     def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
                   check: bool = True) -> bool:
         """Room for `totals[i]` tokens of each running request, or False and no change."""
+        ...
 
     def grow(self, rid: int, total: int) -> bool: ...
 
     def release(self, rid: int, reason: ReleaseReason) -> None:
         """The one release path: finished, cancelled, timed out, preempted."""
+        ...
 
     def fork(self, parent: int, child: int) -> None:
         """The child shares every block of the parent (parallel sampling)."""
+        ...
 
     def block_table(self, rid: int) -> np.ndarray:
         """Physical block ids of a live request (only when `exact_block_tables`)."""
+        ...
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Copy-on-write copies (src, dst) made since the last call."""
+        ...
 
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes) now; running requests hold `tokens` [n]."""
+        ...
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
         """(how many decode steps of requests holding `tokens` fit in memory, a plan for segment_integrals)."""
+        ...
 
     def segment_integrals(self, tokens: np.ndarray, plan: np.ndarray | None, d: np.ndarray, head_rid: int | None,
                           plan_steps: np.ndarray) -> tuple[np.ndarray, float, int]:
         """(Σ_j d_j · parts_j, Σ_j d_j · table bytes_j, new blocks) over a fast-forwarded run of decode steps."""
+        ...
 
     def finish_segment(self, rids: np.ndarray, tokens: np.ndarray, remaining: np.ndarray, d: np.ndarray,
                        useful: np.ndarray) -> tuple[int, np.ndarray, float]:
         """As segment_integrals for a run in which requests leave as they finish (nobody waits)."""
+        ...
 
     def check_whole(self) -> None:
         """After the run: nothing held, invariants hold (AssertionError otherwise)."""
+        ...
