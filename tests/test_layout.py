@@ -96,3 +96,27 @@ def test_the_wheel_holds_each_module_once_and_the_cuda_sources(tmp_path):
     csrc = {"kvcalc/cuda_ext/csrc/" + p.name for p in (source / "cuda_ext" / "csrc").iterdir() if p.is_file()}
     assert csrc and csrc <= set(names)
     assert not any(n.startswith(("cli/", "core/", "cuda_ext/", "tests/")) for n in names)
+
+
+def _architecture_names() -> set[str]:
+    """Every `name.py` docs/architecture.md names (backticked; a path names its last part)."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return {name.rsplit("/", 1)[-1] for name in re.findall(r"`([\w/]+\.py)`", text)}
+
+
+def test_every_module_is_named_in_docs_architecture():
+    """A module added to cli/, core/ or cuda_ext/ gets its line in docs/architecture.md (what it is, beside its
+    neighbours); __init__.py files are the packages' own, named by their folders."""
+    named = _architecture_names()
+    missing = sorted(str(p.relative_to(ROOT)) for top in LINKED for p in (ROOT / top).rglob("*.py")
+                     if "__pycache__" not in p.parts and p.name != "__init__.py" and p.name not in named)
+    assert not missing, f"name these in docs/architecture.md (`name.py` and what it is): {missing}"
+
+
+def test_every_module_docs_architecture_names_exists():
+    """A module renamed or deleted leaves no line behind in docs/architecture.md."""
+    present = {p.name for top in (*LINKED, "tests", "examples") for p in (ROOT / top).rglob("*.py")}
+    gone = sorted(_architecture_names() - present - {"__init__.py", "__main__.py"})
+    assert not gone, f"docs/architecture.md names modules that no longer exist: {gone}"
