@@ -23,6 +23,7 @@ from ..core.share.capacity import (
     parse_capacities,
 )
 from ..core.share.load_or_recompute import step_time_model
+from ..core.share.replay_result import check_positive_block_size
 from ..core.share.saved_states import saved_state_hit_curve
 from ..core.share.stack_distance import StackDistances, stack_distances
 from ..core.share.tiers import (
@@ -91,9 +92,14 @@ def parse_options(
     block_sizes = _block_sizes(blocks, block)
     if tiered and len(block_sizes) > 1:
         raise ValueError("tiers run at one block size: give --block, not a --blocks list, with --gpu-cache")
-    if trace[0].strip().lower() == "mooncake":
-        for b in block_sizes:
-            check_block_size(b)
+    check = check_block_size if trace[0].strip().lower() == "mooncake" else check_positive_block_size
+    for b in block_sizes:
+        try:
+            check(b)
+        except ParameterError as exc:  # a size of the --blocks list: that option is the one at fault
+            if blocks is None:
+                raise
+            raise ValueError(f"--blocks {blocks!r}: {str(exc).replace('block_size', 'block', 1)}") from None
     capacities = parse_capacities(capacity) if capacity is not None else []
     tiers = None
     if tiered:

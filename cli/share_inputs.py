@@ -113,8 +113,9 @@ def _mode(o: ShareOptions, has_model: bool) -> Literal["scenario", "trace", "cap
                              "tiers: drop it")
         pool_given = scenario_given + [flag for flag in trace_given if flag != "--limit"]
         if pool_given:
-            raise ValueError(f"{', '.join(pool_given)} and {', '.join(curve_given)} are different modes: "
-                             "--capacity and the tiers size a prefix cache; drop one of them")
+            which = "scenario mode" if scenario_given else "the trace replay's pool"
+            raise ValueError(f"{', '.join(pool_given)} ({which}) and {', '.join(curve_given)} (the prefix-cache "
+                             "size: --capacity and the tiers) are different modes; drop one of them")
         if o.trace is None:  # name the flags given (was always "--capacity and the tier options", even for --plot)
             verb = "applies" if len(curve_given) == 1 else "apply"
             raise ValueError(f"{', '.join(curve_given)} {verb} to a trace's prefix-cache replay (--capacity and the "

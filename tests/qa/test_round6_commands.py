@@ -62,3 +62,36 @@ def test_hybrid_share_names_the_file_and_line_order_request_with_too_few_hash_id
     result = run_cli("share", "--config", str(folder), "--memory", "40GiB", "--trace", "mooncake",
                      str(_too_few_ids(tmp_path)))
     assert result.exit_code == 2 and "few.jsonl request 2: 1536 prompt tokens need 3 hash_ids" in result.stderr
+
+
+@pytest.mark.parametrize(("blocks", "said"), [
+    ("16,7", "--blocks '16,7': block 7 does not divide 512"),
+    ("16,2147483648", "--blocks '16,2147483648': block 2147483648 is more tokens than a block holds"),
+])
+def test_a_bad_size_in_the_blocks_list_names_blocks(run_cli, tmp_path, blocks, said) -> None:
+    # named '--block 7' (an option not given) before
+    trace = _too_few_ids(tmp_path)
+    line = _one_error_line(run_cli("share", "--trace", "mooncake", str(trace), "--capacity", "100",
+                                   "--blocks", blocks))
+    assert said in line and "--block " not in line
+
+
+def test_a_bad_size_in_the_blocks_list_of_an_azure_trace_names_blocks(run_cli, tmp_path) -> None:
+    trace = tmp_path / "a.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,5\n")
+    line = _one_error_line(run_cli("share", "--trace", "azure", str(trace), "--capacity", "100",
+                                   "--blocks", "16,99999999999"))
+    assert "--blocks '16,99999999999': block 99999999999 is more tokens than a block holds" in line
+
+
+def test_scenario_flags_with_a_capacity_flag_say_which_mode_each_is(run_cli) -> None:
+    # was '--prefix, --branches, --gen and --tp are different modes', one list of four flags
+    line = _one_error_line(run_cli("share", "--prefix", "10", "--branches", "2", "--gen", "5", "--tp", "2"))
+    assert "--prefix, --branches, --gen (scenario mode) and --tp (the prefix-cache size" in line
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, lines
+    return lines[0]
