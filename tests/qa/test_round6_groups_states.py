@@ -297,3 +297,22 @@ def test_frag_sweep_forced_blocks_of_nemotron3_nano(run_cli, tmp_path: Path) -> 
         assert held[asked] == (block, (full + 12) * 6 * block * 1024 + 4 * (full + 12))
     best = doc["best_block_size"]
     assert (best["used_block_size"], best["held_bytes"]) == (2096, 20 * 12_877_824 + 80)
+
+
+@pytest.mark.parametrize(("name", "block_id", "hold"), [
+    # tp 2 halves the pages: Falcon-H1 36 slots · 800 · 256 B = 7,372,800 B a block id, 1 full block + 1 state a
+    # request; Nemotron-3-Nano 6 · 2,096 · 512 B = 6,438,912 B, 1 + 4
+    ("FALCON_H1_05B", 7_372_800, 2),
+    ("NEMOTRON3_NANO", 6_438_912, 5),
+])
+def test_sim_tensor_parallel_concurrency(run_cli, tmp_path: Path, name: str, block_id: int, hold: int) -> None:
+    # the pool's bytes are the plan's (its tp-2 non-torch estimate is not what this checks); 300 + 400 tokens stay
+    # in one block, so a request holds `hold` ids from its first chunk to its end
+    doc = run_cli("sim", "--config", _config(tmp_path, name), *small_gpu(6000), "--tp", "2", "--rate", "inf",
+                  "--requests", "300", "--prompt-dist", "uniform:low=300,high=300", "--output-dist",
+                  "uniform:low=400,high=400", "--max-seqs", "512", "--json").json()
+    plan = doc["memory_plan"]
+    assert doc["kv_cache_groups"]["block_bytes"] == block_id
+    assert plan["num_blocks"] == plan["kv_pool_bytes"] // block_id
+    assert doc["peak_running"] == min(300, plan["num_blocks"] // hold)
+    assert (doc["completed"], doc["preemptions"]) == (300, 0)
