@@ -71,12 +71,7 @@ def main() -> int:
 
     sm = props.multi_processor_count
     heuristic = ops.choose_num_splits(1, 8, 32768, sm)
-    sweeps = {
-        "group": [(64, 4096, q, None, True) for q in (8, 16, 32, 64, 128)],
-        "splits": [(1, 32768, 32, s, True) for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, heuristic})],
-        "shape": [(b, c, 32, None, False) for b, c in ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048),
-                                                       (256, 1024))],
-    }
+    sweeps = _sweeps(heuristic)
     for name, cases in sweeps.items():
         for case in cases:
             if time.monotonic() - start > args.budget_s:
@@ -89,7 +84,24 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "diag.json").write_text(json.dumps(doc, indent=2) + "\n")
 
-    print(f"{props.name}, {sm} SMs, copy {copy_tbps:.3f} TB/s; heuristic splits at 1x32K: {heuristic}")
+    _print_table(doc, list(sweeps))
+    return 0
+
+
+def _sweeps(heuristic: int) -> dict[str, list[tuple[int, int, int, int | None, bool]]]:
+    """Each sweep's cases (batch, context, query heads, splits or None for the heuristic's, paged)."""
+    return {
+        "group": [(64, 4096, q, None, True) for q in (8, 16, 32, 64, 128)],
+        "splits": [(1, 32768, 32, s, True) for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, heuristic})],
+        "shape": [(b, c, 32, None, False) for b, c in ((1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048),
+                                                       (256, 1024))],
+    }
+
+
+def _print_table(doc: dict[str, Any], sweeps: list[str]) -> None:
+    """diag.json's rows as a table on stdout, sweep by sweep (a failed measurement shows its error)."""
+    print(f"{doc['device']}, {doc['sm_count']} SMs, copy {doc['copy_tbps']:.3f} TB/s; heuristic splits at 1x32K: "
+          f"{doc['heuristic_splits_1x32k']}")
     print(f"{'sweep':<7} {'batch':>5} {'ctx':>6} {'qh':>4} {'splits':>6} {'layout':>10} {'us':>9} {'TB/s':>6} "
           f"{'%copy':>6}")
     for name in sweeps:
@@ -98,7 +110,6 @@ def main() -> int:
                     else r.get("error", ""))
             print(f"{name:<7} {r['batch']:5d} {r['context']:6d} {r['q_heads']:4d} {r['splits']!s:>6} "
                   f"{r['layout']:>10} {tail}")
-    return 0
 
 
 def _launch(ops: Any, x: DecodeInputs, splits: int | None, paged: bool) -> Any:
