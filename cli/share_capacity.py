@@ -23,7 +23,6 @@ from ..core.share.capacity import (
     parse_capacities,
 )
 from ..core.share.load_or_recompute import step_time_model
-from ..core.share.replay_result import check_positive_block_size
 from ..core.share.saved_states import saved_state_hit_curve
 from ..core.share.stack_distance import StackDistances, stack_distances
 from ..core.share.tiers import (
@@ -33,7 +32,7 @@ from ..core.share.tiers import (
     parse_bandwidth,
     parse_tier_size,
 )
-from ..core.share.trace_blocks import check_block_size, check_requests
+from ..core.share.trace_blocks import check_block_size, check_positive_block_size, check_requests
 from ..core.units import format_bytes, format_count, format_percent
 from .chart import check_plot_target
 from .output import Field, Format, Report, Table, emit, err_console, record_table
@@ -89,17 +88,9 @@ def parse_options(
     model_only = [f for f, v in (("--gpu", gpu), ("--tp", tp)) if v is not None]
     if model_only and spec is None:
         raise ValueError(f"{', '.join(model_only)} applies to a model's bytes and prefill time: add --model")
-    block_sizes = _block_sizes(blocks, block)
+    block_sizes = _block_sizes(blocks, block, trace[0].strip().lower() == "mooncake")
     if tiered and len(block_sizes) > 1:
         raise ValueError("tiers run at one block size: give --block, not a --blocks list, with --gpu-cache")
-    check = check_block_size if trace[0].strip().lower() == "mooncake" else check_positive_block_size
-    for b in block_sizes:
-        try:
-            check(b)
-        except ParameterError as exc:  # a size of the --blocks list: that option is the one at fault
-            if blocks is None:
-                raise
-            raise ValueError(f"--blocks {blocks!r}: {str(exc).replace('block_size', 'block', 1)}") from None
     capacities = parse_capacities(capacity) if capacity is not None else []
     tiers = None
     if tiered:
@@ -131,8 +122,11 @@ def parse_options(
     return CurveOptions(trace, limit, block_sizes, capacities, tier_options, 1 if tp is None else tp, plot)
 
 
-def _block_sizes(blocks: str | None, block: int) -> list[int]:
+def _block_sizes(blocks: str | None, block: int, mooncake: bool) -> list[int]:
+    """--block, or the --blocks list; each a size the trace can key (a bad one of the list named as such)."""
+    check = check_block_size if mooncake else check_positive_block_size
     if blocks is None:
+        check(block)
         return [block]
     sizes = []
     for part in blocks.split(","):
@@ -142,6 +136,11 @@ def _block_sizes(blocks: str | None, block: int) -> list[int]:
             raise ValueError(f"--blocks {blocks!r}: write block sizes in tokens, e.g. --blocks 16,64,512") from None
     if any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
         raise ValueError(f"--blocks {blocks!r}: give distinct positive block sizes, e.g. 16,64,512")
+    for b in sizes:
+        try:
+            check(b)
+        except ParameterError as exc:
+            raise ValueError(f"--blocks {blocks!r}: {str(exc).replace('block_size', 'block', 1)}") from None
     return sorted(sizes)
 
 
