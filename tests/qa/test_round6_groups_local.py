@@ -1,7 +1,7 @@
 """Round-6 QA, issue 19: concurrency at rate inf when memory binds on models whose local layers free blocks as a
 request advances (sliding windows: gpt-oss-20b, Command-R7B; chunked attention: Llama-4-Scout) or hold a state
-page (Nemotron-3-Nano, Falcon-H1), against a model of vLLM v1's scheduler written here, plus Llama-4-Scout's
-chunked groups in size and frag.
+page (Nemotron-3-Nano, Falcon-H1, MiniMax-M1, Kimi-Linear, LFM2), against a model of vLLM v1's scheduler
+written here, plus Llama-4-Scout's chunked groups in size and frag.
 
 The engine model (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, single_type_kv_cache_manager.py,
 re-derived): every request arrives at t = 0. A step first schedules the running requests in order, each
@@ -171,6 +171,12 @@ def test_sim_concurrency_when_local_layers_free_blocks(run_cli, tmp_path: Path, 
     # Falcon-H1: 1 full + 1 state table, block 800, a block id 36 · 800 · 512 = 14,745,600 B: 39 and 25 ids
     ("FALCON_H1_05B", [("full", 0), ("state", 0)], 800, 14_745_600, 2700, 1000, 2000, 8192, (13, 9400, 21)),
     ("FALCON_H1_05B", [("full", 0), ("state", 0)], 800, 14_745_600, 2500, 500, 3000, 4096, (12, 20401, 52)),
+    # MiniMax-M1: 1 full + 7 lightning-state tables, block 512, a block id 10 · 512 · 4,096 = 20,971,520 B: 47 ids
+    ("MINIMAX_M1", [("full", 0)] + [("state", 0)] * 7, 512, 20_971_520, 3100, 600, 900, 8192, (5, 8100, 8)),
+    # Kimi-Linear's layers: 1 MLA + 3 KDA-state tables, block 1,888, a block id 7 · 1,888 · 1,152 = 15,224,832 B
+    ("KIMI_K3", [("full", 0)] + [("state", 0)] * 3, 1888, 15_224_832, 3100, 1500, 3000, 8192, (16, 12001, 15)),
+    # LFM2: 1 full + 2 short-conv tables, block 16, a block id 6 · 16 · 2,048 = 196,608 B: 53 ids
+    ("LFM2_12B", [("full", 0)] + [("state", 0)] * 2, 16, 196_608, 2150, 100, 200, 8192, (5, 2537, 45)),
 ])
 def test_sim_mamba_hybrid_preemption_against_the_engine_model(run_cli, tmp_path: Path, name: str, tables, block: int,
                                                                block_id: int, mib: int, prompt: int, output: int,
@@ -179,7 +185,7 @@ def test_sim_mamba_hybrid_preemption_against_the_engine_model(run_cli, tmp_path:
     # sensitive to it, e.g. Nemotron-3-Nano's first case runs 12 at once with 77 free ids)
     ids = (mib * MiB - FIXED) // block_id
     assert Engine(tables, ids, 40, prompt, output, block).run(budget) == expected
-    config = write_config(tmp_path, name, "test_architecture_configs")
+    config = write_config(tmp_path, name, "test_real_configs" if name == "MINIMAX_M1" else "test_architecture_configs")
     result = run_cli("sim", "--config", str(config), "--gpu-memory", f"{mib}MiB", "--bandwidth", "4.8e12", "--flops",
                      "989e12", "--weights-bytes", "1GiB", "--workspace-bytes", "1", "--memory-utilization", "1",
                      "--rate", "inf", "--requests", "40", "--prompt-dist", f"uniform:low={prompt},high={prompt}",
