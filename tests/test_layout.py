@@ -120,3 +120,28 @@ def test_every_module_docs_architecture_names_exists():
     present = {p.name for top in (*LINKED, "tests", "examples") for p in (ROOT / top).rglob("*.py")}
     gone = sorted(_architecture_names() - present - {"__init__.py", "__main__.py"})
     assert not gone, f"docs/architecture.md names modules that no longer exist: {gone}"
+
+
+MAX_FUNCTION_LINES = 60  # issue 23: no function over 60 lines (its def line to its last, decorators aside)
+ON_PURPOSE = "# Over 60 lines on purpose"  # issue 23's allowed exception: a comment at the top of the body saying why
+
+
+def test_no_function_over_60_lines_in_the_package_and_examples():
+    import ast
+
+    long = []
+    for top in (*LINKED, "examples"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            source = path.read_text(encoding="utf-8")
+            lines = source.splitlines()
+            for node in ast.walk(ast.parse(source)):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                assert node.end_lineno is not None  # set by ast.parse
+                length = node.end_lineno - node.lineno + 1
+                body = "\n".join(lines[node.lineno - 1:node.body[0].lineno + 3])
+                if length > MAX_FUNCTION_LINES and ON_PURPOSE not in body:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long, f"split these (or say why at the top of the body, '{ON_PURPOSE}: ...'): {long}"
