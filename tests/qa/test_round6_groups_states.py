@@ -316,3 +316,17 @@ def test_sim_tensor_parallel_concurrency(run_cli, tmp_path: Path, name: str, blo
     assert plan["num_blocks"] == plan["kv_pool_bytes"] // block_id
     assert doc["peak_running"] == min(300, plan["num_blocks"] // hold)
     assert (doc["completed"], doc["preemptions"]) == (300, 0)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_frag_ideal_layout_holds_exact_bytes(run_cli, tmp_path: Path, name: str) -> None:
+    # --layout ideal, block 16: the attention layers in one table of 16-token blocks (ceil(n / 16) each: 7 + 188 +
+    # 563 = 758), a state its exact bytes, one table entry a sequence for it; 4 B a table entry
+    _, _, _, state, per_token = MODELS[name]
+    paged = run_cli("frag", "--config", _config(tmp_path, name), "--lengths", "100,3000,9000", "--block", "16",
+                    "--layout", "ideal", "--json").json()["paged"][0]
+    assert paged["used_block_size"] == 16 and paged["padding_bytes"] == 0
+    assert paged["allocated_kv_bytes"] == 758 * 16 * per_token
+    assert paged["allocated_state_bytes"] == paged["state_bytes"] == 3 * state
+    assert paged["block_table_bytes_exact"] == 4 * (758 + 3)
+    assert paged["held_bytes"] == 758 * 16 * per_token + 3 * state + 4 * (758 + 3)
