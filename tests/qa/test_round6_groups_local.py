@@ -16,10 +16,11 @@ when its computed tokens reach its length, and returns every block after its las
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from real_configs import write_config
+from real_configs import real_config, write_config
 
 GiB, MiB = 2**30, 2**20
 FIXED = 1 * GiB + 256 * MiB + 860 * MiB + 1  # weights, vLLM 0.21's non-torch and CUDA graphs, a 1-byte workspace
@@ -194,6 +195,30 @@ def test_sim_mamba_hybrid_preemption_against_the_engine_model(run_cli, tmp_path:
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert (doc["memory_plan"]["num_blocks"], doc["kv_cache_groups"]["block_size"]) == (ids, block)
+    assert (doc["peak_running"], doc["steps"], doc["preemptions"], doc["completed"]) == (*expected, 40)
+
+
+@pytest.mark.parametrize(("mib", "expected"), [(2300, (5, 122, 0)), (2400, (9, 76, 0))])
+def test_sim_gemma3n_shared_kv_layers_take_no_table(run_cli, tmp_path: Path, mib: int,
+                                                    expected: tuple[int, int, int]) -> None:
+    # Gemma-3n-E4B: 16 sliding (W 512) + 4 full layers keep KV, the 15 KV-shared ones none: 4 sliding tables + 1
+    # full of 4 slots, a block id 4 · 16 · 2,048 = 131,072 B; (2,300 MiB − FIXED) // 131,072 = 1,279 ids, 2,079 at
+    # 2,400 MiB. Prompts of 1,025: 65 blocks in each of 5 tables (325) until the first decode frees (1,025 − 511)
+    # // 16 = 32 in each sliding table. The trimmed public config gives no vision/audio tower dimensions, which
+    # sim's parameter count needs even with --weights-bytes: typical ones are added (they change no KV)
+    config = real_config("GEMMA3N_E4B")
+    config = {**config, "vision_config": {**config["vision_config"], "hidden_size": 2048, "num_hidden_layers": 12},
+              "audio_config": {**config["audio_config"], "hidden_size": 1536, "num_hidden_layers": 12}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tables = [("full", 0)] + [("sliding", 512)] * 4
+    ids = (mib * MiB - FIXED) // 131_072
+    assert Engine(tables, ids, 40, 1025, 15).run(65536) == Engine(tables, ids - 1, 40, 1025, 15).run(65536) == expected
+    doc = run_cli("sim", "--config", str(tmp_path), "--gpu-memory", f"{mib}MiB", "--bandwidth", "4.8e12", "--flops",
+                  "989e12", "--weights-bytes", "1GiB", "--workspace-bytes", "1", "--memory-utilization", "1", "--rate",
+                  "inf", "--requests", "40", "--prompt-dist", "uniform:low=1025,high=1025", "--output-dist",
+                  "uniform:low=15,high=15", "--max-batched-tokens", "65536", "--json").json()
+    assert [(g["kind"], g["block_tables"]) for g in doc["kv_cache_groups"]["groups"]] == [("sliding", 4), ("full", 1)]
+    assert doc["memory_plan"]["num_blocks"] == ids
     assert (doc["peak_running"], doc["steps"], doc["preemptions"], doc["completed"]) == (*expected, 40)
 
 
