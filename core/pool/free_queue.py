@@ -133,11 +133,13 @@ class FreeBlockQueue:
     # ---- inspection -----------------------------------------------------------------------------
     def order(self) -> list[int]:
         """Block ids in the order they would be handed out (plain stack, then LRU head to tail)."""
-        plain = self._plain[: self._plain_top][::-1].tolist()
+        return self._plain[: self._plain_top][::-1].tolist() + self.cached_order().tolist()
+
+    def cached_order(self) -> np.ndarray:
+        """The cached free blocks in the order hand-outs evict them (LRU head to tail)."""
         pos = np.arange(self._head, self._tail)
         ids = self._lru[pos]
-        live = (self._state[ids] == FREE_CACHED) & (self.stamp[ids] == pos)
-        return plain + ids[live].tolist()
+        return ids[(self._state[ids] == FREE_CACHED) & (self.stamp[ids] == pos)]
 
     def check(self) -> None:
         """Assert the queue's own invariants (used by the pool's check_invariants)."""

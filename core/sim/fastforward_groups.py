@@ -53,6 +53,8 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
         return False
     tokens0 = s.computed[run]
     remaining = s.stop_at[run] - s.generated[run]
+    if not policy._private:  # prefix caching: block ids matter, a run stops at the first finish
+        return _prefix_run(ff, run, tokens0, remaining)
     k = int(remaining.max())
     until = ff._until()
     if until < np.inf:  # no decode step is shorter than one token's (weights, overhead, one state)
@@ -75,6 +77,41 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     s.last_token_s[run] = ends[taken]
     _advance_pool(ff, run, remaining, k, ends, memory)
     s.now_s = float(ends[-1])
+    s.steady = True
+    return True
+
+
+def _prefix_run(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining: np.ndarray) -> bool:
+    """A run of decode steps up to the first finish (or arrival) on a prefix-caching pool (hybrid_runs, through
+    GroupedPagedPolicy.decode_run), accounted and ended as fastforward's _grouped_segment ends a run: the pool
+    advanced, then the requests at their last token leave, in batch order, at the run's end."""
+    s, policy = ff.scheduler, ff.policy
+    k = int(remaining.min())
+    until = ff._until()
+    if until < np.inf:
+        k = min(k, int((until - s.now_s) / ff.steptime.decode_steps_s(1, 0.0)) + 2)
+    if k < 2:
+        return False
+    d = _step_times(ff, tokens0, remaining, k)[0]
+    ends = np.empty(k + 1)
+    ends[0] = s.now_s
+    ends[1:] = d
+    np.cumsum(ends, out=ends)
+    if until < np.inf:
+        k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+    if k < 2:
+        return False
+    k, memory = policy.decode_run(tokens0, k, False)
+    if k < 2:
+        return False
+    d, ends = d[:k], ends[: k + 1]
+    add_run(ff.totals, d, ends, policy.run_memory(memory, k), len(run), 0)
+    s.computed[run] = tokens0 + k
+    s.generated[run] += k
+    policy.advance_run(run, tokens0, k, memory)
+    s.now_s = float(ends[-1])
+    s.last_token_s[run] = s.now_s
+    s.finish(run)
     s.steady = True
     return True
 

@@ -25,12 +25,14 @@ from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
 from ..pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
+from ..pool.hybrid_runs import DecodeRun, apply, runs_apply
+from .group_prefix_runs import PrefixRuns
 from .group_runs import RunForm, check_run, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
 
 
-class GroupedPagedPolicy:
+class GroupedPagedPolicy(PrefixRuns):
     """Paging over a HybridPool of `groups` (see the module docstring)."""
 
     name = "paged"
@@ -64,6 +66,7 @@ class GroupedPagedPolicy:
 
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         keys = self._keys(rid, num_tokens)
+        self._looked = (rid, num_tokens)  # the prompt an admission looked up (a refused one's: _refused)
         return 0 if keys is None else self.pool.hit_tokens(num_tokens, keys)
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
@@ -71,8 +74,12 @@ class GroupedPagedPolicy:
             need = self.pool.allocate_private_need(total_tokens, start_tokens if from_swap else 0)
             return need <= self.pool.num_free_blocks
         if from_swap:
-            return self.pool.can_allocate(total_tokens, computed_tokens=start_tokens)
-        return self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
+            fits = self.pool.can_allocate(total_tokens, computed_tokens=start_tokens)
+        else:
+            fits = self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
+        if not fits:  # what a run while it waits must not change (_prefix_run): valid while the pool is unchanged
+            self._refused = (self.pool.pools[0]._epoch, rid, from_swap, self._looked)
+        return fits
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         if not self.can_admit(rid, start_tokens, total_tokens, from_swap):
@@ -161,8 +168,14 @@ class GroupedPagedPolicy:
     def runs_decode(self) -> bool:
         """Runs of decode steps can be done at once (`decode_run`): without prefix caching, forks or
         speculative slots, every used block is in exactly one table, so what each group holds is a function
-        of the sequences' lengths alone. `fast_runs = False` keeps every step (the reference in tests)."""
-        return self.fast_runs and self._private
+        of the sequences' lengths alone; with prefix caching, on a pool whose steps hybrid_runs plans and applies
+        (`prefix_runs`). `fast_runs = False` keeps every step (the reference in tests)."""
+        return self.fast_runs and (self._private or self.prefix_runs)
+
+    @property
+    def prefix_runs(self) -> bool:
+        """Runs with prefix caching (core/pool/hybrid_runs.py: planned from counts, applied where blocks change)."""
+        return self.prompt_keys is not None and not self.exact_block_tables and runs_apply(self.pool)
 
     fast_runs = True
 
@@ -185,7 +198,7 @@ class GroupedPagedPolicy:
 
     _kinds_memo: list[tuple[PoolGroup, int]] | None = None
 
-    def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, RunForm | None]:
+    def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, RunForm | DecodeRun | None]:
         """(how many of the next k decode steps of the running requests, holding `tokens` [n] (≥ 1 each),
         can be done at once, their memory per step: group_runs.run_form).
 
@@ -196,6 +209,8 @@ class GroupedPagedPolicy:
         (`advance_run`): steps are kept only while its peak, Σ ceil((t + k) / B) − first(t), fits too."""
         if len(self.pool.pools[0].seqs) != len(tokens):  # a sequence outside the run holds blocks: step by step
             return 0, None
+        if not self._private:
+            return self._prefix_run(k, waiting)
         form = run_form(self, tokens, k)
         N = self.pool.num_blocks
         bad = (form.used > N) | (form.peak > N)
@@ -204,10 +219,12 @@ class GroupedPagedPolicy:
         stop = np.flatnonzero(bad)
         return (int(stop[0]) if len(stop) else k), form
 
-    def run_memory(self, form: RunForm, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_memory(self, form: RunForm | DecodeRun, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
         steps of a run (`run_form`): what `parts` and `group_blocks` return after each of those steps."""
         B = self.block_size
+        if isinstance(form, DecodeRun):  # the pool's usage after each step (parts' non-private form)
+            return form.memory(k, self.capacity_slots)
         used = form.used[:k]
         state = np.array([g.kind == "state" for g, _ in self._kinds()])  # a state page: B useful slots, a state
         written = np.where(state[:, None], form.held[:, :k] * B, form.written[:, :k])
@@ -227,9 +244,13 @@ class GroupedPagedPolicy:
 
     _kind_memo: list[int] | None = None
 
-    def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, form: RunForm) -> None:
+    def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, form: RunForm | DecodeRun) -> None:
         """The pool after k decode steps of `decode_run` from `tokens`: every table as stepping leaves it
         (HybridPool.advance_private, one token at a time), then checked against the closed form of the last step."""
+        if isinstance(form, DecodeRun):
+            assert k == form.k, f"a prefix-cached run planned for {form.k} steps, taken for {k}"
+            apply(self.pool, rids.tolist(), form)
+            return
         self.pool.advance_private(rids.tolist(), k, 1, check=False)
         check_run(self, form, k)
 

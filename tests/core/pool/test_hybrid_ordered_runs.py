@@ -1,0 +1,148 @@
+"""A run of k decode steps planned from counts and applied where blocks change (core/pool/hybrid_runs.py) leaves a
+prefix-caching hybrid pool exactly as k steps of the sim's one-pass step do (skip_ordered, the need check,
+append_ordered — itself proven equal to the per-sequence loop in test_hybrid_ordered): the same block ids in every
+table, reference counts, fills, versions, free-queue order and cache entries; and every step's figures (blocks used,
+cached, tokens written, table entries, each group's blocks) are the ones the pool shows after that step of stepping.
+
+Where the plan stops is checked against stepping too: the next step does not fit, or (a request waiting) it would
+evict more than the allowed oldest cached blocks or leave more blocks free than at the start. Hypothesis drives a
+pool through random admissions of prompts of a few families (hits on each other's blocks, shared blocks dropped at
+their last holder), releases (cached blocks in the LRU, plain ones on the stack) and runs, in a pool small enough
+that hand-outs evict; planted bugs in the plan and the apply are caught.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcalc.core.pool import hybrid_runs
+from kvcalc.core.pool.groups import PoolGroup
+from kvcalc.core.pool.hybrid import HybridPool
+from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, skip_ordered
+
+from .test_hybrid_ordered import B, family_keys, state
+
+LAYOUTS = {
+    "sliding+chunked": (PoolGroup("full"), PoolGroup("sliding", 6), PoolGroup("sliding", 6), PoolGroup("chunked", 8)),
+    "narrow window": (PoolGroup("sliding", 2), PoolGroup("full"), PoolGroup("sliding", 2)),
+    "window of blocks": (PoolGroup("full"), PoolGroup("sliding", 8)),
+}
+
+
+def figures(pool: HybridPool) -> tuple:
+    """What a step's accounting reads of the pool (GroupedPagedPolicy.parts and group_blocks)."""
+    usage = pool.usage()
+    return (usage.used_blocks, usage.cached_free_blocks, usage.useful_tokens, usage.logical_blocks,
+            tuple(held_blocks(pool)))
+
+
+def step(pool: HybridPool, ids: list) -> bool:
+    """One decode step of `ids` as GroupedPagedPolicy.grow_many takes it; False (frees done) when it does not fit."""
+    skip_ordered(pool, ids)
+    if need_ordered(pool, ids, [1] * len(ids)) > pool.num_free_blocks:
+        return False
+    append_ordered(pool, ids, [1] * len(ids), [None] * len(ids))
+    return True
+
+
+def check_run(pool: HybridPool, ids: list, k: int, evictable: int | None) -> int:
+    """Plan k steps on `pool`, step a copy of it, apply the plan: the same pool and the same figures; the plan
+    stops where stepping would. Returns the steps taken."""
+    stepped = copy.deepcopy(pool)
+    order = list(reversed(ids))  # the plan's order is any: the apply takes the batch's
+    run = hybrid_runs.plan(pool, order, k, held_blocks(pool), evictable)
+    free_now, evictions = stepped.num_free_blocks, stepped.store.counters["evictions"]
+    for j in range(run.k):
+        assert step(stepped, ids)
+        assert figures(stepped) == (run.used[j], run.cached[j], run.useful[j], run.logical[j], tuple(run.held[j]))
+        if evictable is not None:  # every step of a refused head's run keeps its refusal
+            assert stepped.store.counters["evictions"] - evictions <= evictable
+            assert stepped.num_free_blocks <= free_now
+    if run.k < k:  # the next step is not a plain decode step of a refused head's run
+        probe = copy.deepcopy(stepped)
+        fits = step(probe, ids)
+        assert not fits or (evictable is not None and (
+            probe.store.counters["evictions"] - evictions > evictable or probe.num_free_blocks > free_now))
+    if run.k:
+        hybrid_runs.apply(pool, ids, run)
+    assert state(pool) == state(stepped)
+    pool.check_invariants()
+    return run.k
+
+
+ops = st.lists(st.tuples(st.sampled_from(["add", "add", "add", "release", "run", "run"]), st.integers(0, 5),
+                         st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=25)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@settings(max_examples=60, deadline=None)
+@given(steps=ops, waiting=st.booleans())
+def test_a_planned_run_is_stepping(name, steps, waiting):
+    pool = HybridPool(40, B, LAYOUTS[name])
+    for op, seq, family, k in steps:
+        if op == "add" and not pool.has_seq(seq):
+            n = 4 * (2 + family) + seq % 3  # prompts of the family's keyed blocks, then an unkeyed tail
+            keys = family_keys(family)[: n // B]
+            if pool.can_allocate(n, keys):
+                pool.allocate(seq, n, keys)
+                label(pool, seq)
+        elif op == "release" and pool.has_seq(seq):
+            pool.release(seq)
+        elif op == "run" and pool.seq_ids:
+            evictable = min(k // 4, pool.store.queue.num_cached) if waiting else None
+            check_run(pool, list(pool.seq_ids), k, evictable)
+
+
+def scenario() -> HybridPool:
+    """A pool in which a run frees shared and cached blocks and evicts: two prompts of family 0 (sharing blocks),
+    one of family 1 released (its blocks cached, but the two a family-2 prompt hit)."""
+    pool = HybridPool(48, B, LAYOUTS["sliding+chunked"])
+    for seq, family, n in ((0, 0, 16), (1, 1, 14), (2, 0, 13), (3, 2, 10)):
+        keys = family_keys(family)[: n // B]
+        pool.allocate(seq, n, keys)
+        label(pool, seq)
+    pool.release(1)
+    return pool
+
+
+def test_the_scenario_frees_shared_blocks_and_evicts():
+    pool = scenario()
+    evictions = pool.store.counters["evictions"]
+    assert check_run(pool, [0, 2, 3], 30, None) >= 8
+    assert pool.store.counters["evictions"] > evictions
+
+
+@pytest.mark.parametrize("bug", ["shared block freed at its first holder", "a lagging block not filled",
+                                 "cached blocks never evicted", "batch order ignored", "the waiting head forgotten"])
+def test_planted_bugs_are_caught(monkeypatch, bug):
+    evictable = None
+    if bug == "the waiting head forgotten":
+        real_plan = hybrid_runs.plan
+        monkeypatch.setattr(hybrid_runs, "plan", lambda pool, ids, k, held, evictable: real_plan(pool, ids, k, held))
+        evictable = 0
+    elif bug == "shared block freed at its first holder":
+        real_freed = hybrid_runs._freed
+        monkeypatch.setattr(hybrid_runs, "_freed", lambda store, refs, drops, G: real_freed(
+            store, {b: 1 for step in drops for _, b in step if b >= 0}, drops, G))
+    elif bug == "a lagging block not filled":
+        real_catch_up = hybrid_runs._catch_up
+        monkeypatch.setattr(hybrid_runs, "_catch_up", lambda pool, tables, now, target: real_catch_up(
+            pool, tables, now, [min(t, a + 1) for a, t in zip(now, target, strict=True)]))
+    elif bug == "cached blocks never evicted":
+        monkeypatch.setattr(type(scenario().store.queue), "num_plain", property(lambda q: len(q)))
+    else:
+        real_apply = hybrid_runs.apply
+        monkeypatch.setattr(hybrid_runs, "apply", lambda pool, order, run: real_apply(pool, order[::-1], run))
+    with pytest.raises(AssertionError):
+        check_run(scenario(), [0, 2, 3], 30, evictable)
+
+
+def test_a_run_while_a_request_waits_stops_where_its_refusal_may_end():
+    """Refused now, the head stays refused while no step frees more than the growth takes and no eviction reaches
+    a block its look-up found: with fewer evictions allowed the run is no longer."""
+    runs = [check_run(scenario(), [0, 2, 3], 30, evictable) for evictable in (0, 3, 100)]
+    assert runs == sorted(runs) and runs[-1] <= check_run(scenario(), [0, 2, 3], 30, None)
