@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -125,7 +125,8 @@ class TieredScheduler(Scheduler):
     def __init__(self, workload: Workload, admission: TierAdmission, config: SchedulerConfig,
                  cancel_at: np.ndarray | None, idle_until: Callable[[float], None]) -> None:
         self._steady = False
-        super().__init__(workload, admission, config, cancel_at)
+        # the admission is the policy by delegation (TierAdmission.__getattr__), which a static checker cannot see
+        super().__init__(workload, cast(MemoryPolicy, admission), config, cancel_at)
         self.admission, self.idle_until = admission, idle_until
         self.parked: list[tuple[float, int]] = []  # heap of (ready_s, rid)
 
