@@ -99,7 +99,7 @@ def size_inputs(o: SizeOptions) -> SizeInputs:
     _check_counts(spec, o.tp, {"--seqs": o.seqs, "--tokens": o.tokens, "--block": o.block,
                                "--max-model-len": o.max_model_len, "--max-num-batched-tokens": o.max_num_batched_tokens,
                                "--max-num-seqs": o.max_num_seqs, "--pp": o.pp})
-    checkpoint = _checkpoint(o.model, o.config, spec) if o.gpu is not None and spec is not None else (0, None)
+    checkpoint = _checkpoint(o.model, o.config, spec, o.kv_memory) if o.gpu is not None and spec else (0, None)
     if spec is None:
         _check_needs_model(o)
         return SizeInputs(o, fmt, dtype, None)
@@ -159,8 +159,9 @@ def _with_drafter(spec: ModelSpec | None, speculation: Any, draft_config: str | 
     return spec if note is None else dataclasses.replace(spec, notes=(*spec.notes, note))
 
 
-def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, str | None]:
-    """(vision-tower parameters, the weights' quantization) of the config.json behind --config / org/name."""
+def _checkpoint(model: str | None, config: Any, spec: ModelSpec, kv_memory: str | None) -> tuple[int, str | None]:
+    """(vision-tower parameters, the weights' quantization) of the config.json behind --config / org/name; no
+    tower is counted with --kv-memory (no weight is estimated then)."""
     import json
 
     from ..core.model.weights import checkpoint_quantization, config_vision_params
@@ -177,7 +178,8 @@ def _checkpoint(model: str | None, config: Any, spec: ModelSpec) -> tuple[int, s
 
         return 0, PRESET_CHECKPOINT_QUANTIZATION.get(spec.name) if model is not None else None
     raw = json.loads(path.read_text(encoding="utf-8"))
-    return config_vision_params(raw, spec.hidden_size), checkpoint_quantization(raw)
+    vision = 0 if kv_memory is not None else config_vision_params(raw, spec.hidden_size, "kv_memory_bytes")
+    return vision, checkpoint_quantization(raw)
 
 
 def _check_counts(spec: ModelSpec | None, tp: int | None, counts: dict[str, int | None]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ParameterError
 from .layers import FfnGroup, LayerGroup
 from .model_spec import ModelSpec
 from .state import RecurrentState
@@ -118,7 +119,7 @@ def _recurrent_params(s: RecurrentState, hidden: int) -> int:
     return hidden * 3 * s.d_inner + s.d_inner * s.d_conv + s.d_inner * hidden  # short_conv
 
 
-def vision_tower_params(vision: Mapping[str, Any], text_hidden: int) -> int:
+def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, instead: str = "weights_bytes") -> int:
     """Parameters of a multimodal checkpoint's vision tower (its `vision_config`) and a projector into the text
     model: an estimate, labelled so by its callers.
 
@@ -129,6 +130,9 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int) -> int:
 
     SigLIP-so400m (27 layers, h 1,152, I 4,304, patch 14, image 384): 412,987,248 + 6,553,600 for a 2,048-wide
     text model (granite-vision-3.3-2b: vLLM 0.19 loads 0.80 GiB more than for granite-3.1-2b; this gives 0.78).
+
+    A tower without these fields (Gemma-3n's MobileNet-V5 has a width, no layer count) is refused, naming the
+    parameter `instead` that gives the weights themselves (then nothing asks for the tower).
     """
     def field(*names: str, default: int | None = None) -> int:
         for name in names:
@@ -136,7 +140,9 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int) -> int:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         if default is None:
-            raise ValueError(f"vision_config has no {' / '.join(names)} to count the vision tower's weights")
+            kind = f" ({vision['model_type']})" if isinstance(vision.get("model_type"), str) else ""
+            raise ParameterError(f"vision_config{kind} has no {' / '.join(names)} to count the vision tower's "
+                                 f"weights: give {{{instead}}} (the weights are then not estimated)", instead)
         return default
 
     h = field("hidden_size", "embed_dim", "width")
@@ -152,10 +158,11 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int) -> int:
     return tower + h * text_hidden + text_hidden * text_hidden
 
 
-def config_vision_params(config: Mapping[str, Any], text_hidden: int) -> int:
-    """The vision tower's parameters of a config.json (0 when it has no `vision_config`)."""
+def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: str = "weights_bytes") -> int:
+    """The vision tower's parameters of a config.json (0 when it has no `vision_config`); `instead`: the parameter
+    that gives the weights without this count, named when the tower cannot be counted."""
     vision = config.get("vision_config")
-    return vision_tower_params(vision, text_hidden) if isinstance(vision, Mapping) else 0
+    return vision_tower_params(vision, text_hidden, instead) if isinstance(vision, Mapping) else 0
 
 
 def checkpoint_quantization(config: Mapping[str, Any]) -> str | None:

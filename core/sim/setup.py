@@ -235,7 +235,8 @@ def _memory_plan(o: SimOptions, spec: ModelSpec, gpu, kv_bits: int, quantization
             raise ParameterError(f"{name} {getattr(o, name)} must be at least 1", name)
     return plan_memory(
         spec, gpu, kv_dtype_bits=kv_bits, block_size=o.block_size, tp=o.tp, memory_utilization=o.memory_utilization,
-        quantization=quantization, vision_params=checkpoint_vision_params(spec, o.model, o.config),
+        quantization=quantization,  # with weights_bytes no weight is estimated: no vision tower is asked for
+        vision_params=0 if o.weights_bytes is not None else checkpoint_vision_params(spec, o.model, o.config),
         weights_bytes=byte_count("weights_bytes", o.weights_bytes) if o.weights_bytes is not None else None,
         workspace_bytes=byte_count("workspace_bytes", o.workspace_bytes) if o.workspace_bytes is not None else None,
         max_batched_tokens=o.max_batched_tokens, max_seqs=o.max_seqs, layout=layout, vllm_version=version,
