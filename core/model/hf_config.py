@@ -179,11 +179,12 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     if kv_note is not None:
         notes.append(kv_note)
     notes += served_dtype_notes(f)
+    positions = max_positions(f, notes)
     return ModelSpec.from_groups(
         name, groups, drafter_groups=drafters, drafter_field=drafter_field,
         num_attention_heads=heads,
         hidden_size=hidden if hidden is not None else heads * groups_head_dim(groups),
-        max_position_embeddings=max_positions(f),
+        max_position_embeddings=positions,
         intermediate_size=uniform_intermediate(f, n),
         vocab_size=f.int("vocab_size", "padded_vocab_size"),
         num_experts=experts,

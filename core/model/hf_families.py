@@ -113,3 +113,32 @@ def judge_unread(f: ConfigFields) -> str | None:
         return None
     return (f"{model_type}: {', '.join(other)} ignored (not among the fields kvcalc reads for this architecture's "
             "KV and state)")
+
+
+# rope_scaling types whose factor vLLM does not apply to the length (_get_and_verify_max_len): LongRoPE's
+# max_position_embeddings is already the scaled length, and so is Llama-3.1's
+_UNSCALED_ROPE = frozenset({"su", "longrope", "llama3"})
+
+
+def rope_scaled_length(f: ConfigFields, length: int) -> int:
+    """The model's length as vLLM derives it from `length` (the smallest length field) and the config's rope
+    scaling (`rope_scaling`, or transformers 5's `rope_parameters`, one dict or one per layer type): times its
+    `factor` (1 when absent), from `original_max_position_embeddings` for yarn; unscaled for su / longrope /
+    llama3 and for Gemma-3 (whose length is already scaled). InternLM3-8B: dynamic, factor 6: 32,768 -> 196,608."""
+    params = f.raw("rope_scaling", "rope_parameters")
+    if not isinstance(params, dict) or "gemma3" in str(f.raw("model_type")):
+        return length
+    entries = list(params.values()) if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    factor: float = 1.0
+    for rope in entries:
+        if rope.get("rope_type", rope.get("type")) in _UNSCALED_ROPE:
+            continue
+        factor = rope.get("factor", factor)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 2**20:
+            raise f.error(f"rope scaling factor {factor!r} must be a positive number; fix the file")
+        if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("original_max_position_embeddings"):
+            length = rope["original_max_position_embeddings"]
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise f.error(f"rope scaling original_max_position_embeddings {length!r} must be a positive "
+                              "integer; fix the file")
+    return int(length * factor)

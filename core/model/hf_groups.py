@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..notes import Note
+from .hf_families import rope_scaled_length
 from .hf_fields import ConfigFields
 from .hf_layers import chunk_size, layer_kinds, sliding_window
 from .hf_state_fields import model_dtype, read_state, state_dtypes
@@ -285,10 +286,16 @@ LENGTH_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
                  "max_sequence_length", "max_seq_length", "seq_len", "context_length")
 
 
-def max_positions(f: ConfigFields) -> int | None:
-    """The model's length: the smallest of LENGTH_FIELDS that the config sets (None if it sets none)."""
+def max_positions(f: ConfigFields, notes: list[str] | None = None) -> int | None:
+    """The model's length: the smallest of LENGTH_FIELDS that the config sets (None if it sets none), scaled by
+    its rope scaling as vLLM derives it (hf_families.rope_scaled_length; `notes` says so when that changes it)."""
     lengths = [length for length in (f.int(key) for key in LENGTH_FIELDS) if length is not None]
-    return min(lengths) if lengths else None
+    if not lengths:
+        return None
+    scaled = rope_scaled_length(f, min(lengths))
+    if notes is not None and scaled != min(lengths):
+        notes.append(f"rope scaling takes the model's length from {min(lengths):,} to {scaled:,}, as vLLM derives it")
+    return scaled
 
 
 def tied(f: ConfigFields) -> bool | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from real_configs import write_config
+from real_configs import real_config, write_config
 
 
 def _one_error_line(result) -> str:
@@ -109,3 +109,44 @@ def test_a_real_sliding_window_stays_a_window(tmp_path) -> None:
     spec = load_config(write_config(tmp_path, "GEMMA3_27B"))
     assert {g.window for g in spec.layer_groups if g.kind == "sliding"} == {1024}
     assert not any("not shorter than" in n for n in spec.notes)
+
+
+def test_internlm3_length_is_scaled_by_its_dynamic_rope_as_vllm_derives_it(run_cli, tmp_path) -> None:
+    """InternLM3-8B: max_position_embeddings 32,768 and rope_scaling dynamic, factor 6: vLLM's
+    _get_and_verify_max_len derives 32,768 · 6 = 196,608 (its default max_model_len); kvcalc took 32,768 and
+    called --max-model-len 196,608 a start-up refusal."""
+    folder = write_config(tmp_path, "INTERNLM3_8B")
+    result = run_cli("size", "--config", str(folder), "--gpu", "H200", "--json")
+    plan = result.json()["gpu_plan"]
+    assert plan["max_model_len"] == 32768 * 6 == 196_608
+    assert "start_refusals" not in plan
+    assert "rope scaling takes the model's length from 32,768 to 196,608" in result.stderr
+
+
+@pytest.mark.parametrize(("rope", "length"), [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131_072),  # from the original
+    ({"type": "linear", "factor": 2.0}, 2 * 40960),
+    ({"rope_type": "default"}, 40960),  # no factor: 1
+    ({"rope_type": "llama3", "factor": 8.0}, 40960),  # Llama-3.1's is already the scaled length
+    ({"rope_type": "longrope", "factor": 32.0}, 40960),
+    ({"full_attention": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8192},
+      "sliding_attention": {"rope_type": "default"}}, 16_384),  # transformers 5's rope_parameters per layer type
+])
+def test_rope_scaling_rules_of_vllms_derived_length(tmp_path, rope, length) -> None:
+    from kvcalc.core.model.hf_config import load_config
+
+    config = {"model_type": "qwen3", "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 128, "hidden_size": 1024, "max_position_embeddings": 40960, "rope_scaling": rope}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_config(tmp_path).max_position_embeddings == length
+
+
+def test_gemma3_length_is_already_scaled(tmp_path) -> None:
+    from kvcalc.core.model.hf_config import load_config
+
+    config = real_config("GEMMA3_27B")
+    # google/gemma-3-27b-it's text_config carries rope_scaling linear, factor 8: vLLM skips it for gemma3
+    rope = {"factor": 8.0, "rope_type": "linear"}
+    scaled = {**config, "text_config": {**config["text_config"], "rope_scaling": rope}}
+    (tmp_path / "config.json").write_text(json.dumps(scaled))
+    assert load_config(tmp_path).max_position_embeddings == 131_072
