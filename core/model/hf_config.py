@@ -35,6 +35,7 @@ from .hf_groups import attention_layer, max_positions, read_groups_in_order, ser
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
+from .weights import unmodelled_quantization_note
 
 _TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype")
 # transformers' config-class defaults for fields that published configs leave out, by model_type: transformers
@@ -179,6 +180,9 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     if kv_note is not None:
         notes.append(kv_note)
     notes += served_dtype_notes(f)
+    quantization = unmodelled_quantization_note(f.raw("quantization_config"))
+    if quantization is not None:
+        notes.append(quantization)
     positions = max_positions(f, notes)
     return ModelSpec.from_groups(
         name, groups, drafter_groups=drafters, drafter_field=drafter_field,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ParameterError
+from ..notes import Note
 from .layers import FfnGroup, LayerGroup
 from .model_spec import ModelSpec
 from .state import RecurrentState
@@ -194,3 +195,27 @@ def checkpoint_quantization(config: Mapping[str, Any]) -> str | None:
     if bits == 4:
         return "int4"
     return None
+
+
+def unmodelled_quantization_note(quant: Any) -> Note | None:
+    """Said when a `quantization_config` stores the weights in a precision that neither checkpoint_quantization
+    nor the config's weight dtype reads (GPTQ 3-bit, bitsandbytes 8-bit, ModelOpt...): the GPU plan would load
+    them at the model's dtype, silently (a compressed-tensors config that quantizes only the KV cache is none)."""
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", ""))
+        groups = quant.get("config_groups")
+        if (checkpoint_quantization({"quantization_config": quant}) is not None or method in _WEIGHT_DTYPE_METHODS
+                or (method == "compressed-tensors" and not groups)):
+            return None
+        bits = quant.get("bits") or quant.get("w_bit")
+        what = f"quant_method {method!r}" + (f", {bits} bits" if bits is not None else "")
+    elif quant is None:
+        return None
+    else:
+        what = f"{quant!r}, not an object"
+    return Note(f"quantization_config ({what}) stores the weights in a precision kvcalc does not model: a GPU plan "
+                "loads them at the model's dtype; give {weight_dtype} (or the KV memory itself)", "weight_dtype")
+
+
+# quant_method values that hf_groups.weight_dtype reads itself (bitsandbytes' 4-bit load)
+_WEIGHT_DTYPE_METHODS = frozenset({"bitsandbytes_4bit"})

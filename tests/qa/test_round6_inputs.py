@@ -98,9 +98,9 @@ def test_phi4_mini_window_longer_than_its_positions_is_full_attention(run_cli, t
     trace.write_text('{"timestamp": 0, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3]}\n'
                      '{"timestamp": 5, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 4]}\n')
     doc = run_cli("share", "--config", str(folder), "--trace", "mooncake", str(trace), "--json").json()
-    # Mooncake ids of 512 tokens: the second prompt hits the first two ids' 1,024 tokens; a request holds
-    # ceil((1536 + 1) / 16) = 97 blocks of 16 tokens, one at a time
-    assert (doc["hit_tokens"], doc["peak_used_blocks"]) == (1024, 97)
+    # Mooncake ids of 512 tokens: the second prompt hits the first two ids' 1,024 tokens (no pool size needed:
+    # one KV cache group)
+    assert doc["hit_tokens"] == 1024 and doc["capacity_blocks"] is None
 
 
 def test_a_real_sliding_window_stays_a_window(tmp_path) -> None:
@@ -150,3 +150,36 @@ def test_gemma3_length_is_already_scaled(tmp_path) -> None:
     scaled = {**config, "text_config": {**config["text_config"], "rope_scaling": rope}}
     (tmp_path / "config.json").write_text(json.dumps(scaled))
     assert load_config(tmp_path).max_position_embeddings == 131_072
+
+
+LLAMA31 = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
+           "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(("quant", "said"), [
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "quant_method 'gptq', 3 bits"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "quant_method 'modelopt'"),
+    ("fp8", "'fp8', not an object"),
+])
+def test_a_weight_quantization_kvcalc_does_not_model_is_said(run_cli, tmp_path, quant, said) -> None:
+    # the GPU plan loaded these weights at bf16 without a word (a 3-bit GPTQ Llama-3.1-8B: 14.99 GiB of weights)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA31, "quantization_config": quant}))
+    result = run_cli("size", "--config", str(tmp_path), "--gpu", "H100-SXM", "--max-model-len", "8192", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert f"warning: quantization_config ({said}) stores the weights in a precision kvcalc does not model" in (
+        result.stderr)
+    assert "give --weight-dtype" in result.stderr
+
+
+@pytest.mark.parametrize("quant", [
+    {"quant_method": "gptq", "bits": 4, "group_size": 128},
+    {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
+    {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float"}},  # KV only
+    {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}}},
+])
+def test_a_weight_quantization_kvcalc_models_is_not_warned_about(run_cli, tmp_path, quant) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA31, "quantization_config": quant}))
+    result = run_cli("size", "--config", str(tmp_path), "--tokens", "100")
+    assert result.exit_code == 0 and "stores the weights in a precision" not in result.stderr, result.stderr
