@@ -78,21 +78,27 @@ def runs_apply(pool: HybridPool) -> bool:
             and all(g.kind != "state" for g in pool.groups) and "pop" not in vars(store.queue))
 
 
-def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[int], evictable: int | None = None
+class Waiting(NamedTuple):
+    """A request waits, refused an admission now: what keeps it refused (`plan`)."""
+
+    evictable: int  # the oldest cached blocks hand-outs may evict with its look-up unchanged (`evictable`)
+    need_floor: int  # its need can fall no lower while blocks are only evicted (`need_floor`)
+
+
+def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[int], waiting: Waiting | None = None
          ) -> DecodeRun:
     """The first steps of k decode steps of `seq_ids` (every sequence the pool holds, ≥ 1 token each) that stepping
-    takes as plain decode steps: up to the first whose growth does not fit. `evictable` (a request waits, refused an
-    admission now): also up to the first that evicts more than the `evictable` oldest cached blocks (one its look-up
-    found may go: `looked_up`) or leaves more blocks free than now (it may fit then). `held`: each group's distinct
-    blocks now (hybrid_ordered.held_blocks). Planned a window of steps at a time (B steps, or 2 when a request waits;
-    then 8x longer each), so that a run stopped early costs little."""
+    takes as plain decode steps: up to the first whose growth does not fit; with a request `waiting`, also up to the
+    first after which its refusal may end: it stands while fewer blocks are free than its need's floor, or while no
+    eviction has reached a block its look-up found (so its look-up and need are unchanged) and no more blocks are
+    free than now. `held`: each group's distinct blocks now (hybrid_ordered.held_blocks). Planned a window of steps
+    at a time (B steps, or 2 when a request waits; then 8x longer each), so that a run stopped early costs little."""
     B, store, G = pool.block_size, pool.store, len(pool.pools)
     tokens = [t.num_tokens for t in pool.pools[0]._tables(seq_ids)]
     t0 = np.array(tokens, dtype=np.int64)[:, None]
     queue = store.queue
     refs: dict[int, int] = {}
     plain, cached = queue.num_plain, queue.num_cached
-    waiting, allowed = evictable is not None, -1 if evictable is None else evictable
     free_now, done, span, evicted = plain + cached, 0, 2 if waiting else B, 0  # waiting: runs often stop at once
     rows: list[tuple[int, int, int, int]] = []  # per step: cached after it, blocks opened, freed, entries freed
     freed_groups: list[np.ndarray] = []
@@ -113,7 +119,8 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
             plain -= taken
             cached -= need - taken
             evicted += need - taken
-            if waiting and (evicted > allowed or plain + cached > free_now):
+            if waiting and plain + cached >= waiting.need_floor and (
+                    evicted > waiting.evictable or plain + cached > free_now):
                 k = done
                 break
             rows.append((cached, need, freed_plain[j] + freed_cached[j], int(entries[j])))
@@ -147,6 +154,17 @@ def looked_up(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> np.ndarray:
         rows = anchored_present(pool.store, anchored, probe.hits[:hit], probe.hashes[:hit])
         found.append(rows[rows >= 0])
     return np.concatenate([np.asarray(f, dtype=np.int64).ravel() for f in found])
+
+
+def need_floor(pool: HybridPool, need: int, cut: bool, budget: int) -> int:
+    """The fewest free blocks an admission refused now (needing `need`; its first chunk `cut` short of the prompt's
+    end by a step's `budget` of tokens, or not) can need while blocks are only evicted: its hit h only shrinks, and
+    blocks only go from used to cached. Each group takes ceil(total / B) − h blocks past the hit (its first kept
+    block is at most h) plus its cached hit blocks: while the chunk ends at the prompt's end that is non-decreasing
+    as h falls (one block more, at most one cached hit less), so at least `need`; once the budget cuts the chunk,
+    total = h·B + budget, so at least ceil(budget / B) a group."""
+    bound = len(pool.pools) * -(-budget // pool.block_size)
+    return bound if cut else min(need, bound)
 
 
 def evictable(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> int:

@@ -78,7 +78,7 @@ class GroupedPagedPolicy(PrefixRuns):
         else:
             fits = self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
         if not fits:  # what a run while it waits must not change (_prefix_run): valid while the pool is unchanged
-            self._refused = (self.pool.pools[0]._epoch, rid, from_swap, self._looked)
+            self._refused = (self.pool.pools[0]._epoch, rid, start_tokens, total_tokens, from_swap, self._looked)
         return fits
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:

@@ -49,24 +49,27 @@ def step(pool: HybridPool, ids: list) -> bool:
     return True
 
 
-def check_run(pool: HybridPool, ids: list, k: int, evictable: int | None) -> int:
+def check_run(pool: HybridPool, ids: list, k: int, waiting: hybrid_runs.Waiting | None) -> int:
     """Plan k steps on `pool`, step a copy of it, apply the plan: the same pool and the same figures; the plan
     stops where stepping would. Returns the steps taken."""
     stepped = copy.deepcopy(pool)
     order = list(reversed(ids))  # the plan's order is any: the apply takes the batch's
-    run = hybrid_runs.plan(pool, order, k, held_blocks(pool), evictable)
+    run = hybrid_runs.plan(pool, order, k, held_blocks(pool), waiting)
     free_now, evictions = stepped.num_free_blocks, stepped.store.counters["evictions"]
+
+    def refused(after: HybridPool) -> bool:  # the waiting request's refusal stands (see hybrid_runs.plan)
+        assert waiting is not None
+        free = after.num_free_blocks
+        return free < waiting.need_floor or (
+            after.store.counters["evictions"] - evictions <= waiting.evictable and free <= free_now)
+
     for j in range(run.k):
         assert step(stepped, ids)
         assert figures(stepped) == (run.used[j], run.cached[j], run.useful[j], run.logical[j], tuple(run.held[j]))
-        if evictable is not None:  # every step of a refused head's run keeps its refusal
-            assert stepped.store.counters["evictions"] - evictions <= evictable
-            assert stepped.num_free_blocks <= free_now
+        assert waiting is None or refused(stepped)
     if run.k < k:  # the next step is not a plain decode step of a refused head's run
         probe = copy.deepcopy(stepped)
-        fits = step(probe, ids)
-        assert not fits or (evictable is not None and (
-            probe.store.counters["evictions"] - evictions > evictable or probe.num_free_blocks > free_now))
+        assert not step(probe, ids) or (waiting is not None and not refused(probe))
     if run.k:
         hybrid_runs.apply(pool, ids, run)
     assert state(pool) == state(stepped)
@@ -93,8 +96,8 @@ def test_a_planned_run_is_stepping(name, steps, waiting):
         elif op == "release" and pool.has_seq(seq):
             pool.release(seq)
         elif op == "run" and pool.seq_ids:
-            evictable = min(k // 4, pool.store.queue.num_cached) if waiting else None
-            check_run(pool, list(pool.seq_ids), k, evictable)
+            check_run(pool, list(pool.seq_ids), k, hybrid_runs.Waiting(
+                min(k // 4, pool.store.queue.num_cached), k % 7 * 3) if waiting else None)
 
 
 def scenario() -> HybridPool:
@@ -119,11 +122,11 @@ def test_the_scenario_frees_shared_blocks_and_evicts():
 @pytest.mark.parametrize("bug", ["shared block freed at its first holder", "a lagging block not filled",
                                  "cached blocks never evicted", "batch order ignored", "the waiting head forgotten"])
 def test_planted_bugs_are_caught(monkeypatch, bug):
-    evictable = None
+    waiting: hybrid_runs.Waiting | None = None
     if bug == "the waiting head forgotten":
         real_plan = hybrid_runs.plan
-        monkeypatch.setattr(hybrid_runs, "plan", lambda pool, ids, k, held, evictable: real_plan(pool, ids, k, held))
-        evictable = 0
+        monkeypatch.setattr(hybrid_runs, "plan", lambda pool, ids, k, held, waiting: real_plan(pool, ids, k, held))
+        waiting = hybrid_runs.Waiting(0, 0)
     elif bug == "shared block freed at its first holder":
         real_freed = hybrid_runs._freed
         monkeypatch.setattr(hybrid_runs, "_freed", lambda store, refs, drops, G: real_freed(
@@ -138,11 +141,12 @@ def test_planted_bugs_are_caught(monkeypatch, bug):
         real_apply = hybrid_runs.apply
         monkeypatch.setattr(hybrid_runs, "apply", lambda pool, order, run: real_apply(pool, order[::-1], run))
     with pytest.raises(AssertionError):
-        check_run(scenario(), [0, 2, 3], 30, evictable)
+        check_run(scenario(), [0, 2, 3], 30, waiting)
 
 
 def test_a_run_while_a_request_waits_stops_where_its_refusal_may_end():
-    """Refused now, the head stays refused while no step frees more than the growth takes and no eviction reaches
-    a block its look-up found: with fewer evictions allowed the run is no longer."""
-    runs = [check_run(scenario(), [0, 2, 3], 30, evictable) for evictable in (0, 3, 100)]
+    """Refused now, the head stays refused while fewer blocks are free than its need's floor, or no step frees more
+    than the growth takes and no eviction reaches a block its look-up found: the less allowed, the shorter."""
+    runs = [check_run(scenario(), [0, 2, 3], 30, hybrid_runs.Waiting(evictable, floor))
+            for evictable, floor in ((0, 0), (3, 0), (100, 0), (100, 12))]
     assert runs == sorted(runs) and runs[-1] <= check_run(scenario(), [0, 2, 3], 30, None)
