@@ -122,7 +122,7 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     best = model.best
     if len(best.candidates) > 1:
         used = f" (paged as {format_count(best.used_block_size)})" if best.used_block_size != best.block_size else ""
-        among = "the sizes vLLM's block_size accepts" if layout.layout == "vllm" else "the sizes given"
+        among = "the sizes given that vLLM's block_size accepts" if layout.layout == "vllm" else "the sizes given"
         notes.append(f"Best block size for {BEST_OBJECTIVE}: B = {best.block_size}{used}, "
                      f"{format_bytes(best.held_bytes)}; chosen among {among}: "
                      f"{', '.join(str(b) for b in best.candidates)}.")

@@ -103,6 +103,13 @@ def test_sim_does_not_call_llama4_chunked_layers_a_sliding_window(run_cli, tmp_p
     assert "chunked" in result.stdout and "sliding window 8,192" not in result.stdout
 
 
+def test_frag_best_block_note_says_the_candidates_are_the_sizes_given(run_cli) -> None:
+    # was 'chosen among the sizes vLLM's block_size accepts: 16, 32' (vLLM accepts 1, 8, ..., 256; 16 and 32 are
+    # frag's default --block)
+    result = run_cli("frag", "--model", "llama-3-8b", "--lengths", "100,5000", "--format", "markdown")
+    assert "chosen among the sizes given that vLLM's block_size accepts: 16, 32." in result.stdout
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
