@@ -150,3 +150,64 @@ def test_a_run_while_a_request_waits_stops_where_its_refusal_may_end():
     runs = [check_run(scenario(), [0, 2, 3], 30, hybrid_runs.Waiting(evictable, floor))
             for evictable, floor in ((0, 0), (3, 0), (100, 0), (100, 12))]
     assert runs == sorted(runs) and runs[-1] <= check_run(scenario(), [0, 2, 3], 30, None)
+
+
+def admission_need(pool: HybridPool, family: int, n: int, budget: int) -> tuple[int, int, int]:
+    """(need, first chunk's tokens, its end) of an admission of a family's n-token prompt as the scheduler sizes it:
+    the hit of the whole prompt, a first chunk of at most `budget` tokens, the allocation plan of that chunk."""
+    keys = family_keys(family)[: n // B]
+    start = pool.hit_tokens(n, keys)
+    total = start + min(n - start, budget)
+    return pool._allocate_plan(total, keys[: total // B], None, 0)[2], total - start, total
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@settings(max_examples=60, deadline=None)
+@given(steps=ops, family=st.integers(0, 3), n=st.integers(8, 16), budget=st.integers(1, 12))
+def test_need_floor_bounds_the_need_while_blocks_are_only_evicted(name, steps, family, n, budget):
+    """hybrid_runs.need_floor: decode steps of other sequences only evict cached blocks (and free used ones), and
+    through any number of them an admission's need stays at or above the floor taken before them."""
+    pool = HybridPool(40, B, LAYOUTS[name])
+    floor = None
+    for op, seq, fam, k in steps:
+        if op == "add" and not pool.has_seq(seq) and floor is None:
+            m = 4 * (2 + fam) + seq % 3
+            if pool.can_allocate(m, family_keys(fam)[: m // B]):
+                pool.allocate(seq, m, family_keys(fam)[: m // B])
+        elif op == "release" and pool.has_seq(seq) and floor is None:
+            pool.release(seq)
+        elif op == "run" and pool.seq_ids:
+            if floor is None:
+                need, chunk, total = admission_need(pool, family, n, budget)
+                floor = hybrid_runs.need_floor(pool, need, total < n, chunk if total < n else budget)
+            for _ in range(k % 5):
+                if not step(pool, list(pool.seq_ids)):
+                    break
+                assert admission_need(pool, family, n, budget)[0] >= floor
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_need_falls_as_cached_hits_are_evicted_but_not_below_the_floor(name):
+    """A released prompt's cached blocks are a later admission's hits, each costing a block (revived from the LRU);
+    decode steps of two other sequences evict them oldest first, and with the first chunk cut by a 2-token budget
+    the need falls (sliding+chunked: 12 -> 4 blocks, 4 groups x ceil(2 / 4)) — to the floor, never below it."""
+    pool = HybridPool(40, B, LAYOUTS[name])
+    pool.allocate(9, 16, family_keys(0))
+    pool.release(9)
+    for seq, family in ((1, 1), (2, 3)):
+        pool.allocate(seq, 9, family_keys(family)[:2])
+    need, chunk, total = admission_need(pool, 0, 16, 2)
+    floor = hybrid_runs.need_floor(pool, need, total < 16, chunk)
+    assert (chunk, total, floor) == (2, 14, len(LAYOUTS[name]))
+    needs = [need]
+    while step(pool, [1, 2]):
+        needs.append(admission_need(pool, 0, 16, 2)[0])
+    assert min(needs) >= floor
+    assert name == "window of blocks" or min(needs) == floor < need  # its wide window keeps every hit to the end
+
+
+def test_a_floor_that_forgets_the_budget_is_caught(monkeypatch):
+    """Planted: the floor taken as the need itself (true only while the chunk ends at the prompt's end)."""
+    monkeypatch.setattr(hybrid_runs, "need_floor", lambda pool, need, cut, budget: need)
+    with pytest.raises(AssertionError):
+        test_the_need_falls_as_cached_hits_are_evicted_but_not_below_the_floor("sliding+chunked")
