@@ -60,7 +60,7 @@ class FastForward:
 
     def whole_loop(self) -> LeanLoop | None:
         """The lean loop (lean.py) where it applies to this run."""
-        return LeanLoop(self) if lean_applies(self) else None
+        return LeanLoop(self.engine, self.steptime, self.advance) if lean_applies(self.engine, self.steptime) else None
 
     def advance(self) -> bool:
         k, plan = self._segment_length()

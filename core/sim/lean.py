@@ -26,35 +26,38 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
+from .decode_plan import decode_steps_plan
 from .engine import PROGRESS_EVERY, STOP_EVERY
-from .paged import PagedPolicy, decode_steps_plan
-from .paged_run import PagedRun, account_pieces
+from .lean_runs import LeanBatch
+from .paged import PagedPolicy
 from .record import CANCELLED, COMPLETED, RUNNING, WAITING
-from .step_sums import piece_bounds
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .fastforward import FastForward
+    from .engine import Engine
     from .scheduler import Scheduler
+    from .steptime import StepTimeModel
 
-def applies(fast: FastForward) -> bool:
+def applies(engine: Engine, steptime: StepTimeModel) -> bool:
     """The run is one the lean loop takes whole (module docstring)."""
-    s, policy = fast.scheduler, fast.policy
+    s, policy = engine.scheduler, engine.policy
     return (type(policy) is PagedPolicy and policy.lazy_admission and s.config.preempt == "recompute"
             and s.config.timeout_s is None and not s.align_block and s.token_ids is None and not s.unborn
-            and s.is_fork is None and not fast.steptime.sliding_share and policy.owed_blocks == 0
+            and s.is_fork is None and not steptime.sliding_share and policy.owed_blocks == 0
             and not policy.pool.seqs and policy.pool.num_free_blocks == policy.pool.num_blocks)
 
 
-class LeanLoop:
-    """Engine.run's loop for a run that `applies`; `run` returns True when `stop` ended it early."""
+class LeanLoop(LeanBatch):
+    """Engine.run's loop for a run that `applies`; `run` returns True when `stop` ended it early. `advance`: the fast
+    path's (FastForward.advance), for what the loop hands back."""
 
-    def __init__(self, fast: FastForward) -> None:
-        self.fast, self.engine, self.s, self.totals = fast, fast.engine, fast.scheduler, fast.totals
-        policy = fast.policy
+    def __init__(self, engine: Engine, steptime: StepTimeModel, advance: Callable[[], bool]) -> None:
+        self.engine, self.s, self.totals, self.advance = engine, engine.scheduler, engine.totals, advance
+        policy = engine.policy
         assert isinstance(policy, PagedPolicy), "applies() takes only the paged policy"
-        self.policy, self.st = policy, fast.steptime
+        self.policy, self.st = policy, steptime
+        self.steps_float = np.arange(1024, dtype=np.float64)  # 0, 1, 2, … (lean_runs)
         self.B, self.free, self.capacity = policy.block_size, policy.pool.num_blocks, policy.capacity_slots
         s = self.s
         self.prompt, self.stop_at, self.output = s.prompt_tokens.tolist(), s.stop_at.tolist(), s.output_tokens.tolist()
@@ -64,6 +67,10 @@ class LeanLoop:
         self.owed = 0  # Σ ceil(tok / B): the blocks the running requests hold (the policy's owed_blocks)
         self.last_s = 0.0  # when every running request but `unsampled` got its last token
         self.unsampled: list[int] = []  # admitted in the last step without completing their prompt
+        self.gen: list[int] = []  # tokens generated per request: current for every request not running
+        self.mem: list[float] = []  # RunTotals.memory_slot_s, summed here between write-backs
+        self.itl: list[float] = []  # inter-token latencies since the last write-back,
+        self.itl_weight: list[int] = []  # and how many requests saw each
         self._sync_in()
 
     def run(self, stop: Callable[[Scheduler], bool] | None) -> bool:
@@ -113,7 +120,7 @@ class LeanLoop:
         if len(s.running) >= self.max_seqs or budget <= 0:
             return False
         rid = s.waiting[0]
-        new = min(self.prompt[rid] + int(s.generated[rid]), budget)
+        new = min(self.prompt[rid] + self.gen[rid], budget)
         return -(-new // self.B) <= self.free - self.owed
 
     # ---- the general step, in plain ints ------------------------------------------------------------
@@ -142,15 +149,16 @@ class LeanLoop:
         totals = self.totals
         totals.busy_s += d
         totals.steps += 1
-        totals.add_itl(np.full(n, now - self.last_s), 1)
+        self.itl += [now - self.last_s] * n
+        self.itl_weight += [1] * n
         sampled = [rid for rid, done in zip(admitted, whole, strict=True) if done]
         self._first_tokens(sampled, now)
         self.last_s = now
         rem = self.rem
         for i in range(n):
             rem[i] -= 1
-        generated, stop_at = s.generated, self.stop_at
-        rem.extend([stop_at[rid] - int(generated[rid]) for rid in admitted])  # the sampled ones counted above
+        gen, stop_at = self.gen, self.stop_at
+        rem.extend([stop_at[rid] - gen[rid] - done for rid, done in zip(admitted, whole, strict=True)])
         self.unsampled = [rid for rid, done in zip(admitted, whole, strict=True) if not done]
         finished = self._leave(n + len(admitted))
         s.steady = n + len(sampled) - finished == len(s.running)
@@ -164,7 +172,7 @@ class LeanLoop:
         whole: list[bool] = []
         while waiting and len(running) < self.max_seqs and budget > 0:
             rid = waiting[0]
-            num_tokens = self.prompt[rid] + int(s.generated[rid])
+            num_tokens = self.prompt[rid] + self.gen[rid]
             new = min(num_tokens, budget)
             blocks = -(-new // B)
             if blocks > self.free - self.owed:
@@ -172,8 +180,7 @@ class LeanLoop:
             self.owed += blocks
             waiting.popleft()
             s.prefix.admitted(rid, num_tokens, 0, None)
-            s.status[rid] = RUNNING
-            running.append(rid)
+            running.append(rid)  # its status RUNNING when written back (_sync_out)
             admitted.append(rid)
             chunks.append(new)
             whole.append(new == num_tokens)
@@ -183,18 +190,20 @@ class LeanLoop:
         return admitted, chunks, whole
 
     def _first_tokens(self, sampled: list[int], now: float) -> None:
-        """fastforward._admitted_tokens, then the tokens of the admitted requests that sampled."""
+        """fastforward._admitted_tokens: the first token of each admitted request that sampled, or the gap since its
+        last one (recomputed after a preemption: it has generated tokens, as every request with a first token)."""
         if not sampled:
             return
-        s = self.s
-        first_token_s = s.first_token_s
-        later = [rid for rid in sampled if first_token_s[rid] == first_token_s[rid]]  # not NaN: recomputed
+        s, gen = self.s, self.gen
+        later = [rid for rid in sampled if gen[rid]]
         if later:
-            self.totals.add_itl(now - s.last_token_s[later], 1)
+            last_token_s = s.last_token_s
+            self.itl += [now - last_token_s[rid] for rid in later]
+            self.itl_weight += [1] * len(later)
+        first_token_s = s.first_token_s
         for rid in sampled:
-            if first_token_s[rid] != first_token_s[rid]:
+            if not gen[rid]:
                 first_token_s[rid] = now
-            s.generated[rid] += 1
 
     def _preempt(self) -> None:
         """FastForward._preempting_step: grown one by one in admission order, preempting from the back by recompute
@@ -224,7 +233,8 @@ class LeanLoop:
         now = s.now_s = s.now_s + d
         self.totals.busy_s += d
         self.totals.steps += 1
-        self.totals.add_itl(np.full(m, now - self.last_s), 1)
+        self.itl += [now - self.last_s] * m
+        self.itl_weight += [1] * m
         self.last_s = now
         self.unsampled = []
         self._leave(m)
@@ -238,49 +248,40 @@ class LeanLoop:
         s.preemptions[rid] += 1
         s.prefix.preempted(rid, tokens)
         s.computed[rid] = 0
-        s.generated[rid] = self.stop_at[rid] - rest
+        s.generated[rid] = self.gen[rid] = self.stop_at[rid] - rest
         s.last_token_s[rid] = self.last_s
         self.owed -= -(-tokens // self.B)
         s.status[rid] = WAITING
         s.waiting.appendleft(rid)
 
     # ---- a run of decode steps ----------------------------------------------------------------------
-    def _segment(self, k: int, plan: np.ndarray) -> bool:
-        """FastForward._segment for a paged run through arrivals (someone waits, no timeout: up to the first
-        finish or the memory limit), accounted by paged_run.account_pieces."""
-        s, fast, tok = self.s, self.fast, self.tok
-        n = len(tok)
-        context0 = sum(tok) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
-        steps = fast._steps_upto(k + 1)
-        d = np.asarray(self.st.decode_steps_s(n, context0 + n * fast._steps_float[:k], 0.0))
-        ends = np.empty(k + 1)
-        ends[0] = s.now_s
-        ends[1:] = d
-        ends.cumsum(out=ends)  # ends[j + 1] = end of step j, summed in the order of now += d
-        pieces = [0, k]
-        if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
-            pieces = piece_bounds(ends, k, s.arrival_list, s.next_arrival)
-            if pieces[1] < 2:
-                return False
-        paged = PagedRun(self.policy, tok, plan, k, steps, self.owed)
-        done = account_pieces(s, self.totals, paged, d, ends, pieces, fast._steps_float)
-        self.owed += paged.blocks_taken(done)
-        self.tok = [t + done for t in tok]
-        self.rem = [r - done for r in self.rem]
-        self.last_s = s.now_s
-        self.unsampled = []
+    def _segment(self, k: int, first: list | np.ndarray) -> bool:
+        """FastForward._segment for a paged run through arrivals (someone waits, no timeout: up to the first finish
+        or the memory limit): lean_runs.decode_run; then who reached the last token leaves."""
+        n = len(self.tok)
+        if not self.decode_run(k, first):
+            return False
         self._leave(n)
-        s.steady = True
+        self.s.steady = True
         return True
 
     # ---- bookkeeping ---------------------------------------------------------------------------------
     def _account(self, d: float, held: int) -> None:
-        """RunTotals.account of a span of `d` with the running requests holding `held` tokens in `owed` blocks (the
-        policy's parts: no pool block is used or cached, every held block is owed, so its table has `owed`
-        entries)."""
-        owed_slots = self.owed * self.B
-        parts = np.array([held, owed_slots - held, 0, 0, 0, self.capacity - owed_slots], dtype=np.int64)
-        self.engine.account(d, parts, self.owed * BLOCK_TABLE_ENTRY_BYTES)
+        """RunTotals.account of a span of `d` with the running requests holding `held` tokens in `owed` blocks: the
+        policy's parts, [held, owed·B − held, 0, 0, 0, capacity − owed·B] (no pool block is used or cached, every
+        held block is owed, so the tables have `owed` entries); a part of 0 adds d·0 = 0.0, nothing."""
+        s, totals, mem = self.s, self.totals, self.mem
+        slots = self.owed * self.B
+        running, waiting = len(s.running), len(s.waiting)
+        mem[0] += d * held
+        mem[1] += d * (slots - held)
+        mem[5] += d * (self.capacity - slots)
+        totals.block_table_byte_s += d * (self.owed * BLOCK_TABLE_ENTRY_BYTES)
+        totals.running_s += d * running
+        totals.in_system_s += d * (running + waiting)
+        if totals.timeline is not None:
+            totals.timeline.append((s.now_s, s.now_s + d, running, waiting, held, slots - held, 0, 0, 0,
+                                    self.capacity - slots))
 
     def _leave(self, m: int) -> int:
         """Scheduler.finish of the first `m` running requests (those sampled, in order): those with nothing left to
@@ -309,7 +310,7 @@ class LeanLoop:
     def _fallback(self) -> None:
         """What the fast path (or the plain step) does now, on the scheduler and policy written back."""
         self._sync_out()
-        if not self.fast.advance():
+        if not self.advance():
             self.engine.step()
         self._sync_in()
 
@@ -328,7 +329,12 @@ class LeanLoop:
         policy.held_blocks[ids] = [-(-t // self.B) for t in self.tok]
         policy.owed_blocks = self.owed
         policy.owing = set(s.running)
+        s.status[ids] = RUNNING
         s.released, s.preempted_now = [], []  # a plain step's events: none of them changes its time here
+        self.totals.memory_slot_s[:] = self.mem
+        if self.itl:
+            self.totals.add_itl_each(self.itl, self.itl_weight)
+            self.itl, self.itl_weight = [], []
 
     def _sync_in(self) -> None:
         """Read the lists from the scheduler and policy (after a step taken by the fast path or a plain step)."""
@@ -337,6 +343,8 @@ class LeanLoop:
         self.tok = s.computed[ids].tolist()
         self.rem = (s.stop_at[ids] - s.generated[ids]).tolist()
         self.owed = policy.owed_blocks
+        self.gen = s.generated.tolist()
+        self.mem = self.totals.memory_slot_s.tolist()
         assert self.owed == sum([-(-t // self.B) for t in self.tok]) and not policy.pool.seqs, "lazy holdings"
         self.last_s = s.now_s
         self.unsampled = [] if s.steady else list(s.running)  # not steady: the plain step comes next (no write)

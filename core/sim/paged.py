@@ -4,9 +4,7 @@ keeps block tables current at every step, for plans that carry slots."""
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable
-from itertools import accumulate
 from typing import cast
 
 import numpy as np
@@ -14,10 +12,10 @@ import numpy as np
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from ..pool.block_pool import BlockPool, ReleaseReason
 from ..share.replay_groups import check_ids_key_blocks, trace_block_keys
+from .decode_plan import SMALL_BATCH, decode_steps_plan
 from .policies import UNLIMITED_STEPS
 
 _sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
-SMALL_BATCH = 64  # at most this many requests: batch arithmetic in plain ints (numpy's per-call cost dominates)
 
 
 class PagedPolicy:
@@ -190,9 +188,10 @@ class PagedPolicy:
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
         """(the most decode steps the free blocks cover, a plan for `segment_integrals`): decode_steps_plan."""
-        if len(tokens) == 0:
+        if not len(tokens):
             return UNLIMITED_STEPS, None
-        return decode_steps_plan(tokens, self.block_size, len(self._free) - self.owed_blocks)
+        k, plan = decode_steps_plan(tokens, self.block_size, len(self._free) - self.owed_blocks)
+        return k, np.asarray(plan, dtype=np.float64)  # the plan's counts as floats (exact): segment_integrals's
 
     # ---- release ---------------------------------------------------------------------------------------
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
@@ -314,26 +313,6 @@ class PagedPolicy:
         assert not live, f"{live} sequences still hold blocks after the run"
         assert self.owed_blocks == 0 and not self.owing, f"{self.owed_blocks} blocks still owed after the run"
         assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
-
-
-def decode_steps_plan(tokens: np.ndarray | list[int], block_size: int, spare: int) -> tuple[int, np.ndarray]:
-    """(the most decode steps `spare` free blocks cover for requests holding `tokens` [n ≥ 1], the plan).
-
-    Request i, holding t_i tokens, needs a new block in step j iff (t_i + j) % B == 0, so the blocks
-    needed by the first s steps repeat with period B: need(s) = (s // B)·n + cum[s % B], where cum
-    is the running count of requests by their first boundary step (the plan: cum as floats, exact).
-    """
-    n, B = len(tokens), block_size
-    periods, rest = divmod(spare, n)
-    if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
-        counts = [0] * (B + 1)
-        for t in tokens.tolist() if isinstance(tokens, np.ndarray) else tokens:
-            counts[(-t) % B + 1] += 1
-        first = list(accumulate(counts))
-        return periods * B + bisect_right(first, rest) - 1, np.array(first, dtype=np.float64)
-    cum = np.zeros(B + 1, dtype=np.float64)
-    np.cumsum(np.bincount((-np.asarray(tokens, np.int64)) % B, minlength=B), out=cum[1:])
-    return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
 
 
 def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt: np.ndarray,

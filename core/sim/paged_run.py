@@ -33,16 +33,17 @@ class PagedRun:
     __slots__ = ("block_size", "cached", "capacity", "n", "need", "owed", "plain", "table", "tokens", "used")
 
     def __init__(self, policy: PagedPolicy, tokens: list[int], plan: np.ndarray, k: int, steps: np.ndarray,
-                 owed: int | None = None) -> None:
-        """`owed`: the policy's owed blocks, when its caller keeps them (lean.LeanLoop; default: the policy's)."""
+                 held: tuple[int, int, int, int, int] | None = None) -> None:
+        """`held`: (blocks in the requests' tables, used, plain free, cached free, owed blocks) when the caller keeps
+        them (lean.LeanLoop); by default counted from `tokens` and read from the policy."""
         B, n = policy.block_size, len(tokens)
         self.block_size, self.n, self.capacity = B, n, policy.capacity_slots
         m = steps[: k + 1]
         self.need = (m // B) * n + plan[m % B]  # need(m), m = 0 .. k: floats (plan's), exact integers
         self.tokens = sum(tokens)
-        self.table = sum([-(-t // B) for t in tokens])
-        used, self.plain, self.cached = policy.pool_state()
-        self.owed = policy.owed_blocks if owed is None else owed
+        if held is None:
+            held = (sum([-(-t // B) for t in tokens]), *policy.pool_state(), policy.owed_blocks)
+        self.table, used, self.plain, self.cached, self.owed = held
         self.used = used + self.owed
 
     def piece(self, d: np.ndarray, i: int, steps: np.ndarray) -> tuple[np.ndarray, float]:
@@ -60,15 +61,25 @@ class PagedRun:
         DE = 0.0
         if self.cached and owed + int(need[-1]) > self.plain:
             DE = float(d @ np.maximum(owed + need - self.plain, 0))
-        used = used0 * B * D + B * DN
-        useful = ((used0 - table0) * B + t0) * D + n * DS
-        cached = self.cached * B * D - B * DE
-        parts = np.array([useful, used - useful, 0.0, 0.0, cached, self.capacity * D - used - cached])
-        return parts, BLOCK_TABLE_ENTRY_BYTES * (table0 * D + DN)
+        parts, table_bytes = piece_parts((B, n, self.capacity, used0, table0, t0, self.cached), D, DS, DN, DE)
+        return np.array(parts), table_bytes
 
     def blocks_taken(self, k: int) -> int:
         """need(k): the blocks the first k steps take."""
         return int(self.need[k])
+
+
+def piece_parts(counts: tuple[int, int, int, int, int, int, int], D: float, DS: float, DN: float,
+                DE: float) -> tuple[list[float], float]:
+    """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j) of a piece of decode steps (s = 1, 2, … steps into it)
+    from its sums D = Σd, DS = Σd·s, DN = Σd·need(s), DE = Σd·evicted(s) and `counts` = (B, requests, capacity in
+    slots, blocks used and in the tables, tokens, cached free blocks) at its start: PagedPolicy.segment_integrals."""
+    B, n, capacity, used0, table0, t0, cached0 = counts
+    used = used0 * B * D + B * DN
+    useful = ((used0 - table0) * B + t0) * D + n * DS
+    cached = cached0 * B * D - B * DE
+    return [useful, used - useful, 0.0, 0.0, cached, capacity * D - used - cached], BLOCK_TABLE_ENTRY_BYTES * (
+        table0 * D + DN)
 
 
 def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.ndarray, tokens0: np.ndarray,
@@ -77,6 +88,7 @@ def run_pieces(s: Scheduler, totals: RunTotals, policy: PagedPolicy, run: np.nda
     the tokens and the pool's growth once, after the last piece (the same values and order as piece by piece);
     returns the steps done."""
     done = account_pieces(s, totals, paged, d, ends, pieces, steps)
+    totals.add_itl(ends[1 : done + 1] - ends[:done], paged.n)  # as step by step: now − last token
     grown = tokens0 + done
     s.computed[run] = grown
     s.generated[run] += done
@@ -88,8 +100,8 @@ def account_pieces(s: Scheduler, totals: RunTotals, paged: PagedRun, d: np.ndarr
                    pieces: list[int], steps: np.ndarray) -> int:
     """The pieces of a run of decode steps of a fixed batch (step j lasts d[j] and ends at ends[j + 1]; pieces from
     piece_bounds), each accounted as fastforward._piece accounts a run: its integrals, timeline row, busy time and
-    steps, the arrivals joining before it; then the inter-token gaps of the steps done, and the clock at their end.
-    Returns the steps done. `steps` = 0, 1, 2, … as floats (PagedRun.piece)."""
+    steps, the arrivals joining before it; then the clock at the end of the steps done (their inter-token gaps are
+    the caller's). Returns the steps done. `steps` = 0, 1, 2, … as floats (PagedRun.piece)."""
     n, capacity, timeline = paged.n, paged.capacity, totals.timeline
     done = 0
     for i, j in itertools.pairwise(pieces):
@@ -111,6 +123,5 @@ def account_pieces(s: Scheduler, totals: RunTotals, paged: PagedRun, d: np.ndarr
         totals.steps += j - i
         totals.segments += 1
         done = j
-    totals.add_itl(ends[1 : done + 1] - ends[:done], n)  # as step by step: now − last token
     s.now_s = float(ends[done])
     return done

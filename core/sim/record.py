@@ -34,7 +34,7 @@ class RunTotals:
         self.block_table_byte_s = 0.0
         self.busy_s = self.running_s = self.in_system_s = 0.0
         self.itl_values_s: list[np.ndarray] = []
-        self.itl_weights: list[int] = []
+        self.itl_weights: list[int | np.ndarray] = []  # one weight per chunk, or one per value (add_itl_each)
         self.steps = self.segments = 0
         self.timeline: list[tuple] | None = [] if record_timeline else None
         self.group_block_s: np.ndarray | None = None
@@ -59,11 +59,20 @@ class RunTotals:
         self.itl_values_s.append(values_s)
         self.itl_weights.append(weight)
 
+    def add_itl_each(self, values_s: list[float], weights: list[int]) -> None:
+        """Inter-token latencies with a weight each (the lean loop's, gathered in plain lists between flushes)."""
+        self.itl_values_s.append(np.array(values_s, dtype=np.float64))
+        self.itl_weights.append(np.array(weights, dtype=np.int64))
+
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        """(values [K], weights [K]): every chunk flattened, each value with its chunk's weight."""
+        """(values [K], weights [K]): every chunk flattened, each value with its chunk's weight (or its own)."""
         values = np.concatenate(self.itl_values_s) if self.itl_values_s else np.zeros(0)
-        weights = np.repeat(np.array(self.itl_weights, np.int64), [len(v) for v in self.itl_values_s])
-        return values, weights
+        lengths = [len(v) for v in self.itl_values_s]
+        if all(isinstance(w, int) for w in self.itl_weights):
+            return values, np.repeat(np.array(self.itl_weights, np.int64), lengths)
+        each = [w if isinstance(w, np.ndarray) else np.full(n, w, np.int64)
+                for w, n in zip(self.itl_weights, lengths, strict=True)]
+        return values, np.concatenate(each)
 
 
 @dataclass(eq=False)

@@ -13,13 +13,40 @@ if TYPE_CHECKING:
     from .record import RunTotals
 
 
-def piece_bounds(ends: np.ndarray, k: int, arrivals: Sequence[float], next_arrival: int) -> list[int]:
+def piece_bounds(ends: np.ndarray | list[float], k: int, arrivals: Sequence[float], next_arrival: int) -> list[int]:
     """0 = b_0 < b_1 < … < k: the steps of a k-step run (step j starts at ends[j]) at which arrivals join —
     the first step starting at or after each arrival (an arrival at ends[j] joins before step j); `arrivals`
     sorted (a list: bisection in plain floats, cheaper than numpy's calls for the few arrivals of a run)."""
-    starts = ends[:k].tolist()
+    starts = ends[:k] if isinstance(ends, list) else ends[:k].tolist()
     last = bisect_right(arrivals, starts[-1], next_arrival)
     return [0, *sorted({bisect_left(starts, a) for a in arrivals[next_arrival:last]}), k]
+
+
+def pairwise_sum(values: Sequence[float], lo: int = 0, n: int | None = None) -> float:
+    """np.add.reduce of values[lo : lo + n] as a float64 array (n: to the end), in plain floats and in numpy's order:
+    fewer than 8 values one after another, up to 128 in 8 running sums combined as a tree, more split in two halves
+    (a multiple of 8 first) summed the same way (numpy's pairwise summation; tests/core/sim/test_sim_lean.py checks
+    it against numpy)."""
+    if n is None:
+        n = len(values) - lo
+    if n < 8:
+        total = -0.0
+        for i in range(lo, lo + n):
+            total += values[i]
+        return total
+    if n <= 128:
+        r = list(values[lo : lo + 8])
+        whole = lo + n - n % 8
+        for i in range(lo + 8, whole, 8):
+            for j in range(8):
+                r[j] += values[i + j]
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for i in range(whole, lo + n):
+            total += values[i]
+        return total
+    half = n // 2
+    half -= half % 8
+    return pairwise_sum(values, lo, half) + pairwise_sum(values, lo + half, n - half)
 
 
 def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np.ndarray, np.ndarray, np.ndarray],

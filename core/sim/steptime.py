@@ -139,6 +139,28 @@ class StepTimeModel:
         return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess,
                            float(num_seqs))
 
+    def decode_run_s(self, num_seqs: int, context0: int, k: int) -> list[float]:
+        """decode_steps_s(num_seqs, context0 + num_seqs·j) for steps j = 0 .. k−1 without a sliding window, as a list:
+        step_s's operations in the same order on each step's plain floats (numpy's elementwise float64 operations
+        give the same bits), which for a few dozen steps costs less than numpy's calls."""
+        assert not self.sliding_share, "a sliding window's excess needs the requests' tokens (decode_excess)"
+        n = float(num_seqs)
+        base = self.flops_per_token * n
+        weights = self.weights_s if not self.num_experts else self.weights_s * float(self.weights_read_share(n))
+        state = 2.0 * self.state_bytes_per_seq * n if self.state_bytes_per_seq else 0.0
+        afp, cspf, kvb, kvs, over = (self.attn_flops_per_position, self.compute_s_per_flop, self.kv_bytes_per_token,
+                                     self.kv_s_per_byte, self.overhead_s)
+        steps = []
+        for j in range(k):
+            c = float(context0 + num_seqs * j)  # an integer < 2^53: exact, as numpy's context0 + n·j in floats
+            compute = (base + afp * c) * cspf
+            moved = (c + n) * kvb
+            if state:
+                moved = moved + state
+            memory = weights + moved * kvs
+            steps.append((compute if compute > memory else memory) + over)  # np.maximum: no NaN here
+        return steps
+
     def chunk_excess(self, start: np.ndarray, count: np.ndarray) -> tuple[float, float]:
         """(excess positions, excess reads) summed over chunks of `count` tokens after `start` cached ones
         [m] int64 (module docstring); (0, 0) without a window. Exact integers, returned as floats."""

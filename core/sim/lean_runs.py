@@ -1,0 +1,116 @@
+"""The lean loop's runs of decode steps (lean.py): FastForward._segment and paged_run.account_pieces on plain lists.
+
+A run of k steps of the fixed batch has its step times in plain floats (StepTimeModel.decode_run_s; from numpy for
+long runs), its step ends a running sum in step order, and each piece (split where arrivals join the queue) the
+policy's integrals from the sums PagedRun.piece takes: Σd pairwise as np.add.reduce sums (step_sums.pairwise_sum),
+Σd·s and Σd·need(s) numpy's own dot products — the same bits as the fast path, with a handful of numpy calls.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate, pairwise
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .paged_run import piece_parts
+from .step_sums import pairwise_sum, piece_bounds
+
+if TYPE_CHECKING:
+    from .paged import PagedPolicy
+    from .record import RunTotals
+    from .scheduler import Scheduler
+    from .steptime import StepTimeModel
+
+LIST_STEPS = 32  # runs of at most this many decode steps get their step times in plain floats, longer ones from numpy
+
+
+class LeanBatch:
+    """The running batch of the lean loop (lean.LeanLoop sets these) and its runs of decode steps."""
+
+    s: Scheduler
+    st: StepTimeModel
+    policy: PagedPolicy
+    totals: RunTotals
+    B: int
+    capacity: int
+    owed: int  # Σ ceil(tok / B): the blocks the running requests hold
+    tok: list[int]  # tokens held by each running request (the scheduler's running order)
+    rem: list[int]  # tokens each still has to generate
+    last_s: float  # when every running request but `unsampled` got its last token
+    unsampled: list[int]
+    mem: list[float]  # RunTotals.memory_slot_s, summed here between write-backs
+    itl: list[float]  # inter-token latencies since the last write-back,
+    itl_weight: list[int]  # and how many requests saw each
+    steps_float: np.ndarray  # 0, 1, 2, … as floats (more than any run's steps)
+
+    def decode_run(self, k: int, first: list | np.ndarray) -> bool:
+        """FastForward._segment's run of up to k decode steps of the lean loop's batch through arrivals, from the
+        loop's lists: accounted piece by piece, then the batch's tokens, tokens to go, owed blocks and inter-token gaps
+        moved on (leaving is the caller's). `first`: decode_steps_plan's running counts of first block boundaries.
+        False (nothing done): the first piece is one step (the general step takes it)."""
+        s, tok = self.s, self.tok
+        n = len(tok)
+        context0 = sum(tok) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
+        if k >= len(self.steps_float):
+            self.steps_float = np.arange(2 * k + 2, dtype=np.float64)
+        if k <= LIST_STEPS:
+            d = self.st.decode_run_s(n, context0, k)
+            d_array = np.array(d)
+        else:  # numpy's calls cost less than a long loop: the same values (StepTimeModel.decode_run_s)
+            d_array = np.asarray(self.st.decode_steps_s(n, context0 + n * self.steps_float[:k], 0.0))
+            d = d_array.tolist()
+        ends = list(accumulate(d, initial=s.now_s))  # ends[j + 1] = end of step j, summed in the order of now += d
+        pieces = [0, k]
+        if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= ends[k - 1]:
+            pieces = piece_bounds(ends, k, s.arrival_list, s.next_arrival)
+            if pieces[1] < 2:
+                return False
+        first = first if isinstance(first, list) else [int(c) for c in first.tolist()]
+        done = self._account_pieces(d, d_array, ends, pieces, first)
+        self.itl += [ends[j + 1] - ends[j] for j in range(done)]  # as step by step: now − last token
+        self.itl_weight += [n] * done
+        self.owed += (done // self.B) * n + first[done % self.B]  # need(done): the blocks its steps took
+        self.tok = [t + done for t in tok]
+        self.rem = [r - done for r in self.rem]
+        self.last_s = s.now_s
+        self.unsampled = []
+        return True
+
+
+    def _account_pieces(self, d: list[float], d_array: np.ndarray, ends: list[float], pieces: list[int],
+                        first: list[int]) -> int:
+        """paged_run.account_pieces on the lean loop's integers (the table holds the owed blocks, the pool hands
+        out none, nothing is cached): each piece's sums as PagedRun.piece takes them — Σd pairwise as np.add.reduce
+        (step_sums.pairwise_sum), Σd·s and Σd·need(s) numpy's dot products — accounted in the same order. Step j
+        takes need(j + 1) − need(j) blocks, need(m) = (m // B)·n + first[m % B]. Returns the steps done."""
+        s, totals, mem, B, n = self.s, self.totals, self.mem, self.B, len(self.tok)
+        tokens, capacity, timeline, steps = sum(self.tok), self.capacity, totals.timeline, self.steps_float
+        done = 0
+        for i, j in pairwise(pieces):
+            if j - i < 2:
+                break  # a run of one step: the general step takes it, as without merging
+            if i:
+                s.now_s = ends[i]
+                s.ingest()  # the arrivals up to now join the queue behind its blocked head
+            before = (i // B) * n + first[i % B]
+            need = np.array([(m // B) * n + first[m % B] - before for m in range(i + 1, j + 1)], dtype=np.float64)
+            piece, owed = d_array[i:j], self.owed + before
+            parts, table_bytes = piece_parts((B, n, capacity, owed, owed, tokens + n * i, 0), pairwise_sum(d, i, j - i),
+                                             float(np.dot(piece, steps[1 : j - i + 1])), float(np.dot(piece, need)),
+                                             0.0)
+            for p in range(6):
+                mem[p] += parts[p]
+            totals.block_table_byte_s += table_bytes
+            span = pairwise_sum(parts) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
+            totals.running_s += span * n
+            waiting = len(s.waiting)
+            totals.in_system_s += span * (n + waiting)
+            if timeline is not None:
+                timeline.append((s.now_s, ends[j], n, waiting, *[p / span for p in parts]))
+            totals.busy_s += span
+            totals.steps += j - i
+            totals.segments += 1
+            done = j
+        s.now_s = ends[done]
+        return done
