@@ -111,7 +111,7 @@ def parse_options(
         raise ValueError("--gpu times the tiers' load-or-recompute rule: add --gpu-cache (and lower tiers)")
     gpu_name = DEFAULT_GPU if gpu is None else gpu
     if spec is not None and tiers is not None:  # an unknown GPU, or weights that do not fit, before any work
-        step_time_model(spec, get_gpu(gpu_name, "as --gpu"), bits, block_sizes[0], 1 if tp is None else tp,
+        step_time_model(spec, get_gpu(gpu_name, None), bits, block_sizes[0], 1 if tp is None else tp,
                         quantization)
     if plot is not None:
         check_plot_target(plot)

@@ -82,12 +82,16 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 
-def get_gpu(name: str, otherwise: str = "or give {gpu_memory} {bandwidth} {flops}") -> GpuSpec:
-    """A preset by name (any case); ValueError listing the presets and then `otherwise`."""
+def get_gpu(name: str, otherwise: str | None = "or give {gpu_memory} {bandwidth} {flops}") -> GpuSpec:
+    """A preset by name (any case); ValueError listing the presets (first those whose name starts with `name`:
+    H100 -> H100-SXM) and then `otherwise` (an "or ..." clause, or a parenthesis; None: nothing)."""
     gpu = GPU_PRESETS.get(name.strip().lower())
     if gpu is None:
         names = ", ".join(g.name for g in GPU_PRESETS.values())
-        raise ParameterError(f"unknown GPU {name!r}: choose one of {names}, {otherwise}", "gpu", "gpu_memory",
+        close = [g.name for key, g in GPU_PRESETS.items() if name.strip() and key.startswith(name.strip().lower())]
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        tail = "" if otherwise is None else (" " if otherwise.startswith("(") else ", ") + otherwise
+        raise ParameterError(f"unknown GPU {name!r}: {hint}choose one of {names}{tail}", "gpu", "gpu_memory",
                              "bandwidth", "flops")  # the options of a custom GPU, marked in the default `otherwise`
     return gpu
 

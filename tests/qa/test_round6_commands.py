@@ -110,6 +110,19 @@ def test_frag_best_block_note_says_the_candidates_are_the_sizes_given(run_cli) -
     assert "chosen among the sizes given that vLLM's block_size accepts: 16, 32." in result.stdout
 
 
+@pytest.mark.parametrize(("args", "tail"), [
+    (("share", "--trace", "mooncake", "TRACE", "--model", "llama-3-8b", "--gpu-cache", "1GiB", "--gpu", "H100"),
+     "RTX-6000-Pro"),  # was '..., RTX-6000-Pro, as --gpu'
+    (("plan", "--model", "llama-3-8b", "--requests", "20", "--slo", "ttft=2", "--gpu-cost", "H100=4"),
+     "RTX-6000-Pro (kvcalc plan searches the preset GPUs)"),  # was '..., RTX-6000-Pro, (kvcalc plan ...)'
+    (("sim", "--gpu", "H100"), "RTX-6000-Pro, or give --gpu-memory --bandwidth --flops"),
+])
+def test_an_unknown_gpu_suggests_the_preset_it_starts_and_reads_as_a_sentence(run_cli, tmp_path, args, tail) -> None:
+    trace = _too_few_ids(tmp_path)
+    line = _one_error_line(run_cli(*(str(trace) if a == "TRACE" else a for a in args)))
+    assert "unknown GPU 'H100': did you mean H100-SXM? choose one of A100-40GB" in line and line.endswith(tail)
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
