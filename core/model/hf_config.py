@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ParameterError
 from ..inputs.sources import is_stdin, read_source
 from ..notes import Note
 from .hf_families import family_of, judge_unread, refusal, refuse_unsupported
@@ -60,6 +61,10 @@ def load_config(
         return spec_from_config(config, name=name or _model_name(config, None), source=source, layers=layers,
                                 head_dim=head_dim)
     path = Path(path)
+    if (not path.exists() and len(path.parts) == 2 and not path.is_absolute() and path.suffix != ".json"
+            and not path.parts[0].startswith(".")):  # looks like org/name, not a file
+        raise ParameterError(f"{{config}} {path}: no such file or folder; a Hugging Face model id (org/name) is read "
+                             f"from the local hub cache with {{repo_id}} {path}", "config", "repo_id")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path}: no config.json in this folder; give a model folder or the config.json itself")

@@ -183,3 +183,13 @@ def test_a_weight_quantization_kvcalc_models_is_not_warned_about(run_cli, tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA31, "quantization_config": quant}))
     result = run_cli("size", "--config", str(tmp_path), "--tokens", "100")
     assert result.exit_code == 0 and "stores the weights in a precision" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", ["size", "frag", "sim"])
+def test_a_hub_id_given_to_config_points_at_model(run_cli, tmp_path, monkeypatch, command) -> None:
+    # was 'Qwen/Qwen2.5-7B: no such file; check the path' (--model org/name reads the local hub cache)
+    monkeypatch.chdir(tmp_path)
+    line = _one_error_line(run_cli(command, "--config", "Qwen/Qwen2.5-7B"))
+    assert line == ("error: --config Qwen/Qwen2.5-7B: no such file or folder; a Hugging Face model id (org/name) is "
+                    "read from the local hub cache with --model Qwen/Qwen2.5-7B")
+    assert "no such file; check the path" in _one_error_line(run_cli(command, "--config", "nope/config.json"))
