@@ -5,17 +5,18 @@ every SLO target when the same requests arrive at mean rate R: a constructed wor
 unit-rate arrivals and lengths and divides the times by R; a real trace keeps its arrival pattern,
 rescaled to mean rate R. The search
 
-    1. brackets: from R0 (the workload's own rate), doubles R while it passes or halves it while it
-       fails, until one rate passes and the next one fails (at most `max_doublings` each way). When R0
-       fails and its run served fewer than R0 / 2 requests per second (overloaded), that served rate is
-       tried first and the halving starts from it if it fails too (a guess that only saves runs: every
-       rate of the bracket is one that was run);
-    2. bisects between the passing `lo` and the failing `hi` until (hi − lo) ≤ rel_tol · lo (the stated
-       resolution, 2 %);
+    1. runs R0 (the workload's own rate). When it fails and its run served fewer than R0 / 2 requests per
+       second (overloaded), that served rate is tried next (a guess that only saves runs);
+    2. closes a bracket: a passing `lo` and a failing `hi` with (hi − lo) ≤ rel_tol · lo (the stated
+       resolution, 2 %), choosing each next rate from the attainments seen so far (rate_steps.py: a secant of
+       the attainment's log-odds in ln R, guarded to stay strictly inside the bracket and to halve it at least
+       every other step; while only one end is known, never more than doubling or halving it, up to
+       R0 · 2^max_doublings or down to R0 / 2^max_doublings);
     3. returns `lo`, the highest rate *seen* to pass (0 when even R0 / 2^max_doublings fails).
 
 Every run after the first stops as soon as its verdict is certain (verdict.py: enough requests already
-missed the SLO that the target cannot be met, or enough met it that it is met whatever follows), so a
+missed the SLO that the target cannot be met, or enough met it that it is met whatever follows; the
+requests the first run rejected at arrival count as missed from the start, being rejected at any rate), so a
 rate far from the answer costs a fraction of a run; the pass/fail of each rate is the whole run's.
 
 Attainment falls with load but a finite sample is not perfectly monotone, so the answer is a rate that
@@ -38,6 +39,7 @@ import numpy as np
 from ..errors import ParameterError
 from .metrics import Slo, attainment
 from .options import DEFAULT_ATTAINMENT
+from .rate_steps import Steps, close_bracket
 from .record import CANCELLED, COMPLETED, REJECTED, RunRecord
 from .run import run_policy, run_until
 from .settings import SimSetup
@@ -99,7 +101,7 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
              rel_tol: float = REL_TOL, max_doublings: int = 12,
              on_evaluation: Callable[[float, float], None] | None = None,
              first: RunRecord | None = None) -> RateSearch:
-    """Bracketing + bisection as in the module docstring. `first`: the run of `workload` itself (at its own
+    """The search of the module docstring. `first`: the run of `workload` itself (at its own
     rate, R0) when the caller has it; the search then starts from it instead of running it again."""
     check_search(slo, target)
     if len(workload) < 2:
@@ -113,42 +115,27 @@ def max_rate(workload: Workload, policy: str, setup: SimSetup, slo: Slo, target:
     if first is None:
         first = run_policy(workload, policy, setup)
 
-    def result(rate: float, bracket: tuple[float, float], reason: str | None = None) -> RateSearch:
-        return RateSearch(policy, rate, bracket, runs.evaluations, reason, rel_tol, runs.decided_early)
-
-    lo: float | None
-    hi: float | None
-    if not passes(start, first):
-        _, reason = attainment_ceiling(first, target)
-        if reason is not None:
-            return result(0.0, (0.0, start), reason)
-        lo, hi = None, start
-        served = served_rate(first)
-        if 0 < served < start / 2 and not passes(served):  # overloaded: above its served rate it fails too
-            hi = served
-        for _ in range(max_doublings):
-            if passes(hi / 2):
-                lo = hi / 2
-                break
-            hi /= 2
-        if lo is None:
-            return result(0.0, (0.0, hi))
+    ceiling, reason = attainment_ceiling(first, target)
+    runs.steps = Steps(target, ceiling, _counted(first), rel_tol)
+    runs.rejected = int(np.count_nonzero(first.status == REJECTED))
+    lo: float | None = None
+    hi: float | None = None
+    if passes(start, first):
+        lo = start
+    elif reason is not None:
+        return RateSearch(policy, 0.0, (0.0, start), runs.evaluations, reason, rel_tol, runs.decided_early)
     else:
-        lo, hi = start, None
-        for _ in range(max_doublings):
-            if not passes(lo * 2):
-                hi = lo * 2
-                break
-            lo *= 2
-        if hi is None:
-            return result(lo, (lo, float("inf")))
-    while hi - lo > rel_tol * lo:
-        mid = (lo + hi) / 2
-        if passes(mid):
-            lo = mid
-        else:
-            hi = mid
-    return result(lo, (lo, hi))
+        hi = start
+        served = served_rate(first)
+        if 0 < served < start / 2:  # overloaded: above its served rate it fails too
+            runs.steps.served = served
+            lo, hi = (served, hi) if passes(served) else (lo, served)
+    rate, bracket = close_bracket(passes, runs.steps, lo, hi, start / 2**max_doublings, start * 2**max_doublings)
+    return RateSearch(policy, rate, bracket, runs.evaluations, None, rel_tol, runs.decided_early)
+
+
+def _counted(record: RunRecord) -> int:
+    return len(record.status) - int(np.count_nonzero(record.status == CANCELLED))
 
 
 class _Runs:
@@ -162,21 +149,26 @@ class _Runs:
         self.evaluations: list[tuple[float, float]] = []
         self.decided_early: list[float] = []
         self.seen: dict[float, bool] = {}  # rate -> passes: no rate is run twice
+        self.steps: Steps | None = None  # where to run next (rate_steps.py), told every run's outcome
+        self.rejected = 0  # requests rejected at arrival at any rate (the first run's): missed from the start
 
     def passes(self, rate: float, record: RunRecord | None = None) -> bool:
         """Whether `rate` meets the target (`record`: its run when the caller has it)."""
         seen = self.seen
         if rate in seen:
             return seen[rate]
+        guess, arrived = float("nan"), 1.0
         if record is None:
-            verdict = Verdict(self.slo, self.target)
+            verdict = Verdict(self.slo, self.target, self.rejected)
             record = run_until(self.workload.at_rate(rate), self.policy, self.setup, verdict)
         if record is None:  # stopped once certain: the bound that decided it
-            share, seen[rate] = verdict.bound, verdict.passes
+            share, seen[rate], guess, arrived = verdict.bound, verdict.passes, verdict.estimate, verdict.arrived
             self.decided_early.append(rate)
         else:
-            share = attainment(record, self.slo)
+            share = guess = attainment(record, self.slo)
             seen[rate] = share >= self.target
+        if self.steps is not None:
+            self.steps.add(rate, seen[rate], share, guess, arrived)
         self.evaluations.append((rate, share))
         if self.on_evaluation is not None:
             self.on_evaluation(rate, share)

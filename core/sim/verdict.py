@@ -11,14 +11,18 @@ Attainment is met / counted (metrics.attainment): `met` the requests that comple
     met      a completed request within every target (final).
 
 Only requests that are surely counted enter `missed`: those that will never be cancelled (their cancellation
-point is past their output) or that already ended rejected or timed out. Whatever happens later, counted ≤
-cu = N − (requests already cancelled), so
+point is past their output) or that already ended rejected or timed out. A request rejected at arrival is
+rejected at every rate (search.attainment_ceiling), so the search hands over how many the workload has
+(`rejected`, from its first run): they are missed from the start of the run, not only once they arrive.
+Whatever happens later, counted ≤ cu = N − (requests already cancelled), so
 
     attainment ≤ (cu − missed) / cu    and    attainment ≥ met / cu
 
 (each side a correctly rounded division, monotone in its numerator and denominator as the exact quotients
 are). The run fails for certain once (cu − missed) / cu < target, passes for certain once met / cu ≥ target.
-The bound that decided it is reported in place of the attainment.
+The bound that decided it is reported in place of the attainment. `estimate` is a guess of the whole run's
+attainment at the stop (the share of the accepted requests that have arrived not yet missed, taken as the share
+of all accepted that meet the SLO), which the search uses only to choose its next rate, never as a result.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from .scheduler import Scheduler
 class Verdict:
     """The stop condition of one run (engine.Engine.run's `stop`): decided, passes and the deciding bound."""
 
-    def __init__(self, slo: Slo, target: float) -> None:
+    def __init__(self, slo: Slo, target: float, rejected: int = 0) -> None:
         self.slo, self.target = slo, target
+        self.rejected = rejected  # requests rejected at arrival at any rate, arrived or not
         self.decided = False
         self.passes = False
         self.bound = float("nan")  # the attainment bound that decided the run
+        self.estimate = float("nan")  # a guess of the whole run's attainment at the stop (not a bound)
+        self.arrived = 1.0  # the share of the requests that had arrived at the stop
 
     def __call__(self, s: Scheduler) -> bool:
         n = s.next_arrival  # requests that have arrived; the others are all still open
@@ -46,21 +53,30 @@ class Verdict:
         counted_surely = (s.stop_at[:n] >= s.output_tokens[:n]) | (status == REJECTED) | (status == TIMED_OUT)
         completed = status == COMPLETED
         ok = self._within(completed, arrival, first, finish, s.generated[:n])
-        missed = (status == REJECTED) | (status == TIMED_OUT) | (completed & ~ok)
+        missed = (status == TIMED_OUT) | (completed & ~ok)  # rejections: counted whole, below
         slo, now = self.slo, s.now_s
         if slo.ttft_s is not None:
             missed |= np.isnan(first) & (now - arrival > slo.ttft_s)
         if slo.e2e_s is not None:
             missed |= np.isnan(finish) & (now - arrival > slo.e2e_s)
+        rejected_now = int(np.count_nonzero(status == REJECTED))
+        assert rejected_now <= self.rejected or not self.rejected, "more rejected than at the first run"
+        rejected = max(self.rejected, rejected_now)
         cu = s.num_requests - int(np.count_nonzero(status == CANCELLED))
         if not cu:
             return False
-        most = (cu - int(np.count_nonzero(missed & counted_surely))) / cu
-        least = int(np.count_nonzero(completed & ok)) / cu
+        missed_surely = int(np.count_nonzero(missed & counted_surely & (status != REJECTED)))
+        met = int(np.count_nonzero(completed & ok))
+        most = (cu - rejected - missed_surely) / cu
+        least = met / cu
         if most < self.target:
             self.decided, self.passes, self.bound = True, False, most
         elif least >= self.target:
             self.decided, self.passes, self.bound = True, True, least
+        if self.decided:  # the share missed among the accepted requests that have arrived, over all accepted
+            self.arrived = n / s.num_requests
+            accepted = n - rejected_now - int(np.count_nonzero(status == CANCELLED))
+            self.estimate = (cu - rejected) / cu * (1 - missed_surely / accepted) if accepted > 0 else least
         return self.decided
 
     def _within(self, completed: np.ndarray, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,

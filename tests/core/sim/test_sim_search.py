@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcalc.core.sim import search as search_module
 from kvcalc.core.sim.metrics import attainment
@@ -87,17 +89,22 @@ def test_reachable_target_reuses_the_first_run_and_runs_no_rate_twice(counted_ru
     dict(slo="ttft=1,tpot=60ms", target_attainment=0.7),
     dict(slo="e2e=20", target_attainment=0.5, cancel_fraction=0.2),
     dict(slo="ttft=0.5", target_attainment=0.8, timeout_s="3"),
+    dict(slo="ttft=1", target_attainment=0.85, max_model_len=900),  # ~9 % rejected at any rate
+    dict(slo="ttft=1,tpot=60ms", target_attainment=0.6, max_model_len=700, cancel_fraction=0.1),
 ])
 def test_a_run_stopped_early_has_the_whole_runs_verdict(options):
-    """At every rate, the verdict of a run stopped early (verdict.Verdict) is the whole run's, and its bound
-    lies between the target and the whole run's attainment: at most it when it fails, at least when it passes."""
+    """At every rate, the verdict of a run stopped early (verdict.Verdict, told how many requests the first run
+    rejected at arrival) is the whole run's, and its bound lies between the target and the whole run's
+    attainment: at most it when it fails, at least when it passes."""
     setup = build(SimOptions(requests=400, rate="2", find_max_rate=True, **options))
     target = setup.target_attainment
+    rejected = int(np.count_nonzero(run_policy(setup.workload, "paged", setup.sim).status == REJECTED))
+    assert rejected > (20 if "max_model_len" in options else 0)  # the default lengths too reject a few
     stopped = 0
     for rate in (0.5, 1, 2, 4, 8, 16, 64):
         w = setup.workload.at_rate(rate)
         whole = attainment(run_policy(w, "paged", setup.sim), setup.slo)
-        verdict = Verdict(setup.slo, target)
+        verdict = Verdict(setup.slo, target, rejected)
         early = run_until(w, "paged", setup.sim, verdict)
         if early is not None:  # never decided before the end: the whole run was done
             assert attainment(early, setup.slo) == whole
@@ -121,3 +128,81 @@ def test_search_answer_and_verdicts_match_whole_runs():
         assert whole == share or rate in search.decided_early
     lo, hi = search.bracket_rps
     assert lo == search.max_rate_rps and hi - lo <= search.resolution * lo
+
+
+def bisection_search(workload, setup, target: float, rel_tol: float = 0.02, max_doublings: int = 12):
+    """The search before rate_steps, on whole runs: from R0 double while passing or halve while failing, then
+    bisect; (max rate, bracket) or None when the first run shows the target out of reach."""
+    def passes(rate: float) -> bool:
+        return attainment(run_policy(workload.at_rate(rate), "paged", setup.sim), setup.slo) >= target
+
+    start = workload.unit_arrival_s[-1] / workload.arrival_s[-1]
+    first = run_policy(workload, "paged", setup.sim)
+    if attainment(first, setup.slo) < target and attainment_ceiling(first, target)[1] is not None:
+        return None
+    lo = hi = None
+    if attainment(first, setup.slo) >= target:
+        lo = start
+        for _ in range(max_doublings):
+            if not passes(lo * 2):
+                hi = lo * 2
+                break
+            lo *= 2
+        if hi is None:
+            return lo, (lo, float("inf"))
+    else:
+        hi = start
+        for _ in range(max_doublings):
+            if passes(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+        if lo is None:
+            return 0.0, (0.0, hi)
+    while hi - lo > rel_tol * lo:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    return lo, (lo, hi)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), target=st.sampled_from([0.5, 0.8, 0.9, 0.97]),
+       slo=st.sampled_from(["ttft=1,tpot=60ms", "ttft=0.5", "e2e=20", "ttft=2,tpot=100ms"]),
+       max_len=st.sampled_from([None, 700]), rate=st.sampled_from(["0.5", "4", "30"]))
+def test_search_against_plain_bisection(seed, target, slo, max_len, rate):
+    """On small constructed workloads (some with requests rejected at any rate): the same kind of answer as the
+    plain bisection on whole runs (out of reach, none, unbounded or a bracket), every rate listed run exactly once,
+    each rate's verdict its whole run's (so lo really passes and hi really fails), the bracket within 2 %."""
+    setup = build(SimOptions(requests=100, rate=rate, slo=slo, find_max_rate=True, target_attainment=target,
+                             seed=seed, max_model_len=max_len))
+    w = setup.workload
+    ran: list[float] = []
+
+    def counting_until(workload, policy, sim, stop, **kw):
+        ran.append(workload.mean_rate_per_s)
+        return run_until(workload, policy, sim, stop, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(search_module, "run_until", counting_until)
+        first = run_policy(w, "paged", setup.sim)
+        search = max_rate(w, "paged", setup.sim, setup.slo, target, first=first)
+    plain = bisection_search(w, setup, target)
+    rates = [r for r, _ in search.evaluations]
+    assert len(rates) == len(set(rates)) == len(ran) + 1  # the first run handed over, every other one run once
+    assert [w.at_rate(r).mean_rate_per_s for r in rates[1:]] == ran
+    if plain is None:
+        assert search.unattainable is not None and len(rates) == 1
+        return
+    assert search.unattainable is None
+    verdicts = {}
+    for i, rate in enumerate(rates):
+        whole = attainment(run_policy(w if i == 0 else w.at_rate(rate), "paged", setup.sim), setup.slo)
+        verdicts[rate] = whole >= target
+        assert verdicts[rate] == (dict(search.evaluations)[rate] >= target), rate
+    lo, hi = search.bracket_rps
+    plain_lo, plain_hi = plain[1]
+    assert (lo == 0) == (plain_lo == 0) and np.isinf(hi) == np.isinf(plain_hi)
+    assert lo == search.max_rate_rps
+    assert verdicts[lo] if lo > 0 else not any(verdicts.values())  # 0: no rate run passed
+    if not np.isinf(hi):
+        assert not verdicts[hi] and (hi - lo <= 0.02 * lo or lo == 0)
