@@ -108,8 +108,9 @@ class LeanLoop(LeanBatch):
             self._steady(n)
         elif not waiting:
             self._fallback()  # a run through finishes
+        elif (k := min(self.rem)) < 2:
+            self._steady(n)  # one step at most before a finish: no run (its plan need not be counted)
         else:
-            k = min(self.rem)
             k_memory, plan = decode_steps_plan(self.tok, self.B, self.free - self.owed)
             if not (min(k, k_memory) >= 2 and self._segment(min(k, k_memory), plan)):
                 self._steady(n)
@@ -141,8 +142,7 @@ class LeanLoop(LeanBatch):
             moved += 2 * new
         d = float(self.st.step_s(float(tokens), float(positions), float(moved), 0.0, 0.0, 0.0,
                                  float(n + len(chunks))))
-        for i in range(n):
-            tok[i] += 1
+        self.tok = tok = [t + 1 for t in tok]
         tok.extend(chunks)
         self._account(d, sum(tok))
         now = s.now_s = s.now_s + d
@@ -154,13 +154,11 @@ class LeanLoop(LeanBatch):
         sampled = [rid for rid, done in zip(admitted, whole, strict=True) if done]
         self._first_tokens(sampled, now)
         self.last_s = now
-        rem = self.rem
-        for i in range(n):
-            rem[i] -= 1
+        self.rem = rem = [r - 1 for r in self.rem]
         gen, stop_at = self.gen, self.stop_at
         rem.extend([stop_at[rid] - gen[rid] - done for rid, done in zip(admitted, whole, strict=True)])
         self.unsampled = [rid for rid, done in zip(admitted, whole, strict=True) if not done]
-        finished = self._leave(n + len(admitted))
+        finished = self._leave()
         s.steady = n + len(sampled) - finished == len(s.running)
 
     def _admit(self, budget: int) -> tuple[list[int], list[int], list[bool]]:
@@ -226,9 +224,8 @@ class LeanLoop(LeanBatch):
         m = len(running)
         positions = sum(tok) + m
         d = float(self.st.step_s(float(m), float(positions), float(positions + m), 0.0, 0.0, 0.0, float(m)))
-        for j in range(m):
-            tok[j] += 1
-            self.rem[j] -= 1
+        self.tok = tok = [t + 1 for t in tok]
+        self.rem = [r - 1 for r in self.rem]
         self._account(d, sum(tok))
         now = s.now_s = s.now_s + d
         self.totals.busy_s += d
@@ -237,7 +234,7 @@ class LeanLoop(LeanBatch):
         self.itl_weight += [1] * m
         self.last_s = now
         self.unsampled = []
-        self._leave(m)
+        self._leave()
         s.steady = True
 
     def _requeue(self, i: int) -> None:
@@ -258,10 +255,9 @@ class LeanLoop(LeanBatch):
     def _segment(self, k: int, first: list | np.ndarray) -> bool:
         """FastForward._segment for a paged run through arrivals (someone waits, no timeout: up to the first finish
         or the memory limit): lean_runs.decode_run; then who reached the last token leaves."""
-        n = len(self.tok)
         if not self.decode_run(k, first):
             return False
-        self._leave(n)
+        self._leave()
         self.s.steady = True
         return True
 
@@ -283,13 +279,13 @@ class LeanLoop(LeanBatch):
             totals.timeline.append((s.now_s, s.now_s + d, running, waiting, held, slots - held, 0, 0, 0,
                                     self.capacity - slots))
 
-    def _leave(self, m: int) -> int:
-        """Scheduler.finish of the first `m` running requests (those sampled, in order): those with nothing left to
-        generate leave; returns how many."""
+    def _leave(self) -> int:
+        """Scheduler.finish after a step: the running requests with nothing left to generate leave, in order (every
+        one of them sampled in it: one admitted without sampling has tokens to go); returns how many."""
         rem = self.rem
-        done = [i for i in range(m) if rem[i] <= 0]
-        if not done:
+        if 0 not in rem:  # tokens to go never drop below 0 (a run stops at the first finish)
             return 0
+        done = [i for i, r in enumerate(rem) if not r]
         s, tok, B = self.s, self.tok, self.B
         running, stop_at, output = s.running, self.stop_at, self.output
         for i in done:
@@ -298,10 +294,10 @@ class LeanLoop(LeanBatch):
             s.status[rid] = CANCELLED if cancelled else COMPLETED
             s.finish_s[rid] = s.now_s
             s.computed[rid] = tok[i]
-            s.generated[rid] = stop_at[rid] - rem[i]
+            s.generated[rid] = stop_at[rid]
             s.prefix.ended(rid, tok[i])
             self.owed -= -(-tok[i] // B)
-        keep = [i for i in range(len(running)) if i >= m or rem[i] > 0]
+        keep = [i for i, r in enumerate(rem) if r]
         s.running = [running[i] for i in keep]
         self.tok = [tok[i] for i in keep]
         self.rem = [rem[i] for i in keep]

@@ -8,7 +8,8 @@ policy's integrals from the sums PagedRun.piece takes: Σd pairwise as np.add.re
 
 from __future__ import annotations
 
-from itertools import accumulate, pairwise
+from itertools import accumulate, cycle, islice, pairwise
+from operator import sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,25 +68,28 @@ class LeanBatch:
             if pieces[1] < 2:
                 return False
         first = first if isinstance(first, list) else [int(c) for c in first.tolist()]
-        done = self._account_pieces(d, d_array, ends, pieces, first)
+        # need(m), the blocks the first m steps take, for m = 1 .. k: step j takes those of the requests whose first
+        # boundary step is j mod B (first's increments), a running sum
+        need = list(accumulate(islice(cycle(list(map(sub, first[1:], first[:-1]))), k)))
+        done = self._account_pieces(d, d_array, ends, pieces, need)
         self.itl += [ends[j + 1] - ends[j] for j in range(done)]  # as step by step: now − last token
         self.itl_weight += [n] * done
-        self.owed += (done // self.B) * n + first[done % self.B]  # need(done): the blocks its steps took
+        self.owed += need[done - 1]
         self.tok = [t + done for t in tok]
         self.rem = [r - done for r in self.rem]
         self.last_s = s.now_s
         self.unsampled = []
         return True
 
-
     def _account_pieces(self, d: list[float], d_array: np.ndarray, ends: list[float], pieces: list[int],
-                        first: list[int]) -> int:
+                        need: list[int]) -> int:
         """paged_run.account_pieces on the lean loop's integers (the table holds the owed blocks, the pool hands
         out none, nothing is cached): each piece's sums as PagedRun.piece takes them — Σd pairwise as np.add.reduce
-        (step_sums.pairwise_sum), Σd·s and Σd·need(s) numpy's dot products — accounted in the same order. Step j
-        takes need(j + 1) − need(j) blocks, need(m) = (m // B)·n + first[m % B]. Returns the steps done."""
+        (step_sums.pairwise_sum), Σd·s and Σd·need(s) numpy's dot products — accounted in the same order. The first
+        m steps take need[m − 1] blocks. Returns the steps done."""
         s, totals, mem, B, n = self.s, self.totals, self.mem, self.B, len(self.tok)
         tokens, capacity, timeline, steps = sum(self.tok), self.capacity, totals.timeline, self.steps_float
+        need_array = np.array(need, dtype=np.float64)  # exact integers, as the plan's floats
         done = 0
         for i, j in pairwise(pieces):
             if j - i < 2:
@@ -93,16 +97,20 @@ class LeanBatch:
             if i:
                 s.now_s = ends[i]
                 s.ingest()  # the arrivals up to now join the queue behind its blocked head
-            before = (i // B) * n + first[i % B]
-            need = np.array([(m // B) * n + first[m % B] - before for m in range(i + 1, j + 1)], dtype=np.float64)
+            before = need[i - 1] if i else 0
             piece, owed = d_array[i:j], self.owed + before
+            # the dot products as PagedRun.piece takes them (ndarray.dot is np.dot)
             parts, table_bytes = piece_parts((B, n, capacity, owed, owed, tokens + n * i, 0), pairwise_sum(d, i, j - i),
-                                             float(np.dot(piece, steps[1 : j - i + 1])), float(np.dot(piece, need)),
-                                             0.0)
-            for p in range(6):
-                mem[p] += parts[p]
+                                             float(piece.dot(steps[1 : j - i + 1])),
+                                             float(piece.dot(need_array[i:j] - before if i else need_array[:j])), 0.0)
+            mem[0] += parts[0]
+            mem[1] += parts[1]  # parts 2 and 3 are 0.0: adding them changes nothing
+            mem[4] += parts[4]
+            mem[5] += parts[5]
             totals.block_table_byte_s += table_bytes
-            span = pairwise_sum(parts) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
+            # Σ parts as np.add.reduce sums 6 values (pairwise_sum: one after another); the parts tile the pool
+            span = ((((parts[0] + parts[1]) + parts[2]) + parts[3]) + parts[4]) + parts[5]
+            span /= capacity
             totals.running_s += span * n
             waiting = len(s.waiting)
             totals.in_system_s += span * (n + waiting)

@@ -23,6 +23,7 @@ The scheduler knows neither the executor nor the pool behind the policy.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
@@ -72,6 +73,7 @@ class Scheduler:
         self.output_tokens = workload.output_tokens.astype(np.int64)
         self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist()  # scalar look-ups without numpy overhead
+        self.total_tokens = (self.prompt_tokens + self.output_tokens).tolist()
         self.num_requests = n
         cancel_at = np.zeros(n, np.int64) if cancel_at is None else cancel_at
         self.stop_at = np.where(cancel_at > 0, cancel_at, self.output_tokens)
@@ -136,11 +138,11 @@ class Scheduler:
     def ingest(self) -> None:
         if self.next_arrival >= self.num_requests or self.arrival_list[self.next_arrival] > self.now_s:
             return
-        end = int(np.searchsorted(self.arrival_s, self.now_s, side="right"))
+        end = bisect_right(self.arrival_list, self.now_s, self.next_arrival)  # those before have arrived
         for rid in range(self.next_arrival, end):
             if self.is_fork is not None and self.is_fork[rid]:
                 continue  # a parallel sample: forked from its parent's first token
-            total = int(self.prompt_tokens[rid] + self.output_tokens[rid])
+            total = self.total_tokens[rid]
             reason = None
             if total > self.config.max_model_len:
                 reason = "longer than the model's max length"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from functools import reduce
+from operator import add
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,11 +37,9 @@ def pairwise_sum(values: Sequence[float], lo: int = 0, n: int | None = None) -> 
             total += values[i]
         return total
     if n <= 128:
-        r = list(values[lo : lo + 8])
         whole = lo + n - n % 8
-        for i in range(lo + 8, whole, 8):
-            for j in range(8):
-                r[j] += values[i + j]
+        # running sum j adds values lo + j, lo + 8 + j, … one after another (functools.reduce: left to right)
+        r = [reduce(add, values[lo + j : whole : 8]) for j in range(8)]
         total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
         for i in range(whole, lo + n):
             total += values[i]
