@@ -13,6 +13,8 @@ from ..core.units import format_bytes, format_count, parse_logged_bytes
 from .output import Field, Report, quantity_table, record_table, warn_notes
 from .size_inputs import SizeInputs, SizeOptions, flagged
 
+NOT_VLLM_KV_DTYPES = frozenset({"int8", "int4"})  # kvcalc's precisions that vLLM's --kv-cache-dtype has no form of
+
 
 def _gib(value: int) -> str:
     return f"{value / 2**30:.2f} GiB"
@@ -193,6 +195,10 @@ def add_gpu_plan(report: Report, inputs: SizeInputs) -> None:
                          "for a checkpoint stored at one precision)")
     if quantization == "fp8":
         spec, quantization = dataclasses.replace(spec, weight_dtype="fp8"), None
+    if inputs.dtype in NOT_VLLM_KV_DTYPES:  # plain int8 / int4 KV: no --kv-cache-dtype of vLLM pages it
+        raise ValueError(f"--dtype {inputs.dtype}: vLLM's start-up figures need a KV precision vLLM pages (the "
+                         "model's bf16 / fp16 / fp32, fp8, fp8_per_token_head, int8_per_token_head, nvfp4, "
+                         "fp8_ds_mla); drop --gpu/--kv-memory for the accounting alone, which takes any precision")
     if block_size not in VLLM_BLOCK_SIZES:
         raise ValueError(f"--block {block_size}: vLLM's start-up figures need a block size vLLM accepts "
                          f"({', '.join(map(str, VLLM_BLOCK_SIZES))}); drop --gpu/--kv-memory for the accounting "

@@ -123,6 +123,16 @@ def test_an_unknown_gpu_suggests_the_preset_it_starts_and_reads_as_a_sentence(ru
     assert "unknown GPU 'H100': did you mean H100-SXM? choose one of A100-40GB" in line and line.endswith(tail)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("budget", [("--gpu", "H100-SXM"), ("--kv-memory", "10GiB")])
+def test_size_gpu_refuses_a_kv_precision_vllm_has_no_form_of(run_cli, dtype, budget) -> None:
+    # printed 'vLLM's lines: ... GPU KV cache size: 1,799,600 tokens' for int4 KV, which vLLM cannot page
+    line = _one_error_line(run_cli("size", "--model", "llama-3-8b", "--dtype", dtype, *budget))
+    assert line.startswith(f"error: --dtype {dtype}: vLLM's start-up figures need a KV precision vLLM pages")
+    accounting = run_cli("size", "--model", "llama-3-8b", "--dtype", dtype, "--tokens", "1000", "--json").json()
+    assert accounting["bytes_per_token"] == 2 * 32 * 8 * 128 * (1 if dtype == "int8" else 0.5)
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
