@@ -40,13 +40,13 @@ def ordered(pool: HybridPool) -> bool:
     return not (pool.mixed or getattr(pool, "weighted", False) or any(p.spec.tracked for p in pool.pools))
 
 
-def _rules(pool: HybridPool) -> list[tuple[int, Callable[[int, int, str], int]]]:
-    """(group, its PoolGroup.first_block_before_growth) of each group that frees anything, in group order (kept on
-    the pool)."""
+def _rules(pool: HybridPool) -> list[tuple[int, Callable[[int, int, str], int], tuple[str, int | None]]]:
+    """(group, its PoolGroup.first_block_before_growth, its kind and window: groups alike share the rule's answer) of
+    each group that frees anything, in group order (kept on the pool)."""
     rules = pool.__dict__.get("_skip_rules")
     if rules is None:
         rules = pool.__dict__["_skip_rules"] = [
-            (g, group.first_block_before_growth) for g, group in enumerate(pool.groups)
+            (g, group.first_block_before_growth, (group.kind, group.window)) for g, group in enumerate(pool.groups)
             if group.kind != "full" and not (group.kind == "state" and pool.state_mode == "all")]
     return rules
 
@@ -60,9 +60,12 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
     for seq_id, first_table in zip(seq_ids, pools[0]._tables(seq_ids), strict=True):
         tokens, blocks = first_table.num_tokens, first_table.num_blocks  # every group's tables alike
-        for g, first in rules:
+        ends: dict[tuple[str, int | None], int] = {}  # a rule's answer, asked once for its alike groups (Gemma-3: 6)
+        for g, first, alike in rules:
+            end = ends.get(alike)
+            if end is None:
+                end = ends[alike] = min(first(tokens, B, mode), blocks)
             seq = pools[g].seqs[seq_id]
-            end = min(first(tokens, B, mode), blocks)
             if end > seq.num_skipped:
                 parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
                 pools[g].logical_blocks -= end - seq.num_skipped

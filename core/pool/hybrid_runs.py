@@ -142,7 +142,9 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
 def looked_up(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> np.ndarray:
     """Every cached block an admission's look-up of a prompt of `num_tokens` with `keys` finds now, in any group (a
     shorter prompt's look-up finds a subset): each chain group's hit chain, and each anchored group's blocks under
-    the chain hit's positions. While none of them is evicted (and no block is indexed: no prompt block completes
+    the chain hit's positions — only those its hit reads (a window's, a chunk's) when every anchored group serves the
+    whole chain hit (HybridHits._hits_at_top then reads no other; neither does the look-up of the prompt's first
+    chunk, whose hit is the same). While none of them is evicted (and no block is indexed: no prompt block completes
     in a decode step), that look-up and the need of its allocation from the hit blocks' states are the same."""
     found = [p.hit_blocks(num_tokens, pool._group_keys(g, keys), (g, None))
              for g, p in enumerate(pool.pools) if not pool.anchored[g]]
@@ -150,6 +152,10 @@ def looked_up(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> np.ndarray:
     anchored = [g for g in range(len(pool.groups)) if pool.anchored[g]]
     if anchored and anchor is not None:
         hit = min(len(f) for f in found)
+        plan = pool._hit_plan(num_tokens, keys, None)  # kept from the admission's look-up while the pool is unchanged
+        if plan[0] == hit:  # every anchored group served the chain hit: it read only its own blocks for it
+            return np.concatenate([np.asarray(f, dtype=np.int64).ravel() for f in found] + [
+                t[t >= 0].astype(np.int64) for t in plan[2] if t is not None])
         probe = pool.pools[anchor]._probe(num_tokens, keys, (anchor, None))
         rows = anchored_present(pool.store, anchored, probe.hits[:hit], probe.hashes[:hit])
         found.append(rows[rows >= 0])
@@ -213,7 +219,7 @@ def _window(pool: HybridPool, seq_ids: Sequence[Hashable], computed: np.ndarray,
     entries = np.zeros(w, dtype=np.int64)
     held = (computed + B - 1) // B  # blocks each table holds before the step's growth
     ends: dict[tuple[str, int | None], np.ndarray] = {}
-    for g, _ in _rules(pool):
+    for g, _, _ in _rules(pool):
         group = pool.groups[g]
         end = ends.get((group.kind, group.window))
         if end is None:

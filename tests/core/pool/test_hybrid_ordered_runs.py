@@ -211,3 +211,47 @@ def test_a_floor_that_forgets_the_budget_is_caught(monkeypatch):
     monkeypatch.setattr(hybrid_runs, "need_floor", lambda pool, need, cut, budget: need)
     with pytest.raises(AssertionError):
         test_the_need_falls_as_cached_hits_are_evicted_but_not_below_the_floor("sliding+chunked")
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@settings(max_examples=60, deadline=None)
+@given(steps=ops, family=st.integers(0, 3), n=st.integers(8, 16), budget=st.integers(1, 12))
+def test_evictions_before_the_first_looked_up_block_leave_the_look_up(name, steps, family, n, budget):
+    """hybrid_runs.evictable: while decode steps evict no more than that many of the oldest cached blocks, the
+    admission's look-up (its hit plan, whole prompt and first chunk) is the same and its need no lower."""
+    pool = HybridPool(40, B, LAYOUTS[name])
+    keys = family_keys(family)[: n // B]
+    for op, seq, fam, k in steps:
+        if op == "add" and not pool.has_seq(seq):
+            m = 4 * (2 + fam) + seq % 3
+            if pool.can_allocate(m, family_keys(fam)[: m // B]):
+                pool.allocate(seq, m, family_keys(fam)[: m // B])
+        elif op == "release" and pool.has_seq(seq):
+            pool.release(seq)
+        elif op == "run" and pool.seq_ids:
+            need, _, total = admission_need(pool, family, n, budget)
+            plans = [pool._hit_plan(t, keys[: t // B], None)[:2] for t in (n, total)]
+            allowed, evictions = hybrid_runs.evictable(pool, n, keys), pool.store.counters["evictions"]
+            for _ in range(k % 6):
+                if not step(pool, list(pool.seq_ids)) or pool.store.counters["evictions"] - evictions > allowed:
+                    break
+                assert [pool._hit_plan(t, keys[: t // B], None)[:2] for t in (n, total)] == plans
+                assert admission_need(pool, family, n, budget)[0] >= need
+
+
+@pytest.mark.parametrize("name", ["sliding+chunked", "narrow window"])
+def test_evictions_up_to_the_first_looked_up_block_and_past_it(name):
+    """The released prompt's blocks are the oldest cached, and its look-up reads all but the oldest: one eviction is
+    allowed, and the eviction after it changes the hit plan (a looser evictable is caught here)."""
+    pool = HybridPool(40, B, LAYOUTS[name])
+    pool.allocate(9, 16, family_keys(0))
+    pool.release(9)
+    for seq, family in ((1, 1), (2, 3)):
+        pool.allocate(seq, 9, family_keys(family)[:2])
+    plan = pool._hit_plan(16, family_keys(0), None)[:2]
+    allowed, evictions = hybrid_runs.evictable(pool, 16, family_keys(0)), pool.store.counters["evictions"]
+    assert allowed == 1
+    while pool.store.counters["evictions"] - evictions <= allowed:
+        assert pool._hit_plan(16, family_keys(0), None)[:2] == plan
+        assert step(pool, [1, 2])
+    assert pool._hit_plan(16, family_keys(0), None)[:2] != plan
