@@ -113,9 +113,9 @@ def _scenario_report(result: ScenarioResult, spec: ModelSpec | None, kv: PoolByt
         state = (f"; each branch holds its own recurrent state (mamba_cache_mode {layout.mamba_cache_mode})"
                  if layout.state_groups else "")
         report.notes.append(f"{kv.model}: {layout.layout} layout, {layout.reason}; {unit}{state}")
-    elif s.mode == "parallel" and s.gen_tokens >= 1:
+    elif s.mode == "parallel" and s.gen_tokens >= 2:  # G − 1 written: the last token is sampled, never written
         report.notes.append(
-            f"closed form: floor(P/B) + K·ceil((P mod B + G)/B) = "
+            f"closed form: floor(P/B) + K·ceil((P mod B + G − 1)/B) = "
             f"{closed_form_physical_blocks(s.prefix_tokens, s.branches, s.gen_tokens, s.block_size)} physical blocks"
         )
     if s.mode == "beam":

@@ -1,19 +1,23 @@
 """Sharing scenarios run step by step through the real block pool: parallel sampling and beam search.
 
-K branches share one P-token prompt (forks) and each generates G tokens, one decode step at a time.
-Full prompt blocks stay shared; the partially filled last prompt block is copied on first write by all
-but the last branch to write it; every generated token lands in the branch's own blocks. Once every
-branch has written (G >= 1), for P mod B > 0:
+K branches share one P-token prompt (forks) and each generates G tokens, one decode step at a time. A branch
+writes the KV of G − 1 of them: its first token is sampled from the prompt's logits, each decode step writes
+the token before it, and the G-th is sampled and never written (as a trace replay's last output token), so a
+branch holds P + G − 1 positions at the end. Full prompt blocks stay shared; the partially filled last prompt
+block is copied on first write by all but the last branch to write it; every written token lands in the
+branch's own blocks. Once every branch has written (G >= 2), for P mod B > 0:
 
-    physical = floor(P/B) + K · ceil((P mod B + G) / B)      copies = K - 1
-    logical  = K · ceil((P + G) / B)                          (= blocks without sharing)
+    physical = floor(P/B) + K · ceil((P mod B + G − 1) / B)      copies = K - 1
+    logical  = K · ceil((P + G − 1) / B)                          (= blocks without sharing)
 
-and for P mod B = 0: physical = P/B + K · ceil(G/B), copies = 0. A hybrid model (`groups`: its KV cache groups,
-core/pool/hybrid.py) runs the same steps with one table per group: a sliding or chunked group keeps only the
-blocks its layers still read, and every branch gets its own recurrent state (the forked state page is copied
-before a branch writes it); `group_blocks` gives each group's physical blocks. Beam mode keeps K beams: at each step
-a seeded selection picks K parents (with repetition) among the live beams; unpicked beams are dropped
-(released), a beam picked c times is forked c - 1 times, then every beam writes its next token.
+and for P mod B = 0: physical = P/B + K · ceil((G − 1)/B), copies = 0; for G <= 1 nothing is written: ceil(P/B).
+A hybrid model (`groups`: its KV cache groups, core/pool/hybrid.py) runs the same steps with one table per group: a
+sliding or chunked group keeps only the blocks its layers still read (a window ends at the last written
+position), and every branch gets its own recurrent state (the forked state page is copied before a branch writes
+it); `group_blocks` gives each group's physical blocks. Beam mode keeps K beams: at each step after the first a
+seeded selection picks K parents (with repetition) among the live beams; unpicked beams are dropped (released), a
+beam picked c times is forked c - 1 times, then every beam writes its next token — but at the last step, which
+selects the final beams and writes nothing.
 """
 
 from __future__ import annotations
@@ -78,14 +82,19 @@ class ScenarioSpec:
                    "branches", "prefix_tokens", "gen_tokens")
 
     @property
+    def written_tokens(self) -> int:
+        """Generated tokens a branch writes the KV of: all but the last (see the module docstring)."""
+        return max(self.gen_tokens - 1, 0)
+
+    @property
     def tokens_per_branch(self) -> int:
-        """Prompt + generated tokens of every branch at the end."""
-        return self.prefix_tokens + self.gen_tokens
+        """Positions every branch holds at the end: the prompt and its written tokens."""
+        return self.prefix_tokens + self.written_tokens
 
     @property
     def decode_appends(self) -> int:
-        """One append per branch per decode step."""
-        return self.branches * self.gen_tokens
+        """One append per branch per decode step that writes."""
+        return self.branches * self.written_tokens
 
     @property
     def pool_blocks(self) -> int:
@@ -105,7 +114,7 @@ class ScenarioSpec:
 
 @dataclass(frozen=True)
 class ScenarioResult:
-    """Blocks at the end of the run (every branch holds P + G tokens) and the peak during it."""
+    """Blocks at the end of the run (every branch holds P + G − 1 positions) and the peak during it."""
 
     spec: ScenarioSpec
     logical_blocks: int  # Σ over branches of their block-table length = blocks without sharing
@@ -126,9 +135,11 @@ class ScenarioResult:
 
 
 def closed_form_physical_blocks(prefix_tokens: int, branches: int, gen_tokens: int, block_size: int) -> int:
-    """Parallel mode once every branch has written (gen_tokens >= 1); see the module docstring."""
+    """Parallel mode's physical blocks at the end: every branch writes gen_tokens − 1 (see the module docstring)."""
+    if gen_tokens <= 1:
+        return ceil_div(prefix_tokens, block_size)
     full, rest = divmod(prefix_tokens, block_size)
-    return full + branches * ceil_div(rest + gen_tokens, block_size)
+    return full + branches * ceil_div(rest + gen_tokens - 1, block_size)
 
 
 def run_scenario(
@@ -173,8 +184,9 @@ def run_scenario(
             kept = np.flatnonzero(picks)
             owner = np.concatenate((kept, np.repeat(np.arange(K), extra)))
             beams = np.concatenate((beams[kept], children))[np.argsort(owner, kind="stable")]
-        pool.append_many(beams.tolist(), 1)
-        track()
+        if step + 1 < spec.gen_tokens:  # the last token is sampled, never written
+            pool.append_many(beams.tolist(), 1)
+            track()
         if progress is not None:
             progress(1)
     usage = pool.usage()
@@ -232,9 +244,10 @@ def _run_hybrid(spec: ScenarioSpec, groups: tuple[PoolGroup, ...], state_mode: s
                         next_id += 1
             beams = kept
             track()
-        for beam in beams:
-            pool.append(beam, 1)
-        track()
+        if step + 1 < spec.gen_tokens:  # the last token is sampled, never written
+            for beam in beams:
+                pool.append(beam, 1)
+            track()
         if progress is not None:
             progress(1)
     usage = pool.usage()

@@ -47,7 +47,8 @@ def share_trace_lists(lines: MooncakeLines, kind: str, name: str, block_size: in
     if not prompts or ids is None or offsets is None or sum(prompts) + sum(outputs) > _INT64_MAX:
         return None  # an empty trace is an error; no ids: no hits (the general path); int64 sums as numpy's
     B, capacity = block_size, capacity_blocks
-    largest = max(-(-(p + o) // B) for p, o in zip(prompts, outputs, strict=True)) if B >= 1 else 0
+    longest = max(p + max(o - 1, 0) for p, o in zip(prompts, outputs, strict=True))  # the last token writes no KV
+    largest = -(-longest // B) if B >= 1 else 0  # (trace_blocks.kv_tokens)
     checked = _checked_labels(prompts, ids, offsets, B, capacity, largest)
     if checked is None:
         return None
@@ -64,7 +65,6 @@ def share_trace_lists(lines: MooncakeLines, kind: str, name: str, block_size: in
     order = sorted(range(len(prompts)), key=arrivals.__getitem__)  # stable: requests that arrive together keep
     hit_blocks, cached = _hits(order, prompts, labels, offsets, B)  # their file order
     requests, prompt_tokens, output_tokens = len(prompts), sum(prompts), sum(outputs)
-    longest = max(p + o for p, o in zip(prompts, outputs, strict=True))
     cached_run = ReplayResult(True, B, capacity, pool_blocks, requests, prompt_tokens, output_tokens, hit_blocks * B,
                               hit_blocks, largest, longest, cached, 0)
     uncached_pool = max(largest if capacity is None else min(largest, capacity), 1)

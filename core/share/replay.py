@@ -2,12 +2,13 @@
 
 Requests replay one at a time in arrival order (by timestamp; requests that arrive together keep their file
 order): the prompt is allocated — its longest cached prefix of full blocks is revived from the cache
-instead of recomputed — the output is appended, then the request finishes and its blocks go to the LRU
-cache. Capacity is unlimited (no eviction ever), or a number of blocks (then LRU evictions happen and are
-counted). The same replay without prefix caching is the contrast. The trace's blocks, content keys and
-checks are in trace_blocks. When nothing can be evicted — no capacity, or one above every block the trace can
-cache — the same results are computed per hash id instead of per block (id_replay: no pool; tests compare the two
-field by field).
+instead of recomputed — the output is appended (all of it but the last token, which is sampled and never
+written: trace_blocks.written_outputs), then the request finishes and its blocks go to the LRU cache.
+Capacity is unlimited (no eviction ever), or a number of blocks (then LRU evictions happen and are counted).
+The same replay without prefix caching is the contrast. The trace's blocks, content keys and checks are in
+trace_blocks. When nothing can be evicted — no capacity, or one above every block the trace can cache — the
+same results are computed per hash id instead of per block (id_replay: no pool; tests compare the two field by
+field).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from .trace_blocks import (
     check_trace,
     checked_pool_blocks,
     in_arrival_order,
+    kv_tokens,
     request_blocks,
     trace_block_keys,
+    written_outputs,
 )
 
 if TYPE_CHECKING:
@@ -73,7 +76,7 @@ def replay(
 
     pool = BlockPool(max(pool_blocks, 1), block_size, enable_prefix_caching=keyed)
     prompts = trace.prompt_tokens.tolist()
-    outputs = trace.output_tokens.tolist()
+    outputs = written_outputs(trace.output_tokens).tolist()  # the last output token writes no KV
     peak_used = peak_cached = 0
     batches = _key_batches(trace, block_size) if keyed and fast else [(0, len(trace))]
     for first, stop in batches:
@@ -149,7 +152,7 @@ def uncached_replay(
 
 
 def _longest(trace: Trace) -> int:
-    return int((trace.prompt_tokens + trace.output_tokens).max())
+    return int(kv_tokens(trace).max())
 
 
 def share_trace(

@@ -3,14 +3,15 @@
 As replay.py, requests replay one at a time in arrival order, and a finished request's blocks stay cached
 (LRU) until evicted. Here each request runs as an engine computes it: the prompt after its hit in chunks of
 at most `chunk_tokens` (a sliding group holds a window and one chunk, not the whole prompt), then its output,
-also a chunk at a time. Each group frees what its layers no longer read as the request advances; a block
-that leaves a window while hashed stays in the cache. The hit is the longest prefix that every group can
-serve; each group's own longest hit is counted too (`group_hit_tokens`), so the report can say which group
-limits it. A sliding group needs only its window's blocks before the hit, a chunked group the current chunk's
-(core/pool/group_hits). A Mamba hybrid's state group serves a hit only where a state was saved: mode all at
-every block boundary; mode align at the end of each step, so the prompt is chunked as vLLM's scheduler does
-under align (`aligned_chunk_end`): chunks end on block boundaries, and the one that passes the prompt's last
-full block ends there; mode none saves none.
+also a chunk at a time, all of it but the last token (sampled, never written: trace_blocks.written_outputs), so
+a window ends at the request's last written position. Each group frees what its layers no longer read as the
+request advances; a block that leaves a window while hashed stays in the cache. The hit is the longest prefix
+that every group can serve; each group's own longest hit is counted too (`group_hit_tokens`), so the report
+can say which group limits it. A sliding group needs only its window's blocks before the hit, a chunked group
+the current chunk's (core/pool/group_hits). A Mamba hybrid's state group serves a hit only where a state was
+saved: mode all at every block boundary; mode align at the end of each step, so the prompt is chunked as
+vLLM's scheduler does under align (`aligned_chunk_end`): chunks end on block boundaries, and the one that
+passes the prompt's last full block ends there; mode none saves none.
 
 Keys: Mooncake's prefix ids cover 512 tokens each. A block that tiles them (B divides 512, or is a multiple)
 is keyed exactly (inputs/traces). A block that does not — vLLM's layout raises a Mamba hybrid's block to 80,
@@ -41,7 +42,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.groups import PoolGroup, peak_blocks
 from ..pool.hybrid import HybridPool
 from ..pool.weighted import cached_units
-from .trace_blocks import in_arrival_order
+from .trace_blocks import in_arrival_order, kv_tokens, written_outputs
 
 DEFAULT_CHUNK_TOKENS = DEFAULT_MAX_NUM_BATCHED_TOKENS  # a prefill chunk: vLLM's default max_num_batched_tokens
 
@@ -118,7 +119,7 @@ def aligned_chunk_end(computed: int, prompt: int, chunk_tokens: int, block_size:
 def largest_request_peak(trace: Trace, groups: tuple[PoolGroup, ...], block_size: int, state_mode: str,
                          chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> int:
     """Blocks the largest request holds at its peak: the least capacity a replay needs."""
-    longest = int((trace.prompt_tokens + trace.output_tokens).max()) if len(trace) else 0
+    longest = int(kv_tokens(trace).max()) if len(trace) else 0
     return peak_blocks(groups, longest, block_size, state_mode, chunk_tokens)
 
 
@@ -142,7 +143,7 @@ def replay_groups(
     if keyed:
         check_keys_exact(trace, block_size)
     trace = in_arrival_order(trace)
-    prompts, outputs = trace.prompt_tokens.tolist(), trace.output_tokens.tolist()
+    prompts, outputs = trace.prompt_tokens.tolist(), written_outputs(trace.output_tokens).tolist()
     group_hits = [0] * len(groups)
     peak_used = peak_cached = 0
     B = block_size
@@ -155,7 +156,8 @@ def replay_groups(
         hit = pool.hit_tokens(prompt, keys)
         held = min(prompt, aligned_chunk_end(hit, prompt, chunk_tokens, B) if align else hit + chunk_tokens)
         pool.allocate(i, held, None if keys is None else keys[: held // B])
-        total = prompt + output
+        peak_used = max(peak_used, pool.num_used)  # the first chunk's blocks, held while it is computed
+        total = prompt + output  # the output's KV but its last token's (written_outputs)
         while held < total:
             add = min(chunk_tokens, total - held)
             if align and held < prompt:
@@ -166,7 +168,6 @@ def replay_groups(
             pool.append(i, add, block_keys)
             held += add
             peak_used = max(peak_used, pool.num_used)
-        peak_used = max(peak_used, pool.num_used)
         pool.release(i)
         peak_cached = max(peak_cached, cached_units(pool.store))
         if progress is not None:

@@ -25,7 +25,7 @@ class ReplayResult:
     hit_tokens: int
     hit_blocks: int
     peak_used_blocks: int  # one request at a time: the largest request's blocks
-    longest_request_tokens: int  # prompt + output of the longest request
+    longest_request_tokens: int  # the most positions a request writes: prompt + output − 1 (trace_blocks.kv_tokens)
     peak_cached_blocks: int  # most free blocks holding a cache entry at once: the cache's footprint
     evictions: int
 

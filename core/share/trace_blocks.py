@@ -64,9 +64,21 @@ def in_arrival_order(trace: Trace) -> Trace:
                  trace.output_tokens[order], ids, offsets)
 
 
+def written_outputs(output_tokens: np.ndarray) -> np.ndarray:
+    """int64 [N]: the output tokens whose KV a request writes: all but the last. The last one is sampled from
+    the logits of the position before it and the request ends, its KV never computed (vLLM; `kvcalc sim` counts
+    so), so a request of P + O tokens writes P + O − 1 positions (P when O is 0)."""
+    return np.maximum(output_tokens - 1, 0)
+
+
+def kv_tokens(trace: Trace) -> np.ndarray:
+    """int64 [N]: the positions each request writes, prompt + written_outputs."""
+    return trace.prompt_tokens + written_outputs(trace.output_tokens)
+
+
 def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
-    """int64 [N]: blocks each request holds at the end (prompt + output)."""
-    return ceil_div(trace.prompt_tokens + trace.output_tokens, block_size)
+    """int64 [N]: blocks each request holds at the end (its kv_tokens)."""
+    return ceil_div(kv_tokens(trace), block_size)
 
 
 def unlimited_capacity(trace: Trace, block_size: int, chained: bool = False) -> int:
@@ -213,7 +225,7 @@ def check_requests(trace: Trace, block_size: int, capacity_blocks: int | None) -
 
 
 def largest_request_blocks(trace: Trace, block_size: int) -> int:
-    """Blocks of the largest request (prompt + output): the least capacity a replay of `trace` needs."""
+    """Blocks of the largest request (its kv_tokens): the least capacity a replay of `trace` needs."""
     check_positive_block_size(block_size)
     return int(request_blocks(trace, block_size).max())
 

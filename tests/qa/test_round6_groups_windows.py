@@ -212,10 +212,6 @@ def test_size_pads_gpt_oss_20b_with_an_eagle_layer_as_vllms_own_example(run_cli,
     assert "1 padding" in plan["block_size_reason"]
 
 
-@pytest.mark.xfail(strict=True, reason="share's trace replay holds a request's prompt + output tokens "
-                   "(core/share/replay_groups.py largest_request_peak and its append loop; replay.py likewise): the "
-                   "last output token is sampled, never computed, so vLLM holds prompt + output − 1 (sim's never_fits "
-                   "already counts that)")
 @pytest.mark.parametrize(("source", "tables"), [(("--model", "llama-3-8b"), 1), (("--config", "COMMAND_R7B"), 4)])
 def test_share_replay_holds_no_kv_for_the_last_output_token(run_cli, tmp_path: Path, source: tuple[str, ...],
                                                             tables: int) -> None:

@@ -31,21 +31,24 @@ def ceil_div(a: int, b: int) -> int:
 def test_parallel_matches_the_closed_form(prefix: int, branches: int, gen: int, block: int) -> None:
     result = run_scenario(ScenarioSpec(prefix, branches, gen, block), check=True)
     full, rest = divmod(prefix, block)
-    assert result.physical_blocks == full + branches * ceil_div(rest + gen, block)
+    written = gen - 1  # the last generated token is sampled, never written
+    own = ceil_div(rest + written, block) if written else 0
+    assert result.physical_blocks == (full + branches * own if written else ceil_div(prefix, block))
     assert result.physical_blocks == closed_form_physical_blocks(prefix, branches, gen, block)
-    assert result.logical_blocks == branches * ceil_div(prefix + gen, block)
-    # every branch but the last to write copies the shared partial block; none when P mod B = 0
-    assert result.cow_copies == (branches - 1 if rest else 0)
+    assert result.logical_blocks == branches * ceil_div(prefix + written, block)
+    # every branch but the last to write copies the shared partial block; none when P mod B = 0 or none writes
+    assert result.cow_copies == (branches - 1 if rest and written else 0)
     assert result.peak_blocks == result.physical_blocks  # parallel sampling only ever grows
     assert result.saved_blocks == result.logical_blocks - result.physical_blocks
 
 
 def test_parallel_worked_examples() -> None:
-    # P = 1000, B = 16: 62 full blocks + 8 tokens; G = 200: each branch ceil(208/16) = 13 own blocks
+    # P = 1000, B = 16: 62 full blocks + 8 tokens; G = 200 writes 199: each branch ceil(207/16) = 13 own blocks,
+    # 4 tables of ceil(1,199 / 16) = 75
     r = run_scenario(ScenarioSpec(1000, 4, 200, 16))
     assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (62 + 4 * 13, 4 * 75, 3)
     assert r.saved_fraction == pytest.approx(186 / 300)
-    # P mod B = 0: P = 64, B = 16 -> 4 shared blocks; G = 20 -> ceil(20/16) = 2 own blocks each, no copy
+    # P mod B = 0: P = 64, B = 16 -> 4 shared blocks; G = 20 writes 19 -> ceil(19/16) = 2 own blocks each, no copy
     r = run_scenario(ScenarioSpec(64, 3, 20, 16))
     assert (r.physical_blocks, r.logical_blocks, r.cow_copies) == (4 + 3 * 2, 3 * 6, 0)
     # G = 0: nobody writes, everything stays shared: ceil(70/16) = 5 blocks, 3 tables of 5
@@ -59,14 +62,15 @@ def test_beam_keeps_k_beams_and_its_invariants(prefix: int, k: int, gen: int, bl
     spec = ScenarioSpec(prefix, k, gen, block, mode="beam", seed=seed)
     result = run_scenario(spec, check=True)
     assert result == run_scenario(spec)  # seeded: reproducible
-    assert result.logical_blocks == k * ceil_div(prefix + gen, block)  # K beams of P + G tokens at the end
-    assert ceil_div(prefix + gen, block) <= result.physical_blocks <= result.logical_blocks
+    # K beams of P + G − 1 positions at the end (the last token is sampled, never written)
+    assert result.logical_blocks == k * ceil_div(prefix + gen - 1, block)
+    assert ceil_div(prefix + gen - 1, block) <= result.physical_blocks <= result.logical_blocks
     assert result.physical_blocks <= result.peak_blocks
     assert result.forks - (k - 1) == result.dropped_branches  # every dropped beam is replaced by a fork
 
 
 def test_beam_with_one_beam_is_parallel_with_one_branch() -> None:
-    assert run_scenario(ScenarioSpec(37, 1, 50, 8, mode="beam")).physical_blocks == ceil_div(87, 8)
+    assert run_scenario(ScenarioSpec(37, 1, 50, 8, mode="beam")).physical_blocks == ceil_div(37 + 49, 8)
 
 
 def test_bad_scenarios() -> None:
@@ -126,7 +130,7 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
     plain = capacity
     hits = evictions = 0
     for i in range(len(trace)):
-        p, o = int(trace.prompt_tokens[i]), int(trace.output_tokens[i])
+        p, o = int(trace.prompt_tokens[i]), max(int(trace.output_tokens[i]) - 1, 0)  # the last token writes no KV
         nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
         n = 0
         while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in lru:
@@ -164,7 +168,7 @@ def test_hand_computed_trace() -> None:
     # 3: id 0 again: blocks 0-31 hit -> 512; block 32 has id 3: miss
     assert (result.hit_tokens, result.hit_blocks) == (992 + 512, 62 + 32)
     assert result.token_hit_rate == pytest.approx(1504 / 2700)
-    # largest request: ceil((1100 + 10) / 16) = 70 blocks
+    # largest request: ceil((1100 + 10 − 1) / 16) = 70 blocks
     assert result.peak_used_blocks == 70 and result.evictions == 0
     # request 2 caches 62 + 6 more full blocks (1100 // 16 = 68), request 3: 37 - 32 = 5 more: 73
     assert result.peak_cached_blocks == 73
@@ -212,11 +216,12 @@ def test_last_token_is_never_a_hit() -> None:
 
 
 def test_an_output_eviction_comes_after_the_prompt_is_cached() -> None:
-    # B = 16, capacity 37. 1: ids [0, 1000], 537 + 40 tokens = 37 blocks, 33 full ones cached. 2: 528 fresh
+    # B = 16, capacity 37 (a request writes its prompt and all its output but the last token). 1: ids [0, 1000],
+    # 537 + 41 tokens = 577 written = 37 blocks, 33 full ones cached. 2: 528 fresh
     # tokens = 33 blocks: 29 evictions of 1's blocks 32..4. 3: id 0, 48 + 1 tokens: blocks 0, 1 hit, block 2
     # is fresh (evicting 1's block 3) while 1's equal block 2 is still cached, so it stays keyless; the
     # output's block then evicts 1's block 2. 4: 2 blocks from the 2 keyless ones: no eviction. 31 in all
-    trace = make_trace([(537, 40, [0, 1000]), (528, 0, [1010, 1011]), (48, 1, [0]), (1, 16, [1030])])
+    trace = make_trace([(537, 41, [0, 1000]), (528, 0, [1010, 1011]), (48, 2, [0]), (1, 17, [1030])])
     assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 31)
     assert reference_lru_replay(trace, 16, 37) == (32, 31)
 
@@ -248,7 +253,7 @@ def test_replay_matches_a_set_based_reference(raw: list, block_size: int) -> Non
     assert result.hit_tokens == reference_hit_tokens(trace, block_size)
     assert result.evictions == 0 and result.pool_blocks == unlimited_capacity(trace, block_size)
     # the contrast without prefix caching, closed form vs the pool, unlimited and at the smallest capacity
-    largest = max(-(-(p + o) // block_size) for p, o, _ in requests)
+    largest = max(-(-(p + max(o - 1, 0)) // block_size) for p, o, _ in requests)  # the last token writes no KV
     for capacity in (None, largest, 10**12):
         assert uncached_replay(trace, block_size, capacity) == replay(trace, block_size, capacity, False)
 
@@ -266,7 +271,7 @@ def test_bounded_replay_matches_an_lru_reference(raw: list, block_size: int, ext
         need = ceil_div(p, 512)
         requests.append((p, o, (ids + [1000 + 10 * k + j for j in range(need)])[:need]))
     trace = make_trace(requests)
-    capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+    capacity = max(ceil_div(p + max(o - 1, 0), block_size) for p, o, _ in requests) + extra_capacity
     result = replay(trace, block_size, capacity, True)
     assert (result.hit_tokens, result.evictions) == reference_lru_replay(trace, block_size, capacity)
 
@@ -291,7 +296,7 @@ def test_fast_replay_equals_the_general_replay(raw: list, block_size: int, extra
     trace = make_trace(requests)
     capacity = None
     if extra_capacity is not None:
-        capacity = max(ceil_div(p + o, block_size) for p, o, _ in requests) + extra_capacity
+        capacity = max(ceil_div(p + max(o - 1, 0), block_size) for p, o, _ in requests) + extra_capacity
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(share_trace_module, "_BATCH_BLOCKS", batch_blocks)
         fast = replay(trace, block_size, capacity, True)

@@ -1,9 +1,10 @@
 """`share` on hybrid models (issue 19): --prefix 32768 --branches 4 --gen 2048, bf16, block 16 asked for, vLLM's
 layout. Each figure is worked by hand per group (B = the layout's block; one block id = one page in each of the
-G layer slots of a group). At the end every branch holds n = 32,768 + 2,048 = 34,816 tokens; its last token
-was written at computed = 34,815, so a sliding table keeps blocks from floor((34,815 − W + 1) / B) and a chunked
-one from floor(34,815 / C) · C / B; a state table holds one page per branch (mode none), copied from the
-prompt's page before the branch first writes it (K − 1 copies per state table; the last branch writes in place).
+G layer slots of a group). At the end every branch holds n = 32,768 + 2,047 = 34,815 positions (the 2,048th
+generated token is sampled, never written); its last one was written at computed = 34,814, so a sliding table
+keeps blocks from floor((34,814 − W + 1) / B) and a chunked one from floor(34,814 / C) · C / B; a state table
+holds one page per branch (mode none), copied from the prompt's page before the branch first writes it (K − 1
+copies per state table; the last branch writes in place).
 """
 
 from __future__ import annotations
@@ -19,27 +20,29 @@ from kvcalc.core.share.memory import block_bytes, group_doc, model_groups, pool_
 
 # (model, block B, bytes of a block id, physical blocks per layer type in layout order, CoW copies)
 CASES = [
-    # Gemma-3-27B: id 10 · 16 · 8,192 = 1,310,720 B. full: 2,048 shared + 4 · 128 = 2,560; sliding W 1,024, 6
-    # tables: from floor(33,792 / 16) = 2,112 to 2,175: 64 own blocks per branch -> 6 · 4 · 64 = 1,536.
-    # 4,096 ids = 5 GiB (the single-group pool held 2,560 blocks of 62 layers: 19.38 GiB, 3.9x)
-    (lambda: get_preset("Gemma-3-27B"), 16, 1_310_720, [2_560, 1_536], 0),
-    # gpt-oss-120b: id 18 · 16 · 2,048 = 589,824 B. full 2,560; sliding W 128: from floor(34,688 / 16) = 2,168: 8
-    # per branch -> 32
-    (lambda: get_preset("gpt-oss-120b"), 16, 589_824, [2_560, 32], 0),
-    # Llama-4-Scout: id 12 · 16 · 4,096 = 786,432 B. chunked C 8,192, 3 tables: from 32,768 / 16 = 2,048: 128 own
+    # Gemma-3-27B: id 10 · 16 · 8,192 = 1,310,720 B. full: 2,048 shared + 4 · ceil(2,047 / 16) = 4 · 128 = 2,560;
+    # sliding W 1,024, 6 tables: from floor(33,791 / 16) = 2,111 to floor(34,814 / 16) = 2,175: 65 own blocks per
+    # branch -> 6 · 4 · 65 = 1,560. 4,120 ids = 5.03 GiB (the single-group pool held 2,560 blocks of 62 layers:
+    # 19.38 GiB, 3.9x)
+    (lambda: get_preset("Gemma-3-27B"), 16, 1_310_720, [2_560, 1_560], 0),
+    # gpt-oss-120b: id 18 · 16 · 2,048 = 589,824 B. full 2,560; sliding W 128: from floor(34,687 / 16) = 2,167 to
+    # 2,175: 9 per branch -> 36
+    (lambda: get_preset("gpt-oss-120b"), 16, 589_824, [2_560, 36], 0),
+    # Llama-4-Scout: id 12 · 16 · 4,096 = 786,432 B. chunked C 8,192, 3 tables: from floor(34,814 / 8,192) · 8,192
+    # / 16 = 2,048: 128 own
     # per branch -> 3 · 4 · 128 = 1,536; full 2,560
     (lambda: get_preset("Llama-4-Scout"), 16, 786_432, [1_536, 2_560], 0),
     # Nemotron-H-56B: B 4,128, id 169,082,880 B. full: 32,768 = 7 · 4,128 + 3,872 -> 7 shared + 4 · ceil((3,872 +
-    # 2,048) / 4,128) = 8 -> 15, 3 copies of the shared partial block; state: 6 tables · 4 branches = 24 pages,
+    # 2,047) / 4,128) = 8 -> 15, 3 copies of the shared partial block; state: 6 tables · 4 branches = 24 pages,
     # 6 · 3 = 18 copies. (The single-group pool held no state per branch.)
     (lambda: get_preset("Nemotron-H-56B"), 4_128, 169_082_880, [15, 24], 21),
-    # Jamba: B 80, id 1,310,720 B. full: 32,768 = 409 · 80 + 48 -> 409 + 4 · ceil(2,096 / 80) = 4 · 27 -> 517;
+    # Jamba: B 80, id 1,310,720 B. full: 32,768 = 409 · 80 + 48 -> 409 + 4 · ceil(2,095 / 80) = 4 · 27 -> 517;
     # state 7 tables · 4 = 28; copies 3 + 7 · 3 = 24
     (jamba, 80, 1_310_720, [517, 28], 24),
-    # Granite-4.0-H-Small: B 528, id 8,650,752 B. full: 32,768 = 62 · 528 + 32 -> 62 + 4 · ceil(2,080 / 528) = 16
+    # Granite-4.0-H-Small: B 528, id 8,650,752 B. full: 32,768 = 62 · 528 + 32 -> 62 + 4 · ceil(2,079 / 528) = 16
     # -> 78; state 9 · 4 = 36; copies 3 + 9 · 3 = 30
     (granite_h_small, 528, 8_650_752, [78, 36], 30),
-    # Qwen3-Next: B 544, id 13,369,344 B. full: 32,768 = 60 · 544 + 128 -> 60 + 4 · ceil(2,176 / 544) = 16 -> 76;
+    # Qwen3-Next: B 544, id 13,369,344 B. full: 32,768 = 60 · 544 + 128 -> 60 + 4 · ceil(2,175 / 544) = 16 -> 76;
     # state 3 · 4 = 12; copies 3 + 3 · 3 = 12
     (qwen3_next, 544, 13_369_344, [76, 12], 12),
 ]
@@ -52,7 +55,7 @@ def test_share_bytes_per_group(spec, block, id_bytes, per_type, copies):
     assert groups is not None and layout.block_size == block and layout.page_bytes == id_bytes
     scenario = ScenarioSpec(prefix_tokens=32_768, branches=4, gen_tokens=2_048, block_size=layout.block_size)
     result = run_scenario(scenario, groups=groups, state_mode="none")
-    doc = group_doc(layout, result.group_blocks, pool_bytes(model, "bf16", 16, 16, 34_816, layout).bytes_per_block)
+    doc = group_doc(layout, result.group_blocks, pool_bytes(model, "bf16", 16, 16, 34_815, layout).bytes_per_block)
     assert [g["physical_blocks"] for g in doc["groups"]] == per_type
     assert result.physical_blocks == sum(per_type)
     assert [g["physical_bytes"] for g in doc["groups"]] == [b * id_bytes for b in per_type]
@@ -69,14 +72,14 @@ def test_hybrid_scenario_checks_every_step_small():
 
 def test_gemma3_against_the_single_group_pool():
     # issue 19: the single-group pool's bytes were ~4x too high for Gemma-3: it holds 2,560 blocks of 16 tokens of
-    # all 62 layers (62 · 16 · 8,192 = 8,126,464 B) = 20,803,747,840 B, the groups 4,096 · 1,310,720 = 5 GiB
+    # all 62 layers (62 · 16 · 8,192 = 8,126,464 B) = 20,803,747,840 B, the groups 4,120 · 1,310,720 (5.03 GiB)
     model = get_preset("Gemma-3-27B")
     scenario = ScenarioSpec(prefix_tokens=32_768, branches=4, gen_tokens=2_048, block_size=16)
     single = run_scenario(scenario)
     assert single.physical_blocks * block_bytes(model, 16, 16) == 2_560 * 8_126_464 == 20_803_747_840
     layout, groups = model_groups(model, 16, 16, None, None)
     grouped = run_scenario(scenario, groups=groups)
-    assert grouped.physical_blocks * layout.page_bytes == 5 * 2**30
+    assert grouped.physical_blocks * layout.page_bytes == 4_120 * 1_310_720 == 5_400_166_400
 
 
 def _trace(requests):
@@ -153,32 +156,33 @@ def test_align_hits_match_the_stack_distance_count_with_one_prefill_chunk():
 
 # vLLM's unified pages give these models' layer types different tokens per block (core/pool/group_blocks.py):
 # (config, bytes of a block id, [(kind, tokens per block)] in layout order, physical blocks per type at
-# --prefix 32768 --gen 2048 (n = 34,816, last token written at 34,815), the same at --prefix 2000 --gen 300
-# (n = 2,300, last written at 2,299), copy-on-write copies at 2000 + 300)
+# --prefix 32768 --gen 2048 (n = 34,815 positions, the last written at 34,814: the last generated token is sampled,
+# never written), the same at --prefix 2000 --gen 300 (n = 2,299, the last written at 2,298), copy-on-write copies
+# at 2000 + 300)
 MIXED = [
     # Gemma-4-31B: a sliding layer 16 heads · 256 · 2 · 2 = 16,384 B a token, a full one 4 · 512 · 2 · 2 = 8,192 B:
     # at 16 tokens their pages are 262,144 and 131,072 B, so full blocks hold 32 tokens. G = 10 (50 vs 10 layers):
     # an id 10 · 262,144 = 2,621,440 B; sliding 5 tables, full 1.
-    # 32768: full 32,768 / 32 = 1,024 shared + 4 · (34,816 / 32 − 1,024 = 64) = 1,280; sliding W 1,024 from
-    #   (34,815 − 1,023) // 16 = 2,112 to 2,176: 64 own per branch, 5 · 4 · 64 = 1,280.
+    # 32768: full 32,768 / 32 = 1,024 shared + 4 · (ceil(34,815 / 32) − 1,024 = 64) = 1,280; sliding W 1,024 from
+    #   (34,814 − 1,023) // 16 = 2,111 to ceil(34,815 / 16) = 2,176: 65 own per branch, 5 · 4 · 65 = 1,300.
     # 2000: full 2,000 / 32 = 62 whole blocks shared + the half block 62 (3 copies, the last writes in place), each
-    #   branch 62..71 (ceil(2,300 / 32) = 72): 62 + 4 · 10 = 102; sliding from (2,299 − 1,023) // 16 = 79 to 144:
+    #   branch 62..71 (ceil(2,299 / 32) = 72): 62 + 4 · 10 = 102; sliding from (2,298 − 1,023) // 16 = 79 to 144:
     #   79..124 shared (2,000 / 16 = 125 whole), 125..143 own: 5 · (46 + 4 · 19) = 610.
-    ("GEMMA4_31B", 2_621_440, [("sliding", 16), ("full", 32)], [1_280, 1_280], [610, 102], 3),
+    ("GEMMA4_31B", 2_621_440, [("sliding", 16), ("full", 32)], [1_300, 1_280], [610, 102], 3),
     # Gemma-4-E4B: sliding 2 heads · 256 · 4 = 2,048 B a token, full 2 · 512 · 4 = 4,096 B: sliding blocks hold 32
     # tokens. G = 4 (20 vs 4 layers): an id 4 · 65,536 = 262,144 B; sliding 5 tables, full 1.
-    # 32768: full 2,048 shared + 4 · 128 = 2,560; sliding W 512 from (34,815 − 511) // 32 = 1,072 to 1,088: 16 own,
-    #   5 · 4 · 16 = 320.
-    # 2000: full 2,000 / 16 = 125 shared + 4 · (144 − 125) = 201; sliding from (2,299 − 511) // 32 = 55 to 72:
+    # 32768: full 2,048 shared + 4 · 128 = 2,560; sliding W 512 from (34,814 − 511) // 32 = 1,071 to
+    #   ceil(34,815 / 32) = 1,088: 17 own, 5 · 4 · 17 = 340.
+    # 2000: full 2,000 / 16 = 125 shared + 4 · (144 − 125) = 201; sliding from (2,298 − 511) // 32 = 55 to 72:
     #   55..61 shared, the half block 62 copied by 3 branches in each of 5 tables (15 copies), 62..71 own:
     #   5 · (7 + 4 · 10) = 235.
-    ("GEMMA4_E4B", 262_144, [("sliding", 32), ("full", 16)], [320, 2_560], [235, 201], 15),
+    ("GEMMA4_E4B", 262_144, [("sliding", 32), ("full", 16)], [340, 2_560], [235, 201], 15),
     # MiMo-V2-Flash: full 4 heads · (192 + 128) · 2 = 2,560 B a token, sliding 8 heads: 5,120 B; full blocks hold
     # 32 tokens. G = 9 (9 vs 39 layers): an id 9 · 81,920 = 737,280 B; sliding 5 tables (6 padding), full 1.
-    # 32768: full 1,280 as Gemma-4-31B; sliding W 128 from (34,815 − 127) // 16 = 2,168: 8 own, 5 · 4 · 8 = 160.
-    # 2000: full 102 (3 copies) as Gemma-4-31B; sliding from (2,299 − 127) // 16 = 135 to 144: 9 own, nothing
+    # 32768: full 1,280 as Gemma-4-31B; sliding W 128 from (34,814 − 127) // 16 = 2,167: 9 own, 5 · 4 · 9 = 180.
+    # 2000: full 102 (3 copies) as Gemma-4-31B; sliding from (2,298 − 127) // 16 = 135 to 144: 9 own, nothing
     #   shared (the prompt's blocks end at 124): 5 · 4 · 9 = 180.
-    ("MIMO_V2_FLASH", 737_280, [("full", 32), ("sliding", 16)], [1_280, 160], [102, 180], 3),
+    ("MIMO_V2_FLASH", 737_280, [("full", 32), ("sliding", 16)], [1_280, 180], [102, 180], 3),
 ]
 
 
