@@ -81,7 +81,6 @@ def test_every_hybrid_sim_costs_at_most_twice_a_plain_one(tmp_path):
 
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
-PREFIX_LIMIT = 5.0
 # each hybrid with prefix caching -> the plain run of the same requests it is measured against: Llama-3.1-8B and
 # -70B serve all 100 (Llama-3-8B's 8,192-token limit refuses 59 of them, so it is Gemma's workload no more); the
 # 8,192-token Nemotron-H-56B refuses the same 59 and is measured against Llama-3-8B
@@ -93,6 +92,9 @@ PREFIX_HYBRIDS = {
     "llama-4-scout": (["--model", "llama-4-scout", "--tp", "2"], "llama-3.1-70b"),
     "nemotron-h-56b": (["--model", "nemotron-h-56b"], "llama-3-8b"),
 }
+# issue 19's 2x where reached (best of two on a loaded machine: gpt-oss 1.26-1.29, Nemotron-H 1.24-1.28), a margin
+# over what is reached where not yet: Llama-4-Scout 1.71-1.85, Gemma-3 2.27-2.55
+PREFIX_LIMITS = {"gemma-3-27b": 3.0, "gpt-oss-120b": 2.0, "llama-4-scout": 2.5, "nemotron-h-56b": 2.0}
 
 
 def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
@@ -100,18 +102,17 @@ def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
     each against a plain model serving the same requests (PREFIX_HYBRIDS), interleaved, best of two: the hybrid
     pool's hits across groups, anchored blocks and per-group usage against a plain pool's.
 
-    Measured on one heavily loaded machine (CPU s, whole process, best of 3 interleaved, the package before this
-    round's hybrid_ordered / look-up work against HEAD after it; ratios to the same tree's plain run):
-        Gemma-3-27B       4.91 -> 2.32 s: 4.7x -> 3.0x Llama-3.1-8B  (was 22x before the hit-plan work)
-        gpt-oss-120b      4.31 -> 1.88 s: 4.3x -> 2.3x Llama-3.1-70B
-        Llama-4-Scout     3.51 -> 2.43-2.82 s: 3.5x -> 2.8-3.5x Llama-3.1-70B
-        Nemotron-H-56B    1.12 -> 0.86-0.95 s: 1.5x -> 1.2-1.5x Llama-3-8B
-    (one run of this test: 3.55 / 1.89 / 1.97 / 1.19). The work: a step's frees and appends in one pass in the
-    per-sequence loop's exact order, decode appends and checks in plain ints, blocks per group from labels, prefix
-    look-ups kept while the index is unchanged. Not yet issue 19's 2x on every model: the plain pool runs decode
-    steps at once (owed blocks, settled in order), the hybrid one steps one by one (gpt-oss: 5,839 steps, Gemma-3
-    1,281 of 50 sequences x 7 tables), and a waiting prompt's hit plan is redone whenever a chunk registers blocks.
-    PREFIX_LIMIT bounds it with room for a loaded machine."""
+    Measured on one loaded machine (CPU s, whole process, best of 3 interleaved; ratios to the same tree's plain run):
+                        round 6    this round (runs of decode steps with prefix caching: core/pool/hybrid_runs.py)
+        Gemma-3-27B     3.0-3.8x   2.27-2.55x   Llama-3.1-8B
+        gpt-oss-120b    1.9-2.3x   1.26-1.29x   Llama-3.1-70B
+        Llama-4-Scout   2.4-3.5x   1.71-1.85x   Llama-3.1-70B
+        Nemotron-H-56B  1.2-1.5x   1.24-1.28x   Llama-3-8B  (state groups: still step by step)
+    A run of k decode steps is planned from counts (blocks opened, freed at their last reference, evicted) and
+    applied only where blocks change; while a request waits, only as long as its refusal provably stands. What
+    remains on Gemma-3: its 177 prefill steps (7 tables, six of them windows indexed per block: ~5x a plain step),
+    and 63 steps in which the waiting head's own cached blocks are evicted and its need may fall (each re-checked).
+    PREFIX_LIMITS bounds each with room for a loaded machine."""
     if not MOONCAKE.exists():
         pytest.skip(f"{MOONCAKE} is absent (the shared traces are not checked in)")
     trace = [*SIM, "--trace", "mooncake", str(MOONCAKE), "--limit", "100"]
@@ -120,5 +121,5 @@ def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
     for name, (_, plain) in PREFIX_HYBRIDS.items():
         print(f"prefix caching, Mooncake conversation x100: {name} {best[name]:.2f} s CPU vs {plain} "
               f"{best[plain]:.2f} s, ratio {ratios[name]:.2f}")
-    over = {name: round(r, 2) for name, r in ratios.items() if r > PREFIX_LIMIT}
-    assert not over, f"hybrid runs with prefix caching costing more than {PREFIX_LIMIT}x a plain one: {over}"
+    over = {name: round(r, 2) for name, r in ratios.items() if r > PREFIX_LIMITS[name]}
+    assert not over, f"hybrid runs with prefix caching costing more than their bound {PREFIX_LIMITS}: {over}"
