@@ -2,8 +2,8 @@
 
 A run of k steps of the fixed batch has its step times in plain floats (StepTimeModel.decode_run_s; from numpy for
 long runs), its step ends a running sum in step order, and each piece (split where arrivals join the queue) the
-policy's integrals from the sums PagedRun.piece takes: Σd pairwise as np.add.reduce sums (step_sums.pairwise_sum),
-Σd·s and Σd·need(s) numpy's own dot products — the same bits as the fast path, with a handful of numpy calls.
+policy's integrals from the sums PagedRun.piece takes (Σd, Σd·s and Σd·need(s): numpy's own reductions and dot
+products), the rest in plain floats — the same bits as the fast path, with a handful of numpy calls.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .paged_run import piece_parts
-from .step_sums import pairwise_sum, piece_bounds
+from .step_sums import piece_bounds, sum_few
 
 if TYPE_CHECKING:
     from .paged import PagedPolicy
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
     from .steptime import StepTimeModel
 
+_sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
 LIST_STEPS = 32  # runs of at most this many decode steps get their step times in plain floats, longer ones from numpy
 
 
@@ -85,7 +86,7 @@ class LeanBatch:
                         need: list[int]) -> int:
         """paged_run.account_pieces on the lean loop's integers (the table holds the owed blocks, the pool hands
         out none, nothing is cached): each piece's sums as PagedRun.piece takes them — Σd pairwise as np.add.reduce
-        (step_sums.pairwise_sum), Σd·s and Σd·need(s) numpy's dot products — accounted in the same order. The first
+        (np.add.reduce), Σd·s and Σd·need(s) numpy's dot products — accounted in the same order. The first
         m steps take need[m − 1] blocks. Returns the steps done."""
         s, totals, mem, B, n = self.s, self.totals, self.mem, self.B, len(self.tok)
         tokens, capacity, timeline, steps = sum(self.tok), self.capacity, totals.timeline, self.steps_float
@@ -100,7 +101,7 @@ class LeanBatch:
             before = need[i - 1] if i else 0
             piece, owed = d_array[i:j], self.owed + before
             # the dot products as PagedRun.piece takes them (ndarray.dot is np.dot)
-            parts, table_bytes = piece_parts((B, n, capacity, owed, owed, tokens + n * i, 0), pairwise_sum(d, i, j - i),
+            parts, table_bytes = piece_parts((B, n, capacity, owed, owed, tokens + n * i, 0), float(_sum(piece)),
                                              float(piece.dot(steps[1 : j - i + 1])),
                                              float(piece.dot(need_array[i:j] - before if i else need_array[:j])), 0.0)
             mem[0] += parts[0]
@@ -108,9 +109,7 @@ class LeanBatch:
             mem[4] += parts[4]
             mem[5] += parts[5]
             totals.block_table_byte_s += table_bytes
-            # Σ parts as np.add.reduce sums 6 values (pairwise_sum: one after another); the parts tile the pool
-            span = ((((parts[0] + parts[1]) + parts[2]) + parts[3]) + parts[4]) + parts[5]
-            span /= capacity
+            span = sum_few(parts) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
             totals.running_s += span * n
             waiting = len(s.waiting)
             totals.in_system_s += span * (n + waiting)

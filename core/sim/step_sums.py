@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from functools import reduce
-from operator import add
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,29 +22,14 @@ def piece_bounds(ends: np.ndarray | list[float], k: int, arrivals: Sequence[floa
     return [0, *sorted({bisect_left(starts, a) for a in arrivals[next_arrival:last]}), k]
 
 
-def pairwise_sum(values: Sequence[float], lo: int = 0, n: int | None = None) -> float:
-    """np.add.reduce of values[lo : lo + n] as a float64 array (n: to the end), in plain floats and in numpy's order:
-    fewer than 8 values one after another, up to 128 in 8 running sums combined as a tree, more split in two halves
-    (a multiple of 8 first) summed the same way (numpy's pairwise summation; tests/core/sim/test_sim_lean.py checks
-    it against numpy)."""
-    if n is None:
-        n = len(values) - lo
-    if n < 8:
-        total = -0.0
-        for i in range(lo, lo + n):
-            total += values[i]
-        return total
-    if n <= 128:
-        whole = lo + n - n % 8
-        # running sum j adds values lo + j, lo + 8 + j, … one after another (functools.reduce: left to right)
-        r = [reduce(add, values[lo + j : whole : 8]) for j in range(8)]
-        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-        for i in range(whole, lo + n):
-            total += values[i]
-        return total
-    half = n // 2
-    half -= half % 8
-    return pairwise_sum(values, lo, half) + pairwise_sum(values, lo + half, n - half)
+def sum_few(values: Sequence[float]) -> float:
+    """np.add.reduce of fewer than 8 float64 values, in plain floats: numpy sums so few one after another (from −0.0,
+    which leaves the first value as it is); tests/core/sim/test_sim_lean.py checks it against numpy."""
+    assert len(values) < 8, "numpy sums 8 or more values in 8 running sums (pairwise summation)"
+    total = -0.0
+    for value in values:
+        total += value
+    return total
 
 
 def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np.ndarray, np.ndarray, np.ndarray],

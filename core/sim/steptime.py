@@ -150,16 +150,14 @@ class StepTimeModel:
         state = 2.0 * self.state_bytes_per_seq * n if self.state_bytes_per_seq else 0.0
         afp, cspf, kvb, kvs, over = (self.attn_flops_per_position, self.compute_s_per_flop, self.kv_bytes_per_token,
                                      self.kv_s_per_byte, self.overhead_s)
-        steps = []
-        for j in range(k):
-            c = float(context0 + num_seqs * j)  # an integer < 2^53: exact, as numpy's context0 + n·j in floats
-            compute = (base + afp * c) * cspf
-            moved = (c + n) * kvb
-            if state:
-                moved = moved + state
-            memory = weights + moved * kvs
-            steps.append((compute if compute > memory else memory) + over)  # np.maximum: no NaN here
-        return steps
+        # step j attends c = context0 + n·j positions, an integer < 2^53: exact, as numpy's context0 + n·j in floats;
+        # compute = (base + afp·c)·cspf, memory = weights + ((c + n)·kvb [+ state])·kvs, then np.maximum (no NaN)
+        contexts = map(float, range(context0, context0 + num_seqs * k, num_seqs))
+        if state:
+            return [(flop_s if (flop_s := (base + afp * c) * cspf) > (byte_s := weights + ((c + n) * kvb + state) * kvs)
+                     else byte_s) + over for c in contexts]
+        return [(flop_s if (flop_s := (base + afp * c) * cspf) > (byte_s := weights + (c + n) * kvb * kvs)
+                else byte_s) + over for c in contexts]
 
     def chunk_excess(self, start: np.ndarray, count: np.ndarray) -> tuple[float, float]:
         """(excess positions, excess reads) summed over chunks of `count` tokens after `start` cached ones
