@@ -40,10 +40,6 @@ class FirstFitAllocator:
     def used_slots(self) -> int:
         return self.capacity_slots - self.free_slots
 
-    @property
-    def largest_hole(self) -> int:
-        return max((length for _, length in self.holes), default=0)
-
     def free_in_holes_smaller_than(self, length: int) -> int:
         """Free slots that a region of `length` cannot use (external fragmentation for that request)."""
         return sum(h for _, h in self.holes if h < length)
