@@ -66,7 +66,7 @@ def _pick_device(device: str) -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    err_console.print("[dim]no CUDA device: running the reference implementation on CPU (--device cpu)[/dim]")
+    err_console.print("no CUDA device: running the reference implementation on CPU (--device cpu)", style="dim")
     return "cpu"
 
 

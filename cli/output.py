@@ -48,7 +48,7 @@ class _StderrConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=True)
+            self._console = Console(stderr=True, markup=False)  # a message's text is never rich markup
         return getattr(self._console, name)
 
 
@@ -219,17 +219,19 @@ def _rich_table(table: Table) -> tuple[RichTable, int]:
     """The rich table, and the width it needs so that no cell is cut: every column at least as wide as its
     widest cell and its header's longest word (headers wrap between words)."""
     from rich.cells import cell_len
+    from rich.markup import escape  # a title or cell holds names and paths ("[x]/t.jsonl"), never markup
     from rich.table import Table as RichTable
 
     cells = [[str(v) for v in row] for row in table.rows]
-    rich_table = RichTable(title=table.title, caption=table.caption, title_justify="left")
+    caption = None if table.caption is None else escape(table.caption)
+    rich_table = RichTable(title=escape(table.title), caption=caption, title_justify="left")
     widths = []
     for j, column in enumerate(table.columns):
         width = max([cell_len(row[j]) for row in cells if j < len(row)] + [cell_len(w) for w in column.split()] + [1])
         widths.append(width)
-        rich_table.add_column(column, justify="left" if j == 0 else "right", min_width=width)
+        rich_table.add_column(escape(column), justify="left" if j == 0 else "right", min_width=width)
     for row in cells:
-        rich_table.add_row(*row)
+        rich_table.add_row(*map(escape, row))
     return rich_table, sum(widths) + 3 * len(widths) + 1  # "│ " before each cell, " " after, "│" at the end
 
 
@@ -282,7 +284,7 @@ def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
         console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     out = console
     for line in report.text:
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)
     for table in report.tables:
         rich_table, needed = _rich_table(table)
         # Never crop a number: a table that needs more than the terminal's width prints wider (the terminal
@@ -291,4 +293,4 @@ def emit(report: Report, fmt: Format, console: Console | None = None) -> None:
     for block in report.footer:
         out.print(block, highlight=False, markup=False)
     for note in report.notes:
-        out.print(f"[dim]{note}[/dim]", highlight=False)
+        out.print(note, style="dim", highlight=False, markup=False)

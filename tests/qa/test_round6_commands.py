@@ -133,6 +133,27 @@ def test_size_gpu_refuses_a_kv_precision_vllm_has_no_form_of(run_cli, dtype, bud
     assert accounting["bytes_per_token"] == 2 * 32 * 8 * 128 * (1 if dtype == "int8" else 0.5)
 
 
+def test_names_and_paths_with_brackets_print_as_written_not_as_rich_markup(run_cli, tmp_path) -> None:
+    # '[x]/t[1].jsonl' printed as '/t[1].jsonl' and a model folder '[bold]m' as a bold 'm': rich read them as tags
+    from real_configs import write_config
+
+    folder = tmp_path / "[bold]m"
+    folder.mkdir()
+    write_config(folder, "LLAMA31_8B")
+    size = run_cli("size", "--config", str(folder), "--tokens", "100")
+    assert "[bold]m: GQA, 32 layers" in size.stdout and "KV cache of [bold]m at bf16" in size.stdout
+    traces = tmp_path / "[x]"
+    traces.mkdir()
+    trace = _too_few_ids(traces).rename(traces / "t[1].jsonl")
+    trace.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]}\n')
+    share = run_cli("share", "--trace", "mooncake", str(trace))
+    assert f"real trace: mooncake {trace} (1 request)" in share.stdout
+    assert f"{trace}" in " ".join(share.stderr.split())  # wrapped at the terminal's width
+    plot = traces / "w[1].png"
+    frag = run_cli("frag", "--lengths", "5,6", "--plot", str(plot))
+    assert f"wrote {plot}" in " ".join(frag.stderr.split())
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
