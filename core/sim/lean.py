@@ -62,12 +62,10 @@ class LeanLoop(LeanBatch):
         s = self.s
         self.prompt, self.stop_at, self.output = s.prompt_tokens.tolist(), s.stop_at.tolist(), s.output_tokens.tolist()
         self.budget, self.max_seqs = s.config.max_batched_tokens, s.config.max_seqs
-        self.tok: list[int] = []  # tokens held by each running request (s.running's order)
-        self.rem: list[int] = []  # tokens each still has to generate
-        self.owed = 0  # Σ ceil(tok / B): the blocks the running requests hold (the policy's owed_blocks)
-        self.last_s = 0.0  # when every running request but `unsampled` got its last token
+        self.tok, self.rem, self.owed, self.last_s = [], [], 0, 0.0  # LeanBatch's (read by _sync_in)
         self.unsampled: list[int] = []  # admitted in the last step without completing their prompt
-        self.gen: list[int] = []  # tokens generated per request: current for every request not running
+        self.gen: list[int] = s.generated.tolist()  # tokens generated per request: current for those not running
+        self.synced: list[int] = []  # the requests whose holdings the policy was last told of (_sync_out/_sync_in)
         self.mem: list[float] = []  # RunTotals.memory_slot_s, summed here between write-backs
         self.itl: list[float] = []  # inter-token latencies since the last write-back,
         self.itl_weight: list[int] = []  # and how many requests saw each
@@ -144,20 +142,23 @@ class LeanLoop(LeanBatch):
                                  float(n + len(chunks))))
         self.tok = tok = [t + 1 for t in tok]
         tok.extend(chunks)
-        self._account(d, sum(tok))
+        self._account(d, context + tokens - n)  # Σ tok: each running request one more, the chunks admitted
         now = s.now_s = s.now_s + d
         totals = self.totals
         totals.busy_s += d
         totals.steps += 1
         self.itl += [now - self.last_s] * n
         self.itl_weight += [1] * n
-        sampled = [rid for rid, done in zip(admitted, whole, strict=True) if done]
-        self._first_tokens(sampled, now)
-        self.last_s = now
         self.rem = rem = [r - 1 for r in self.rem]
-        gen, stop_at = self.gen, self.stop_at
-        rem.extend([stop_at[rid] - gen[rid] - done for rid, done in zip(admitted, whole, strict=True)])
-        self.unsampled = [rid for rid, done in zip(admitted, whole, strict=True) if not done]
+        sampled: list[int] = []
+        self.unsampled = []
+        if admitted:
+            gen, stop_at = self.gen, self.stop_at
+            for rid, done in zip(admitted, whole, strict=True):
+                (sampled if done else self.unsampled).append(rid)
+                rem.append(stop_at[rid] - gen[rid] - done)  # one token more if it sampled (gen read before)
+            self._first_tokens(sampled, now)
+        self.last_s = now
         finished = self._leave()
         s.steady = n + len(sampled) - finished == len(s.running)
 
@@ -190,8 +191,6 @@ class LeanLoop(LeanBatch):
     def _first_tokens(self, sampled: list[int], now: float) -> None:
         """fastforward._admitted_tokens: the first token of each admitted request that sampled, or the gap since its
         last one (recomputed after a preemption: it has generated tokens, as every request with a first token)."""
-        if not sampled:
-            return
         s, gen = self.s, self.gen
         later = [rid for rid in sampled if gen[rid]]
         if later:
@@ -319,8 +318,9 @@ class LeanLoop(LeanBatch):
         s.generated[ids] = s.stop_at[ids] - np.array(self.rem, dtype=np.int64)
         unsampled = set(self.unsampled)
         s.last_token_s[[r for r in s.running if r not in unsampled]] = self.last_s
-        policy.held_tokens[:] = 0
-        policy.held_blocks[:] = 0
+        policy.held_tokens[self.synced] = 0  # those that left since hold nothing
+        policy.held_blocks[self.synced] = 0
+        self.synced = s.running[:]
         policy.held_tokens[ids] = self.tok
         policy.held_blocks[ids] = [-(-t // self.B) for t in self.tok]
         policy.owed_blocks = self.owed
@@ -339,7 +339,10 @@ class LeanLoop(LeanBatch):
         self.tok = s.computed[ids].tolist()
         self.rem = (s.stop_at[ids] - s.generated[ids]).tolist()
         self.owed = policy.owed_blocks
-        self.gen = s.generated.tolist()
+        gen, generated = self.gen, s.generated
+        for rid in (*self.synced, *s.running):  # only the requests running around the step may have generated
+            gen[rid] = int(generated[rid])
+        self.synced = s.running[:]  # the policy holds these (the step released the others)
         self.mem = self.totals.memory_slot_s.tolist()
         assert self.owed == sum([-(-t // self.B) for t in self.tok]) and not policy.pool.seqs, "lazy holdings"
         self.last_s = s.now_s

@@ -73,7 +73,7 @@ class LeanBatch:
         # boundary step is j mod B (first's increments), a running sum
         need = list(accumulate(islice(cycle(list(map(sub, first[1:], first[:-1]))), k)))
         done = self._account_pieces(d, d_array, ends, pieces, need)
-        self.itl += [ends[j + 1] - ends[j] for j in range(done)]  # as step by step: now − last token
+        self.itl += map(sub, ends[1 : done + 1], ends[:done])  # as step by step: now − last token
         self.itl_weight += [n] * done
         self.owed += need[done - 1]
         self.tok = [t + done for t in tok]
