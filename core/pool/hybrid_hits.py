@@ -60,11 +60,30 @@ class HybridHits(HybridLayout):
         for memo_keys, memo_at, memo_plan in plans:
             if memo_at == at and _same_keys(memo_keys, keys):
                 return memo_plan
-        plan = (self._hits_mixed if self.mixed else self._hits_one_size)(num_tokens, keys, extra_key)
+        plan = None if self.mixed else self._prefix_plan(plans, num_tokens, keys, extra_key)
+        if plan is None:
+            plan = (self._hits_mixed if self.mixed else self._hits_one_size)(num_tokens, keys, extra_key)
         plans.append((keys, at, plan))
         if len(plans) > 4:
             del plans[0]
         return plan
+
+    def _prefix_plan(self, plans: list, num_tokens: int, keys: BlockKeys, extra_key: Hashable
+                     ) -> tuple[int, list[int], list[np.ndarray | None]] | None:
+        """The plan of a prompt's first chunk from its whole prompt's kept plan (None: none applies), where the chunk
+        still reaches the whole prompt's chain hit c (the least of the chain groups' own hits; c ≤ cap, the chunk's
+        most hit blocks): each chain group's verified chain is the same prefix, cut at cap, so the chain hit is c
+        again, and the anchored groups' look-ups under it are the same, and so is all that follows from them."""
+        if not isinstance(keys, np.ndarray):
+            return None
+        cap = min(len(keys), max(num_tokens - 1, 0) // self.block_size)
+        chain = [g for g in range(len(self.groups)) if not self.anchored[g]]
+        for memo_keys, (memo_tokens, memo_extra), (hit, own, tables) in plans:
+            if (memo_extra == extra_key and isinstance(memo_keys, np.ndarray) and memo_tokens >= num_tokens
+                    and min(own[g] for g in chain) <= cap and len(memo_keys) >= len(keys)
+                    and _same_keys(memo_keys[: len(keys)], keys)):
+                return hit, [o if self.anchored[g] else min(o, cap) for g, o in enumerate(own)], tables
+        return None
 
     def _hits_one_size(self, num_tokens: int, keys: BlockKeys, extra_key: Hashable
               ) -> tuple[int, list[int], list[np.ndarray | None]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -255,3 +256,33 @@ def test_evictions_up_to_the_first_looked_up_block_and_past_it(name):
         assert pool._hit_plan(16, family_keys(0), None)[:2] == plan
         assert step(pool, [1, 2])
     assert pool._hit_plan(16, family_keys(0), None)[:2] != plan
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@settings(max_examples=60, deadline=None)
+@given(steps=ops, family=st.integers(0, 3), n=st.integers(5, 16), chunks=st.lists(st.integers(1, 16), max_size=4))
+def test_a_first_chunks_plan_from_the_whole_prompts_is_the_look_up(name, steps, family, n, chunks):
+    """HybridHits._prefix_plan: a chunk's hit plan taken from its whole prompt's kept one (as the scheduler asks:
+    the whole prompt's hit, then its first chunk) equals the chunk's own look-up, on random pools."""
+    pool = HybridPool(40, B, LAYOUTS[name])
+    prompt = np.array(family_keys(family)[: n // B])  # one array, sliced anew per chunk: views, as the sim's
+    for op, seq, fam, k in steps:
+        if op == "add" and not pool.has_seq(seq):
+            m = 4 * (2 + fam) + seq % 3
+            if pool.can_allocate(m, family_keys(fam)[: m // B]):
+                pool.allocate(seq, m, family_keys(fam)[: m // B])
+        elif op == "release" and pool.has_seq(seq):
+            pool.release(seq)
+        elif op == "run" and pool.seq_ids:
+            for _ in range(k % 4):
+                if not step(pool, list(pool.seq_ids)):
+                    break
+        whole = pool._hit_plan(n, prompt[:], None)
+        for total in (min(whole[0] * B + c, n) for c in chunks):
+            kept = pool._hit_plan(total, prompt[: total // B], None)
+            pool._plan_memo = None
+            fresh = pool._hit_plan(total, prompt[: total // B], None)
+            assert kept[:2] == fresh[:2]
+            assert all((a is None and b is None) or np.array_equal(a, b)
+                       for a, b in zip(kept[2], fresh[2], strict=True))
+            pool._hit_plan(n, prompt[:], None)  # the whole prompt's kept again
