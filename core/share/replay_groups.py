@@ -96,6 +96,20 @@ def check_ids_key_blocks(hash_ids: np.ndarray, hash_offsets: np.ndarray, block_s
                              f"{MOONCAKE_BLOCK_TOKENS}", "layout", "block_size")
 
 
+def check_ids_cover_prompts(trace: Trace, block_size: int) -> None:
+    """Every request has the hash id of each full block's last token (trace_block_keys' keys, the same need for a
+    block tiling the ids or not): checked up front, vectorised, the first short request named by its line in the
+    file, so that a replay never fails midway."""
+    assert trace.hash_offsets is not None
+    full = trace.prompt_tokens // block_size
+    need = np.where(full > 0, (full * block_size - 1) // MOONCAKE_BLOCK_TOKENS + 1, 0)
+    short = np.flatnonzero(np.diff(trace.hash_offsets) < need)
+    if len(short):
+        i = int(short[0])
+        trace_block_keys(trace.request_hash_ids(i), int(trace.prompt_tokens[i]), block_size,
+                         f"{trace.path} request {i + 1}: ")
+
+
 def keys_lower_bound(block_size: int) -> bool:
     """Whether hits on blocks of `block_size` keyed from Mooncake ids are a lower bound (the block does not tile
     the 512-token ids: keyed by the id of its last token, see the module docstring)."""
@@ -142,6 +156,7 @@ def replay_groups(
     keyed = trace.has_prefix_ids and pool.caches
     if keyed:
         check_keys_exact(trace, block_size)
+        check_ids_cover_prompts(trace, block_size)
     trace = in_arrival_order(trace)
     prompts, outputs = trace.prompt_tokens.tolist(), written_outputs(trace.output_tokens).tolist()
     group_hits = [0] * len(groups)

@@ -53,8 +53,6 @@ def test_sim_names_the_file_and_line_order_request_with_too_few_hash_ids(run_cli
     assert result.exit_code == 2 and "few.jsonl request 2: 1536 prompt tokens need 3 hash_ids" in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="core/share/replay_groups.py:151 (R) keys each request as "
-                   "f'request {i + 1}: ' after in_arrival_order, without the file")
 def test_hybrid_share_names_the_file_and_line_order_request_with_too_few_hash_ids(run_cli, tmp_path) -> None:
     from real_configs import write_config
 

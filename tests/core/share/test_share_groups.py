@@ -215,3 +215,20 @@ def test_share_nemotron_h_in_mode_all_holds_a_state_page_per_block():
         scenario = ScenarioSpec(prefix_tokens=10_000, branches=4, gen_tokens=100, block_size=layout.block_size)
         result = run_scenario(scenario, groups=groups, state_mode=mode, check=True)
         assert result.group_blocks == (6, *[state_blocks] * 6) and result.cow_copies == 21
+
+
+def test_too_few_hash_ids_are_named_by_file_line_before_the_replay():
+    import numpy as np
+
+    from kvcalc.core.inputs.traces import Trace
+    from kvcalc.core.pool.groups import PoolGroup
+    from kvcalc.core.share.replay_groups import replay_groups
+
+    # B 4,128 (Nemotron-H's vLLM block: it does not tile 512-token ids): a full block is keyed by the id of its
+    # last token, (4,128 − 1) // 512 = id 8, so a prompt of 4,138 tokens needs 9 ids. Line 2 (which arrives
+    # first) has 1: named as the file's request 2 before anything is replayed
+    trace = Trace("mooncake", "few.jsonl", np.array([50.0, 5.0]), np.array([4_138, 4_138], np.int64),
+                  np.array([4, 4], np.int64), np.array([*range(1, 10), 1], np.int64),
+                  np.array([0, 9, 10], np.int64))
+    with pytest.raises(ValueError, match=r"^few\.jsonl request 2: 4138 prompt tokens need 9 hash_ids"):
+        replay_groups(trace, (PoolGroup("full"), PoolGroup("state")), 4_128, 100, "all")
