@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .paged_run import piece_parts
-from .step_sums import piece_bounds, sum_few
+from .step_sums import piece_bounds
 
 if TYPE_CHECKING:
     from .paged import PagedPolicy
@@ -109,7 +109,8 @@ class LeanBatch:
             mem[4] += parts[4]
             mem[5] += parts[5]
             totals.block_table_byte_s += table_bytes
-            span = sum_few(parts) / capacity  # the parts tile the pool: Σ parts = capacity · Σ d
+            # Σ parts (the parts tile the pool: = capacity · Σ d) as np.add.reduce sums 6 values: step_sums.sum_few
+            span = (((((parts[0] + parts[1]) + parts[2]) + parts[3]) + parts[4]) + parts[5]) / capacity
             totals.running_s += span * n
             waiting = len(s.waiting)
             totals.in_system_s += span * (n + waiting)
