@@ -81,7 +81,7 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
 def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
     """One reference less for each entry of `held` (a block may come several times), and the blocks whose count
     reaches 0 dropped where the one-at-a-time decrements would drop them: at their last entry."""
-    if len(np.unique(held)) == len(held):  # the usual case: each block once
+    if len(set(held.tolist())) == len(held):  # the usual case: each block once (a set: no sort of a few ids)
         refs = store.ref[held] - 1
         store.ref[held] = refs
         assert refs.min(initial=0) >= 0, "a reference count went below zero"
@@ -168,12 +168,12 @@ def _decode(pool: HybridPool, seq_ids: list[Hashable]) -> int:
     store, B, pools = pool.store, pool.block_size, pool.pools
     lasts, grows = [], []
     for seq_id in seq_ids:
-        for p in pools:
-            seq = p.seqs[seq_id]
-            if seq.num_tokens % B:
-                lasts.append(seq.table[seq.num_blocks - 1])
-            else:
-                grows.append(seq)
+        tables = [p.seqs[seq_id] for p in pools]
+        if tables[0].num_tokens % B:  # every group's tables alike (one block size): the last block has room
+            lasts += [seq.table[seq.num_blocks - 1] for seq in tables]
+        else:
+            grows += tables
+        for seq in tables:
             seq.num_tokens += 1
     if lasts:
         store.fill[np.array(lasts, dtype=np.int64)] += 1  # distinct blocks: each in one table

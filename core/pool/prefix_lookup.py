@@ -139,9 +139,25 @@ class PrefixIndex:
             if tokens == num_tokens and len(keys) == len(block_keys) and extra == extra_key and np.array_equal(
                     keys, block_keys):
                 return result
+        for tokens, extra, keys, result in self._probes:  # a kept look-up of a longer prompt with these first keys
+            if tokens >= num_tokens and len(keys) >= len(block_keys) and extra == extra_key and np.array_equal(
+                    keys[: len(block_keys)], block_keys):
+                return self._prefix_probe(result, num_tokens, len(block_keys))
         result = self._probe_now(num_tokens, block_keys, extra_key)
         self._probes = [(num_tokens, extra_key, block_keys.copy(), result), *self._probes[:_KEPT_PROBES - 1]]
         return result
+
+    def _prefix_probe(self, longer: Probe, num_tokens: int, k: int) -> Probe:
+        """The look-up of a prompt of `num_tokens` whose k keys begin a longer prompt's, from that one's (`_probe_now`
+        on the same index): its hashes, homes and finds are the first k (a chain hash and its home slot depend on the
+        blocks before it only), and its verified hits the longer one's up to its own most hit blocks (verification
+        goes block by block from the first: a prefix of the chain verifies alike)."""
+        if k > num_tokens // self.store.block_size:
+            raise ValueError(f"{k} block keys for a {num_tokens}-token prompt, which has only "
+                             f"{num_tokens // self.store.block_size} full blocks of {self.store.block_size}")
+        most = min(k, max(num_tokens - 1, 0) // self.store.block_size)
+        return Probe(longer.hits[:most], longer.hashes[:k], longer.keys[:k], longer.homes[:k], longer.present[:k],
+                     longer.slots[:k], longer.extra_id)
 
     def _probe_now(self, num_tokens: int, block_keys: GivenKeys, extra_key: Hashable) -> Probe:
         B = self.store.block_size

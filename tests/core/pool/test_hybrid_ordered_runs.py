@@ -263,7 +263,8 @@ def test_evictions_up_to_the_first_looked_up_block_and_past_it(name):
 @given(steps=ops, family=st.integers(0, 3), n=st.integers(5, 16), chunks=st.lists(st.integers(1, 16), max_size=4))
 def test_a_first_chunks_plan_from_the_whole_prompts_is_the_look_up(name, steps, family, n, chunks):
     """HybridHits._prefix_plan: a chunk's hit plan taken from its whole prompt's kept one (as the scheduler asks:
-    the whole prompt's hit, then its first chunk) equals the chunk's own look-up, on random pools."""
+    the whole prompt's hit, then its first chunk) equals the chunk's own look-up, on random pools; so does a chain's
+    look-up of the chunk from the whole prompt's kept one (PrefixIndex._prefix_probe)."""
     pool = HybridPool(40, B, LAYOUTS[name])
     prompt = np.array(family_keys(family)[: n // B])  # one array, sliced anew per chunk: views, as the sim's
     for op, seq, fam, k in steps:
@@ -286,3 +287,9 @@ def test_a_first_chunks_plan_from_the_whole_prompts_is_the_look_up(name, steps, 
             assert all((a is None and b is None) or np.array_equal(a, b)
                        for a, b in zip(kept[2], fresh[2], strict=True))
             pool._hit_plan(n, prompt[:], None)  # the whole prompt's kept again
+            extra = (pool.anchor, None)  # the full group's chain: a kept look-up's first keys (PrefixIndex.probe)
+            for tokens in (total, min(total - total % B, n) or total):  # the chunk, and a whole-block prefix of it
+                pool.prefix.probe(n, prompt, extra)
+                short, now = pool.prefix.probe(tokens, prompt[: tokens // B], extra), pool.prefix._probe_now(
+                    tokens, prompt[: tokens // B], extra)
+                assert all(np.array_equal(a, b) for a, b in zip(short, now, strict=True))
