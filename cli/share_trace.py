@@ -5,6 +5,7 @@ and without prefix caching (core/share/replay.py), or per KV cache group for a h
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..core.inputs.trace_text import read_mooncake_lines, read_trace_text
@@ -117,9 +118,15 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     if fmt is Format.table:
         err_console.print(f"replaying {loaded.description} at block {layout.block_size} over "
                           f"{plural(len(groups), 'block table')} …", highlight=False)
+    # A pool past what the whole trace ever allocates evicts nothing: replay in that many (--memory 1PiB was
+    # 858,993,459 blocks of arrays, a MemoryError) and report the capacity asked for.
+    never_full = len(groups) * max(g.weight for g in groups) * sum(
+        -(-(p + o) // layout.block_size) + 2 for p, o in zip(loaded.prompt_tokens.tolist(),
+                                                            loaded.output_tokens.tolist(), strict=True))
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
-        result = replay_groups(loaded, groups, layout.block_size, capacity, layout.mamba_cache_mode,
+        result = replay_groups(loaded, groups, layout.block_size, min(capacity, never_full), layout.mamba_cache_mode,
                                progress=advance)
+    result = dataclasses.replace(result, capacity_blocks=capacity)
     return _trace_groups_report(loaded.description, result, spec, dtype, layout, memory_bytes)
 
 

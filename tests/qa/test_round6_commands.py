@@ -152,6 +152,26 @@ def test_names_and_paths_with_brackets_print_as_written_not_as_rich_markup(run_c
     assert f"wrote {plot}" in " ".join(frag.stderr.split())
 
 
+def test_hybrid_share_replay_with_a_huge_memory_runs_as_one_that_evicts_nothing(run_cli, tmp_path) -> None:
+    # --memory 1PiB on Gemma-3-27B made a pool of 858,993,459 blocks (arrays of them: a MemoryError traceback);
+    # the pool now stops at what the trace can ever allocate, and the capacity asked for is reported
+    from real_configs import write_config
+
+    folder = write_config(tmp_path, "GEMMA3_27B")
+    trace = tmp_path / "t.jsonl"
+    line = '{{"timestamp": {0}, "input_length": 1024, "output_length": 8, "hash_ids": [1, {1}]}}\n'
+    trace.write_text("".join(line.format(i, i + 2) for i in range(3)))
+    huge = run_cli("share", "--config", str(folder), "--trace", "mooncake", str(trace), "--memory", "1PiB", "--json")
+    fits = run_cli("share", "--config", str(folder), "--trace", "mooncake", str(trace), "--memory", "40GiB", "--json")
+    assert huge.exit_code == 0 and fits.exit_code == 0, huge.stderr[-500:]
+    big, small = huge.json(), fits.json()
+    # a block pages 16 tokens of all 62 layers' bytes in the vllm layout: 1.25 MiB; 2^50 B / 1.25 MiB
+    assert big["capacity_blocks"] == 2**50 // (5 * 2**18) == 858_993_459
+    assert small["evictions"] == big["evictions"] == 0
+    for key in ("hit_tokens", "peak_used_blocks", "peak_cached_blocks", "groups"):
+        assert big[key] == small[key], key
+
+
 def _one_error_line(result) -> str:
     assert result.exit_code == 2, (result.exit_code, result.stdout[-500:], result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
