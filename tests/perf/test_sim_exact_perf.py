@@ -46,6 +46,10 @@ INTENDED = {
     # b8ce3c3: a hybrid layout's token slots are the tokens every attention group can hold at once (Gemma-3-27B:
     # blocks // Σ pages per block / block tokens), no longer blocks × block size; the simulation itself is unchanged
     "hybrid sliding window (Gemma-3-27B, H200)": {"/memory_plan/capacity_tokens"},
+    # b475fe8: under mamba_cache_mode none a request holds one state page per state group, counted as a whole state
+    # (tail fragmentation = the attention blocks' unused slots only): Nemotron-H's useful / tail split moves
+    "hybrid Mamba (Nemotron-H-56B, H200)": {f"{top}/memory/{part}" for top in ("", "/policies/paged")
+                                            for part in ("useful", "tail_fragmentation", "useful_of_occupied")},
 }
 
 
