@@ -10,7 +10,7 @@ rescaled to mean rate R. The search
     2. closes a bracket: a passing `lo` and a failing `hi` with (hi − lo) ≤ rel_tol · lo (the stated
        resolution, 2 %), choosing each next rate from the attainments seen so far (rate_steps.py: a secant of
        the attainment's log-odds in ln R, guarded to stay strictly inside the bracket and to halve it at least
-       every other step; while only one end is known, never more than doubling or halving it, up to
+       every third step; while only one end is known, never more than doubling or halving it, up to
        R0 · 2^max_doublings or down to R0 / 2^max_doublings);
     3. returns `lo`, the highest rate *seen* to pass (0 when even R0 / 2^max_doublings fails).
 
