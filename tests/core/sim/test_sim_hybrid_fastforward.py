@@ -68,6 +68,8 @@ PREFIX_CASES = [  # (model and its flags, --limit): sliding (Gemma-3, gpt-oss), 
     (("gemma-3-27b", "--gpu", "h200", "--memory-utilization", "0.5", "--preempt", "swap"), 100),  # swap-ins wait
     (("gpt-oss-120b", "--gpu", "h200", "--tp", "2"), 100),
     (("llama-4-scout", "--gpu", "h200", "--tp", "2"), 100),
+    (("gemma-3-27b", "--gpu", "h200", "--memory-utilization", "0.5", "--timeout", "5"), 100),  # the head times out
+    (("llama-4-scout", "--gpu", "h200", "--tp", "2", "--cancel-fraction", "0.2", "--timeout", "2"), 100),
 ]
 
 
