@@ -114,11 +114,14 @@ def model_doc(model: ModelBytes, dtype_name: str) -> dict[str, Any]:
 
 
 def group_doc(g: GroupBytes) -> dict[str, Any]:
+    """One group's record: `blocks` counts the blocks of all its tables (block ids under vllm), `block_bytes` one
+    of them (one table's block, the group's block across its tables / tables), so blocks × block_bytes =
+    allocated_bytes."""
     group = g.group
     return {
         "kind": group.kind, "source": group.source, "window": group.window, "layers": group.layers,
         "padded_layers": group.padded_layers, "block_tables": group.tables, "block_tokens": group.block_tokens,
-        "block_bytes": group.block_bytes, "blocks": g.block_ids, "useful_bytes": g.useful_bytes,
+        "block_bytes": group.block_bytes // group.tables, "blocks": g.block_ids, "useful_bytes": g.useful_bytes,
         "allocated_bytes": g.allocated_bytes, "padding_bytes": g.padding_bytes,
         "block_table_bytes": g.block_table_bytes,
     }

@@ -102,6 +102,9 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
     kinds = {g.kind for g in layout.groups}
     text = (f"Bytes in IEC units (KiB = 2^10 B); one block table per sequence per KV cache group "
             f"({model.kv_cache_groups})")
+    if model.kv_cache_groups > 1:
+        text += ("; in the KV cache groups table, block = one block of one table (one block id under vllm), "
+                 "blocks held = the blocks of all the group's tables, so allocated = block × blocks held")
     if "sliding" in kinds:
         text += "; sliding-window layers keep only the blocks that hold one of the last W tokens"
     if "chunked" in kinds:
