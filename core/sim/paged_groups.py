@@ -7,10 +7,12 @@ group; a model with sliding-window, chunked or recurrent layers runs here. The d
 * every growth goes to the pool at once: each group first frees what its layers no longer read (a block
   that left the window, an old chunk, a replaced state page), then the sum over groups of the new blocks
   must fit (vLLM's remove_skipped_blocks, then allocate_slots);
-* runs of decode steps are done at once only without prefix caching, forks or speculative slots (then every
-  used block is in one table and what each group holds is a closed form of the lengths: `decode_run`,
-  `run_memory`, `advance_run`), and never through a finish (a run stops at the first); the engine accounts
-  them step by step in step order, so every figure is the one stepping gives, bit for bit;
+* runs of decode steps are done at once without forks or speculative slots: without prefix caching every used
+  block is in one table and what each group holds is a closed form of the lengths (`decode_run`, `run_memory`,
+  `advance_run`; past finishes when nobody waits: fastforward_groups); with it, on a pool without state groups,
+  a run is planned from counts and applied where blocks change (core/pool/hybrid_runs.py; group_prefix_runs: a
+  run stops at the first finish, and while a request waits only as long as its refusal provably stands); the
+  engine accounts them step by step in step order, so every figure is the one stepping gives, bit for bit;
 * the memory parts are the pool's own (state pages count as used blocks), and `group_blocks` says how many
   blocks each group holds, for the report.
 """
