@@ -27,25 +27,25 @@ import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from .decode_plan import decode_steps_plan
-from .engine import PROGRESS_EVERY, STOP_EVERY
+from .engine import PROGRESS_EVERY, STOP_EVERY, Engine
 from .lean_runs import LeanBatch
 from .paged import PagedPolicy
 from .record import CANCELLED, COMPLETED, RUNNING, WAITING
+from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .engine import Engine
-    from .scheduler import Scheduler
     from .steptime import StepTimeModel
 
 def applies(engine: Engine, steptime: StepTimeModel) -> bool:
     """The run is one the lean loop takes whole (module docstring)."""
     s, policy = engine.scheduler, engine.policy
-    return (type(policy) is PagedPolicy and policy.lazy_admission and s.config.preempt == "recompute"
-            and s.config.timeout_s is None and not s.align_block and s.token_ids is None and not s.unborn
-            and s.is_fork is None and not steptime.sliding_share and policy.owed_blocks == 0
-            and not policy.pool.seqs and policy.pool.num_free_blocks == policy.pool.num_blocks)
+    return (type(engine) is Engine and type(s) is Scheduler and type(policy) is PagedPolicy  # no subclass's hooks
+            and policy.lazy_admission and s.config.preempt == "recompute" and s.config.timeout_s is None
+            and not s.align_block and s.token_ids is None and not s.unborn and s.is_fork is None
+            and not steptime.sliding_share and policy.owed_blocks == 0 and not policy.pool.seqs
+            and policy.pool.num_free_blocks == policy.pool.num_blocks)
 
 
 class LeanLoop(LeanBatch):

@@ -11,10 +11,13 @@ a quiet machine, is then a ratio: sim CPU <= GOAL_S / REFERENCE_QUIET_S x the re
 Linearity: CPU seconds at 10 / 50 / 100 % of the trace's requests, less the start-up (a one-request run), fitted
 as a power law; the exponent must stay <= 1.2. Memory per request: the slope of peak RSS from 10 % to 100 %.
 
-Where it stands (round 6, measured on the loaded 2-core machine, min of interleaved runs, against 0545861): the whole
-trace 3.93 -> 3.33 s CPU whole process (the engine alone, in-process: 3.50 -> 2.67 s; start-up ~0.6 s); the reachable
---max-rate search (attainment 0.8, 9 runs) 27.7 -> 25.7 s, mostly runs through finishes at low load. Both goals (2 s,
-10 s) are NOT met: the first test and the reachable-search tests fail on purpose until they are.
+Where it stands (round 7, loaded 2-core machine, min of interleaved runs): the plain run goes through the lean loop
+(core/sim/lean.py: the running batch in plain lists, every figure byte-identical). Whole process against the tree at
+the round's start (715aa7a): 3.98 -> 2.28 s CPU (0.57x); against b25049f 5.41 -> 1.91 s (0.35x); the engine alone,
+in-process: 2.97 -> 1.31 s (0.44x). Against the reference loop the first test measured 5.4x (1.74 s, ~2.0 s quiet)
+and 6.1x (1.97 s) in two runs under different load (goal 5.4x): borderline, not met with a margin; start-up ~0.35 s
+of it; the first test fails whenever the ratio is over the goal. The reachable --max-rate search is the search's
+own work this round (core/sim/search.py, rate_steps.py).
 """
 
 from __future__ import annotations
