@@ -136,9 +136,11 @@ def parse_capacities(text: str) -> list[CapacityValue]:
     if not text.strip() or any(not p.strip() for p in parts):
         raise ParameterError(f"capacity {text!r} has an empty value: write e.g. 1GiB,4GiB or 1M:64M", "capacity")
     values: list[CapacityValue] = []
+    origins: list[str] = []  # how each value was typed, for the repeat error
     for part in parts:
         if ":" not in part:
             values.append(_one_capacity(part))
+            origins.append(repr(part.strip()))
             continue
         fields = part.split(":")
         if len(fields) not in (2, 3):
@@ -150,11 +152,30 @@ def parse_capacities(text: str) -> list[CapacityValue]:
                                  "capacity")
         grid = np.geomspace(low.amount, high.amount, count)
         amounts = [low.amount, *(round(float(a)) for a in grid[1:-1]), high.amount]
+        if len(set(amounts)) < count:
+            raise ParameterError(f"capacity range {part!r} rounds to only {len(set(amounts))} distinct whole "
+                                 f"amounts for {count} points: ask fewer points or a wider range", "capacity")
         values += [CapacityValue(a, low.unit, format_count(a) if low.unit == "tokens" else format_bytes(a))
                    for a in amounts]
+        origins += [f"{v.text!r} (a point of {part.strip()!r})" for v in values[-len(amounts):]]
     if len(values) > MAX_SWEEP_POINTS:
         raise ParameterError(f"capacity gives {len(values)} points: at most {MAX_SWEEP_POINTS}", "capacity")
+    _refuse_repeats(values, origins)
     return values
+
+
+def _refuse_repeats(values: list[CapacityValue], origins: list[str]) -> None:
+    """A capacity given twice (as typed, written another way, or a range's point) would print the same row twice."""
+    seen: dict[tuple[str, int], str] = {}
+    for value, origin in zip(values, origins, strict=True):
+        first = seen.setdefault((value.unit, value.amount), origin)
+        if first is origin:
+            continue
+        amount = format_count(value.amount) + " tokens" if value.unit == "tokens" else format_bytes(value.amount)
+        if first == origin:
+            raise ParameterError(f"capacity {origin} is given twice: give each size once", "capacity")
+        raise ParameterError(f"capacity gives {amount} twice, as {first} and as {origin}: give each size once",
+                             "capacity")
 
 
 def _points(text: str, part: str) -> int:
