@@ -21,11 +21,25 @@ def decode_steps_plan(tokens: np.ndarray | list[int], block_size: int, spare: in
     n, B = len(tokens), block_size
     periods, rest = divmod(spare, n)
     if n <= SMALL_BATCH and B <= SMALL_BATCH:  # the same counts in plain ints
-        counts = [0] * (B + 1)
-        for t in tokens.tolist() if isinstance(tokens, np.ndarray) else tokens:
-            counts[(-t) % B + 1] += 1
-        first = list(accumulate(counts))
+        first = list(accumulate(boundary_counts(tokens.tolist() if isinstance(tokens, np.ndarray) else tokens, B),
+                                initial=0))
         return periods * B + bisect_right(first, rest) - 1, first
     cum = np.zeros(B + 1, dtype=np.float64)
     np.cumsum(np.bincount((-np.asarray(tokens, np.int64)) % B, minlength=B), out=cum[1:])
     return periods * B + int(np.searchsorted(cum, rest, side="right")) - 1, cum
+
+
+def boundary_counts(tokens: list[int], block_size: int) -> list[int]:
+    """counts[r]: the requests (holding `tokens`) whose next block boundary is crossed in decode step r of every B:
+    (t + r) % B == 0, r = (−t) mod B (decode_steps_plan's plan is their running sum)."""
+    counts = [0] * block_size
+    for t in tokens:
+        counts[-t % block_size] += 1
+    return counts
+
+
+def steps_covered(counts: list[int], spare: int) -> int:
+    """decode_steps_plan's steps from boundary_counts: the most decode steps `spare` free blocks cover."""
+    B = len(counts)
+    periods, rest = divmod(spare, sum(counts))
+    return periods * B + bisect_right(list(accumulate(counts, initial=0)), rest) - 1

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
-from .decode_plan import decode_steps_plan
+from .decode_plan import boundary_counts, steps_covered
 from .engine import PROGRESS_EVERY, STOP_EVERY, Engine
 from .lean_runs import LeanBatch
 from .paged import PagedPolicy
@@ -56,7 +56,7 @@ class LeanLoop(LeanBatch):
         self.engine, self.s, self.totals, self.advance = engine, engine.scheduler, engine.totals, advance
         policy = engine.policy
         assert isinstance(policy, PagedPolicy), "applies() takes only the paged policy"
-        self.policy, self.st = policy, steptime
+        self.policy, self.st, self.step_s = policy, steptime, steptime.step_fn()  # step_s without swaps or windows
         self.steps_float = np.arange(1024, dtype=np.float64)  # 0, 1, 2, … (lean_runs)
         self.B, self.free, self.capacity = policy.block_size, policy.pool.num_blocks, policy.capacity_slots
         s = self.s
@@ -109,8 +109,9 @@ class LeanLoop(LeanBatch):
         elif (k := min(self.rem)) < 2:
             self._steady(n)  # one step at most before a finish: no run (its plan need not be counted)
         else:
-            k_memory, plan = decode_steps_plan(self.tok, self.B, self.free - self.owed)
-            if not (min(k, k_memory) >= 2 and self._segment(min(k, k_memory), plan)):
+            counts = boundary_counts(self.tok, self.B)  # decode_steps_plan's, in plain ints
+            k_memory = steps_covered(counts, self.free - self.owed)
+            if not (min(k, k_memory) >= 2 and self._segment(min(k, k_memory), counts)):
                 self._steady(n)
 
     def _can_admit_head(self, budget: int) -> bool:
@@ -138,8 +139,7 @@ class LeanLoop(LeanBatch):
             tokens += new
             positions += new * (new + 1) // 2
             moved += 2 * new
-        d = float(self.st.step_s(float(tokens), float(positions), float(moved), 0.0, 0.0, 0.0,
-                                 float(n + len(chunks))))
+        d = self.step_s(float(tokens), float(positions), float(moved), float(n + len(chunks)))
         self.tok = tok = [t + 1 for t in tok]
         tok.extend(chunks)
         self._account(d, context + tokens - n)  # Σ tok: each running request one more, the chunks admitted
@@ -222,7 +222,7 @@ class LeanLoop(LeanBatch):
             break
         m = len(running)
         positions = sum(tok) + m
-        d = float(self.st.step_s(float(m), float(positions), float(positions + m), 0.0, 0.0, 0.0, float(m)))
+        d = self.step_s(float(m), float(positions), float(positions + m), float(m))
         self.tok = tok = [t + 1 for t in tok]
         self.rem = [r - 1 for r in self.rem]
         self._account(d, sum(tok))
@@ -251,10 +251,10 @@ class LeanLoop(LeanBatch):
         s.waiting.appendleft(rid)
 
     # ---- a run of decode steps ----------------------------------------------------------------------
-    def _segment(self, k: int, first: list | np.ndarray) -> bool:
+    def _segment(self, k: int, counts: list[int]) -> bool:
         """FastForward._segment for a paged run through arrivals (someone waits, no timeout: up to the first finish
         or the memory limit): lean_runs.decode_run; then who reached the last token leaves."""
-        if not self.decode_run(k, first):
+        if not self.decode_run(k, counts):
             return False
         self._leave()
         self.s.steady = True

@@ -46,10 +46,10 @@ class LeanBatch:
     itl_weight: list[int]  # and how many requests saw each
     steps_float: np.ndarray  # 0, 1, 2, … as floats (more than any run's steps)
 
-    def decode_run(self, k: int, first: list | np.ndarray) -> bool:
+    def decode_run(self, k: int, counts: list[int]) -> bool:
         """FastForward._segment's run of up to k decode steps of the lean loop's batch through arrivals, from the
         loop's lists: accounted piece by piece, then the batch's tokens, tokens to go, owed blocks and inter-token gaps
-        moved on (leaving is the caller's). `first`: decode_steps_plan's running counts of first block boundaries.
+        moved on (leaving is the caller's). `counts`: decode_plan.boundary_counts of the batch.
         False (nothing done): the first piece is one step (the general step takes it)."""
         s, tok = self.s, self.tok
         n = len(tok)
@@ -68,10 +68,9 @@ class LeanBatch:
             pieces = piece_bounds(ends, k, s.arrival_list, s.next_arrival)
             if pieces[1] < 2:
                 return False
-        first = first if isinstance(first, list) else [int(c) for c in first.tolist()]
-        # need(m), the blocks the first m steps take, for m = 1 .. k: step j takes those of the requests whose first
-        # boundary step is j mod B (first's increments), a running sum
-        need = list(accumulate(islice(cycle(list(map(sub, first[1:], first[:-1]))), k)))
+        # need(m), the blocks the first m steps take, for m = 1 .. k: step j takes those of the requests whose
+        # boundary step is j mod B, a running sum
+        need = list(accumulate(islice(cycle(counts), k)))
         done = self._account_pieces(d, d_array, ends, pieces, need)
         self.itl += map(sub, ends[1 : done + 1], ends[:done])  # as step by step: now − last token
         self.itl_weight += [n] * done

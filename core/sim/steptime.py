@@ -41,6 +41,7 @@ bench` run divided by this GPU's datasheet bandwidth.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,23 @@ class StepTimeModel:
         token included) and writing one KV token; `excess` = Σ max(context − W, 0) (sliding windows)."""
         return self.step_s(float(num_seqs), context_sum, context_sum + float(num_seqs), 0.0, excess, excess,
                            float(num_seqs))
+
+    def step_fn(self) -> Callable[[float, float, float, float], float]:
+        """step_s(tokens, attn_positions, kv_tokens_moved, 0.0, 0.0, 0.0, num_seqs) of plain floats without a sliding
+        window, as a function over the coefficients read once: step_s's operations in the same order."""
+        assert not self.sliding_share, "a sliding window's excess needs the chunks (chunk_excess)"
+        fpt, afp, cspf, kvb, kvs, over = (self.flops_per_token, self.attn_flops_per_position, self.compute_s_per_flop,
+                                          self.kv_bytes_per_token, self.kv_s_per_byte, self.overhead_s)
+        weights_s, moe, share = self.weights_s, bool(self.num_experts), self.weights_read_share
+        state = 2.0 * self.state_bytes_per_seq
+
+        def step(tokens: float, positions: float, moved: float, num_seqs: float) -> float:
+            compute = (fpt * tokens + afp * positions) * cspf
+            weights = weights_s * float(share(tokens)) if moe else weights_s
+            moved_bytes = moved * kvb + state * num_seqs if state else moved * kvb
+            return max(compute, weights + moved_bytes * kvs) + over
+
+        return step
 
     def decode_run_s(self, num_seqs: int, context0: int, k: int) -> list[float]:
         """decode_steps_s(num_seqs, context0 + num_seqs·j) for steps j = 0 .. k−1 without a sliding window, as a list:

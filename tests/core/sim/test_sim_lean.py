@@ -170,3 +170,17 @@ def test_decode_run_s_is_decode_steps_s(n, context0, k, coefficients, moe, state
     steps = np.arange(k, dtype=np.float64)
     expected = np.asarray(model.decode_steps_s(n, context0 + n * steps, 0.0), dtype=np.float64)
     assert np.array_equal(np.array(model.decode_run_s(n, context0, k), dtype=np.float64), expected[:k])
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.tuples(*[st.integers(1, 10**7).map(float) for _ in range(4)]),
+       coefficients=st.tuples(*[st.floats(1e-12, 1e12) for _ in range(6)]), moe=st.booleans(),
+       state=st.sampled_from([0, 1 << 20]))
+def test_step_fn_is_step_s(args, coefficients, moe, state) -> None:
+    fpt, afp, cspf, weights_s, kvs, overhead = coefficients
+    model = StepTimeModel(fpt, afp, 327_680, cspf, weights_s, kvs, overhead, 1e10, state_bytes_per_seq=state,
+                          **({"moe_dense_share": 0.2, "moe_expert_share": 0.01, "num_experts": 64,
+                              "experts_per_token": 8} if moe else {}))
+    tokens, positions, moved, seqs = args
+    assert model.step_fn()(tokens, positions, moved, seqs) == model.step_s(tokens, positions, moved, 0.0, 0.0, 0.0,
+                                                                           seqs)
