@@ -7,6 +7,7 @@ from fractions import Fraction
 
 from ..core.frag import FragAnalysis, ModelBytes, SpeculativePeaks
 from ..core.inputs.lengths import Lengths
+from ..core.model.kv_groups import VLLM_BLOCK_SIZES
 from ..core.notes import concat
 from ..core.spec_decode import SPEC_METHODS
 from ..core.units import format_bytes, format_count, plural
@@ -123,9 +124,15 @@ def model_notes(model: ModelBytes, sweep: bool) -> list[str]:
                      "every layer holds every position at the block size asked for; the KV bytes tables apply "
                      "them at the block size used.")
     best = model.best
+    refused = layout.layout == "vllm" and not any(kv.engine_accepts for kv in model.paged)
+    if refused:
+        notes.append(f"None of the sizes given ({', '.join(str(kv.block_size) for kv in model.paged)}) is one vLLM's "
+                     f"block_size accepts ({', '.join(map(str, VLLM_BLOCK_SIZES))}): their figures are for blocks "
+                     "vLLM would refuse.")
     if len(best.candidates) > 1:
         used = f" (paged as {format_count(best.used_block_size)})" if best.used_block_size != best.block_size else ""
-        among = "the sizes given that vLLM's block_size accepts" if layout.layout == "vllm" else "the sizes given"
+        among = ("the sizes given that vLLM's block_size accepts" if layout.layout == "vllm" and not refused
+                 else "the sizes given")
         notes.append(f"Best block size for {BEST_OBJECTIVE}: B = {best.block_size}{used}, "
                      f"{format_bytes(best.held_bytes)}; chosen among {among}: "
                      f"{', '.join(str(b) for b in best.candidates)}.")
