@@ -206,3 +206,24 @@ def test_search_against_plain_bisection(seed, target, slo, max_len, rate):
     assert verdicts[lo] if lo > 0 else not any(verdicts.values())  # 0: no rate run passed
     if not np.isinf(hi):
         assert not verdicts[hi] and (hi - lo <= 0.02 * lo or lo == 0)
+
+
+def test_known_rejections_decide_a_failing_run_earlier():
+    """Told how many requests are rejected at any rate, a failing run is certain no later than without, and
+    strictly earlier at some rate (the rejections still to arrive are counted from the start); a passing run
+    stops at the same point (only misses move)."""
+    setup = build(SimOptions(requests=400, rate="2", slo="ttft=1", find_max_rate=True, target_attainment=0.85,
+                             max_model_len=900))
+    rejected = int(np.count_nonzero(run_policy(setup.workload, "paged", setup.sim).status == REJECTED))
+    earlier = 0
+    for rate in (1, 2, 4, 8, 16):
+        w = setup.workload.at_rate(rate)
+        told, blind = Verdict(setup.slo, 0.85, rejected), Verdict(setup.slo, 0.85)
+        run_until(w, "paged", setup.sim, told)
+        run_until(w, "paged", setup.sim, blind)
+        assert told.decided == blind.decided or (told.decided and not blind.decided)
+        if told.decided and blind.decided:
+            assert told.passes == blind.passes
+            assert told.arrived <= blind.arrived if not told.passes else told.arrived == blind.arrived
+            earlier += told.arrived < blind.arrived
+    assert earlier >= 1
