@@ -16,7 +16,8 @@ Each tick is what FastForward.advance (or the plain step) does in the same state
 
 Anything else (a batch that is not steady: a prefill chunk; nobody waiting: a run through finishes) is handed to the
 fast path or the plain step after the lists are written back (`_sync_out`), and read again after (`_sync_in`). Step
-times are the step-time model's own calls with the same arguments; every float is summed in the same order.
+times are step_s's operations in the same order (StepTimeModel.step_fn, decode_run_s); every float is summed in the
+same order as the fast path sums it (tests/core/sim/test_sim_lean.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .steptime import StepTimeModel
+
 
 def applies(engine: Engine, steptime: StepTimeModel) -> bool:
     """The run is one the lean loop takes whole (module docstring)."""
@@ -66,9 +68,7 @@ class LeanLoop(LeanBatch):
         self.unsampled: list[int] = []  # admitted in the last step without completing their prompt
         self.gen: list[int] = s.generated.tolist()  # tokens generated per request: current for those not running
         self.synced: list[int] = []  # the requests whose holdings the policy was last told of (_sync_out/_sync_in)
-        self.mem: list[float] = []  # RunTotals.memory_slot_s, summed here between write-backs
-        self.itl: list[float] = []  # inter-token latencies since the last write-back,
-        self.itl_weight: list[int] = []  # and how many requests saw each
+        self.mem, self.itl, self.itl_weight = [], [], []  # LeanBatch's: gathered here between write-backs
         self._sync_in()
 
     def run(self, stop: Callable[[Scheduler], bool] | None) -> bool:
