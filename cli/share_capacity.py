@@ -101,10 +101,10 @@ def parse_options(
     mode = "exclusive" if tier_mode is None else tier_mode.strip().lower()
     if mode not in MODES:
         raise ValueError(f"--tier-mode {tier_mode!r} is not one of {', '.join(MODES)}")
-    for value in [*capacities, *(tiers or ())]:
+    tier_flags = ("--gpu-cache", "--host-cache", "--disk-cache")
+    for flag, value in [*(("--capacity", v) for v in capacities), *zip(tier_flags, tiers or (), strict=False)]:
         if value.unit == "bytes" and spec is None:
-            raise ValueError(f"{value.text} is bytes: give a model (--model) to turn bytes into blocks, or tokens "
-                             "(e.g. 3M)")
+            raise ValueError(f"{flag} {value.text!r} is bytes: give a model (--model) for its blocks, or tokens (3M)")
     if tp is not None:
         check_tp(tp)
     if gpu is not None and tiers is None:

@@ -54,3 +54,14 @@ def test_distinct_capacities_still_pass(run_cli, tmp_path: Path) -> None:
 def test_repeated_block_size_is_refused(run_cli, tmp_path: Path) -> None:
     args = ("share", "--trace", "mooncake", str(_trace(tmp_path)), "--capacity", "1M", "--blocks", "16,16")
     _one_line_error(run_cli(*args), "--blocks", "'16,16'", "distinct")
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (("--capacity", "1M,1GiB"), "--capacity '1GiB'"),
+    (("--gpu-cache", "40GiB"), "--gpu-cache '40GiB'"),
+    (("--gpu-cache", "1M", "--host-cache", "1TB"), "--host-cache '1TB'"),
+])
+def test_bytes_without_a_model_name_the_option(run_cli, tmp_path: Path, args: tuple[str, ...], flag: str) -> None:
+    # was 'error: 1GiB is bytes: give a model ...', the option left out
+    _one_line_error(run_cli("share", "--trace", "mooncake", str(_trace(tmp_path)), *args), flag, "is bytes",
+                    "--model")
