@@ -142,5 +142,7 @@ def speculative_doc(peaks: SpeculativePeaks) -> dict[str, Any]:
         }
         if p.peak_bytes is not None:
             entry.update(peak_allocated_kv_bytes=p.peak_bytes.allocated_kv_bytes, extra_kv_bytes=p.extra_kv_bytes)
+        if p.peak_bytes is not None and p.peak_bytes.allocated_state_bytes:  # extra_kv_bytes holds these pages too
+            entry["peak_allocated_state_bytes"] = p.peak_bytes.allocated_state_bytes
         entries.append(entry)
     return {**speculation_doc(peaks.speculation), "paged": entries}

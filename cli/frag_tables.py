@@ -31,8 +31,11 @@ def speculative_table(peaks: SpeculativePeaks, doc: dict[str, Any]) -> Table:
         Field("concurrency_ratio", "concurrency vs plain", format_percent),
     ]
     if peaks.block_sizes[0].peak_bytes is not None:
-        fields += [Field("peak_allocated_kv_bytes", "peak KV", format_bytes),
-                   Field("extra_kv_bytes", "extra KV", format_bytes)]
+        state = "peak_allocated_state_bytes" in records[0]  # a recurrent model: the extra holds its state pages
+        fields.append(Field("peak_allocated_kv_bytes", "peak KV", format_bytes))
+        if state:
+            fields.append(Field("peak_allocated_state_bytes", "peak state", format_bytes))
+        fields.append(Field("extra_kv_bytes", "extra (KV + state)" if state else "extra KV", format_bytes))
     fields += [Field(key) for key in common]
     title = (f"Speculative decoding: {plural(speculation.spec_tokens, 'draft')} + "
              f"{plural(speculation.lookahead_slots, 'lookahead slot')} per step ({speculation.method}), peak blocks "
