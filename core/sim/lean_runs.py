@@ -54,6 +54,9 @@ class LeanBatch:
         s, tok = self.s, self.tok
         n = len(tok)
         context0 = sum(tok) + n  # Σ (c_i + 1): step j attends context0 + n·j positions
+        if s.next_arrival < s.num_requests and s.arrival_list[s.next_arrival] <= s.now_s + self.st.decode_run_s(
+                n, context0, 1)[0]:
+            return False  # an arrival by the end of step 0 (ends[1]): piece_bounds' first piece would be one step
         if k >= len(self.steps_float):
             self.steps_float = np.arange(2 * k + 2, dtype=np.float64)
         if k <= LIST_STEPS:
