@@ -166,7 +166,10 @@ def groups_table(model: ModelBytes) -> Table:
         Field("padding_bytes", "padding", format_bytes),
         Field("block_table_bytes", "block tables", format_bytes),
     ]
-    return record_table(f"KV cache groups — layout {model.layout}", fields, records)
+    title = f"KV cache groups — layout {model.layout}"
+    if len(shown) < len(model.paged):
+        title += f", best block size only (B = {model.best.block_size}; --json has every size)"
+    return record_table(title, fields, records)
 
 
 def _group_name(record: dict[str, Any]) -> str:

@@ -61,3 +61,11 @@ def test_speculative_without_state_keeps_its_columns(run_cli) -> None:
     assert [c.strip() for c in header.strip().strip("|").split("|")][-2:] == ["peak KV", "extra KV"]
     doc = run_cli("frag", "--model", "gemma-3-27b", "--lengths", "100,5000", "--spec-tokens", "3", "--json").json()
     assert "peak_allocated_state_bytes" not in doc["speculative"]["paged"][0]
+
+
+def test_groups_table_says_it_shows_the_best_block_size_only(run_cli) -> None:
+    # more than two block sizes: the groups table keeps the best one's rows, and its title says so (it did not)
+    out = run_cli("frag", "--model", "gemma-3-27b", "--block", "16", "--block", "32", "--block", "64").stdout
+    assert "KV cache groups — layout vllm, best block size only (B = 16; --json has every size)" in out
+    two = run_cli("frag", "--model", "gemma-3-27b", "--block", "16", "--block", "32").stdout
+    assert "KV cache groups — layout vllm\n" in two
