@@ -28,11 +28,9 @@ from typing import Any
 import numpy as np
 
 from .engine import Engine
-from .fastforward_groups import grouped_run_through_finishes
 from .lean import LeanLoop
 from .lean import applies as lean_applies
 from .paged import PagedPolicy
-from .paged_groups import GroupedPagedPolicy
 from .paged_run import PagedRun, run_pieces
 from .record import RunTotals
 from .scheduler import Scheduler
@@ -55,7 +53,7 @@ class FastForward:
         self._remaining: list[int] = []  # tokens to go of each running request, as _segment_length saw them
         self._floor_s: float | None = None  # the shortest decode step (one request, no context)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
-        self._grouped = isinstance(engine.policy, GroupedPagedPolicy)  # runs_decode may change: asked each time
+        self._grouped = not self._paged and _is_grouped(engine.policy)  # runs_decode may change: asked each time
         self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
 
     def whole_loop(self) -> LeanLoop | None:
@@ -298,6 +296,7 @@ class FastForward:
         """A run of decode steps on a hybrid pool (GroupedPagedPolicy.decode_run): the memory of every step in
         closed form, accounted as stepping accounts it — each integral summed step by step in step order
         (cumsum), so every figure is the one `_steady_step` gives, bit for bit."""
+        from .paged_groups import GroupedPagedPolicy
         s, totals, policy = self.scheduler, self.totals, self.policy
         assert isinstance(policy, GroupedPagedPolicy), "runs_decode is GroupedPagedPolicy's"
         run = s.running_ids
@@ -343,6 +342,7 @@ class FastForward:
         run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
         more than j tokens to go; its time uses n_j and their context sum S_j, summed in step order."""
         if self._runs_decode():
+            from .fastforward_groups import grouped_run_through_finishes
             return grouped_run_through_finishes(self)  # a hybrid pool's
         s, st, totals = self.scheduler, self.steptime, self.totals
         run = s.running_ids
@@ -403,3 +403,9 @@ def _admitted_tokens(s: Scheduler, totals: RunTotals, sampled_admitted: list[int
     for rid in sampled_admitted:
         if first_token_s[rid] != first_token_s[rid]:  # NaN: no token yet
             first_token_s[rid] = s.now_s
+
+
+def _is_grouped(policy: object) -> bool:
+    """Whether `policy` is a hybrid pool's (paged_groups: imported here, so a plain run never loads it)."""
+    from .paged_groups import GroupedPagedPolicy
+    return isinstance(policy, GroupedPagedPolicy)

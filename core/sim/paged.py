@@ -11,7 +11,6 @@ import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from ..pool.block_pool import BlockPool, ReleaseReason
-from ..share.replay_groups import check_ids_key_blocks, trace_block_keys
 from .decode_plan import SMALL_BATCH, decode_steps_plan
 from .policies import UNLIMITED_STEPS
 
@@ -321,6 +320,7 @@ def mooncake_prompt_keys(hash_ids: np.ndarray, hash_offsets: np.ndarray, prompt:
     (core/share/replay_groups.trace_block_keys: exact when B tiles the 512-token ids, see
     traces.mooncake_block_keys; a block that does not — a Mamba hybrid's forced block — by the id holding its
     last token, hits then a lower bound); the ids are checked to be prefix-chained first where a key is one id."""
+    from ..share.replay_groups import check_ids_key_blocks, trace_block_keys  # prefix caching only
     check_ids_key_blocks(hash_ids, hash_offsets, block_size)
     return [
         trace_block_keys(hash_ids[hash_offsets[i] : hash_offsets[i + 1]], int(prompt[i]), block_size,

@@ -19,7 +19,6 @@ from .fastforward import FastForward
 from .options import DEFAULT_POLICY
 from .paged import PagedPolicy
 from .paged_exact import ExactPagedPolicy
-from .paged_groups import GroupedPagedPolicy
 from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
@@ -71,6 +70,7 @@ def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_t
             if exact_block_tables:
                 raise ValueError("a hybrid model's pool has one block table per group: an executor that reads "
                                  "block tables cannot run on it yet")
+            from .paged_groups import GroupedPagedPolicy  # a hybrid's only: a plain run never loads it
             return GroupedPagedPolicy(setup.capacity_blocks, setup.block_size, setup.groups, setup.state_mode, n,
                                       keys, setup.scheduler.max_batched_tokens, page_bytes=setup.page_bytes)
         policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy

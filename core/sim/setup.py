@@ -34,8 +34,7 @@ from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
 from ..model.vllm_memory import DEFAULT_VLLM_VERSION, get_version
 from ..notes import Note, concat
-from ..pool.groups import check_state_mode_given
-from ..share.replay_groups import keys_lower_bound
+from ..pool.groups import check_state_mode_given, pool_groups
 from ..spec_decode import with_config_drafter
 from .checks import (
     CONSTRUCTED_ONLY,
@@ -60,7 +59,6 @@ from .options import (
     DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S,
     SimOptions,
 )
-from .paged_groups import pool_groups
 from .run import choose_policies
 from .scheduler import SchedulerConfig
 from .search import check_attainment, check_search
@@ -183,7 +181,7 @@ def build(o: SimOptions) -> SimJob:
         if hybrid:
             check_align_block_fits(o, layout, plan.block_size)
     notes += model_notes(spec, steptime)
-    lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
+    lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and _keys_lower_bound(plan.block_size)
     refusals = start_refusals(o, spec, notes)
     return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
                   slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
@@ -279,11 +277,18 @@ def _mooncake_keys_note(block_size: int, hybrid: bool) -> str:
     if not hybrid:
         check_mooncake_block_size(block_size)
         return note
-    if keys_lower_bound(block_size):
+    if _keys_lower_bound(block_size):
         note += (f"; a block of {block_size:,} tokens does not tile the ids' {MOONCAKE_BLOCK_TOKENS} tokens, so each "
                  "block is keyed by the id holding its last token: two prompts that share a block but differ later "
                  "in that id miss, and the hits are a lower bound")
     return note
+
+
+def _keys_lower_bound(block_size: int) -> bool:
+    """core/share/replay_groups.keys_lower_bound, imported only by a hybrid run with prefix caching (it brings
+    the hybrid pool's modules, ~0.1 s of a plain run's start-up)."""
+    from ..share.replay_groups import keys_lower_bound
+    return keys_lower_bound(block_size)
 
 
 def _steptime(o: SimOptions, spec: ModelSpec, plan: MemoryPlan, notes: list[str]) -> tuple[StepTimeModel, str]:
