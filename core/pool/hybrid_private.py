@@ -208,11 +208,14 @@ class HybridPrivate(HybridLayout):
         self._changed()
 
     # ---- growth -----------------------------------------------------------------------------------
-    def advance_private(self, seq_ids: Sequence[Hashable], num_tokens: int, chunk: int, check: bool = True) -> bool:
+    def advance_private(self, seq_ids: Sequence[Hashable], num_tokens: int, chunk: int, check: bool = True,
+                        credit: bool = True) -> bool | None:
         """Every sequence `num_tokens` tokens longer in every group, appended `chunk` at a time (see the module
         docstring), in a private pool. `check`: when the growth does not fit, free only what the groups let go
         before the first append and return False (as `free_skipped_many` then a refused check); without it, a
-        growth that does not fit raises PoolExhaustedError and changes nothing."""
+        growth that does not fit raises PoolExhaustedError and changes nothing. `credit=False` (with `check`): the
+        blocks the step frees are not counted as free for its growth; None where it then does not fit, nothing
+        changed (the caller grows request by request, as vLLM: GroupedPagedPolicy._grow_in_order)."""
         self._private_check("advance_private")
         if num_tokens <= 0 or not seq_ids:
             return True
@@ -220,7 +223,9 @@ class HybridPrivate(HybridLayout):
         columns = list(zip(pools[0]._live(seq_ids, "appended to"), *([p.seqs[i] for i in seq_ids] for p in pools[1:]),
                            strict=True))
         plan, need, gone = self._private_plan(columns, num_tokens, chunk)
-        free_now = len(self.store.queue) + (0 if pools[0]._in_step else gone)
+        free_now = len(self.store.queue) + (0 if pools[0]._in_step or not credit else gone)
+        if need > free_now and not credit and check:  # frees not credited: nothing done, the caller steps in order
+            return None
         if need > free_now:
             if not check:
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "

@@ -3,8 +3,9 @@ something happens, leaving the pool exactly as k steps of the per-sequence loop 
 
 A decode step of the batch `seq_ids` (every sequence one token, no keyed block completed) is, in the loop's order:
 
+    need ≤ free blocks                   the step fits before anything is freed (else stepping goes request by
+                                         request, as vLLM, and may preempt: the run stops before it)
     skip_ordered(pool, seq_ids)          each (sequence, group) pair frees the blocks its rule lets go, tail first
-    need ≤ free blocks                   the step fits (else stepping preempts: the run stops before it)
     append_ordered(pool, seq_ids, 1s)    a pair whose last block is full takes one, handed out in pair order
 
 With n sequences of G tables and B-token blocks a step touches only the pairs where a block boundary is crossed:
@@ -109,12 +110,12 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
         opening, drops, entries, seqs = _window(pool, seq_ids, t0 + steps, tokens, done > 0)
         freed_plain, freed_cached, freed = _freed(store, refs, drops, G)
         for j in range(len(drops)):
-            plain += freed_plain[j]
-            cached += freed_cached[j]
             need = len(opening[j]) * G
-            if need > plain + cached:  # the step does not fit: stepping preempts
+            if need > plain + cached:  # not covered before the step frees: stepping goes request by request
                 k = done
                 break
+            plain += freed_plain[j]
+            cached += freed_cached[j]
             taken = min(need, plain)
             plain -= taken
             cached -= need - taken

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .group_runs import RunForm, check_run, run_form
+from .group_runs import RunForm, check_run, covered, run_form
 from .step_sums import add_run
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarr
     released, every survivor grown from first(t_i) to t_i + k' tokens before it frees."""
     N = policy.pool.num_blocks
     form = run_form(policy, tokens0, k, remaining)
-    over = np.flatnonzero(form.used > N)
+    over = np.flatnonzero((form.used > N) | ~covered(policy, tokens0, k, form.used, remaining))
     k = int(over[0]) if len(over) else k
     fits = np.flatnonzero(form.peak[:k] <= N)  # a run of j + 1 steps may end where its update fits
     return (int(fits[-1]) + 1 if len(fits) else 0), form

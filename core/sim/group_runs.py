@@ -83,3 +83,20 @@ def check_run(policy: GroupedPolicy, form: RunForm, k: int) -> None:
     assert store.num_used == used == logical and store.useful_tokens == useful and not store.queue.num_cached, (
         f"hybrid run of {k} steps: pool holds {store.num_used} blocks ({logical} in tables) / {store.useful_tokens} "
         f"tokens, the closed form {used} / {useful}")
+
+
+def covered(policy: GroupedPolicy, tokens: np.ndarray, k: int, used: np.ndarray,
+            remaining: np.ndarray | None = None) -> np.ndarray:
+    """[k] bool: step j's growth fits in the blocks free before it, none of its own frees counted (`used`: the
+    blocks held after each step, run_form's). vLLM frees and allocates request by request, so a later request's
+    frees cannot pay for an earlier one's growth; where the whole growth fits before any free, every request's
+    does (GroupedPagedPolicy.grow_many steps the same way). A table opens a block when its c tokens fill whole
+    blocks (c % B == 0); every table of a request grows alike (a state page of mode none, that moves in place,
+    counted too: a step kept is covered, one not kept is stepped)."""
+    B, pool = policy.block_size, policy.pool
+    steps = np.arange(k, dtype=np.int64)
+    opens = (tokens[:, None] + steps) % B == 0  # [n, k]
+    if remaining is not None:
+        opens &= steps < remaining[:, None]
+    before = np.concatenate((np.array([pool.num_used], dtype=np.int64), used[: k - 1]))
+    return before + len(pool.pools) * opens.sum(axis=0) <= pool.num_blocks

@@ -29,7 +29,7 @@ from ..pool.hybrid import HybridPool
 from ..pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
 from ..pool.hybrid_runs import DecodeRun, apply, runs_apply
 from .group_prefix_runs import PrefixRuns
-from .group_runs import RunForm, check_run, run_form
+from .group_runs import RunForm, check_run, covered, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
 
@@ -109,13 +109,16 @@ class GroupedPagedPolicy(PrefixRuns):
                 uniform = {t - seqs[r].num_tokens for r, t in zip(ids, targets, strict=True)}
                 add = uniform.pop() if len(uniform) == 1 else 0
                 if add > 0:  # a decode step (or one chunk each): every group at once
-                    return pool.advance_private(ids, add, add, check)
+                    grown = pool.advance_private(ids, add, add, check, credit=not check or len(ids) == 1)
+                    return self._grow_in_order(ids, targets) if grown is None else grown
         if ids and self.prompt_keys is None and not pool.store.counters["forks"]:
             distinct = {t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)}
             add = distinct.pop() if len(distinct) == 1 else 0
             if add > 0:  # a decode step: one call per group
+                if check and len(ids) > 1 and pool.append_many_need(ids, add) > pool.num_free_blocks:
+                    return self._grow_in_order(ids, targets)  # (frees do not change a need: counted before them)
                 pool.free_skipped_many(ids, one_drop=not self.exact_block_tables)  # verify counts skip_blocks
-                if check and pool.append_many_need(ids, add) > pool.num_free_blocks:
+                if check and len(ids) == 1 and pool.append_many_need(ids, add) > pool.num_free_blocks:
                     return False
                 if pool.store.counters["hit_blocks"] or any(p.spec.tracked for p in pool.pools):
                     pool.append_many(ids, add)
@@ -125,17 +128,21 @@ class GroupedPagedPolicy(PrefixRuns):
         # every sequence's free_skipped, then appends, pair by pair in one pass (verify counts skip_blocks calls:
         # its exact policy takes the loop below, which the ordered pass equals — tests/core/pool/test_hybrid_ordered)
         if check and ordered(pool) and not self.exact_block_tables:
-            skip_ordered(pool, ids)
             adds = [t - s.num_tokens for s, t in zip(pool.pools[0]._tables(ids), targets, strict=True)]
-            if need_ordered(pool, ids, adds) > pool.num_free_blocks:
+            if len(ids) > 1 and need_ordered(pool, ids, adds) > pool.num_free_blocks:
+                return self._grow_in_order(ids, targets)
+            skip_ordered(pool, ids)
+            if len(ids) == 1 and need_ordered(pool, ids, adds) > pool.num_free_blocks:
                 return False
             keys = [self._completed_keys(rid, add) if add else None for rid, add in zip(ids, adds, strict=True)]
             self.copies += append_ordered(pool, ids, adds, keys)
             return True
+        adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
+        if check and len(ids) > 1 and pool.append_need_many(ids, adds) > pool.num_free_blocks:
+            return self._grow_in_order(ids, targets)
         for rid in ids:
             pool.free_skipped(rid)
-        adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
-        if check and pool.append_need_many(ids, adds) > pool.num_free_blocks:
+        if check and len(ids) == 1 and pool.append_need(ids[0], adds[0]) > pool.num_free_blocks:
             return False
         append = pool.append_fitting if check else pool.append  # checked above: every group rule applied, all fit
         for rid, add in zip(ids, adds, strict=True):
@@ -154,7 +161,17 @@ class GroupedPagedPolicy(PrefixRuns):
         return keys[old // B : min((old + add) // B, len(keys))]
 
     def grow(self, rid: int, total: int) -> bool:
+        if total == self.pool.num_tokens(rid):  # grown already (a step that `_grow_in_order` stopped after it)
+            return True
         return self.grow_many(np.array([rid]), np.array([total]))
+
+    def _grow_in_order(self, ids: list[int], targets: list[int]) -> bool:
+        """A step whose growth the free blocks do not cover before anything is freed: vLLM's order, request by
+        request — each frees what its own groups let go (remove_skipped_blocks), then its growth must fit
+        (allocate_slots), so a later request's frees never pay for an earlier one's growth. False where one does
+        not fit: those before it grown, its own frees done (as vLLM leaves them before preempting from the back;
+        the scheduler's one-by-one pass then finds them grown: `grow`)."""
+        return all(self.grow(rid, total) for rid, total in zip(ids, targets, strict=True))
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
         return 0, None  # the engine asks `decode_run` instead (see the module docstring)
@@ -215,7 +232,7 @@ class GroupedPagedPolicy(PrefixRuns):
             return self._prefix_run(k, waiting)
         form = run_form(self, tokens, k)
         N = self.pool.num_blocks
-        bad = (form.used > N) | (form.peak > N)
+        bad = (form.used > N) | (form.peak > N) | ~covered(self, tokens, k, form.used)
         if waiting:
             bad |= form.used < self.pool.num_used
         stop = np.flatnonzero(bad)

@@ -222,8 +222,6 @@ def test_sim_gemma3n_shared_kv_layers_take_no_table(run_cli, tmp_path: Path, mib
     assert (doc["peak_running"], doc["steps"], doc["preemptions"], doc["completed"]) == (*expected, 40)
 
 
-@pytest.mark.xfail(strict=True, reason="core/sim/paged_groups.py grow_many frees every running sequence's skipped "
-                   "blocks before checking the step's total need; vLLM frees and allocates request by request")
 def test_sim_frees_window_blocks_request_by_request(run_cli, tmp_path: Path) -> None:
     # gpt-oss-20b, 159 ids, 40 requests of 300 + 200 tokens. At step 257 one id is free; the 4th running request
     # (336 cached) needs a new block in both tables, and only the 5th (335 cached) would free one (its block 12

@@ -42,10 +42,12 @@ def figures(pool: HybridPool) -> tuple:
 
 
 def step(pool: HybridPool, ids: list) -> bool:
-    """One decode step of `ids` as GroupedPagedPolicy.grow_many takes it; False (frees done) when it does not fit."""
-    skip_ordered(pool, ids)
+    """One decode step of `ids` as GroupedPagedPolicy.grow_many takes it in one pass: only where the free blocks
+    cover its growth before anything is freed; False (nothing done) where not: the policy then grows request by
+    request (vLLM's order: a later request's frees do not pay for an earlier one's growth)."""
     if need_ordered(pool, ids, [1] * len(ids)) > pool.num_free_blocks:
         return False
+    skip_ordered(pool, ids)
     append_ordered(pool, ids, [1] * len(ids), [None] * len(ids))
     return True
 
