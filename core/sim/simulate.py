@@ -17,12 +17,10 @@ must be importable — a script or `python -m`, not code piped to `python -`.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .metrics import RunSummary, Slo, summarize
 from .record import RunRecord
@@ -31,6 +29,9 @@ from .search import RateSearch, max_rate
 from .settings import SimSetup
 from .setup import SimJob
 from .workload import Workload
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 PARALLEL_MIN_REQUESTS = 5_000
 
@@ -131,7 +132,9 @@ class _Runner:
         self.pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> _Runner:
-        if self.workers > 1:
+        if self.workers > 1:  # multiprocessing loaded here: one process needs none of it
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
             context = multiprocessing.get_context("spawn")
             self.reports = context.SimpleQueue()
             self.pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_worker_start,
@@ -146,6 +149,7 @@ class _Runner:
         """[fn(*args, progress) for args in calls]; a worker's progress goes to the queue."""
         if self.pool is None:
             return [fn(*args, self.progress) for args in calls]
+        from concurrent.futures import FIRST_COMPLETED, wait
         futures = [self.pool.submit(_in_worker, fn, *args) for args in calls]
         pending = set(futures)
         while pending:

@@ -5,16 +5,16 @@ GPU of the tensor-parallel group, bytes/s per GPU."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ParameterError
 from ..model.models import ModelSpec
-from ..share.cache_bytes import cached_block_bytes
 from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
-from ..share.tiers import parse_bandwidth, parse_tier_size
 from .settings import SimSetup
-from .tiers import SimTiers
 from .workload import Workload
+
+if TYPE_CHECKING:
+    from .tiers import SimTiers
 
 
 def sim_tiers(o: Any, spec: ModelSpec, kv_dtype: str, kv_bits: int, sim: SimSetup, workload: Workload,
@@ -30,6 +30,9 @@ def sim_tiers(o: Any, spec: ModelSpec, kv_dtype: str, kv_bits: int, sim: SimSetu
         raise ParameterError("disk_bw is the disk tier's link: add disk_cache", "disk_bw", "disk_cache")
     if o.host_bw is not None and o.host_cache is None:
         raise ParameterError("host_bw is the host tier's link: add host_cache", "host_bw", "host_cache")
+    from ..share.cache_bytes import cached_block_bytes  # here: a run without tiers never loads the tiers' modules
+    from ..share.tiers import parse_bandwidth, parse_tier_size
+    from .tiers import SimTiers
     check_tier_setup(sim, workload, policies)
     groups, state_mode = sim.groups, sim.state_mode
     if groups is not None and any(g.kind == "state" for g in groups) and state_mode == "none":

@@ -3,6 +3,7 @@ max-rate searches."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import pytest
@@ -44,7 +45,7 @@ def test_small_runs_stay_in_this_process(monkeypatch):
     def no_processes(*args, **kw):
         raise AssertionError("a process pool for 20 requests")
 
-    monkeypatch.setattr(simulate_module, "ProcessPoolExecutor", no_processes)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_processes)  # simulate imports it when needed
     result = simulate(setup, workers=8)
     assert json.dumps(result.summaries["paged"].to_dict())  # the JSON document of a run
     assert [s.policy for s in result.summaries.values()] == ["paged", "reserve-max"]
