@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.pool.groups import PoolGroup
+from kvcalc.core.sim import fastforward_groups
 from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
 
 N_REQUESTS = 6
@@ -92,3 +93,36 @@ def test_batched_growth_equals_growth_request_by_request(layout) -> None:
         for rid in preempted:
             del tokens[rid]
         runs = [running, ref_running]
+
+
+def two_requests() -> GroupedPagedPolicy:
+    """B = 4, a full table and a sliding one of window 5 (the next token c reads c − 4 .. c: blocks from
+    (c − 4) // 4 on), 9 ids. A holds 4 tokens (1 block a table), B 10 (3 a table): 8 used, 1 free. In the next
+    decode step A (first in the running queue) writes token 4: a new block in each table, 2 > 1 free; B writes
+    token 10 in its last block and frees sliding block 0 ((10 − 4) // 4 = 1). vLLM preempts B for A; crediting
+    B's free first would fit both (8 − 1 + 2 = 9)."""
+    policy = GroupedPagedPolicy(9, 4, (PoolGroup("full"), PoolGroup("sliding", 5)), "none", 2)
+    assert policy.admit(0, 0, 4) and policy.admit(1, 0, 10)
+    assert (policy.pool.num_free_blocks, policy.group_blocks()) == (1, [4, 4])
+    return policy
+
+
+def test_a_later_requests_free_does_not_pay_for_an_earlier_growth() -> None:
+    policy = two_requests()
+    assert not policy.grow_many(np.array([0, 1]), np.array([5, 11]))
+    # refused at A, before B's turn: nothing freed (vLLM has not reached B), nothing grown
+    assert (policy.pool.num_free_blocks, policy.group_blocks()) == (1, [4, 4])
+    running = [0, 1]
+    assert one_by_one(policy, running, {0: 4, 1: 10}) == [1] and running == [0]
+    assert (policy.pool.num_free_blocks, policy.group_blocks()) == (9 - 4, [2, 2])
+
+
+def test_a_run_of_decode_steps_stops_before_a_step_only_frees_would_cover() -> None:
+    policy = two_requests()
+    # after step 0 the pool would hold A 2 + 2 and B 3 + 2 = 9 ≤ 9 blocks, but before it frees 8 + 2 > 9
+    k, form = policy.decode_run(np.array([4, 10]), 3, waiting=False)
+    assert form is not None and int(form.used[0]) == 9
+    assert k == 0
+
+    # and a run through finishes (nobody waits; both have 5 tokens to go): the same first step
+    assert fastforward_groups._memory(policy, np.array([4, 10]), np.array([5, 5]), 3)[0] == 0
