@@ -18,11 +18,9 @@ from .engine import Engine
 from .fastforward import FastForward
 from .options import DEFAULT_POLICY
 from .paged import PagedPolicy
-from .paged_exact import ExactPagedPolicy
 from .plan import Executor
 from .policies import POLICIES, MemoryPolicy
 from .record import RunRecord
-from .reserve import ReservationPolicy
 from .scheduler import Scheduler
 from .settings import SimSetup, prompt_block_keys
 from .steptime import StepTimeExecutor
@@ -73,10 +71,13 @@ def make_policy(name: str, workload: Workload, setup: SimSetup, *, exact_block_t
             from .paged_groups import GroupedPagedPolicy  # a hybrid's only: a plain run never loads it
             return GroupedPagedPolicy(setup.capacity_blocks, setup.block_size, setup.groups, setup.state_mode, n,
                                       keys, setup.scheduler.max_batched_tokens, page_bytes=setup.page_bytes)
-        policy = ExactPagedPolicy if exact_block_tables or forks else PagedPolicy
-        return policy(setup.capacity_blocks, setup.block_size, n, keys)
+        if exact_block_tables or forks:
+            from .paged_exact import ExactPagedPolicy  # tables kept current: a plain run never loads it
+            return ExactPagedPolicy(setup.capacity_blocks, setup.block_size, n, keys)
+        return PagedPolicy(setup.capacity_blocks, setup.block_size, n, keys)
     if forks:
         raise ValueError(f"parallel samples share blocks through forks: use the paged policy, not {name}")
+    from .reserve import ReservationPolicy  # the reserve-* policies only
     return ReservationPolicy(name, setup.capacity_blocks * setup.block_size, workload.prompt_tokens,
                              workload.output_tokens, setup.scheduler.max_model_len)
 
