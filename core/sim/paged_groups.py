@@ -6,7 +6,9 @@ group; a model with sliding-window, chunked or recurrent layers runs here. The d
 
 * every growth goes to the pool at once: each group first frees what its layers no longer read (a block
   that left the window, an old chunk, a replaced state page), then the sum over groups of the new blocks
-  must fit (vLLM's remove_skipped_blocks, then allocate_slots);
+  must fit (vLLM's remove_skipped_blocks, then allocate_slots), request by request in running order: a step's
+  growth is taken in one pass only where the blocks free before it cover it all, else one request at a time
+  (`_grow_in_order`), so a later request's frees never pay for an earlier one's growth;
 * runs of decode steps are done at once without forks or speculative slots: without prefix caching every used
   block is in one table and what each group holds is a closed form of the lengths (`decode_run`, `run_memory`,
   `advance_run`; past finishes when nobody waits: fastforward_groups); with it, on a pool without state groups,

@@ -5,9 +5,10 @@ request's frees cannot pay for an earlier one's growth.
 
 The reference is the policy grown one request at a time (`grow`: its own frees, then its own need against the free
 blocks) with the preemption loop written here; the policy under test takes its batched step (`grow_many`, the
-private, ordered and per-pair paths) and, where that refuses, the same loop. On random sliding-window and chunked
-layouts, with and without prefix caching, in pools tight enough that frees decide: the same preemptions, running
-queue, free blocks, blocks per group and table entries held after every step."""
+private, ordered and per-pair paths) and, where that refuses, the same loop. On random sliding-window, chunked
+and state (mamba_cache_mode all, align, none) layouts, with and without prefix caching, in pools tight enough that
+frees decide: the same preemptions, running queue, free blocks, blocks per group and table entries held after every
+step."""
 
 from __future__ import annotations
 
@@ -52,23 +53,24 @@ def state(policy: GroupedPagedPolicy, running: list[int]) -> tuple:
 @st.composite
 def layouts(draw):
     B = draw(st.sampled_from([2, 4]))
-    kind = draw(st.sampled_from(["sliding", "chunked"]))
-    window = draw(st.integers(B + 1, 5 * B)) if kind == "sliding" else B * draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["sliding", "chunked", "state"]))
+    window = {"sliding": draw(st.integers(B + 1, 5 * B)), "chunked": B * draw(st.integers(1, 3)), "state": None}[kind]
     groups = (PoolGroup("full"), *[PoolGroup(kind, window)] * draw(st.integers(1, 2)))
     prompts = draw(st.lists(st.integers(1, 6 * B), min_size=2, max_size=N_REQUESTS))
     keyed = draw(st.booleans())
     keys = [[draw(st.integers(0, 2)) for _ in range(n // B)] for n in prompts] if keyed else None
     blocks = draw(st.integers(len(groups) * 3, len(groups) * 12))
-    return B, groups, prompts, keys, blocks, draw(st.integers(1, 4 * B))
+    mode = draw(st.sampled_from(["all", "align", "none"])) if kind == "state" else "none"
+    return B, groups, prompts, keys, blocks, draw(st.integers(1, 4 * B)), mode
 
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
 def test_batched_growth_equals_growth_request_by_request(layout) -> None:
-    B, groups, prompts, keys, blocks, steps = layout
+    B, groups, prompts, keys, blocks, steps, mode = layout
     keys = None if keys is None else [np.array([hash((k, i)) % 1000 for i, k in enumerate(ks)], dtype=np.int64)
                                       for ks in keys]  # a prefix repeats only from the first key on
-    fast, ref = (GroupedPagedPolicy(blocks, B, groups, "none", len(prompts), keys) for _ in range(2))
+    fast, ref = (GroupedPagedPolicy(blocks, B, groups, mode, len(prompts), keys) for _ in range(2))
     runs: list[list[int]] = [[], []]
     tokens: dict[int, int] = {}
     for rid, n in enumerate(prompts):
