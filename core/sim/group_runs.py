@@ -86,14 +86,16 @@ def check_run(policy: GroupedPolicy, form: RunForm, k: int) -> None:
 
 
 def covered(policy: GroupedPolicy, tokens: np.ndarray, k: int, used: np.ndarray,
-            remaining: np.ndarray | None = None) -> np.ndarray:
-    """[k] bool: step j's growth fits in the blocks free before it, none of its own frees counted (`used`: the
-    blocks held after each step, run_form's). vLLM frees and allocates request by request, so a later request's
-    frees cannot pay for an earlier one's growth; where the whole growth fits before any free, every request's
-    does (GroupedPagedPolicy.grow_many steps the same way). A table opens a block when its c tokens fill whole
-    blocks (c % B == 0); every table of a request grows alike (a state page of mode none, that moves in place,
-    counted too: a step kept is covered, one not kept is stepped)."""
+            remaining: np.ndarray | None = None) -> np.ndarray | np.bool_:
+    """[k] bool (or one True for all): step j's growth fits in the blocks free before it, none of its own frees
+    counted (`used`: the blocks held after each step, run_form's). vLLM frees and allocates request by request,
+    so a later request's frees cannot pay for an earlier one's growth; where the whole growth fits before any free,
+    every request's does (GroupedPagedPolicy.grow_many steps the same way). A table opens a block when its c tokens
+    fill whole blocks (c % B == 0); every table of a request grows alike (a state page of mode none, that moves in
+    place, counted too: a step kept is covered, one not kept is stepped)."""
     B, pool = policy.block_size, policy.pool
+    if not k or max(pool.num_used, int(used[:k].max())) + len(pool.pools) * len(tokens) <= pool.num_blocks:
+        return np.True_  # every request opening a block in every table is covered at every step
     steps = np.arange(k, dtype=np.int64)
     opens = (tokens[:, None] + steps) % B == 0  # [n, k]
     if remaining is not None:
