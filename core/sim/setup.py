@@ -330,11 +330,10 @@ def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
     """What the simulation does not model, or models with an assumption, for this model (said, never silent)."""
     notes = []
     if spec.num_sliding_layers:
-        notes.append(
-            f"sliding window {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers: applied "
-            "to the attention FLOPs and KV reads of each step; the pool frees each sequence's blocks that left the "
-            "window"
-        )
+        kind, pool = (("chunked local attention", "keeps each sequence's current chunk") if steptime.window_kind
+                      == "chunked" else ("sliding window", "frees each sequence's blocks that left the window"))
+        notes.append(f"{kind} {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers: applied to "
+                     f"the attention FLOPs and KV reads of each step; the pool {pool}")
     if steptime.num_experts:
         notes.append(
             f"MoE weight reads: dense part + the experts a step's T tokens touch, {steptime.num_experts}·(1 − (1 − "

@@ -171,7 +171,7 @@ class SpeculativeStepTimeExecutor:
     def _excess(self, contexts: np.ndarray) -> float:
         if not self.model.sliding_share:
             return 0.0
-        return float(np.maximum(contexts - self.model.window_tokens, 0).sum())
+        return float(self.model.decode_excess(contexts, 1)[0])  # one decode step: sliding or chunked
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,52 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
     totals.add_itl(np.repeat(ends[1:] - ends[:-1], running), 1)  # step by step: one gap per running request
     totals.steps += len(d)
     totals.segments += 1
+
+
+# Windowed layers' excess (steptime's module docstring): what a window W (sliding) or a chunk C (chunked) cuts from
+# the positions a query attends and reads, summed in closed form over a chunk's queries or over k decode steps.
+
+def sliding_chunk_excess(start: np.ndarray, count: np.ndarray, w: int) -> tuple[int, int]:
+    """(Σ_{q=s+1}^{s+m} max(q − W, 0), max(s + 1 − W, 0)) summed over the chunks (s = start, m = count)."""
+    first = np.maximum(start + 1, w + 1) - w  # first query beyond the window, minus W
+    last = start + count - w
+    n = np.maximum(last - first + 1, 0)
+    positions = int(((first + last) * n // 2).sum())  # Σ u for u = first .. last (n terms; 0 when n = 0)
+    return positions, int(np.maximum(start + 1 - w, 0).sum())
+
+
+def chunked_chunk_excess(start: np.ndarray, count: np.ndarray, c: int) -> tuple[int, int]:
+    """(Σ_{q=s+1}^{s+m} C·floor((q − 1)/C), C·floor(s/C)) summed over the chunks: query q attends (q − 1) mod C + 1
+    positions, its own chunk. With F(n) = Σ_{u<n} floor(u/C) = C·a(a − 1)/2 + a·b (n = a·C + b), the first term is
+    C·(F(s + m) − F(s))."""
+    def f(n: np.ndarray) -> np.ndarray:
+        a, b = np.divmod(n, c)
+        return c * a * (a - 1) // 2 + a * b
+
+    return c * int((f(start + count) - f(start)).sum()), c * int((start // c).sum())
+
+
+def sliding_decode_excess(contexts: np.ndarray, k: int, hi: np.ndarray, w: int) -> np.ndarray:
+    """Σ_i max(contexts[i] + j − W, 0) over i with j < hi[i], for j = 0 .. k−1 [k] float64. Difference arrays:
+    request i adds the line (contexts[i] − W) + j for j in [max(W − contexts[i], 0), hi[i])."""
+    lo = np.maximum(w - contexts, 0)
+    keep = lo < hi
+    lo, hi, offset = lo[keep], hi[keep], (contexts - w)[keep].astype(np.float64)
+    const = np.bincount(lo, offset, k + 1) - np.bincount(hi, offset, k + 1)
+    slope = np.bincount(lo, minlength=k + 1) - np.bincount(hi, minlength=k + 1)
+    return (np.cumsum(const) + np.cumsum(slope) * np.arange(k + 1))[:k]
+
+
+def chunked_decode_excess(contexts: np.ndarray, k: int, hi: np.ndarray, c: int) -> np.ndarray:
+    """Σ_i C·floor((contexts[i] + j − 1)/C) over i with j < hi[i], for j = 0 .. k−1 [k] float64 (exact integers).
+    Request i starts at C·floor((c_i − 1)/C) and steps up by C at j = C − (c_i − 1) mod C, then every C steps,
+    until it leaves at hi[i]: a difference array of those steps, summed."""
+    keep = hi > 0
+    contexts, hi = contexts[keep], hi[keep]
+    base = c * ((contexts - 1) // c)
+    first = c - (contexts - 1) % c  # 1 .. C
+    rises = np.maximum(hi - first + c - 1, 0) // c  # steps j = first + t·C < hi
+    at = np.repeat(first, rises) + c * (np.arange(int(rises.sum())) - np.repeat(np.cumsum(rises) - rises, rises))
+    diff = np.bincount(at, minlength=k + 1) * float(c) - np.bincount(hi, base + c * rises, k + 1)
+    diff[0] += float(base.sum())
+    return np.cumsum(diff)[:k]

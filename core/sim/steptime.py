@@ -21,14 +21,17 @@ expected number of distinct experts a layer touches is E · (1 − (1 − k/E)^T
 which is `active` at T = 1 and tends to every weight as T grows. Real routers are skewed (hot experts), so
 real steps touch fewer experts than this: the model is an upper bound on the expert reads for a given T.
 
-Sliding windows (Mistral, Gemma-2/3): a sliding layer's query at position q attends and reads at most the
-last W positions, so a fraction `sliding_share` = sliding layers / layers of the attention FLOPs and KV
-reads is cut by the tokens beyond the window ("excess"): for a chunk of m tokens after s cached ones,
+Windowed layers: a sliding layer's query at position q (Mistral, Gemma-2/3, gpt-oss) attends and reads at most
+the last W positions, min(q, W); a chunked local layer's (Llama-4, chunk C) only its own chunk, (q − 1) mod C + 1.
+So a fraction `sliding_share` = windowed layers / layers of the attention FLOPs and KV reads is cut by the
+positions beyond them ("excess"): for a chunk of m tokens after s cached ones,
 
-    excess positions = Σ_{q=s+1}^{s+m} max(q − W, 0)      excess reads = max(s + 1 − W, 0)
+    sliding:  excess positions = Σ_{q=s+1}^{s+m} max(q − W, 0)      excess reads = max(s + 1 − W, 0)
+    chunked:  excess positions = Σ_{q=s+1}^{s+m} C·floor((q − 1)/C)  excess reads = C·floor(s/C)
 
-(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0)). The pool side is the hybrid pool's:
-a sliding group frees the blocks that left the window (core/pool/groups.py), so here only the time is windowed.
+(a decode step, m = 1 at context c = s + 1: both are max(c − W, 0), or C·floor((c − 1)/C)); the closed forms
+are in step_sums.py. The pool side is the hybrid pool's: a windowed group frees the blocks that left the window
+or the chunk (core/pool/groups.py), so here only the time is windowed.
 
 Default efficiencies (`--compute-eff 0.6 --weight-eff 0.8 --attn-eff 0.8 --step-overhead-ms 0.5`): dense
 bf16 GEMMs of serving-sized batches reach 60–75 % of datasheet peak on A100/H100; weight streaming in
@@ -56,6 +59,7 @@ from ..model.weights import estimate_params
 from .hardware import GpuSpec, MemoryPlan, active_params
 from .options import DEFAULT_SWAP_BANDWIDTH_BYTES_PER_S
 from .plan import NO_EVENTS, Preemption, StepOutcome, StepPlan, SwapIn
+from .step_sums import chunked_chunk_excess, chunked_decode_excess, sliding_chunk_excess, sliding_decode_excess
 
 SANE_STEP_S = 86_400.0  # one engine step longer than a day means the GPU figures are wrong
 
@@ -96,8 +100,9 @@ class StepTimeModel:
     moe_expert_share: float = 0.0  # MoE: params of one routed expert (all MoE layers) / all params
     num_experts: int = 0  # routed experts per MoE layer (0: dense)
     experts_per_token: int = 0
-    window_tokens: int = 0  # sliding window W (0: no sliding layer)
-    sliding_share: float = 0.0  # sliding layers / layers
+    window_tokens: int = 0  # sliding window W or chunk C (0: no windowed layer)
+    sliding_share: float = 0.0  # windowed (sliding or chunked) layers / layers
+    window_kind: str = "sliding"  # what window_tokens is: "sliding" (min(q, W)) or "chunked" ((q − 1) mod C + 1)
     state_bytes_per_seq: int = 0  # per GPU: a sequence's recurrent state, read and written by every step it is in
 
     def weights_read_share(self, tokens: np.ndarray | float) -> np.ndarray | float:
@@ -182,26 +187,17 @@ class StepTimeModel:
         [m] int64 (module docstring); (0, 0) without a window. Exact integers, returned as floats."""
         if not self.sliding_share:
             return 0.0, 0.0
-        w = self.window_tokens
-        first = np.maximum(start + 1, w + 1) - w  # first query beyond the window, minus W
-        last = start + count - w
-        n = np.maximum(last - first + 1, 0)
-        positions = int(((first + last) * n // 2).sum())  # Σ u for u = first .. last (n terms; 0 when n = 0)
-        reads = int(np.maximum(start + 1 - w, 0).sum())
+        excess = chunked_chunk_excess if self.window_kind == "chunked" else sliding_chunk_excess
+        positions, reads = excess(start, count, self.window_tokens)
         return float(positions), float(reads)
 
     def decode_excess(self, contexts: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray:
-        """Σ_i max(contexts[i] + j − W, 0) for decode steps j = 0 .. k−1 [k] float64, over the requests still
-        running in step j (j < alive_steps[i]; all when None). Difference arrays: request i adds the line
-        (contexts[i] − W) + j for j in [max(W − contexts[i], 0), alive_steps[i])."""
-        w = self.window_tokens
-        lo = np.maximum(w - contexts, 0)
+        """The excess positions (= reads) of decode steps j = 0 .. k−1 [k] float64 from requests at `contexts` in
+        step 0 (contexts[i] + j in step j), over those still running in step j (j < alive_steps[i]; all when None):
+        Σ_i max(contexts[i] + j − W, 0), or Σ_i C·floor((contexts[i] + j − 1)/C) for chunks."""
         hi = np.full(len(contexts), k, np.int64) if alive_steps is None else np.minimum(alive_steps, k)
-        keep = lo < hi
-        lo, hi, offset = lo[keep], hi[keep], (contexts - w)[keep].astype(np.float64)
-        const = np.bincount(lo, offset, k + 1) - np.bincount(hi, offset, k + 1)
-        slope = np.bincount(lo, minlength=k + 1) - np.bincount(hi, minlength=k + 1)
-        return (np.cumsum(const) + np.cumsum(slope) * np.arange(k + 1))[:k]
+        excess = chunked_decode_excess if self.window_kind == "chunked" else sliding_decode_excess
+        return excess(contexts, k, hi, self.window_tokens)
 
 
 class StepTimeExecutor:
@@ -261,8 +257,9 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
     tp = plan.tp
     model = StepTimeModel(
         **moe_shares(spec),
-        window_tokens=(spec.sliding_window or 0) if spec.num_sliding_layers else 0,  # set with sliding layers
+        window_tokens=(spec.sliding_window or 0) if spec.num_sliding_layers else 0,  # set with windowed layers
         sliding_share=spec.num_sliding_layers / spec.layers,
+        window_kind=window_kind(spec),
         state_bytes_per_seq=bits_to_bytes(spec.state_bits(tp)),
         flops_per_token=2.0 * active_params(spec),
         attn_flops_per_position=4.0 * spec.layers * spec.num_attention_heads * spec.head_dim,
@@ -283,6 +280,15 @@ def build_model(spec: ModelSpec, plan: MemoryPlan, eff: Efficiencies, *,
             f"{gpu.peak_flops:g} FLOP/s) make one {full:,.0f}-token step take {probe_s:g} s; give real bandwidth/flops",
             "bandwidth", "flops")
     return model
+
+
+def window_kind(spec: ModelSpec) -> str:
+    """"chunked" when `spec`'s windowed layers are chunked local attention (Llama-4), else "sliding"; not both."""
+    kinds = {g.kind for g in spec.layer_groups if g.kind in ("sliding", "chunked")}
+    if len(kinds) > 1:
+        raise ParameterError(f"{spec.name} has both sliding-window and chunked local attention layers; sim's step "
+                             "time models one kind of window: give a config with one of them", "model")
+    return "chunked" if kinds == {"chunked"} else "sliding"
 
 
 def moe_shares(spec: ModelSpec) -> dict[str, Any]:  # floats and ints, each for its own StepTimeModel field

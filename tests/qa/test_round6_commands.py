@@ -88,10 +88,6 @@ def test_scenario_flags_with_a_capacity_flag_say_which_mode_each_is(run_cli) -> 
     assert "--prefix, --branches, --gen (scenario mode) and --tp (the prefix-cache size" in line
 
 
-@pytest.mark.xfail(strict=True, reason="core/sim/setup.py:328 (model_notes) and core/sim/steptime.py:248 take "
-                   "ModelSpec.sliding_window, which counts chunked layers too: Llama-4-Scout's 36 chunked layers are "
-                   "said to be a 'sliding window 8,192' and timed as one (a query reads min(c, 8,192) positions; in a "
-                   "chunk it reads (c - 1) mod 8,192 + 1)")
 def test_sim_does_not_call_llama4_chunked_layers_a_sliding_window(run_cli, tmp_path) -> None:
     from real_configs import write_config
 
