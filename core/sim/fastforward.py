@@ -23,7 +23,6 @@ without it (`fast_forward=False`) every step goes through a plan; tests compare 
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from .paged import PagedPolicy
 from .paged_run import PagedRun, run_pieces
 from .record import RunTotals
 from .scheduler import Scheduler
-from .step_sums import add_run, piece_bounds
+from .step_sums import add_run, add_through_finishes, piece_bounds, shrinking_run
 from .steptime import StepTimeModel, swap_bytes
 
 # ndarray.sum reduces with this ufunc and the same arguments, through a Python-level wrapper that costs more than the
@@ -317,26 +316,6 @@ class FastForward:
         s.steady = True
         return True
 
-    def _shrinking_run(self, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[Any, ...]:
-        """A k-step run in which requests leave as they finish: (the requests by tokens to go, stable; their
-        tokens to go in that order; alive and context sum per step; step times; step ends from now)."""
-        order = np.argsort(remaining, kind="stable")
-        by_remaining = remaining[order]
-        context_done = np.zeros(len(tokens0) + 1, np.int64)
-        np.cumsum(tokens0[order] + 1, out=context_done[1:])
-        steps = self._steps_upto(k)[:k]
-        gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
-        alive = len(tokens0) - gone
-        context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
-        alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
-        excess = self._excess(tokens0, k, remaining)
-        d = self.steptime.step_s(alive_f, context_f, context_f + alive_f, 0.0, excess, excess)  # ints < 2^53: exact
-        ends = np.empty(k + 1)
-        ends[0] = self.scheduler.now_s
-        ends[1:] = d
-        np.cumsum(ends, out=ends)
-        return order, by_remaining, alive, context, d, ends
-
     def _segment_through_finishes(self) -> bool:
         """Decode steps with nobody waiting: requests leave as they finish and the batch shrinks, so the
         run goes on until the next arrival (or memory runs short). Step j holds the n_j requests with
@@ -354,22 +333,15 @@ class FastForward:
             if self._floor_s is None:
                 self._floor_s = float(st.step_s(1.0, 0.0, 0.0))  # the same every time: asked once
             k = min(k, int((until - s.now_s) / self._floor_s) + 2)
-        order, by_remaining, alive, context, d, ends = self._shrinking_run(tokens0, remaining, k)
+        order, by_remaining, alive, context, d, ends = shrinking_run(
+            st, tokens0, remaining, k, s.now_s, self._steps_upto(k)[:k], self._excess(tokens0, k, remaining))
         if until < np.inf:
             k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
         k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], context[:k])
         if k < 2:
             return False
         d, ends, alive = d[:k], ends[: k + 1], alive[:k]
-        totals.memory_slot_s += parts
-        totals.block_table_byte_s += table_bytes
-        running_s = float(d @ alive)  # nobody waits: the same integral twice
-        totals.running_s += running_s
-        totals.in_system_s += running_s
-        span = float(ends[-1] - ends[0])
-        if totals.timeline is not None:
-            totals.timeline.append((s.now_s, float(ends[-1]), len(run), 0, *(parts / float(d.sum())).tolist()))
-        totals.add_itl(np.repeat(ends[1:] - ends[:-1], alive), 1)
+        add_through_finishes(totals, parts, table_bytes, d, ends, alive, len(run), s.now_s)
         taken = np.minimum(remaining, k)
         s.computed[run] = tokens0 + taken
         s.generated[run] += taken
@@ -386,9 +358,6 @@ class FastForward:
             gone_ids = set(run[finished].tolist())
             s.running = [r for r in s.running if r not in gone_ids]
             s.set_running()
-        totals.busy_s += span
-        totals.steps += k
-        totals.segments += 1
         s.steady = True
         return True
 

@@ -59,7 +59,7 @@ class LeanLoop(LeanBatch):
         policy = engine.policy
         assert isinstance(policy, PagedPolicy), "applies() takes only the paged policy"
         self.policy, self.st, self.step_s = policy, steptime, steptime.step_fn()  # step_s without swaps or windows
-        self.steps_float = np.arange(1024, dtype=np.float64)  # 0, 1, 2, … (lean_runs)
+        self.steps_float, self.floor_s = np.arange(1024, dtype=np.float64), float(steptime.step_s(1.0, 0.0, 0.0))
         self.B, self.free, self.capacity = policy.block_size, policy.pool.num_blocks, policy.capacity_slots
         s = self.s
         self.prompt, self.stop_at, self.output = s.prompt_tokens.tolist(), s.stop_at.tolist(), s.output_tokens.tolist()
@@ -104,8 +104,9 @@ class LeanLoop(LeanBatch):
             self._fallback()
         elif waiting and self._can_admit_head(self.budget - n):
             self._steady(n)
-        elif not waiting:
-            self._fallback()  # a run through finishes
+        elif not waiting:  # a run through finishes, else FastForward's general step
+            if not self.through_finishes():
+                self._steady(n)
         elif (k := min(self.rem)) < 2:
             self._steady(n)  # one step at most before a finish: no run (its plan need not be counted)
         else:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .paged_run import piece_parts
-from .step_sums import piece_bounds
+from .record import CANCELLED, COMPLETED
+from .step_sums import add_through_finishes, piece_bounds, shrinking_run
 
 if TYPE_CHECKING:
     from .paged import PagedPolicy
@@ -45,6 +46,9 @@ class LeanBatch:
     itl: list[float]  # inter-token latencies since the last write-back,
     itl_weight: list[int]  # and how many requests saw each
     steps_float: np.ndarray  # 0, 1, 2, … as floats (more than any run's steps)
+    floor_s: float  # the shortest decode step (one request, no context): StepTimeModel.step_s(1.0, 0.0, 0.0)
+    stop_at: list[int]
+    output: list[int]
 
     def decode_run(self, k: int, counts: list[int]) -> bool:
         """FastForward._segment's run of up to k decode steps of the lean loop's batch through arrivals, from the
@@ -124,3 +128,56 @@ class LeanBatch:
             done = j
         s.now_s = ends[done]
         return done
+
+    def through_finishes(self) -> bool:
+        """FastForward._segment_through_finishes on the loop's lists (nobody waits: requests leave as they finish, up
+        to the next arrival or the memory limit), with its numpy sums on the same arrays (step_sums.shrinking_run,
+        PagedPolicy.finish_segment, step_sums.add_through_finishes). False (nothing done): under two steps."""
+        s, tok, rem = self.s, self.tok, self.rem
+        k = max(rem)
+        until = s.arrival_list[s.next_arrival] if s.next_arrival < s.num_requests else np.inf
+        if until < np.inf:  # no decode step is shorter than the weights' read + overhead
+            k = min(k, int((until - s.now_s) / self.floor_s) + 2)
+        tokens0, remaining = np.array(tok, dtype=np.int64), np.array(rem, dtype=np.int64)
+        order, by_remaining, alive, context, d, ends = shrinking_run(
+            self.st, tokens0, remaining, k, s.now_s, np.arange(k, dtype=np.int64), 0.0)
+        if until < np.inf:
+            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+        k, parts, table_bytes = self.policy.finish_segment(tokens0, tokens0, remaining, d[:k], context[:k])
+        if k < 2:
+            return False
+        d, ends, alive = d[:k], ends[: k + 1], alive[:k]
+        totals = self.totals
+        if self.itl:  # the gaps so far first: the same chunks of samples as the write-back gave
+            totals.add_itl_each(self.itl, self.itl_weight)
+            self.itl, self.itl_weight = [], []
+        totals.memory_slot_s[:] = self.mem
+        add_through_finishes(totals, parts, table_bytes, d, ends, alive, len(tok), s.now_s)
+        self.mem = totals.memory_slot_s.tolist()
+        self._leave_in_order(order[: int(np.searchsorted(by_remaining, k, side="right"))].tolist(), k, ends.tolist(),
+                             tokens0 + np.minimum(remaining, k), remaining - k)
+        self.last_s = s.now_s = float(ends[-1])
+        self.unsampled = []
+        s.steady = True
+        return True
+
+    def _leave_in_order(self, finished: list[int], k: int, ends: list[float], grown: np.ndarray,
+                        rest: np.ndarray) -> None:
+        """The run of `k` steps ending at `ends` moves every request on: it holds `grown` tokens and has `rest` to go
+        (below 0: it left); `finished` (indices into the batch, in finishing order) leave each at the end of its last
+        step (Scheduler.close), the others stay."""
+        s, running, stop_at, output = self.s, self.s.running, self.stop_at, self.output
+        before, tok = self.rem, grown.tolist()
+        for i in finished:
+            rid, held = running[i], tok[i]
+            s.now_s = s.finish_s[rid] = s.last_token_s[rid] = ends[before[i]]  # its last step's end
+            s.status[rid] = CANCELLED if stop_at[rid] < output[rid] else COMPLETED
+            s.computed[rid] = held
+            s.generated[rid] = stop_at[rid]
+            s.prefix.ended(rid, held)
+        if finished:
+            keep = rest > 0
+            s.running = [running[i] for i in np.flatnonzero(keep).tolist()]
+            grown, rest = grown[keep], rest[keep]
+        self.tok, self.rem = grown.tolist(), rest.tolist()
+        self.owed = int(_sum((grown + (self.B - 1)) // self.B))  # Σ ceil(tok / B): every request grew

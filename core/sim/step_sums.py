@@ -11,6 +11,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .record import RunTotals
+    from .steptime import StepTimeModel
 
 
 def piece_bounds(ends: np.ndarray | list[float], k: int, arrivals: Sequence[float], next_arrival: int) -> list[int]:
@@ -112,3 +113,41 @@ def chunked_decode_excess(contexts: np.ndarray, k: int, hi: np.ndarray, c: int) 
     diff = np.bincount(at, minlength=k + 1) * float(c) - np.bincount(hi, base + c * rises, k + 1)
     diff[0] += float(base.sum())
     return np.cumsum(diff)[:k]
+
+
+def shrinking_run(st: StepTimeModel, tokens0: np.ndarray, remaining: np.ndarray, k: int, now_s: float,
+                  steps: np.ndarray, excess: np.ndarray | float) -> tuple[np.ndarray, ...]:
+    """A k-step run in which requests leave as they finish (fastforward._segment_through_finishes, lean_runs): (the
+    requests by tokens to go, stable; their tokens to go in that order; alive and context sum per step; step times;
+    step ends from `now_s`). `steps`: 0, 1, …, k − 1 (int64)."""
+    order = np.argsort(remaining, kind="stable")
+    by_remaining = remaining[order]
+    context_done = np.zeros(len(tokens0) + 1, np.int64)
+    np.cumsum(tokens0[order] + 1, out=context_done[1:])
+    gone = np.searchsorted(by_remaining, steps, side="right")  # requests finished before step j
+    alive = len(tokens0) - gone
+    context = context_done[-1] - context_done[gone] + steps * alive  # Σ over alive of (t_i + 1 + j)
+    alive_f, context_f = alive.astype(np.float64), context.astype(np.float64)
+    d = np.asarray(st.step_s(alive_f, context_f, context_f + alive_f, 0.0, excess, excess))  # ints < 2^53: exact
+    ends = np.empty(k + 1)
+    ends[0] = now_s
+    ends[1:] = d
+    np.cumsum(ends, out=ends)
+    return order, by_remaining, alive, context, d, ends
+
+
+def add_through_finishes(totals: RunTotals, parts: np.ndarray, table_bytes: float, d: np.ndarray, ends: np.ndarray,
+                         alive: np.ndarray, n: int, now_s: float) -> None:
+    """The totals of a run through finishes from `now_s` (nobody waits; k = len(d) steps, `alive` per step, `n` at its
+    start), summed as stepping sums them; the requests' times are the caller's."""
+    totals.memory_slot_s += parts
+    totals.block_table_byte_s += table_bytes
+    running_s = float(d @ alive)  # nobody waits: the same integral twice
+    totals.running_s += running_s
+    totals.in_system_s += running_s
+    if totals.timeline is not None:
+        totals.timeline.append((now_s, float(ends[-1]), n, 0, *(parts / float(d.sum())).tolist()))
+    totals.add_itl(np.repeat(ends[1:] - ends[:-1], alive), 1)
+    totals.busy_s += float(ends[-1] - ends[0])
+    totals.steps += len(d)
+    totals.segments += 1

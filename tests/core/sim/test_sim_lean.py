@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core.sim import lean, lean_runs
+from kvcalc.core.sim import lean, lean_runs, step_sums
 from kvcalc.core.sim.engine import Engine
 from kvcalc.core.sim.fastforward import FastForward
 from kvcalc.core.sim.paged import PagedPolicy
@@ -145,6 +145,61 @@ def test_a_planted_bug_is_caught() -> None:
     finally:
         mp.undo()
     assert planted is not None and fast_record is not None
+    with pytest.raises(AssertionError):
+        assert_same(planted, fast_record)
+
+
+def counted_runs_through_finishes(w: Workload, cancel_at: np.ndarray, blocks: int,
+                                  cfg: SchedulerConfig) -> tuple[RunRecord | None, int]:
+    """(the lean run's record, how many runs through finishes it took itself)."""
+    taken = []
+    original = lean_runs.LeanBatch.through_finishes
+    mp = pytest.MonkeyPatch()
+    mp.setattr(lean_runs.LeanBatch, "through_finishes", lambda self: original(self) and not taken.append(1))
+    try:
+        return run(w, cancel_at, blocks, "lean", cfg, timeline=True)[0], len(taken)
+    finally:
+        mp.undo()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(12, 200), rate=st.sampled_from([0.5, 2.0, 8.0]),
+       cancel=st.sampled_from([0.0, 0.3]))
+def test_runs_through_finishes_give_the_fast_path_s(seed, blocks, rate, cancel) -> None:
+    # a light load: the queue empties and the batch shrinks as requests finish until the next arrival (or until
+    # memory is short: 12 blocks of 16 hold less than one long request), which the lean loop now runs itself
+    w, cancel_at = workload(60, rate, seed, cancel)
+    cfg = SchedulerConfig(max_model_len=600)
+    lean_record, runs = counted_runs_through_finishes(w, cancel_at, blocks, cfg)
+    fast_record, _ = run(w, cancel_at, blocks, "fast", cfg, timeline=True)
+    assert lean_record is not None and fast_record is not None
+    assert_same(lean_record, fast_record)
+    assert runs > 0
+
+
+@pytest.mark.parametrize("plant", ["running_s summed step by step", "every finish at the run's end"])
+def test_a_planted_bug_in_a_run_through_finishes_is_caught(plant) -> None:
+    w, cancel_at = workload(60, 2.0, 7, 0.3)
+    cfg = SchedulerConfig(max_model_len=600)
+    fast_record, _ = run(w, cancel_at, 120, "fast", cfg, timeline=True)
+    mp = pytest.MonkeyPatch()
+    if plant == "running_s summed step by step":  # instead of the BLAS dot product d @ alive: an ulp somewhere
+
+        def add(totals, parts, table_bytes, d, ends, alive, n, now_s):
+            before = totals.running_s
+            step_sums.add_through_finishes(totals, parts, table_bytes, d, ends, alive, n, now_s)
+            terms = [x * a for x, a in zip(d.tolist(), alive.tolist(), strict=True)]
+            totals.running_s = before + functools.reduce(operator.add, terms, 0.0)
+        mp.setattr(lean_runs, "add_through_finishes", add)
+    else:
+        original = lean_runs.LeanBatch._leave_in_order
+        mp.setattr(lean_runs.LeanBatch, "_leave_in_order",
+                   lambda self, finished, k, ends, *rest: original(self, finished, k, [ends[k]] * len(ends), *rest))
+    try:
+        planted, runs = counted_runs_through_finishes(w, cancel_at, 120, cfg)
+    finally:
+        mp.undo()
+    assert planted is not None and fast_record is not None and runs > 0
     with pytest.raises(AssertionError):
         assert_same(planted, fast_record)
 
