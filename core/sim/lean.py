@@ -13,11 +13,11 @@ Each tick is what FastForward.advance (or the plain step) does in the same state
     _preempt   that step's growth does not fit: running requests preempted from the back (_preempting_step)
     _segment   a run of decode steps to the next finish or the memory limit while the head of the queue cannot be
                admitted, in pieces where arrivals join (FastForward._segment; the same numpy sums: paged_run)
+    through_finishes  nobody waits: the batch shrinks as requests finish, to the next arrival (lean_runs)
 
-Anything else (a batch that is not steady: a prefill chunk; nobody waiting: a run through finishes) is handed to the
-fast path or the plain step after the lists are written back (`_sync_out`), and read again after (`_sync_in`). Step
-times are step_s's operations in the same order (StepTimeModel.step_fn, decode_run_s); every float is summed in the
-same order as the fast path sums it (tests/core/sim/test_sim_lean.py).
+Anything else (a batch that is not steady: a prefill chunk) is handed to the fast path or the plain step after the
+lists are written back (`_sync_out`), and read again after (`_sync_in`). Step times are step_s's operations in the
+same order (StepTimeModel.step_fn, decode_run_s); every float is summed as the fast path sums it (test_sim_lean.py).
 """
 
 from __future__ import annotations
