@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     from .record import RunTotals
-    from .steptime import StepTimeModel
 
 
 def piece_bounds(ends: np.ndarray | list[float], k: int, arrivals: Sequence[float], next_arrival: int) -> list[int]:
@@ -115,7 +114,7 @@ def chunked_decode_excess(contexts: np.ndarray, k: int, hi: np.ndarray, c: int) 
     return np.cumsum(diff)[:k]
 
 
-def shrinking_run(st: StepTimeModel, tokens0: np.ndarray, remaining: np.ndarray, k: int, now_s: float,
+def shrinking_run(st: Any, tokens0: np.ndarray, remaining: np.ndarray, k: int, now_s: float,  # st: StepTimeModel
                   steps: np.ndarray, excess: np.ndarray | float) -> tuple[np.ndarray, ...]:
     """A k-step run in which requests leave as they finish (fastforward._segment_through_finishes, lean_runs): (the
     requests by tokens to go, stable; their tokens to go in that order; alive and context sum per step; step times;
