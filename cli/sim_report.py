@@ -236,6 +236,7 @@ def _job_doc(job, summaries: dict[str, dict]) -> dict:
         "kv_dtype": job.kv_dtype,
         "memory_plan": _memory_plan_doc(plan),
         "sliding_window": None if not job.spec.num_sliding_layers else {
+            "kind": job.sim.steptime.window_kind,  # "sliding" (min(q, W) positions) or "chunked" (its own chunk)
             "window_tokens": job.spec.sliding_window, "sliding_layers": job.spec.num_sliding_layers,
             "layers": job.spec.layers, "attention_modelled": True, "pool_modelled": job.sim.groups is not None,
         },

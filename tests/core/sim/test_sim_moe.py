@@ -95,8 +95,12 @@ def test_the_report_says_what_is_assumed_or_not_modelled(run_cli):
     small = ("--requests", "3", "--rate", "4", "--gpu", "H200")
     mistral = run_cli("sim", *small, "--model", "Mistral-7B-v0.1", "--json")
     assert mistral.exit_code == 0, mistral.stderr
-    assert mistral.json()["sliding_window"] == {"window_tokens": 4096, "sliding_layers": 32, "layers": 32,
-                                                "attention_modelled": True, "pool_modelled": True}
+    assert mistral.json()["sliding_window"] == {"kind": "sliding", "window_tokens": 4096, "sliding_layers": 32,
+                                                "layers": 32, "attention_modelled": True, "pool_modelled": True}
+    scout = run_cli("sim", *small, "--model", "llama-4-scout", "--tp", "4", "--json")  # 36 chunked of 48 layers
+    assert scout.exit_code == 0, scout.stderr
+    assert scout.json()["sliding_window"] == {"kind": "chunked", "window_tokens": 8192, "sliding_layers": 36,
+                                              "layers": 48, "attention_modelled": True, "pool_modelled": True}
     table = run_cli("sim", *small, "--model", "Gemma-2-9B")
     assert "sliding window 4,096 on 21 of 42 layers: applied to the attention FLOPs and KV reads" in table.stdout
     assert "the pool frees each sequence's blocks that left the window" in table.stdout
