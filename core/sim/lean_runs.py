@@ -137,6 +137,8 @@ class LeanBatch:
         k = max(rem)
         until = s.arrival_list[s.next_arrival] if s.next_arrival < s.num_requests else np.inf
         if until < np.inf:  # no decode step is shorter than the weights' read + overhead
+            if until <= s.now_s + self.floor_s:  # <= the end of step 0 (rounding is monotone): under two steps
+                return False
             k = min(k, int((until - s.now_s) / self.floor_s) + 2)
         tokens0, remaining = np.array(tok, dtype=np.int64), np.array(rem, dtype=np.int64)
         order, by_remaining, alive, context, d, ends = shrinking_run(
