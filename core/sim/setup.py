@@ -68,6 +68,7 @@ from .setup_checks import (
     check_hybrid,
     check_ignored,
     check_rate_inf_arrival,
+    check_trace_ids,
     check_weighted_tables,
     check_workload_options,
     start_refusals,
@@ -99,13 +100,14 @@ class SimJob:
     start_refusals: tuple[str, ...] = ()  # why vLLM would not start with these settings (simulated anyway; warned)
 
 
-def _workload(o: SimOptions, seed: int) -> Workload:
+def _workload(o: SimOptions, seed: int, block_size: int) -> Workload:
     given = {name: getattr(o, name) is not None for name in CONSTRUCTED_ONLY}
     check_mode_options(trace=o.trace is not None, given=given, limit=o.limit is not None,
                        time_scale=o.time_scale != 1.0)
     if o.trace is not None:
         kind, path = o.trace
-        return from_trace(read_trace(kind, path), finite_float("time_scale", o.time_scale), o.limit)
+        trace = check_trace_ids(o, read_trace(kind, path), block_size)
+        return from_trace(trace, finite_float("time_scale", o.time_scale), o.limit)
     arrival = (DEFAULT_ARRIVAL if o.arrival is None else o.arrival).strip().lower()
     if o.burstiness is not None and arrival != "gamma":
         raise ParameterError(f"burstiness {o.burstiness:g} applies to arrival gamma (Poisson arrivals have none); "
@@ -168,7 +170,7 @@ def build(o: SimOptions) -> SimJob:
         notes.append(_groups_note(layout))
     steptime, source = _steptime(o, spec, plan, notes)
     scheduler = _scheduler(o, plan, max_model_len)
-    workload = _workload(o, seed)
+    workload = _workload(o, seed, plan.block_size)
     check_workload_options(o, workload, policies)
     speculation = _speculation(o, max_model_len, policies, seed, notes)
     sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ParameterError
+from ..inputs.traces import Trace
 from ..model.kv_groups import KVLayout
 from ..model.models import ModelSpec
 from ..notes import Note, concat
@@ -109,3 +110,14 @@ def check_align_block_fits(o: SimOptions, layout: KVLayout, block_size: int) -> 
             f"the block of {block_size:,} tokens must fit the step's max_batched_tokens "
             f"{o.max_batched_tokens:,}: raise max_batched_tokens or use mamba_cache_mode none",
             "mamba_cache_mode", "max_batched_tokens")
+
+
+def check_trace_ids(o: SimOptions, trace: Trace, block_size: int) -> Trace:
+    """A Mooncake trace served with prefix caching has the hash id of each full block's last token: checked before
+    the requests are put in arrival order, so that a short one is named by its line in the file (as share names
+    it), not by its place in arrival order. The trace, unchanged."""
+    if o.prefix_caching and trace.hash_offsets is not None:
+        from ..share.replay_groups import check_ids_cover_prompts  # prefix caching only (start-up)
+
+        check_ids_cover_prompts(trace if o.limit is None else trace.head(o.limit), block_size)
+    return trace

@@ -46,10 +46,9 @@ def test_share_names_the_file_and_line_order_request_with_too_few_hash_ids(run_c
     assert result.exit_code == 2 and "few.jsonl request 2: 1536 prompt tokens need 3 hash_ids" in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="core/sim/paged.py:347 (S) keys each request as f'request {i + 1}: ' in "
-                   "arrival order without the file: 'request 1: 1536 prompt tokens need 3 hash_ids' for line 2")
 def test_sim_names_the_file_and_line_order_request_with_too_few_hash_ids(run_cli, tmp_path) -> None:
-    result = run_cli("sim", "--trace", "mooncake", str(_too_few_ids(tmp_path)), "--requests", "2")
+    # checked before arrival order (setup_checks.check_trace_ids): line 2 arrives first; was 'request 1: ...'
+    result = run_cli("sim", "--trace", "mooncake", str(_too_few_ids(tmp_path)))
     assert result.exit_code == 2 and "few.jsonl request 2: 1536 prompt tokens need 3 hash_ids" in result.stderr
 
 
