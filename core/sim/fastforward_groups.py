@@ -40,6 +40,7 @@ class FastForward(Protocol):
     def _steps_upto(self, k: int) -> np.ndarray: ...
     def _excess(self, tokens: np.ndarray, k: int, alive_steps: np.ndarray | None = None) -> np.ndarray | float: ...
     def _until(self) -> float: ...
+    def _grouped_segment(self, k: int, d: np.ndarray, ends: np.ndarray) -> bool: ...
 
 
 def grouped_run_through_finishes(ff: FastForward) -> bool:
@@ -54,18 +55,13 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     tokens0 = s.computed[run]
     remaining = s.stop_at[run] - s.generated[run]
     if not policy._private:  # prefix caching: block ids matter, a run stops at the first finish
-        return _prefix_run(ff, run, tokens0, remaining)
+        return _prefix_run(ff, tokens0, remaining)
     k = int(remaining.max())
     until = ff._until()
     if until < np.inf:  # no decode step is shorter than one token's (weights, overhead, one state)
         k = min(k, int((until - s.now_s) / st.decode_steps_s(1, 0.0)) + 2)
     d, alive = _step_times(ff, tokens0, remaining, k)
-    ends = np.empty(k + 1)
-    ends[0] = s.now_s
-    ends[1:] = d
-    np.cumsum(ends, out=ends)
-    if until < np.inf:
-        k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+    ends, k = _ends(s.now_s, d, k, until)
     k, memory = _memory(policy, tokens0, remaining, k)
     if k < 2:
         return False
@@ -81,11 +77,11 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     return True
 
 
-def _prefix_run(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining: np.ndarray) -> bool:
+def _prefix_run(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray) -> bool:
     """A run of decode steps up to the first finish (or arrival) on a prefix-caching pool (hybrid_runs, through
-    GroupedPagedPolicy.decode_run), accounted and ended as fastforward's _grouped_segment ends a run: the pool
+    GroupedPagedPolicy.decode_run): fastforward's _grouped_segment takes it (nobody waits here) — the pool
     advanced, then the requests at their last token leave, in batch order, at the run's end."""
-    s, policy = ff.scheduler, ff.policy
+    s = ff.scheduler
     k = int(remaining.min())
     until = ff._until()
     if until < np.inf:
@@ -93,27 +89,20 @@ def _prefix_run(ff: FastForward, run: np.ndarray, tokens0: np.ndarray, remaining
     if k < 2:
         return False
     d = _step_times(ff, tokens0, remaining, k)[0]
+    ends, k = _ends(s.now_s, d, k, until)
+    return k >= 2 and ff._grouped_segment(k, d, ends)
+
+
+def _ends(now_s: float, d: np.ndarray, k: int, until: float) -> tuple[np.ndarray, int]:
+    """(ends [k + 1]: step j ends at ends[j + 1], summed from now in step order as now += d; the steps that start
+    before `until`, at most k)."""
     ends = np.empty(k + 1)
-    ends[0] = s.now_s
+    ends[0] = now_s
     ends[1:] = d
     np.cumsum(ends, out=ends)
     if until < np.inf:
         k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
-    if k < 2:
-        return False
-    k, memory = policy.decode_run(tokens0, k, False)
-    if k < 2:
-        return False
-    d, ends = d[:k], ends[: k + 1]
-    add_run(ff.totals, d, ends, policy.run_memory(memory, k), len(run), 0)
-    s.computed[run] = tokens0 + k
-    s.generated[run] += k
-    policy.advance_run(run, tokens0, k, memory)
-    s.now_s = float(ends[-1])
-    s.last_token_s[run] = s.now_s
-    s.finish(run)
-    s.steady = True
-    return True
+    return ends, k
 
 
 def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
