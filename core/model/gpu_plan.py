@@ -20,7 +20,7 @@ chunked cdiv(min(C + max_num_batched_tokens, max_model_len), block); recurrent 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -143,7 +143,7 @@ def plan_gpu(
     _check_plan_inputs(block_size, max_model_len, tp, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization)
     layout = attention_free_layout(spec, kv_dtype_bits, tp, max_model_len, block_size, mamba_cache_mode) or kv_layout(
         spec, kv_dtype_bits, block_size, kv_layout_name, tp, mamba_cache_mode)
-    groups = _cache_groups(layout, max_model_len, max_num_batched_tokens, spec_tokens)
+    groups = _cache_groups(layout, max_model_len, max_num_batched_tokens, spec_tokens, _vllm_window(spec, layout))
     page, group_size = layout.page_bytes // layout.group_size, layout.group_size
     estimates: list[str] = []
     if kv_memory_bytes is not None:
@@ -258,20 +258,39 @@ def cache_groups(
 ) -> tuple[int, int, tuple[CacheGroup, ...]]:
     """(bytes of one layer slot's page, layer slots per block id, vLLM's groups: one per block table)."""
     kv = kv_layout(spec, kv_dtype_bits, block_size, layout, tp, mamba_cache_mode)
-    return kv.page_bytes // kv.group_size, kv.group_size, _cache_groups(kv, max_model_len, max_num_batched_tokens)
+    return kv.page_bytes // kv.group_size, kv.group_size, _cache_groups(kv, max_model_len, max_num_batched_tokens, 0,
+                                                                         _vllm_window(spec, kv))
+
+
+def _vllm_window(spec: ModelSpec, layout: KVLayout) -> int | None:
+    """The sliding window vLLM registers on every attention layer of `spec` though no token leaves it (the
+    config's model-level `sliding_window` W ≥ the model's positions: Phi-4-mini, Phi-3.5-MoE; layers.LayerGroup's
+    `vllm_window`), else None. vLLM's Attention takes cache_config.sliding_window (the config's) when a model
+    passes no per-layer window, and get_kv_cache_spec makes a SlidingWindowSpec of it."""
+    windows = {g.vllm_window for g in spec.layer_groups if g.keeps_kv}
+    return windows.pop() if layout.layout == "vllm" and len(windows) == 1 else None
+
+
+def request_cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> tuple[CacheGroup, ...]:
+    """vLLM's groups of `kv` with the blocks one request of max_model_len holds in each (`kvcalc sim` checks its
+    pool against them, as start_refusals does a GpuPlan's)."""
+    return _cache_groups(kv, max_model_len, max_num_batched_tokens)
 
 
 def _cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int,
-                  spec_tokens: int = 0) -> tuple[CacheGroup, ...]:
+                  spec_tokens: int = 0, vllm_window: int | None = None) -> tuple[CacheGroup, ...]:
     """A layer type spans `tables` block tables, each of `group_size` layer slots (the last one padded). With
     `spec_tokens` K a state group's request holds K more pages (vLLM's MambaSpec.num_speculative_blocks = K, one
-    state per draft position; none in mamba_cache_mode all, whose pages already cover every block)."""
+    state per draft position; none in mamba_cache_mode all, whose pages already cover every block). With
+    `vllm_window` W (`_vllm_window`) the full group's worst case is a sliding window's, as vLLM counts it:
+    cdiv(min(W − 1 + max_num_batched_tokens, max_model_len), B) + 1, one block more than full attention's."""
     groups = []
     for g in kv.groups:
         kind = g.source if g.kind == "state" or g.source == "mla" else g.kind
         extra = spec_tokens if g.kind == "state" and kv.mamba_cache_mode != "all" else 0
+        worst = replace(g, kind="sliding", window=vllm_window) if vllm_window and g.kind == "full" else g
         # per block table; under the ideal layout (one table) a block costs pages_per_block units of the plan
-        blocks = (request_blocks(g, max_model_len, max_num_batched_tokens, kv.mamba_cache_mode) + extra) * (
+        blocks = (request_blocks(worst, max_model_len, max_num_batched_tokens, kv.mamba_cache_mode) + extra) * (
             g.pages_per_block // g.tables)
         slots = g.padded_layers // g.tables
         for table in range(g.tables):

@@ -77,8 +77,10 @@ def _windows_within_positions(f: ConfigFields, layers: list[LayerGroup], notes: 
     if not wide:
         return layers
     notes.append(f"window {max(wide):,} is not shorter than the model's {positions:,} positions, so no token leaves "
-                 "it: those layers are full attention")
-    return [dataclasses.replace(g, kind="full", window=None) if g.window in wide else g for g in layers]
+                 "it: those layers are full attention (vLLM still registers them as that sliding window: its max "
+                 "concurrency counts one block more per request)")
+    return [dataclasses.replace(g, kind="full", window=None, vllm_window=g.window if g.kind == "sliding" else None)
+            if g.window in wide else g for g in layers]
 
 
 def _attention(f: ConfigFields, kind: str, heads: int, head_dim: int) -> LayerGroup:

@@ -74,6 +74,9 @@ class LayerGroup:
     sparse attention), in its own fixed precision whatever the KV's, and whole on every GPU under TP.
     `beside_attention`: these are the recurrent halves of layers that an attention group also counts (Falcon-H1
     runs attention and Mamba side by side in every layer), so they add no layers to the model.
+    `vllm_window`: full layers whose config window W is no shorter than the model's positions (Phi-4-mini,
+    Phi-3.5-MoE): no token ever leaves it, so they page as full attention, but vLLM still registers them as a
+    sliding window of W, whose worst case counts one block more per request (gpu_plan's max concurrency).
     """
 
     kind: str
@@ -92,6 +95,7 @@ class LayerGroup:
     note: str = ""
     indexer_bytes: int = 0
     beside_attention: bool = False
+    vllm_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
