@@ -22,6 +22,17 @@ from .hf_fields import ConfigFields
 from .state import RecurrentState
 
 _SSM_DTYPE_DEFAULTS = {"nemotron_h": "fp32"}  # transformers' NemotronHConfig.mamba_ssm_cache_dtype
+# The Mamba-2 scan chunk as vLLM reads it (ModelConfig.get_mamba_chunk_size): hf_text_config.mamba_chunk_size, else
+# .chunk_size, on the config object transformers built, so a config.json without either takes its config class's
+# default (transformers 5.24: each class instantiated with no arguments). Other model types: none, refused by name.
+_CHUNK_DEFAULTS = {
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "mamba_chunk_size", 256),
+    "bamba": ("BambaConfig", "mamba_chunk_size", 256),
+    "falcon_h1": ("FalconH1Config", "mamba_chunk_size", 256),
+    "nemotron_h": ("NemotronHConfig", "chunk_size", 128),
+    "mamba2": ("Mamba2Config", "chunk_size", 256),
+    "zamba2": ("Zamba2Config", "chunk_size", 256),
+}
 
 
 def model_dtype(f: ConfigFields) -> str | None:
@@ -89,11 +100,12 @@ def read_state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tu
         if not by_heads and f.int("mamba_d_ssm") is None and expand is not None and expand * hidden != d_inner:
             raise f.error(f"{expand_key} {expand} · hidden_size {hidden} = {expand * hidden} is not the Mamba inner "
                           f"width {mamba_heads} heads · {d_inner // mamba_heads} = {d_inner}; fix one")
+        chunk, chunk_from = _mamba_chunk(f)
         return RecurrentState(
             "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
             d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
             n_groups=f.int("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
-            d_conv=f.required_int("conv_kernel", "mamba_d_conv"), chunk=f.int("chunk_size", "mamba_chunk_size") or 0,
+            d_conv=f.required_int("conv_kernel", "mamba_d_conv"), chunk=chunk, chunk_from=chunk_from,
         )
     if linear_heads is not None:
         return RecurrentState(
@@ -108,3 +120,15 @@ def read_state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tu
             d_conv=f.required_int("mamba_d_conv"), dt_rank=-(-hidden // 16) if dt_rank in (None, "auto") else dt_rank,
         )
     return None
+
+
+def _mamba_chunk(f: ConfigFields) -> tuple[int, str]:
+    """(the Mamba-2 scan chunk, "" or where it came from when the file gives none); 0: unknown (_CHUNK_DEFAULTS)."""
+    chunk = f.int("mamba_chunk_size", "chunk_size")  # vLLM's order: mamba_chunk_size wins
+    if chunk is not None:
+        return chunk, ""
+    default = _CHUNK_DEFAULTS.get(str(f.raw("model_type")))
+    if default is None:
+        return 0, ""
+    cls, key, value = default
+    return value, f"the config gives neither mamba_chunk_size nor chunk_size: transformers' {cls} default {key} {value}"

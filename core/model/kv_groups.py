@@ -38,6 +38,7 @@ Everything is per GPU of `tp`: each layer split by its own KV heads, the state b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -176,9 +177,13 @@ def kv_layout(
         raise ParameterError(f"{spec.name}: no layer keeps a KV cache, so there is nothing to page", "model")
     if layout == "ideal":
         return _ideal(types, requested, mamba_cache_mode)
+    said = ""  # a chunk the config does not give: which default it is (hf_state_fields._CHUNK_DEFAULTS)
     if mamba_cache_mode == "all" and mamba_chunk_size is None and any(t.kind == "state" for t in types):
         mamba_chunk_size = state_chunk(spec)
-    return _vllm(spec.name, types, requested, mamba_cache_mode, mamba_chunk_size)
+        said = next((f"; Mamba chunk {g.state.chunk}: {g.state.chunk_from}" for g in spec.layer_groups
+                     if g.state is not None and g.state.chunk_from), "")
+    kv = _vllm(spec.name, types, requested, mamba_cache_mode, mamba_chunk_size)
+    return dataclasses.replace(kv, reason=kv.reason + said) if said else kv
 
 
 def state_chunk(spec: ModelSpec) -> int:

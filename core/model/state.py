@@ -56,6 +56,7 @@ class RecurrentState:
     k_dim: int = 0
     dt_rank: int = 0  # mamba1 only: the rank of the dt projection (weights, not state)
     chunk: int = 0  # mamba2: the scan kernel's chunk (config chunk_size); mamba_cache_mode all aligns to it; 0 unknown
+    chunk_from: str = ""  # where `chunk` came from when the config.json gives none (a transformers class default)
 
     def __post_init__(self) -> None:
         if self.kind not in STATE_KINDS:
