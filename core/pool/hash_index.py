@@ -190,17 +190,36 @@ class HashIndex:
         this batch placed before it is met on the way (it followed the same run), and drops it.
         """
         table, hash_of, mask = self.vals, self.hash_of, self._mask
-        lost = lost.tolist()
-        owns = self.own_slots(hashes[lost]).tolist()
-        for i, own in zip(lost, owns, strict=True):
-            h = hashes[i]
-            slot = int(free_slots[i])
-            at_home = slot == int(homes[i])
+        mine, slots = hashes[lost], free_slots[lost].astype(np.int64)
+        at_home, owns = slots == homes[lost], self.own_slots(mine)
+        # NOTE: batch-wide rounds (a rebuild loses thousands of keys): each key reads its slot; an equal hash
+        # there drops it, another entry moves it on, a free slot is claimed — by the first key of the batch that
+        # claims it (np.unique's first index), the others read the winner there next round
+        while len(lost) > _STRAGGLERS:
+            vals = table.take(slots)
+            taken = vals >= 0
+            equal = taken & (hash_of.take(vals) == mine)
+            inserted[lost[equal]] = False
+            moving = taken & ~equal
+            slots[moving] = np.where(at_home[moving], owns[moving], (slots[moving] + _STEP) & mask)
+            at_home[moving] = False
+            claims = np.flatnonzero(~taken)
+            done = equal
+            if len(claims):
+                won = claims[np.unique(slots[claims], return_index=True)[1]]
+                self.num_tombstones -= np.count_nonzero(vals[won] == _TOMBSTONE)
+                table[slots[won]] = block_ids[lost[won]]
+                self.slot_of[block_ids[lost[won]]] = slots[won]
+                done[won] = True
+            going = ~done
+            lost, mine, slots, at_home, owns = lost[going], mine[going], slots[going], at_home[going], owns[going]
+        for i, h, slot, home, own in zip(lost.tolist(), mine.tolist(), slots.tolist(), at_home.tolist(),
+                                         owns.tolist(), strict=True):
             while (v := int(table[slot])) >= 0:
                 if hash_of[v] == h:  # an equal hash of this batch took a slot of this run
                     inserted[i] = False
                     break
-                slot, at_home = (own if at_home else (slot + _STEP) & mask), False
+                slot, home = (own if home else (slot + _STEP) & mask), False
             else:
                 self.num_tombstones -= v == _TOMBSTONE
                 table[slot] = block_ids[i]

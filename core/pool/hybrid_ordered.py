@@ -81,6 +81,14 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
 def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
     """One reference less for each entry of `held` (a block may come several times), and the blocks whose count
     reaches 0 dropped where the one-at-a-time decrements would drop them: at their last entry."""
+    if len(held) == 1:  # a window's one block (a decode step of one sequence in one group)
+        block = int(held[0])
+        ref = int(store.ref[block]) - 1
+        assert ref >= 0, "a reference count went below zero"
+        store.ref[block] = ref
+        if not ref:
+            store.drop(held, defer=defer)
+        return
     if len(set(held.tolist())) == len(held):  # the usual case: each block once (a set: no sort of a few ids)
         refs = store.ref[held] - 1
         store.ref[held] = refs
