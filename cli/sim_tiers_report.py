@@ -96,8 +96,8 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
         records = [{"group": g.label, "per_block": g.bytes_per_block, "host": reads[HOST][g.label],
                     "disk": reads[DISK][g.label]} for g in last.block_bytes.groups]
         report.tables.append(record_table("tier reads by KV cache group", [
-            Field("group"), Field("per_block", "per block", format_bytes), Field("host", "host read", format_bytes),
-            Field("disk", "disk read", format_bytes)], records))
+            Field("group", "group"), Field("per_block", "per block", format_bytes),
+            Field("host", "host read", format_bytes), Field("disk", "disk read", format_bytes)], records))
     report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}

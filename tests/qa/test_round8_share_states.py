@@ -75,8 +75,8 @@ def test_trace_one_state_page_under_none(run_cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "kvcalc/core/pool/groups.py:113-116 (PoolGroup.first_block, align) keeps every state page from the page a step "
-    "resumes from to the step's end (a chunk of 10 blocks holds 6 pages: 21 blocks at once) and groups.py:~209 "
+    "core/pool/groups.py:113-116 (PoolGroup.first_block, align) keeps every state page from the page a step "
+    "resumes from to the step's end (a chunk of 10 blocks holds 6 pages: 21 blocks at once) and groups.py:212 "
     "(peak_blocks: max(2, ceil(T / B) + 1) = 12 pages) says 28; vLLM's MambaManager.allocate_new_blocks (align) "
     "puts null blocks in the skipped entries and holds 2 pages: 16 + 2 = 18"))
 def test_trace_align_holds_two_state_pages(run_cli, tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_trace_align_holds_two_state_pages(run_cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "kvcalc/core/pool/groups.py:117 (PoolGroup.first_block returns 0 for a state group under mode all) keeps every "
+    "core/pool/groups.py:117 (PoolGroup.first_block returns 0 for a state group under mode all) keeps every "
     "state page of the sequence (14 + 14 = 28 blocks); vLLM's MambaManager frees the pages before the last "
     "computed token's block at each step (get_num_skipped_tokens = computed − 1, remove_skipped_blocks): 20"))
 def test_trace_all_frees_state_pages_behind_the_last_token(run_cli, tmp_path: Path) -> None:
