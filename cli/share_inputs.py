@@ -108,9 +108,9 @@ def _mode(o: ShareOptions, has_model: bool) -> Literal["scenario", "trace", "cap
         raise ValueError(f"{groups_given[0]} applies to a model's KV cache groups: give a model too (--model, "
                          "--config or explicit dimensions)")
     if curve_given:
-        if groups_given:
-            raise ValueError(f"{groups_given[0]} applies to scenario and trace modes, not to --capacity or the "
-                             "tiers: drop it")
+        if "--mamba-cache-mode" in groups_given:  # --layout: how a cached block's bytes are paged
+            raise ValueError("--mamba-cache-mode applies to scenario and trace modes, not to --capacity or the "
+                             "tiers (a cached block carries a state saved at its boundary): drop it")
         pool_given = scenario_given + [flag for flag in trace_given if flag != "--limit"]
         if pool_given:
             which = "scenario mode" if scenario_given else "the trace replay's pool"
@@ -145,5 +145,5 @@ def run_capacity(inputs: ShareInputs) -> None:
         spec, quantization = checkpoint_weights(spec, o.model, o.config)
     options = share_capacity.parse_options(o.trace, o.limit, inputs.block, o.blocks, o.capacity, o.gpu_cache,
                                            o.host_cache, o.disk_cache, o.host_bw, o.disk_bw, o.tier_mode, o.gpu,
-                                           o.tp, o.plot, spec, inputs.bits, quantization)
+                                           o.tp, o.plot, spec, inputs.bits, quantization, o.layout)
     share_capacity.run(options, spec, inputs.dtype, inputs.bits, inputs.fmt)

@@ -8,8 +8,11 @@ A Mamba / linear-attention hybrid can resume only from a recurrent state saved a
 boundary: to hit at every block boundary, as the curve assumes, each cached block carries one saved state
 per state group (vLLM's mamba_cache_mode "align"/"all"); `state_bytes` is that cost. With mode "none" a
 hybrid caches no prefix at all, which is refused rather than answered with attention bytes alone.
-Groups are the ``ideal`` layout of core.model.kv_groups (each layer type pooled on its own, no padding, the
-block size as given), per GPU of `tp`.
+Groups are core.model.kv_groups' layout, per GPU of `tp`: ``vllm`` (the default, the one memory plan's) pages
+each group in block ids of G layer slots, so a cached block costs its padded bytes (Gemma-3-27B at block 16:
+10 full layers + 52 sliding layers in 6 tables of 10 slots = 70 pages of 128 KiB, 8.75 MiB, where its 62 real
+layers hold 7.75 MiB); a Mamba hybrid whose state forces a larger block is refused at any other block size.
+``ideal`` is kvcalc's own pool: each layer type on its own, no padding, the block size as given.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class CachedBlockBytes:
     block_size: int
     tp: int
     groups: tuple[GroupBytes, ...]
+    layout: str = "ideal"
+    padding_bytes: int = 0  # of bytes_per_block: padding layer slots and padded state pages (vllm layout)
 
     @property
     def bytes_per_block(self) -> int:
@@ -52,9 +57,15 @@ class CachedBlockBytes:
 
 
 def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, tp: int = 1,
-                       mamba_cache_mode: str = "align") -> CachedBlockBytes:
-    """The bytes of one cached prefix block of `spec` (module docstring)."""
-    layout = kv_layout(spec, dtype_bits, block_size, "ideal", tp, mamba_cache_mode)
+                       mamba_cache_mode: str = "align", layout_name: str = "ideal") -> CachedBlockBytes:
+    """The bytes of one cached prefix block of `spec` under `layout_name` (module docstring)."""
+    layout = kv_layout(spec, dtype_bits, block_size, layout_name, tp, mamba_cache_mode)
+    if layout.block_size != block_size:
+        raise ParameterError(
+            f"{{layout}} vllm pages {spec.name} at block {layout.block_size:,}, not {block_size:,} ({layout.reason}): "
+            f"give {{block_size}} {layout.block_size}, or {{layout}} ideal for kvcalc's own pool at block "
+            f"{block_size:,}",
+            "block_size", "layout")
     groups = []
     for g in layout.groups:
         if g.is_state:
@@ -66,7 +77,8 @@ def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size:
         else:
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
         groups.append(GroupBytes(label, g.layers, g.block_bytes))
-    return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups))
+    padding = sum(g.padding_bytes_per_block for g in layout.groups)
+    return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups), layout.layout, padding)
 
 
 def vllm_cache_groups(spec: ModelSpec, dtype_bits: int, block_size: int, tp: int = 1,

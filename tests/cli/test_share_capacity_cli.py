@@ -63,12 +63,13 @@ def test_tiers_json(run_cli, hand_trace: Path) -> None:
 
 def test_vllm_56871_note_for_a_model_with_several_groups(run_cli, hand_trace: Path) -> None:
     # Gemma-3-27B under vLLM's layout: 10 full layers set the group size, so 52 sliding layers span
-    # ceil(52 / 10) = 6 block tables: 7 KV cache groups. A 512-token block is 32 · (1.25 + 6.5) MiB = 248 MiB,
-    # so 1 GiB of host holds 4 blocks; under #56871 4 // 7 = 0
+    # ceil(52 / 10) = 6 block tables (60 slots, 8 padding): 7 KV cache groups. A 512-token block is 10 + 60
+    # layer slots of 512 tokens · 8 KiB (16 KV heads · 128 · 2 · 2 B) = 70 · 4 MiB = 280 MiB (the 62 real layers:
+    # 248 MiB), so 1 GiB of host holds 1,024 // 280 = 3 blocks; under #56871 3 // 7 = 0
     result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--gpu-cache", "512",
                      "--host-cache", "1GiB", "--model", "Gemma-3-27B")
     assert result.exit_code == 0, result.stderr
-    assert "7 KV cache groups" in result.stdout and "0 blocks, not 4" in result.stdout
+    assert "7 KV cache groups" in result.stdout and "0 blocks, not 3" in result.stdout
 
 
 def test_tier_bandwidths_and_mode(run_cli, hand_trace: Path) -> None:
@@ -130,9 +131,9 @@ def test_capacity_needs_a_trace(run_cli) -> None:
 
 def test_recurrent_hybrid_states_at_prompt_ends(run_cli, hand_trace: Path) -> None:
     # Nemotron-H (Mamba-2 hybrid): with states only where prompts end, 3 of the 5 hit blocks remain
-    # (tests/core/share/test_capacity.py works it by hand)
+    # (tests/core/share/test_capacity.py works it by hand); kvcalc's ideal layout: vLLM's pages it at block 4,608
     result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1TiB",
-                     "--model", "Nemotron-H-56B", "--json")
+                     "--model", "Nemotron-H-56B", "--layout", "ideal", "--json")
     assert result.exit_code == 0, result.stderr
     (curve,) = result.json()["curves"]
     assert curve["unbounded_hit_tokens"] == 5 * 512
@@ -169,8 +170,42 @@ def test_recurrent_hybrid_states_at_prompt_ends_per_capacity(run_cli, hand_trace
     # resumes there (3 blocks) if block 3 — at depth 3 before r1 — is still cached, so only with C >= 3; r2 and r3
     # find no saved state on their chains. C = 2 blocks (1,024 tokens): 0; C = 3 (1,536): 3 blocks.
     result = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1024,1536",
-                     "--model", "Nemotron-H-56B", "--json")
+                     "--model", "Nemotron-H-56B", "--layout", "ideal", "--json")
     assert result.exit_code == 0, result.stderr
     (curve,) = result.json()["curves"]
     assert [p["hit_rate_states_at_prompt_ends"] for p in curve["points"]] == [0.0, pytest.approx(3 * 512 / 6145)]
     assert curve["unbounded_hit_rate_states_at_prompt_ends"] == pytest.approx(3 * 512 / 6145)
+
+
+def test_capacity_bytes_count_vllm_padded_pages(run_cli, hand_trace: Path) -> None:
+    """Gemma-3-27B at block 512: vLLM's layout pages 10 full + 60 sliding layer slots (8 of them padding), 70 ·
+    512 tokens · 8 KiB = 280 MiB a cached block; kvcalc's ideal pool its 62 real layers, 248 MiB. 1 GiB holds
+    1,024 // 280 = 3 blocks (4 hit blocks on HAND, lru_reference) against 1,024 // 248 = 4 (5 hit blocks)."""
+    args = ["share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1GiB", "--model",
+            "Gemma-3-27B", "--json"]
+    vllm, ideal = run_cli(*args).json(), run_cli(*args, "--layout", "ideal").json()
+    assert vllm["model"]["layout"] == "vllm" and ideal["model"]["layout"] == "ideal"
+    assert vllm["curves"][0]["cached_block_bytes"] == 70 * 512 * 8192 == 280 * 2**20
+    assert ideal["curves"][0]["cached_block_bytes"] == 62 * 512 * 8192 == 248 * 2**20
+    groups = vllm["model"]["cached_block_bytes_by_group"]["512"]
+    assert groups == {"full": 10 * 4 * 2**20, "sliding_1024": 60 * 4 * 2**20}
+    assert [p["capacity_blocks"] for p in vllm["curves"][0]["points"]] == [3]
+    assert [p["hit_tokens"] for p in vllm["curves"][0]["points"]] == [4 * 512]
+    assert [p["capacity_blocks"] for p in ideal["curves"][0]["points"]] == [4]
+    assert [p["hit_tokens"] for p in ideal["curves"][0]["points"]] == [5 * 512]
+    table = run_cli(*args[:-1]).stdout
+    assert "vLLM's layout: 32.00 MiB of it padding" in " ".join(table.split())  # 8 slots · 4 MiB
+
+
+def test_capacity_layout_inputs(run_cli, hand_trace: Path) -> None:
+    base = ["share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "1GiB"]
+    # Nemotron-H: its Mamba-2 state (16,900,096 B a layer) forces vLLM's block to 512 · ceil(16,900,096 / (512 ·
+    # 4,096)) = 512 · 9 = 4,608 tokens: bytes at block 512 would be a pool vLLM does not page
+    result = run_cli(*base, "--model", "Nemotron-H-56B")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "pages Nemotron-H-56B at block 4,608, not 512" in result.stderr
+    assert "give --block 4608, or --layout ideal" in result.stderr
+    for extra, message in ((["--layout", "fancy"], "--layout 'fancy' is not one of vllm, ideal"),
+                           (["--mamba-cache-mode", "all"], "--mamba-cache-mode applies to scenario and trace modes")):
+        result = run_cli(*base, "--model", "Gemma-3-27B", *extra)
+        assert result.exit_code == 2 and message in result.stderr, result.stderr
