@@ -19,7 +19,7 @@ def run_hybrid_command(device: str, dtype: str, scenarios: list[str] | None, inj
     if hf_model is not None:
         raise ParameterError("--model hybrid-tiny and --hf-model both name the weights; give one of them", "model")
     names = tuple(scenarios or HYBRID_SCENARIOS)
-    check_hybrid_options(names, inject, dtype)
+    check_hybrid_options(names, inject, dtype, device)
     with progress_bar("kvcalc verify (scenarios)", total=len(names)) as advance:
         run = run_hybrid_verify(device=device, dtype=dtype, scenarios=names, inject=inject, seed=seed,
                                 progress=advance)

@@ -40,7 +40,7 @@ from .references import Job, shared_references
 from .result import EVENTS, ScenarioResult, settle
 from .scenarios import sampling_of_row
 from .scheduled import block_keys
-from .suite import resolve_device
+from .suite import DEVICES, resolve_device
 from .verdict import TOP_K, Decoding, compare
 
 
@@ -146,8 +146,10 @@ def _hit_error(scenario: HybridScenario, executor: HybridExecutor) -> str | None
     return None
 
 
-def check_hybrid_options(scenarios: tuple[str, ...], inject: str | None, dtype: str) -> None:
-    """Bad input, named: a scenario or fault the hybrid model does not have."""
+def check_hybrid_options(scenarios: tuple[str, ...], inject: str | None, dtype: str, device: str = "cpu") -> None:
+    """Bad input, named: a scenario or fault the hybrid model does not have, a device verify does not know."""
+    if device not in DEVICES:  # else resolve_device takes any other name for cuda
+        raise ParameterError(f"device {device!r} is not one of {', '.join(DEVICES)}", "device")
     unknown = [s for s in scenarios if s not in HYBRID_SCENARIOS]
     if unknown or not scenarios:
         raise ParameterError(f"scenario {', '.join(map(repr, unknown)) or '(none)'} is not a scenario of --model "
@@ -166,7 +168,7 @@ def run_hybrid_verify(*, device: str = "cpu", dtype: str = "fp32", scenarios: tu
                       progress: Callable[[int], None] | None = None) -> VerifyRun:
     """Every hybrid scenario asked for -> a VerifyRun as suite.run_verify's, with `model.hybrid` (the layer kinds,
     window, state size, state mode and pool groups)."""
-    check_hybrid_options(scenarios, inject, dtype)
+    check_hybrid_options(scenarios, inject, dtype, device)
     dev = resolve_device(device)
     started = time.perf_counter()
     threads = torch.get_num_threads()
