@@ -1,9 +1,10 @@
-"""Round-8 QA, issue 19: prefix-cache tiers (GPU → host → disk) on hybrids, by hand: `sim --host-cache` on
-gpt-oss-20b (a sliding window).
+"""Round-8 QA, issue 19: prefix-cache tiers (GPU → host → disk) on hybrids, by hand: `share` on Nemotron-H-56B (a
+state saved with every cached block) and `sim --host-cache` on gpt-oss-20b (a sliding window).
 
 vLLM's rule for a sliding group loading an external (host) hit (single_type_kv_cache_manager.py,
 allocate_new_computed_blocks): the blocks before get_num_skipped_tokens(hit) // B = (hit − W + 1) // B are null
-entries, only the rest are allocated for the connector to fill: a sliding group reads its window's blocks only.
+entries, only the rest are allocated for the connector to fill: a sliding group reads its window's blocks only,
+and a Mamba group (get_num_skipped_tokens = hit − 1) the one state at the hit's boundary.
 """
 
 from __future__ import annotations
@@ -19,6 +20,46 @@ def _write(tmp_path: Path, rows: list[tuple[int, int, list[int]]]) -> str:
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": ids}) + "\n"
                             for t, n, ids in rows))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def mamba_tiers(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # Nemotron-H-56B, --layout ideal at block 16 (vllm would force 4,128): a cached block holds 16 · 40,960 =
+    # 655,360 B of attention KV and one saved state 912,605,184 B: 913,260,544 B. GPU 4 GiB // that = 4 blocks,
+    # host 64 GiB // that = 75. Requests: 10,240 tokens (ids 0..19) twice, then 9,000 (ids 0..17). A request's
+    # blocks enter the cache block 0 most recent (exclusive tiers: the GPU keeps the 4 most recent, the host the next
+    # 75, the rest are dropped: no disk); a hit needs the whole chain, so requests 2 and 3 each hit blocks 0..78 =
+    # 79 blocks = 1,264 tokens: 4 · 16 = 64 on the GPU, 75 · 16 = 1,200 read back from the host
+    from typer.testing import CliRunner
+
+    from kvcalc.cli.app import app
+
+    trace = _write(tmp_path_factory.mktemp("mamba"), [(0, 10240, list(range(20))), (1000, 10240, list(range(20))),
+                                                      (2000, 9000, list(range(18)))])
+    result = CliRunner().invoke(app, ["share", "--trace", "mooncake", trace, "--model", "nemotron-h-56b", "--layout",
+                                      "ideal", "--gpu-cache", "4GiB", "--host-cache", "64GiB", "--gpu", "H200",
+                                      "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)["tiers"]
+
+
+def test_share_tiers_on_a_mamba_hybrid_by_hand(mamba_tiers: dict) -> None:
+    gpu, host, disk = mamba_tiers["by_tier"]
+    assert (gpu["capacity_blocks"], host["capacity_blocks"], disk["capacity_blocks"]) == (4, 75, 0)
+    assert host["capacity_bytes"] == 75 * 913_260_544
+    assert (gpu["hit_tokens"], host["hit_tokens"], mamba_tiers["hit_tokens"]) == (2 * 64, 2 * 1200, 2528)
+    assert host["read_blocks"] == 2 * 75
+    assert host["read_bytes_by_group"]["full"] == 2 * 75 * 655_360  # every hit block's attention KV
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cli/share_tiers.py:115 (CacheBlockBytes.split(read_blocks), core/share/cache_bytes.py:54-56) reads a saved "
+    "state with every hit block (2 · 75 states = 136,890,777,600 B, 'load its hits 5.5 s', loading never pays); "
+    "a hit resumes from the state at its boundary only: 2 states = 1,825,210,368 B"))
+def test_share_tiers_read_one_state_per_hit(mamba_tiers: dict) -> None:
+    host = mamba_tiers["by_tier"][1]
+    assert host["read_bytes_by_group"]["state_mamba2"] == 2 * 912_605_184
+    assert host["read_bytes"] == 2 * (75 * 655_360 + 912_605_184)
 
 
 @pytest.fixture
