@@ -2,11 +2,11 @@
 each request decoded alone with a contiguous KV cache.
 
 torch is imported only inside the command body (and kvcalc.cuda_ext), as for `kvcalc bench`. Exit codes
-(cuda_ext/verify/suite.py's exit_code): 0 every scenario passed — with --inject: the fault was caught in every
-scenario it acted in; 1 a scenario failed — with --inject: the fault acted unnoticed somewhere, or a scenario
-it never acted in failed; 2 bad input or torch missing (the message says how to install it); 3 --device cuda
-without a GPU; 4 not exercised — a scenario missed an event its name promises (and none failed), or with
---inject the fault never acted.
+(cuda_ext/verify/outcome.py's exit_code): 0 every scenario passed; 1 a scenario failed — with --inject: the fault
+was caught in every scenario it acted in (the run fails, as a negative control must); 2 bad input or torch
+missing (the message says how to install it); 3 --device cuda without a GPU; 4 not exercised — a scenario missed
+an event its name promises (and none failed), or with --inject the fault never acted; 5 with --inject: the
+fault acted unnoticed somewhere, or a scenario it never acted in failed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ ScenarioOpt = Annotated[list[str] | None, typer.Option(
     "speculative, prefix-chunked, aligned-repeat, fork-pressure, evict-return, async-cancel.")]
 InjectOpt = Annotated[str | None, typer.Option(
     "--inject", help="Plant a fault in the block pool that the checks must catch: early-free, skip-cow, "
-    "stale-hash or no-rollback. Exit 0: caught in every scenario it acted in; 1: it acted unnoticed "
+    "stale-hash or no-rollback. Exit 1: caught in every scenario it acted in; 5: it acted unnoticed "
     "(or a scenario it never acted in failed); 4: it never acted.")]
 VerifySeedOpt = Annotated[int, seed_option("Seed of the model's weights and of the prompts.")]
 VerifyModelOpt = Annotated[str | None, typer.Option(
@@ -72,9 +72,9 @@ def command(
     """Decode a small Llama-family model through the block pool, the scheduler and paged attention, and
     check every token against each request decoded alone with a contiguous KV cache.
 
-    Exit codes: 0 passed (with --inject: the fault caught wherever it acted); 1 a scenario failed (with
-    --inject: the fault went unnoticed somewhere); 2 bad input; 3 no GPU for --device cuda; 4 not exercised
-    (a scenario missed an event its name promises; with --inject: the fault never acted)."""
+    Exit codes: 0 passed; 1 a scenario failed (with --inject: the fault caught wherever it acted); 2 bad
+    input; 3 no GPU for --device cuda; 4 not exercised (a scenario missed an event its name promises; with
+    --inject: the fault never acted); 5 with --inject: the fault went unnoticed somewhere."""
     output_format = resolve_format(json_flag, fmt)
     if hf_model is not None and hf_model.is_file():  # before torch: it would look for FILE/config.json
         raise ValueError(f"--hf-model {hf_model} is a file: give the folder that holds config.json "

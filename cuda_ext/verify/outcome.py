@@ -117,9 +117,10 @@ class VerifyRun:
 
     @property
     def exit_code(self) -> int:
-        """0 passed (or: the planted fault was caught wherever it acted), 1 failed (or: it went unnoticed
-        somewhere), 4 not exercised (a scenario missed an event it names, or the fault never acted)."""
-        return EXIT_CODES[self.inject_status or self.status]
+        """0 passed, 1 failed, 4 not exercised (a scenario missed an event it names). With a fault planted: 1 it
+        was caught wherever it acted (the run fails, as a negative control must), 5 it went unnoticed somewhere or
+        a scenario it never acted in failed, 4 it never acted."""
+        return EXIT_CODES[self.status] if self.inject_status is None else INJECT_EXIT_CODES[self.inject_status]
 
     def to_dict(self) -> dict[str, Any]:
         doc = {
@@ -167,5 +168,6 @@ def inject_status(results: list[ScenarioResult]) -> str:
     return "caught" if any(r.fault == "caught" for r in results) else "not exercised"
 
 
-# the exit code of each outcome: the same numbers for a plain run and a negative control
-EXIT_CODES = {"passed": 0, "caught": 0, "failed": 1, "undetected": 1, "not exercised": 4}
+# the exit code of each outcome of a plain run, and of a negative control (a caught fault fails the run: 1)
+EXIT_CODES = {"passed": 0, "failed": 1, "not exercised": 4}
+INJECT_EXIT_CODES = {"caught": 1, "undetected": 5, "failed": 5, "not exercised": 4}

@@ -56,9 +56,9 @@ def test_table_names_every_scenario_and_the_verdict(run_cli):
     ("early-free", "cancel-reuse"), ("skip-cow", "parallel-sampling"), ("stale-hash", "prefix-cache"),
     ("no-rollback", "speculative"),
 ])
-def test_each_inject_is_caught_with_exit_0(run_cli, fault, scenario):
+def test_each_inject_is_caught_with_exit_1(run_cli, fault, scenario):
     result = run_cli("verify", "--inject", fault, "--scenario", scenario, "--scenario", "ragged", "--json")
-    assert result.exit_code == 0  # the negative control did its job: the fault was caught where it acted
+    assert result.exit_code == 1  # the negative control did its job: the fault was caught (the run fails)
     doc = json.loads(result.stdout)
     assert doc["inject"] == fault and not doc["passed"] and doc["status"] == "failed"
     caught, untouched = doc["scenarios"]
@@ -77,9 +77,9 @@ def test_an_inject_with_nothing_to_act_on_exits_4_and_says_so(run_cli):
     assert "verdict: all scenarios passed" in result.stdout
 
 
-def test_an_inject_that_acts_unnoticed_exits_1(run_cli, monkeypatch):
+def test_an_inject_that_acts_unnoticed_exits_5(run_cli, monkeypatch):
     # a check with a hole: the fault acts (fired > 0) but changes nothing a check can see, so the run must
-    # say so (exit 1), not report it caught
+    # say so (exit 5), not report it caught
     from kvcalc.cuda_ext.verify import faults
 
     def harmless(self, pool):
@@ -93,7 +93,7 @@ def test_an_inject_that_acts_unnoticed_exits_1(run_cli, monkeypatch):
 
     monkeypatch.setattr(faults.Fault, "_early_free", harmless)
     result = run_cli("verify", "--inject", "early-free", "--scenario", "ragged", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     doc = json.loads(result.stdout)
     assert doc["inject_status"] == "undetected" and doc["inject_undetected_in"] == ["ragged"]
     assert doc["scenarios"][0]["fault"] == "undetected" and doc["scenarios"][0]["passed"]
@@ -101,7 +101,7 @@ def test_an_inject_that_acts_unnoticed_exits_1(run_cli, monkeypatch):
 
 def test_inject_table_says_what_caught_it(run_cli):
     result = run_cli("verify", "--inject", "stale-hash", "--scenario", "prefix-cache")
-    assert result.exit_code == 0
+    assert result.exit_code == 1
     assert "FAIL (tokens, content, invariants, error); fault caught" in result.stdout
     assert "CAUGHT wherever it acted" in result.stdout and "caught by prefix-cache" in result.stdout
     assert "verdict: FAILED" in result.stdout

@@ -15,7 +15,7 @@ def test_cli_hybrid_exit_codes(run_cli):
     assert ok.exit_code == 0 and ok.json()["status"] == "passed"
     caught = run_cli("verify", "--model", "hybrid-tiny", "--scenario", "hybrid-prefix-cache", "--inject",
                      "stale-state", "--json")
-    assert caught.exit_code == 0 and caught.json()["inject_status"] == "caught"
+    assert caught.exit_code == 1 and caught.json()["inject_status"] == "caught"  # the run fails, as it must
     idle = run_cli("verify", "--model", "hybrid-tiny", "--scenario", "hybrid-cancel", "--inject", "stale-state")
     assert idle.exit_code == 4 and "NOT EXERCISED" in idle.stdout
 
