@@ -87,9 +87,11 @@ def _ffn_params(f: FfnGroup, hidden: int, experts: int) -> int:
 def _mixer_params(g: LayerGroup, hidden: int) -> int:
     if g.state is not None:
         return _recurrent_params(g.state, hidden)
-    if not g.keeps_kv or not g.q_heads:
-        return 0  # no-op, MLP-only or KV-shared layers (a KV-shared layer's Q and O are counted with its group)
+    if not g.q_heads:
+        return 0  # no-op or MLP-only layers
     out = g.q_heads * g.v_head_dim * hidden
+    if not g.keeps_kv:  # a KV-shared layer (Gemma-3n, Gemma-4): its own Q and O, another layer's K and V
+        return hidden * g.q_heads * g.k_head_dim * (2 if g.gated_query else 1) + out
     if g.kind == "mla":
         q = hidden * g.q_lora_rank + g.q_lora_rank * g.q_heads * g.k_head_dim if g.q_lora_rank else (
             hidden * g.q_heads * g.k_head_dim)
@@ -161,7 +163,12 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, instead: st
 
 def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: str = "weights_bytes") -> int:
     """The vision tower's parameters of a config.json (0 when it has no `vision_config`); `instead`: the parameter
-    that gives the weights without this count, named when the tower cannot be counted."""
+    that gives the weights without this count, named when the tower cannot be counted. Gemma-3n: its vision and
+    audio towers and the text weights the dimension estimate leaves out (core/model/gemma3n_weights.py)."""
+    from .gemma3n_weights import gemma3n_params, is_gemma3n
+
+    if is_gemma3n(config):
+        return gemma3n_params(config, text_hidden, instead)
     vision = config.get("vision_config")
     return vision_tower_params(vision, text_hidden, instead) if isinstance(vision, Mapping) else 0
 

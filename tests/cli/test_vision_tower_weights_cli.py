@@ -1,6 +1,7 @@
-"""A vision tower kvcalc cannot count (Gemma-3n's MobileNet-V5: its vision_config has a width, no layer count) is
-asked for only when the weights are estimated: `sim --weights-bytes` and `size --gpu --kv-memory` estimate none and
-run; without them the one-line error names the flag that replaces the estimate."""
+"""A vision tower kvcalc cannot count (a vision_config without the fields) is asked for only when the weights are
+estimated: `sim --weights-bytes` and `size --gpu --kv-memory` estimate none and run; without them the one-line error
+names the flag that replaces the estimate. Gemma-3n's MobileNet-V5 (timm's mobilenetv5_300m_enc) is counted now
+(core/model/gemma3n_weights.py; its audio tower too, from the real audio_config)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,19 @@ SIM = ("--gpu-memory", "80GiB", "--bandwidth", "3.35e12", "--flops", "989e12", "
 
 
 def _gemma3n(tmp_path: Path, vision: dict) -> str:
-    config = {**real_config("GEMMA3N_E4B"), "vision_config": vision}
+    audio = real_config("AUDIO", "test_gemma3n_weights")  # google/gemma-3n-E4B-it's audio_config
+    config = {**real_config("GEMMA3N_E4B"), "vision_config": vision, "audio_config": audio}
     (tmp_path / "config.json").write_text(json.dumps(config))
     return str(tmp_path)
 
 
+def test_mobilenet_v5_is_counted(run_cli, tmp_path: Path) -> None:
+    result = run_cli("sim", "--config", _gemma3n(tmp_path, MOBILENET_V5), *SIM, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["memory_plan"]["weights_bytes"] > 14 * 2**30  # 7.82 B parameters of 2 B
+
+
 @pytest.mark.parametrize(("vision", "missing"), [
-    (MOBILENET_V5, "num_hidden_layers / depth / num_layers"),
     ({"model_type": "gemma3n_vision"}, "hidden_size / embed_dim / width"),  # the trimmed config of the tests
 ])
 def test_sim_needs_no_vision_tower_with_weights_bytes(run_cli, tmp_path: Path, vision: dict, missing: str) -> None:
@@ -40,7 +47,7 @@ def test_sim_needs_no_vision_tower_with_weights_bytes(run_cli, tmp_path: Path, v
                                       "tower's weights: give --weights-bytes (the weights are then not estimated)")
 
 
-@pytest.mark.parametrize("vision", [MOBILENET_V5, {"model_type": "gemma3n_vision"}])
+@pytest.mark.parametrize("vision", [{"model_type": "gemma3n_vision"}])
 def test_size_gpu_needs_no_vision_tower_with_kv_memory(run_cli, tmp_path: Path, vision: dict) -> None:
     config = _gemma3n(tmp_path, vision)
     result = run_cli("size", "--config", config, "--gpu", "H100-SXM", "--kv-memory", "20GiB", "--json")
@@ -64,7 +71,7 @@ def test_a_countable_vision_tower_is_still_counted(run_cli, tmp_path: Path) -> N
     assert with_tower.exit_code == 0, with_tower.stderr
     text = tmp_path / "text"
     text.mkdir()
-    config = real_config("GEMMA3N_E4B")
+    config = json.loads((tmp_path / "config.json").read_text())
     (text / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "vision_config"}))
     without = run_cli("sim", "--config", str(text), *SIM, "--json")
     assert without.exit_code == 0, without.stderr
