@@ -271,10 +271,12 @@ def _vllm_window(spec: ModelSpec, layout: KVLayout) -> int | None:
     return windows.pop() if layout.layout == "vllm" and len(windows) == 1 else None
 
 
-def request_cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int) -> tuple[CacheGroup, ...]:
+def request_cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int,
+                         spec: ModelSpec | None = None) -> tuple[CacheGroup, ...]:
     """vLLM's groups of `kv` with the blocks one request of max_model_len holds in each (`kvcalc sim` checks its
-    pool against them, as start_refusals does a GpuPlan's)."""
-    return _cache_groups(kv, max_model_len, max_num_batched_tokens)
+    pool against them, as start_refusals does a GpuPlan's); with `spec`, a window vLLM registers on full-attention
+    layers counts as plan_gpu counts it (`_vllm_window`: Phi-4-mini's one block more)."""
+    return _cache_groups(kv, max_model_len, max_num_batched_tokens, 0, None if spec is None else _vllm_window(spec, kv))
 
 
 def _cache_groups(kv: KVLayout, max_model_len: int, max_num_batched_tokens: int,

@@ -55,3 +55,14 @@ def test_plain_full_attention_is_unchanged() -> None:
                                  num_attention_heads=32, hidden_size=4096, max_position_embeddings=None)
     plan = plan_gpu(spec, kv_dtype_bits=16, block_size=16, max_model_len=131_072, kv_memory_bytes=16 * GIB)
     assert plan.blocks_per_request == 8_192 and plan.max_concurrency == 1
+
+
+def test_sims_request_groups_count_it_with_the_spec(tmp_path) -> None:
+    from kvcalc.core.model.gpu_plan import request_cache_groups
+    from kvcalc.core.model.kv_groups import kv_layout
+
+    spec = load_config(write_config(tmp_path, "PHI4_MINI", "test_architecture_configs"))
+    kv = kv_layout(spec, 16, 16, "vllm")
+    # cdiv(131,072, 16) + 1 = 8,193 with the registered window; 8,192 as full attention (no spec given)
+    assert [g.blocks_per_request for g in request_cache_groups(kv, 131_072, 8_192, spec)] == [8_193]
+    assert [g.blocks_per_request for g in request_cache_groups(kv, 131_072, 8_192)] == [8_192]
