@@ -25,13 +25,18 @@ def _point(run_cli, max_len: int) -> dict:
 
 
 def test_fit_counts_the_state_pages(run_cli) -> None:
-    # the pool's usable ids C (memory.num_blocks, what the sim pool hands out): a max-length request fits while
-    # ceil((L − 1) / 4,128) + 6 <= C, so the longest that fits is L = (C − 6) · 4,128 + 1 and one more token does not
+    # the ids the pool hands out, C (sim's memory plan: vLLM's num_gpu_blocks less its null block, where the pool
+    # keeps one): a max-length request fits while ceil((L − 1) / 4,128) + 6 <= C, so the longest that fits is
+    # L = (C − 6) · 4,128 + 1 and one more token does not
+    sim = run_cli("sim", "--model", "nemotron-h-56b", "--gpu", "H200", "--max-model-len", "8192", "--requests", "1",
+                  "--json")
+    assert sim.exit_code == 0, sim.stderr
+    plan = sim.json()["memory_plan"]
+    assert plan["num_blocks"] == plan["kv_pool_bytes"] // 169_082_880
+    usable = plan.get("free_blocks", plan["num_blocks"])
     probe = _point(run_cli, 8192)["memory"]
-    assert probe["block_size"] == 4128
-    # the pool's bytes hold kv_pool_bytes // 169,082,880 ids (less vLLM's null block where the pool keeps one)
-    assert probe["num_blocks"] in (probe["kv_pool_bytes"] // 169_082_880, probe["kv_pool_bytes"] // 169_082_880 - 1)
-    longest = (probe["num_blocks"] - 6) * 4128 + 1
+    assert (probe["block_size"], probe["kv_pool_bytes"]) == (4128, plan["kv_pool_bytes"])
+    longest = (usable - 6) * 4128 + 1
     fits, too_long = _point(run_cli, longest), _point(run_cli, longest + 1)
     assert fits["verdict"] == "serves"
     assert too_long["verdict"] == "does_not_fit"
