@@ -16,7 +16,7 @@ from ..core.share.cache_bytes import CachedBlockBytes, vllm_cache_groups
 from ..core.share.capacity import CapacityValue
 from ..core.share.load_or_recompute import LoadOrRecompute, break_even_bandwidth, step_time_model, tier_verdict
 from ..core.share.stack_distance import StackDistances
-from ..core.share.tiers import HierarchyResult, simulate_tiers, tier_hit_blocks
+from ..core.share.tiers import HierarchyResult, TierResult, simulate_tiers, tier_hit_blocks
 from ..core.units import format_bytes, format_count, format_percent
 from .output import Field, Report, Table, quantity_table, record_table
 
@@ -52,7 +52,7 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
         for t in range(3):
             if t:
                 verdicts[t] = tier_verdict(model, result.tiers[t].name, start * b, hits[t] * b,
-                                           int(hits[t].sum()) * cbb.bytes_per_block, o.bandwidths[t - 1])
+                                           result.tiers[t].read_bytes, o.bandwidths[t - 1])
             start = start + hits[t]
         paper_break_even = break_even_bandwidth(model, PAPER_PREFIX_TOKENS, cbb.bytes_per_block / b)
     report.tables.append(_tier_table(result, verdicts, cbb is not None))
@@ -112,7 +112,7 @@ def _tier_doc(result: HierarchyResult, verdicts: list[LoadOrRecompute | None], c
                          mean_read_bytes_per_s=_rate(t.read_bytes, result.duration_s),
                          mean_write_bytes_per_s=_rate(t.write_bytes, result.duration_s),
                          peak_read_bytes_per_s=t.peak_read_bytes_per_s, peak_write_bytes_per_s=t.peak_write_bytes_per_s,
-                         read_bytes_by_group=cbb.split(t.read_blocks), write_bytes_by_group=cbb.split(t.write_blocks))
+                         read_bytes_by_group=_read_split(t, cbb), write_bytes_by_group=cbb.split(t.write_blocks))
         if v is not None:
             entry.update(load_s=v.load_s, recompute_s=v.recompute_s,
                          break_even_bytes_per_s=v.break_even_bytes_per_s, loading_pays=v.loading_pays)
@@ -170,7 +170,7 @@ def _group_table(result: HierarchyResult, cbb: CachedBlockBytes) -> Table:
     for g in cbb.groups:
         record: dict[str, Any] = {"group": g.label, "layers": g.layers, "block_bytes": g.bytes_per_block}
         for t in result.tiers[1:]:
-            record[f"{t.name}_read_bytes"] = t.read_blocks * g.bytes_per_block
+            record[f"{t.name}_read_bytes"] = _read_split(t, cbb)[g.label]
             record[f"{t.name}_write_bytes"] = t.write_blocks * g.bytes_per_block
         records.append(record)
     fields = [Field("group", "group"), Field("layers", "layers"), Field("block_bytes", "per block", format_bytes)]
@@ -178,3 +178,9 @@ def _group_table(result: HierarchyResult, cbb: CachedBlockBytes) -> Table:
         fields += [Field(f"{t.name}_read_bytes", f"{t.name} read", format_bytes),
                    Field(f"{t.name}_write_bytes", f"{t.name} written", format_bytes)]
     return record_table("tier traffic by KV cache group", fields, records)
+
+
+def _read_split(t: TierResult, cbb: CachedBlockBytes) -> dict[str, int]:
+    """A tier's read bytes per group: every hit block's attention KV, one saved state per hit that ends there."""
+    return {g.label: (t.state_reads if g.label.startswith("state_") else t.read_blocks) * g.bytes_per_block
+            for g in cbb.groups}

@@ -52,10 +52,6 @@ def test_share_tiers_on_a_mamba_hybrid_by_hand(mamba_tiers: dict) -> None:
     assert host["read_bytes_by_group"]["full"] == 2 * 75 * 655_360  # every hit block's attention KV
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cli/share_tiers.py:115 (CacheBlockBytes.split(read_blocks), core/share/cache_bytes.py:54-56) reads a saved "
-    "state with every hit block (2 · 75 states = 136,890,777,600 B, 'load its hits 5.5 s', loading never pays); "
-    "a hit resumes from the state at its boundary only: 2 states = 1,825,210,368 B"))
 def test_share_tiers_read_one_state_per_hit(mamba_tiers: dict) -> None:
     host = mamba_tiers["by_tier"][1]
     assert host["read_bytes_by_group"]["state_mamba2"] == 2 * 912_605_184
