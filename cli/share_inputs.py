@@ -97,6 +97,10 @@ def share_inputs(o: ShareOptions) -> ShareInputs:
     dtype = parse_dtype(DEFAULT_DTYPE if o.dtype is None else o.dtype)  # --dtype "" is an error, not the default
     fmt = resolve_format(o.json_flag, o.fmt)
     mode = _mode(o, spec is not None)
+    if spec is not None and mode != "capacity" and (o.layout or "vllm").strip().lower() == "vllm":
+        from ..core.model.vllm_pool_layout import check_vllm_block_size
+
+        check_vllm_block_size(block)  # the pool is vLLM's (as sim and size --gpu): a block size vLLM takes
     return ShareInputs(o, mode, fmt, spec, dtype, DTYPE_BITS[dtype], block)
 
 

@@ -5,7 +5,7 @@ pipeline stage of a model with several KV cache groups (`stage_slots`)."""
 from __future__ import annotations
 
 from ..errors import ParameterError
-from .kv_groups import KVCacheGroup, KVLayout, layer_types
+from .kv_groups import VLLM_BLOCK_SIZES, KVCacheGroup, KVLayout, layer_types
 from .layers import bits_to_bytes
 from .model_spec import ModelSpec
 
@@ -87,3 +87,13 @@ def attention_free_layout(spec: ModelSpec, kv_dtype_bits: int, tp: int, max_mode
     reason = (f"attention-free: one {t.source} state page of {page:,} B per layer, {t.count} layers in one group; a "
               f"block is one sequence (vLLM's Mamba block size is max_model_len, {max_model_len:,} tokens)")
     return KVLayout("vllm", (group,), max_model_len, reason, page * t.count, t.count, block_size, "none")
+
+
+def check_vllm_block_size(block_size: int) -> None:
+    """A block size vLLM's pool takes (CacheConfig's BlockSize: VLLM_BLOCK_SIZES), else one error naming the way out:
+    kvcalc's ideal layout pages any block size."""
+    if block_size not in VLLM_BLOCK_SIZES:
+        *sizes, last = map(str, VLLM_BLOCK_SIZES)
+        raise ParameterError(f"block_size {block_size:,}: vLLM pages blocks of {', '.join(sizes)} or {last} tokens "
+                             "only: give one of those, or layout ideal for kvcalc's own pool at any block size",
+                             "block_size", "layout")

@@ -232,10 +232,6 @@ def test_sim_names_which_length_distribution_is_bad(run_cli) -> None:
     assert "--output-dist" in line
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cli/share_trace.py:92-99 (_trace_groups) replays under --layout vllm at any --block ('vllm layout, block 24: "
-    "as given'); sim and size --gpu refuse --block 24 under vLLM's layout (vLLM pages 1, 8, 16, 32, 64, 128 or 256 "
-    "tokens): the same check is missing in share"))
 def test_share_vllm_layout_refuses_a_block_vllm_does_not_page(run_cli, files) -> None:
     line = _one_line(run_cli("share", "--trace", "mooncake", files["TRACE"], "--model", "gemma-3-27b", "--memory",
                              "40GiB", "--block", "24"))
