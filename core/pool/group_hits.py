@@ -164,9 +164,9 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
     hashes = derived_hashes(store.block_hash.take(anchors), groups, subs)
     homes = index.home_slots(hashes, positions)
     present, slots = index.find(hashes, homes)
-    old = np.unique(present[present >= 0])
+    old = present[present >= 0]  # (a block found twice, under equal hashes of the batch, is deleted once: unique)
     stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))]
-    stale = stale[store.state.take(stale) == FREE_CACHED]  # a stale block is held by no table (see module)
+    stale = np.unique(stale[store.state.take(stale) == FREE_CACHED])  # a stale block is held by no table (module)
     if len(stale):
         index.delete(stale)
         store.queue.revive(stale)

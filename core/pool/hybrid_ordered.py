@@ -58,17 +58,16 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     if not rules:
         return 0
     B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
+    tables = [(pools[g], pools[g].seqs, alike) for g, _, alike in rules]
+    firsts = {alike: first for _, first, alike in rules}  # a rule asked once for its alike groups (Gemma-3: 6)
     for seq_id, first_table in zip(seq_ids, pools[0]._tables(seq_ids), strict=True):
         tokens, blocks = first_table.num_tokens, first_table.num_blocks  # every group's tables alike
-        ends: dict[tuple[str, int | None], int] = {}  # a rule's answer, asked once for its alike groups (Gemma-3: 6)
-        for g, first, alike in rules:
-            end = ends.get(alike)
-            if end is None:
-                end = ends[alike] = min(first(tokens, B, mode), blocks)
-            seq = pools[g].seqs[seq_id]
-            if end > seq.num_skipped:
+        ends = {alike: min(first(tokens, B, mode), blocks) for alike, first in firsts.items()}
+        for group_pool, seqs, alike in tables:
+            seq = seqs[seq_id]
+            if (end := ends[alike]) > seq.num_skipped:
                 parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
-                pools[g].logical_blocks -= end - seq.num_skipped
+                group_pool.logical_blocks -= end - seq.num_skipped
                 seq.num_skipped = end
     if not parts:
         return 0
@@ -174,9 +173,9 @@ def _decode(pool: HybridPool, seq_ids: list[Hashable]) -> int:
     is copied), in plain ints: a pair's last block filled by one token, or one fresh block of one token, handed out
     in pair order. Returns the blocks handed out."""
     store, B, pools = pool.store, pool.block_size, pool.pools
-    lasts, grows = [], []
+    lasts, grows, seqs = [], [], [p.seqs for p in pools]
     for seq_id in seq_ids:
-        tables = [p.seqs[seq_id] for p in pools]
+        tables = [s[seq_id] for s in seqs]
         if tables[0].num_tokens % B:  # every group's tables alike (one block size): the last block has room
             lasts += [seq.table[seq.num_blocks - 1] for seq in tables]
         else:
