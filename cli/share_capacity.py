@@ -3,7 +3,6 @@ rate against capacity, and a GPU → host → disk hierarchy, from one pass of s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,24 +28,10 @@ from ..core.share.trace_blocks import check_block_size, check_positive_block_siz
 from .chart import check_plot_target
 from .output import Format, emit, err_console
 from .progress import progress_bar
-from .share_capacity_report import add_saved_state_rule, curve_report
+from .share_capacity_report import CurveOptions, add_saved_state_rule, curve_report
 from .share_tiers import TierOptions, add_tiers
 
 DEFAULT_GPU = "H100-SXM"
-
-
-@dataclass(frozen=True)
-class CurveOptions:
-    """What the command line asked for, parsed (no trace read yet)."""
-
-    trace: tuple[str, str]
-    limit: int | None
-    block_sizes: list[int]
-    capacities: list[CapacityValue]
-    tiers: TierOptions | None
-    tp: int
-    plot: Path | None
-    layout: str = DEFAULT_LAYOUT  # how a cached block's bytes are paged: vLLM's padded pages, or kvcalc's ideal
 
 
 def _bandwidth(text: str | None, default: float, flag: str) -> float:

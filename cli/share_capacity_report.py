@@ -4,10 +4,13 @@ rule (split from cli/share_capacity.py, which parses the options and runs the st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.inputs.traces import MOONCAKE_BLOCK_TOKENS, Trace
-from ..core.share.capacity import REACH_FRACTIONS, CapacityCurve
+from ..core.model.kv_groups import DEFAULT_LAYOUT
+from ..core.share.capacity import REACH_FRACTIONS, CapacityCurve, CapacityValue
 from ..core.share.saved_states import saved_state_hit_curve
 from ..core.units import format_bytes, format_count, format_percent
 from .output import Field, Report, Table, record_table
@@ -16,7 +19,21 @@ if TYPE_CHECKING:
     from ..core.model.models import ModelSpec
     from ..core.share.cache_bytes import CachedBlockBytes
     from ..core.share.stack_distance import StackDistances
-    from .share_capacity import CurveOptions
+    from .share_tiers import TierOptions
+
+
+@dataclass(frozen=True)
+class CurveOptions:
+    """What the command line asked for, parsed (no trace read yet)."""
+
+    trace: tuple[str, str]
+    limit: int | None
+    block_sizes: list[int]
+    capacities: list[CapacityValue]
+    tiers: TierOptions | None
+    tp: int
+    plot: Path | None
+    layout: str = DEFAULT_LAYOUT  # how a cached block's bytes are paged: vLLM's padded pages, or kvcalc's ideal
 
 
 def add_saved_state_rule(report: Report, loaded: Trace, curves: list[CapacityCurve],

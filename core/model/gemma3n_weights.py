@@ -39,17 +39,20 @@ def is_gemma3n(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") == "gemma3n"
 
 
+def timm_vision(config: Mapping[str, Any]) -> bool:
+    """Whether the config's vision tower is a timm encoder (`architecture`), which this module counts."""
+    vision = config.get("vision_config")
+    return isinstance(vision, Mapping) and "architecture" in vision
+
+
 def gemma3n_params(config: Mapping[str, Any], text_hidden: int, instead: str) -> int:
     """Everything the module docstring lists, for a gemma3n config.json (`instead`: the parameter that gives the
-    weights themselves, named when a part cannot be counted)."""
-    from .weights import vision_tower_params
-
+    weights themselves, named when a part cannot be counted); a vision tower that is not a timm encoder is left to
+    weights.vision_tower_params (the caller's)."""
     total = 0
     for key, count in (("vision_config", _vision), ("audio_config", _audio)):
         part = config.get(key)
-        if key == "vision_config" and isinstance(part, Mapping) and "architecture" not in part:
-            total += vision_tower_params(part, text_hidden, instead)  # not a timm encoder: a ViT's fields, if any
-        elif isinstance(part, Mapping):
+        if isinstance(part, Mapping) and (key != "vision_config" or timm_vision(config)):
             total += count(part, instead) + _embedder(part, text_hidden, key, instead)
     text = config.get("text_config")
     return total + (_text_extras(text, instead) if isinstance(text, Mapping) else 0)

@@ -165,12 +165,13 @@ def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: s
     """The vision tower's parameters of a config.json (0 when it has no `vision_config`); `instead`: the parameter
     that gives the weights without this count, named when the tower cannot be counted. Gemma-3n: its vision and
     audio towers and the text weights the dimension estimate leaves out (core/model/gemma3n_weights.py)."""
-    from .gemma3n_weights import gemma3n_params, is_gemma3n
+    from .gemma3n_weights import gemma3n_params, is_gemma3n, timm_vision
 
-    if is_gemma3n(config):
-        return gemma3n_params(config, text_hidden, instead)
     vision = config.get("vision_config")
-    return vision_tower_params(vision, text_hidden, instead) if isinstance(vision, Mapping) else 0
+    gemma3n = gemma3n_params(config, text_hidden, instead) if is_gemma3n(config) else 0
+    if gemma3n and timm_vision(config):
+        return gemma3n  # its vision tower included
+    return gemma3n + (vision_tower_params(vision, text_hidden, instead) if isinstance(vision, Mapping) else 0)
 
 
 def checkpoint_quantization(config: Mapping[str, Any]) -> str | None:
