@@ -50,7 +50,7 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     n = len(run)
     if s.waiting or not s.steady or n == 0 or n > s.config.max_batched_tokens or not policy.runs_decode:
         return False
-    if len(policy.pool.pools[0].seqs) != n:  # a sequence outside the batch holds blocks
+    if len(policy._pool.pools[0].seqs) != n:  # a sequence outside the batch holds blocks
         return False
     tokens0 = s.computed[run]
     remaining = s.stop_at[run] - s.generated[run]
@@ -134,7 +134,7 @@ def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarr
     """(the leading steps of k that fit, their closed form: group_runs.run_form). A run of k' steps fits iff
     every step's blocks fit and so does the pool's update after it (_advance_pool): the requests that finished
     released, every survivor grown from first(t_i) to t_i + k' tokens before it frees."""
-    N = policy.pool.num_blocks
+    N = policy._pool.num_blocks
     form = run_form(policy, tokens0, k, remaining)
     over = np.flatnonzero((form.used > N) | ~covered(policy, tokens0, k, form.used, remaining))
     k = int(over[0]) if len(over) else k
@@ -149,7 +149,6 @@ def _advance_pool(ff: FastForward, run: np.ndarray, remaining: np.ndarray, k: in
     survivors grow by k tokens, one at a time as stepping grows them (HybridPool.advance_private); then the pool
     is checked against the closed form (group_runs.check_run)."""
     s, policy = ff.scheduler, ff.policy
-    pool = policy.pool
     gone = []
     for i in np.argsort(remaining, kind="stable").tolist():
         if remaining[i] > k:
@@ -159,7 +158,7 @@ def _advance_pool(ff: FastForward, run: np.ndarray, remaining: np.ndarray, k: in
         gone.append(int(run[i]))
     survivors = np.flatnonzero(remaining > k)
     if len(survivors):
-        pool.advance_private(run[survivors].tolist(), k, 1, check=False)
+        policy.advance_private(run[survivors].tolist(), k)
     if gone:
         left = set(gone)
         s.running = [r for r in s.running if r not in left]

@@ -16,22 +16,29 @@ Every sum is over exact integers, so the figures are those of stepping, bit for 
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from ..pool.groups import PoolGroup
 from ..pool.hybrid import HybridPool
 from ..pool.hybrid_private import first_blocks
+from ..pool.hybrid_runs import DecodeRun
+
+if TYPE_CHECKING:
+    from .group_counts import PrivateCounts
 
 
 class GroupedPolicy(Protocol):
     """What a run's closed form reads of GroupedPagedPolicy (paged_groups, which imports this module)."""
 
     block_size: int
-    pool: HybridPool
+    _pool: HybridPool
 
     def _kinds(self) -> list[tuple[PoolGroup, int]]: ...
+    def num_used(self) -> int: ...
+    def _counts_now(self) -> PrivateCounts | None: ...
 
 
 class RunForm(NamedTuple):
@@ -46,7 +53,7 @@ class RunForm(NamedTuple):
 def run_form(policy: GroupedPolicy, tokens: np.ndarray, k: int, remaining: np.ndarray | None = None) -> RunForm:
     """The closed form of k decode steps of requests holding `tokens` [n] (≥ 1 each); `remaining` [n]: the tokens
     each has to go (it leaves after its last; None: every request runs all k steps)."""
-    B, mode = policy.block_size, policy.pool.state_mode
+    B, mode = policy.block_size, policy._pool.state_mode
     steps = np.arange(k, dtype=np.int64)
     computed = tokens[:, None] + steps  # [n, k]
     kinds = policy._kinds()
@@ -75,30 +82,85 @@ def run_form(policy: GroupedPolicy, tokens: np.ndarray, k: int, remaining: np.nd
 
 def check_run(policy: GroupedPolicy, form: RunForm, k: int) -> None:
     """The pool after a run of k steps (advance_private) holds what the closed form says the requests still
-    running hold: used blocks (each in one table) and the tokens written in them."""
-    pool = policy.pool
+    running hold: used blocks (each in one table) and the tokens written in them (the counts', where the pool's
+    decode growth is kept as counts: group_counts, whose settling checks the pool against them)."""
+    used, useful = int(form.kept[k - 1]), int(form.kept_written[k - 1])
+    counts = policy._counts_now()
+    if counts is not None:
+        assert counts.used == used and counts.written == useful, (
+            f"hybrid run of {k} steps: the counts hold {counts.used} blocks / {counts.written} tokens, the closed "
+            f"form {used} / {useful}")
+        return
+    pool = policy._pool
     store = pool.store
     logical = sum(p.logical_blocks for p in pool.pools)
-    used, useful = int(form.kept[k - 1]), int(form.kept_written[k - 1])
     assert store.num_used == used == logical and store.useful_tokens == useful and not store.queue.num_cached, (
         f"hybrid run of {k} steps: pool holds {store.num_used} blocks ({logical} in tables) / {store.useful_tokens} "
         f"tokens, the closed form {used} / {useful}")
 
 
 def covered(policy: GroupedPolicy, tokens: np.ndarray, k: int, used: np.ndarray,
-            remaining: np.ndarray | None = None) -> np.ndarray | np.bool_:
+            remaining: np.ndarray | None = None, *, num_used: int | None = None) -> np.ndarray | np.bool_:
     """[k] bool (or one True for all): step j's growth fits in the blocks free before it, none of its own frees
     counted (`used`: the blocks held after each step, run_form's). vLLM frees and allocates request by request,
     so a later request's frees cannot pay for an earlier one's growth; where the whole growth fits before any free,
     every request's does (GroupedPagedPolicy.grow_many steps the same way). A table opens a block when its c tokens
     fill whole blocks (c % B == 0); every table of a request grows alike (a state page of mode none, that moves in
     place, counted too: a step kept is covered, one not kept is stepped)."""
-    B, pool = policy.block_size, policy.pool
-    if not k or max(pool.num_used, int(used[:k].max())) + len(pool.pools) * len(tokens) <= pool.num_blocks:
+    B, pool = policy.block_size, policy._pool
+    now = policy.num_used() if num_used is None else num_used  # blocks used before the run
+    if not k or max(now, int(used[:k].max())) + len(pool.pools) * len(tokens) <= pool.num_blocks:
         return np.True_  # every request opening a block in every table is covered at every step
     steps = np.arange(k, dtype=np.int64)
     opens = (tokens[:, None] + steps) % B == 0  # [n, k]
     if remaining is not None:
         opens &= steps < remaining[:, None]
-    before = np.concatenate((np.array([pool.num_used], dtype=np.int64), used[: k - 1]))
+    before = np.concatenate((np.array([now], dtype=np.int64), used[: k - 1]))
     return before + len(pool.pools) * opens.sum(axis=0) <= pool.num_blocks
+
+
+class RunMemory:
+    """GroupedPagedPolicy's memory of a run's steps from its closed form, by kind of group."""
+
+    groups: tuple[PoolGroup, ...]
+    block_size: int
+    capacity_slots: int
+
+    def _kinds(self) -> list[tuple[PoolGroup, int]]:
+        """The distinct groups with how many tables each (Gemma-3: full ×1, sliding ×6)."""
+        if self._kinds_memo is not None:
+            return self._kinds_memo
+        counts: dict[PoolGroup, int] = {}
+        for g in self.groups:
+            key = PoolGroup(g.kind, g.window)
+            counts[key] = counts.get(key, 0) + 1
+        self._kinds_memo = list(counts.items())
+        return self._kinds_memo
+
+    _kinds_memo: list[tuple[PoolGroup, int]] | None = None
+
+
+    def run_memory(self, form: RunForm | DecodeRun, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
+        steps of a run (`run_form`): what `parts` and `group_blocks` return after each of those steps."""
+        B = self.block_size
+        if isinstance(form, DecodeRun):  # the pool's usage after each step (parts' non-private form)
+            return form.memory(k, self.capacity_slots)
+        used = form.used[:k]
+        state = np.array([g.kind == "state" for g, _ in self._kinds()])  # a state page: B useful slots, a state
+        written = np.where(state[:, None], form.held[:, :k] * B, form.written[:, :k])
+        useful = np.array([c for _, c in self._kinds()], dtype=np.int64) @ written
+        parts = np.zeros((k, 6), dtype=np.int64)
+        parts[:, 0] = useful
+        parts[:, 1] = used * B - useful
+        parts[:, 5] = self.capacity_slots - used * B
+        return parts, used * BLOCK_TABLE_ENTRY_BYTES, form.held[self._kind_of_group(), :k].T
+
+    def _kind_of_group(self) -> list[int]:
+        """Each group's index in `_kinds` (memoised like it)."""
+        if self._kind_memo is None:
+            index = {group: i for i, (group, _) in enumerate(self._kinds())}
+            self._kind_memo = [index[PoolGroup(g.kind, g.window)] for g in self.groups]
+        return self._kind_memo
+
+    _kind_memo: list[int] | None = None

@@ -16,27 +16,29 @@ group; a model with sliding-window, chunked or recurrent layers runs here. The d
   run stops at the first finish, and while a request waits only as long as its refusal provably stands); the
   engine accounts them step by step in step order, so every figure is the one stepping gives, bit for bit;
 * the memory parts are the pool's own (state pages count as used blocks), and `group_blocks` says how many
-  blocks each group holds, for the report.
+  blocks each group holds, for the report;
+* without prefix caching (a private pool) a decode step that fits is decided and kept as counts, and the pool
+  settled only when something else reads or changes it (group_counts: the `pool` property settles first).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
-from ..pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, ordered, skip_ordered
+from ..pool.hybrid_ordered import append_ordered, label, need_ordered, ordered, skip_ordered
 from ..pool.hybrid_runs import DecodeRun, apply, runs_apply
+from .group_counts import CountedPolicy
 from .group_prefix_runs import PrefixRuns
-from .group_runs import RunForm, check_run, covered, run_form
+from .group_runs import RunForm, RunMemory, check_run, covered, run_form
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
 
 
-class GroupedPagedPolicy(PrefixRuns):
+class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
     """Paging over a HybridPool of `groups` (see the module docstring)."""
 
     name = "paged"
@@ -50,7 +52,7 @@ class GroupedPagedPolicy(PrefixRuns):
         self.page_bytes = page_bytes  # bytes of one block id (KVLayout.page_bytes); 0: unknown, swaps count tokens
         self.capacity_slots = num_blocks * block_size
         self.groups = groups
-        self.pool = HybridPool(num_blocks, block_size, groups, enable_prefix_caching=prompt_keys is not None,
+        self._pool = HybridPool(num_blocks, block_size, groups, enable_prefix_caching=prompt_keys is not None,
                                state_mode=state_mode)
         self.prompt_keys = prompt_keys
         self.max_batched_tokens = max_batched_tokens
@@ -58,10 +60,10 @@ class GroupedPagedPolicy(PrefixRuns):
 
     # ---- admission ---------------------------------------------------------------------------------
     def peak_blocks(self, total_tokens: int) -> int:
-        return peak_blocks(self.groups, total_tokens, self.block_size, self.pool.state_mode, self.max_batched_tokens)
+        return peak_blocks(self.groups, total_tokens, self.block_size, self._pool.state_mode, self.max_batched_tokens)
 
     def never_fits(self, rid: int, total_tokens: int) -> bool:
-        return self.peak_blocks(max(total_tokens - 1, 1)) > self.pool.num_blocks
+        return self.peak_blocks(max(total_tokens - 1, 1)) > self._pool.num_blocks
 
     def _keys(self, rid: int, num_tokens: int) -> np.ndarray | list | None:
         if self.prompt_keys is None:
@@ -71,18 +73,20 @@ class GroupedPagedPolicy(PrefixRuns):
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         keys = self._keys(rid, num_tokens)
         self._looked = (rid, num_tokens)  # the prompt an admission looked up (a refused one's: _refused)
-        return 0 if keys is None else self.pool.hit_tokens(num_tokens, keys)
+        return 0 if keys is None else self._pool.hit_tokens(num_tokens, keys)
 
     def can_admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
         if self._private:  # no keys: each group's blocks from its first read one (allocate_private)
-            need = self.pool.allocate_private_need(total_tokens, start_tokens if from_swap else 0)
-            return need <= self.pool.num_free_blocks
+            computed = start_tokens if from_swap else 0
+            if self._need_memo[:2] != (total_tokens, computed):  # asked again by `admit` after can_admit_head
+                self._need_memo = (total_tokens, computed, self._pool.allocate_private_need(total_tokens, computed))
+            return self._need_memo[2] <= self._free_blocks()
         if from_swap:
-            fits = self.pool.can_allocate(total_tokens, computed_tokens=start_tokens)
+            fits = self._pool.can_allocate(total_tokens, computed_tokens=start_tokens)
         else:
-            fits = self.pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
+            fits = self._pool.can_allocate(total_tokens, self._keys(rid, total_tokens))
         if not fits:  # what a run while it waits must not change (_prefix_run): valid while the pool is unchanged
-            self._refused = (self.pool.pools[0]._epoch, rid, start_tokens, total_tokens, from_swap, self._looked)
+            self._refused = (self._pool.pools[0]._epoch, rid, start_tokens, total_tokens, from_swap, self._looked)
         return fits
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
@@ -90,20 +94,42 @@ class GroupedPagedPolicy(PrefixRuns):
             return False
         if self._private:
             assert from_swap or not start_tokens, f"request {rid}: no prefix keys, {start_tokens} tokens cached"
-            self.pool.allocate_private(rid, total_tokens, start_tokens if from_swap else 0)
+            counts = self._counts_now()
+            if counts is not None and self._need_memo[2] > len(self._pool.store.queue):
+                counts.settle()  # the pool's own free count is short of what the counts free (module group_counts)
+            self._pool.allocate_private(rid, total_tokens, start_tokens if from_swap else 0)
+            if counts is not None:
+                counts.admitted(rid)
             return True
         if from_swap:
-            self.pool.allocate(rid, total_tokens, computed_tokens=start_tokens)
+            self._pool.allocate(rid, total_tokens, computed_tokens=start_tokens)
             return True
-        hit = self.pool.allocate(rid, total_tokens, self._keys(rid, total_tokens))
+        hit = self._pool.allocate(rid, total_tokens, self._keys(rid, total_tokens))
         assert hit == start_tokens, f"request {rid}: pool hit {hit}, probe said {start_tokens}"
-        label(self.pool, rid)  # the blocks a later prompt may hit, with their groups (held_blocks)
+        label(self._pool, rid)  # the blocks a later prompt may hit, with their groups (held_blocks)
         return True
 
     # ---- growth --------------------------------------------------------------------------------------
     def grow_many(self, rids: np.ndarray, totals: np.ndarray, new_blocks: int | None = None,
                   check: bool = True) -> bool:
-        pool = self.pool
+        counts = self._counts_now()
+        if counts is None:
+            return self._grow_many(rids, totals, check)
+        ids, targets, tokens = rids.tolist(), totals.tolist(), counts.tokens
+        if ids and all(r in tokens and t - tokens[r] == 1 for r, t in zip(ids, targets, strict=True)) and counts.step(
+                ids, self._pool.num_blocks - counts.used, credit=not check or len(ids) == 1):
+            return True  # a decode step that fits: in the counts (group_counts)
+        counts.settle()
+        self._paused = True  # the pool's own growth, and any request by request after it (_grow_in_order)
+        try:
+            return self._grow_many(rids, totals, check)
+        finally:
+            self._paused = False
+            counts.resync()
+
+    def _grow_many(self, rids: np.ndarray, totals: np.ndarray, check: bool) -> bool:
+        """grow_many on the pool itself."""
+        pool = self._pool
         ids, targets = rids.tolist(), totals.tolist()
         if ids and self._private:
             seqs = pool.pools[0].seqs  # (a private pool's groups count tokens alike)
@@ -157,13 +183,15 @@ class GroupedPagedPolicy(PrefixRuns):
         chunk), so that they are cached as the first chunk's are; None past the prompt's keyed blocks."""
         if self.prompt_keys is None:
             return None
-        keys, B, old = self.prompt_keys[rid], self.block_size, self.pool.num_tokens(rid)
+        keys, B, old = self.prompt_keys[rid], self.block_size, self._pool.num_tokens(rid)
         if old // B >= len(keys):
             return None
         return keys[old // B : min((old + add) // B, len(keys))]
 
     def grow(self, rid: int, total: int) -> bool:
-        if total == self.pool.num_tokens(rid):  # grown already (a step that `_grow_in_order` stopped after it)
+        counts = self._counts_now()
+        held = counts.tokens[rid] if counts is not None else self._pool.num_tokens(rid)
+        if total == held:  # grown already (a step that `_grow_in_order` stopped after it)
             return True
         return self.grow_many(np.array([rid]), np.array([total]))
 
@@ -196,28 +224,24 @@ class GroupedPagedPolicy(PrefixRuns):
     @property
     def prefix_runs(self) -> bool:
         """Runs with prefix caching (core/pool/hybrid_runs.py: planned from counts, applied where blocks change)."""
-        return self.prompt_keys is not None and not self.exact_block_tables and runs_apply(self.pool)
+        return self.prompt_keys is not None and not self.exact_block_tables and runs_apply(self._pool)
 
     fast_runs = True
 
     @property
     def _private(self) -> bool:
         """The pool is private (HybridPool.private: which block ids a table holds matters to nobody) and no plan
-        reads block tables: growth and runs go through advance_private."""
-        return not self.exact_block_tables and self.prompt_keys is None and self.pool.private
+        reads block tables: growth and runs go through advance_private. Asked at every step: remembered while the
+        pool's fork count stays the same (this policy opens no speculative slot and its pool's layout is fixed, so
+        a fork is the one thing that ends privacy)."""
+        forks = self._pool.store.counters["forks"]
+        if self._private_memo is None or self._private_memo[0] != forks:
+            private = not self.exact_block_tables and self.prompt_keys is None and self._pool.private
+            self._private_memo = (forks, private)
+        return self._private_memo[1]
 
-    def _kinds(self) -> list[tuple[PoolGroup, int]]:
-        """The distinct groups with how many tables each (Gemma-3: full ×1, sliding ×6)."""
-        if self._kinds_memo is not None:
-            return self._kinds_memo
-        counts: dict[PoolGroup, int] = {}
-        for g in self.groups:
-            key = PoolGroup(g.kind, g.window)
-            counts[key] = counts.get(key, 0) + 1
-        self._kinds_memo = list(counts.items())
-        return self._kinds_memo
-
-    _kinds_memo: list[tuple[PoolGroup, int]] | None = None
+    _private_memo: tuple[int, bool] | None = None
+    _need_memo: tuple[int, int, int] = (-1, -1, 0)  # can_admit's last (tokens, computed, blocks it takes): pure
 
     def decode_run(self, tokens: np.ndarray, k: int, waiting: bool) -> tuple[int, RunForm | DecodeRun | None]:
         """(how many of the next k decode steps of the running requests, holding `tokens` [n] (≥ 1 each),
@@ -228,51 +252,26 @@ class GroupedPagedPolicy(PrefixRuns):
         blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the head,
         refused now, could be admitted then). The pool itself is brought up to date after the run
         (`advance_run`): steps are kept only while its peak, Σ ceil((t + k) / B) − first(t), fits too."""
-        if len(self.pool.pools[0].seqs) != len(tokens):  # a sequence outside the run holds blocks: step by step
+        if len(self._pool.pools[0].seqs) != len(tokens):  # a sequence outside the run holds blocks: step by step
             return 0, None
         if not self._private:
             return self._prefix_run(k, waiting)
         form = run_form(self, tokens, k)
-        N = self.pool.num_blocks
-        bad = (form.used > N) | (form.peak > N) | ~covered(self, tokens, k, form.used)
+        N, used = self._pool.num_blocks, self.num_used()
+        bad = (form.used > N) | (form.peak > N) | ~covered(self, tokens, k, form.used, num_used=used)
         if waiting:
-            bad |= form.used < self.pool.num_used
+            bad |= form.used < used
         stop = np.flatnonzero(bad)
         return (int(stop[0]) if len(stop) else k), form
-
-    def run_memory(self, form: RunForm | DecodeRun, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(parts [k, 6] int64, block-table bytes [k] int64, blocks per group [k, G] int64) of the first k
-        steps of a run (`run_form`): what `parts` and `group_blocks` return after each of those steps."""
-        B = self.block_size
-        if isinstance(form, DecodeRun):  # the pool's usage after each step (parts' non-private form)
-            return form.memory(k, self.capacity_slots)
-        used = form.used[:k]
-        state = np.array([g.kind == "state" for g, _ in self._kinds()])  # a state page: B useful slots, a state
-        written = np.where(state[:, None], form.held[:, :k] * B, form.written[:, :k])
-        useful = np.array([c for _, c in self._kinds()], dtype=np.int64) @ written
-        parts = np.zeros((k, 6), dtype=np.int64)
-        parts[:, 0] = useful
-        parts[:, 1] = used * B - useful
-        parts[:, 5] = self.capacity_slots - used * B
-        return parts, used * BLOCK_TABLE_ENTRY_BYTES, form.held[self._kind_of_group(), :k].T
-
-    def _kind_of_group(self) -> list[int]:
-        """Each group's index in `_kinds` (memoised like it)."""
-        if self._kind_memo is None:
-            index = {group: i for i, (group, _) in enumerate(self._kinds())}
-            self._kind_memo = [index[PoolGroup(g.kind, g.window)] for g in self.groups]
-        return self._kind_memo
-
-    _kind_memo: list[int] | None = None
 
     def advance_run(self, rids: np.ndarray, tokens: np.ndarray, k: int, form: RunForm | DecodeRun) -> None:
         """The pool after k decode steps of `decode_run` from `tokens`: every table as stepping leaves it
         (HybridPool.advance_private, one token at a time), then checked against the closed form of the last step."""
         if isinstance(form, DecodeRun):
             assert k == form.k, f"a prefix-cached run planned for {form.k} steps, taken for {k}"
-            apply(self.pool, rids.tolist(), form)
+            apply(self._pool, rids.tolist(), form)
             return
-        self.pool.advance_private(rids.tolist(), k, 1, check=False)
+        self.advance_private(rids.tolist(), k)
         check_run(self, form, k)
 
     @property
@@ -280,7 +279,7 @@ class GroupedPagedPolicy(PrefixRuns):
         """B when the scheduler must end prefill chunks on block boundaries (vLLM's block-aligned split): mode
         align with prefix caching, where the pool saves a state only where a step ends; else 0. Plans that carry
         block tables (verify's executor) schedule their own chunks."""
-        align = self.pool.state_mode == "align" and any(g.kind == "state" for g in self.groups)
+        align = self._pool.state_mode == "align" and any(g.kind == "state" for g in self.groups)
         return self.block_size if align and self.prompt_keys is not None and not self.exact_block_tables else 0
 
     # ---- swaps, release, forks ---------------------------------------------------------------------------
@@ -292,7 +291,8 @@ class GroupedPagedPolicy(PrefixRuns):
         those of the blocks from first(c) to ceil(c / B) in each group, c the tokens written."""
         if not self.page_bytes:
             return None
-        pool, B, mode = self.pool, self.block_size, self.pool.state_mode
+        self.sync()
+        pool, B, mode = self._pool, self.block_size, self._pool.state_mode
         tokens = pool.num_tokens(rid)
         reads = [-(-tokens // g.tokens_per_block(B)) - g.first_block_before_growth(tokens, g.tokens_per_block(B), mode)
                  for g in self.groups]  # each group at its own tokens per block (mixed: group_blocks)
@@ -301,12 +301,16 @@ class GroupedPagedPolicy(PrefixRuns):
 
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
         if self._private:
-            self.pool.release_private(rid, ReleaseReason(reason))
+            self._pool.release_private(rid, ReleaseReason(reason))
+            if (counts := self._counts_now()) is not None:
+                counts.released(rid)
         else:
-            self.pool.release(rid, ReleaseReason(reason))
+            self._pool.release(rid, ReleaseReason(reason))
 
     def fork(self, parent: int, child: int) -> None:
-        self.pool.fork(parent, child)
+        self.sync()
+        self._counts = None  # a fork ends the pool's privacy
+        self._pool.fork(parent, child)
 
     def block_table(self, rid: int) -> np.ndarray:
         raise AssertionError("a hybrid pool has one block table per group: plans do not carry them yet")
@@ -315,35 +319,8 @@ class GroupedPagedPolicy(PrefixRuns):
         copies, self.copies = self.copies, []
         return copies
 
-    def sync(self) -> None:
-        """Nothing is owed: every growth went to the pool at once."""
-
-    # ---- memory ------------------------------------------------------------------------------------------
-    def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
-        """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
-        slots count as used and useful: a whole state; tail fragmentation is the attention blocks' unused slots)."""
-        if self._private:  # the store's running totals: no block is cached, shared or of another size
-            store, pools = self.pool.store, self.pool.pools
-            used = store.num_used * self.block_size
-            useful = store.useful_tokens + self.pool.state_slack()
-            return (np.array([useful, used - useful, 0, 0, 0, self.capacity_slots - used],
-                             dtype=np.int64), sum(p.logical_blocks for p in pools) * BLOCK_TABLE_ENTRY_BYTES)
-        usage = self.pool.usage()
-        slots = usage.block_size  # a block's slots: the block size, or the lcm of the groups' (group_blocks, mixed)
-        used, cached = usage.used_blocks * slots, usage.cached_free_blocks * slots
-        parts: np.ndarray = np.array([usage.useful_tokens, usage.tail_fragmentation_slots, 0, 0, cached,
-                                      usage.num_blocks * slots - used - cached], dtype=np.int64)
-        if slots != self.block_size:  # the same shares, in the slots of `block_size` a block (capacity_slots)
-            parts = parts * (self.block_size / slots)
-        return parts, usage.logical_blocks * BLOCK_TABLE_ENTRY_BYTES
-
-    def group_blocks(self) -> list[int]:
-        """Blocks each group's tables hold now (a block is in one group only; in a private pool, in one table)."""
-        if self._private:
-            return [p.logical_blocks for p in self.pool.pools]
-        return held_blocks(self.pool)  # pool.group_usage()'s held blocks, in one pass
-
     def check_whole(self) -> None:
-        self.pool.check_invariants()
-        assert not self.pool.seq_ids, f"{len(self.pool.seq_ids)} sequences still hold blocks after the run"
-        assert self.pool.num_used == 0 and self.pool.num_free_blocks == self.pool.num_blocks, "pool not whole"
+        self.sync()
+        self._pool.check_invariants()
+        assert not self._pool.seq_ids, f"{len(self._pool.seq_ids)} sequences still hold blocks after the run"
+        assert self._pool.num_used == 0 and self._pool.num_free_blocks == self._pool.num_blocks, "pool not whole"

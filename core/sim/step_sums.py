@@ -38,7 +38,6 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
     duration of step j (ending at ends[j + 1]), `memory` the policy's run_memory (parts, table bytes and blocks
     per group, each per step), `running` / `waiting` the requests each step (a count or one per step)."""
     parts, table, groups = memory
-    running, waiting = np.broadcast_to(running, d.shape), np.broadcast_to(waiting, d.shape)
     if totals.group_block_s is None:
         totals.group_block_s = np.zeros(groups.shape[1])
     # every integral a column of one table (cumsum adds each column in step order): the parts, table bytes,
@@ -48,7 +47,7 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
                *totals.group_block_s)
     sums[1:, :6] = d[:, None] * parts
     sums[1:, 6] = d * table
-    sums[1:, 7] = d * running
+    sums[1:, 7] = d * running  # a count or one per step: the same products (an int is one array element)
     sums[1:, 8] = d * (running + waiting)
     sums[1:, 9] = d
     sums[1:, 10:] = d[:, None] * groups
@@ -57,6 +56,7 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
     totals.block_table_byte_s, totals.running_s, totals.in_system_s, totals.busy_s = total[6:10].tolist()
     totals.group_block_s[...] = total[10:]
     if totals.timeline is not None:
+        running, waiting = np.broadcast_to(running, d.shape), np.broadcast_to(waiting, d.shape)
         for j, (row, blocks) in enumerate(zip(parts.tolist(), groups.tolist(), strict=True)):
             start = float(ends[j])
             totals.timeline.append((start, start + float(d[j]), int(running[j]), int(waiting[j]), *row, *blocks))

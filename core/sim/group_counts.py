@@ -1,0 +1,261 @@
+"""A private hybrid pool's decode growth kept as counts (GroupedPagedPolicy, paged_groups.py): the pool hears of it
+later, in one append per request (`settle`).
+
+In a private pool (no prefix caching, fork or speculative slot: HybridPool.private) which block ids a table holds
+matters to nobody, and what a sequence holds is a function of its length and of where each kind of group's tables
+start (`num_skipped`). A decode growth of every running request by one token — the engine's commonest pool call —
+is therefore decided and recorded here in plain integers, with HybridPool.advance_private's rule: per request of t
+tokens and kind of group (`count` tables, `skipped` blocks freed so far), the tables are ceil(t / B) long, the first
+block kept once the step has freed is f = max(skipped, first_block(t, t + 1)) (skipped for a kind that frees
+nothing), the step takes count · (ceil((t + 1) / B) − max(ceil(t / B), f)) fresh blocks and frees
+count · max(0, min(f, ceil(t / B)) − skipped). The request then holds count · (ceil(t' / B) − f) blocks of the kind,
+with t' − B · f tokens written in them (a state page: B, a whole state; HybridPool.state_slack).
+
+The pool itself is updated (`settle`: HybridPool.advance_private of each request's pending tokens, chunk 1 — what a
+run of decode steps does, so the tables, counters and invariants are those of stepping) before anything that reads
+or changes it otherwise: an allocation that the pool's own free count would refuse, any growth the counts do not
+take (a refused one, a prefill chunk), a fork, a swap, the checks. A release needs no settling (it frees whatever
+the request's tables hold). Settling goes request by request, those whose pending steps free more than they take
+first, so the pool never holds more than it does before or after (both fit).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from ..blocks import BLOCK_TABLE_ENTRY_BYTES
+from ..pool.hybrid_ordered import held_blocks
+
+if TYPE_CHECKING:
+    from ..pool.hybrid import HybridPool
+
+
+class PrivateCounts:
+    """The counts (see the module docstring): per live request its tokens, where each kind's tables start, and the
+    tokens its pool tables hold; totals over requests of the blocks used, the useful slots and each kind's blocks."""
+
+    def __init__(self, pool: HybridPool) -> None:
+        self.pool, self.B, self.mode = pool, pool.block_size, pool.state_mode
+        kinds = pool.kinds()
+        rows = pool._rows()
+        self.counts = [count for _, _, count, _ in rows]
+        self.leads = [lead for _, _, _, lead in rows]
+        self.frees = [(i, group) for i, ((nothing, _, _, _), (group, _)) in enumerate(zip(rows, kinds, strict=True))
+                      if not nothing]
+        self.state = [group.kind == "state" for group, _ in kinds]
+        self.total = sum(self.counts)
+        self.tokens: dict[int, int] = {}
+        self.skipped: dict[int, list[int]] = {}
+        self.pool_tokens: dict[int, int] = {}  # what the pool's tables hold; < tokens: growth pending
+        self.used = self.useful = self.written = 0  # blocks; slots of whole states and tokens; tokens written
+        self.kind_blocks = [0] * len(kinds)  # Σ over requests of one table's blocks per kind
+        self.group_kinds = [0] * len(pool.pools)  # each group's kind (an index into the pool's kinds)
+        for i, (_, members) in enumerate(kinds):
+            for g in members:
+                self.group_kinds[g] = i
+
+    # ---- one request's holdings ------------------------------------------------------------------------
+    def _add(self, tokens: int, skipped: list[int], sign: int) -> None:
+        """Add (sign 1) or take away (−1) what a request of `tokens` with tables starting at `skipped` holds."""
+        B, length = self.B, -(-tokens // self.B)
+        for i, (count, first) in enumerate(zip(self.counts, skipped, strict=True)):
+            held, written = length - first, tokens - B * first
+            self.kind_blocks[i] += sign * held
+            self.used += sign * count * held
+            self.written += sign * count * written
+            self.useful += sign * count * (held * B if self.state[i] else written)
+
+    def admitted(self, rid: int) -> None:
+        """`rid` was just allocated in the pool: its holdings read from its tables."""
+        pool = self.pool
+        tokens = pool.pools[0].seqs[rid].num_tokens
+        skipped = [pool.pools[lead].seqs[rid].num_skipped for lead in self.leads]
+        self.tokens[rid] = self.pool_tokens[rid] = tokens
+        self.skipped[rid] = skipped
+        self._add(tokens, skipped, 1)
+
+    def released(self, rid: int) -> None:
+        self._add(self.tokens.pop(rid), self.skipped.pop(rid), -1)
+        del self.pool_tokens[rid]
+
+    # ---- decode growth -----------------------------------------------------------------------------------
+    def step(self, ids: list[int], free: int, credit: bool) -> bool:
+        """HybridPool.advance_private(ids, 1, 1, check=True, credit=credit) where it grows them all: done in the
+        counts, True; False where the growth does not fit in `free` blocks (+ its own frees, with `credit`):
+        nothing done (the caller settles and asks the pool, whose refusal frees what it frees)."""
+        B, mode, counts, frees, tokens, skipped = self.B, self.mode, self.counts, self.frees, self.tokens, self.skipped
+        need = gone = 0
+        moves = []
+        for rid in ids:
+            t = tokens[rid]
+            held, after = -(-t // B), -(-(t + 1) // B)
+            old = skipped[rid]
+            new = old[:]
+            for i, group in frees:
+                new[i] = first = max(old[i], group.first_block(t, t + 1, B, mode))
+                gone += counts[i] * max(0, min(first, held) - old[i])
+            need += sum([count * (after - max(held, first)) for count, first in zip(counts, new, strict=True)])
+            moves.append((rid, t, old, new))
+        if need > free + (gone if credit else 0):
+            return False
+        for rid, t, old, new in moves:
+            self._add(t, old, -1)
+            self._add(t + 1, new, 1)
+            tokens[rid], skipped[rid] = t + 1, new
+        return True
+
+    def run(self, ids: list[int], k: int) -> None:
+        """k decode steps of each of `ids` (a run found to fit: HybridPool.advance_private(ids, k, 1, check=False)):
+        each kind's tables start where the last step's free left them."""
+        B, mode, tokens, skipped = self.B, self.mode, self.tokens, self.skipped
+        for rid in ids:
+            t, old = tokens[rid], skipped[rid]
+            new = old[:]
+            for i, group in self.frees:
+                new[i] = max(old[i], group.first_block(t + k - 1, t + k, B, mode))
+            self._add(t, old, -1)
+            self._add(t + k, new, 1)
+            tokens[rid], skipped[rid] = t + k, new
+
+    # ---- the pool ----------------------------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        return self.tokens != self.pool_tokens
+
+    def settle(self) -> None:
+        """The pool's tables brought to the counts (module docstring), then checked against them."""
+        if self.tokens == self.pool_tokens:
+            return
+        pool, B = self.pool, self.B
+        late = []
+        for rid, t in self.tokens.items():
+            if t != self.pool_tokens[rid]:
+                seqs = [pool.pools[lead].seqs[rid] for lead in self.leads]
+                before = sum(count * (seq.num_blocks - seq.num_skipped) for count, seq in zip(self.counts, seqs,
+                                                                                               strict=True))
+                after = sum(count * (-(-t // B) - first) for count, first in zip(self.counts, self.skipped[rid],
+                                                                                 strict=True))
+                late.append((after - before, rid, t - self.pool_tokens[rid]))
+        for _, rid, add in sorted(late):
+            pool.advance_private([rid], add, 1, check=False)
+            self.pool_tokens[rid] = self.tokens[rid]
+            assert [pool.pools[lead].seqs[rid].num_skipped for lead in self.leads] == self.skipped[rid], (
+                f"request {rid}: the pool's tables start at other blocks than the counts say")
+        self.check()
+
+    def check(self) -> None:
+        """The pool (settled) holds what the counts say."""
+        pool = self.pool
+        store = pool.store
+        useful = store.useful_tokens + pool.state_slack()
+        groups = [self.kind_blocks[i] for i in self.group_kinds]
+        held = (store.num_used, useful, store.useful_tokens, [p.logical_blocks for p in pool.pools])
+        assert held == (self.used, self.useful, self.written, groups), (
+            f"pool {store.num_used} blocks / {useful} useful slots, the counts {self.used} / {self.useful}")
+
+    def resync(self) -> None:
+        """The counts read again from the pool (after an operation the counts did not take)."""
+        pool = self.pool
+        self.tokens, self.skipped, self.pool_tokens = {}, {}, {}
+        self.used = self.useful = self.written = 0
+        self.kind_blocks = [0] * len(self.counts)
+        for rid in list(pool.pools[0].seqs):
+            self.admitted(cast("int", rid))  # the policy's sequences are request ids
+
+
+class CountedPolicy:
+    """GroupedPagedPolicy's side of the counts: made at the first call that finds the pool private (`_counts_now`),
+    kept through its decode growth, the pool settled when read from outside (`pool`) or asked (`sync`)."""
+
+    _pool: HybridPool
+    block_size: int
+    capacity_slots: int
+
+    @property
+    def _private(self) -> bool:  # pragma: no cover - GroupedPagedPolicy's
+        raise NotImplementedError
+
+    @property
+    def pool(self) -> HybridPool:
+        """The pool, brought up to date with the decode growth kept as counts (group_counts): what a caller outside
+        reads. This module's own hot paths read `_pool`, which may lag behind the counts."""
+        if self._counts is not None:
+            self._counts.settle()
+        return self._pool
+
+    @pool.setter
+    def pool(self, pool: HybridPool) -> None:
+        self._pool, self._counts = pool, None
+
+
+    def advance_private(self, ids: list[int], k: int) -> None:
+        """k decode steps of each of `ids`, found to fit (HybridPool.advance_private(ids, k, 1, check=False)): in
+        the counts where they are kept (group_counts)."""
+        counts = self._counts_now()
+        if counts is None:
+            self._pool.advance_private(ids, k, 1, check=False)
+        else:
+            counts.run(ids, k)
+
+    def num_used(self) -> int:
+        """Blocks used now (the counts' where they are kept)."""
+        counts = self._counts_now()
+        return self._pool.num_used if counts is None else counts.used
+
+    def _free_blocks(self) -> int:
+        counts = self._counts_now()
+        return self._pool.num_free_blocks if counts is None else self._pool.num_blocks - counts.used
+
+    lazy_counts = True  # a private pool's decode growth kept as counts (group_counts); False: the pool at once
+
+    def _counts_now(self) -> PrivateCounts | None:
+        """The counts of a private pool (made at the first call that finds the pool private), else None."""
+        if self._paused or not self._private:
+            return None
+        if self._counts is None and self.lazy_counts:
+            self._counts = PrivateCounts(self._pool)
+            self._counts.resync()
+        return self._counts
+
+    _counts: PrivateCounts | None = None
+    _paused = False  # the pool is being changed itself (grow_many's pool path): no counts meanwhile
+
+
+    def sync(self) -> None:
+        """The pool brought up to date with the counts of its decode growth (group_counts), if any."""
+        if self._counts is not None:
+            self._counts.settle()
+
+    def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
+        """(slots per MEMORY_PARTS [6], block-table bytes): the pool's own accounting (a state page's
+        slots count as used and useful: a whole state; tail fragmentation is the attention blocks' unused slots)."""
+        counts = self._counts_now()
+        if counts is not None:  # the same totals, from the counts (group_counts: checked when the pool settles)
+            used = counts.used * self.block_size
+            return (np.array([counts.useful, used - counts.useful, 0, 0, 0, self.capacity_slots - used],
+                             dtype=np.int64), counts.used * BLOCK_TABLE_ENTRY_BYTES)
+        if self._private:  # the store's running totals: no block is cached, shared or of another size
+            store, pools = self._pool.store, self._pool.pools
+            used = store.num_used * self.block_size
+            useful = store.useful_tokens + self._pool.state_slack()
+            return (np.array([useful, used - useful, 0, 0, 0, self.capacity_slots - used],
+                             dtype=np.int64), sum(p.logical_blocks for p in pools) * BLOCK_TABLE_ENTRY_BYTES)
+        usage = self._pool.usage()
+        slots = usage.block_size  # a block's slots: the block size, or the lcm of the groups' (group_blocks, mixed)
+        used, cached = usage.used_blocks * slots, usage.cached_free_blocks * slots
+        parts: np.ndarray = np.array([usage.useful_tokens, usage.tail_fragmentation_slots, 0, 0, cached,
+                                      usage.num_blocks * slots - used - cached], dtype=np.int64)
+        if slots != self.block_size:  # the same shares, in the slots of `block_size` a block (capacity_slots)
+            parts = parts * (self.block_size / slots)
+        return parts, usage.logical_blocks * BLOCK_TABLE_ENTRY_BYTES
+
+    def group_blocks(self) -> list[int]:
+        """Blocks each group's tables hold now (a block is in one group only; in a private pool, in one table)."""
+        counts = self._counts_now()
+        if counts is not None:
+            return [counts.kind_blocks[i] for i in counts.group_kinds]
+        if self._private:
+            return [p.logical_blocks for p in self._pool.pools]
+        return held_blocks(self._pool)  # pool.group_usage()'s held blocks, in one pass
