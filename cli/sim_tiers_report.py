@@ -98,12 +98,27 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
         report.tables.append(record_table("tier reads by KV cache group", [
             Field("group", "group"), Field("per_block", "per block", format_bytes),
             Field("host", "host read", format_bytes), Field("disk", "disk read", format_bytes)], records))
+        report.notes.append(_tier_block_note(last.block_bytes))
     report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}
     report.notes.append(_replay_note(docs[0], c))
     if np.isnan(docs[0]["ttft_mean_s"]):
         report.notes.append("no request completed in the GPU-only run: its TTFT is undefined")
+
+
+def _tier_block_note(cbb: Any) -> str:
+    """What one tier block holds on a hybrid: every group's block of its tokens, paged as the pool pages it."""
+    head = (f"a tier block holds every KV cache group's block of its {cbb.block_size:,} tokens: "
+            f"{format_bytes(cbb.bytes_per_block)} per GPU")
+    if cbb.layout != "vllm":
+        return head + ", ideal layout (each layer type on its own, no padding)"
+    if not cbb.padding_bytes:
+        return head + ", vLLM's layout (no padding)"
+    what = "its groups' unused layer slots" + (" and state pages padded to the attention page"
+                                                  if cbb.state_bytes else "")
+    return (head + f", as vLLM's layout pages it: {format_bytes(cbb.padding_bytes)} of it padding ({what}; "
+            f"--layout ideal holds {format_bytes(cbb.bytes_per_block - cbb.padding_bytes)})")
 
 
 def _replay_note(gpu_only: dict[str, Any], c: TierComparison) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ParameterError
+from ..model.kv_groups import DEFAULT_LAYOUT
 from ..model.models import ModelSpec
 from ..share.tier_links import DEFAULT_DISK_BANDWIDTH, DEFAULT_HOST_BANDWIDTH
 from .settings import SimSetup
@@ -40,7 +41,10 @@ def sim_tiers(o: Any, spec: ModelSpec, kv_dtype: str, kv_bits: int, sim: SimSetu
                              "none it saves no state to resume from, so it caches no prefix: add mamba_cache_mode "
                              "align", "host_cache", "disk_cache", "mamba_cache_mode")
     block = sim.block_size  # the pool's, which a hybrid's memory plan may have aligned (o.block_size as typed)
-    cbb = cached_block_bytes(spec, kv_dtype, kv_bits, block, o.tp, "all" if state_mode == "all" else "align")
+    # a tier block's bytes as the pool pages them (share's tiers and --capacity too): under vLLM's layout every
+    # group's block ids with their padding slots and padded state pages, under ideal the groups' own bytes
+    layout = DEFAULT_LAYOUT if o.layout is None else o.layout.strip().lower()
+    cbb = cached_block_bytes(spec, kv_dtype, kv_bits, block, o.tp, "all" if state_mode == "all" else "align", layout)
     sizes = (parse_tier_size(o.host_cache, "host_cache"), parse_tier_size(o.disk_cache, "disk_cache"))
     blocks = [v.blocks(block, cbb.bytes_per_block) for v in sizes]
     return SimTiers(blocks[0], blocks[1], parse_bandwidth(o.host_bw, DEFAULT_HOST_BANDWIDTH, "host_bw"),
