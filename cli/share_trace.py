@@ -94,7 +94,7 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     """Trace mode on a hybrid model: the replay through a pool of its KV cache groups, sized per group."""
     from ..core.inputs.traces import read_trace
     from ..core.model.kv_groups import plan_blocks
-    from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, largest_request_peak, replay_groups
+    from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, largest_request_peak, replay_groups, replay_pool
 
     memory_bytes = None if memory is None else _memory_bytes(memory)
     if memory_bytes is not None:
@@ -115,17 +115,18 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
                          f"request holds at its peak ({layout.layout} layout, prompts computed in chunks of "
                          f"{DEFAULT_CHUNK_TOKENS:,} tokens): give --capacity-blocks {need:,} or --memory "
                          f"{memory_flag_at_least(need * layout.page_bytes)} or more")
-    if fmt is Format.table:
-        err_console.print(f"replaying {loaded.description} at block {layout.block_size} over "
-                          f"{plural(len(groups), 'block table')} …", highlight=False)
     # A pool past what the whole trace ever allocates evicts nothing: replay in that many (--memory 1PiB was
     # 858,993,459 blocks of arrays, a MemoryError) and report the capacity asked for.
     never_full = len(groups) * max(g.weight for g in groups) * sum(
         -(-(p + o) // layout.block_size) + 2 for p, o in zip(loaded.prompt_tokens.tolist(),
                                                             loaded.output_tokens.tolist(), strict=True))
+    blocks, mode = min(capacity, never_full), layout.mamba_cache_mode
+    pool = replay_pool(loaded, groups, layout.block_size, blocks, mode)  # every refusal before the progress line
+    if fmt is Format.table:
+        err_console.print(f"replaying {loaded.description} at block {layout.block_size} over "
+                          f"{plural(len(groups), 'block table')} …", highlight=False)
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
-        result = replay_groups(loaded, groups, layout.block_size, min(capacity, never_full), layout.mamba_cache_mode,
-                               progress=advance)
+        result = replay_groups(loaded, groups, layout.block_size, blocks, mode, progress=advance, pool=pool)
     result = dataclasses.replace(result, capacity_blocks=capacity)
     return _trace_groups_report(loaded.description, result, spec, dtype, layout, memory_bytes)
 

@@ -137,11 +137,10 @@ def largest_request_peak(trace: Trace, groups: tuple[PoolGroup, ...], block_size
     return peak_blocks(groups, longest, block_size, state_mode, chunk_tokens)
 
 
-def replay_groups(
-    trace: Trace, groups: tuple[PoolGroup, ...], block_size: int, capacity_blocks: int, state_mode: str, *,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, progress: Callable[[int], None] | None = None,
-) -> GroupReplayResult:
-    """Replay `trace` through a HybridPool of `groups` (see the module docstring)."""
+def replay_pool(trace: Trace, groups: tuple[PoolGroup, ...], block_size: int, capacity_blocks: int, state_mode: str,
+                chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> HybridPool:
+    """The empty pool a replay of `trace` runs on, after every refusal of replay_groups: a caller that announces
+    its replay builds it first, so that a refused input prints only its error."""
     if state_mode == "align" and any(g.weight > 1 for g in groups):
         # NOTE: a hit's allocation holds every state page from the hit to the chunk's end (hybrid_hits: first_block
         # of the hit); on weighted tables (core/pool/weighted.py) a page is a whole state, so this is not exact yet
@@ -153,10 +152,23 @@ def replay_groups(
         raise ParameterError(f"capacity_blocks {capacity_blocks:,} is less than the {need:,} blocks the largest "
                              "request holds at its peak (all groups, chunked prefill): give more", "capacity_blocks")
     pool = HybridPool(capacity_blocks, block_size, groups, state_mode=state_mode)
-    keyed = trace.has_prefix_ids and pool.caches
-    if keyed:
+    if trace.has_prefix_ids and pool.caches:
         check_keys_exact(trace, block_size)
         check_ids_cover_prompts(trace, block_size)
+    return pool
+
+
+def replay_groups(
+    trace: Trace, groups: tuple[PoolGroup, ...], block_size: int, capacity_blocks: int, state_mode: str, *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, progress: Callable[[int], None] | None = None,
+    pool: HybridPool | None = None,
+) -> GroupReplayResult:
+    """Replay `trace` through a HybridPool of `groups` (see the module docstring); `pool`: replay_pool's of the same
+    arguments, built already."""
+    if pool is None:
+        pool = replay_pool(trace, groups, block_size, capacity_blocks, state_mode, chunk_tokens)
+    need = largest_request_peak(trace, groups, block_size, state_mode, chunk_tokens)
+    keyed = trace.has_prefix_ids and pool.caches
     trace = in_arrival_order(trace)
     prompts, outputs = trace.prompt_tokens.tolist(), written_outputs(trace.output_tokens).tolist()
     group_hits = [0] * len(groups)

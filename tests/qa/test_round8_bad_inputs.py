@@ -212,10 +212,6 @@ def _one_line(result) -> str:
     return lines[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cli/share_trace.py:119 prints 'replaying … over 2 block tables …' on stderr before "
-    "core/share/replay_groups.py:145-150 refuses align on weighted tables: 3 stderr lines (the check belongs "
-    "before the announcement)"))
 def test_share_align_on_the_ideal_layout_is_refused_before_the_replay_starts(run_cli, files) -> None:
     line = _one_line(run_cli("share", "--trace", "mooncake", files["TRACE"], "--model", "nemotron-h-56b", "--memory",
                              "80GiB", "--mamba-cache-mode", "align", "--layout", "ideal"))
