@@ -46,6 +46,7 @@ class PrivateCounts:
                       if not nothing]
         self.state = [group.kind == "state" for group, _ in kinds]
         self.total = sum(self.counts)
+        self.state_tables = sum([count for count, state in zip(self.counts, self.state, strict=True) if state])
         self.tokens: dict[int, int] = {}
         self.skipped: dict[int, list[int]] = {}
         self.pool_tokens: dict[int, int] = {}  # what the pool's tables hold; < tokens: growth pending
@@ -67,6 +68,26 @@ class PrivateCounts:
             self.written += sign * count * written
             self.useful += sign * count * (held * B if self.state[i] else written)
 
+    def _move(self, t: int, old: list[int], t2: int, new: list[int]) -> None:
+        """A request goes from `t` tokens with tables starting at `old` to `t2` starting at `new` (≥ old each): `_add`
+        of the one less `_add` of the other, in one pass. Every table grows by g = ceil(t2 / B) − ceil(t / B) blocks
+        and t2 − t tokens; a kind whose start moves by d holds d blocks and B·d tokens (state: slots) fewer."""
+        B = self.B
+        g, dt = -(-t2 // B) + (t // -B), t2 - t  # t // -B = −ceil(t / B)
+        self.used += self.total * g
+        self.written += self.total * dt
+        self.useful += self.state_tables * g * B + (self.total - self.state_tables) * dt
+        if g:
+            self.kind_blocks = [held + g for held in self.kind_blocks]
+        for i, _ in self.frees:
+            d = new[i] - old[i]
+            if d:
+                count = self.counts[i]
+                self.kind_blocks[i] -= d
+                self.used -= count * d
+                self.written -= count * B * d
+                self.useful -= count * B * d
+
     def admitted(self, rid: int) -> None:
         """`rid` was just allocated in the pool: its holdings read from its tables."""
         pool = self.pool
@@ -86,23 +107,27 @@ class PrivateCounts:
         counts, True; False where the growth does not fit in `free` blocks (+ its own frees, with `credit`):
         nothing done (the caller settles and asks the pool, whose refusal frees what it frees)."""
         B, mode, counts, frees, tokens, skipped = self.B, self.mode, self.counts, self.frees, self.tokens, self.skipped
+        total = self.total
         need = gone = 0
         moves = []
         for rid in ids:
             t = tokens[rid]
-            held, after = -(-t // B), -(-(t + 1) // B)
+            held = -(-t // B)
             old = skipped[rid]
             new = old[:]
+            # each table takes ceil((t + 1) / B) − max(held, first) fresh blocks: 1 where t fills whole blocks, less
+            # any first block past its end (`over`; a kind that frees nothing starts at 0)
+            over = 0
             for i, group in frees:
                 new[i] = first = max(old[i], group.first_block(t, t + 1, B, mode))
                 gone += counts[i] * max(0, min(first, held) - old[i])
-            need += sum([count * (after - max(held, first)) for count, first in zip(counts, new, strict=True)])
+                over += counts[i] * max(0, first - held)
+            need += (0 if t % B else total) - over
             moves.append((rid, t, old, new))
         if need > free + (gone if credit else 0):
             return False
         for rid, t, old, new in moves:
-            self._add(t, old, -1)
-            self._add(t + 1, new, 1)
+            self._move(t, old, t + 1, new)
             tokens[rid], skipped[rid] = t + 1, new
         return True
 
@@ -115,8 +140,7 @@ class PrivateCounts:
             new = old[:]
             for i, group in self.frees:
                 new[i] = max(old[i], group.first_block(t + k - 1, t + k, B, mode))
-            self._add(t, old, -1)
-            self._add(t + k, new, 1)
+            self._move(t, old, t + k, new)
             tokens[rid], skipped[rid] = t + k, new
 
     # ---- the pool ----------------------------------------------------------------------------------------

@@ -61,7 +61,11 @@ def run_form(policy: GroupedPolicy, tokens: np.ndarray, k: int, remaining: np.nd
     firsts = [first_blocks(group, computed, B, mode) for group, _ in kinds]
     freeing = [i for i, f in enumerate(firsts) if not isinstance(f, int)]
     # the quantities summed over requests: table length, tokens written, and each freeing kind's first block
-    terms = np.stack([(computed + B) // B, computed + 1, *(firsts[i] for i in freeing)])  # [2 + m, n, k]
+    terms = np.empty((2 + len(freeing), *computed.shape), dtype=np.int64)  # [2 + m, n, k]
+    np.floor_divide(computed + B, B, out=terms[0])
+    np.add(computed, 1, out=terms[1])
+    for row, i in enumerate(freeing, 2):
+        terms[row] = firsts[i]
     starts = terms[2:, :, 0]  # [m, n]: f(t_i), where the pool update grows from
     if remaining is None:
         live = kept = terms.sum(axis=1)  # [2 + m, k]
