@@ -50,7 +50,7 @@ def grouped_run_through_finishes(ff: FastForward) -> bool:
     n = len(run)
     if s.waiting or not s.steady or n == 0 or n > s.config.max_batched_tokens or not policy.runs_decode:
         return False
-    if len(policy._pool.pools[0].seqs) != n:  # a sequence outside the batch holds blocks
+    if policy.num_seqs() != n:  # a sequence outside the batch holds blocks
         return False
     tokens0 = s.computed[run]
     remaining = s.stop_at[run] - s.generated[run]

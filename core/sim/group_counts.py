@@ -11,12 +11,13 @@ nothing), the step takes count · (ceil((t + 1) / B) − max(ceil(t / B), f)) fr
 count · max(0, min(f, ceil(t / B)) − skipped). The request then holds count · (ceil(t' / B) − f) blocks of the kind,
 with t' − B · f tokens written in them (a state page: B, a whole state; HybridPool.state_slack).
 
+An admission is counted too (its tables start at HybridPool._private_firsts), and a request that leaves before the
+pool settles never reaches it; one the pool holds is released there (whatever its tables hold: no settling needed).
 The pool itself is updated (`settle`: HybridPool.advance_private of each request's pending tokens, chunk 1 — what a
-run of decode steps does, so the tables, counters and invariants are those of stepping) before anything that reads
-or changes it otherwise: an allocation that the pool's own free count would refuse, any growth the counts do not
-take (a refused one, a prefill chunk), a fork, a swap, the checks. A release needs no settling (it frees whatever
-the request's tables hold). Settling goes request by request, those whose pending steps free more than they take
-first, so the pool never holds more than it does before or after (both fit).
+run of decode steps does, so the tables and invariants are those of stepping; an admission placed as it is now,
+`_place`) before anything that reads or changes it otherwise: any growth the counts do not take (a refused one, a
+prefill chunk), a fork, a swap, the checks, a read of the policy's `pool`. Settling goes request by request, those
+whose pending steps free more than they take first, so the pool never holds more than it does before or after.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class PrivateCounts:
         self.tokens: dict[int, int] = {}
         self.skipped: dict[int, list[int]] = {}
         self.pool_tokens: dict[int, int] = {}  # what the pool's tables hold; < tokens: growth pending
+        self.deferred: dict[int, tuple[int, int]] = {}  # admitted, not yet in the pool: (tokens, computed) then
         self.used = self.useful = self.written = 0  # blocks; slots of whole states and tokens; tokens written
         self.kind_blocks = [0] * len(kinds)  # Σ over requests of one table's blocks per kind
         self.group_kinds = [0] * len(pool.pools)  # each group's kind (an index into the pool's kinds)
@@ -97,9 +99,19 @@ class PrivateCounts:
         self.skipped[rid] = skipped
         self._add(tokens, skipped, 1)
 
-    def released(self, rid: int) -> None:
+    def admit(self, rid: int, tokens: int, computed: int) -> None:
+        """`rid` admitted with `tokens`, `computed` of them held already (a swap-in): HybridPool.allocate_private's
+        tables, each kind's starting at its first block (_private_firsts), kept as counts until the pool settles."""
+        skipped = self.pool._private_firsts(tokens, computed)
+        self.tokens[rid], self.skipped[rid], self.pool_tokens[rid] = tokens, skipped, 0
+        self.deferred[rid] = (tokens, computed)
+        self._add(tokens, skipped, 1)
+
+    def released(self, rid: int) -> bool:
+        """`rid` leaves; whether the pool holds it (else it never heard of it, and nothing is left to free)."""
         self._add(self.tokens.pop(rid), self.skipped.pop(rid), -1)
         del self.pool_tokens[rid]
+        return self.deferred.pop(rid, None) is None
 
     # ---- decode growth -----------------------------------------------------------------------------------
     def step(self, ids: list[int], free: int, credit: bool) -> bool:
@@ -156,18 +168,32 @@ class PrivateCounts:
         late = []
         for rid, t in self.tokens.items():
             if t != self.pool_tokens[rid]:
-                seqs = [pool.pools[lead].seqs[rid] for lead in self.leads]
-                before = sum(count * (seq.num_blocks - seq.num_skipped) for count, seq in zip(self.counts, seqs,
-                                                                                               strict=True))
+                before = 0
+                if rid not in self.deferred:
+                    seqs = [pool.pools[lead].seqs[rid] for lead in self.leads]
+                    before = sum(count * (seq.num_blocks - seq.num_skipped) for count, seq in zip(self.counts, seqs,
+                                                                                                   strict=True))
                 after = sum(count * (-(-t // B) - first) for count, first in zip(self.counts, self.skipped[rid],
                                                                                  strict=True))
                 late.append((after - before, rid, t - self.pool_tokens[rid]))
-        for _, rid, add in sorted(late):
-            pool.advance_private([rid], add, 1, check=False)
+        for _, rid, add in sorted(late):  # those that shrink first: the pool never holds more than before or after
+            if rid in self.deferred:
+                self._place(rid)
+            else:
+                pool.advance_private([rid], add, 1, check=False)
             self.pool_tokens[rid] = self.tokens[rid]
             assert [pool.pools[lead].seqs[rid].num_skipped for lead in self.leads] == self.skipped[rid], (
                 f"request {rid}: the pool's tables start at other blocks than the counts say")
         self.check()
+
+    def _place(self, rid: int) -> None:
+        """A deferred admission into the pool, at once where it is now: allocate_private of its tokens t from
+        `computed` on — its admission's, or t − 1 once it has decoded, whose first blocks are those its last decode
+        step kept (first_block grows with the tokens computed: the check after settling holds it to that); only
+        the store's count of prompt tokens, which nothing in a private run reads, differs from stepping."""
+        tokens, computed = self.deferred.pop(rid)
+        t = self.tokens[rid]
+        self.pool.allocate_private(rid, t, computed if t == tokens else t - 1)
 
     def check(self) -> None:
         """The pool (settled) holds what the counts say."""
@@ -180,8 +206,9 @@ class PrivateCounts:
             f"pool {store.num_used} blocks / {useful} useful slots, the counts {self.used} / {self.useful}")
 
     def resync(self) -> None:
-        """The counts read again from the pool (after an operation the counts did not take)."""
+        """The counts read again from the pool (settled, after an operation the counts did not take)."""
         pool = self.pool
+        assert not self.deferred, "resync of counts with admissions the pool has not heard of"
         self.tokens, self.skipped, self.pool_tokens = {}, {}, {}
         self.used = self.useful = self.written = 0
         self.kind_blocks = [0] * len(self.counts)
@@ -222,6 +249,11 @@ class CountedPolicy:
             self._pool.advance_private(ids, k, 1, check=False)
         else:
             counts.run(ids, k)
+
+    def num_seqs(self) -> int:
+        """Sequences holding blocks now (the counts' where they are kept)."""
+        counts = self._counts_now()
+        return len(self._pool.pools[0].seqs) if counts is None else len(counts.tokens)
 
     def num_used(self) -> int:
         """Blocks used now (the counts' where they are kept)."""

@@ -95,11 +95,10 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         if self._private:
             assert from_swap or not start_tokens, f"request {rid}: no prefix keys, {start_tokens} tokens cached"
             counts = self._counts_now()
-            if counts is not None and self._need_memo[2] > len(self._pool.store.queue):
-                counts.settle()  # the pool's own free count is short of what the counts free (module group_counts)
-            self._pool.allocate_private(rid, total_tokens, start_tokens if from_swap else 0)
-            if counts is not None:
-                counts.admitted(rid)
+            if counts is not None:  # the pool hears of it when it settles, if ever (group_counts)
+                counts.admit(rid, total_tokens, start_tokens if from_swap else 0)
+            else:
+                self._pool.allocate_private(rid, total_tokens, start_tokens if from_swap else 0)
             return True
         if from_swap:
             self._pool.allocate(rid, total_tokens, computed_tokens=start_tokens)
@@ -252,7 +251,7 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         blocks, so with requests waiting the run stops before the pool holds fewer blocks than now (the head,
         refused now, could be admitted then). The pool itself is brought up to date after the run
         (`advance_run`): steps are kept only while its peak, Σ ceil((t + k) / B) − first(t), fits too."""
-        if len(self._pool.pools[0].seqs) != len(tokens):  # a sequence outside the run holds blocks: step by step
+        if self.num_seqs() != len(tokens):  # a sequence outside the run holds blocks: step by step
             return 0, None
         if not self._private:
             return self._prefix_run(k, waiting)
@@ -300,10 +299,11 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         return sum(pool.swap_bytes(rid, self.page_bytes)) - stale * self.page_bytes
 
     def release(self, rid: int, reason: ReleaseReason | str) -> None:
+        reason = ReleaseReason(reason)
         if self._private:
-            self._pool.release_private(rid, ReleaseReason(reason))
-            if (counts := self._counts_now()) is not None:
-                counts.released(rid)
+            counts = self._counts_now()
+            if counts is None or counts.released(rid):  # (an admission the pool never heard of: nothing to free)
+                self._pool.release_private(rid, reason)
         else:
             self._pool.release(rid, ReleaseReason(reason))
 
