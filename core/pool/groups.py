@@ -10,12 +10,26 @@ blocks of B token slots; a sequence holds one block table per group. What a grou
     chunked   the current chunk of C tokens                (computed // C) · C // B
     state     the recurrent state (Mamba, linear attention), one page a block boundary:
                 mode none   the running state only (1)     (n − 1) // B (the one page, updated in place)
-                mode align  it and the last saved one (2)  max(0, computed // B − 1)
-                mode all    a saved state at every block   0
-              (align: a step that crosses into a new page holds the page it resumes from too: the pool reports
-              the move as a copy (old page, new page) and frees the old page at the sequence's next step. none:
-              vLLM's Mamba block is then max_model_len tokens, one page a request for its whole life; the pool
-              moves that page to the table's last entry as the sequence grows (state_pages.roll_page), no copy)
+                mode align  the page resumed from, the     r = (computed − 1) // B; when the step jumps over a
+                            step's last page (<= 2)        page (l = (n − 1) // B > r + 1) or computed = 0: l,
+                                                           or n // B − 1 when n ends mid-block past B
+                mode all    every page from the one        max(0, computed − 1) // B
+                            resumed from (no hole)
+              vLLM v1's MambaManager: get_num_skipped_tokens(c) = c − 1, so remove_skipped_blocks frees, at each
+              step, every page before the one holding the state after the last computed token (r); mode all then
+              allocates a page for every block to the step's end (a state saved at every boundary), mode align
+              only the step's last page l (allocate_new_blocks puts null blocks in the entries between) and frees
+              r at the next step (last_state_block_idx). align: a step that crosses into the next page holds r
+              and l; one that jumps over pages (a prefill chunk of many blocks) takes only l, the entries between
+              NULL, and when it ends mid-block the page of the last boundary it passes too (vLLM's scheduler
+              splits such a chunk there, _mamba_block_aligned_split: a state is saved at that boundary, and the
+              chunk's second step holds that page and l; a caller that splits never asks for it): the pool lets
+              r go at the jump (pending until the step ends inside a step window,
+              BlockPool.step; a saved state keeps its hash and content) and reports the move as a copy (r, l)
+              (weighted.state_jump). none: vLLM's Mamba block is then max_model_len tokens, one page a request for
+              its whole life; the pool moves that page to the table's last entry as the sequence grows
+              (state_pages.roll_page), no copy. Freed pages keep their hashes: cached and free, a later prompt
+              still hits them (group_hits)
 
 Freed table entries are NULL_BLOCK (block_pool). A freed block with a content hash stays in the prefix
 cache's LRU and can serve a later hit until it is evicted.
@@ -102,7 +116,8 @@ class PoolGroup:
     def first_block(self, computed: int, num_tokens: int, block_size: int, state_mode: str) -> int:
         """The first logical block the table must hold while a step computes tokens `computed`..num_tokens − 1
         (see the module docstring); blocks before it can be freed. A state group keeps the page the step
-        resumes from (the state after token computed − 1) until the step has run."""
+        resumes from (the state after token computed − 1) until the step has run, unless (align) the step jumps
+        over pages: then only its last page."""
         B = block_size
         if self.kind == "sliding":
             return max(0, computed - self.span + 1) // B
@@ -110,10 +125,15 @@ class PoolGroup:
             return computed // self.span * self.span // B
         if self.kind == "state" and state_mode == "none":  # the one page, where the step's last token is
             return max(0, num_tokens - 1) // B
-        if self.kind == "state" and state_mode == "align":
-            if not computed:  # nothing to resume from: only the pages this step writes its last states into
-                return max(0, num_tokens // B - 1)
-            return max(0, computed // B - 1)
+        if self.kind == "state" and state_mode == "align":  # the page resumed from and the step's last page
+            last = max(0, num_tokens - 1) // B
+            if computed and last <= (computed - 1) // B + 1:  # no page jumped over: the one resumed from on
+                return (computed - 1) // B
+            # nothing to resume from, or a jump: the step's last page (vLLM: null blocks before it), and where the
+            # step ends past a boundary mid-block the page saved there, as vLLM's aligned split ends a step on it
+            return num_tokens // B - 1 if num_tokens % B and num_tokens > B else last
+        if self.kind == "state" and state_mode == "all":  # every page from the one resumed from
+            return max(0, computed - 1) // B
         return 0
 
     def first_block_before_growth(self, computed: int, block_size: int, state_mode: str) -> int:
@@ -123,7 +143,7 @@ class PoolGroup:
     def held_blocks(self, num_tokens: int, block_size: int, state_mode: str) -> int:
         """Blocks a sequence decoding its token num_tokens − 1 holds in this group (computed = num_tokens − 1):
         the closed form of what the pool does, for plans and checks. A state page crossing into a new block
-        holds the old page too for that step (align); mode none holds one page."""
+        holds the old page too for that step (align, all); mode none holds one page."""
         if num_tokens <= 0:
             return 0
         total = ceil_div(num_tokens, block_size)
@@ -190,25 +210,27 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
                 chunk_tokens: int) -> int:
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
-    ceil((C + T) / B) + 1; one state page (none: vLLM's one page a request, updated in place, weighted or not)
-    or a chunk's pages (align: at least the page a step resumes from and the one it crosses into; all). A block of
-    a weighted table counts its weight (units of the pool), and its state group never takes a chunk's pages
-    (weighted.state_jump): 3 under align (the saved page, the page a step resumes from, the one it crosses into)."""
+    ceil((C + T) / B) + 1; a state group (PoolGroup.first_block): none one page (vLLM's one page a request,
+    updated in place); align 2, the page a step resumes from and the one it crosses into (a step that jumps over
+    pages holds only its last: vLLM's MambaSpec.max_memory_usage_bytes, 2 pages); all the pages from the one a
+    step resumes from to its last, (n − 1) // B − (c − 1) // B + 1 <= ceil(T / B) + 1 for a step c -> n of at
+    most T tokens (ceil(n / B) <= ceil(T / B) from c = 0). Each capped at ceil(n / B). A block of a weighted
+    table counts its weight (units of the pool)."""
     n, T = num_tokens, chunk_tokens
     blocks = 0
     for g in groups:
         B = g.tokens_per_block(block_size)  # a group's own tokens per block (mixed under vLLM's unified pages)
         all_blocks = ceil_div(n, B)
-        if g.kind == "full" or (g.kind == "state" and state_mode == "all"):
+        if g.kind == "full":
             held = all_blocks
         elif g.kind in ("sliding", "chunked"):
             reach = g.span - 1 + T if g.kind == "sliding" else g.span + T
             held = min(all_blocks, ceil_div(reach, B) + 1)
         elif state_mode == "none":  # the one page, weighted or not (state_pages.roll_page)
             held = min(all_blocks, 1)
-        elif g.weight > 1:  # weighted.state_jump: the saved page, the page a step resumes from, the one it crosses into
-            held = min(all_blocks, 3)
-        else:
-            held = min(all_blocks, max(2, ceil_div(T, B) + 1))
+        elif state_mode == "align":  # the page resumed from and the step's last (a jump: the last only)
+            held = min(all_blocks, 2)
+        else:  # all: from the page resumed from to the step's last
+            held = min(all_blocks, ceil_div(T, B) + 1)
         blocks += held * g.weight
     return blocks

@@ -48,7 +48,7 @@ from .invariants import check_pool_invariants
 from .speculative import check_speculative
 from .state_pages import roll_need, roll_page, state_slack
 from .store import BlockKeys, PoolExhaustedError
-from .weighted import state_jump, weighted_append_need, weighted_usage
+from .weighted import weighted_append_need, weighted_usage
 
 
 @dataclass(frozen=True)
@@ -171,8 +171,8 @@ class HybridPool(HybridHits, HybridBatch):
 
     def append_need(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append takes once `free_skipped` has run (Σ over groups)."""
-        if self.weighted:  # a block costs its group's weight in units, a state group's chunk may jump (weighted)
-            return weighted_append_need(self, seq_id, num_tokens)  # mode none: the one page moves (roll_need)
+        if self.weighted or self._jumps(num_tokens):  # a block costs its group's weight in units, a state group's
+            return weighted_append_need(self, seq_id, num_tokens)  # chunk may jump; none: the page moves (roll_need)
         return sum(p.append_need(seq_id, num_tokens * s) if (seq := self._rolls(g, seq_id, num_tokens)) is None
                    else roll_need(p.store, seq)  # mode none: the one state page moves in place (state_pages)
                    for g, (p, s) in enumerate(zip(self.pools, self.scales, strict=True)))
@@ -182,7 +182,7 @@ class HybridPool(HybridHits, HybridBatch):
         block size and no speculative slot every group's table of a sequence has its length, so the new blocks are
         the first group's times the groups; a copy of a partial, shared last block is looked up in one take."""
         if self.mixed or self.weighted or (self.rolling and self.store.counters["forks"]) or any(
-                p.spec.tracked for p in self.pools):
+                p.spec.tracked for p in self.pools) or self._jumps(max(adds, default=0)):
             return sum(self.append_need(s, a) for s, a in zip(seq_ids, adds, strict=True))
         B, grow, partial, first = self.block_size, 0, [], self.pools[0]
         for seq_id, add in zip(seq_ids, adds, strict=True):
@@ -229,7 +229,8 @@ class HybridPool(HybridHits, HybridBatch):
                 pool.logical_tokens += num_tokens
                 pool.logical_blocks -= freed
                 pool._epoch += 1
-            elif self.weighted and (move := state_jump(self, g, seq_id, num_tokens)) is not None:
+            elif (self.weighted or (group.kind == "state" and self.state_mode == "align")) and (
+                    move := self._jump(g, seq_id, num_tokens)) is not None:
                 copies.append(move)  # align: a state group's chunk takes only the pages it keeps (weighted.state_jump)
                 self._changed()
                 continue

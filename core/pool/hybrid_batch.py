@@ -11,6 +11,7 @@ import numpy as np
 
 from .append import SeqTable
 from .hybrid_private import HybridPrivate
+from .pool_tables import NULL_BLOCK
 from .state_pages import crosses, roll_need, roll_page
 from .store import PoolExhaustedError
 from .weighted import state_jump, weighted_append_need
@@ -27,7 +28,7 @@ class HybridBatch(HybridPrivate):
             raise ValueError("append_many takes a pool without forks or speculative slots: append one at a time")
         if num_tokens <= 0 or not seq_ids:
             return
-        if self.weighted:  # weighted tables: one sequence at a time, checked first (weighted.py)
+        if self.weighted or self._jumps(num_tokens):  # weighted tables, align's jumps: one at a time (weighted.py)
             self.free_skipped_many(seq_ids)
             if (need := self.append_many_need(seq_ids, num_tokens)) > len(self.store.queue):
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
@@ -36,7 +37,7 @@ class HybridBatch(HybridPrivate):
                 for g, pool in enumerate(self.pools):
                     if self.rolled[g]:  # mode none: the one state page moves in place (state_pages)
                         self._roll_many(g, (seq_id,), num_tokens)
-                    elif state_jump(self, g, seq_id, num_tokens) is None:
+                    elif self._jump(g, seq_id, num_tokens) is None:
                         pool.append(seq_id, num_tokens)
             self._changed()
             return
@@ -67,6 +68,23 @@ class HybridBatch(HybridPrivate):
             else:
                 pool.append_many(seq_ids, num_tokens)
         self._changed()
+
+    def _jumps(self, num_tokens: int) -> bool:
+        """Whether an append of `num_tokens` may jump over state pages (mode align, more than a block: the step
+        takes only its last page, groups.PoolGroup.first_block / weighted.state_jump)."""
+        return num_tokens > self.block_size and self.state_mode == "align" and any(
+            g.kind == "state" for g in self.groups)
+
+    def _jump(self, g: int, seq_id: Hashable, num_tokens: int) -> tuple[int, int] | None:
+        """weighted.state_jump (None: a plain append is right), the entries it jumps over NULL_BLOCK (vLLM's null
+        blocks between the pages); the page it resumes from keeps its entry (masked by block_table as any freed
+        one) while the step runs: the state a step resumes from is read there (it is pending inside a step)."""
+        seq = self.pools[g]._seq(seq_id)
+        held = seq.num_blocks
+        move = state_jump(self, g, seq_id, num_tokens)
+        if move is not None:
+            seq.table[held : seq.num_skipped] = NULL_BLOCK
+        return move
 
     def _rolls(self, g: int, seq_id: Hashable, num_tokens: int) -> SeqTable | None:
         """The sequence's table of group g when an append of `num_tokens` moves its one state page (mode none,
@@ -102,10 +120,10 @@ class HybridBatch(HybridPrivate):
             for seq_id in seq_ids:
                 self._skip(seq_id)
             return
-        B, mode = self.block_size, self.state_mode
+        B = self.block_size
         kinds: dict[tuple[str, int], list[int]] = {}  # (kind, window; 0 for a state group)
         for g, group in enumerate(self.groups):
-            if group.kind != "full" and not (group.kind == "state" and mode == "all"):
+            if group.kind != "full":
                 kinds.setdefault((group.kind, group.window or 0), []).append(g)
         if not kinds:
             return
@@ -119,10 +137,8 @@ class HybridBatch(HybridPrivate):
                 first = np.maximum(tokens - window + 1, 0) // B
             elif kind == "chunked":
                 first = tokens // window * window // B
-            elif mode == "none":
+            else:  # a state group, every mode: from the page the next step resumes from (groups.py)
                 first = np.maximum(tokens - 1, 0) // B
-            else:  # align
-                first = np.maximum(tokens // B - 1, 0)
             if private and not any(self.pools[g].spec.tracked for g in members):
                 self.skip_many(members, seq_ids, first.tolist())
                 continue
@@ -264,7 +280,7 @@ class HybridBatch(HybridPrivate):
 
     def append_many_need(self, seq_ids: Sequence[Hashable], num_tokens: int) -> int:
         """Free blocks `append_many` takes (after freeing what the groups let go, which it does first)."""
-        if self.weighted:  # units, a state group's jump (weighted.py)
+        if self.weighted or self._jumps(num_tokens):  # units, a state group's jump (weighted.py)
             self.pools[0]._live(seq_ids, "appended to")
             return sum(weighted_append_need(self, seq_id, num_tokens) for seq_id in seq_ids)
         if self.mixed:  # groups of different tokens per block (group_blocks)

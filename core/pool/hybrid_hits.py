@@ -241,8 +241,8 @@ class HybridHits(HybridLayout):
         for held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
             store.ref[held] -= 1
             unheld = held[store.ref[held] == 0]
-            if len(unheld):
-                store.drop(unheld[::-1])
+            if len(unheld):  # align: a hit page a jump does not hold is read by the step (pending inside one)
+                store.drop(unheld[::-1], defer=self.pools[0]._in_step)
         if self.coarse is not None:
             self.coarse.start(seq_id, keys, self.pools[0])
         if keys is not None:
@@ -286,7 +286,8 @@ class HybridHits(HybridLayout):
             if not self.anchored[g] or seq.num_hashed < 0:  # a state over rejected drafts: never
                 continue
             # a window's or chunk's blocks whose anchor (the full block holding their last token) the step completed
-            first, end = (new // B - 1, new // B) if group.kind == "state" else (old // A * A // B, new // A * A // B)
+            first, end = (new // B - 1, new // B) if group.kind == "state" and self.state_mode == "align" else (
+                old // A * A // B, new // A * A // B)  # mode all: a state saved at every boundary the step passed
             positions = np.arange(max(first, seq.num_skipped), end)
             parts.append((g, seq.table[positions], positions))
         if not parts:

@@ -48,14 +48,15 @@ class HybridLayout:
         self.pools = [BlockPool(num_blocks, block_size, rollback_policy=rollback_policy, shared=(store, self.prefix))
                       for store in stores]
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)  # weighted: units
-        # the groups that keep no whole chain (sliding, chunked, state in mode align) are anchored to the first
+        # the groups that keep no whole chain (sliding, chunked, state in mode align or all: a hit reads only the page
+        # at its boundary, vLLM's MambaManager.find_longest_cache_hit, the older pages freed) are anchored to the first
         # full group's blocks (see group_hits); without a full group they keep chains, and an align state group
         # then serves no hit. A state group serves a prefix only where a state was saved at exactly that
         # boundary: mode all saves one at every block boundary, align at step ends (group_hits), none none.
         kinds = [g.kind for g in self.groups]
         self.anchor = kinds.index("full") if "full" in kinds else None
         self.anchored = tuple(self.anchor is not None and (k in ("sliding", "chunked") or (
-            k == "state" and self.state_mode == "align")) for k in kinds)
+            k == "state" and self.state_mode != "none")) for k in kinds)
         has_state = "state" in kinds
         # mode none: a state group holds one page, moved along its table in place (state_pages.roll_page)
         self.rolled = tuple(k == "state" and self.state_mode == "none" for k in kinds)

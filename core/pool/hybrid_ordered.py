@@ -47,7 +47,7 @@ def _rules(pool: HybridPool) -> list[tuple[int, Callable[[int, int, str], int], 
     if rules is None:
         rules = pool.__dict__["_skip_rules"] = [
             (g, group.first_block_before_growth, (group.kind, group.window)) for g, group in enumerate(pool.groups)
-            if group.kind != "full" and not (group.kind == "state" and pool.state_mode == "all")]
+            if group.kind != "full"]
     return rules
 
 
@@ -107,7 +107,7 @@ def need_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[i
     partially filled block is in two tables (a hit holds full blocks only), so nothing is copied and the need is
     the first group's new blocks times the groups, less the state groups of mode none (their one page moves in
     place: state_pages.roll_page)."""
-    if pool.store.counters["forks"]:
+    if pool.store.counters["forks"] or pool._jumps(max(adds, default=0)):  # align: a state group's chunk may jump
         return pool.append_need_many(seq_ids, adds)
     B, grow, seqs = pool.block_size, 0, pool.pools[0]._tables(seq_ids)
     for seq, add in zip(seqs, adds, strict=True):

@@ -47,8 +47,8 @@ def first_blocks(group: PoolGroup, computed: np.ndarray, block_size: int, state_
         return computed // group.span * group.span // B
     if group.kind == "state" and state_mode == "none":  # the one page, moved to where token `computed` goes
         return computed // B
-    if group.kind == "state" and state_mode == "align":
-        return np.maximum(computed // B - 1, 0)
+    if group.kind == "state":  # align, all: from the page the append resumes from (groups.PoolGroup.first_block)
+        return np.maximum(computed - 1, 0) // B
     return 0
 
 
@@ -82,7 +82,7 @@ class HybridPrivate(HybridLayout):
             memo = []
             for group, members in self.kinds():
                 adjacent = members == list(range(members[0], members[-1] + 1))
-                memo.append((group.kind == "full" or (group.kind == "state" and self.state_mode == "all"),
+                memo.append((group.kind == "full",
                              slice(members[0], members[-1] + 1) if adjacent else members, len(members),
                              members[0]))
             self.__dict__["_private_rows"] = memo

@@ -280,8 +280,8 @@ def _state_jump_plan(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple
     if group.kind != "state" or hybrid.state_mode == "all" or not seq.num_tokens or pool.spec.tracks(seq_id):
         return None
     B, new = pool.block_size, seq.num_tokens + num_tokens
-    keep = group.first_block(new, new, B, hybrid.state_mode)
-    return (keep, -(-new // B)) if keep > seq.num_blocks else None
+    keep = group.first_block(seq.num_tokens, new, B, hybrid.state_mode)  # the step's rule (groups.py); past the
+    return (keep, -(-new // B)) if keep > seq.num_skipped else None  # page it resumes from: a jump
 
 
 def weighted_append_need(hybrid: Any, seq_id: Any, num_tokens: int) -> int:
@@ -308,14 +308,14 @@ def state_jump(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple[int, 
     pool = hybrid.pools[g]
     seq, store = pool._seq(seq_id), pool.store
     resume = int(seq.table[seq.num_blocks - 1])
-    gone = seq.table[seq.num_skipped : seq.num_blocks]  # every page held: a fork's sibling may still hold some
-    refs = store.ref[gone] - 1
-    store.ref[gone] = refs
-    store.drop(gone[refs == 0][::-1], defer=pool._in_step)
+    gone = seq.table[seq.num_skipped : seq.num_blocks].copy()  # every page held: a fork's sibling may still hold some
     if len(seq.table) < total:
         seq.table = np.concatenate([seq.table, np.empty(2 * total, dtype=np.int64)])
     new = seq.num_tokens + num_tokens
-    seq.table[keep:total] = store.take(total - keep, new - keep * pool.block_size)
+    seq.table[keep:total] = store.take(total - keep, new - keep * pool.block_size)  # before the pages it lets go:
+    refs = store.ref[gone] - 1  # the step reads the one it resumes from (vLLM frees it at the next step)
+    store.ref[gone] = refs
+    store.drop(gone[refs == 0][::-1], defer=pool._in_step)
     pool.logical_blocks += total - keep - len(gone)
     pool.logical_tokens += num_tokens
     seq.num_skipped, seq.num_blocks, seq.num_tokens = keep, total, new

@@ -270,6 +270,8 @@ class HybridExecutor:
         if self.fault is not None and restored:
             page = self.fault.restored_page(page, restored, B)
         state_page = int(tables[self.state_group][page])
+        if state_page == NULL_BLOCK and self.pool.state_mode == "align":  # a step that jumps over pages does not
+            state_page = int(self.pool.pools[self.state_group].seqs[rid].table[page])  # hold it: read it there
         if state_page == NULL_BLOCK or store.state_tag[state_page] != ident[c - 1]:
             self.content_errors.append(
                 f"request {rid}: resumes at position {c} from state page {state_page} (logical {page}), which "

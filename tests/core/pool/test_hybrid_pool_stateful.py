@@ -98,8 +98,9 @@ class HybridShadow:
         hit = self.pool.allocate(seq, len(tokens), keys_of(tokens, 0, len(tokens) // B))
         self.tokens[seq] = list(tokens)
         self.running[seq] = 0
-        if hit:  # the state restored from the page saved at the hit's boundary
-            table = next(t for g, t in zip(self.pool.groups, self.pool.block_tables(seq), strict=True)
+        if hit:  # the state restored from the page saved at the hit's boundary: its entry keeps the page's id while
+            # the step runs, also where (align) the step jumps over pages and does not hold it (hybrid_batch._jump)
+            table = next(p.seqs[seq].table for g, p in zip(self.pool.groups, self.pool.pools, strict=True)
                          if g.kind == "state") if any(g.kind == "state" for g in self.pool.groups) else None
             self.running[seq] = true_state(tokens[:hit]) if table is None else self.state[int(table[hit // B - 1])]
         self._write(seq, hit)
@@ -180,6 +181,9 @@ class HybridPoolMachine(RuleBasedStateMachine):
     def setup(self, mode: str, blocks: int, policy: str) -> None:
         self.pool = HybridPool(blocks, B, GROUPS, state_mode=mode, rollback_policy=policy)
         self.shadow = HybridShadow(self.pool)
+        # tokens computed before each sequence's last step (allocate: its hit); None once it speculated (its state
+        # pages then follow the speculative rules: test_speculative)
+        self.starts: dict[int, int | None] = {}
 
     def _live(self) -> list[int]:
         return sorted(self.shadow.tokens)
@@ -200,6 +204,7 @@ class HybridPoolMachine(RuleBasedStateMachine):
         hit = self.shadow.allocate(seq, tokens)
         # the hit is what the look-up said, a whole number of blocks, never the last token, within every group's own
         assert hit == expected and hit % B == 0 and hit < max(len(tokens), 1) and hit <= min(own)
+        self.starts[seq] = hit
         self._record_hashed()
 
     @precondition(lambda self: bool(self.shadow.tokens))
@@ -212,9 +217,19 @@ class HybridPoolMachine(RuleBasedStateMachine):
         if not self.pool.can_append(seq, count):
             with pytest.raises(PoolExhaustedError):
                 self.pool.append(seq, count)
+            if self.starts.get(seq) is not None:  # the check freed what the next step no longer reads (as vLLM's
+                self.starts[seq] = len(self.shadow.tokens[seq])  # remove_skipped_blocks, which runs even then)
             return
+        if self.starts.get(seq) is not None:
+            self.starts[seq] = len(self.shadow.tokens[seq])
         self.shadow.append(seq, new)
         self._record_hashed()
+
+    @precondition(lambda self: bool(self.shadow.tokens))
+    @rule(data=st.data(), count=st.integers(B + 1, 3 * B))
+    def append_chunk(self, data, count: int) -> None:
+        """A prefill chunk over several pages: under align a state group jumps over those it does not keep."""
+        HybridPoolMachine.append(self, data, count)
 
     @precondition(lambda self: bool(self.shadow.tokens))
     @rule(data=st.data())
@@ -224,6 +239,8 @@ class HybridPoolMachine(RuleBasedStateMachine):
             return
         child, self.next_id = self.next_id, self.next_id + 1
         self.shadow.fork(parent, child)
+        if parent in self.starts:
+            self.starts[child] = self.starts[parent]
 
     @precondition(lambda self: bool(self.shadow.tokens))
     @rule(data=st.data(), reason=st.sampled_from(list(ReleaseReason)))
@@ -237,6 +254,7 @@ class HybridPoolMachine(RuleBasedStateMachine):
     @rule(data=st.data(), k=st.integers(1, 5))
     def speculate(self, data, k: int) -> None:
         seq = data.draw(st.sampled_from(self._live()))
+        self.starts[seq] = None  # speculative slots: its state pages are speculative's (test_speculative)
         if seq in self.shadow.drafts:
             accepted = data.draw(st.integers(0, len(self.shadow.drafts[seq])))
             self.shadow.commit(seq, accepted)
@@ -259,6 +277,24 @@ class HybridPoolMachine(RuleBasedStateMachine):
                 assert sum(h[g] for h in held) + kept == pool.logical_blocks
                 assert all(h[g] == int((t >= 0).sum()) for h, t in
                            zip(held, (self.pool.block_tables(s)[g] for s in self._live()), strict=True))
+            for seq in self._live():
+                if (start := self.starts.get(seq)) is not None:
+                    self._state_pages_as_vllm(seq, start, len(self.shadow.tokens[seq]))
+
+    def _state_pages_as_vllm(self, seq: int, c: int, n: int) -> None:
+        """The state group's pages after a step c -> n are vLLM's MambaManager's: none the one page (n − 1) // B;
+        align the page resumed from, r = (c − 1) // B, and the step's last, l = (n − 1) // B (from c = 0, or when
+        the step jumps over pages, l > r + 1, no r: the entries between are null); all every page from r to l
+        (remove_skipped_blocks frees those before the last computed token's block, get_num_skipped_tokens = c − 1)."""
+        r, last = (c - 1) // B, (n - 1) // B
+        # align from c = 0 or over a jump: l, and where n ends mid-block past B the page of boundary n // B · B too
+        # (the step is vLLM's two steps of its aligned split: the second holds that page and l)
+        saved = n // B - 1 if n % B and n > B else last
+        expected = {"none": [last], "align": list(range(saved, last + 1)) if c == 0 or last > r + 1 else sorted(
+            {r, last}), "all": list(range(max(r, 0), last + 1))}[self.pool.state_mode]
+        table = self.pool.block_tables(seq)[3]
+        assert np.flatnonzero(table >= 0).tolist() == expected, (self.pool.state_mode, c, n, table)
+        assert self.pool.state_mode != "align" or len(expected) <= 2
 
     def teardown(self) -> None:
         if hasattr(self, "pool"):
@@ -299,11 +335,13 @@ def test_decoding_holds_the_closed_form(n: int, window: int, mode: str):
     usage = pool.group_usage()
     assert [u.held_blocks for u in usage] == [g.held_blocks(n, B, mode) for g in groups]
     # sliding by hand: ceil(n / B) − floor(max(n − W, 0) / B); state: none the one page, updated in place (vLLM's
-    # Mamba block is max_model_len tokens then: one page a request at every step); align: the running page and the
-    # last saved one (2 once past the first block); all: ceil(n / B)
+    # Mamba block is max_model_len tokens then: one page a request at every step); align and all alike in decode
+    # (vLLM's MambaManager: the last step, computed n − 1 -> n, first frees the pages before (n − 2) // B, the page
+    # holding the state after token n − 2, get_num_skipped_tokens = computed − 1; then the step's page (n − 1) // B):
+    # 2 pages on a step that crosses into a new page ((n − 1) % B == 0, n > 1), else 1
     assert usage[1].held_blocks == -(-n // B) - max(n - window, 0) // B
-    assert usage[3].held_blocks == {"none": 1, "align": min(2, -(-n // B)),
-                                    "all": -(-n // B)}[mode]
+    crossed = n > 1 and (n - 1) % B == 0
+    assert usage[3].held_blocks == {"none": 1, "align": 1 + crossed, "all": 1 + crossed}[mode]
     pool.check_invariants()
 
 
@@ -366,12 +404,15 @@ def test_a_sliding_hit_needs_only_its_window_and_pins_it():
 
 
 def test_align_hits_only_where_a_state_was_saved():
-    # B 4, full + state (mode align). "a": 10 tokens, keys for its 2 full blocks. Its state table holds pages from
-    # 10 // 4 − 1 = 1 on: page 1 is the state at boundary 8 (the prefill is split there, vLLM's aligned split),
-    # page 2 the running state after token 9; page 0 (boundary 4) is never saved.
+    # B 4, full + state (mode align). "a": 10 tokens, keys for its 2 full blocks, prefilled as vLLM's aligned split
+    # cuts it: 0 -> 8 (its last page only, (8 − 1) // 4 = 1: the state at boundary 8; entry 0 null), then 8 -> 10
+    # (resumes from page 1, its last page (10 − 1) // 4 = 2 holds the running state after token 9). Page 0
+    # (boundary 4) is never saved.
     keys = [(i,) for i in range(5)]
     pool = HybridPool(32, B, (PoolGroup("full"), PoolGroup("state")), state_mode="align")
-    pool.allocate("a", 10, keys[:2])
+    pool.allocate("a", 8, keys[:2])
+    assert pool.block_tables("a")[1][0] == NULL_BLOCK and pool.held_blocks("a") == [2, 1]
+    pool.append("a", 2)
     state = pool.block_tables("a")[1]
     assert state[0] == NULL_BLOCK and pool.store.block_slot[state[1]] >= 0 and pool.store.block_slot[state[2]] < 0
     # a prompt of 14 tokens with a's first 8: the full chain serves 2 blocks, the page saved at 8 serves them: 8
@@ -420,23 +461,25 @@ def test_mode_all_hits_at_every_block_boundary_inside_a_step():
 
 
 def test_a_stale_anchored_block_gives_way_to_the_same_prefix_registered_again():
-    # B 4, full + sliding W 2, 6 blocks. "a" (8 tokens, 2 keyed blocks) leaves F0 F1 S0 S1 cached, LRU order F1 F0
-    # S1 S0 (the full group releases first). "x" (8 tokens, no keys) takes the 2 plain blocks and evicts F1, F0:
-    # S0 and S1 stay cached but their anchors were handed out, so they can never be verified again. "b" (a's 8
-    # tokens again, after x left) computes them afresh: its new sliding blocks replace the stale entries (S0, S1 go
-    # to the plain free stack), so a later prompt with those 8 tokens hits 8 in both groups (W 2: block 1 only).
+    # B 4, full + sliding W 2, 6 blocks. "a" (8 tokens, 2 keyed blocks: F0 F1 = ids 0 1, S0 S1 = 2 3) leaves them
+    # cached, freed in the order F1 F0 S1 S0 (the full group releases first) after the never-used 4, 5. "x" (8
+    # tokens, no keys) takes 4, 5 and evicts F1, F0: S0 and S1 stay cached but their anchors were handed out, so
+    # they can never be verified again. x frees 5, 4, 0, 1 behind them, so "b" (a's 8 tokens again) pops S1, S0
+    # first (vLLM's one free queue: the oldest freed), evicting the stale entries, for its full blocks, and 5, 4
+    # for its sliding ones; it computes them afresh, so a later prompt with those 8 tokens hits 8 in both groups
+    # (W 2: block 1 only).
     keys = [(1,), (2,)]
     pool = HybridPool(6, B, (PoolGroup("full"), PoolGroup("sliding", 2)))
     pool.allocate("a", 8, keys)
     stale = pool.block_tables("a")[1].tolist()
     pool.release("a")
-    pool.allocate("x", 8)  # 2 blocks in each group: the 2 plain ones, then F1 and F0 from the LRU head
+    pool.allocate("x", 8)  # 2 blocks in each group: the never-used 4, 5, then F1 and F0 from the queue's head
     assert pool.stats().evictions == 2 and pool.num_free_blocks == 2
     pool.release("x")
     assert pool.hit_tokens(9, keys) == 0 and pool.group_hit_tokens(9, keys) == [0, 0]
     pool.allocate("b", 8, keys)
     pool.check_invariants()
-    assert all(pool.store.block_slot[s] < 0 for s in stale)  # the stale entries were dropped
+    assert pool.stats().evictions == 2 + 2 and [t.tolist() for t in pool.block_tables("b")] == [stale[::-1], [5, 4]]
     pool.release("b")
     assert pool.hit_tokens(9, keys) == 8 and pool.group_hit_tokens(9, keys) == [8, 8]
     pool.check_invariants()
@@ -444,9 +487,10 @@ def test_a_stale_anchored_block_gives_way_to_the_same_prefix_registered_again():
 
 def test_swap_bytes_count_every_group_state_included():
     # B 4, full + sliding W 6 + state (align), a sequence decoded to 21 tokens (last written at 20): full
-    # ceil(21 / 4) = 6 blocks; sliding from (20 − 6 + 1) // 4 = 3: blocks 3..5 = 3; state from 20 // 4 − 1 = 4:
-    # pages 4 and 5 = 2. With 1,000-byte block ids a swap moves 6,000 + 3,000 + 2,000 B each way — a per-token
-    # count (21 tokens of every layer) would leave the state out and count the sliding layers' dropped tokens.
+    # ceil(21 / 4) = 6 blocks; sliding from (20 − 6 + 1) // 4 = 3: blocks 3..5 = 3; state from the page resumed
+    # from, (20 − 1) // 4 = 4, to the step's (21 − 1) // 4 = 5: pages 4 and 5 = 2. With 1,000-byte block ids a
+    # swap moves 6,000 + 3,000 + 2,000 B each way — a per-token count (21 tokens of every layer) would leave the
+    # state out and count the sliding layers' dropped tokens.
     pool = HybridPool(32, B, (PoolGroup("full"), PoolGroup("sliding", 6), PoolGroup("state")), state_mode="align")
     pool.allocate("s", 20)
     pool.append("s", 1)
@@ -458,9 +502,10 @@ def test_swap_bytes_count_every_group_state_included():
 
 def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
     # B 4, full + state (align). "a" (16 tokens, keys k0..k3) leaves F0..F3 cached and a state at 16 (page 3).
-    # "b" (21 tokens, keys k0 k1 k2 x y): the full group serves 3 blocks, but no state was saved at 12, 8 or 4, so
-    # b's hit is 0: it recomputes positions 0..11 into duplicates of F0..F2 (unindexed: one block per hash, as
-    # vLLM allocates them) and registers its block 3 (x) and 4 (y), and its state at 20 (page 4). Block 3 must
+    # "b" (21 tokens, keys k0 k1 k2 x y, prefilled 0 -> 20 -> 21 as vLLM's aligned split): the full group serves 3
+    # blocks, but no state was saved at 12, 8 or 4, so b's hit is 0: it recomputes positions 0..11 into duplicates
+    # of F0..F2 (unindexed: one block per hash, as vLLM allocates them) and registers its block 3 (x) and 4 (y),
+    # and its state at 20 (page 4, the first step's last page). Block 3 must
     # chain to the cached F2, not to b's unindexed duplicate, or "c" (25 tokens, b's 5 keys) could not verify it:
     # c's chain is F0 F1 F2 (a's) then b's 3, 4: 5 blocks, and b's state at 20 serves them: a hit of 20.
     k = [(i,) for i in range(4)]
@@ -469,7 +514,8 @@ def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
     cached = pool.block_tables("a")[0].tolist()
     pool.release("a")
     b_keys = [*k[:3], ("x",), ("y",)]
-    assert pool.group_hit_tokens(21, b_keys) == [12, 0] and pool.allocate("b", 21, b_keys) == 0
+    assert pool.group_hit_tokens(21, b_keys) == [12, 0] and pool.allocate("b", 20, b_keys) == 0
+    pool.append("b", 1)
     full_b = pool.block_tables("b")[0]
     assert all(pool.store.block_slot[full_b[:3]] < 0)  # the duplicates stay unindexed
     assert pool.store.parent_id[full_b[3]] == cached[2]
@@ -492,6 +538,7 @@ class WeightedPoolMachine(HybridPoolMachine):
         self.pool = HybridPool(blocks, B, WEIGHTED, state_mode=mode, rollback_policy=policy)
         self.shadow = HybridShadow(self.pool)
         self.shadow.slots = np.full((self.pool.store.num_blocks, B), -1, dtype=np.int64)  # ids, not units
+        self.starts = {}
 
     @precondition(lambda self: bool(self.shadow.tokens))
     @rule(data=st.data(), count=st.integers(B + 1, 3 * B))

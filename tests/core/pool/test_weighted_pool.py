@@ -66,8 +66,11 @@ def test_a_hit_revives_a_cached_state_and_counts_its_units():
     assert pool.num_used == 21
     pool.release(0)  # the two full blocks and the two states at boundaries 4, 8 are cached: 2 · 2 + 2 · 5 = 14
     assert cached_units(pool.store) == 14 and pool.num_free_blocks == 40
-    assert pool.allocate(1, 9, [1, 2]) == 8  # hits 8 tokens: 14 units revived, block 2 and page 2 new: 2 + 5
-    assert (pool.num_used, cached_units(pool.store)) == (21, 0)
+    # hits 8 tokens: full blocks 0, 1 revived (4 units), block 2 new (2); the state group reads only the page at the
+    # hit's boundary (vLLM's MambaManager: get_num_skipped_tokens(8) = 7, so entry 7 // 4 = 0 is null): page 1
+    # revived (5), page 2 new (5): 4 + 2 + 5 + 5 = 16 used, page 0 (the state at 4) still cached (5)
+    assert pool.allocate(1, 9, [1, 2]) == 8
+    assert (pool.num_used, cached_units(pool.store)) == (16, 5)
     pool.check_invariants()
 
 

@@ -205,11 +205,13 @@ def test_share_with_mixed_tokens_per_block(tmp_path, config, id_bytes, kinds, lo
 def test_share_nemotron_h_in_mode_all_holds_a_state_page_per_block():
     # Nemotron-H-56B, mamba_cache_mode all: block 128 · ceil(4,126 / 128) = 4,224 (kv_groups: the kernel's chunk 128).
     # 4 branches of 10,000 + 100 tokens: 10,000 = 2 · 4,224 + 1,552, each branch ceil(10,100 / 4,224) = 3 blocks.
-    # full: blocks 0, 1 shared + block 2 per branch (the shared partial block copied by 3 branches): 6. Each of the
-    # 6 state tables keeps every page: pages 0, 1 (the states at 4,224 and 8,448, the same history) shared + the
-    # running page 2 per branch (copied by 3): 6 each, 36. Copies 3 + 6 · 3 = 21. Under align a state table keeps
-    # the last saved page (1, shared) and the running one: 5 each.
-    for mode, state_blocks in (("all", 6), ("align", 5)):
+    # full: blocks 0, 1 shared + block 2 per branch (the shared partial block copied by 3 branches): 6. A state
+    # table (vLLM's MambaManager, get_num_skipped_tokens = computed − 1) frees, at a branch's first step from 10,000,
+    # the pages before (10,000 − 1) // 4,224 = 2: pages 0, 1 (the states at 4,224 and 8,448, cached and free) leave
+    # every branch; each holds its running page 2 (copied by 3): 4 each, 24. Copies 3 + 6 · 3 = 21. Under align
+    # (block 4,128) the prefill holds the page saved at 8,256 (1) and the running one (2); a branch's first step
+    # frees the pages before (10,000 − 1) // 4,128 = 2: again 4 each.
+    for mode, state_blocks in (("all", 4), ("align", 4)):
         layout, groups = model_groups(get_preset("Nemotron-H-56B"), 16, 16, None, mode)
         assert layout.block_size == (4_224 if mode == "all" else 4_128)
         scenario = ScenarioSpec(prefix_tokens=10_000, branches=4, gen_tokens=100, block_size=layout.block_size)

@@ -170,13 +170,13 @@ def test_swa_early_free_is_caught(name, weights):
 
 @pytest.mark.parametrize("name", ["hybrid-prefix-cache", "hybrid-prefix-chunked"])
 def test_stale_state_is_caught_by_the_content_check(name, weights):
-    """The hit's state page one block early: the state after position 15, where the hit resumes at 20; the content
-    check names the page, where the hit resumes and where the state was saved."""
+    """The hit's state page one block early, logical 3 (the state after position 15), where the hit resumes at 20;
+    the content check names the page and where the hit resumes. The table holds no page there (vLLM's MambaManager:
+    a hit at 20 skips get_num_skipped_tokens(20) = 19 tokens, entries 0..19 // 4 − 1 = 3 null): page -1."""
     fault = HybridFault("stale-state")
     result = run_hybrid_scenario(build_hybrid(name, 256, 0), weights, seed=0, fault=fault)
     assert fault.fired == 4 and result.fault == "caught"
-    assert "resumes at position 20" in result.first_content_error
-    assert "after position 15" in result.first_content_error
+    assert "resumes at position 20 from state page -1 (logical 3)" in result.first_content_error
 
 
 def test_stale_state_idle_without_hits(weights):
@@ -225,15 +225,20 @@ def test_grouped_policy_caches_blocks_later_prefill_chunks_complete():
 def test_align_keeps_the_page_a_chunk_resumes_from():
     """Mode align, B = 4: a first chunk of 6 tokens leaves the state after position 5 in page 1; the next chunk of
     7 (positions 6..12) must read it (the pool's after-growth rule max(0, 13 // 4 − 1) = 2 freed pages 0 and 1
-    before the step ran: verify's hybrid-ragged under a 7-token budget in align had 55 tokens differ)."""
-    from kvcalc.core.pool.block_pool import NULL_BLOCK
+    before the step ran: verify's hybrid-ragged under a 7-token budget in align had 55 tokens differ). The chunk
+    jumps over a page ((13 − 1) // 4 = 3 > (6 − 1) // 4 + 1 = 2): it takes pages 2 (the state at boundary 12) and
+    3 only, and lets page 1 go (vLLM frees it at the next step); page 1's entry still names it while the step runs,
+    and the step's own pages are taken before it is let go, so never page 1."""
     from kvcalc.core.pool.hybrid import HybridPool
 
     pool = HybridPool(20, 4, (PoolGroup("full"), PoolGroup("state")), state_mode="align",
                       enable_prefix_caching=False)
     pool.allocate("a", 6)
+    page = int(pool.block_tables("a")[1][1])
     pool.append("a", 7)
-    assert pool.block_tables("a")[1][1] != NULL_BLOCK
+    state = pool.block_tables("a")[1]
+    assert (state >= 0).tolist() == [False, False, True, True] and page not in state.tolist()
+    assert pool.pools[1].seqs["a"].table[1] == page
 
 
 def test_none_moves_the_state_page_in_place():
