@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from ..core.blocks import VLLM_NULL_BLOCKS
 from ..core.inputs.trace_text import read_mooncake_lines, read_trace_text
 from ..core.share.id_replay_lists import share_trace_lists
 from ..core.share.replay_result import ReplayResult, TraceShareResult, check_block_size
@@ -47,9 +48,11 @@ def trace_report(inputs: ShareInputs) -> Report:
         check_block_size(block)  # before reading a large file
     memory_bytes = None if memory is None else _memory_bytes(memory)
     bytes_per_block = None if spec is None else block_bytes(spec, bits, block)
-    capacity = capacity_blocks
-    if memory_bytes is not None and bytes_per_block is not None:
-        capacity = blocks_in_memory(memory_bytes, bytes_per_block)  # before reading, too
+    capacity, null = capacity_blocks, 0
+    if memory_bytes is not None and bytes_per_block is not None:  # vLLM's pool: all but its null block
+        null = 0 if (o.layout or "vllm").strip().lower() == "ideal" else VLLM_NULL_BLOCKS
+        capacity = blocks_in_memory(memory_bytes, bytes_per_block, 1 + null, "blocks of a pool (with vLLM's null "
+                                    "block)" if null else "") - null  # before reading, too
     kind, name, text = read_trace_text(trace[0], trace[1])
     lines = read_mooncake_lines(text, name) if kind == "mooncake" else None
     if lines is not None and spec is None and lines.hash_ids is not None and len(lines.hash_ids) <= LIST_REPLAY_MAX_IDS:
@@ -66,14 +69,23 @@ def trace_report(inputs: ShareInputs) -> Report:
     if o.limit is not None:
         loaded = loaded.head(o.limit)
     if memory_bytes is not None and bytes_per_block is not None:
-        blocks_in_memory(memory_bytes, bytes_per_block, largest_request_blocks(loaded, block),
-                         "the largest request of the trace needs")
+        blocks_in_memory(memory_bytes, bytes_per_block, largest_request_blocks(loaded, block) + null,
+                         "the largest request of the trace needs" + (" with vLLM's null block" if null else ""))
     checked = check_trace(loaded, block, capacity)  # every input error before any progress line
     _announce(loaded.description, block, inputs.fmt)
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
         result = share_trace(loaded, block, capacity, progress=advance, checked=checked)
     kv = None if spec is None else pool_bytes(spec, dtype, bits, block, result.cached.longest_request_tokens)
-    return _trace_report(result, spec, kv, memory_bytes)
+    return _null_block(_trace_report(result, spec, kv, memory_bytes), null, capacity)
+
+
+def _null_block(report: Report, null: int, capacity: int | None) -> Report:
+    """A pool sized by --memory as vLLM's: its null block said (JSON null_blocks), the capacity being the rest."""
+    if null:
+        report.doc["null_blocks"] = null
+        report.notes.append(f"capacity: the blocks --memory holds less vLLM's null block (block 0, never handed out), "
+                            f"{format_count(capacity or 0)} free")
+    return report
 
 
 def _announce(description: str, block: int, fmt: Format) -> None:
@@ -97,8 +109,10 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     from ..core.share.replay_groups import DEFAULT_CHUNK_TOKENS, largest_request_peak, replay_groups, replay_pool
 
     memory_bytes = None if memory is None else _memory_bytes(memory)
+    pool_null = 0 if layout.layout == "ideal" else VLLM_NULL_BLOCKS  # vLLM's null block: a --memory pool's block 0
+    null = pool_null if memory_bytes is not None else 0
     if memory_bytes is not None:
-        capacity = plan_blocks(layout, memory_bytes)
+        capacity = plan_blocks(layout, memory_bytes) - null
     elif capacity_blocks is not None:
         capacity = capacity_blocks
     else:
@@ -109,12 +123,12 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
         loaded = loaded.head(limit)
     need = largest_request_peak(loaded, groups, layout.block_size, layout.mamba_cache_mode)
     if capacity < need:
-        given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,}" if memory_bytes is not None else (
+        given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,} free" if memory_bytes is not None else (
             f"--capacity-blocks {capacity:,} is {capacity:,}")
         raise ValueError(f"{given} blocks of {format_bytes(layout.page_bytes)}, fewer than the {need:,} the largest "
                          f"request holds at its peak ({layout.layout} layout, prompts computed in chunks of "
                          f"{DEFAULT_CHUNK_TOKENS:,} tokens): give --capacity-blocks {need:,} or --memory "
-                         f"{memory_flag_at_least(need * layout.page_bytes)} or more")
+                         f"{memory_flag_at_least((need + pool_null) * layout.page_bytes)} or more")
     # A pool past what the whole trace ever allocates evicts nothing: replay in that many (--memory 1PiB was
     # 858,993,459 blocks of arrays, a MemoryError) and report the capacity asked for.
     never_full = len(groups) * max(g.weight for g in groups) * sum(
@@ -128,7 +142,8 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
     with progress_bar("replaying", total=len(loaded), enabled=len(loaded) >= PROGRESS_FROM_REQUESTS) as advance:
         result = replay_groups(loaded, groups, layout.block_size, blocks, mode, progress=advance, pool=pool)
     result = dataclasses.replace(result, capacity_blocks=capacity)
-    return _trace_groups_report(loaded.description, result, spec, dtype, layout, memory_bytes)
+    return _null_block(_trace_groups_report(loaded.description, result, spec, dtype, layout, memory_bytes), null,
+                       capacity)
 
 
 def _trace_groups_report(description: str, r: GroupReplayResult, spec: ModelSpec, dtype: str, layout: KVLayout,

@@ -85,6 +85,8 @@ def _run(options: SimOptions, timeline: Path | None, plot: Path | None, json_fla
     if timeline is not None:
         check_output_path("--timeline", timeline)
     job = build(options)
+    if job.unservable is not None:  # vLLM would not start: one max-length request does not fit the pool
+        raise job.unservable
     warn_notes(job.spec.notes)  # the model's notes, as size, frag and share print them
     warn_notes([concat("vLLM would not start: ", r) for r in job.start_refusals])  # as size --gpu warns
     result, plain, tier_comparison = _simulate(job, record_timeline=timeline is not None or plot is not None)

@@ -234,7 +234,7 @@ def _job_doc(job, summaries: dict[str, dict]) -> dict:
         "gpu": plan.gpu.name,
         "tp": plan.tp,
         "kv_dtype": job.kv_dtype,
-        "memory_plan": _memory_plan_doc(plan),
+        "memory_plan": _memory_plan_doc(plan, job.sim),
         "sliding_window": None if not job.spec.num_sliding_layers else {
             "kind": job.sim.steptime.window_kind,  # "sliding" (min(q, W) positions) or "chunked" (its own chunk)
             "window_tokens": job.spec.sliding_window, "sliding_layers": job.spec.num_sliding_layers,
@@ -258,7 +258,9 @@ def _why_no_prefix_cache(job) -> str:
     return "the workload has no prefix ids"
 
 
-def _memory_plan_doc(plan) -> dict:
+def _memory_plan_doc(plan, sim) -> dict:
+    """The memory plan; num_blocks is vLLM's num_gpu_blocks, of which null_blocks are never handed out (vLLM's
+    null block; none under the ideal layout) and free_blocks are the pool's ids."""
     return {
         "vllm_version": plan.vllm_version,
         "memory_utilization": plan.memory_utilization,
@@ -270,6 +272,8 @@ def _memory_plan_doc(plan) -> dict:
         "max_num_seqs": plan.max_num_seqs,
         "kv_pool_bytes": plan.pool_bytes,
         "num_blocks": plan.num_blocks,
+        "null_blocks": sim.null_blocks,
+        "free_blocks": sim.capacity_blocks,
         "block_size": plan.block_size,
         "capacity_tokens": plan.capacity_tokens,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
@@ -301,7 +305,9 @@ def _text(job) -> list[str]:
         f"{format_bytes(plan.workspace_bytes)}, non-torch {format_bytes(plan.non_torch_bytes)}"
         + (f", CUDA graphs {format_bytes(plan.cuda_graph_bytes)}" if plan.cuda_graph_bytes else "")
         + f", KV pool {format_bytes(plan.pool_bytes)} = "
-        f"{plan.num_blocks:,} blocks of {plan.block_size} ({plan.capacity_tokens:,} token slots"
+        f"{plan.num_blocks:,} blocks of {plan.block_size} ("
+        + (f"{job.sim.null_blocks} null block, {job.sim.capacity_blocks:,} free; " if job.sim.null_blocks else "")
+        + f"{plan.capacity_tokens:,} token slots"
         + (" in every attention group" if plan.layout is not None else "")
         + f", {format_bytes(plan.kv_bytes_per_token)} per token in {job.kv_dtype}) per GPU",
     ]

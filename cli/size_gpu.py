@@ -5,15 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..core.dtypes import DTYPE_BITS, parse_dtype
+from ..core.dtypes import DTYPE_BITS, NOT_VLLM_KV_DTYPES, parse_dtype
 from ..core.model.gpu_plan import GpuPlan
 from ..core.model.kv_groups import VLLM_BLOCK_SIZES  # one list: frag's best block uses it too
 from ..core.model.models import ModelSpec
 from ..core.units import format_bytes, format_count, parse_logged_bytes
 from .output import Field, Report, quantity_table, record_table, warn_notes
 from .size_inputs import SizeInputs, SizeOptions, flagged
-
-NOT_VLLM_KV_DTYPES = frozenset({"int8", "int4"})  # kvcalc's precisions that vLLM's --kv-cache-dtype has no form of
 
 
 def _gib(value: int) -> str:

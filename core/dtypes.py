@@ -58,6 +58,8 @@ DTYPE_BITS: dict[str, int] = {
 }
 # KV cache formats only: they name a page layout, not how weights are stored
 KV_ONLY = frozenset({"fp8_per_token_head", "int8_per_token_head", "fp8_ds_mla"})
+# kvcalc's precisions that vLLM's kv_cache_dtype has no form of (plain int8 / int4 KV): a vLLM memory plan refuses them
+NOT_VLLM_KV_DTYPES = frozenset({"int8", "int4"})
 
 _ALIASES = {
     "float32": "fp32",

@@ -95,7 +95,7 @@ def evaluate_point(base: SimOptions, point: Point) -> dict[str, Any]:
     result["memory"] = {
         "weights_bytes": plan.weights_bytes, "workspace_bytes": plan.workspace_bytes,
         "kv_pool_bytes": plan.pool_bytes, "kv_bytes_per_token": plan.kv_bytes_per_token,
-        "num_blocks": sim.capacity_blocks, "block_size": sim.block_size, "max_model_len": max_len,
+        "num_blocks": plan.num_blocks, "block_size": sim.block_size, "max_model_len": max_len,  # vLLM's, as sim's
     }
     if make_policy("paged", job.workload, sim).never_fits(0, max_len):
         return result | {"verdict": DOES_NOT_FIT, "reason": (

@@ -35,14 +35,18 @@ class SimSetup:
     state_mode: str = "none"  # mamba_cache_mode of the state groups
     tiers: Any = None  # host and disk prefix-cache tiers below the pool (tiers.SimTiers; tiers_run.py runs them)
     page_bytes: int = 0  # a hybrid pool's bytes per block id (KVLayout.page_bytes: what a swap moves per block)
+    null_blocks: int = 0  # of the memory plan's blocks, those never handed out (vLLM's null block)
 
     @classmethod
-    def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, **kw) -> SimSetup:
+    def from_plan(cls, plan: MemoryPlan, steptime: StepTimeModel, scheduler: SchedulerConfig, *, null_blocks: int,
+                  **kw) -> SimSetup:
+        """The pool of `plan`: its num_blocks less `null_blocks` (VLLM_NULL_BLOCKS as vLLM pages it, 0 for the
+        ideal layout) free block ids, for every policy alike."""
         groups = None if plan.layout is None else pool_groups(plan.layout, weighted=True)
         mode = "none" if plan.layout is None else plan.layout.mamba_cache_mode
         page_bytes = 0 if plan.layout is None or groups is None else plan.layout.page_bytes
-        return cls(plan.num_blocks, plan.block_size, steptime, scheduler, groups=groups, state_mode=mode,
-                   page_bytes=page_bytes, **kw)
+        return cls(max(plan.num_blocks - null_blocks, 0), plan.block_size, steptime, scheduler, groups=groups,
+                   state_mode=mode, page_bytes=page_bytes, null_blocks=null_blocks, **kw)
 
 
 def token_block_keys(token_ids: tuple[int, ...], block_size: int) -> list[tuple[int, ...]]:

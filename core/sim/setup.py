@@ -25,10 +25,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..blocks import VLLM_NULL_BLOCKS
 from ..dtypes import dtype_bits, parse_dtype
 from ..errors import ParameterError
 from ..inputs.distributions import LengthDistribution
-from ..inputs.traces import MOONCAKE_BLOCK_TOKENS, check_mooncake_block_size, read_trace
+from ..inputs.traces import read_trace
 from ..model.kv_groups import DEFAULT_LAYOUT, KVLayout, kv_layout
 from ..model.layers import check_tp
 from ..model.models import ModelSpec, get_preset, resolve_model
@@ -69,10 +70,14 @@ from .setup_checks import (
     check_ignored,
     check_rate_inf_arrival,
     check_trace_ids,
+    check_vllm_paging,
     check_weighted_tables,
     check_workload_options,
+    parse_timeout,
     start_refusals,
+    unservable,
 )
+from .setup_notes import groups_note, keys_lower_bound, model_notes, mooncake_keys_note
 from .speculative import SimSpeculation, check_speculative_setup, speculation_from_options
 from .steptime import Efficiencies, StepTimeModel, build_model, calibrated_attention_eff
 from .tiers_options import sim_tiers
@@ -96,8 +101,11 @@ class SimJob:
     slo: Slo
     find_max_rate: bool
     target_attainment: float
-    prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (_mooncake_keys_note)
+    prefix_hits_lower_bound: bool = False  # a hybrid pool's blocks keyed by one Mooncake id each (mooncake_keys_note)
     start_refusals: tuple[str, ...] = ()  # why vLLM would not start with these settings (simulated anyway; warned)
+    # vLLM's refusal to start when one request of max_model_len does not fit the pool (setup_checks.unservable):
+    # `kvcalc sim` raises it; `kvcalc plan` gives such a point its own verdict
+    unservable: ParameterError | None = None
 
 
 def _workload(o: SimOptions, seed: int, block_size: int) -> Workload:
@@ -161,32 +169,35 @@ def build(o: SimOptions) -> SimJob:
     spec, quantization, notes = _checkpoint_and_drafter(o, spec)
     max_model_len = _max_model_len(o, spec, notes)
     layout = _layout(o, spec, kv_bits)
+    check_vllm_paging(o, layout, kv_dtype)
     hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
     if hybrid:
         check_weighted_tables(o, layout)
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         check_hybrid(o, spec, policies)
-        notes.append(_groups_note(layout))
+        notes.append(groups_note(layout))
     steptime, source = _steptime(o, spec, plan, notes)
     scheduler = _scheduler(o, plan, max_model_len)
     workload = _workload(o, seed, plan.block_size)
     check_workload_options(o, workload, policies)
     speculation = _speculation(o, max_model_len, policies, seed, notes)
-    sim = SimSetup.from_plan(plan, steptime, scheduler, cancel_fraction=o.cancel_fraction, seed=seed,
+    sim = SimSetup.from_plan(plan, steptime, scheduler, null_blocks=0 if layout.layout == "ideal" else
+                             VLLM_NULL_BLOCKS, cancel_fraction=o.cancel_fraction, seed=seed,
                              prefix_caching=o.prefix_caching, speculation=speculation)
     tiers = sim_tiers(o, spec, kv_dtype, kv_bits, sim, workload, policies)  # host and disk tiers (tiers.py)
     if tiers is not None:
         sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
-        notes.append(_mooncake_keys_note(plan.block_size, hybrid))
+        notes.append(mooncake_keys_note(plan.block_size, hybrid))
         if hybrid:
             check_align_block_fits(o, layout, plan.block_size)
     notes += model_notes(spec, steptime)
-    lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and _keys_lower_bound(plan.block_size)
+    lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
     refusals = start_refusals(o, spec, notes)
-    return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies),
-                  slo, o.find_max_rate, target_attainment, lower_bound, tuple(refusals))
+    return SimJob(workload, spec, plan, sim, source, tuple(notes), kv_dtype, tuple(policies), slo, o.find_max_rate,
+                  target_attainment, lower_bound, tuple(refusals),
+                  unservable(layout, plan.num_blocks, max_model_len, o.max_batched_tokens, spec))
 
 
 def _checkpoint_and_drafter(o: SimOptions, spec: ModelSpec) -> tuple[ModelSpec, str | None, list[str]]:
@@ -203,9 +214,7 @@ def _checkpoint_and_drafter(o: SimOptions, spec: ModelSpec) -> tuple[ModelSpec, 
 
 def _scheduler(o: SimOptions, plan: MemoryPlan, max_model_len: int) -> SchedulerConfig:
     """The scheduler's limits, preemption mode and timeout (inf: none); cancel_fraction checked with them."""
-    timeout = None
-    if o.timeout_s is not None:
-        timeout = finite_float("timeout_s", o.timeout_s, allow_inf=True, inf_meaning="no timeout (the default)")
+    timeout = None if o.timeout_s is None else parse_timeout(o.timeout_s)
     scheduler = SchedulerConfig(o.max_batched_tokens, plan.max_num_seqs, max_model_len, o.preempt.strip().lower(),
                                 None if timeout == math.inf else timeout, o.fast_forward)
     if not 0 <= o.cancel_fraction <= 1:
@@ -258,41 +267,6 @@ def _max_model_len(o: SimOptions, spec: ModelSpec, notes: list[str]) -> int:
     return max_model_len
 
 
-def _groups_note(layout: KVLayout) -> str:
-    """What a hybrid model's pool is: its KV cache groups, and where the state comes from."""
-    if not layout.state_groups:
-        return f"KV cache groups ({layout.layout} layout): {layout.reason}"
-    return (f"KV cache groups ({layout.layout} layout): {layout.reason}; each group paged in one pool, the state "
-            f"from it per running request (mamba_cache_mode {layout.mamba_cache_mode}"
-            + ("; align keeps two pages, the running state and the last one saved, and a prefix-cache hit restores "
-               "a state saved at exactly its block boundary: prefill chunks end on block boundaries, as vLLM's "
-               "block-aligned split, and the pool saves the state where each step ends)"
-               if layout.mamba_cache_mode == "align" else ")"))
-
-
-def _mooncake_keys_note(block_size: int, hybrid: bool) -> str:
-    """How Mooncake's 512-token hash ids key the pool's blocks. A hybrid pool keys them as `kvcalc share` does
-    (core/share/replay_groups): a block that does not tile the ids — vLLM's layout forces one on a Mamba
-    hybrid — by the id holding its last token, so hits are a lower bound; a single group's block is the one
-    typed, refused unless it tiles the ids (as share's replay)."""
-    note = "prefix caching on: Mooncake hash_ids give each prompt block's content (paged policy only)"
-    if not hybrid:
-        check_mooncake_block_size(block_size)
-        return note
-    if _keys_lower_bound(block_size):
-        note += (f"; a block of {block_size:,} tokens does not tile the ids' {MOONCAKE_BLOCK_TOKENS} tokens, so each "
-                 "block is keyed by the id holding its last token: two prompts that share a block but differ later "
-                 "in that id miss, and the hits are a lower bound")
-    return note
-
-
-def _keys_lower_bound(block_size: int) -> bool:
-    """core/share/replay_groups.keys_lower_bound, imported only by a hybrid run with prefix caching (it brings
-    the hybrid pool's modules, ~0.1 s of a plain run's start-up)."""
-    from ..share.replay_groups import keys_lower_bound
-    return keys_lower_bound(block_size)
-
-
 def _steptime(o: SimOptions, spec: ModelSpec, plan: MemoryPlan, notes: list[str]) -> tuple[StepTimeModel, str]:
     """The roofline step-time model of the options' efficiencies (attention calibrated by a bench run, if
     given) and swap bandwidth, and the sentence that says where latencies come from."""
@@ -326,25 +300,6 @@ def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
     if o.tp != 1:
         spec.kv_heads_per_gpu(o.tp)  # an uneven split is refused naming the model and its layers
     return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)
-
-
-def model_notes(spec: ModelSpec, steptime: StepTimeModel) -> list[str]:
-    """What the simulation does not model, or models with an assumption, for this model (said, never silent)."""
-    notes = []
-    if spec.num_sliding_layers:
-        kind, pool = (("chunked local attention", "keeps each sequence's current chunk") if steptime.window_kind
-                      == "chunked" else ("sliding window", "frees each sequence's blocks that left the window"))
-        notes.append(f"{kind} {spec.sliding_window:,} on {spec.num_sliding_layers} of {spec.layers} layers: applied to "
-                     f"the attention FLOPs and KV reads of each step; the pool {pool}")
-    if steptime.num_experts:
-        notes.append(
-            f"MoE weight reads: dense part + the experts a step's T tokens touch, {steptime.num_experts}·(1 − (1 − "
-            f"{steptime.experts_per_token}/{steptime.num_experts})^T) per layer, assuming uniform routing"
-        )
-    elif spec.num_experts:
-        notes.append(f"{spec.name} is MoE but has no active-parameter count: every step reads every weight "
-                     "(a worst case)")
-    return notes
 
 
 def without_speculation(job: SimJob) -> SimJob:

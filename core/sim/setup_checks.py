@@ -8,13 +8,18 @@ that the simulation still runs (warned on stderr and noted, as `kvcalc size --gp
 from __future__ import annotations
 
 import math
+import re
 
+from ..dtypes import NOT_VLLM_KV_DTYPES
 from ..errors import ParameterError
 from ..inputs.traces import Trace
+from ..model.gpu_plan import request_cache_groups
 from ..model.kv_groups import KVLayout
 from ..model.models import ModelSpec
+from ..model.vllm_pool_layout import check_vllm_block_size
 from ..notes import Note, concat
 from ..pool.groups import weighted_layout
+from .checks import finite_float
 from .options import SimOptions
 from .workload import Workload
 
@@ -121,3 +126,69 @@ def check_trace_ids(o: SimOptions, trace: Trace, block_size: int) -> Trace:
 
         check_ids_cover_prompts(trace if o.limit is None else trace.head(o.limit), block_size)
     return trace
+
+
+def check_vllm_paging(o: SimOptions, layout: KVLayout, kv_dtype: str) -> None:
+    """vLLM's layout is vLLM's pool: a block size its block_size takes (CacheConfig's BlockSize: share's check) and a
+    KV precision its kv_cache_dtype pages (not plain int8 / int4: NOT_VLLM_KV_DTYPES), as `kvcalc size --gpu` checks
+    both. The ideal layout is kvcalc's own pool: any block size and precision."""
+    if layout.layout == "ideal":
+        return
+    if kv_dtype in NOT_VLLM_KV_DTYPES:
+        raise ParameterError(f"dtype {o.dtype}: vLLM pages no plain {kv_dtype} KV (its kv_cache_dtype is auto, i.e. "
+                             "the model's bf16 / fp16 / fp32, or fp8, fp8_e4m3, fp8_e5m2, fp8_per_token_head, "
+                             "int8_per_token_head, nvfp4, fp8_ds_mla): give one of those, or layout ideal for kvcalc's "
+                             "own pool at any precision", "dtype", "layout")
+    check_vllm_block_size(o.block_size)  # share's check too
+
+
+def unservable(layout: KVLayout, num_blocks: int, max_model_len: int, max_batched_tokens: int,
+               spec: ModelSpec) -> ParameterError | None:
+    """vLLM v1 refuses to start when its KV memory cannot hold one request of max_model_len (kv_cache_utils'
+    check_enough_kv_cache_memory: "To serve at least one request with the model's max seq len ... KV cache is
+    needed, which is larger than the available KV cache memory"): the refusal, naming the longest request the
+    pool holds, or None. A request's blocks per group are `kvcalc size --gpu`'s (gpu_plan.request_cache_groups:
+    a full table ceil(L / B), a sliding one its window's, a state group its pages, a window vLLM registers on full
+    layers as plan_gpu counts it); the pool's are vLLM's
+    num_gpu_blocks, its null block included (the check compares bytes). The ideal layout is kvcalc's own pool, which
+    starts anyway (a request it cannot hold is rejected, as the scheduler rejects any)."""
+    if layout.layout == "ideal":
+        return None
+
+    def need(length: int) -> int:
+        return sum(g.blocks_per_request for g in request_cache_groups(layout, length, max_batched_tokens, spec))
+
+    if need(max_model_len) <= num_blocks:
+        return None
+    low, high = 0, max_model_len  # need(low) fits (0: nothing), need(high) does not; blocks grow with the length
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if need(mid) <= num_blocks else (low, mid)
+    tables: dict[tuple[str, int], int] = {}  # (kind, blocks a table) -> tables
+    for g in request_cache_groups(layout, max_model_len, max_batched_tokens, spec):
+        tables[g.kind, g.blocks_per_request] = tables.get((g.kind, g.blocks_per_request), 0) + 1
+    per_group = " + ".join(f"{n} × {blocks:,} {kind}" if n > 1 else f"{blocks:,} {kind}"
+                           for (kind, blocks), n in tables.items())
+    fix = (f"give max_model_len {low:,} or less (the longest request it holds), or more KV memory" if low else
+           "no request fits: give more KV memory")
+    return ParameterError(
+        f"vLLM would not start: max_model_len {max_model_len:,}: one request of that length needs "
+        f"{need(max_model_len):,} blocks{f' ({per_group})' if len(tables) > 1 or '×' in per_group else ''} and the "
+        f"pool has {num_blocks:,} (not enough KV cache memory for one request at the max length); {fix} (a larger "
+        "gpu, a higher memory_utilization, more tp)", "max_model_len", "gpu", "memory_utilization", "tp")
+
+
+def parse_timeout(text: str | float) -> float:
+    """timeout_s as slo writes a time: seconds, unless it ends in s or ms (`30`, `30s`, `500ms`); inf: none. A
+    number (scripts) is seconds."""
+    if not isinstance(text, str):
+        return finite_float("timeout_s", text, allow_inf=True, inf_meaning="no timeout (the default)")
+    match = re.fullmatch(r"\s*(.*?)\s*(ms|s)?\s*", text, re.IGNORECASE)
+    number, unit = match.groups() if match else (text, None)
+    if unit is not None and number.lower().lstrip("+") in ("inf", "infinity"):
+        raise ParameterError(f"timeout_s {text!r}: inf takes no unit (it means no timeout): give inf", "timeout_s")
+    try:
+        value = finite_float("timeout_s", number, allow_inf=True, inf_meaning="no timeout (the default)")
+    except ParameterError as exc:
+        raise ParameterError(f"{exc}; write seconds, e.g. 30, 30s or 500ms", "timeout_s") from None
+    return value / 1000 if unit is not None and unit.lower() == "ms" else value

@@ -71,10 +71,10 @@ def test_trace_mode_contract(run_cli, mooncake: Path) -> None:
 def test_trace_capacity_and_memory(run_cli, mooncake: Path) -> None:
     doc = run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "70", "--json").json()
     assert doc["capacity_blocks"] == 70 and doc["evictions"] > 0
-    # 140 MiB / 2 MiB per Llama-3-8B fp16 block of 16 tokens = 70 blocks
-    mem = run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "140MiB", "--model", "llama-3-8b",
+    # 142 MiB / 2 MiB per Llama-3-8B fp16 block of 16 tokens = 71 blocks, less vLLM's null block: 70 free
+    mem = run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "142MiB", "--model", "llama-3-8b",
                   "--json").json()
-    assert mem["capacity_blocks"] == 70 and mem["evictions"] == doc["evictions"]
+    assert mem["capacity_blocks"] == 70 and mem["null_blocks"] == 1 and mem["evictions"] == doc["evictions"]
 
 
 def test_azure_trace_says_there_is_no_sharing_information(run_cli, tmp_path: Path) -> None:
@@ -227,9 +227,10 @@ def test_a_negative_beam_seed_names_the_option_and_the_fix(run_cli) -> None:
 
 
 def test_memory_errors_name_the_option_and_the_bytes(run_cli, mooncake: Path) -> None:
-    # 20 MiB / 2 MiB per Llama-3-8B block = 10 blocks; request 2 needs ceil(1110 / 16) = 70 = 140 MiB
+    # 20 MiB / 2 MiB per Llama-3-8B block = 10 blocks; request 2 needs ceil(1110 / 16) = 70, and vLLM's null block
+    # one more: 71 = 142 MiB
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "20MiB", "--model",
-                           "llama-3-8b"), "--memory 20.00 MiB holds 10 blocks", "give at least 140MiB")
+                           "llama-3-8b"), "--memory 20.00 MiB holds 10 blocks", "give at least 142MiB")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--memory", "1KiB", "--model",
                            "llama-3-8b"), "--memory 1.00 KiB holds no block of 2.00 MiB")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--capacity-blocks", "0"),
@@ -282,8 +283,9 @@ def test_hand_computed_replay_through_the_cli(run_cli, tmp_path: Path, block: in
     (("--capacity-blocks", "96"), 512, 64),
     # 128: X again hits 63 blocks (1,008) and evicts one block (the least recently used, X's own last) for its last
     (("--capacity-blocks", "128"), 1008, 1),
-    # 128 MiB / (16 tokens × 128 KiB per Llama-3-8B bf16 token = 2 MiB) = 64 blocks, as --capacity-blocks 64
-    (("--memory", "128MiB", "--model", "llama-3-8b"), 0, 128),
+    # 130 MiB / (16 tokens × 128 KiB per Llama-3-8B bf16 token = 2 MiB) = 65 blocks, less vLLM's null block: 64
+    # free, as --capacity-blocks 64
+    (("--memory", "130MiB", "--model", "llama-3-8b"), 0, 128),
 ])
 def test_a_bounded_pool_evicts_by_hand(run_cli, tmp_path: Path, bound: tuple[str, ...], hit_tokens: int,
                                        evictions: int) -> None:
@@ -340,12 +342,12 @@ def test_trace_replay_on_a_hybrid_model_is_sized_per_group(run_cli, mooncake):
     assert doc["hit_tokens"] == 1_504 and doc["prompt_tokens"] == 2_700 and doc["evictions"] == 0
     assert [(g["kind"], g["hit_tokens"]) for g in doc["groups"]] == [("full", 1_504), ("sliding", 1_504)]
     assert doc["largest_request_blocks"] == 140
-    # --memory is counted in block ids: 100 MiB = 104,857,600 // 589,824 = 177 blocks
+    # --memory is counted in block ids: 100 MiB = 104,857,600 // 589,824 = 177 blocks, less vLLM's null block: 176
     assert run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b", "--memory", "100MiB",
-                   "--json").json()["capacity_blocks"] == 177
-    # 50 MiB = 88 blocks < 140: refused, naming 140 · 589,824 B = 78.75 MiB
+                   "--json").json()["capacity_blocks"] == 176
+    # 50 MiB = 88 blocks, 87 free < 140: refused, naming (140 + the null block) · 589,824 B = 81,216 KiB
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b", "--memory",
-                           "50MiB"), "88", "140", "--memory 78.75MiB or more")
+                           "50MiB"), "holds 87 free blocks", "140", "--memory 81216KiB or more")
     one_line_error(run_cli("share", "--trace", "mooncake", str(mooncake), "--model", "gpt-oss-120b"), "--memory")
 
 

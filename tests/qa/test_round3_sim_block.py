@@ -26,7 +26,8 @@ def test_a_huge_layer_count_at_block_16_suggests_a_block_that_fits(run_cli) -> N
     # One token of Llama-3-8B with 10^6 layers, bf16: 10^6 layers x 8 KV heads x 128 x 2 (K, V) x 2 B
     # = 4,096,000,000 B (3.81 GiB); A100-40GB leaves 19.10 GiB for the pool: 5 tokens (20.48e9 B) fit, 6 do not
     # (24.58e9 B). Was "use a smaller --block (e.g. 16)" with --block 16.
-    args = ("--model", "llama-3-8b", "--layers", "1000000")
+    # (--layout ideal: kvcalc's own pool takes any block size; vLLM's layout only 1 to 256, test_sim_setup_vllm)
+    args = ("--model", "llama-3-8b", "--layers", "1000000", "--layout", "ideal")
     line = _one_error_line(run_cli("sim", *args))
     assert line.endswith("use --block 5 or smaller"), line
     assert "(e.g. 16)" not in line
@@ -35,11 +36,12 @@ def test_a_huge_layer_count_at_block_16_suggests_a_block_that_fits(run_cli) -> N
 
 def test_the_suggested_block_is_the_largest_that_fits(run_cli) -> None:
     # 131,072 B a token (32 layers x 8 x 128 x 2 x 2 B): the suggestion N runs and N + 1 is refused
-    line = _one_error_line(run_cli("sim", "--model", "llama-3-8b", "--block", "100000000"))
+    ideal = ("--model", "llama-3-8b", "--layout", "ideal")  # any block size (kvcalc's own pool)
+    line = _one_error_line(run_cli("sim", *ideal, "--block", "100000000"))
     largest = int(re.search(r"use --block (\d+) or smaller$", line).group(1))
     assert 19 * 2**30 // 131072 < largest < 20 * 2**30 // 131072  # the pool is 19.10 GiB
-    assert _runs(run_cli, "--model", "llama-3-8b", "--block", str(largest))
-    assert not _runs(run_cli, "--model", "llama-3-8b", "--block", str(largest + 1))
+    assert _runs(run_cli, *ideal, "--block", str(largest))
+    assert not _runs(run_cli, *ideal, "--block", str(largest + 1))
 
 
 @pytest.mark.parametrize(("layers", "fix"), [
@@ -55,5 +57,6 @@ def test_no_block_size_fits_names_what_can(run_cli, layers: str, fix: str) -> No
 
 def test_a_mamba_hybrid_with_a_huge_block_suggests_a_smaller_one_that_works(run_cli) -> None:
     line = _one_error_line(run_cli("sim", "--model", "nemotron-h-56b", "--gpu", "H200", "--block", "100000000"))
-    assert "use a smaller --block (the Mamba state alone takes" in line, line
+    # vLLM's layout takes the block sizes vLLM takes (its Mamba state then raises the block to 4,128 tokens)
+    assert "--block 100,000,000: vLLM pages blocks of 1, 8, 16, 32, 64, 128 or 256 tokens only" in line, line
     assert _runs(run_cli, "--model", "nemotron-h-56b", "--gpu", "H200", "--block", "16")

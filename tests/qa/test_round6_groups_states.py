@@ -197,14 +197,15 @@ def test_sim_concurrency_at_rate_inf_is_ids_over_a_requests_pages(run_cli, tmp_p
     assert prompt + output <= block
     doc = run_cli("sim", "--config", _config(tmp_path, name), *small_gpu(mib), "--rate", "inf", "--requests", "40",
                   "--prompt-dist", f"uniform:low={prompt},high={prompt}", "--output-dist",
-                  f"uniform:low={output},high={output}", "--json").json()
+                  f"uniform:low={output},high={output}", "--max-model-len", str(prompt + output), "--json").json()
     ids = (mib * MiB - FIXED) // block_id
     assert doc["memory_plan"]["num_blocks"] == ids
     assert doc["kv_cache_groups"]["block_bytes"] == block_id
     hold = 1 + state_tables
-    # the ids are never a multiple of `hold` here, so vLLM's null block (one id it never hands out) changes nothing
+    # vLLM's null block (one id it never hands out) leaves ids − 1; the ids are never a multiple of `hold` here, so
+    # every id free would give the same
     assert ids % hold != 0 and (ids - 1) // hold == ids // hold
-    assert doc["peak_running"] == min(40, ids // hold)
+    assert doc["peak_running"] == min(40, (ids - 1) // hold)
     assert (doc["completed"], doc["preemptions"], doc["rejected"]) == (40, 0, 0)
 
 
@@ -253,7 +254,7 @@ def test_sim_memory_over_time_per_group_of_one_mamba_request(run_cli, tmp_path: 
     timeline = tmp_path / "t.csv"
     result = run_cli("sim", "--config", _config(tmp_path, "NEMOTRON3_NANO"), *small_gpu(3100), "--requests", "1",
                      "--prompt-dist", "uniform:low=4000,high=4000", "--output-dist", "uniform:low=300,high=300",
-                     "--timeline", str(timeline))
+                     "--max-model-len", "4300", "--timeline", str(timeline))
     assert result.exit_code == 0, result.stderr
     rows = list(csv.DictReader(timeline.open()))
     written = [4000] + [n + 1 for n in range(4000, 4299)]  # tokens in the cache at the end of each step
@@ -310,11 +311,11 @@ def test_sim_tensor_parallel_concurrency(run_cli, tmp_path: Path, name: str, blo
     # in one block, so a request holds `hold` ids from its first chunk to its end
     doc = run_cli("sim", "--config", _config(tmp_path, name), *small_gpu(6000), "--tp", "2", "--rate", "inf",
                   "--requests", "300", "--prompt-dist", "uniform:low=300,high=300", "--output-dist",
-                  "uniform:low=400,high=400", "--max-seqs", "512", "--json").json()
+                  "uniform:low=400,high=400", "--max-seqs", "512", "--max-model-len", "700", "--json").json()
     plan = doc["memory_plan"]
     assert doc["kv_cache_groups"]["block_bytes"] == block_id
     assert plan["num_blocks"] == plan["kv_pool_bytes"] // block_id
-    assert doc["peak_running"] == min(300, plan["num_blocks"] // hold)
+    assert doc["peak_running"] == min(300, (plan["num_blocks"] - 1) // hold)  # all but vLLM's null block
     assert (doc["completed"], doc["preemptions"]) == (300, 0)
 
 

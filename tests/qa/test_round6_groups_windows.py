@@ -151,7 +151,8 @@ def test_share_branches_per_table(run_cli, tmp_path: Path, name: str) -> None:
 def test_sim_concurrency_is_ids_over_tables(run_cli, tmp_path: Path, name: str, ids: int) -> None:
     _, _, sliding, full, _, _ = MODELS[name]
     doc = run_cli("sim", *_source(tmp_path, name), *SMALL_GPU, "--rate", "inf", "--requests", "120", "--prompt-dist",
-                  "uniform:low=10,high=10", "--output-dist", "uniform:low=6,high=6", "--json").json()
+                  "uniform:low=10,high=10", "--output-dist", "uniform:low=6,high=6", "--max-model-len", "16",
+                  "--json").json()
     assert doc["memory_plan"]["num_blocks"] == (2200 * MiB - FIXED) // _block_id(name) == ids
     tables = sliding + full
     assert doc["peak_running"] == ids // tables == (ids - 1) // tables
@@ -164,8 +165,8 @@ def test_sim_memory_over_time_per_group_of_one_windowed_request(run_cli, tmp_pat
     # ceil((n + 1) / 16), the sliding one that minus the (n − 127) // 16 blocks before the window
     timeline = tmp_path / "t.csv"
     result = run_cli("sim", "--model", "gpt-oss-20b", *SMALL_GPU, "--requests", "1", "--prompt-dist",
-                     "uniform:low=200,high=200", "--output-dist", "uniform:low=40,high=40", "--timeline",
-                     str(timeline))
+                     "uniform:low=200,high=200", "--output-dist", "uniform:low=40,high=40", "--max-model-len", "240",
+                     "--timeline", str(timeline))
     assert result.exit_code == 0, result.stderr
     rows = list(csv.DictReader(timeline.open()))
     expected = [(13, 13)] + [(_cdiv(n + 1, 16), _cdiv(n + 1, 16) - (n - 127) // 16) for n in range(200, 239)]
@@ -174,8 +175,6 @@ def test_sim_memory_over_time_per_group_of_one_windowed_request(run_cli, tmp_pat
     assert [int(r["useful_slots"]) for r in rows[:2]] == [200 + 200, 201 + (201 - 4 * 16)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc's pools hand out every block id; vLLM v1's BlockPool takes block 0 as "
-                   "its null block (block_pool.py: null_block = free_block_queue.popleft()): num_blocks − 1 are free")
 @pytest.mark.parametrize(("name", "ids"), [
     # (2,200 MiB − FIXED) // 2,097,152 = 29 ids for Mistral-7B-v0.1 (one table), // 2,752,512 = 22 for Gemma-2-9B
     # (two tables). Requests of 10 + 6 tokens hold one block a table; vLLM's scheduler admits while the free queue
@@ -185,8 +184,10 @@ def test_sim_memory_over_time_per_group_of_one_windowed_request(run_cli, tmp_pat
 ])
 def test_sim_leaves_vllms_null_block_out_of_the_free_ids(run_cli, tmp_path: Path, name: str, ids: int) -> None:
     _, _, sliding, full, _, _ = MODELS[name]
+    # (a max length the pool holds: vLLM refuses to start when one request of max_model_len does not fit)
     doc = run_cli("sim", *_source(tmp_path, name), *SMALL_GPU, "--rate", "inf", "--requests", "40", "--prompt-dist",
-                  "uniform:low=10,high=10", "--output-dist", "uniform:low=6,high=6", "--json").json()
+                  "uniform:low=10,high=10", "--output-dist", "uniform:low=6,high=6", "--max-model-len", "16",
+                  "--json").json()
     assert doc["memory_plan"]["num_blocks"] == ids  # vLLM's num_gpu_blocks, as its start-up log counts them
     assert doc["peak_running"] == (ids - 1) // (sliding + full)
 

@@ -32,12 +32,14 @@ def spy_runs(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
 
 CASES = [
     ("gemma-3-27b", "--gpu", "h200", "--requests", "150"),
+    # a tight pool of 485 blocks; vLLM starts only with a max length it holds: 7 · ceil(1,088 / 16) + 6 = 482 blocks
+    # (1 full + 6 sliding tables), so the 8 requests longer than 1,088 tokens are rejected
     ("gemma-3-27b", "--gpu", "h200", "--requests", "120", "--rate", "inf", "--memory-utilization", "0.4",
-     "--preempt", "swap"),  # a tight pool: 180 preemptions by swap
+     "--preempt", "swap", "--max-model-len", "1088"),  # 170 preemptions by swap
     ("gemma-3-27b", "--gpu", "h200", "--requests", "120", "--rate", "20", "--memory-utilization", "0.4",
-     "--cancel-fraction", "0.2"),  # 147 preemptions by recompute, 24 cancellations
+     "--cancel-fraction", "0.2", "--max-model-len", "1088"),  # 155 preemptions by recompute, 23 cancellations
     ("gpt-oss-120b", "--gpu", "h200", "--tp", "2", "--requests", "150", "--block", "32"),
-    ("llama-4-scout", "--gpu", "h200", "--tp", "2", "--requests", "100", "--rate", "4"),  # chunked 8,192
+    ("llama-4-scout", "--gpu", "h200", "--tp", "2", "--requests", "100", "--rate", "4", "--max-model-len", "131072"),
     ("nemotron-h-56b", "--gpu", "h200", "--requests", "100", "--rate", "4"),  # Mamba state pages
     ("nemotron-h-56b", "--gpu", "h200", "--requests", "100", "--rate", "inf", "--mamba-cache-mode", "none"),
 ]
@@ -67,9 +69,10 @@ PREFIX_CASES = [  # (model and its flags, --limit): sliding (Gemma-3, gpt-oss), 
     (("gemma-3-27b", "--gpu", "h200"), 150),
     (("gemma-3-27b", "--gpu", "h200", "--memory-utilization", "0.5", "--preempt", "swap"), 100),  # swap-ins wait
     (("gpt-oss-120b", "--gpu", "h200", "--tp", "2"), 100),
-    (("llama-4-scout", "--gpu", "h200", "--tp", "2"), 100),
+    (("llama-4-scout", "--gpu", "h200", "--tp", "2", "--max-model-len", "131072"), 100),  # 10M would not start
     (("gemma-3-27b", "--gpu", "h200", "--memory-utilization", "0.5", "--timeout", "5"), 100),  # the head times out
-    (("llama-4-scout", "--gpu", "h200", "--tp", "2", "--cancel-fraction", "0.2", "--timeout", "2"), 100),
+    (("llama-4-scout", "--gpu", "h200", "--tp", "2", "--max-model-len", "131072", "--cancel-fraction", "0.2",
+      "--timeout", "2"), 100),
 ]
 
 

@@ -107,6 +107,7 @@ def test_recompute_with_a_hit_at_readmission(tmp_path, fast_forward):
     #   admissions A 1,024 (hit 0), B 1,024 (0), B 1,025 (512): 3,073 looked up, 512 hits
     path = write_trace(tmp_path, [(0, 1024, 300, [1, 2]), (0, 1024, 300, [3, 4])])
     setup = build(SimOptions(model="llama-3.1-8b", gpu="H200", trace=("mooncake", str(path)), block_size=512,
+                             layout="ideal",  # kvcalc's own pool: a block vLLM does not take
                              fast_forward=fast_forward))
     record = run_policy(setup.workload, "paged", replace(setup.sim, capacity_blocks=4))
     p = record.prefix

@@ -16,7 +16,8 @@ from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import DISK, HOST
 
-B = 512  # one Mooncake hash id per block
+B = 512  # one Mooncake hash id per block: a block vLLM does not take, so the runs are on kvcalc's own pool
+IDEAL = "ideal"  # (layout ideal: any block size, no null block; a plain model's pool is otherwise vLLM's)
 LLAMA_BLOCK = 512 * 131_072  # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B/token
 
 
@@ -28,7 +29,7 @@ def _trace(tmp_path, rows):
 
 
 def _setup(tmp_path, rows, capacity_blocks, model="llama-3.1-8b", **tiers):
-    o = SimOptions(trace=("mooncake", _trace(tmp_path, rows)), model=model, block_size=B, **tiers)
+    o = SimOptions(trace=("mooncake", _trace(tmp_path, rows)), model=model, block_size=B, layout=IDEAL, **tiers)
     setup = build(o)
     return setup, replace(setup.sim, capacity_blocks=capacity_blocks)
 
@@ -162,7 +163,7 @@ def test_sliding_window_hybrid(tmp_path, CAP=36):
 def test_refused_by_name(tmp_path, extra, message):
     extra = dict(extra)
     no_prefix = extra.pop("no_prefix", False)
-    o = SimOptions(trace=("mooncake", _trace(tmp_path, HAND)), model="llama-3.1-8b", block_size=B,
+    o = SimOptions(trace=("mooncake", _trace(tmp_path, HAND)), model="llama-3.1-8b", block_size=B, layout=IDEAL,
                    prefix_caching=not no_prefix, **extra)
     with pytest.raises(ParameterError, match=message):
         build(o)

@@ -111,7 +111,7 @@ def test_fast_forward_equals_step_by_step_with_chunks(blocks, preempt):
 def test_llama4_scout_sim_fast_forward_on_and_off(run_cli, tmp_path):
     folder = write_config(tmp_path, "LLAMA4_SCOUT")
     cmd = ("sim", "--config", str(folder), "--gpu", "H200", "--tp", "4", "--requests", "40", "--rate", "2",
-           "--prompt-dist", "uniform:low=5000,high=20000", "--json")
+           "--prompt-dist", "uniform:low=5000,high=20000", "--max-model-len", "131072", "--json")  # 10M: no start
     fast, slow = run_cli(*cmd), run_cli(*cmd, "--no-fast-forward")
     assert fast.exit_code == 0 and slow.exit_code == 0, fast.stderr + slow.stderr
     assert fast.stdout == slow.stdout
