@@ -34,8 +34,10 @@ def policy(groups, mode: str = "none", blocks: int = 64) -> GroupedPagedPolicy:
     # then 9 more (49 written): full ceil(49/16) = 4; state: the one page moved in place from block 2 to block
     # 3 = (49 − 1) // 16 (vLLM's one state block a request): 4 + 1 = 5, all the pool holds
     ((FULL, STATE), "none", 49, 5, 5),
-    # align at 40: pages max(0, 40 // 16 − 1) = 1 .. 2 (the running state and the one saved at 32): 3 + 2 = 5
-    ((FULL, STATE), "align", None, 5, 5),
+    # align at 40, one step 0 -> 40 ending mid-block: as vLLM's aligned split runs it (0 -> 32, 32 -> 40) the pool
+    # holds the page saved at 32 (1) and the step's last, (40 − 1) // 16 = 2: 3 + 2 = 5; the next step resumes from
+    # page 2 and frees page 1 (get_num_skipped_tokens(40) = 39, 39 // 16 = 2), so a swap moves 3 + 1 = 4
+    ((FULL, STATE), "align", None, 4, 5),
     # sliding W 20 at 40 written: the next token (40) reads 21..40, blocks 21 // 16 = 1 .. 2; the prefill step
     # needed block 0 too (token 19 reads 0..19) and the pool frees it at the next step: 3 + 2 = 5 (pool: 3 + 3)
     ((FULL, SLIDING), "none", None, 5, 6),
