@@ -112,6 +112,11 @@ def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
         gpt-oss-120b    1.9-2.3x   1.25-1.34x   Llama-3.1-70B
         Llama-4-Scout   2.4-3.5x   1.52-1.69x   Llama-3.1-70B
         Nemotron-H-56B  1.2-1.5x   1.18-1.28x   Llama-3-8B  (state groups: still step by step)
+    Round 8, test runs at load 5-10 on 2 cores (the plain runs alone took 0.72-1.18 s CPU): Gemma-3 2.10-2.74x,
+    gpt-oss 1.18-1.41x, Scout 1.53-1.75x, Nemotron-H 1.18-1.85x. Instructions (valgrind callgrind, independent of
+    load): Gemma-3 8.74 G -> 8.33 G (index rebuilds' lost keys placed in batch rounds, stale anchored blocks sorted
+    only when found), Llama-3.1-8B 3.82 G: 2.18x. Gemma-3 stays above 2x: its prefill registers ~3,000 anchored
+    blocks a chunk (558k in all, ~530k evicted again: 8 index rebuilds), and each step walks 7 tables a request.
     A run of k decode steps is planned from counts (blocks opened, freed at their last reference, evicted) and
     applied only where blocks change; while a request waits, only as long as its refusal provably stands (no block
     its look-up found evicted and no more blocks free than at the start, or fewer free than its need's floor). A
