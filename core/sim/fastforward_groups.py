@@ -13,8 +13,9 @@ grow by k tokens at once (_advance_pool); the run is kept only as long as that u
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -118,16 +119,17 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
     alive = n - gone
     context = (context_done[-1] - context_done[gone] + steps * alive).astype(np.float64)
     excess = ff._excess(tokens0, k, remaining)
-    if not st.num_experts:  # every term elementwise as decode_steps_s takes it: one call for all stretches
-        seqs = alive.astype(np.float64)
-        return np.asarray(st.step_s(seqs, context, context + seqs, 0.0, excess, excess, seqs)), alive
-    # NOTE: a MoE model's share of weights read is a power of the tokens, whose numpy loop may round differently
-    # from the scalar path's: a call per stretch of constant n_j keeps it scalar
-    d = np.empty(k)
-    cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
-    for a, b in itertools.pairwise(cuts):
-        d[a:b] = st.decode_steps_s(int(alive[a]), context[a:b], excess if isinstance(excess, float) else excess[a:b])
-    return d, alive
+    seqs = alive.astype(np.float64)
+    if st.num_experts:
+        # NOTE: a MoE model's share of weights read is a power of the tokens, whose numpy loop may round differently
+        # from the scalar path's: each stretch of constant n_j gets its weights' time as decode_steps_s(n_j) takes it
+        # (weights_s · weights_read_share(float(n_j)), plain floats), and every other term is elementwise as there
+        weights = np.empty(k)
+        cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
+        for a, b in itertools.pairwise(cuts):
+            weights[a:b] = st.weights_s * st.weights_read_share(float(alive[a]))
+        st = dataclasses.replace(st, num_experts=0, weights_s=cast("float", weights))  # step_s reads weights_s then
+    return np.asarray(st.step_s(seqs, context, context + seqs, 0.0, excess, excess, seqs)), alive
 
 
 def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, RunForm]:
