@@ -181,6 +181,7 @@ def _group_table(result: HierarchyResult, cbb: CachedBlockBytes) -> Table:
 
 
 def _read_split(t: TierResult, cbb: CachedBlockBytes) -> dict[str, int]:
-    """A tier's read bytes per group: every hit block's attention KV, one saved state per hit that ends there."""
-    return {g.label: (t.state_reads if g.label.startswith("state_") else t.read_blocks) * g.bytes_per_block
-            for g in cbb.groups}
+    """A tier's read bytes per group (TierResult.read_bytes_by_group: the blocks each hit needs of the group, as
+    vLLM allocates them: a sliding group its window's, a chunked one the current chunk's, a state group one state
+    per hit that ends in this tier)."""
+    return {g.label: (t.read_bytes_by_group or {}).get(g.label, 0) for g in cbb.groups}

@@ -19,11 +19,10 @@ def _rate(hit_blocks: int, c: TierComparison) -> float:
 
 
 def _reads(tiers: Any, t: Any, tier: int) -> dict[str, int]:
-    """Bytes read from `tier` per KV cache group: every block's of each group, but in align a state group's only
-    for the state pages loaded (one per load: TierTotals.read_state_pages)."""
-    states = t.read_state_pages
-    return {g.label: (states[tier] if states is not None and g.label.startswith("state_") else t.read_blocks[tier])
-            * g.bytes_per_block for g in tiers.block_bytes.groups}
+    """Bytes read from `tier` per KV cache group: what each load's hit needs of the group (TierTotals.read_group_bytes:
+    a full group every loaded block, a sliding one its window's, a chunked one the current chunk's, a state group
+    the one state at the hit's boundary)."""
+    return {g.label: t.read_group_bytes[tier].get(g.label, 0) for g in tiers.block_bytes.groups}
 
 
 def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A cached block of B tokens holds, in every attention group, that group's block of those B tokens: full
 attention for every prefix; sliding-window and chunked groups too, because vLLM frees a block that falls
 out of the window with its hash and it stays cached (LRU) until evicted — so a windowed group costs cache
-bytes like a full one (an engine that dropped them would hold less: the figures are then an upper bound).
+bytes like a full one (an engine that dropped them would hold less: the figures are then an upper bound). A hit
+reads back less: only the blocks each group needs (CachedBlockBytes.read_bytes, vLLM's null entries skipped).
 A Mamba / linear-attention hybrid can resume only from a recurrent state saved at exactly the hit's
 boundary: to hit at every block boundary, as the curve assumes, each cached block carries one saved state
 per state group (vLLM's mamba_cache_mode "align"/"all"); `state_bytes` is that cost. With mode "none" a
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ParameterError
 from ..model.kv_groups import kv_layout
 from ..model.model_spec import ModelSpec
@@ -29,6 +32,24 @@ class GroupBytes:
     label: str  # "full", "sliding_4096", "chunked_8192", "state_mamba2", ...
     layers: int
     bytes_per_block: int
+    kind: str = "full"  # full | sliding | chunked | state: which blocks of a hit it reads (first_needed)
+    window: int | None = None  # W (sliding) or C (chunked)
+
+    def first_needed(self, hit_blocks: np.ndarray, block_size: int) -> np.ndarray:
+        """The first block a hit of `hit_blocks` blocks needs in this group: vLLM's get_num_skipped_tokens(hit
+        tokens) // B (single_type_kv_cache_manager; the blocks before are its null entries, never loaded): full 0,
+        sliding max(0, n·B − W + 1) // B, chunked (n·B // C · C) // B (the current chunk's), state n − 1 (the one
+        state at the hit's boundary)."""
+        n = np.asarray(hit_blocks, dtype=np.int64)
+        if self.kind == "sliding":
+            assert self.window is not None
+            return np.maximum(n * block_size - self.window + 1, 0) // block_size
+        if self.kind == "chunked":
+            assert self.window is not None
+            return (n * block_size // self.window * self.window) // block_size
+        if self.kind == "state":
+            return np.maximum(n - 1, 0)
+        return np.zeros_like(n)
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,19 @@ class CachedBlockBytes:
         """Bytes of `blocks` cached blocks, per group label."""
         return {g.label: blocks * g.bytes_per_block for g in self.groups}
 
+    def read_bytes(self, lo: np.ndarray, hi: np.ndarray, hit_blocks: np.ndarray) -> dict[str, np.ndarray]:
+        """Per group label: the bytes a load of a hit's blocks [lo, hi) reads, of a hit of `hit_blocks` blocks
+        (elementwise): each group's blocks at or after its first needed one (GroupBytes.first_needed). share's
+        tiers (a tier is a range of the hit) and sim's (core/sim/tiers.py, per tier past that block) read through
+        this rule: sliding the window's min(k, ceil((W − 1) / B)) blocks, chunked the current chunk's, a state
+        group one state, full every block."""
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        out: dict[str, np.ndarray] = {}
+        for g in self.groups:
+            start = np.maximum(lo, g.first_needed(hit_blocks, self.block_size))
+            out[g.label] = out.get(g.label, 0) + np.maximum(hi - start, 0) * g.bytes_per_block
+        return out
+
 
 def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size: int, tp: int = 1,
                        mamba_cache_mode: str = "align", layout_name: str = "ideal") -> CachedBlockBytes:
@@ -76,7 +110,7 @@ def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size:
             label = f"state_{g.source}"
         else:
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
-        groups.append(GroupBytes(label, g.layers, g.block_bytes))
+        groups.append(GroupBytes(label, g.layers, g.block_bytes, g.kind, g.window))
     padding = sum(g.padding_bytes_per_block for g in layout.groups)
     return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups), layout.layout, padding)
 

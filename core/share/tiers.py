@@ -21,11 +21,13 @@ t holds the top K'[t] blocks of the stack with K' = G, H, Z (each capacity on it
 come from the fastest tier that has the block; writes into tier t are the request's blocks it did not hold.
 
 Bytes are blocks times the cached block's bytes per KV cache group (cache_bytes); GB/s are taken over the
-trace's own time axis, each request's transfers at its arrival, in bins of `bin_s` seconds. A Mamba hybrid's
-cached block carries a saved state (every block can be a hit's boundary), so writes move it with its block, but
-a hit resumes from the one state at its boundary: a read loads the hit blocks' attention KV and one state, from
-the tier that holds the hit's last block (the deepest tier with a hit of that request; vLLM's Mamba group skips
-every position before hit − 1, single_type_kv_cache_manager's get_num_skipped_tokens).
+trace's own time axis, each request's transfers at its arrival, in bins of `bin_s` seconds. Writes move every
+group's block of a position (a Mamba hybrid's cached block carries its saved state: every block can be a hit's
+boundary). A read loads what vLLM allocates for the request's hit of n blocks (single_type_kv_cache_manager's
+get_num_skipped_tokens: the blocks before are null entries): per group the hit's blocks from
+GroupBytes.first_needed(n) on that sit in the tier — a full group every one, a sliding group the window's last
+ceil((W − 1) / B), a chunked group the current chunk's, a state group the one state at the hit's boundary, read
+from the tier holding the hit's last block (CachedBlockBytes.read_bytes, the rule sim's tiers read through too).
 """
 
 from __future__ import annotations
@@ -85,12 +87,11 @@ class TierResult:
     peak_read_bytes_per_s: float
     peak_write_bytes_per_s: float
     block_bytes: int
-    state_reads: int = 0  # requests whose hit ends in this tier: each reads the one state at its boundary
-    state_bytes: int = 0  # of block_bytes: the saved states a cached block carries (Mamba hybrids)
+    read_bytes_by_group: dict[str, int] | None = None  # what the reads load per group (module docstring)
 
     @property
     def read_bytes(self) -> int:
-        return self.read_blocks * (self.block_bytes - self.state_bytes) + self.state_reads * self.state_bytes
+        return sum((self.read_bytes_by_group or {}).values())
 
     @property
     def write_bytes(self) -> int:
@@ -187,9 +188,8 @@ def simulate_tiers(
     capacities_blocks = (d.clamp(sizes[0]), d.clamp(sizes[1]), d.clamp(sizes[2]))
     bounds = _bounds(capacities_blocks, mode)
     per_block = 0 if block_bytes is None else block_bytes.bytes_per_block
-    state = 0 if block_bytes is None else block_bytes.state_bytes
     tier_hits = tier_hit_blocks(d, capacities_blocks, mode)
-    deepest = np.where(tier_hits[2] > 0, 2, np.where(tier_hits[1] > 0, 1, 0))  # the tier of each hit's last block
+    hit = tier_hits[0] + tier_hits[1] + tier_hits[2]  # the GPU part of a hit comes first, then host, then disk
     tiers = []
     for t, name in enumerate(TIER_NAMES):
         lo, hi = bounds[t], bounds[t + 1]
@@ -199,14 +199,15 @@ def simulate_tiers(
         else:  # write-through: each request block that tier t did not hold
             writes = d.touched_blocks - d.blocks_within(capacities_blocks[t]) if capacities_blocks[t] else 0 * hits
         reads = hits if t else 0 * hits
-        state_reads = (deepest == t) & (hits > 0) if t else np.zeros(d.requests, dtype=bool)
+        first = sum(tier_hits[:t], np.zeros(d.requests, np.int64))  # the hit's blocks [first, first + reads)
+        by_group = {} if block_bytes is None else block_bytes.read_bytes(first, first + reads, hit)
+        read_bytes = sum(by_group.values(), np.zeros(d.requests, np.int64))
         bandwidth = None if t == 0 else bandwidths_bytes_per_s[t - 1]
         tiers.append(TierResult(
             name, sizes[t], bandwidth, int(hits.sum()), int(np.count_nonzero(hits)), int(reads.sum()),
-            int(np.asarray(writes).sum()), _rate_peak(d.arrival_s, reads * (per_block - state) + state_reads * state,
-                                                      bin_s),
+            int(np.asarray(writes).sum()), _rate_peak(d.arrival_s, read_bytes, bin_s),
             _rate_peak(d.arrival_s, np.asarray(writes) * per_block, bin_s), per_block,
-            int(np.count_nonzero(state_reads)), state,
+            {label: int(b.sum()) for label, b in by_group.items()},
         ))
     # a block leaves the hierarchy when it falls past the last depth any tier holds (inclusive: the largest tier's)
     last = bounds[3]

@@ -23,15 +23,13 @@ land in the GPU pool when the load ends; blocks the request computes itself are 
 tiers too (the GPU copy is the one copy). Writes (demotions) are counted but do not queue on the links:
 PCIe is full duplex and a write-back is asynchronous; only reads delay a request.
 
-Bytes per block are the cached block's of every KV cache group, per GPU of the tensor-parallel group
-(core/share/cache_bytes, as share's tiers: a windowed group's block counts in full, an upper bound), and
-the bandwidths are per GPU. A hybrid pool evicts each group's block of a position on its own: the
-position is demoted when the first of them is evicted, with every group's bytes.
-
-A Mamba hybrid in mamba_cache_mode align (`state_pages`) saves a state only where a step ended on a block
-boundary, and a hit resumes from the state at its last block: a lower-tier position holds a state only if the
-GPU block it evicted was a state page, a load must end at such a position, and it reads k blocks of the other
-groups plus that one state page (k · (bytes_per_block − state bytes) + state bytes).
+Bytes per block are every KV cache group's, per GPU (core/share/cache_bytes, as share's tiers); bandwidths per
+GPU. A position is demoted when the first of its groups' blocks is evicted, written with every group's bytes.
+A load reads what vLLM allocates for a hit of g + k blocks: per group the blocks from GroupBytes.first_needed(g +
+k) on (those before are null entries): full all k, sliding the window's last min(k, ceil((W − 1) / B)), chunked
+the current chunk's, a state group the one state at the hit's boundary (block g + k − 1's), as share's tiers.
+In mamba_cache_mode align (`state_pages`) a state is saved only where a step ended on a block boundary: a
+lower-tier position holds one only if the GPU block it evicted was a state page, and a load must end there.
 """
 
 from __future__ import annotations
@@ -113,12 +111,14 @@ class TierTotals:
     write_blocks: list[int]  # demotions written into host, disk
     dropped_blocks: int = 0  # evicted from the disk (or from the host with no disk tier)
     link_busy_s: tuple[float, float] = (0.0, 0.0)
-    read_state_pages: list[int] | None = None  # host, disk: state pages loaded (align; None: a state per block)
+    read_state_pages: list[int] | None = None  # host, disk: state pages loaded (align; None: not counted)
+    read_group_bytes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # host, disk: bytes read per group label
 
     @classmethod
     def empty(cls, n: int) -> TierTotals:
         z = np.zeros(n, np.int64)
-        return cls(z, z.copy(), z.copy(), z.copy(), np.full(n, np.nan), np.zeros(n), [0, 0], [0, 0])
+        return cls(z, z.copy(), z.copy(), z.copy(), np.full(n, np.nan), np.zeros(n), [0, 0], [0, 0],
+                   read_group_bytes=({}, {}))
 
 
 class Lru:
@@ -182,7 +182,6 @@ class TierCache:
         self.tiers, self.steptime, self.block_size = tiers, steptime, block_size
         # align: the keys whose lower-tier copy holds a state (module docstring); None: every block holds all
         self.stateful: set[int] | None = set() if state_pages else None
-        self.state_bytes = tiers.block_bytes.state_bytes if state_pages else 0
         self.lru = (Lru(), Lru())
         self.link_free_s = [0.0, 0.0]
         self.busy_s = [0.0, 0.0]
@@ -254,38 +253,46 @@ class TierCache:
         if self.stateful is not None:
             ends = np.array([key in self.stateful for key in keys[gpu_blocks : gpu_blocks + len(found)].tolist()])
         k = self._best_load(np.array(found), gpu_blocks, num_tokens, now_s, ends)
-        return LoadPlan(gpu_blocks, tuple(found[:k]), len(found) - k, max(ready, self._ends(found[:k], now_s)))
+        return LoadPlan(gpu_blocks, tuple(found[:k]), len(found) - k,
+                        max(ready, self._ends(found[:k], gpu_blocks, now_s)))
 
-    def _ends(self, tier_of: list[int], now_s: float) -> float:
-        """When loads of these blocks (tier per block) would end, queued behind the loads on each link."""
+    def _ends(self, tier_of: list[int], gpu_blocks: int, now_s: float) -> float:
+        """When a load of these blocks (tier per block, after `gpu_blocks` GPU hits) would end, queued behind the
+        loads on each link."""
         end = now_s
-        for t, num_bytes in enumerate(self._read_bytes(tier_of)):
-            if num_bytes:
-                seconds = num_bytes / self.tiers.bandwidths[t]
-                end = max(end, max(now_s, self.link_free_s[t]) + seconds)
+        for t, num_bytes in enumerate(self._load_bytes(np.array(tier_of), gpu_blocks, np.array([len(tier_of)]))):
+            if num_bytes[0]:
+                end = max(end, max(now_s, self.link_free_s[t]) + num_bytes[0] / self.tiers.bandwidths[t])
         return end
 
-    def _read_bytes(self, tier_of: list[int] | tuple[int, ...]) -> list[int]:
-        """Bytes a load of these blocks (tier per block) reads per tier: every group's bytes of each, or in align
-        the other groups' of each and the state page of the last one."""
-        per = self.tiers.bytes_per_block - self.state_bytes
-        out = [tier_of.count(t) * per for t in (HOST, DISK)]
-        if self.state_bytes and tier_of:
-            out[tier_of[-1]] += self.state_bytes
+    def _group_reads(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Per group and tier (label, int64 [2, len(ks)]): the bytes a load of the first k of `found`'s blocks (tier
+        per block) reads, for each k in `ks`: the hit is gpu_blocks + k blocks, and the group reads its blocks
+        from GroupBytes.first_needed(hit) on (module docstring; share's tiers use the same rule)."""
+        cum = np.zeros((2, len(found) + 1), np.int64)
+        cum[HOST, 1:] = np.cumsum(found == HOST)
+        cum[DISK, 1:] = np.cumsum(found == DISK)
+        out = []
+        for g in self.tiers.block_bytes.groups:
+            start = np.clip(g.first_needed(gpu_blocks + ks, self.block_size) - gpu_blocks, 0, ks)
+            out.append((g.label, (cum[:, ks] - cum[:, start]) * g.bytes_per_block))
         return out
+
+    def _load_bytes(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> np.ndarray:
+        """int64 [2, len(ks)]: _group_reads summed over the groups (host, disk)."""
+        return sum((r for _, r in self._group_reads(found, gpu_blocks, ks)), np.zeros((2, len(ks)), np.int64))
 
     def _best_load(self, found: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float,
                    ends: np.ndarray | None = None) -> int:
         """The k in 0..len(found) with the least wait(k) + prefill(gpu_blocks + k) (the first on ties); `ends`
         (align): where a load may end (k = 0, or block k − 1 holds a state)."""
-        B, per_block = self.block_size, self.tiers.bytes_per_block - self.state_bytes
+        B = self.block_size
         k = np.arange(len(found) + 1)
+        num_bytes = self._load_bytes(found, gpu_blocks, k)
         wait = np.zeros(len(k))
         for t in (HOST, DISK):
-            n = np.concatenate([[0], np.cumsum(found == t)])
-            last = np.concatenate([[False], found == t]) * self.state_bytes  # the state page, read with block k − 1
             start = max(now_s, self.link_free_s[t]) - now_s
-            wait = np.maximum(wait, np.where(n > 0, start + (n * per_block + last) / self.tiers.bandwidths[t], 0.0))
+            wait = np.maximum(wait, np.where(num_bytes[t] > 0, start + num_bytes[t] / self.tiers.bandwidths[t], 0.0))
         cached = (gpu_blocks + k) * B
         compute = prefill_s(self.steptime, cached, num_tokens - cached)
         cost = wait + compute
@@ -296,17 +303,20 @@ class TierCache:
     def commit(self, rid: int, keys: np.ndarray, plan: LoadPlan, now_s: float) -> float:
         """The admission happened: queue the loads, promote the loaded blocks, drop the lower copies of blocks
         the request computes; returns when it may compute."""
-        loaded = plan.load_blocks
-        for t, num_bytes in enumerate(self._read_bytes(plan.tier_of)):
+        loaded, g = plan.load_blocks, plan.gpu_blocks
+        reads = self._group_reads(np.array(plan.tier_of), g, np.array([loaded])) if loaded else []
+        for t in (HOST, DISK):
             n = plan.tier_of.count(t)
             if n:
-                seconds = num_bytes / self.tiers.bandwidths[t]
+                by_group = self.totals.read_group_bytes[t]
+                for label, r in reads:
+                    by_group[label] = by_group.get(label, 0) + int(r[t, 0])
+                seconds = sum(int(r[t, 0]) for _, r in reads) / self.tiers.bandwidths[t]
                 self.link_free_s[t] = max(now_s, self.link_free_s[t]) + seconds
                 self.busy_s[t] += seconds
                 self.totals.read_blocks[t] += n
         if self.totals.read_state_pages is not None and loaded:
             self.totals.read_state_pages[plan.tier_of[-1]] += 1
-        g = plan.gpu_blocks
         rest = keys[g:].tolist()  # loaded or computed here: the GPU copy becomes the one copy
         for lru in self.lru:
             lru.discard(rest)

@@ -79,10 +79,6 @@ def test_sim_tiers_full_group_reads_every_hit_block(sliding_run: dict) -> None:
     assert sliding_run["read_bytes_by_group"]["host"]["full"] == 255 * 393_216
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cli/sim_tiers_report.py:25 (_reads) and core/sim/tiers.py (a load of n blocks costs n · bytes_per_block over "
-    "every group) read all 255 hit blocks of the sliding table (100,270,080 B); vLLM allocates and loads only the "
-    "window's 8 (3,145,728 B), the 247 before (4,080 − 128 + 1) // 16 being null entries"))
 def test_sim_tiers_sliding_group_reads_its_window_only(sliding_run: dict) -> None:
     # hit 4,080 tokens, W = 128: skipped (4,080 − 127) // 16 = 247 blocks; cdiv(4,080, 16) − 247 = 8 loaded
     assert sliding_run["read_bytes_by_group"]["host"]["sliding_128"] == 8 * 393_216
