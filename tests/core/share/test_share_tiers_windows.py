@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvcalc.core.share.cache_bytes import GroupBytes
+from kvcalc.core.share.cache_bytes import CachedBlockBytes, GroupBytes
+from kvcalc.core.sim.tiers import DISK, HOST, TierCache
 
 GEMMA_FULL, GEMMA_SLIDING = 1_310_720, 7_864_320  # Gemma-3-27B, vLLM's layout at block 16 (10 and 60 pages of 128 KiB)
 
@@ -94,3 +99,38 @@ def test_a_plain_model_reads_every_block(run_cli, tmp_path):
     # Llama-3.1-8B: 131,072 B a token, 2,097,152 B a block of 16: 255 hit blocks read whole
     host = _tiers(run_cli, tmp_path, 4096, "--model", "llama-3.1-8b", "--gpu-cache", "0", "--host-cache", "64GiB")[1]
     assert host["read_bytes_by_group"] == {"full": 255 * 2_097_152} and host["read_bytes"] == 255 * 2_097_152
+
+
+def _needed_by_positions(kind: str, window: int, B: int, n: int, i: int) -> bool:
+    """Independent of first_needed's arithmetic: block i (positions iB .. iB + B − 1) of a hit of n blocks is
+    needed when the next token (position nB) reads a position in it: full any before nB, sliding the last W
+    positions up to nB (nB − W + 1 ..), chunked its own chunk's (nB // C · C ..); a state group only the state
+    saved after the hit's last token, block n − 1's."""
+    if kind == "state":
+        return i == n - 1
+    low = {"full": 0, "sliding": n * B - window + 1, "chunked": n * B // window * window}[kind]
+    return any(low <= p < n * B for p in range(i * B, (i + 1) * B))
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from(["full", "sliding", "chunked", "state"]), B=st.sampled_from([1, 4, 16]),
+       window=st.integers(1, 200), n=st.integers(0, 40), tiers=st.lists(st.sampled_from([HOST, DISK]), max_size=40),
+       data=st.data())
+def test_share_and_sim_read_the_blocks_the_next_token_needs(kind, B, window, n, tiers, data):
+    if kind == "chunked":
+        window = B * max(1, window // B)  # vLLM's chunk is a multiple of the block
+    group = GroupBytes("g", 1, 7, kind, window)
+    cbb = CachedBlockBytes("m", "bf16", B, 1, (group,))
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    needed = [_needed_by_positions(kind, window, B, n, i) for i in range(n)]
+    # share: a tier holding the hit's blocks [lo, hi)
+    assert int(cbb.read_bytes(np.array([lo]), np.array([hi]), np.array([n]))["g"][0]) == 7 * sum(needed[lo:hi])
+    # sim: a load of k = n − g blocks after g GPU hits, `tiers` giving each loaded block's tier
+    g = lo
+    tier_of = (tiers * (n + 1))[: n - g] if tiers else [HOST] * (n - g)
+    fake = cast(TierCache, SimpleNamespace(tiers=SimpleNamespace(block_bytes=cbb), block_size=B))  # the two fields read
+    reads = TierCache._group_reads(fake, np.array(tier_of, dtype=np.int64), g, np.array([n - g]))
+    for t in (HOST, DISK):
+        expect = sum(needed[g + j] for j, tier in enumerate(tier_of) if tier == t)
+        assert int(reads[0][1][t, 0]) == 7 * expect
