@@ -31,7 +31,7 @@ A state page in mode align is saved where a step ends at, or (prefill split at b
 the state at boundary (n // B)·B. Pages inside a longer step hold no saved state and are never registered.
 
 A block whose anchor was handed out since can never be verified again; when the same prefix is registered once
-more, its stale entry is dropped (the block goes to the plain free stack), so that the new one is indexed.
+more, its stale entry is dropped (the block stays in the free queue, hash-less), so that the new one is indexed.
 """
 
 from __future__ import annotations
@@ -169,9 +169,8 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
     stale = np.unique(stale[store.state.take(stale) == FREE_CACHED])  # a stale block is held by no table (module)
     if len(stale):
         index.delete(stale)
-        store.queue.revive(stale)
+        store.queue.uncache(stale)  # hash-less, where it was in the free queue
         store.fill[stale] = 0
-        store.queue.push_plain(stale)
         present, slots = index.find(hashes, homes)
     store.block_hash[blocks] = hashes
     store.block_home[blocks] = homes

@@ -12,8 +12,9 @@ With n sequences of G tables and B-token blocks a step touches only the pairs wh
 sequence i (t_i tokens) opens a block in step j iff (t_i + j) % B == 0, and a group's table frees in step j the
 positions from its first kept block before to its first kept block after (hybrid_private.first_blocks, capped at
 the blocks held). `plan` counts, from the pool as it is, what every step frees (a block whose last reference goes:
-an indexed one to the LRU cache, a block opened in the run or unindexed to the plain stack), hands out (the plain
-stack first, then evictions) and holds — every figure the step's accounting reads — and where the run must stop;
+an indexed one a cache entry, a block opened in the run or unindexed hash-less, each at the free queue's tail),
+hands out (the queue's head: its entries at the start, then what the run freed; a cache entry popped is evicted)
+and holds — every figure the step's accounting reads — and where the run must stop;
 `apply` then makes those steps' changes with the loop's own functions on the sequences that have any, each brought
 to its token count first (a sequence's last block fills in between: nothing else reads it), and the others at the
 end. `apply` checks the pool against the plan's last step.
@@ -36,6 +37,7 @@ from .hybrid_ordered import _append_run, _rules, ordered, skip_ordered
 from .hybrid_private import first_blocks
 
 if TYPE_CHECKING:
+    from .free_queue import FreeBlockQueue
     from .hybrid import HybridPool
     from .store import BlockKeys
 
@@ -53,6 +55,7 @@ class DecodeRun(NamedTuple):
     held: np.ndarray  # int64 [k, G]: distinct blocks each group's tables hold
     frees: list[list[int]]  # per step: the sequences (indices into seq_ids) whose tables free blocks
     opens: list[list[int]]  # per step: the sequences that open a block in every table
+    order_bound: bool = False  # it stopped where one step's hand-outs take part of a step's frees, hashed and not
 
     @property
     def k(self) -> int:
@@ -97,10 +100,11 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
     B, store, G = pool.block_size, pool.store, len(pool.pools)
     tokens = [t.num_tokens for t in pool.pools[0]._tables(seq_ids)]
     t0 = np.array(tokens, dtype=np.int64)[:, None]
-    queue = store.queue
+    queue, heads = store.queue, _Heads(store.queue)
     refs: dict[int, int] = {}
     plain, cached = queue.num_plain, queue.num_cached
-    free_now, done, span, evicted = plain + cached, 0, 2 if waiting else B, 0  # waiting: runs often stop at once
+    free_now, done, span = plain + cached, 0, 2 if waiting else B  # waiting: runs often stop at once
+    order_bound = False
     rows: list[tuple[int, int, int, int]] = []  # per step: cached after it, blocks opened, freed, entries freed
     freed_groups: list[np.ndarray] = []
     frees: list[list[int]] = []
@@ -114,14 +118,15 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
             if need > plain + cached:  # not covered before the step frees: stepping goes request by request
                 k = done
                 break
-            plain += freed_plain[j]
-            cached += freed_cached[j]
-            taken = min(need, plain)
-            plain -= taken
-            cached -= need - taken
-            evicted += need - taken
+            heads.free(freed_plain[j], freed_cached[j])
+            evicted = heads.pop(need)
+            if evicted is None:  # the hand-outs end inside one step's frees, hashed and not: their order decides
+                k, order_bound = done, True
+                break
+            plain += freed_plain[j] - (need - evicted)
+            cached += freed_cached[j] - evicted
             if waiting and plain + cached >= waiting.need_floor and (
-                    evicted > waiting.evictable or plain + cached > free_now):
+                    heads.popped > waiting.evictable or plain + cached > free_now):
                 k = done
                 break
             rows.append((cached, need, freed_plain[j] + freed_cached[j], int(entries[j])))
@@ -137,7 +142,7 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
         store.useful_tokens + len(seq_ids) * G * np.arange(1, done + 1, dtype=np.int64) - B * gone,
         sum(p.logical_blocks for p in pool.pools) + grown - np.cumsum(table[:, 3]),
         np.asarray(held, dtype=np.int64) + (grown // G)[:, None] - np.cumsum(
-            np.array(freed_groups, dtype=np.int64).reshape(-1, G), axis=0), frees, opens)
+            np.array(freed_groups, dtype=np.int64).reshape(-1, G), axis=0), frees, opens, order_bound)
 
 
 def looked_up(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> np.ndarray:
@@ -175,13 +180,52 @@ def need_floor(pool: HybridPool, need: int, cut: bool, budget: int) -> int:
 
 
 def evictable(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> int:
-    """How many of the oldest cached blocks hand-outs may evict while an admission of a prompt of `num_tokens` with
-    `keys`, refused now, stays refused by its look-up: those before the first its look-up found (`looked_up`)."""
-    lru = pool.store.queue.cached_order()
+    """How many hand-outs may pop the free queue's head while an admission of a prompt of `num_tokens` with `keys`,
+    refused now, stays refused by its look-up: those before the first block its look-up found (`looked_up`), or
+    the whole queue (what the run frees comes after it)."""
+    free = pool.store.queue.live()
     found = np.zeros(len(pool.store.ref), dtype=bool)
     found[looked_up(pool, num_tokens, keys)] = True
-    first = np.flatnonzero(found[lru])
-    return int(first[0]) if len(first) else len(lru)
+    first = np.flatnonzero(found[free])
+    return int(first[0]) if len(first) else len(free)
+
+
+class _Heads:
+    """The free queue as a planned run sees it (free_queue: one queue, hand-outs pop its head): the entries it holds
+    at the start, read as far as the hand-outs reach, then each step's frees appended as counts (hash-less, cached),
+    their order inside a step not known here."""
+
+    def __init__(self, queue: FreeBlockQueue) -> None:
+        self.queue, self.start, self.popped, self.end = queue, len(queue), 0, len(queue)
+        self.cum = queue.evictions_within(0)  # cum[i]: cache entries among the first i entries at the start
+        self.steps: list[tuple[int, int, int]] = []  # (first position, hash-less, cached) of each step's frees
+
+    def free(self, plain: int, cached: int) -> None:
+        if plain + cached:
+            self.steps.append((self.end, plain, cached))
+            self.end += plain + cached
+
+    def pop(self, n: int) -> int | None:
+        """The cache entries the next n hand-outs evict; None when that depends on the order of one step's frees."""
+        a, b = self.popped, self.popped + n
+        evicted = 0
+        if a < self.start:
+            top = min(b, self.start)
+            if len(self.cum) <= top:
+                self.cum = self.queue.evictions_within(min(self.start, max(2 * top, 64)))
+            evicted += int(self.cum[top] - self.cum[a])
+        while self.steps and self.steps[0][0] + self.steps[0][1] + self.steps[0][2] <= a:
+            self.steps.pop(0)  # popped before
+        for first, plain, cached in self.steps:
+            lo, hi = max(a, first), min(b, first + plain + cached)
+            if lo >= hi:
+                break
+            if hi - lo == plain + cached or not plain:
+                evicted += cached if plain else hi - lo
+            elif cached:
+                return None
+        self.popped = b
+        return evicted
 
 
 def _freed(store, refs: dict[int, int], drops: list[list[tuple[int, int]]], G: int

@@ -18,5 +18,5 @@ def store_memory_bytes(num_blocks: int) -> int:
     """Bytes a BlockStore of `num_blocks` allocates (with prefix caching), to refuse a pool that cannot fit before
     creating it: the per-block arrays (see store), the free queue's and the hash index's int32 slots."""
     arrays = 1 + 4 + 4 + 4 + 4 + 8 + 4 + 8 + 4 + 4  # state, ref, version, fill, block_slot .. parent_ver
-    queue = 4 + 2 * 4 + 4  # plain stack, LRU (room for two entries a block), stamp
+    queue = 2 * 4 + 4  # the free queue (room for two entries a block), stamp
     return num_blocks * (arrays + queue) + 4 * index_slots(num_blocks)

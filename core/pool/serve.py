@@ -12,17 +12,18 @@ through the same look-up, verification, hand-out, registration and free queue (t
 pool state after every request, with and without capacity pressure), but writes each block's final state
 once instead of passing it through every step — about half the numpy calls:
 
-    hits     cached free ones leave the LRU while the request runs (so that its own hand-outs cannot evict
-             them) and go back to the LRU tail on release; hits held by live sequences stay theirs
-    prompt   fresh blocks, version + 1; the full ones with a key are registered in the prefix cache and
-             go to the LRU with their content (fill = B), the others to the plain stack
-    output   fresh blocks, version + 1, to the plain stack
+    hits     cached free ones leave the free queue while the request runs (so that its own hand-outs cannot
+             evict them) and go back to its tail on release; hits held by live sequences stay theirs
+    prompt   fresh blocks from the queue's head, version + 1; the full ones with a key are registered in the
+             prefix cache and go back with their content (fill = B), the others hash-less
+    output   fresh blocks, version + 1, back hash-less
     ref counts, used blocks, useful and logical tokens end where they started (each is +x then -x)
 
 Order matters and is kept: prompt blocks are handed out, then registered, then the output's blocks are
 handed out (an eviction for the output must not come before the registration, whose duplicate check it
-would change); release pushes the table reversed, indexed blocks to the LRU tail, the rest to the plain
-stack. Check, then change: a request whose prompt + output does not fit raises before changing anything.
+would change); release appends the table reversed at the free queue's tail (vLLM's free order: output, fresh
+prompt blocks, hits), indexed blocks as cache entries. Check, then change: a request whose prompt + output does
+not fit raises before changing anything.
 """
 
 from __future__ import annotations
@@ -59,30 +60,20 @@ def serve_request(
     if num_cached:
         store.queue.revive(cached_hits)
     fresh, evicted = store.hand_out(prompt_blocks - num_hits)
-    to_cache, to_drop = cached_hits[::-1], fresh[::-1]  # release order: the table reversed
     num_keyed = len(probe.keys) - num_hits
     if num_keyed > 0:
         table = np.concatenate((hits, fresh)) if num_hits else fresh
         inserted = prefix.register_prompt(table, probe, bool(evicted))
         keyed = fresh[:num_keyed]
-        indexed = keyed if inserted is None else keyed[inserted]
-        store.fill[indexed] = B
-        to_cache = np.concatenate((indexed[::-1], to_cache))
-        to_drop = fresh[num_keyed:][::-1]
-        if inserted is not None:
-            to_drop = np.concatenate((to_drop, keyed[~inserted][::-1]))
-    output, evicted_for_output = store.hand_out(total - prompt_blocks)
-    if len(output):
-        to_drop = np.concatenate((output[::-1], to_drop))
-    if evicted or evicted_for_output:
-        store.fill[to_drop] = 0  # plain free blocks hold nothing; evicted ones held a full block
-    if len(to_drop):
-        store.queue.push_plain(to_drop)
-    if len(to_cache):
-        store.queue.push_cached(to_cache)
+        store.fill[keyed if inserted is None else keyed[inserted]] = B
+    output = store.hand_out(total - prompt_blocks)[0]
+    # release: the table reversed to the queue's tail, the indexed blocks (fresh or hits) as cache entries
+    freed = [output[::-1], fresh[::-1], cached_hits[::-1]] if num_cached else [output[::-1], fresh[::-1]]
+    store.free(np.concatenate(freed))
     counters = store.counters
     counters["hit_blocks"] += num_hits
     counters["hit_tokens"] += num_hits * B
     counters["prompt_tokens"] += num_tokens
     counters["released_finished"] += 1
     return num_hits * B, store.num_used + num_cached + total - num_hits
+

@@ -19,7 +19,7 @@ Per-block arrays, all indexed by block id:
 
 A full block is registered (indexed) when the sequence that wrote it gives its content key; at most one
 block per hash, so a block whose chain is already cached elsewhere stays unindexed (and goes back to the
-plain free stack when freed). Evicting a cached block drops its entry through `block_slot`, no look-up.
+free queue hash-less when freed). Evicting a cached block drops its entry through `block_slot`, no look-up.
 
 Blocks whose ref drops to 0 during a step (`drop(..., defer=True)`) are PENDING — a running step may still
 read them — and become free when the step ends (`free_pending`).
@@ -118,13 +118,10 @@ class BlockStore:
             return _NO_BLOCKS, 0
         if self.counters["allocated_blocks"] + n > VERSION_INT32_MAX:
             self.widen_versions()
-        plain, evicted = self.queue.pop(n)
+        blocks, evicted = self.queue.pop(n)  # the queue's head, in order (free_queue)
         if len(evicted):
             self.index.delete(evicted)
             self.counters["evictions"] += len(evicted)
-            blocks = np.concatenate([plain, evicted])
-        else:
-            blocks = plain
         versions = self.version.take(blocks)
         versions += 1
         self.version[blocks] = versions
@@ -146,11 +143,11 @@ class BlockStore:
     def take_one(self, num_tokens: int) -> int:
         """`take(1, num_tokens)` in scalar steps. NOTE: the array path costs a dozen numpy calls, too many
         for decode, which needs one block per block boundary of every sequence."""
-        if not self.queue.num_plain:
-            return int(self.take(1, num_tokens)[0])
         if self.counters["allocated_blocks"] >= VERSION_INT32_MAX:
             self.widen_versions()
         block = self.queue.pop_plain_one()
+        if block < 0:  # the head holds a cache entry: evicted through the array path
+            return int(self.take(1, num_tokens)[0])
         self.version[block] += 1
         self.ref[block] = 1
         self.fill[block] = num_tokens
@@ -203,19 +200,19 @@ class BlockStore:
         self.pending.clear()
 
     def free(self, blocks: np.ndarray) -> None:
-        """Blocks with ref 0 go to the free side: indexed ones to the LRU cache (in this order), the rest to
-        the plain stack with their content dropped."""
+        """Blocks with ref 0 go to the free queue's tail in this order (vLLM's free_blocks): indexed ones keep
+        their content (cache entries), the rest have it dropped."""
         if not self.enable_prefix_caching:  # then nothing is ever indexed
             self.fill[blocks] = 0
             self.queue.push_plain(blocks)
             return
         keep = self.block_slot.take(blocks) >= 0
-        num_keep = np.count_nonzero(keep)
+        num_keep = int(np.count_nonzero(keep))
         if num_keep == len(blocks):
             self.queue.push_cached(blocks)
-            return
-        plain = blocks[~keep] if num_keep else blocks
-        self.fill[plain] = 0
-        self.queue.push_plain(plain)
-        if num_keep:
-            self.queue.push_cached(blocks[keep])
+        elif not num_keep:
+            self.fill[blocks] = 0
+            self.queue.push_plain(blocks)
+        else:
+            self.fill[blocks[~keep]] = 0
+            self.queue.push(blocks, keep, num_keep)

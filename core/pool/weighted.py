@@ -20,25 +20,26 @@ What the store counts, and why it never holds a unit id (units number in million
                 used, pending or cached block. More ids than units allow are free (ids are over-provisioned
                 per group), so an id is not space: a hand-out of n blocks of group g takes n ids off g's stack
                 and n · weight[g] plain units
-    LRU         the free cached blocks of every group, one queue (free_queue's lazily deleted array): a
-                hand-out short of plain units evicts the oldest cached blocks, whatever their group, until
-                plain_units >= n · weight[g]; each eviction frees all its block's units at once (a cached
-                state is never evicted in part) and returns its id to its own group's stack
+    LRU         the free cached blocks of every group, one queue (free_queue's lazily deleted array): a hand-out
+                short of plain units evicts the oldest cached blocks, whatever their group, until plain_units >=
+                n · weight[g]; an eviction frees all its block's units (a cached state is never evicted in part),
+                its id back to its group's stack. Plain units go first: kvcalc's own rule, not vLLM's one free
+                queue (free_queue), as the ideal layout is no engine's and units freed hash-less are all alike
 
-A hand-out never takes more units than are plain: plain_units >= 0 always (check). There are always n ids
-on g's stack when plain_units >= n · w: the blocks of g alive hold at most (num_units − plain_units) units,
-so at most floor((num_units − plain_units) / w) ids, and floor(U / w) − floor((U − p) / w) >= floor(p / w).
+A hand-out never takes more units than are plain: plain_units >= 0 always (check). There are always n ids on g's
+stack when plain_units >= n · w: the blocks of g alive hold at most (num_units − plain_units) units, so at most
+floor((num_units − plain_units) / w) ids, and floor(U / w) − floor((U − p) / w) >= floor(p / w).
 
 `store.num_used` counts units (the hybrid pool's num_blocks is num_units, its free blocks free units), and
 each group's BlockPool hands out through a `GroupStore`, a view of the one store that knows its group; every
 other operation (share, drop, free, the prefix index) reads an id's weight. A caller that knows a group never
 holds more than some number of blocks (share's scenario: its pool_blocks) may cap the id ranges there
-(`max_group_blocks`); a hand-out past a range is an AssertionError, never a silent overlap. A state group's
-prefill chunk jumps over the pages it would not keep (`state_jump`, below). With every weight 1 none of this
-is built: the pool keeps its plain BlockStore (hybrid_layout), the same code and output as before. Used where
-an ideal layout has more than MAX_POOL_GROUPS unit tables (pool_groups(weighted=True): share, its trace replay,
-sim); usage() counts tokens in the units' slots. Not yet: mode align (a hit's allocation would hold every state
-page from the hit to the chunk's end) and swaps (their bytes per group), refused by name.
+(`max_group_blocks`); a hand-out past a range is an AssertionError, never a silent overlap. A state group's prefill
+chunk jumps over the pages it would not keep (`state_jump`, below). With every weight 1 none of this is built: the
+pool keeps its plain BlockStore (hybrid_layout), the same code and output as before. Used where an ideal layout
+has more than MAX_POOL_GROUPS unit tables (pool_groups(weighted=True): share, its trace replay, sim); usage()
+counts tokens in the units' slots. Not yet: mode align (a hit's allocation would hold every state page from the
+hit to the chunk's end) and swaps (their bytes per group), refused by name.
 """
 
 from __future__ import annotations
@@ -54,26 +55,25 @@ from .store import VERSION_INT32_MAX, BlockStore
 
 
 class WeightedQueue(FreeBlockQueue):
-    """The free side of a weighted store (see the module docstring): per-group plain stacks of ids, free units
-    counted, and the LRU of cached blocks of `FreeBlockQueue`."""
+    """A weighted store's free side (module docstring): per-group id stacks, units, FreeBlockQueue's cached LRU."""
+    _eager = True  # evict reads the stamps
 
     def __init__(self, starts: Sequence[int], sizes: Sequence[int], weight: np.ndarray, num_units: int,
                  state: np.ndarray) -> None:
         super().__init__(len(weight), state)
+        self._head = self._tail = self._num_free = 0  # the base's one queue holds only the cached blocks here
         self.starts, self.sizes, self.weight, self.num_units = list(starts), list(sizes), weight, num_units
-        for lo, n in zip(starts, sizes, strict=True):  # group g's stack in _plain[lo : lo + top], top last
-            self._plain[lo : lo + n] = np.arange(lo + n - 1, lo - 1, -1, dtype=np.int32)
+        # group g's stack in _plain[lo : lo + top], top last
+        self._plain = np.concatenate([np.arange(lo + n - 1, lo - 1, -1, dtype=np.int32) for lo, n in zip(
+            starts, sizes, strict=True)]) if len(sizes) else np.empty(0, dtype=np.int32)
         self.tops = list(sizes)
-        self._plain_top = 0  # FreeBlockQueue's one stack is not used
         self._starts = np.asarray(starts, dtype=np.int64)
         self.plain_units, self.cached_units = int(num_units), 0
 
     def __len__(self) -> int:
         return self.plain_units + self.cached_units
 
-    @property
-    def num_plain(self) -> int:
-        return sum(self.tops)
+    num_plain = property(lambda self: sum(self.tops))
 
     def group_of(self, block_ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._starts, block_ids, side="right") - 1
@@ -92,6 +92,10 @@ class WeightedQueue(FreeBlockQueue):
     def push_cached(self, block_ids: np.ndarray) -> None:
         super().push_cached(block_ids)
         self.cached_units += int(self.weight[block_ids].sum())
+
+    def push(self, block_ids: np.ndarray, cached: np.ndarray, num_cached: int) -> None:
+        self.push_plain(block_ids[~cached])  # plain ids to their stacks, cache entries to the LRU, in order
+        self.push_cached(block_ids[cached])
 
     # ---- removing -------------------------------------------------------------------------------
     def revive(self, block_ids: np.ndarray) -> None:
@@ -144,9 +148,7 @@ class WeightedQueue(FreeBlockQueue):
         """Plain ids group by group (each in hand-out order), then the LRU head to tail."""
         plain = [i for lo, top in zip(self.starts, self.tops, strict=True)
                  for i in self._plain[lo : lo + top][::-1].tolist()]
-        pos = np.arange(self._head, self._tail)
-        ids = self._lru[pos]
-        return plain + ids[(self._state[ids] == FREE_CACHED) & (self.stamp[ids] == pos)].tolist()
+        return plain + self.live().tolist()
 
     def check(self) -> None:
         """The queue's own invariants, in ids and in units."""
@@ -158,9 +160,7 @@ class WeightedQueue(FreeBlockQueue):
             assert np.all(state[ids] == FREE_PLAIN), f"group {g}: a block on the plain stack is not FREE_PLAIN"
             assert len(np.unique(ids)) == len(ids), f"group {g}: a block is twice on the plain stack"
         assert int(np.count_nonzero(state == FREE_PLAIN)) == sum(self.tops), "FREE_PLAIN blocks missing from a stack"
-        pos = np.arange(self._head, self._tail)
-        ids = self._lru[pos]
-        live = ids[(state[ids] == FREE_CACHED) & (self.stamp[ids] == pos)]
+        live = self.live()
         cached = np.flatnonzero(state == FREE_CACHED)
         assert len(live) == self.num_cached == len(cached), "LRU entries, cached counter and FREE_CACHED differ"
         assert np.array_equal(np.sort(live), cached), "LRU entries and FREE_CACHED blocks differ"

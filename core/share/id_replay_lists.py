@@ -52,8 +52,9 @@ def share_trace_lists(lines: MooncakeLines, kind: str, name: str, block_size: in
     checked = _checked_labels(prompts, ids, offsets, B, capacity, largest)
     if checked is None:
         return None
-    labels, prefixes = checked
-    pool_blocks = prefixes * mooncake_blocks_per_id(B) + largest  # every cacheable block and the largest request
+    labels, _ = checked
+    # every request's blocks (trace_blocks.unlimited_capacity: no eviction in vLLM's free-queue order)
+    pool_blocks = sum(-(-(p + max(o - 1, 0)) // B) for p, o in zip(prompts, outputs, strict=True))
     if capacity is not None:
         if capacity <= pool_blocks:  # the pool could fill: LRU evictions, replayed through the pool
             return None

@@ -25,7 +25,6 @@ from ..inputs.traces import (
     Trace,
     check_mooncake_chaining,
     coarse_hash_ids,
-    first_unchained_id,
     mooncake_block_keys,
     mooncake_blocks_per_id,
     mooncake_ids_per_block,
@@ -81,69 +80,16 @@ def request_blocks(trace: Trace, block_size: int) -> np.ndarray:
     return ceil_div(kv_tokens(trace), block_size)
 
 
-def unlimited_capacity(trace: Trace, block_size: int, chained: bool = False) -> int:
-    """Blocks that guarantee no eviction: every distinct cacheable block, plus the largest request.
+def unlimited_capacity(trace: Trace, block_size: int) -> int:
+    """Blocks that guarantee no eviction: every block the trace's requests hold, summed over the requests.
 
-    A cached block has a distinct key chain, and a full block's chain is fixed by its request's hash-id
-    prefix up to it plus its index inside that id: at most (distinct hash-id prefixes) x 512/B chains.
-    When the ids are prefix-chained (inputs.traces.first_unchained_id; `chained`: known to be), an id fixes
-    its whole prefix and the distinct prefixes are the distinct ids: a sort, without distinct_id_prefixes'
-    padded matrix (~35 MiB and 3x the time on the Mooncake conversation trace; both real traces are chained).
+    vLLM's free queue (core/pool/free_queue) hands out the never-used blocks first and then the oldest freed one,
+    evicting it if it holds a cache entry, whatever else is free: a pool evicts nothing only while the never-used
+    blocks last, and a replay hands out at most the sum of its requests' blocks (the hits come off it, but which
+    hits depends on what was evicted). (A plain-first pool would need only the distinct cacheable blocks plus the
+    largest request: vLLM evicts a cached block freed before a hash-less one.)
     """
-    largest = int(request_blocks(trace, block_size).max())
-    if trace.hash_ids is None or trace.hash_offsets is None:
-        return largest
-    ids = trace.hash_ids[trace.hash_offsets[0] : trace.hash_offsets[-1]]
-    if chained or first_unchained_id(trace.hash_ids, trace.hash_offsets) is None:
-        prefixes = distinct_ids(ids)
-    else:
-        prefixes = distinct_id_prefixes(trace.hash_ids, trace.hash_offsets)
-    return prefixes * mooncake_blocks_per_id(block_size) + largest
-
-
-def distinct_ids(ids: np.ndarray) -> int:
-    """How many distinct values `ids` holds: a table by value when they span a range of at most a few times their
-    number (O(ids): 5x faster than the sort on the Mooncake conversation trace), else a sort (not np.unique, whose
-    hash table takes ~40x as long on these ids, numpy 2.4)."""
-    if not len(ids):
-        return 0
-    low, high = int(ids.min()), int(ids.max())
-    if high - low < 4 * len(ids) + (1 << 20):
-        seen = np.zeros(high - low + 1, dtype=bool)
-        seen[ids - low] = True
-        return int(np.count_nonzero(seen))
-    return int(np.count_nonzero(np.diff(np.sort(ids)))) + 1
-
-
-def distinct_id_prefixes(hash_ids: np.ndarray, hash_offsets: np.ndarray) -> int:
-    """Distinct non-empty prefixes of the requests' hash-id sequences (the nodes of their trie).
-
-    Vectorised: in lexicographic order, each sequence adds its length minus its longest common prefix
-    with the one before it. Rows are padded with a value below every id, so that a sequence sorts before
-    its extensions and the padding never extends a common prefix past the shorter sequence.
-    """
-    lengths = np.diff(hash_offsets)
-    ids = hash_ids[hash_offsets[0] : hash_offsets[-1]] if len(hash_offsets) else hash_ids[:0]
-    if not len(ids):
-        return 0
-    width = int(lengths.max())
-    if len(lengths) * width > 8 * len(ids) + (1 << 20):  # a padded matrix far larger than the ids: walk a trie
-        trie: dict[tuple[int, int], int] = {}
-        flat, offsets = hash_ids.tolist(), hash_offsets.tolist()
-        for i in range(len(lengths)):
-            node = -1
-            for h in flat[offsets[i] : offsets[i + 1]]:
-                node = trie.setdefault((node, h), len(trie))
-        return len(trie)
-    rows = np.full((len(lengths), width), int(ids.min()) - 1, dtype=np.int64)
-    row_of = np.repeat(np.arange(len(lengths)), lengths)
-    rows[row_of, np.arange(hash_offsets[0], hash_offsets[-1]) - hash_offsets[row_of]] = ids
-    order = np.lexsort(rows.T[::-1])  # lexsort's last key is the primary one
-    rows, lengths = rows[order], lengths[order]
-    equal = rows[1:] == rows[:-1]
-    common = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
-    common = np.minimum(common, np.minimum(lengths[1:], lengths[:-1]))
-    return int(lengths.sum() - common.sum())
+    return int(request_blocks(trace, block_size).sum())
 
 
 class CheckedTrace(NamedTuple):
@@ -183,9 +129,7 @@ def checked_pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | No
 
 def _pool_blocks(trace: Trace, block_size: int, capacity_blocks: int | None, keyed: bool, largest: int) -> int:
     # blocks beyond what the trace can ever fill change nothing, so a huge capacity makes no huge pool
-    # above 512 tokens check_requests has refused ids that are not prefix-chained
-    chained = mooncake_ids_per_block(block_size) > 1
-    pool_blocks = unlimited_capacity(trace, block_size, chained) if keyed else largest
+    pool_blocks = unlimited_capacity(trace, block_size) if keyed else largest
     if capacity_blocks is not None:
         pool_blocks = min(pool_blocks, capacity_blocks)
     check_fits(store_memory_bytes(pool_blocks), f"the replay's pool of {pool_blocks:,} blocks",

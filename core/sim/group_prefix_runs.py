@@ -57,7 +57,7 @@ class PrefixRuns:
         need = pool._allocate_plan(total, None if from_swap else self._keys(rid, total), None,
                                    start if from_swap else 0)[2]  # the refusal's (its plan is kept)
         if from_swap:  # no look-up: the need stays
-            return Waiting(pool.store.queue.num_cached, need)
+            return Waiting(len(pool.store.queue), need)  # any hand-out up to the queue's end (hybrid_runs.evictable)
         if looked is None or looked[0] != rid:
             return None
         # the step's budget: the chunk's, where it stops short of the prompt; else the scheduler's, every running

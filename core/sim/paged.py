@@ -5,7 +5,7 @@ keeps block tables current at every step, for plans that carry slots."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -233,6 +233,10 @@ class PagedPolicy:
         cached = free.num_cached
         return self.pool.store.num_used, len(free) - cached, cached
 
+    def _evicted(self, m: Any) -> Any:
+        """E(m): cache entries among the free queue's first m blocks (m an int or an int array)."""
+        return self._free.evictions_within(int(np.max(m)))[m]
+
     def parts(self, tokens: np.ndarray, head_rid: int | None) -> tuple[np.ndarray, int]:
         """(slots per MEMORY_PARTS [6], block-table bytes) now, running requests holding `tokens` [n]."""
         B = self.block_size
@@ -243,9 +247,9 @@ class PagedPolicy:
         else:
             table = int(ceil_div(tokens, B).sum())
             tail = table * B - int(tokens.sum())
-        used0, plain0, cached0 = self.pool_state()
-        used = (used0 + self.owed_blocks) * B  # owed blocks come off the plain stack first, then the LRU
-        cached = (cached0 - max(self.owed_blocks - plain0, 0)) * B
+        used0, _, cached0 = self.pool_state()
+        used = (used0 + self.owed_blocks) * B  # owed blocks come off the free queue's head, evicting its entries
+        cached = (cached0 - self._evicted(self.owed_blocks)) * B if cached0 else 0
         parts = np.array([used - tail, tail, 0, 0, cached, self.capacity_slots - used - cached], dtype=np.int64)
         return parts, table * BLOCK_TABLE_ENTRY_BYTES
 
@@ -256,7 +260,8 @@ class PagedPolicy:
 
         Step j (s = j + 1) holds tokens + s per request and has taken need(s) more blocks:
             used = used0 + owed + need(s)      tail = (table0 + need(s))·B − (T0 + n·s)
-            useful = used·B − tail             cached = cached0 − max(owed + need(s) − plain0, 0)
+            useful = used·B − tail             cached = cached0 − E(owed + need(s))
+        (E(m): the cache entries among the free queue's first m blocks, which the next m hand-outs evict)
         so each integral is a combination of Σd, Σd·s, Σd·need(s) and Σd·evicted(s).
         """
         assert plan is not None, "decode_steps_available gives a plan whenever a request runs"
@@ -265,12 +270,12 @@ class PagedPolicy:
         need = (s // B) * n + plan[s % B]
         table0 = int(ceil_div(tokens, B).sum())
         t0 = int(tokens.sum())
-        used0, plain0, cached0 = self.pool_state()
+        used0, _, cached0 = self.pool_state()
         used0 += self.owed_blocks
         D, DS, DN = float(d.sum()), float(d @ s), float(d @ need)
         DE = 0.0
-        if cached0 and self.owed_blocks + int(need[-1]) > plain0:
-            DE = float(d @ np.maximum(self.owed_blocks + need - plain0, 0))
+        if cached0:
+            DE = float(d @ self._evicted(self.owed_blocks + need.astype(np.int64)))
         used = used0 * B * D + B * DN
         useful = ((used0 - table0) * B + t0) * D + n * DS
         cached = cached0 * B * D - B * DE

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class PagedRun:
     """The run's integers, taken once at its start (`k` steps at most); `piece` gives each piece's integrals."""
 
-    __slots__ = ("block_size", "cached", "capacity", "n", "need", "owed", "plain", "table", "tokens", "used")
+    __slots__ = ("block_size", "cached", "capacity", "evicted", "n", "need", "owed", "plain", "table", "tokens", "used")
 
     def __init__(self, policy: PagedPolicy, tokens: list[int], plan: np.ndarray, k: int, steps: np.ndarray,
                  held: tuple[int, int, int, int, int] | None = None) -> None:
@@ -45,6 +45,8 @@ class PagedRun:
             held = (sum([-(-t // B) for t in tokens]), *policy.pool_state(), policy.owed_blocks)
         self.table, used, self.plain, self.cached, self.owed = held
         self.used = used + self.owed
+        # E(m) for m up to the run's last hand-out: cache entries among the free queue's first m blocks
+        self.evicted = policy._free.evictions_within(self.owed + int(self.need[k])) if self.cached else None
 
     def piece(self, d: np.ndarray, i: int, steps: np.ndarray) -> tuple[np.ndarray, float]:
         """(Σ_j d_j · parts_j [6], Σ_j d_j · block-table bytes_j) of the len(d) steps from step i of the run: the
@@ -56,11 +58,11 @@ class PagedRun:
         need = self.need[i + 1 : i + k + 1] - before if i else self.need[1 : k + 1]
         table0 = self.table + before
         t0 = self.tokens + n * i
-        used0, owed = self.used + before, self.owed + before
+        used0 = self.used + before
         D, DS, DN = float(_sum(d)), float(np.dot(d, s)), float(np.dot(d, need))
         DE = 0.0
-        if self.cached and owed + int(need[-1]) > self.plain:
-            DE = float(d @ np.maximum(owed + need - self.plain, 0))
+        if self.evicted is not None:  # hand-outs pop the free queue's head (vLLM's order), evicting its entries
+            DE = float(d @ self.evicted[self.owed + self.need[i + 1 : i + k + 1].astype(np.int64)])
         parts, table_bytes = piece_parts((B, n, self.capacity, used0, table0, t0, self.cached), D, DS, DN, DE)
         return np.array(parts), table_bytes
 

@@ -109,8 +109,9 @@ def test_append_many_copies_a_shared_block_once_per_other_holder() -> None:
     assert [pool.block_table(s).tolist() for s in "bc"] == [[0, 3, 4], [0, 1, 5]]
     pool.release_many(["a", "b", "c"], ReleaseReason.CANCELLED)
     pool.check_invariants()
-    # every table back tail first, a block when its last holder goes: a [2], b [4, 3], c [5, 1, 0]
-    assert pool.free_queue_order()[:6] == [0, 1, 5, 3, 4, 2]
+    # every table back tail first, a block when its last holder goes: a [2], b [4, 3], c [5, 1, 0], each at the
+    # free queue's tail after the never-used 6..15
+    assert pool.free_queue_order() == [*range(6, 16), 2, 4, 3, 5, 1, 0]
     assert pool.stats().released_cancelled == 3
 
 

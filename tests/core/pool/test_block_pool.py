@@ -77,31 +77,33 @@ def test_fork_cow_release_revive_evict_step_by_step() -> None:
     assert usage.block_table_bytes == 5 * 4 and usage.dense_block_table_bytes == 2 * 3 * 4
     pool.check_invariants()
 
-    # release "a": refs 0:2->1, 1:1->0 (keyed: LRU cache), 3:1->0 (unkeyed: plain stack, handed out first)
+    # release "a": its table [0, 1, 3] reversed to the free queue's tail (vLLM's one FreeKVCacheBlockQueue):
+    # 3: 1->0 (unkeyed: hash-less), 1: 1->0 (keyed: a cache entry), 0: 2->1 (still b's). Queue: 4, 5 (never used),
+    # then 3, 1 in free order, hashed or not
     pool.release("a")
     assert refs(pool, [0, 1, 3]) == [1, 0, 0]
-    assert pool.free_queue_order() == [3, 4, 5, 1]
-    # release "b": 0 -> 0 (keyed, LRU after 1), 2 -> 0 (plain, on top of the stack)
+    assert pool.free_queue_order() == [4, 5, 3, 1]
+    # release "b": [0, 2] reversed: 2 -> 0 (plain), then 0 -> 0 (keyed), both at the tail
     pool.release("b", ReleaseReason.CANCELLED)
-    assert pool.free_queue_order() == [2, 3, 4, 5, 1, 0]
+    assert pool.free_queue_order() == [4, 5, 3, 1, 2, 0]
     assert pool.usage().cached_free_blocks == 2
     pool.check_invariants()
 
-    # "c" = the same 8 first tokens + 1: blocks 0 and 1 are revived (versions unchanged: same content),
-    # and one fresh block is popped from the plain stack: 2, whose version goes 1 -> 2
+    # "c" = the same 8 first tokens + 1: blocks 0 and 1 are revived (touched: out of the queue, versions unchanged:
+    # same content), and one fresh block is popped from the head: 4 (never used), whose version goes 0 -> 1
     assert pool.hit_tokens(9, [(1, 2, 3, 4), (5, 6, 7, 8)]) == 8  # a look-up changes nothing
-    assert pool.free_queue_order() == [2, 3, 4, 5, 1, 0]
+    assert pool.free_queue_order() == [4, 5, 3, 1, 2, 0]
     assert pool.allocate("c", 9, [(1, 2, 3, 4), (5, 6, 7, 8)]) == 8
-    assert pool.block_table("c").tolist() == [0, 1, 2]
-    assert versions(pool, [0, 1, 2]) == [1, 1, 2]
-    assert pool.free_queue_order() == [3, 4, 5]
+    assert pool.block_table("c").tolist() == [0, 1, 4]
+    assert versions(pool, [0, 1, 4]) == [1, 1, 1]
+    assert pool.free_queue_order() == [5, 3, 2]
     pool.release("c", ReleaseReason.PREEMPTED)
-    # tail first: 2 plain; then 1 before 0 into the LRU (the later block is evicted first)
-    assert pool.free_queue_order() == [2, 3, 4, 5, 1, 0]
+    # tail first: 4 (plain), then 1 before 0 (the later block is evicted first)
+    assert pool.free_queue_order() == [5, 3, 2, 4, 1, 0]
 
-    # "d" needs 5 blocks: the 4 plain ones, then 1 eviction of the LRU head, block 1 (version 1 -> 2)
+    # "d" needs 5 blocks: the queue's first 5, 5, 3, 2, 4 (hash-less) and 1, evicted (version 1 -> 2)
     pool.allocate("d", 20)
-    assert pool.block_table("d").tolist() == [2, 3, 4, 5, 1]
+    assert pool.block_table("d").tolist() == [5, 3, 2, 4, 1]
     assert int(pool.store.version[1]) == 2 and not pool.store.hashed[1]
     assert pool.stats().evictions == 1 and pool.free_queue_order() == [0]
     pool.release("d", ReleaseReason.TIMED_OUT)
@@ -208,9 +210,12 @@ def test_deferred_free_keeps_blocks_until_the_step_ends() -> None:
         assert not pool.can_allocate(1)  # a running step may still read blocks 0 and 1
         pool.check_invariants()
     assert pool.usage().free_blocks == 2
-    # the table [0, 1] went back tail first, so block 0 is on top of the plain stack and is reused first
+    # the table [0, 1] went back tail first: the queue is 1, 0, so block 1 is handed out first, then 0
+    assert pool.free_queue_order() == [1, 0]
     pool.allocate("b", 1)
-    assert pool.block_table("b").tolist() == [0] and not pool.is_current(ref)
+    assert pool.block_table("b").tolist() == [1] and pool.is_current(ref)
+    pool.allocate("c", 1)
+    assert pool.block_table("c").tolist() == [0] and not pool.is_current(ref)
     pool.check_invariants()
 
 
@@ -404,9 +409,9 @@ def test_versions_widen_to_int64_before_they_could_pass_int32(limit: int, widene
     lowered): then int64, with the same values. The same run — hits, evictions, copy-on-write, decode
     blocks, several extra keys — gives the same pool whatever the limit."""
     def run() -> tuple[dict, list]:
-        pool, seen = BlockPool(30, 2), []  # 30 blocks: 30 hit blocks and 8 evictions in this run
+        pool, seen = BlockPool(30, 2), []  # 30 blocks: 42 hit blocks and 11 evictions in this run (below)
         for i in range(16):
-            keys = np.array([i % 3, i % 2, 5, i % 4], dtype=np.int64)
+            keys = np.array([1, 2, 5, 100 + i], dtype=np.int64)
             seen.append(pool.allocate(i, 9, keys, extra_key=i % 2))
             pool.fork(i, "child")
             pool.append("child", 3)  # copy-on-write of the shared last block, then a fresh one
@@ -419,7 +424,15 @@ def test_versions_widen_to_int64_before_they_could_pass_int32(limit: int, widene
 
     baseline, seen = run()
     stats = baseline["stats"]
-    assert set(seen[1::2]) == {"int32"} and (stats.allocated_blocks, stats.hit_blocks, stats.evictions) == (98, 30, 8)
+    # Request i: 9 tokens = 4 full blocks K1, K2, K3, A (keys 1, 2, 5, 100 + i; chains per extra key i % 2) and P
+    # (1 token); the child's 3 tokens copy P into C and take N; i's 3 single tokens fill P and take M. Hand-outs
+    # K1 K2 K3 A P C N M; release i then the child, tails first: M, P, N, C free, then A, K3, K2, K1 (the child
+    # held them too) — 8 entries at the free queue's tail, 5 of them (M P N C A) never touched again, and the
+    # K's hit by request i + 2 (the same extra key; one request's 8 hand-outs in between cannot reach them).
+    # Requests 0, 1: no hit, 8 hand-outs each; 2..15: 3 hits, 5 hand-outs -> 16 + 14 * 5 = 86 allocated, 42 hit.
+    # The 30 never-used blocks last through request 4 (30 - 8 - 8 - 5 - 5 = 4 left, then M0); from request 5 on
+    # each request pops one old request's 5 entries, evicting its A (A0 .. A10): 11 evictions.
+    assert set(seen[1::2]) == {"int32"} and (stats.allocated_blocks, stats.hit_blocks, stats.evictions) == (86, 42, 11)
     monkeypatch.setattr(store_module, "VERSION_INT32_MAX", limit)
     widened, seen_widened = run()
     assert widened == baseline and seen_widened[::2] == seen[::2]

@@ -336,7 +336,9 @@ def test_content_check_catches_an_early_free() -> None:
     store.fork("a", "b")
     store.release("a")  # the buggy pool frees blocks "b" still holds
     store.check()  # nothing overwritten yet: counts alone look plausible to a reader
-    store.allocate("c", [9, 9, 9, 9, 9, 9, 9, 9])  # ... and hands them out again
+    # ... and hands them out again: the free queue holds 2, 3 (never used), then the table freed tail first, 1, 0;
+    # "c"'s 16 tokens take all four
+    store.allocate("c", [9] * 16)
     with pytest.raises(AssertionError, match="sequence 'b' reads back wrong content"):
         store.check()
 

@@ -5,9 +5,9 @@ table, reference counts, fills, versions, free-queue order and cache entries; an
 cached, tokens written, table entries, each group's blocks) are the ones the pool shows after that step of stepping.
 
 Where the plan stops is checked against stepping too: the next step does not fit, or (a request waiting) it would
-evict more than the allowed oldest cached blocks or leave more blocks free than at the start. Hypothesis drives a
+hand out blocks past the first its look-up found or leave more blocks free than at the start. Hypothesis drives a
 pool through random admissions of prompts of a few families (hits on each other's blocks, shared blocks dropped at
-their last holder), releases (cached blocks in the LRU, plain ones on the stack) and runs, in a pool small enough
+their last holder), releases (every freed block at the free queue's tail) and runs, in a pool small enough
 that hand-outs evict; planted bugs in the plan and the apply are caught.
 """
 
@@ -58,19 +58,19 @@ def check_run(pool: HybridPool, ids: list, k: int, waiting: hybrid_runs.Waiting 
     stepped = copy.deepcopy(pool)
     order = list(reversed(ids))  # the plan's order is any: the apply takes the batch's
     run = hybrid_runs.plan(pool, order, k, held_blocks(pool), waiting)
-    free_now, evictions = stepped.num_free_blocks, stepped.store.counters["evictions"]
+    free_now, handed = stepped.num_free_blocks, stepped.store.counters["allocated_blocks"]
 
     def refused(after: HybridPool) -> bool:  # the waiting request's refusal stands (see hybrid_runs.plan)
         assert waiting is not None
-        free = after.num_free_blocks
+        free = after.num_free_blocks  # evictable: hand-outs off the free queue's head (vLLM's one queue)
         return free < waiting.need_floor or (
-            after.store.counters["evictions"] - evictions <= waiting.evictable and free <= free_now)
+            after.store.counters["allocated_blocks"] - handed <= waiting.evictable and free <= free_now)
 
     for j in range(run.k):
         assert step(stepped, ids)
         assert figures(stepped) == (run.used[j], run.cached[j], run.useful[j], run.logical[j], tuple(run.held[j]))
         assert waiting is None or refused(stepped)
-    if run.k < k:  # the next step is not a plain decode step of a refused head's run
+    if run.k < k and not run.order_bound:  # the next step is not a plain decode step of a refused head's run
         probe = copy.deepcopy(stepped)
         assert not step(probe, ids) or (waiting is not None and not refused(probe))
     if run.k:
@@ -100,7 +100,7 @@ def test_a_planned_run_is_stepping(name, steps, waiting):
             pool.release(seq)
         elif op == "run" and pool.seq_ids:
             check_run(pool, list(pool.seq_ids), k, hybrid_runs.Waiting(
-                min(k // 4, pool.store.queue.num_cached), k % 7 * 3) if waiting else None)
+                min(k // 4, len(pool.store.queue)), k % 7 * 3) if waiting else None)
 
 
 def scenario() -> HybridPool:
@@ -138,8 +138,8 @@ def test_planted_bugs_are_caught(monkeypatch, bug):
         real_catch_up = hybrid_runs._catch_up
         monkeypatch.setattr(hybrid_runs, "_catch_up", lambda pool, tables, now, target: real_catch_up(
             pool, tables, now, [min(t, a + 1) for a, t in zip(now, target, strict=True)]))
-    elif bug == "cached blocks never evicted":
-        monkeypatch.setattr(type(scenario().store.queue), "num_plain", property(lambda q: len(q)))
+    elif bug == "cached blocks never evicted":  # the plan reads no cache entry at the free queue's head
+        monkeypatch.setattr(type(scenario().store.queue), "evictions_within", lambda q, m: np.zeros(m + 1, np.int64))
     else:
         real_apply = hybrid_runs.apply
         monkeypatch.setattr(hybrid_runs, "apply", lambda pool, order, run: real_apply(pool, order[::-1], run))
@@ -220,8 +220,8 @@ def test_a_floor_that_forgets_the_budget_is_caught(monkeypatch):
 @settings(max_examples=60, deadline=None)
 @given(steps=ops, family=st.integers(0, 3), n=st.integers(8, 16), budget=st.integers(1, 12))
 def test_evictions_before_the_first_looked_up_block_leave_the_look_up(name, steps, family, n, budget):
-    """hybrid_runs.evictable: while decode steps evict no more than that many of the oldest cached blocks, the
-    admission's look-up (its hit plan, whole prompt and first chunk) is the same and its need no lower."""
+    """hybrid_runs.evictable: while decode steps hand out no more than that many blocks off the free queue's head,
+    the admission's look-up (its hit plan, whole prompt and first chunk) is the same and its need no lower."""
     pool = HybridPool(40, B, LAYOUTS[name])
     keys = family_keys(family)[: n // B]
     for op, seq, fam, k in steps:
@@ -234,27 +234,31 @@ def test_evictions_before_the_first_looked_up_block_leave_the_look_up(name, step
         elif op == "run" and pool.seq_ids:
             need, _, total = admission_need(pool, family, n, budget)
             plans = [pool._hit_plan(t, keys[: t // B], None)[:2] for t in (n, total)]
-            allowed, evictions = hybrid_runs.evictable(pool, n, keys), pool.store.counters["evictions"]
+            allowed, handed = hybrid_runs.evictable(pool, n, keys), pool.store.counters["allocated_blocks"]
             for _ in range(k % 6):
-                if not step(pool, list(pool.seq_ids)) or pool.store.counters["evictions"] - evictions > allowed:
+                if not step(pool, list(pool.seq_ids)) or pool.store.counters["allocated_blocks"] - handed > allowed:
                     break
                 assert [pool._hit_plan(t, keys[: t // B], None)[:2] for t in (n, total)] == plans
                 assert admission_need(pool, family, n, budget)[0] >= need
 
 
-@pytest.mark.parametrize("name", ["sliding+chunked", "narrow window"])
-def test_evictions_up_to_the_first_looked_up_block_and_past_it(name):
-    """The released prompt's blocks are the oldest cached, and its look-up reads all but the oldest: one eviction is
-    allowed, and the eviction after it changes the hit plan (a looser evictable is caught here)."""
+@pytest.mark.parametrize(("name", "never_used"), [("sliding+chunked", 40 - 16 - 12 - 4), ("narrow window",
+                                                                                    40 - 12 - 9 - 3)])
+def test_evictions_up_to_the_first_looked_up_block_and_past_it(name, never_used):
+    """The released prompt's blocks are the oldest freed, and its look-up reads all but the first of them: the
+    never-used blocks and that one may be handed out, and the hand-out after them changes the hit plan (a looser
+    evictable is caught here). Ids: the 16-token prompt 4 blocks a table (4 or 3 tables), released table by table,
+    each tail first, so its full table's block 3 (no hit reads it: at most (16 − 1) // 4 = 3 blocks) is the first
+    freed; sequence 1 takes 3 blocks a table, sequence 2 (the same keys) hits (9 − 1) // 4 = 2 of them and takes 1."""
     pool = HybridPool(40, B, LAYOUTS[name])
     pool.allocate(9, 16, family_keys(0))
     pool.release(9)
     for seq, family in ((1, 1), (2, 3)):
         pool.allocate(seq, 9, family_keys(family)[:2])
     plan = pool._hit_plan(16, family_keys(0), None)[:2]
-    allowed, evictions = hybrid_runs.evictable(pool, 16, family_keys(0)), pool.store.counters["evictions"]
-    assert allowed == 1
-    while pool.store.counters["evictions"] - evictions <= allowed:
+    allowed, handed = hybrid_runs.evictable(pool, 16, family_keys(0)), pool.store.counters["allocated_blocks"]
+    assert allowed == never_used + 1
+    while pool.store.counters["allocated_blocks"] - handed <= allowed:
         assert pool._hit_plan(16, family_keys(0), None)[:2] == plan
         assert step(pool, [1, 2])
     assert pool._hit_plan(16, family_keys(0), None)[:2] != plan

@@ -76,12 +76,12 @@ def test_free_policy_step_by_step() -> None:
     assert pool.block_table("a").tolist() == [0, 1, 2]
     assert pool.commit("a", 2) == 3
     assert pool.block_table("a").tolist() == [0, 1] and pool.kept_blocks("a") == []
-    assert pool.free_queue_order() == [2, 3, 4, 5, 6, 7]  # block 2 back on top of the plain stack
+    assert pool.free_queue_order() == [3, 4, 5, 6, 7, 2]  # block 2 back at the free queue's tail
     assert pool.usage().used_blocks == 2 and pool.speculative_stats().freed_blocks == 1
     pool.check_invariants()
     # commit 0 inside the partially filled block: nothing to free, the fill drops back
-    pool.reserve("a", 2)  # slots 8, 9 -> block 2 again
-    assert pool.block_table("a").tolist() == [0, 1, 2]
+    pool.reserve("a", 2)  # slots 8, 9 -> a new block: the queue's head, 3
+    assert pool.block_table("a").tolist() == [0, 1, 3]
     assert pool.commit("a", 0) == 2 and pool.block_table("a").tolist() == [0, 1]
     pool.check_invariants()
 

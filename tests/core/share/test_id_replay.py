@@ -15,7 +15,7 @@ from kvcalc.core.inputs.traces import Trace, first_unchained_id
 from kvcalc.core.share import id_replay
 from kvcalc.core.share.id_replay import trie_nodes
 from kvcalc.core.share.replay import replay
-from kvcalc.core.share.trace_blocks import check_trace, distinct_ids
+from kvcalc.core.share.trace_blocks import check_trace
 
 
 def make_trace(requests: list[tuple[float, int, int, list[int]]]) -> Trace:
@@ -109,9 +109,9 @@ def test_a_hand_worked_trace_without_chained_ids() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(-3, 5), max_size=6), min_size=1, max_size=10), st.sampled_from([1, 10**12]))
-def test_chaining_and_distinct_ids_against_dicts(sequences: list[list[int]], scale: int) -> None:
-    """first_unchained_id and distinct_ids take a table by id when the ids span a small range, else a sort
-    (`scale` 10^12 spreads them): both against a dict of each id's predecessors and a set."""
+def test_chaining_against_dicts(sequences: list[list[int]], scale: int) -> None:
+    """first_unchained_id takes a table by id when the ids span a small range, else a sort (`scale` 10^12 spreads
+    them): against a dict of each id's predecessors."""
     ids = np.array([h * scale for seq in sequences for h in seq], dtype=np.int64)
     offsets = np.cumsum([0] + [len(seq) for seq in sequences]).astype(np.int64)
     predecessors: dict[int, set[int | None]] = {}
@@ -120,4 +120,3 @@ def test_chaining_and_distinct_ids_against_dicts(sequences: list[list[int]], sca
             predecessors.setdefault(h, set()).add(seq[i - 1] if i else None)
     chained = all(len(p) == 1 for p in predecessors.values())
     assert (first_unchained_id(ids, offsets) is None) == chained
-    assert distinct_ids(ids) == len(predecessors)

@@ -16,7 +16,7 @@ from kvcalc.core.share import replay as share_trace_module
 from kvcalc.core.share import trace_blocks as trace_blocks_module
 from kvcalc.core.share.forks import ScenarioSpec, closed_form_physical_blocks, run_scenario
 from kvcalc.core.share.replay import replay, share_trace, uncached_replay
-from kvcalc.core.share.trace_blocks import check_trace, distinct_id_prefixes, in_arrival_order, unlimited_capacity
+from kvcalc.core.share.trace_blocks import check_trace, in_arrival_order, unlimited_capacity
 
 MOONCAKE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_conversation.jsonl"
 
@@ -119,44 +119,38 @@ def reference_hit_tokens(trace: Trace, block_size: int) -> int:
 
 
 def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[int, int]:
-    """(hit tokens, evictions) of a bounded cache modelled directly: an OrderedDict LRU of block-key
-    chains (trie nodes) plus a count of content-free blocks. A request revives its cached prefix, takes
-    content-free blocks first, then evicts the least recently freed — for its prompt, whose full blocks
-    then get their keys (unless an equal chain is still cached), then for its output (which may evict that
-    equal chain: the request's copy stays keyless all the same); on release its keyed blocks go to the LRU
-    tail last block first, the rest become content-free. No pool, no hashing."""
+    """(hit tokens, evictions) of a bounded pool modelled directly on vLLM v1's one free queue: an OrderedDict of
+    entries, head first — `capacity` never-used blocks at start, then freed blocks in free order, a block that holds
+    a cache entry as its key chain (a trie node), any other as a fresh token. A request revives its cached prefix
+    (its entries leave the queue), pops its prompt's other blocks off the head (a node popped is an eviction), keys
+    its full blocks (unless an equal chain is still cached), pops its output's; on release its table goes back to
+    the tail reversed: output, fresh prompt blocks, hits. No pool, no hashing."""
     trie: dict[tuple[int, tuple[int, int]], int] = {}
-    lru: OrderedDict[int, None] = OrderedDict()
-    plain = capacity
+    queue: OrderedDict[object, None] = OrderedDict.fromkeys(("never used", j) for j in range(capacity))
     hits = evictions = 0
     for i in range(len(trace)):
         p, o = int(trace.prompt_tokens[i]), max(int(trace.output_tokens[i]) - 1, 0)  # the last token writes no KV
         nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
         n = 0
-        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in lru:
+        while n < min(len(nodes), (p - 1) // block_size) and nodes[n] in queue:
             n += 1
         for node in nodes[:n]:
-            del lru[node]
+            del queue[node]
         hits += n * block_size
 
         def take(count: int) -> None:
-            nonlocal plain, evictions
-            from_plain = min(count, plain)
-            plain -= from_plain
-            for _ in range(count - from_plain):
-                lru.popitem(last=False)
-                evictions += 1
+            nonlocal evictions
+            for _ in range(count):
+                entry, _ = queue.popitem(last=False)
+                evictions += not isinstance(entry, tuple)  # a cache entry (a node) was evicted
 
         take(ceil_div(p, block_size) - n)
-        # blocks n.. with a key get it unless an equal chain is still cached elsewhere
-        keyed = nodes[:n] + [node for node in nodes[n:] if node not in lru]
+        fresh = [node if node not in queue else ("keyless", i, j) for j, node in enumerate(nodes[n:], start=n)]
+        fresh += [("keyless", i, j) for j in range(len(nodes), ceil_div(p, block_size))]
         take(ceil_div(p + o, block_size) - ceil_div(p, block_size))
-        unkeyed = ceil_div(p + o, block_size) - len(keyed)
-        keyed_set = set(keyed)
-        table_order = [node for node in nodes if node in keyed_set]
-        for node in reversed(table_order):
-            lru[node] = None
-        plain += unkeyed
+        output = [("output", i, j) for j in range(ceil_div(p + o, block_size) - ceil_div(p, block_size))]
+        for entry in [*output[::-1], *fresh[::-1], *nodes[:n][::-1]]:
+            queue[entry] = None
     return hits, evictions
 
 
@@ -216,14 +210,16 @@ def test_last_token_is_never_a_hit() -> None:
 
 
 def test_an_output_eviction_comes_after_the_prompt_is_cached() -> None:
-    # B = 16, capacity 37 (a request writes its prompt and all its output but the last token). 1: ids [0, 1000],
-    # 537 + 41 tokens = 577 written = 37 blocks, 33 full ones cached. 2: 528 fresh
-    # tokens = 33 blocks: 29 evictions of 1's blocks 32..4. 3: id 0, 48 + 1 tokens: blocks 0, 1 hit, block 2
-    # is fresh (evicting 1's block 3) while 1's equal block 2 is still cached, so it stays keyless; the
-    # output's block then evicts 1's block 2. 4: 2 blocks from the 2 keyless ones: no eviction. 31 in all
+    # B = 16, capacity 37 (a request writes its prompt and all its output but the last token); hand-outs pop the
+    # free queue's head (vLLM's order). 1: ids [0, 1000], 537 + 41 tokens = 577 written = 37 blocks (the 37 never
+    # used), 33 full ones cached; freed tail first: its 3 output blocks, its partial block 33, then 32..0. 2: 528
+    # fresh tokens = 33 blocks: the 4 hash-less, then 29 evictions of 1's blocks 32..4. 3: id 0, 48 + 1 tokens:
+    # blocks 0, 1 hit, block 2 is fresh (evicting 1's block 3) while 1's equal block 2 is still cached, so it stays
+    # keyless; the output's block then evicts 1's block 2. 4: 1 + 16 tokens, 2 blocks off the head: 2's blocks 32
+    # and 31, evicted (the 2 keyless ones were freed after them). 29 + 2 + 2 = 33 in all
     trace = make_trace([(537, 41, [0, 1000]), (528, 0, [1010, 1011]), (48, 2, [0]), (1, 17, [1030])])
-    assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 31)
-    assert reference_lru_replay(trace, 16, 37) == (32, 31)
+    assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 33)
+    assert reference_lru_replay(trace, 16, 37) == (32, 33)
 
 
 def test_lru_eviction_with_a_small_capacity() -> None:
@@ -307,23 +303,6 @@ def test_fast_replay_equals_the_general_replay(raw: list, block_size: int, extra
         assert (fast.hit_tokens, fast.evictions) == reference_lru_replay(trace, block_size, capacity)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(-3, 3), max_size=6), max_size=12))
-def test_distinct_id_prefixes_counts_the_nodes_of_a_trie(sequences: list[list[int]]) -> None:
-    # the reference: every non-empty prefix as a tuple, in a set (negative ids and empty requests included)
-    prefixes = {tuple(seq[: d + 1]) for seq in sequences for d in range(len(seq))}
-    hash_ids = np.array([h for seq in sequences for h in seq], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum([len(seq) for seq in sequences], dtype=np.int64)))
-    assert distinct_id_prefixes(hash_ids, offsets) == len(prefixes)
-
-
-def test_distinct_id_prefixes_worked_example() -> None:
-    # [1,2,3], [1,2], [1,4], [5], [1,2,3]: prefixes 1, 12, 123, 14, 5 -> 5
-    sequences = [[1, 2, 3], [1, 2], [1, 4], [5], [1, 2, 3]]
-    offsets = np.array([0, 3, 5, 7, 8, 11])
-    assert distinct_id_prefixes(np.array([h for seq in sequences for h in seq]), offsets) == 5
-
-
 def test_a_huge_capacity_is_the_unlimited_replay() -> None:
     trace = make_trace([(1000, 10, [0, 1]), (1100, 10, [0, 1, 2]), (600, 10, [0, 3])])
     huge = replay(trace, 16, 10**12, True)
@@ -346,8 +325,9 @@ def test_trace_errors() -> None:
 def test_a_checked_trace_is_checked_once_and_only_for_its_own_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = make_trace([(100, 2, [0]), (100, 2, [0]), (600, 2, [0, 1])])
     checked = check_trace(trace, 16, None)
-    # 2 distinct id prefixes ([0], [0, 1]) x 512/16 sub-blocks + the largest request's ceil(602/16) = 38 blocks
-    assert (checked.pool_blocks, checked.largest_blocks) == (2 * 32 + 38, 38)
+    # every request's blocks (no eviction in vLLM's free-queue order: trace_blocks.unlimited_capacity), P + O − 1
+    # positions each: ceil(101/16) = 7 twice and ceil(601/16) = 38; the largest 38
+    assert (checked.pool_blocks, checked.largest_blocks) == (7 + 7 + 38, 38)
     expected = share_trace(trace, 16)
     calls = []
     real = trace_blocks_module.check_requests
@@ -361,22 +341,22 @@ def test_a_checked_trace_is_checked_once_and_only_for_its_own_arguments(monkeypa
     assert share_trace(other, 16, checked=checked).cached.requests == 1 and calls[2:] == [(16, None)]
 
 
-def test_chained_ids_count_their_prefixes_as_ids() -> None:
-    # prefix-chained: [1], [1, 2], [1, 2, 3], [1, 4] are 4 prefixes of 4 ids
-    chained = make_trace([(100, 1, [1, 2]), (100, 1, [1, 2, 3]), (100, 1, [1, 4])])
-    # not chained: id 2 follows 1 and 5 — prefixes [1], [1, 2], [5], [5, 2] are 4, ids 3
-    unchained = make_trace([(100, 1, [1, 2]), (100, 1, [5, 2])])
-    largest = 1  # ceil(101 / 1024)
-    assert unlimited_capacity(chained, 1024) == unlimited_capacity(chained, 1024, chained=True) == 4 + largest
-    assert unlimited_capacity(unchained, 1024) == unlimited_capacity(unchained, 512) == 4 + largest
-    assert unlimited_capacity(unchained, 1024, chained=True) == 3 + largest  # why the flag needs the check
-    assert distinct_id_prefixes(chained.hash_ids, chained.hash_offsets) == 4
-    for name in ("mooncake_conversation.jsonl", "mooncake_synthetic.jsonl"):
-        path = MOONCAKE.parent / name
-        if path.is_file():  # both real traces are chained
-            trace = read_trace("mooncake", path)
-            ids = trace.hash_ids[trace.hash_offsets[0] : trace.hash_offsets[-1]]
-            assert len(np.unique(ids)) == distinct_id_prefixes(trace.hash_ids, trace.hash_offsets)
+def test_the_unlimited_pool_outlasts_every_hand_out() -> None:
+    # vLLM's free queue hands out the never-used blocks first and then the oldest freed, cached or not, so only a
+    # pool that outlasts every hand-out never evicts. A: 1,024 tokens, ids [1, 2], 1 out: 64 blocks, all keyed;
+    # B: 600 tokens, ids [3, 4], 2 out: ceil(601/16) = 38 blocks; C: A again, 64 blocks. C hits (1,024 - 1) // 16
+    # = 63 blocks while they are cached
+    trace = make_trace([(1024, 1, [1, 2]), (600, 2, [3, 4]), (1024, 1, [1, 2])])
+    assert unlimited_capacity(trace, 16) == 64 + 38 + 64
+    unlimited = replay(trace, 16, None, True)
+    assert (unlimited.hit_tokens, unlimited.evictions, unlimited.pool_blocks) == (63 * 16, 0, 166)
+    assert (replay(trace, 16, 166, True, by_ids=False).hit_tokens, unlimited.evictions) == (63 * 16, 0)
+    # 90 blocks: A takes 0..63 and frees them tail first (63 first); B takes the 26 never-used 64..89 and then
+    # the 12 oldest freed, 63..52, evicting them; C's chain finds blocks 0..51: 52 hits, and it takes 64 - 52 = 12
+    # more off the head, B's table freed tail first: its last block (8 prompt tokens + 1 written, hash-less), then
+    # 11 of its 37 keyed blocks, evicted: 12 + 11 evictions
+    small = replay(trace, 16, 90, True, by_ids=False)
+    assert (small.hit_tokens, small.evictions) == (52 * 16, 12 + 11)
 
 
 def test_azure_trace_has_no_hits(tmp_path: Path) -> None:
