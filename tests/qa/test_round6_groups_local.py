@@ -286,9 +286,6 @@ def test_sim_prefix_hits_per_group_of_local_layers(run_cli, tmp_path: Path, name
     assert [g["hit_tokens"] for g in cache["groups"]] == [2032, 2032]
 
 
-@pytest.mark.xfail(strict=True, reason="core/pool/free_queue.py hands out never-hashed free blocks before evicting "
-                   "any cached one; vLLM's BlockPool.get_new_blocks pops its one free queue in the order blocks "
-                   "were freed, cached or not")
 def test_sim_evicts_in_the_order_blocks_were_freed(run_cli, tmp_path: Path) -> None:
     # gpt-oss-20b, 426 ids. A (1,024 tokens, ids [1, 2], 20 out) takes 66 + 66 ids over its life: its first decode
     # frees sliding blocks 55, 54, ..., 0 (that order: remove_skipped_blocks walks back from the window), a later
@@ -297,7 +294,7 @@ def test_sim_evicts_in_the_order_blocks_were_freed(run_cli, tmp_path: Path) -> N
     # sliding 55 and 54, evicting them (a third, 53, with vLLM's null block: 293 never used). C repeats A's prompt:
     # the full table hits 63 blocks, the sliding one needs 8 cached blocks in a row (the window's 127 tokens) and,
     # scanning back from block 62, finds 62..56 then a gap: 46..53 -> 54 blocks, 864 tokens (53, 848 with the null
-    # block). kvcalc hands B the 4 hash-less ids before evicting anything and C hits 1,008
+    # block). A plain-first pool (kvcalc before round 8) handed B the 4 hash-less ids first and C hit 1,008
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": {o}, "hash_ids": {ids}}}\n'
                              for t, n, o, ids in [(0, 1024, 20, [1, 2]), (1000, 2368, 1, [3, 4, 5, 6, 7]),
