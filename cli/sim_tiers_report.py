@@ -97,7 +97,9 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
         report.tables.append(record_table("tier reads by KV cache group", [
             Field("group", "group"), Field("per_block", "per block", format_bytes),
             Field("host", "host read", format_bytes), Field("disk", "disk read", format_bytes)], records))
-        report.notes.append(_tier_block_note(last.block_bytes))
+        report.notes.append(_tier_block_note(last.block_bytes) + "; a load reads of each group only the blocks "
+                            "the hit needs, as vLLM allocates them (a sliding group its window's, a chunked group "
+                            "the current chunk's, a state group the one state at the hit's boundary)")
     report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}
