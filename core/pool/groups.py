@@ -42,10 +42,10 @@ A state page holds a sequence's recurrent state as it stood after the last token
 `fill` counts those tokens, so the same counts and invariants hold for every group (usage counts the page
 whole: a state, not token slots; state_pages.state_slack). A prefix-cache hit of
 a state group is a page saved at exactly that boundary; mode none saves none, so a Mamba hybrid then has no
-prefix-cache hits at all (as vLLM). Mode all saves one at every boundary (a chain of pages, verified as any
-block's). Mode align saves one where a step ends (page n // B − 1 after a step to n tokens): only that page is
-needed for a hit, anchored to the full group's block there (group_hits); so is a sliding group's window and a
-chunked group's current chunk.
+prefix-cache hits at all (as vLLM). Mode all saves one at every boundary, mode align one where a step ends
+(page n // B − 1 after a step to n tokens): a hit needs only the page at its boundary (vLLM's MambaManager
+find_longest_cache_hit; the older pages are freed, cached), anchored to the full group's block there (group_hits);
+so is a sliding group's window and a chunked group's current chunk.
 """
 
 from __future__ import annotations
