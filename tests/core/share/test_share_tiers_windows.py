@@ -95,6 +95,19 @@ def test_llama4_scout_chunked_group_reads_the_current_chunk(run_cli, tmp_path, p
     assert host["read_bytes_by_group"] == {"chunked_8192": chunked * 1_179_648, "full": hit * 393_216}
 
 
+def test_nemotron_h_state_is_read_from_the_tier_holding_the_hits_last_block(run_cli, tmp_path):
+    # Nemotron-H-56B, --layout ideal at block 16: a cached block is 16 x 40,960 = 655,360 B of attention KV and one
+    # saved state of 54 x 16,900,096 = 912,605,184 B: 913,260,544 B. Host 4 GiB // it = 4 blocks, disk 64 GiB // it
+    # = 75. The first 10,240-token prompt leaves its blocks block 0 most recent: the host keeps blocks 0..3, the
+    # disk 4..78, the rest are dropped; the repeat hits the chain 0..78 (79 blocks): the host reads 4 blocks'
+    # attention and no state, the disk 75 blocks' attention and the one state at the hit's boundary (block 78's)
+    tiers = _tiers(run_cli, tmp_path, 10240, "--model", "nemotron-h-56b", "--layout", "ideal", "--gpu-cache", "0",
+                   "--host-cache", "4GiB", "--disk-cache", "64GiB")
+    assert [t["read_blocks"] for t in tiers] == [0, 4, 75]
+    assert tiers[1]["read_bytes_by_group"] == {"full": 4 * 655_360, "state_mamba2": 0}
+    assert tiers[2]["read_bytes_by_group"] == {"full": 75 * 655_360, "state_mamba2": 912_605_184}
+
+
 def test_a_plain_model_reads_every_block(run_cli, tmp_path):
     # Llama-3.1-8B: 131,072 B a token, 2,097,152 B a block of 16: 255 hit blocks read whole
     host = _tiers(run_cli, tmp_path, 4096, "--model", "llama-3.1-8b", "--gpu-cache", "0", "--host-cache", "64GiB")[1]
