@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -128,8 +128,19 @@ def _step_times(ff: FastForward, tokens0: np.ndarray, remaining: np.ndarray, k: 
         cuts = [0, *(np.flatnonzero(np.diff(alive)) + 1).tolist(), k]
         for a, b in itertools.pairwise(cuts):
             weights[a:b] = st.weights_s * st.weights_read_share(float(alive[a]))
-        st = dataclasses.replace(st, num_experts=0, weights_s=cast("float", weights))  # step_s reads weights_s then
+        st = _dense(ff, weights)
     return np.asarray(st.step_s(seqs, context, context + seqs, 0.0, excess, excess, seqs)), alive
+
+
+def _dense(ff: FastForward, weights: np.ndarray) -> StepTimeModel:
+    """ff's step-time model as a dense one whose weights take `weights` [k] seconds per step (step_s then reads
+    weights_s as they are): one copy made per fast path, its weights set per run (a frozen dataclass's field, set
+    on this private copy only)."""
+    dense = ff.__dict__.get("_dense_steptime")
+    if dense is None:
+        dense = ff.__dict__["_dense_steptime"] = dataclasses.replace(ff.steptime, num_experts=0)
+    object.__setattr__(dense, "weights_s", weights)
+    return dense
 
 
 def _memory(policy: GroupedPagedPolicy, tokens0: np.ndarray, remaining: np.ndarray, k: int) -> tuple[int, RunForm]:

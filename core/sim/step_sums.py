@@ -68,8 +68,18 @@ def add_run(totals: RunTotals, d: np.ndarray, ends: np.ndarray, memory: tuple[np
 # Windowed layers' excess (steptime's module docstring): what a window W (sliding) or a chunk C (chunked) cuts from
 # the positions a query attends and reads, summed in closed form over a chunk's queries or over k decode steps.
 
+SMALL = 32  # at most this many chunks: the excess in plain integers (the same sums), cheaper than numpy's calls
+
+
 def sliding_chunk_excess(start: np.ndarray, count: np.ndarray, w: int) -> tuple[int, int]:
     """(Σ_{q=s+1}^{s+m} max(q − W, 0), max(s + 1 − W, 0)) summed over the chunks (s = start, m = count)."""
+    if len(start) <= SMALL:
+        positions = reads = 0
+        for s, m in zip(start.tolist(), count.tolist(), strict=True):
+            first, last = max(s + 1, w + 1) - w, s + m - w
+            positions += (first + last) * max(last - first + 1, 0) // 2
+            reads += max(s + 1 - w, 0)
+        return positions, reads
     first = np.maximum(start + 1, w + 1) - w  # first query beyond the window, minus W
     last = start + count - w
     n = np.maximum(last - first + 1, 0)
@@ -85,6 +95,13 @@ def chunked_chunk_excess(start: np.ndarray, count: np.ndarray, c: int) -> tuple[
         a, b = np.divmod(n, c)
         return c * a * (a - 1) // 2 + a * b
 
+    if len(start) <= SMALL:
+        positions = reads = 0
+        for s, m in zip(start.tolist(), count.tolist(), strict=True):
+            (a0, b0), (a1, b1) = divmod(s, c), divmod(s + m, c)
+            positions += (c * a1 * (a1 - 1) // 2 + a1 * b1) - (c * a0 * (a0 - 1) // 2 + a0 * b0)
+            reads += s // c
+        return c * positions, c * reads
     return c * int((f(start + count) - f(start)).sum()), c * int((start // c).sum())
 
 
