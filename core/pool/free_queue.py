@@ -68,6 +68,7 @@ class FreeBlockQueue:
         self._head = 0  # first position that may hold a live entry
         self._tail = num_blocks  # next position to write
         self._stamped = num_blocks  # entries from here to the tail have no stamp yet (`_restamp`)
+        self._clean = num_blocks  # every entry from the head to here is live (no tombstone): a pop there is a slice
         self.num_cached = 0
         self._num_free = num_blocks
 
@@ -102,6 +103,8 @@ class FreeBlockQueue:
         if self._tail + n > len(self._lru):
             self._compact()
         self._lru[self._tail : self._tail + n] = block_ids
+        if self._clean == self._tail:
+            self._clean += n
         if self._eager:
             self.stamp[block_ids] = np.arange(self._tail, self._tail + n, dtype=np.int32)
         self._tail += n
@@ -124,6 +127,8 @@ class FreeBlockQueue:
     def revive(self, block_ids: np.ndarray) -> None:
         """Take FREE_CACHED blocks out of the queue (cache hits); their entries become tombstones."""
         self._restamp()
+        if len(block_ids):
+            self._clean = min(self._clean, int(self.stamp[block_ids].min()))
         self.stamp[block_ids] = -1
         self.num_cached -= len(block_ids)
         self._num_free -= len(block_ids)
@@ -133,10 +138,11 @@ class FreeBlockQueue:
         """The head block when it holds no cache entry, in scalar steps (USED now); -1, changing nothing, when the
         head is cached (the caller hands it out through `pop`, which evicts) or the queue is empty."""
         lru, stamp, head = self._lru, self.stamp, self._head
-        if self._tail - head != self._num_free:  # tombstones (no live entry is ever skipped: its stamp is its place)
+        if head >= self._clean:  # maybe a tombstone (no live entry is ever skipped: its stamp is its place)
             self._restamp()
             while head < self._tail and stamp[lru[head]] != head:
                 head += 1
+            self._clean = max(self._clean, min(head + 1, self._tail))
         self._head = head
         if head == self._tail:
             return -1
@@ -156,7 +162,9 @@ class FreeBlockQueue:
         caller drops.
         """
         head = self._head
-        if self._tail - head == self._num_free:  # no tombstone in the queue: its first n entries
+        if head + n > self._clean and self._tail - head == self._num_free:  # no tombstone left at all
+            self._clean = self._tail
+        if head + n <= self._clean:  # no tombstone among the first n
             blocks = self._lru[head : head + n].astype(np.intp)
             self._head = head + n
         else:
@@ -175,12 +183,15 @@ class FreeBlockQueue:
         while need:
             window = max(2 * need, 64)
             pos = np.arange(self._head, min(self._head + window, self._tail))
-            live_pos = pos[self.stamp[self._lru[pos]] == pos]
+            live = self.stamp[self._lru[pos]] == pos
+            live_pos = pos[live]
+            self._clean = self._head = int(pos[-1]) + 1
             if len(live_pos) > need:
                 live_pos = live_pos[:need]
                 self._head = int(live_pos[-1]) + 1
-            else:
-                self._head = int(pos[-1]) + 1
+                dead = np.flatnonzero(~live[self._head - int(pos[0]) :])  # the window's rest: clean up to a tombstone
+                if len(dead):
+                    self._clean = self._head + int(dead[0])
             parts.append(self._lru[live_pos])
             need -= len(live_pos)
         return np.concatenate(parts).astype(np.intp, copy=False)
@@ -241,4 +252,4 @@ class FreeBlockQueue:
         self._lru[: len(live)] = live
         self.stamp[live] = np.arange(len(live), dtype=np.int32)
         self._head = 0
-        self._tail = self._stamped = len(live)
+        self._tail = self._stamped = self._clean = len(live)

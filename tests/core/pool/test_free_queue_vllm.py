@@ -159,3 +159,52 @@ def test_a_freed_cached_block_is_evicted_before_a_later_freed_plain_one() -> Non
     model.release("b")
     model.allocate("c", 20, [])
     assert model.tables["c"] == [3, 4, 5, 1, 0] and model.evictions == 2
+
+
+queue_op = st.tuples(st.sampled_from(["free", "free", "revive", "pop", "pop", "pop_one", "uncache"]),
+                     st.integers(0, 40), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(num_blocks=st.integers(1, 12), ops=st.lists(queue_op, max_size=80))
+def test_the_queue_itself_is_an_ordered_dict(num_blocks: int, ops: list) -> None:
+    """FreeBlockQueue's lazily deleted array (stamps written late, tombstones, compactions, the clean prefix a pop
+    slices) against an OrderedDict: hand-outs from the head, frees at the tail, revivals and uncaching in place."""
+    from kvcalc.core.pool.free_queue import FREE_CACHED, USED, FreeBlockQueue
+
+    state = np.zeros(num_blocks, dtype=np.int8)
+    queue, model = FreeBlockQueue(num_blocks, state), OrderedDict.fromkeys(range(num_blocks), False)
+    used: list[int] = []
+    for kind, k, cached in ops:
+        if kind == "free" and used:  # a few blocks back, in this order, hashed or not
+            blocks, used = used[: k % 4 + 1], used[k % 4 + 1 :]
+            mask = np.array([cached ^ (i % 2 == 1) for i in range(len(blocks))])
+            queue.push(np.array(blocks), mask, int(mask.sum()))
+            model.update((b, bool(c)) for b, c in zip(blocks, mask, strict=True))
+        elif kind == "revive" and any(model.values()):
+            block = [b for b, c in model.items() if c][k % sum(model.values())]
+            queue.revive(np.array([block]))
+            del model[block]
+            used.append(block)
+        elif kind == "uncache" and any(model.values()):
+            block = [b for b, c in model.items() if c][k % sum(model.values())]
+            queue.uncache(np.array([block]))
+            model[block] = False  # stays where it is
+        elif kind == "pop" and model:
+            n = k % len(model) + 1
+            blocks, evicted = queue.pop(n)
+            want = [model.popitem(last=False) for _ in range(n)]
+            assert blocks.tolist() == [b for b, _ in want] and evicted.tolist() == [b for b, c in want if c]
+            used += blocks.tolist()
+        elif kind == "pop_one" and model:
+            head, head_cached = next(iter(model.items()))
+            block = queue.pop_plain_one()
+            assert block == (-1 if head_cached else head)
+            if block >= 0:
+                del model[block]
+                used.append(block)
+        assert queue.order() == list(model) and len(queue) == len(model)
+        assert queue.num_cached == sum(model.values()) and set(np.flatnonzero(state == USED)) == set(used)
+        assert queue.cached_order().tolist() == [b for b, c in model.items() if c]
+        assert state[[b for b, c in model.items() if c]].tolist() == [FREE_CACHED] * sum(model.values())
+        queue.check()
