@@ -1,7 +1,7 @@
 """A hybrid `kvcalc sim` costs at most 2x a plain one of the same workload (issue 19's "Done when"; run with
 `python -m pytest -m perf tests/perf/test_sim_hybrid_perf.py -s`, which prints every model's ratio).
 
-Whole processes, CPU time (user + system) from the kernel's accounting (os.wait4), each the best of three, the
+Whole processes, CPU time (user + system) from the kernel's accounting (os.wait4), each the best of five, the
 hybrid runs and the plain ones interleaved round by round in one run, so that load on the machine affects both.
 The default workload (1,000 requests, Poisson 1/s) on one H200 (two for the models of 80B and more), each hybrid
 model against a full-attention model of about its size:
@@ -28,7 +28,12 @@ from real_configs import real_config
 
 pytestmark = pytest.mark.perf
 SIM = [sys.executable, "-m", "kvcalc", "sim", "--gpu", "h200", "--json"]
-ROUNDS = 3
+ROUNDS = 5
+# issue 19's 2x. Round 8 (a private pool's decode growth and admissions kept as counts, core/sim/group_counts.py;
+# MoE runs timed in one call; few-chunk excess in plain ints) on a machine at load 6-8 on 2 cores, five runs (four
+# best of 3, one of 5): Gemma-3 1.39-1.62, Nemotron-H 1.57-1.75, Granite 1.23-1.65, Jamba 1.20-1.66, gpt-oss
+# 1.47-2.10, Scout 1.44-1.83, Qwen3-Next 1.50-1.96 (1.69-2.00 before; the same tree's runs vary by +-0.3 under that
+# load): the goal of 1.8 is met in most runs but not with a margin that load cannot take, so the bound stays 2x
 LIMIT = 2.0
 GRANITE_4_H_SMALL = real_config("GRANITE_4_H_SMALL")  # tests/core/model/test_real_configs.py
 # Llama-4-Scout's 10,485,760 positions do not fit two H200s, so vLLM (and sim) would not start; at 524,288 a request
