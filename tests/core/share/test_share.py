@@ -118,16 +118,18 @@ def reference_hit_tokens(trace: Trace, block_size: int) -> int:
     return hits
 
 
-def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[int, int]:
+def reference_lru_replay(trace: Trace, block_size: int, capacity: int, peak: list[int] | None = None
+                         ) -> tuple[int, int]:
     """(hit tokens, evictions) of a bounded pool modelled directly on vLLM v1's one free queue: an OrderedDict of
     entries, head first — `capacity` never-used blocks at start, then freed blocks in free order, a block that holds
     a cache entry as its key chain (a trie node), any other as a fresh token. A request revives its cached prefix
     (its entries leave the queue), pops its prompt's other blocks off the head (a node popped is an eviction), keys
     its full blocks (unless an equal chain is still cached), pops its output's; on release its table goes back to
-    the tail reversed: output, fresh prompt blocks, hits. No pool, no hashing."""
+    the tail reversed: output, fresh prompt blocks, hits. No pool, no hashing. `peak`: [the most cache entries
+    free at a request's end] is appended to it."""
     trie: dict[tuple[int, tuple[int, int]], int] = {}
     queue: OrderedDict[object, None] = OrderedDict.fromkeys(("never used", j) for j in range(capacity))
-    hits = evictions = 0
+    hits = evictions = most = cached = 0  # cached: the cache entries in the queue
     for i in range(len(trace)):
         p, o = int(trace.prompt_tokens[i]), max(int(trace.output_tokens[i]) - 1, 0)  # the last token writes no KV
         nodes = _trie_path(trie, trace.request_hash_ids(i).tolist(), p, block_size)
@@ -137,6 +139,7 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
         for node in nodes[:n]:
             del queue[node]
         hits += n * block_size
+        evicted_now = evictions
 
         def take(count: int) -> None:
             nonlocal evictions
@@ -151,6 +154,11 @@ def reference_lru_replay(trace: Trace, block_size: int, capacity: int) -> tuple[
         output = [("output", i, j) for j in range(ceil_div(p + o, block_size) - ceil_div(p, block_size))]
         for entry in [*output[::-1], *fresh[::-1], *nodes[:n][::-1]]:
             queue[entry] = None
+        evicted_now = evictions - evicted_now
+        cached += sum(not isinstance(entry, tuple) for entry in fresh) - evicted_now  # hits left and came back
+        most = max(most, cached)
+    if peak is not None:
+        peak.append(most)
     return hits, evictions
 
 
@@ -219,7 +227,9 @@ def test_an_output_eviction_comes_after_the_prompt_is_cached() -> None:
     # and 31, evicted (the 2 keyless ones were freed after them). 29 + 2 + 2 = 33 in all
     trace = make_trace([(537, 41, [0, 1000]), (528, 0, [1010, 1011]), (48, 2, [0]), (1, 17, [1030])])
     assert (replay(trace, 16, 37, True).hit_tokens, replay(trace, 16, 37, True).evictions) == (32, 33)
-    assert reference_lru_replay(trace, 16, 37) == (32, 33)
+    peak: list[int] = []
+    assert reference_lru_replay(trace, 16, 37, peak) == (32, 33)
+    assert replay(trace, 16, 37, True).peak_cached_blocks == peak[0]
 
 
 def test_lru_eviction_with_a_small_capacity() -> None:
