@@ -208,3 +208,70 @@ def test_the_queue_itself_is_an_ordered_dict(num_blocks: int, ops: list) -> None
         assert queue.cached_order().tolist() == [b for b, c in model.items() if c]
         assert state[[b for b, c in model.items() if c]].tolist() == [FREE_CACHED] * sum(model.values())
         queue.check()
+
+
+class VllmGroups:
+    """vLLM v1 with G full-attention KV cache groups on one block pool (kv_cache_coordinator): a hit is the shortest
+    of the groups' chains; every group's hits are touched, then each group (in order) takes its new blocks off the
+    one free queue's head; a request's blocks are freed group by group, each table tail first."""
+
+    def __init__(self, num_blocks: int, block_size: int, groups: int) -> None:
+        self.pool, self.G = VllmPool(num_blocks, block_size), groups
+        self.tables: dict[str, list[list[int]]] = {}
+
+    def allocate(self, seq: str, n: int, keys: list[int]) -> int | None:
+        pool, B = self.pool, self.pool.B
+        chains = [[(g, *keys[: i + 1]) for i in range(len(keys))] for g in range(self.G)]
+        hit = min(next((i for i, h in enumerate(c[: (n - 1) // B]) if h not in pool.cached), (n - 1) // B)
+                  for c in chains)
+        hit = min(hit, len(keys))
+        hits = [[pool.cached[h] for h in c[:hit]] for c in chains]
+        new = -(-n // B) - hit
+        if self.G * new + sum(pool.ref[b] == 0 for h in hits for b in h) > len(pool.free):
+            return None
+        for b in (b for h in hits for b in h):  # touch
+            if pool.ref[b] == 0:
+                del pool.free[b]
+            pool.ref[b] += 1
+        tables = [h + [pool._pop() for _ in range(new)] for h in hits]
+        for g, table in enumerate(tables):
+            for b in table[hit:]:
+                pool.ref[b] = 1
+            for i in range(hit, min(len(keys), n // B)):
+                if chains[g][i] not in pool.cached:
+                    pool.cached[chains[g][i]], pool.hash[table[i]] = table[i], chains[g][i]
+        self.tables[seq] = tables
+        return hit * B
+
+    def release(self, seq: str) -> None:
+        for table in self.tables.pop(seq):
+            for block in reversed(table):
+                self.pool.ref[block] -= 1
+                if self.pool.ref[block] == 0:
+                    self.pool.free[block] = None
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(6, 30), groups=st.integers(1, 3), ops=st.lists(op, max_size=30))
+def test_a_hybrid_pool_of_full_groups_hands_out_and_evicts_as_vllm(num_blocks: int, groups: int, ops: list) -> None:
+    from kvcalc.core.pool.groups import PoolGroup
+    from kvcalc.core.pool.hybrid import HybridPool
+
+    B = 4
+    pool = HybridPool(num_blocks, B, tuple(PoolGroup("full") for _ in range(groups)))
+    model = VllmGroups(num_blocks, B, groups)
+    for kind, s, n, prefix in ops:
+        seq = f"s{s}"
+        if kind == "alloc" and seq not in model.tables:
+            keys = [prefix] * (n // B)
+            want = model.allocate(seq, n, keys)
+            assert pool.can_allocate(n, np.array(keys, dtype=np.int64)) == (want is not None)
+            if want is not None:
+                assert pool.allocate(seq, n, np.array(keys, dtype=np.int64)) == want
+        elif kind == "release" and seq in model.tables:
+            model.release(seq)
+            pool.release(seq)
+        assert pool.store.queue.order() == list(model.pool.free)
+        assert {s: [t.tolist() for t in pool.block_tables(s)] for s in model.tables} == model.tables
+        assert pool.stats().evictions == model.pool.evictions
+    pool.check_invariants()
