@@ -6,6 +6,8 @@ recompute and by swap, whose swap bytes read the settled pool)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -110,12 +112,13 @@ def test_a_count_that_misses_a_free_is_caught_when_the_pool_settles(monkeypatch)
         policy.advance_run(np.array([0]), np.array([6]), k, form)  # check_run: the counts disagree with the form
 
 
-CASES = [
+CASES = [  # a tight pool (memory utilization 0.4) starts only with a max length it holds (vLLM's start check)
     ("gemma-3-27b", "--requests", "80"),
-    ("gemma-3-27b", "--requests", "80", "--rate", "inf", "--memory-utilization", "0.4"),  # preemptions (recompute)
-    ("gemma-3-27b", "--requests", "60", "--rate", "inf", "--memory-utilization", "0.4", "--preempt", "swap"),
+    ("gemma-3-27b", "--requests", "80", "--rate", "inf", "--memory-utilization", "0.4", "--max-model-len", "1088"),
+    ("gemma-3-27b", "--requests", "60", "--rate", "inf", "--memory-utilization", "0.4", "--max-model-len", "1088",
+     "--preempt", "swap"),  # preemptions by recompute above, by swap here
     ("gpt-oss-120b", "--tp", "2", "--requests", "80", "--cancel-fraction", "0.2"),
-    ("llama-4-scout", "--tp", "2", "--requests", "60", "--rate", "4"),  # chunked
+    ("llama-4-scout", "--tp", "2", "--requests", "60", "--rate", "4", "--max-model-len", "131072"),  # chunked
     ("nemotron-h-56b", "--requests", "60", "--rate", "4"),  # Mamba state pages, align
     ("nemotron-h-56b", "--requests", "60", "--rate", "inf", "--mamba-cache-mode", "none"),
     ("nemotron-h-56b", "--requests", "40", "--rate", "inf", "--mamba-cache-mode", "all"),
@@ -139,4 +142,6 @@ def test_whole_runs_with_and_without_the_counts_are_byte_identical(run_cli, monk
     assert pool.exit_code == 0, pool.stderr
     assert not steps
     assert counted.stdout == pool.stdout
+    if "--memory-utilization" in rest:  # the tight pools: growth refused, requests preempted (the counts settled)
+        assert json.loads(counted.stdout)["preemptions"] > 0
     assert (tmp_path / "counted.csv").read_bytes() == (tmp_path / "pool.csv").read_bytes()
