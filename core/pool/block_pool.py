@@ -14,10 +14,11 @@ The data structure (vLLM v1's block pool plus copy-on-write for forks):
         hash     for full blocks whose content key the caller gave: chained hash (see prefix_cache)
         fill     tokens written in it (B for a full block)
 
-    a block is USED (ref > 0), PENDING (released during a step that may still read it), or free:
-        plain stack  free, no content worth keeping          -> handed out first
-        LRU queue    free, holds a hashed full block          -> revivable by a hit; evicted oldest-first
-    (see free_queue for why the LRU is a lazily deleted array rather than an intrusive linked list)
+    a block is USED (ref > 0), PENDING (released during a step that may still read it), or free: in ONE free
+    queue (vLLM v1's FreeKVCacheBlockQueue), never-used blocks first, then in the order they were freed; a
+    hand-out pops the head, evicting its cache entry if it holds a hashed full block; a hit revives a free
+    hashed block from wherever it is (see free_queue, and why it is a lazily deleted array rather than an
+    intrusive linked list)
 
 `BlockPool` holds the parts and calls them:
 

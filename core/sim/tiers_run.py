@@ -39,8 +39,8 @@ from .workload import Workload
 
 def listen_to_evictions(store: Any, on_evict: Callable[..., None], state_groups: tuple[int, ...] = ()) -> None:
     """Call `on_evict(keys)` with the content keys of the cached blocks `store` evicts, oldest first. Every
-    hand-out of the pool's store takes its blocks from the free queue's `pop` (plain blocks first, then LRU
-    evictions, which still carry their keys); TierCache.demoted is checked against the store's own eviction
+    hand-out of the pool's store takes its blocks from the free queue's `pop` (its head, in vLLM's order; the
+    evicted ones still carry their keys); TierCache.demoted is checked against the store's own eviction
     counter after the run. `state_groups` (align): the hybrid pool's state tables; `on_evict(keys, states)` then
     says which evicted blocks are their pages (a state page is indexed under its anchor's hash salted by its
     group: group_hits.derived_hashes)."""
