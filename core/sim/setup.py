@@ -129,13 +129,25 @@ def _workload(o: SimOptions, seed: int, block_size: int) -> Workload:
     check_requests(requests)
     burstiness = 1.0 if o.burstiness is None else finite_float("burstiness", o.burstiness)
     prompt_rng, output_rng, _ = length_streams(seed)
-    prompt_dist = LengthDistribution.parse(DEFAULT_PROMPT_DIST if o.prompt_dist is None else o.prompt_dist)
-    output_dist = LengthDistribution.parse(DEFAULT_OUTPUT_DIST if o.output_dist is None else o.output_dist)
+    prompt_dist = _length_dist("prompt_dist", DEFAULT_PROMPT_DIST if o.prompt_dist is None else o.prompt_dist)
+    output_dist = _length_dist("output_dist", DEFAULT_OUTPUT_DIST if o.output_dist is None else o.output_dist)
     prompts = prompt_dist.sample(requests, prompt_rng) if requests >= 1 else np.zeros(0, np.int64)
     outputs = output_dist.sample(requests, output_rng) if requests >= 1 else np.zeros(0, np.int64)
     lengths_text = f"prompts {prompt_dist.describe()}, outputs {output_dist.describe()}"
     return constructed(requests, rate, prompts, outputs, arrival=arrival, burstiness=burstiness,
                        seed=seed, lengths_text=lengths_text)
+
+
+def _length_dist(param: str, spec: str) -> LengthDistribution:
+    """`spec` parsed; a mistake is a ParameterError naming `param` (prompt_dist or output_dist: with both given,
+    the message says which one is wrong)."""
+    try:
+        return LengthDistribution.parse(spec)
+    except ParameterError as exc:  # marks the option as {dist}: write it as ours
+        marked = exc.template.replace("{dist}", f"{{{param}}}")
+        raise ParameterError(f"{{{param}}} {spec!r}: {marked}", param) from None
+    except ValueError as exc:
+        raise ParameterError(f"{{{param}}} {spec!r}: {exc}", param) from None
 
 
 def _gpu(o: SimOptions):
