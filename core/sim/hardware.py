@@ -282,6 +282,29 @@ def _refuse_block(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
                          f"no block_size fits; {fix}", "tp", "block_size")
 
 
+def _refuse_group_block(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
+    """The pool holds a unit of the layout but not one block of its largest group (the ideal layout counts in the
+    gcd of the groups' blocks; a block of g takes g.pages_per_block units): name the largest block size at which
+    every group's block fits (an attention block's bytes are linear in its tokens, a state's are not), else more
+    memory."""
+    assert plan.layout is not None
+    gib = 2**30
+    big = max(plan.layout.groups, key=lambda g: g.pages_per_block)
+    need = big.pages_per_block * plan.layout.page_bytes
+    kind = big.kind if big.source in ("", big.kind) else f"{big.kind} ({big.source})"
+    fits = [plan.pool_bytes * g.block_tokens // (g.pages_per_block * plan.layout.page_bytes)
+            for g in plan.layout.attention_groups]
+    states_fit = all(g.pages_per_block * plan.layout.page_bytes <= plan.pool_bytes for g in plan.layout.state_groups)
+    largest = min(fits, default=0) if plan.layout.layout == "ideal" and states_fit else 0
+    fix = (f"use {{block_size}} {largest} or smaller, or more memory per GPU" if largest >= 1 else
+           "use more memory per GPU")
+    raise ParameterError(
+        f"{{block_size}} {block_size}: one block of {spec.name}'s {kind} layers needs "
+        f"{need / gib:.2f} GiB per GPU but {spec.name} on {plan.gpu.name} x{plan.tp} leaves "
+        f"{plan.pool_bytes / gib:.2f} GiB for the KV pool; {fix} (a larger {{gpu}} or {{gpu_memory}}, more {{tp}})",
+        "block_size", "gpu", "gpu_memory", "tp")
+
+
 def _check_fits(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
     """Refuse a plan without one KV block, naming what takes the memory and the fix."""
     gib = 2**30
@@ -309,6 +332,8 @@ def _check_fits(plan: MemoryPlan, spec: ModelSpec, block_size: int) -> None:
             f"({short / gib:.2f} GiB short); use a larger GPU, more tp or a smaller max_batched_tokens",
             "tp", "max_batched_tokens"
         )
+    if layout is not None and plan.num_blocks < max(g.pages_per_block for g in layout.groups):
+        _refuse_group_block(plan, spec, block_size)
     if (plan.num_blocks if plan.layout is None else pool_ids(plan.layout, plan.num_blocks)) > MAX_POOL_BLOCKS:
         raise ParameterError(
             f"{spec.name} on {gpu.name} x{tp}: the KV pool would hold {_count(plan.num_blocks)} blocks of "

@@ -235,3 +235,24 @@ def test_share_vllm_layout_refuses_a_block_vllm_does_not_page(run_cli, files) ->
     line = _one_line(run_cli("share", "--trace", "mooncake", files["TRACE"], "--model", "gemma-3-27b", "--memory",
                              "40GiB", "--block", "24"))
     assert "--block 24" in line
+
+
+def test_sim_ideal_block_larger_than_the_pool_names_block_and_the_largest_that_fits(run_cli) -> None:
+    # Nemotron-H-56B's 10 full-attention layers, 8 KV heads of 128, bf16: 10 * 2 (K, V) * 8 * 128 * 2 B = 40,960 B
+    # a token; under --layout ideal a block of B tokens is 40,960 * B bytes (the Mamba state, 870 MiB, is its own
+    # block), so the largest block that fits is the pool's bytes // 40,960, whatever the pool (read from a run)
+    base = ("sim", "--model", "nemotron-h-56b", "--gpu", "H200", "--layout", "ideal", "--requests", "1")
+    ok = run_cli(*base, "--block", "16", "--json")
+    assert ok.exit_code == 0, ok.stderr[-500:]
+    pool = json.loads(ok.stdout)["memory_plan"]["kv_pool_bytes"]
+    largest = pool // 40_960  # 21,370,049,290 // 40,960 = 521,729 on H200 (vLLM 0.21's plan)
+    line = _one_line(run_cli(*base, "--block", "100000000"))
+    assert line.startswith("error: --block 100000000: one block of Nemotron-H-56B's full layers needs 3814.70 GiB")
+    # 100,000,000 * 40,960 B = 4,096,000,000,000 B = 3,814.70 GiB
+    assert f"use --block {largest} or smaller" in line and "--gpu-memory" in line and "--tp" in line, line
+    assert "weighted pool" not in line and "units" not in line, line
+    line = _one_line(run_cli(*base, "--block", str(largest + 1)))
+    assert line.startswith(f"error: --block {largest + 1}: ") and f"use --block {largest} or smaller" in line, line
+    edge = run_cli(*base, "--block", str(largest), "--json")  # the block it names runs (the one request is
+    assert edge.exit_code == 0, edge.stderr[-500:]  # refused there for want of room beside its state, but runs)
+    assert json.loads(edge.stdout)["memory_plan"]["num_blocks"] >= 1
