@@ -87,11 +87,14 @@ def _add_model_bytes(doc: dict[str, Any], model: ModelBytes, dtype_name: str) ->
     }
 
 
-STATE_PAGES = {
+STATE_PAGES = {  # as the pool holds them (core/pool/groups.py PoolGroup.first_block; core/paged_bytes.state_pages)
     "none": "one state page per sequence (no prefix caching of the state)",
-    "align": "two state pages per sequence, the running state and the last one saved at a block boundary "
-             "(prefix caching)",
-    "all": "one state page per block",
+    "align": "a sequence of n tokens holds 1 state page, 2 when n − 1 is a multiple of B (its last step crossed "
+             "into a new page; the page it resumed from is freed at the next step); a state is saved where a step "
+             "ends (prefix caching)",
+    "all": "a sequence of n tokens holds 1 state page, 2 when n − 1 is a multiple of B (its last step crossed into "
+           "a new page); a state is saved at every block boundary, the pages behind freed but cached (prefix "
+           "caching)",
 }
 BEST_OBJECTIVE = "fewest bytes held: KV and recurrent state allocated, plus exact block tables"
 

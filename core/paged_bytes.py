@@ -6,7 +6,7 @@ sequence of n tokens each group holds, per block table, the blocks of the module
     full      ceil(n / B)                                        tokens held n
     sliding   ceil(n / B) − floor(max(n − W, 0) / B)            tokens held min(n, W)
     chunked   ceil(n / B) − floor(C · floor((n − 1) / C) / B)   tokens held n − C · floor((n − 1) / C)
-    state     1 page ("none"), 2 ("align"), ceil(n / B) ("all")   one state
+    state     the pages the pool holds (below)                   one state
 
 with B the group's own tokens per block (vLLM may raise it: Mamba hybrids, unified pages). A block costs
 the group's `block_bytes` (padding layers and padded state pages included); what the real layers store in
@@ -18,6 +18,15 @@ it is `used_block_bytes`. So for each scheme:
     tables     int32 entries: ceil(n / B) per table (exact; blocks freed by a window stay as null entries, as
                vLLM keeps them; a state table 1 entry in "none"), or N × ceil(M / B) per table (dense)
     held       allocated KV + allocated state + exact block tables: the objective of the block-size sweep
+
+A sequence is counted as it stands after the step that computed its last token, n − 1 (computed n − 1, table
+grown to n), as the attention rows are (a sliding layer then holds the last W tokens, the ones that token read):
+what the pool holds until its next step frees the blocks behind. A state table holds the pages from
+core/pool/groups.py PoolGroup.first_block(n − 1, n) to (n − 1) // B, the pool's own rule (vLLM v1's
+MambaManager): "none" 1 page; "align" and "all" pages (n − 2) // B .. (n − 1) // B, so 1, or 2 when n − 1 is a
+multiple of B (n > 1: the step crossed into a new page and the page it resumed from is freed at the next step).
+At a speculative peak (`extra` slots, the step from n − 1 to n + extra) the same rule to page (n + extra − 1) // B:
+"all" every page between, "align" at most 2.
 
 Fixed reservation gives every full layer M positions, a sliding or chunked layer min(M, W), a recurrent
 layer one state; no padding and no block tables.
@@ -35,6 +44,7 @@ from .model.kv_groups import VLLM_BLOCK_SIZES, KVCacheGroup, KVLayout, kv_layout
 from .model.layers import bits_to_bytes
 from .model.models import ModelSpec
 from .paging import PASS_CHUNK, FixedReservation, exact_sum
+from .pool.groups import PoolGroup
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,7 @@ class KvBytes:
     block_table_bytes_exact: int = 0
     block_table_bytes_dense: int = 0
     state_bytes: int = 0  # what the sequences' recurrent states hold
-    allocated_state_bytes: int = 0  # the state pages allocated for them (padded, two per sequence in "align")
+    allocated_state_bytes: int = 0  # the state pages allocated for them (padded; pages as the pool holds them)
     padding_bytes: int = 0  # of the allocated bytes (KV and state): padding layers and padded state pages
     used_block_size: int | None = None
     groups: tuple[GroupBytes, ...] = ()
@@ -155,10 +165,13 @@ def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str 
         return np.floor_divide(np.add(chunk, b - 1, out=out), b, out=out)
 
     if group.kind == "state":
-        if mamba_cache_mode == "none":
+        if mamba_cache_mode == "none":  # one page a sequence (state_pages is 1 for every n)
             return GroupBytes(group, n, n, n)
         entries = total("ceil", b, ceil_blocks)
-        return GroupBytes(group, entries if mamba_cache_mode == "all" else 2 * n, n, entries)
+        key = (f"state-pages/{mamba_cache_mode}", b, extra)
+        if key not in memo:
+            memo[key] = _state_page_total(tokens, b, mamba_cache_mode, extra)
+        return GroupBytes(group, memo[key], n, entries)
     blocks = total("ceil", b, ceil_blocks)
     if ("sum", 0, 0) not in memo:
         memo[("sum", 0, 0)] = exact_sum(tokens)
@@ -179,6 +192,32 @@ def group_totals(tokens: np.ndarray, group: KVCacheGroup, mamba_cache_mode: str 
 
     before = total("chunk-start", w, lambda chunk, out: _chunk_start(chunk, out, w))
     return GroupBytes(group, blocks - total(f"chunk-freed/{w}", b, freed_chunks), tokens_total - before, blocks)
+
+
+_STATE = PoolGroup("state")
+
+
+def state_pages(num_tokens: int, block_size: int, mode: str, extra: int = 0) -> int:
+    """The pages one state table of a sequence of `num_tokens` n holds at the step from n − 1 to n + `extra` (see
+    the module docstring): the pool's rule, PoolGroup.first_block, to the step's last page (extra 0: held_blocks)."""
+    last = ceil_div(num_tokens + extra, block_size)
+    return last - min(_STATE.first_block(num_tokens - 1, num_tokens + extra, block_size, mode), last)
+
+
+def _state_page_total(tokens: np.ndarray, block_size: int, mode: str, extra: int) -> int:
+    """Σ state_pages over the lengths, exact. The rule reads n only through floor divisions by B and the tests
+    n − 1 > 0 and n + extra > B, so from n = B + 2 on it repeats with period B: the lengths are counted by value
+    below B + 2 and by residue (n − B − 2) mod B above, and state_pages is asked once per class present."""
+    B, start = block_size, block_size + 2
+    low = np.zeros(start, dtype=np.int64)
+    high = np.zeros(B, dtype=np.int64)
+    for i in range(0, tokens.size, PASS_CHUNK):
+        chunk = tokens[i : i + PASS_CHUNK]
+        small = chunk < start
+        low += np.bincount(chunk[small], minlength=start)
+        high += np.bincount((chunk[~small] - start) % B, minlength=B)
+    total = sum(int(low[n]) * state_pages(int(n), B, mode, extra) for n in np.flatnonzero(low))
+    return total + sum(int(high[r]) * state_pages(start + int(r), B, mode, extra) for r in np.flatnonzero(high))
 
 
 def paged_kv_bytes(tokens: np.ndarray, layout: KVLayout, max_len: int, extra: int = 0,

@@ -526,17 +526,57 @@ def test_an_empty_trace_path_is_refused_as_empty(run_cli) -> None:
     assert "is a directory" not in result.stderr
 
 
-def test_mamba_cache_mode_align_holds_two_state_pages(run_cli):
-    # Nemotron-H-56B, the worked example's 5 sequences: under vllm a state block is 6 tables · 10 slots · the padded
-    # page 16,908,288 B = 1,014,497,280 B; "none" holds one per sequence, "align" two (prefix caching of the state)
+def test_mamba_cache_mode_state_pages_as_the_pool_holds_them(run_cli):
+    # Nemotron-H-56B, the worked example's 5 sequences (37, 91, 128, 201, 511): under vllm a state block is 6 tables
+    # · 10 slots · the padded page 16,908,288 B (4,128 tokens · 4,096 B) = 1,014,497,280 B. The pool (vLLM's
+    # MambaManager) holds pages (n − 2) // B .. (n − 1) // B under align and all: n − 1 = 36, 90, 127, 200, 510 is
+    # no multiple of B, so 1 page each, as "none" (was 2 a sequence under align: the page behind is freed)
     none = run_cli("frag", "--model", "nemotron-h-56b", "--json").json()["paged"][0]
     align = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "align", "--json").json()["paged"][0]
-    assert none["allocated_state_bytes"] == 5 * 1_014_497_280
-    assert align["allocated_state_bytes"] == 2 * 5 * 1_014_497_280
+    assert none["allocated_state_bytes"] == align["allocated_state_bytes"] == 5 * 1_014_497_280
     assert none["state_bytes"] == align["state_bytes"] == 5 * 912_605_184  # what the states hold, padding aside
     _assert_bad_input(run_cli("frag", "--mamba-cache-mode", "align"), "--mamba-cache-mode applies to a model")
     _assert_bad_input(run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "every"),
                       "--mamba-cache-mode 'every' is not one of none, align, all")
-    # all: a page per block, the block 4,224 (aligned to the kernel's chunk 128): ceil(n / 4,224) pages a sequence
+    # all: the block 4,224 (16 · ceil(16,900,096 / (16 · 4,096)) = 4,128 aligned up to the kernel's chunk 128), a
+    # state block 6 · 10 · 4,224 · 4,096 = 1,038,090,240 B; 1 page a sequence (was ceil(n / 4,224), 1 each here too)
     every = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "all", "--json")
-    assert every.exit_code == 0 and every.json()["paged"][0]["allocated_state_bytes"] > 0
+    assert every.exit_code == 0 and every.json()["paged"][0]["allocated_state_bytes"] == 5 * 1_038_090_240
+
+
+def test_state_pages_when_the_last_step_crossed_into_a_page(run_cli, tmp_path):
+    # Nemotron-H-56B from a lengths file (all within max_position_embeddings 8,192). Per sequence and state table,
+    # pages (n − 2) // B .. (n − 1) // B (n = 1: page 0 only): 1, or 2 when n − 1 is a multiple of B.
+    # align, B = 4,128: n = 1 -> 1; 4,128 -> 4,127 // B = 0 .. 0 -> 1; 4,129 -> 0 .. 1 -> 2; 5,000 -> 1 .. 1 -> 1:
+    # 5 a table · 6 tables = 30 block ids of 10 · 4,128 · 4,096 = 169,082,880 B (none: 4 · 6 = 24).
+    # all, B = 4,224: n = 1, 4,224, 4,225, 5,000 -> 1 + 1 + 2 + 1 = 5 (was ceil(n / B) = 1 + 1 + 2 + 2 = 6) -> 30
+    # ids of 10 · 4,224 · 4,096 = 173,015,040 B. Full attention, one table: ceil(n / B) = 1 + 1 + 2 + 2 = 6 both.
+    cases = {"align": ([1, 4128, 4129, 5000], 169_082_880), "all": ([1, 4224, 4225, 5000], 173_015_040),
+             "none": ([1, 4128, 4129, 5000], 169_082_880)}
+    for mode, (lengths, block) in cases.items():
+        path = tmp_path / f"{mode}.txt"
+        path.write_text("".join(f"{n}\n" for n in lengths))
+        result = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", mode, "--lengths-file", str(path),
+                         "--block", "16", "--json")
+        assert result.exit_code == 0, result.stderr
+        paged = result.json()["paged"][0]
+        full, state = paged["groups"]
+        ids = 24 if mode == "none" else 30
+        assert (full["blocks"], state["blocks"], state["block_bytes"]) == (6, ids, block)
+        assert paged["allocated_state_bytes"] == ids * block
+        # the table entries stay ceil(n / B) a state table (null entries behind), 1 under none: (6 + 6 · 6) · 4 B
+        assert paged["block_table_bytes_exact"] == 4 * (6 + 6 * (4 if mode == "none" else 6))
+
+
+def test_speculative_peak_state_pages_under_all(run_cli):
+    # Nemotron-H-56B, all (B = 4,224, a state block 1,038,090,240 B over its 6 tables), K = 4: the peak step runs
+    # from n − 1 to n + extra (extra = the slots past the committed tokens, a few): pages (n − 2) // B ..
+    # (n + extra − 1) // B. n = 4,224: 0 .. 1 -> 2 (plain 1); n = 5,000: 1 .. 1 -> 1 (plain 1): 3 at the peak, 2 plain
+    doc = run_cli("frag", "--model", "nemotron-h-56b", "--mamba-cache-mode", "all", "--spec-tokens", "4",
+                  "--lengths", "4224,5000", "--json").json()
+    assert 0 < doc["speculative"]["extra_slots_per_seq"] < 5000 - 4224
+    assert doc["paged"][0]["allocated_state_bytes"] == 2 * 1_038_090_240
+    peak = doc["speculative"]["paged"][0]
+    assert peak["peak_allocated_state_bytes"] == 3 * 1_038_090_240
+    # the full group: ceil(4,224 / B) + ceil(5,000 / B) = 3 plain; 4,224 + extra passes into a second block: 4
+    assert peak["extra_kv_bytes"] == 173_015_040 + 1_038_090_240
