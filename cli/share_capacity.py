@@ -150,9 +150,8 @@ def run(o: CurveOptions, spec: ModelSpec | None, dtype: str, bits: int, fmt: For
             distances[b] = stack_distances(loaded, b, progress=advance)
     curves = []
     for b in o.block_sizes:
-        cbb = per_block[b]
-        bpb = None if cbb is None else cbb.bytes_per_block
-        curves.append(capacity_curve(distances[b], [v.blocks(b, bpb) for v in o.capacities]))
+        # a capacity in bytes is a GPU pool: under vLLM's layout its ids less the null block (cache_bytes.pool_blocks)
+        curves.append(capacity_curve(distances[b], [v.pool_blocks(b, per_block[b]) for v in o.capacities]))
     report = curve_report(loaded.description, loaded.has_prefix_ids, o, curves, per_block, spec)
     add_saved_state_rule(report, loaded, curves, per_block, distances)
     if o.tiers is not None:

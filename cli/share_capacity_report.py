@@ -73,7 +73,8 @@ def add_saved_state_rule(report: Report, loaded: Trace, curves: list[CapacityCur
 
 
 def _capacity_bytes(blocks: int | None, cbb: CachedBlockBytes | None) -> int | None:
-    return None if blocks is None or cbb is None else blocks * cbb.bytes_per_block
+    """The GPU pool that holds `blocks` (vLLM's null block included under its layout: cache_bytes.pool_bytes)."""
+    return None if blocks is None or cbb is None else cbb.pool_bytes(blocks)
 
 
 def curve_report(description: str, has_ids: bool, o: CurveOptions, curves: list[CapacityCurve],
@@ -116,6 +117,7 @@ def curve_report(description: str, has_ids: bool, o: CurveOptions, curves: list[
         first = per_block[curves[0].block_size]
         assert first is not None
         doc["model"] = {"name": first.model, "dtype": first.dtype, "tp": first.tp, "layout": first.layout,
+                        "null_blocks": first.null_blocks,
                         "cached_block_bytes_by_group": {str(b): dict((g.label, g.bytes_per_block) for g in c.groups)
                                                         for b, c in per_block.items() if c is not None}}
     report = Report(doc=doc, tables=tables, text=[description])
@@ -168,6 +170,14 @@ def _curve_notes(o: CurveOptions, has_ids: bool, per_block: dict[int, CachedBloc
                      f"{format_bytes(cbb.bytes_per_block)} per GPU ({split})" + _layout_words(cbb)
                      + ("; windowed groups keep every block cached, as vLLM does, though a hit needs only the "
                         "window's: an upper bound" if windowed else "") + ". Capacities in bytes are per GPU.")
+        if cbb.null_blocks and o.capacities:  # the --gpu-cache tier says its own (share_tiers)
+            per = cbb.bytes_per_block // cbb.page_bytes
+            ids = f"floor(bytes / {format_bytes(cbb.page_bytes)}) − 1"
+            notes.append(f"block {b}: bytes are vLLM's pool of block ids of {format_bytes(cbb.page_bytes)} and its "
+                         f"null block (block 0, never handed out): a capacity in bytes holds "
+                         + (f"{ids} cached blocks" if per == 1 else f"({ids}) // {per} cached blocks ({per} ids each)")
+                         + ", and the bytes columns count the null block, as kvcalc sim pages the pool (--layout "
+                         "ideal has none).")
         if cbb.state_bytes:
             share = format_percent(cbb.state_bytes / cbb.bytes_per_block)
             notes.append(f"block {b}: saved recurrent states are {share}"

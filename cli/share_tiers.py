@@ -40,7 +40,10 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
                spec: ModelSpec | None, bits: int) -> None:
     b = d.block_size
     bpb = None if cbb is None else cbb.bytes_per_block
-    gpu_blocks, host_blocks, disk_blocks = (v.blocks(b, bpb) for v in o.sizes)
+    # the GPU tier is vLLM's pool under its layout: its block ids less the null block (cache_bytes.pool_blocks);
+    # host and disk hold whole cached blocks
+    gpu_blocks = o.sizes[0].pool_blocks(b, cbb)
+    host_blocks, disk_blocks = (v.blocks(b, bpb) for v in o.sizes[1:])
     caps = (gpu_blocks, host_blocks, disk_blocks)
     result = simulate_tiers(d, caps, cbb, o.bandwidths, o.mode)
     verdicts: list[LoadOrRecompute | None] = [None, None, None]
@@ -57,6 +60,7 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
         paper_break_even = break_even_bandwidth(model, PAPER_PREFIX_TOKENS, cbb.bytes_per_block / b)
     report.tables.append(_tier_table(result, verdicts, cbb is not None))
     report.doc["tiers"] = _tier_doc(result, verdicts, cbb, paper_break_even, o)
+    _null_block_note(report, o.sizes[0], cbb, gpu_blocks)
     if cbb is not None and len(cbb.groups) > 1:
         report.tables.append(_group_table(result, cbb))
     if spec is not None and caps[1]:
@@ -91,6 +95,19 @@ def add_tiers(report: Report, o: TierOptions, d: StackDistances, cbb: CachedBloc
                             "for the group).")
 
 
+def _null_block_note(report: Report, size: CapacityValue, cbb: CachedBlockBytes | None, gpu_blocks: int) -> None:
+    """A GPU tier in bytes under vLLM's layout is its pool: the null block said (JSON null_blocks)."""
+    null = cbb.null_blocks if cbb is not None and size.unit == "bytes" else 0
+    report.doc["tiers"]["by_tier"][0]["null_blocks"] = null
+    if cbb is not None and null:
+        ids = size.amount // cbb.page_bytes
+        per = cbb.bytes_per_block // cbb.page_bytes
+        report.notes.append(
+            f"gpu tier: --gpu-cache {size.text} is vLLM's pool of {ids:,} block ids of {format_bytes(cbb.page_bytes)}, "
+            f"less its null block (block 0, never handed out): {gpu_blocks:,} cached blocks of {per} id"
+            f"{'' if per == 1 else 's'} each, as kvcalc sim pages it (--layout ideal has no null block).")
+
+
 def _rate(num_bytes: int, seconds: float) -> float | None:
     return num_bytes / seconds if seconds > 0 else None
 
@@ -102,7 +119,8 @@ def _tier_doc(result: HierarchyResult, verdicts: list[LoadOrRecompute | None], c
         entry: dict[str, Any] = {
             "tier": t.name, "capacity_blocks": t.capacity_blocks,
             "capacity_tokens": t.capacity_blocks * result.block_size,
-            "capacity_bytes": None if cbb is None else t.capacity_blocks * cbb.bytes_per_block,
+            "capacity_bytes": None if cbb is None else (cbb.pool_bytes(t.capacity_blocks) if t.name == "gpu" else
+                                                        t.capacity_blocks * cbb.bytes_per_block),
             "bandwidth_bytes_per_s": t.bandwidth_bytes_per_s, "hit_tokens": t.hit_blocks * result.block_size,
             "hit_rate": t.hit_blocks * result.block_size / result.prompt_tokens if result.prompt_tokens else 0.0,
             "hit_requests": t.hit_requests, "read_blocks": t.read_blocks, "write_blocks": t.write_blocks,

@@ -14,6 +14,10 @@ each group in block ids of G layer slots, so a cached block costs its padded byt
 10 full layers + 52 sliding layers in 6 tables of 10 slots = 70 pages of 128 KiB, 8.75 MiB, where its 62 real
 layers hold 7.75 MiB); a Mamba hybrid whose state forces a larger block is refused at any other block size.
 ``ideal`` is kvcalc's own pool: each layer type on its own, no padding, the block size as given.
+A GPU pool given in bytes (share's --capacity in bytes, the --gpu-cache tier) is counted as the layout pages it:
+under ``vllm`` in block ids of `page_bytes`, of which vLLM's null block (block 0) is never handed out, so
+floor(bytes / page) − 1 ids hold (ids − 1) // tables cached blocks (`pool_blocks`; sim's pool alike); under
+``ideal`` floor(bytes / bytes_per_block).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..blocks import VLLM_NULL_BLOCKS
 from ..errors import ParameterError
 from ..model.kv_groups import kv_layout
 from ..model.model_spec import ModelSpec
@@ -63,10 +68,29 @@ class CachedBlockBytes:
     groups: tuple[GroupBytes, ...]
     layout: str = "ideal"
     padding_bytes: int = 0  # of bytes_per_block: padding layer slots and padded state pages (vllm layout)
+    page_bytes: int = 0  # one block id of the vllm layout (0: the pool is counted in whole cached blocks)
 
     @property
     def bytes_per_block(self) -> int:
         return sum(g.bytes_per_block for g in self.groups)
+
+    @property
+    def null_blocks(self) -> int:
+        """Block ids a pool of this layout never hands out: vLLM's null block (block 0); none under ideal."""
+        return VLLM_NULL_BLOCKS if self.layout == "vllm" else 0
+
+    def pool_blocks(self, pool_bytes: int) -> int:
+        """Cached blocks a GPU pool of `pool_bytes` per GPU holds (module docstring): its block ids less the null
+        block, over the ids one cached block takes (Llama-3-8B bf16 at block 16: 142 MiB // 2 MiB = 71 ids, 70
+        blocks; gpt-oss-120b, 2 tables of 576 KiB ids: (ids − 1) // 2)."""
+        page = self.page_bytes or self.bytes_per_block
+        return max(pool_bytes // page - self.null_blocks, 0) * page // self.bytes_per_block
+
+    def pool_bytes(self, blocks: int) -> int:
+        """The bytes per GPU of the smallest pool that holds `blocks` cached blocks (pool_blocks' inverse): their
+        ids and the null block under vllm (Llama-3-8B bf16 at block 16: 70 blocks, 71 ids of 2 MiB = 142 MiB)."""
+        page = self.page_bytes or self.bytes_per_block
+        return blocks * self.bytes_per_block + self.null_blocks * page if blocks > 0 else 0
 
     @property
     def state_bytes(self) -> int:
@@ -112,7 +136,8 @@ def cached_block_bytes(spec: ModelSpec, dtype: str, dtype_bits: int, block_size:
             label = g.kind if g.window is None else f"{g.kind}_{g.window}"
         groups.append(GroupBytes(label, g.layers, g.block_bytes, g.kind, g.window))
     padding = sum(g.padding_bytes_per_block for g in layout.groups)
-    return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups), layout.layout, padding)
+    return CachedBlockBytes(spec.name, dtype, block_size, tp, tuple(groups), layout.layout, padding,
+                            layout.page_bytes if layout.layout == "vllm" else 0)
 
 
 def vllm_cache_groups(spec: ModelSpec, dtype_bits: int, block_size: int, tp: int = 1,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from ..inputs.traces import Trace, mooncake_blocks_per_id
 from ..units import format_bytes, format_count, parse_bytes, parse_int
 from .stack_distance import StackDistances, chain_nodes
 from .trace_blocks import check_requests, coarse_trace, in_arrival_order
+
+if TYPE_CHECKING:
+    from .cache_bytes import CachedBlockBytes
 
 
 def check_capacity_blocks(capacity_blocks: int) -> None:
@@ -90,6 +94,13 @@ class CapacityValue:
             raise ParameterError(f"capacity {self.text!r} is in bytes: give a model (model or config) to turn "
                                  "bytes into blocks, or give tokens such as 3M", "capacity")
         return self.amount // bytes_per_block
+
+    def pool_blocks(self, block_size: int, block_bytes: CachedBlockBytes | None) -> int:
+        """As blocks(), for a GPU pool: a capacity in bytes as the layout pages it, less vLLM's null block under
+        the vllm layout (CachedBlockBytes.pool_blocks); tokens are a cache's blocks, no pool's."""
+        if self.unit == "bytes" and block_bytes is not None:
+            return block_bytes.pool_blocks(self.amount)
+        return self.blocks(block_size, None if block_bytes is None else block_bytes.bytes_per_block)
 
 
 _SI = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}

@@ -37,9 +37,41 @@ def test_block_sweep_and_bytes(run_cli, hand_trace: Path) -> None:
     assert [c["block_size"] for c in doc["curves"]] == [256, 512]
     by_block = {c["block_size"]: c for c in doc["curves"]}
     assert by_block[512]["cached_block_bytes"] == LLAMA3_8B_BLOCK_512
-    # 192 MiB = 3 blocks of 64 MiB at block 512: 4 hit blocks; = 6 blocks of 32 MiB at block 256
+    # 192 MiB = 3 block ids of 64 MiB at block 512, less vLLM's null block (--layout vllm, the default): 2 blocks,
+    # 2 hit blocks (HAND at C = 2); = 6 ids of 32 MiB at block 256, less the null block: 5
+    assert by_block[512]["points"][0]["capacity_blocks"] == 2 and by_block[512]["points"][0]["hit_tokens"] == 1024
+    assert by_block[256]["points"][0]["capacity_blocks"] == 5
+    # the bytes columns are the pool that holds the blocks, null block included: (2 + 1) * 64 MiB = 192 MiB
+    assert by_block[512]["points"][0]["capacity_bytes"] == 3 * LLAMA3_8B_BLOCK_512 and doc["model"]["null_blocks"] == 1
+    table = run_cli("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--capacity", "192MiB",
+                    "--model", "Llama-3-8B").stdout
+    assert "block 512: bytes are vLLM's pool of block ids of 64.00 MiB and its null block" in table
+    assert "floor(bytes / 64.00 MiB) − 1 cached blocks" in table
+    # --layout ideal is kvcalc's own pool, no null block: 3 blocks (4 hit blocks at C = 3) and 6
+    ideal = run_cli("share", "--trace", "mooncake", str(hand_trace), "--blocks", "256,512", "--capacity",
+                    "192MiB", "--model", "Llama-3-8B", "--layout", "ideal", "--json").json()
+    by_block = {c["block_size"]: c for c in ideal["curves"]}
     assert by_block[512]["points"][0]["capacity_blocks"] == 3 and by_block[512]["points"][0]["hit_tokens"] == 2048
-    assert by_block[256]["points"][0]["capacity_blocks"] == 6
+    assert by_block[256]["points"][0]["capacity_blocks"] == 6 and ideal["model"]["null_blocks"] == 0
+
+
+def test_gpu_tier_in_bytes_leaves_out_vllms_null_block(run_cli, hand_trace: Path) -> None:
+    # --gpu-cache 128 MiB = 2 block ids of 64 MiB (Llama-3-8B, block 512), less vLLM's null block: 1 block, the
+    # hand-worked GPU 1 / host 2 of test_tiers_json: hits 512, 3 * 512, 0; --layout ideal: 2 blocks, no null block
+    args = ("share", "--trace", "mooncake", str(hand_trace), "--block", "512", "--gpu-cache", "128MiB",
+            "--host-cache", "1024", "--model", "Llama-3-8B")
+    tiers = run_cli(*args, "--json").json()["tiers"]
+    gpu, host, disk = tiers["by_tier"]
+    assert (gpu["capacity_blocks"], gpu["null_blocks"], host["capacity_blocks"]) == (1, 1, 2)
+    assert gpu["capacity_bytes"] == 2 * LLAMA3_8B_BLOCK_512  # the block and the null block's id
+    assert (gpu["hit_tokens"], host["hit_tokens"], disk["hit_tokens"]) == (512, 3 * 512, 0)
+    assert "gpu tier: --gpu-cache 128MiB is vLLM's pool of 2 block ids of 64.00 MiB, less its null block" in \
+        run_cli(*args).stdout
+    ideal = run_cli(*args, "--layout", "ideal", "--json").json()["tiers"]["by_tier"][0]
+    assert (ideal["capacity_blocks"], ideal["null_blocks"], ideal["capacity_bytes"]) == (2, 0, 2 * LLAMA3_8B_BLOCK_512)
+    # a GPU cache in tokens is a cache's blocks, no pool: 1024 tokens = 2 blocks under either layout
+    tokens = run_cli(*args[:7], "1024", *args[8:], "--json").json()["tiers"]["by_tier"][0]
+    assert (tokens["capacity_blocks"], tokens["null_blocks"]) == (2, 0)
 
 
 def test_tiers_json(run_cli, hand_trace: Path) -> None:

@@ -41,3 +41,22 @@ def test_a_state_forced_block_is_refused_at_another_size() -> None:
     # at vLLM's own block: 1 full table + ceil(54 / 10) = 6 state tables of 10 slots (the state page padded to the
     # attention page 4,128 · 4,096 B = 16,908,288 B)
     assert at_vllms.bytes_per_block == 7 * 10 * 4128 * 4096
+
+
+def test_a_pool_in_bytes_leaves_out_vllms_null_block() -> None:
+    # gpt-oss-120b bf16, block 16: 18 full + 18 sliding layers, 8 KV heads of 64: a layer's block is
+    # 16 · 2 · 8 · 64 · 2 B = 32 KiB; vLLM G = 18: 2 tables of 18 slots, an id 18 · 32 KiB = 589,824 B and a cached
+    # block 2 ids = 1,179,648 B (ideal: the same 36 layers, no padding, no null block)
+    spec = PRESETS["gpt-oss-120b"]
+    vllm = cached_block_bytes(spec, "bf16", 16, 16, layout_name="vllm")
+    ideal = cached_block_bytes(spec, "bf16", 16, 16, layout_name="ideal")
+    assert (vllm.page_bytes, vllm.bytes_per_block, vllm.null_blocks) == (589_824, 1_179_648, 1)
+    assert (ideal.bytes_per_block, ideal.null_blocks) == (1_179_648, 0)
+    # 10 ids: (10 − 1) // 2 = 4 blocks under vllm, 10 · 589,824 // 1,179,648 = 5 under ideal; 11 ids: 5 and 5
+    assert [vllm.pool_blocks(n * 589_824) for n in (0, 1, 2, 3, 10, 11)] == [0, 0, 0, 1, 4, 5]
+    assert [ideal.pool_blocks(n * 589_824) for n in (0, 1, 2, 3, 10, 11)] == [0, 0, 1, 1, 5, 5]
+    # the inverse: the smallest pool of k blocks is 2k + 1 ids under vllm (the null block's), 2k under ideal
+    assert [vllm.pool_bytes(k) for k in (0, 1, 4)] == [0, 3 * 589_824, 9 * 589_824]
+    assert [ideal.pool_bytes(k) for k in (0, 1, 4)] == [0, 2 * 589_824, 8 * 589_824]
+    for k in range(1, 40):  # pool_bytes is the least pool that holds k blocks
+        assert vllm.pool_blocks(vllm.pool_bytes(k)) == k and vllm.pool_blocks(vllm.pool_bytes(k) - 1) == k - 1
