@@ -116,6 +116,24 @@ def need_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[i
     return grow * (len(pool.pools) - sum(pool.rolled))
 
 
+def fitting_run(pool: HybridPool, seq_ids: Sequence[Hashable], targets: Sequence[int], free: int) -> int:
+    """How many of `seq_ids`, from the first on, grow to `targets` tokens within `free` blocks before anything is
+    freed: need_ordered's plain-int need, summed sequence by sequence (0 where it does not apply: a fork made, or
+    an append that may jump over state pages)."""
+    if pool.store.counters["forks"]:
+        return 0
+    B, per, need = pool.block_size, len(pool.pools) - sum(pool.rolled), 0
+    for i, (seq, target) in enumerate(zip(pool.pools[0]._tables(seq_ids), targets, strict=True)):
+        add = target - seq.num_tokens
+        if add < 0 or pool._jumps(add):
+            return i
+        if add:
+            need += (-(-(seq.num_tokens + add) // B) - seq.num_blocks) * per
+        if need > free:
+            return i
+    return len(seq_ids)
+
+
 def append_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[int],
                    keys: Sequence[Any]) -> list[tuple[int, int]]:
     """`pool.append_fitting(seq, add, keys)` for each sequence in order (its checks done: `skip_ordered` ran and

@@ -29,7 +29,7 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
-from ..pool.hybrid_ordered import append_ordered, label, need_ordered, ordered, skip_ordered
+from ..pool.hybrid_ordered import append_ordered, fitting_run, label, need_ordered, ordered, skip_ordered
 from ..pool.hybrid_runs import DecodeRun, apply, runs_apply
 from .group_counts import CountedPolicy
 from .group_prefix_runs import PrefixRuns
@@ -199,8 +199,24 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         request — each frees what its own groups let go (remove_skipped_blocks), then its growth must fit
         (allocate_slots), so a later request's frees never pay for an earlier one's growth. False where one does
         not fit: those before it grown, its own frees done (as vLLM leaves them before preempting from the back;
-        the scheduler's one-by-one pass then finds them grown: `grow`)."""
-        return all(self.grow(rid, total) for rid, total in zip(ids, targets, strict=True))
+        the scheduler's one-by-one pass then finds them grown: `grow`). With prefix caching on an ordered pool, the
+        requests whose growth the blocks free before their own frees cover go in one pass, as a whole step's does."""
+        pool = self._pool
+        if self.prompt_keys is None or self.exact_block_tables or not ordered(pool):
+            return all(self.grow(rid, total) for rid, total in zip(ids, targets, strict=True))
+        todo = [(rid, total) for rid, total in zip(ids, targets, strict=True) if total != pool.num_tokens(rid)]
+        rids, totals = [rid for rid, _ in todo], [total for _, total in todo]  # (a request at its total: no-op)
+        i = 0
+        while i < len(rids):
+            k = fitting_run(pool, rids[i:], totals[i:], pool.num_free_blocks)
+            if k < 2:
+                k = 1
+                if not self.grow(rids[i], totals[i]):
+                    return False
+            elif not self._grow_many(np.array(rids[i : i + k]), np.array(totals[i : i + k]), True):
+                return False  # pragma: no cover - it fits before its frees
+            i += k
+        return True
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
         return 0, None  # the engine asks `decode_run` instead (see the module docstring)
