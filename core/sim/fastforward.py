@@ -13,7 +13,7 @@ Three shapes, each used only where it cannot change the outcome:
                               (someone may be waiting: the batch stays fixed);
     _segment_through_finishes nobody waits: requests leave as they finish and the batch shrinks inside
                               the run, up to the next arrival or the memory limit;
-    _steady_step              one general step whose running requests all decode, plus admissions, with
+    steady_step.steady_step   one general step whose running requests all decode, plus admissions, with
                               less numpy work than a plain step (and no StepPlan).
 
 It needs the step-time model itself (closed forms of its step times), so a model runner never gets it;
@@ -31,10 +31,9 @@ from .lean import LeanLoop
 from .lean import applies as lean_applies
 from .paged import PagedPolicy
 from .paged_run import PagedRun, run_pieces
-from .record import RunTotals
-from .scheduler import Scheduler
-from .step_sums import add_run, add_through_finishes, piece_bounds, shrinking_run
-from .steptime import StepTimeModel, swap_bytes
+from .steady_step import steady_step
+from .step_sums import add_run, add_through_finishes, piece_bounds, run_through_finishes
+from .steptime import StepTimeModel
 
 # ndarray.sum reduces with this ufunc and the same arguments, through a Python-level wrapper that costs more than the
 # reduction itself on a batch of ~11 requests: the same results, called directly
@@ -50,10 +49,9 @@ class FastForward:
         self._steps_index = np.arange(1024, dtype=np.int64)
         self._steps_float = self._steps_index.astype(np.float64)  # the same, as floats (exact: < 2^53)
         self._remaining: list[int] = []  # tokens to go of each running request, as _segment_length saw them
-        self._floor_s: float | None = None  # the shortest decode step (one request, no context)
+        self._floor_s = float(steptime.step_s(1.0, 0.0, 0.0))  # the shortest decode step (one request, no context)
         self._paged = isinstance(engine.policy, PagedPolicy)  # its runs are accounted by paged_run.PagedRun
         self._grouped = not self._paged and _is_grouped(engine.policy)  # runs_decode may change: asked each time
-        self._lazy = bool(getattr(engine.policy, "lazy_admission", False))  # paged without a prefix cache
 
     def whole_loop(self) -> LeanLoop | None:
         """The lean loop (lean.py) where it applies to this run."""
@@ -62,103 +60,8 @@ class FastForward:
     def advance(self) -> bool:
         k, plan = self._segment_length()
         if k == -1:
-            return self._segment_through_finishes() or self._steady_step()
-        return (k >= 2 and self._segment(k, plan)) or self._steady_step()
-
-    def _steady_step(self) -> bool:
-        """The common general step, with less numpy work: every running request decodes one token (steady)
-        and waiting requests may be admitted. The same integers and the same order of updates as a plain
-        step (which `fast_forward=False` uses for every step; tests compare the two). False: take a plain step."""
-        s, st, totals = self.scheduler, self.steptime, self.totals
-        run = s.running_ids
-        n = len(run)
-        if not s.steady or n == 0 or n > s.config.max_batched_tokens:
-            return False
-        tokens_run = s.computed[run]
-        grown = tokens_run + 1
-        if not self.policy.grow_many(run, grown):
-            return self._preempting_step()  # memory is short: the running requests are preempted from the back
-        admitted: list[int] = []
-        chunks: list[int] = []
-        s.admit_waiting(s.config.max_batched_tokens - n, admitted, chunks)
-        swapped = 0.0
-        if s.swapped_in_now:
-            swapped = swap_bytes((), s.swapped_in_now, st.kv_bytes_per_token)
-            s.swapped_in_now = []
-        context = int(_sum(tokens_run)) + n  # decode: Σ (c + 1) positions attended
-        tokens, positions, moved = n, context, context + n
-        computed = s.computed
-        starts = [int(computed[rid]) for rid in admitted]  # scalar reads: fancy indexing by a list costs more
-        for start, new in zip(starts, chunks, strict=True):
-            tokens += new
-            positions += start * new + new * (new + 1) // 2
-            moved += start + 2 * new
-        excess = (0.0, 0.0)
-        if st.sliding_share:
-            excess = st.chunk_excess(np.concatenate([tokens_run, np.array(starts, np.int64)]),
-                                     np.concatenate([np.ones(n, np.int64), np.array(chunks, np.int64)]))
-        d = float(st.step_s(float(tokens), float(positions), float(moved), swapped, *excess, float(n + len(starts))))
-        computed[run] = grown
-        sampled_admitted = []
-        prompt_tokens, generated = s.prompt_tokens, s.generated
-        for rid, start, new in zip(admitted, starts, chunks, strict=True):
-            computed[rid] = end = start + new
-            if end == prompt_tokens[rid] + generated[rid]:  # its known tokens computed: it samples
-                sampled_admitted.append(rid)
-        s.finished_now = 0
-        parts, table_bytes = self.policy.parts(computed[s.running_ids] if admitted else grown, s.head())
-        self.engine.account(d, parts, table_bytes)
-        s.now_s += d
-        totals.busy_s += d
-        totals.steps += 1
-        last_token_s = s.last_token_s
-        totals.add_itl(s.now_s - last_token_s[run], 1)
-        _admitted_tokens(s, totals, sampled_admitted)
-        last_token_s[run] = s.now_s
-        generated[run] += 1
-        sampled = run
-        if sampled_admitted:
-            sampled = np.concatenate([run, np.array(sampled_admitted, np.int64)])
-            for rid in sampled_admitted:
-                last_token_s[rid] = s.now_s
-                generated[rid] += 1
-        s.finish(sampled)
-        s.steady = len(sampled) - s.finished_now == len(s.running)
-        return True
-
-    def _preempting_step(self) -> bool:
-        """A steady step whose growth does not fit: the plain step's outcome (the scheduler grows the running
-        requests one by one, preempting from the back, and admits nobody), without its StepPlan. Only where the
-        plan's events cannot change the step's time: preemption by recompute (nothing crosses the host link),
-        no sliding window, no prefix cache (`lazy_admission`: no tiers either). False: take the plain step."""
-        s, st, totals = self.scheduler, self.steptime, self.totals
-        if not self._lazy or s.config.preempt != "recompute" or st.sliding_share or s.swapped_in_now:
-            return False
-        ids: list[int] = []
-        news: list[int] = []
-        s._schedule_running_one_by_one(s.config.max_batched_tokens, ids, news)
-        assert s.preempted_now and ids == s.running, "a steady step that did not fit preempts, and keeps a prefix"
-        s.preempted_now, s.released = [], []  # the plain step's events, taken by its plan
-        run = s.running_ids
-        m = len(ids)
-        computed = s.computed
-        start = computed[run]
-        positions = int(_sum(start)) + m  # every request decodes one token: StepTimeExecutor.duration_s's sums
-        d = float(st.step_s(float(m), float(positions), float(positions + m), 0.0, 0.0, 0.0, float(m)))
-        grown = start + 1
-        computed[run] = grown
-        s.finished_now = 0
-        parts, table_bytes = self.policy.parts(grown, s.head())
-        self.engine.account(d, parts, table_bytes)
-        s.now_s += d
-        totals.busy_s += d
-        totals.steps += 1
-        totals.add_itl(s.now_s - s.last_token_s[run], 1)  # every one of them has its first token (steady)
-        s.last_token_s[run] = s.now_s
-        s.generated[run] += 1
-        s.finish(run)
-        s.steady = m - s.finished_now == len(s.running)
-        return True
+            return self._segment_through_finishes() or steady_step(self.engine, self.steptime)
+        return (k >= 2 and self._segment(k, plan)) or steady_step(self.engine, self.steptime)
 
     # ---- runs of decode steps ----------------------------------------------------------------------------
     def _segment_length(self) -> tuple[int, np.ndarray | None]:
@@ -323,25 +226,16 @@ class FastForward:
         if self._runs_decode():
             from .fastforward_groups import grouped_run_through_finishes
             return grouped_run_through_finishes(self)  # a hybrid pool's
-        s, st, totals = self.scheduler, self.steptime, self.totals
+        s = self.scheduler
         run = s.running_ids
         tokens0 = s.computed[run]
         remaining = s.stop_at[run] - s.generated[run]
-        k = int(remaining.max())
-        until = self._until()
-        if until < np.inf:  # no decode step is shorter than the weights' read + overhead
-            if self._floor_s is None:
-                self._floor_s = float(st.step_s(1.0, 0.0, 0.0))  # the same every time: asked once
-            k = min(k, int((until - s.now_s) / self._floor_s) + 2)
-        order, by_remaining, alive, context, d, ends = shrinking_run(
-            st, tokens0, remaining, k, s.now_s, self._steps_upto(k)[:k], self._excess(tokens0, k, remaining))
-        if until < np.inf:
-            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
-        k, parts, table_bytes = self.policy.finish_segment(run, tokens0, remaining, d[:k], context[:k])
-        if k < 2:
+        found = run_through_finishes(self.steptime, self.policy, run, tokens0, remaining, int(remaining.max()),
+                                     s.now_s, self._until(), self._floor_s, self._steps_upto)
+        if found is None:
             return False
-        d, ends, alive = d[:k], ends[: k + 1], alive[:k]
-        add_through_finishes(totals, parts, table_bytes, d, ends, alive, len(run), s.now_s)
+        k, d, ends, alive, parts, table_bytes, finished = found
+        add_through_finishes(self.totals, parts, table_bytes, d, ends, alive, len(run), s.now_s)
         taken = np.minimum(remaining, k)
         s.computed[run] = tokens0 + taken
         s.generated[run] += taken
@@ -349,8 +243,7 @@ class FastForward:
         # every request's growth at once (checked step by step in finish_segment); the finished ones then
         # release in finishing order, so each takes its last blocks from the pool when they are free
         self.policy.grow_many(run, tokens0 + taken, check=False)
-        finished = order[: int(np.searchsorted(by_remaining, k, side="right"))]  # in finishing order
-        for i in finished.tolist():
+        for i in finished.tolist():  # in finishing order
             s.now_s = float(ends[taken[i]])
             s.close(int(run[i]))
         s.now_s = float(ends[-1])
@@ -360,18 +253,6 @@ class FastForward:
             s.set_running()
         s.steady = True
         return True
-
-
-def _admitted_tokens(s: Scheduler, totals: RunTotals, sampled_admitted: list[int]) -> None:
-    """The first token of each admitted request that completed its prompt this step, or the gap since its
-    last token (one that was preempted and recomputed)."""
-    first_token_s = s.first_token_s
-    later = [rid for rid in sampled_admitted if first_token_s[rid] == first_token_s[rid]]  # not NaN
-    if later:
-        totals.add_itl(s.now_s - s.last_token_s[later], 1)
-    for rid in sampled_admitted:
-        if first_token_s[rid] != first_token_s[rid]:  # NaN: no token yet
-            first_token_s[rid] = s.now_s
 
 
 def _is_grouped(policy: object) -> bool:

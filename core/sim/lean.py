@@ -9,8 +9,8 @@ recompute, no timeout, no sliding window, no token ids, no parallel samples, no 
 
 Each tick is what FastForward.advance (or the plain step) does in the same state, in the same order:
 
-    _steady    every running request decodes one token and waiting requests are admitted (FastForward._steady_step)
-    _preempt   that step's growth does not fit: running requests preempted from the back (_preempting_step)
+    _steady    every running request decodes one token and waiting requests are admitted (steady_step.steady_step)
+    _preempt   that step's growth does not fit: running requests preempted from the back (steady_step._preempting_step)
     _segment   a run of decode steps to the next finish or the memory limit while the head of the queue cannot be
                admitted, in pieces where arrivals join (FastForward._segment; the same numpy sums: paged_run)
     through_finishes  nobody waits: the batch shrinks as requests finish, to the next arrival (lean_runs)
@@ -126,7 +126,7 @@ class LeanLoop(LeanBatch):
 
     # ---- the general step, in plain ints ------------------------------------------------------------
     def _steady(self, n: int) -> None:
-        """FastForward._steady_step: the running requests decode, waiting ones are admitted (prefill from 0)."""
+        """steady_step.steady_step: the running requests decode, waiting ones are admitted (prefill from 0)."""
         s, B, tok = self.s, self.B, self.tok
         grow = sum([1 for t in tok if not t % B])  # ceil((t + 1) / B) − ceil(t / B)
         if grow > self.free - self.owed:
@@ -190,7 +190,7 @@ class LeanLoop(LeanBatch):
         return admitted, chunks, whole
 
     def _first_tokens(self, sampled: list[int], now: float) -> None:
-        """fastforward._admitted_tokens: the first token of each admitted request that sampled, or the gap since its
+        """steady_step._admitted_tokens: the first token of each admitted request that sampled, or the gap since its
         last one (recomputed after a preemption: it has generated tokens, as every request with a first token)."""
         s, gen = self.s, self.gen
         later = [rid for rid in sampled if gen[rid]]
@@ -204,7 +204,7 @@ class LeanLoop(LeanBatch):
                 first_token_s[rid] = now
 
     def _preempt(self) -> None:
-        """FastForward._preempting_step: grown one by one in admission order, preempting from the back by recompute
+        """steady_step._preempting_step: grown one by one in admission order, preempting from the back by recompute
         while one does not fit; then the decode step of those left (nobody admitted)."""
         s, B, tok = self.s, self.B, self.tok
         running = s.running

@@ -16,7 +16,7 @@ import numpy as np
 
 from .paged_run import piece_parts
 from .record import CANCELLED, COMPLETED
-from .step_sums import add_through_finishes, piece_bounds, shrinking_run
+from .step_sums import add_through_finishes, piece_bounds, run_through_finishes
 
 if TYPE_CHECKING:
     from .paged import PagedPolicy
@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 _sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
 LIST_STEPS = 32  # runs of at most this many decode steps get their step times in plain floats, longer ones from numpy
+
+
+def _steps(k: int) -> np.ndarray:
+    """0, 1, …, k − 1 (int64)."""
+    return np.arange(k, dtype=np.int64)
 
 
 class LeanBatch:
@@ -131,24 +136,19 @@ class LeanBatch:
 
     def through_finishes(self) -> bool:
         """FastForward._segment_through_finishes on the loop's lists (nobody waits: requests leave as they finish, up
-        to the next arrival or the memory limit), with its numpy sums on the same arrays (step_sums.shrinking_run,
-        PagedPolicy.finish_segment, step_sums.add_through_finishes). False (nothing done): under two steps."""
-        s, tok, rem = self.s, self.tok, self.rem
-        k = max(rem)
+        to the next arrival or the memory limit): the same run (step_sums.run_through_finishes) and sums
+        (step_sums.add_through_finishes) on arrays of the lists. False (nothing done): under two steps."""
+        s, tok = self.s, self.tok
         until = s.arrival_list[s.next_arrival] if s.next_arrival < s.num_requests else np.inf
-        if until < np.inf:  # no decode step is shorter than the weights' read + overhead
-            if until <= s.now_s + self.floor_s:  # <= the end of step 0 (rounding is monotone): under two steps
-                return False
-            k = min(k, int((until - s.now_s) / self.floor_s) + 2)
-        tokens0, remaining = np.array(tok, dtype=np.int64), np.array(rem, dtype=np.int64)
-        order, by_remaining, alive, context, d, ends = shrinking_run(
-            self.st, tokens0, remaining, k, s.now_s, np.arange(k, dtype=np.int64), 0.0)
-        if until < np.inf:
-            k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
-        k, parts, table_bytes = self.policy.finish_segment(tokens0, tokens0, remaining, d[:k], context[:k])
-        if k < 2:
+        if until <= s.now_s + self.floor_s:  # run_through_finishes' first test, before any numpy work: under two steps
             return False
-        d, ends, alive = d[:k], ends[: k + 1], alive[:k]
+        tokens0, remaining = np.array(tok, dtype=np.int64), np.array(self.rem, dtype=np.int64)
+        # the policy (PagedPolicy) reads no request ids: the tokens stand in for them
+        found = run_through_finishes(self.st, self.policy, tokens0, tokens0, remaining, max(self.rem), s.now_s, until,
+                                     self.floor_s, _steps)
+        if found is None:
+            return False
+        k, d, ends, alive, parts, table_bytes, finished = found
         totals = self.totals
         if self.itl:  # the gaps so far first: the same chunks of samples as the write-back gave
             totals.add_itl_each(self.itl, self.itl_weight)
@@ -156,8 +156,7 @@ class LeanBatch:
         totals.memory_slot_s[:] = self.mem
         add_through_finishes(totals, parts, table_bytes, d, ends, alive, len(tok), s.now_s)
         self.mem = totals.memory_slot_s.tolist()
-        self._leave_in_order(order[: int(np.searchsorted(by_remaining, k, side="right"))].tolist(), k, ends.tolist(),
-                             tokens0 + np.minimum(remaining, k), remaining - k)
+        self._leave_in_order(finished.tolist(), k, ends.tolist(), tokens0 + np.minimum(remaining, k), remaining - k)
         self.last_s = s.now_s = float(ends[-1])
         self.unsampled = []
         s.steady = True

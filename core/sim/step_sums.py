@@ -1,11 +1,12 @@
-"""Sums over a run of k engine steps taken at once (fastforward.py, fastforward_groups.py): where arrivals join a
-run, and step-by-step additions in step order, so a run's totals are bit-identical to stepping one by one."""
+"""Sums over a run of k engine steps taken at once (fastforward.py, fastforward_groups.py, lean_runs.py): where
+arrivals join a run, how far a run through finishes goes, and step-by-step additions in step order, so a run's totals
+are bit-identical to stepping one by one."""
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -150,6 +151,45 @@ def shrinking_run(st: Any, tokens0: np.ndarray, remaining: np.ndarray, k: int, n
     ends[1:] = d
     np.cumsum(ends, out=ends)
     return order, by_remaining, alive, context, d, ends
+
+
+class FinishesRun(NamedTuple):
+    """A run through finishes as far as it goes (`run_through_finishes`): k steps, d[j] the time of step j (ending at
+    ends[j + 1]), alive[j] the requests in it, the policy's integrals (parts, table bytes), and the requests that
+    finish in it (indices into the batch, in finishing order)."""
+
+    k: int
+    d: np.ndarray
+    ends: np.ndarray
+    alive: np.ndarray
+    parts: np.ndarray
+    table_bytes: float
+    finished: np.ndarray
+
+
+def run_through_finishes(st: Any, policy: Any, rids: Any, tokens0: np.ndarray, remaining: np.ndarray, longest: int,
+                         now_s: float, until: float, floor_s: float,
+                         steps_upto: Callable[[int], np.ndarray]) -> FinishesRun | None:
+    """FastForward._segment_through_finishes and the lean loop's (lean_runs) up to their own updates: decode steps of
+    the batch holding `tokens0` with `remaining` tokens to go (`longest` the most), nobody waiting, requests leaving
+    as they finish, until the next arrival `until` (inf: none) or the memory the policy (st: StepTimeModel, policy:
+    a MemoryPolicy's finish_segment, given `rids`) finds short. `floor_s`: the shortest decode step (one request, no
+    context); `steps_upto(k)`: 0, 1, … (int64, at least k of them). None (nothing done): under two steps."""
+    k = longest
+    if until < np.inf:  # no decode step is shorter than the weights' read + overhead
+        if until <= now_s + floor_s:  # <= the end of step 0 (rounding is monotone): under two steps
+            return None
+        k = min(k, int((until - now_s) / floor_s) + 2)
+    excess = st.decode_excess(tokens0 + 1, k, remaining) if st.sliding_share else 0.0
+    order, by_remaining, alive, context, d, ends = shrinking_run(st, tokens0, remaining, k, now_s, steps_upto(k)[:k],
+                                                                 excess)
+    if until < np.inf:
+        k = min(k, int(np.searchsorted(ends[:k], until, side="left")))
+    k, parts, table_bytes = policy.finish_segment(rids, tokens0, remaining, d[:k], context[:k])
+    if k < 2:
+        return None
+    finished = order[: int(np.searchsorted(by_remaining, k, side="right"))]  # in finishing order
+    return FinishesRun(k, d[:k], ends[: k + 1], alive[:k], parts, table_bytes, finished)
 
 
 def add_through_finishes(totals: RunTotals, parts: np.ndarray, table_bytes: float, d: np.ndarray, ends: np.ndarray,
