@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from ..blocks import DEFAULT_BLOCK_SIZE, ceil_div
 from ..errors import ParameterError
-from .layers import bits_to_bytes
+from .layers import UNKNOWN_STATE_NOTE, bits_to_bytes
 from .model_spec import ModelSpec
 
 LAYOUTS = ("vllm", "ideal")
@@ -146,6 +146,11 @@ def layer_types(spec: ModelSpec, dtype_bits: int, tp: int = 1) -> list[_LayerTyp
             counts[(kind, g.window, g.kind, g.bits_per_token(dtype_bits, tp))] += g.count
         elif g.state is not None:
             counts[("state", None, g.state.kind, g.state.bits(tp))] += g.count
+        elif g.note == UNKNOWN_STATE_NOTE:  # vLLM pages that state beside the KV: the pool would be a guess
+            raise ParameterError(f"{spec.name}: the recurrent state of {g.count} linear-attention / state-space "
+                                 "layers is not known (the config has no Mamba, linear_* or lightning fields), so "
+                                 "the paged pool would be a guess; add the state's fields to the config (kvcalc "
+                                 "size gives its KV alone)", "model")
     return [_LayerType(kind, window, source, n, bits) for (kind, window, source, bits), n in counts.items()]
 
 

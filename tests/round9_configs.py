@@ -1,0 +1,95 @@
+"""Public config.json files of 2025-26 models first tried in round 9 of QA (tests/qa/test_round9_*.py), trimmed to
+the fields an engine reads for the cache plus the ones kvcalc must not trip over; each with its source. One loader
+writes a config where `--config` reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# https://huggingface.co/allenai/Olmo-3-1025-7B/blob/main/config.json (every 4th layer full, the rest a 4,096 window)
+OLMO3_7B: dict[str, Any] = {
+    "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "attention_bias": False, "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 65536, "rms_norm_eps": 1e-06, "sliding_window": 4096,
+    "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 8,
+    "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1, "factor": 8.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "yarn"},
+    "rope_theta": 500000, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 100278,
+}
+
+# https://huggingface.co/ByteDance-Seed/Seed-OSS-36B-Instruct/blob/main/config.json
+SEED_OSS_36B: dict[str, Any] = {
+    "architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss", "attention_bias": True,
+    "attention_out_bias": False, "hidden_act": "silu", "hidden_size": 5120, "head_dim": 128,
+    "intermediate_size": 27648, "max_position_embeddings": 524288, "mlp_bias": False, "num_attention_heads": 80,
+    "num_hidden_layers": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": {"rope_type": "default"},
+    "rope_theta": 10000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 155136,
+}
+
+# https://huggingface.co/zai-org/GLM-4.6/blob/main/config.json (92 layers; the MTP layer serves only speculation)
+GLM_46: dict[str, Any] = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 12288, "max_position_embeddings": 202752,
+    "moe_intermediate_size": 1536, "n_group": 1, "n_routed_experts": 160, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "num_hidden_layers": 92, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000, "routed_scaling_factor": 2.5,
+    "tie_word_embeddings": False, "topk_group": 1, "torch_dtype": "bfloat16", "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+
+# https://huggingface.co/swiss-ai/Apertus-8B-Instruct-2509/blob/main/config.json (a model_type kvcalc has no rules
+# for: read as a plain decoder because every field that could shape its cache was read)
+APERTUS_8B: dict[str, Any] = {
+    "architectures": ["ApertusForCausalLM"], "model_type": "apertus", "attention_bias": False, "hidden_act": "xielu",
+    "hidden_size": 4096, "intermediate_size": 21504, "max_position_embeddings": 65536, "mlp_bias": False,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "qk_norm": True,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 12000000, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 131072,
+}
+
+# https://huggingface.co/inclusionAI/Ring-mini-linear-2.0/blob/main/config.json: the last layer of every group of
+# layer_group_size (5) is softmax attention, the other four linear (lightning) attention with a state
+RING_MINI_LINEAR_2: dict[str, Any] = {
+    "architectures": ["BailingMoeLinearV2ForCausalLM"], "model_type": "bailing_moe_linear",
+    "first_k_dense_replace": 1, "group_norm_size": 4, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 5120, "layer_group_size": 5, "linear_silu": False, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 512, "moe_router_enable_expert_bias": True, "moe_shared_expert_intermediate_size": 512,
+    "n_group": 8, "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+    "num_hidden_layers": 20, "num_key_value_heads": 4, "num_nextn_predict_layers": 0, "num_shared_experts": 1,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "routed_scaling_factor": 2.5, "score_function": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
+    "torch_dtype": "bfloat16", "use_qk_norm": True, "use_qkv_bias": False, "vocab_size": 157184,
+}
+
+# https://huggingface.co/tencent/Tencent-Hunyuan-Large/blob/main/config.json (cross-layer attention: two layers
+# share one KV)
+HUNYUAN_LARGE: dict[str, Any] = {
+    "architectures": ["HunYuanForCausalLM"], "model_type": "hunyuan", "hidden_size": 6400, "intermediate_size": 18304,
+    "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "use_cla": True,
+    "cla_share_factor": 2, "num_experts": 16, "moe_topk": 1, "max_position_embeddings": 131072,
+    "use_qk_norm": True, "vocab_size": 129024, "torch_dtype": "bfloat16",
+}
+
+# https://huggingface.co/stepfun-ai/step3/blob/main/config.json (multi-matrix factorization attention: one KV head
+# of 256 a layer; experts per token named moe_top_k)
+STEP3: dict[str, Any] = {
+    "architectures": ["Step3VLForConditionalGeneration"], "model_type": "step3_vl",
+    "text_config": {
+        "architectures": ["Step3TextForCausalLM"], "model_type": "step3_text", "hidden_size": 7168,
+        "intermediate_size": 18432, "num_attention_heads": 64, "num_attention_groups": 1, "num_hidden_layers": 61,
+        "max_seq_len": 65536, "vocab_size": 128815, "rms_norm_eps": 1e-05, "moe_intermediate_size": 5120,
+        "moe_num_experts": 48, "moe_top_k": 3, "rope_theta": 500000, "head_dim": 256, "share_expert_dim": 5120,
+        "share_q_dim": 2048, "moe_layers_enum": ",".join(str(i) for i in range(4, 60)), "torch_dtype": "bfloat16",
+    },
+}
+
+
+def write(folder: Path, config: dict[str, Any]) -> Path:
+    """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
