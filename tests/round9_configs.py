@@ -88,6 +88,41 @@ STEP3: dict[str, Any] = {
 }
 
 
+# https://huggingface.co/LiquidAI/LFM2-8B-A1B/blob/main/config.json (6 attention layers, 18 short convolutions)
+LFM2_8B_A1B: dict[str, Any] = {
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "vocab_size": 65536, "hidden_size": 2048,
+    "intermediate_size": 7168, "moe_intermediate_size": 1792, "num_hidden_layers": 24, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 128000, "norm_eps": 1e-05, "conv_bias": False,
+    "conv_L_cache": 3, "rope_theta": 1000000.0, "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4,
+    "norm_topk_prob": True, "use_expert_bias": True, "routed_scaling_factor": 1.0, "torch_dtype": "bfloat16",
+    "layer_types": ["conv", "conv", "full_attention", "conv", "conv", "conv", "full_attention", "conv", "conv", "conv",
+                    "full_attention", "conv", "conv", "conv", "full_attention", "conv", "conv", "conv",
+                    "full_attention", "conv", "conv", "full_attention", "conv", "conv"],
+}
+
+# https://huggingface.co/Qwen/Qwen3.5-35B-A3B/blob/main/config.json (3 Gated DeltaNet layers, then 1 gated attention)
+QWEN35_35B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_moe_text", "attention_bias": False, "attn_output_gate": True, "dtype": "bfloat16",
+        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 10, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128, "max_position_embeddings": 262144, "moe_intermediate_size": 512,
+        "mtp_num_hidden_layers": 1, "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+        "num_hidden_layers": 40, "num_key_value_heads": 2, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+        "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "vocab_size": 248320,
+    },
+    "vision_config": {
+        "model_type": "qwen3_5_moe", "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+        "in_channels": 3, "intermediate_size": 4304, "num_heads": 16, "num_position_embeddings": 2304,
+        "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+    },
+}
+
+
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
     folder.mkdir(parents=True, exist_ok=True)
