@@ -119,19 +119,25 @@ class Engine:
         self.totals.busy_s += d
         self.totals.steps += 1
         if len(sampled):
-            first = np.isnan(s.first_token_s[sampled])
-            s.first_token_s[sampled[first]] = s.now_s
-            later = sampled[~first]
-            if len(later):
-                self.totals.add_itl(s.now_s - s.last_token_s[later], 1)
-            s.last_token_s[sampled] = s.now_s
-            s.generated[sampled] += 1
+            self._sampled(sampled, 1)
             if s.token_ids is not None:
                 self._take_tokens(sampled, outcome)
             if plan.events.forks:
                 sampled = self._fork(plan.events.forks, sampled, outcome)
             s.finish(sampled, outcome.finished)
         s.steady = len(sampled) - s.finished_now == len(s.running)
+
+    def _sampled(self, sampled: np.ndarray, tokens: np.ndarray | int) -> None:
+        """`sampled` got `tokens` tokens each at the end of the step (now): the time of each one's first, or one
+        inter-token gap since its last (tokens that arrive together are one gap)."""
+        s = self.scheduler
+        first = np.isnan(s.first_token_s[sampled])
+        s.first_token_s[sampled[first]] = s.now_s
+        later = sampled[~first]
+        if len(later):
+            self.totals.add_itl(s.now_s - s.last_token_s[later], 1)
+        s.last_token_s[sampled] = s.now_s
+        s.generated[sampled] += tokens
 
     def _take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
         s = self.scheduler

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -248,14 +249,9 @@ class Scheduler:
             if self.align_block and not (new := self._aligned(rid, int(self.computed[rid]), new)):
                 i += 1
                 continue
-            victim = None
-            while not self.policy.grow(rid, int(self.computed[rid]) + new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim == rid:
-                    break
-            if victim == rid:
+            runs, preempting = self._grow_preempting(rid, self.policy.grow, rid, int(self.computed[rid]) + new)
+            preempted |= preempting
+            if not runs:
                 break
             ids.append(rid)
             news.append(new)
@@ -263,6 +259,18 @@ class Scheduler:
             i += 1
         self.set_running()
         return budget, preempted
+
+    def _grow_preempting(self, rid: int, grow: Callable[..., bool], *args: int) -> tuple[bool, bool]:
+        """`grow(*args)` (the policy growing running request `rid`), preempting from the back of the running batch
+        until it fits: (whether `rid` still runs — False: it was preempted itself —, whether anyone was preempted)."""
+        preempted = False
+        while not grow(*args):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted = True
+            if victim == rid:
+                return False, True
+        return True, preempted
 
     def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:
         """Step 3: admit from the head of the queue into `ids`/`news`; swap-ins go to `swapped_in_now`."""

@@ -165,14 +165,10 @@ class SpeculativeScheduler(Scheduler):
                 slots = max(slots, new)
             else:
                 new = min(remaining, budget)
-            victim = None
-            while not (self.policy.reserve(rid, slots) if decoding else self.policy.grow(rid, computed + new)):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim == rid:
-                    break
-            if victim == rid:
+            grow, args = (self.policy.reserve, (rid, slots)) if decoding else (self.policy.grow, (rid, computed + new))
+            runs, preempting = self._grow_preempting(rid, grow, *args)
+            preempted |= preempting
+            if not runs:
                 break
             if decoding:
                 self.drafts_now[rid] = drafts
@@ -243,14 +239,8 @@ class SpeculativeEngine(Engine):
         s.now_s += d
         self.totals.busy_s += d
         self.totals.steps += 1
-        if len(sampled):
-            first = np.isnan(s.first_token_s[sampled])
-            s.first_token_s[sampled[first]] = s.now_s
-            later = sampled[~first]
-            if len(later):
-                self.totals.add_itl(s.now_s - s.last_token_s[later], 1)  # one value per step: tokens arrive together
-            s.last_token_s[sampled] = s.now_s
-            s.generated[sampled] += np.array([emitted.get(r, 1) for r in sampled.tolist()], dtype=np.int64)
+        if len(sampled):  # one inter-token gap per request and step: its tokens arrive together
+            self._sampled(sampled, np.array([emitted.get(r, 1) for r in sampled.tolist()], dtype=np.int64))
             if s.token_ids is not None:
                 self._take_speculated_tokens(sampled, outcome, emitted)
             s.finish(sampled, outcome.finished)
