@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from hash_index_batches import batch, check_batch_insert, spread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -246,10 +247,6 @@ def test_vectorised_chain_hash_equals_the_recurrence(parent: int, keys: list[int
     assert got == chain_hashes_reference(parent, keys)
 
 
-def spread(k: int) -> int:
-    return k * 0x9E3779B97F4A7C15 % 2**64  # spread small keys over the table's slots
-
-
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["put", "del"]), st.lists(st.integers(0, 40), min_size=1, max_size=12)),
                 max_size=60))
@@ -267,19 +264,13 @@ def test_hash_index_matches_a_dict(ops: list[tuple[str, list[int]]]) -> None:
     next_block = 0
     for op, ks in ops:
         if op == "put" and len(ref) + len(ks) <= 24:
-            blocks = np.arange(next_block, next_block + len(ks))
+            blocks, hashes = batch(next_block, ks)
             next_block += len(ks)
-            hashes = np.array([spread(k) for k in ks], dtype=np.uint64)
             hash_of[blocks] = hashes
             home_of[blocks] = homes(ks)
             inserted = index.insert(hashes, blocks, home_of[blocks])
-            triples = list(zip(ks, blocks.tolist(), inserted.tolist(), strict=True))
-            for k in set(ks):
-                winners = [b for kk, b, ok in triples if kk == k and ok]
-                # absent before: exactly one of its equal hashes in the batch goes in; present: none
-                assert len(winners) == (k not in ref)
-                if winners:
-                    ref[k] = winners[0]
+            # absent before: exactly one of its equal hashes in the batch goes in; present: none
+            check_batch_insert(ref, ks, blocks, inserted.tolist())
         elif op == "del":
             for k in set(ks) & set(ref):
                 b = ref.pop(k)

@@ -5,6 +5,7 @@ hash found where a dict says; only the slots may differ (no caller reads them bu
 from __future__ import annotations
 
 import numpy as np
+from hash_index_batches import batch, check_batch_insert, spread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,10 +29,6 @@ class OneAtATime(HashIndex):
                 table[slot], self.slot_of[block_ids[i]] = block_ids[i], slot
 
 
-def spread(k: int) -> int:
-    return k * 0x9E3779B97F4A7C15 % 2**64  # small keys over the whole table
-
-
 def fresh(kind: type[HashIndex], max_entries: int) -> HashIndex:
     n = 6000
     return kind(max_entries, np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int32))
@@ -50,21 +47,15 @@ def test_rounds_insert_as_one_key_at_a_time(ops: list[tuple[str, list[int]]], li
     next_block = 0
     for op, ks in ops:
         if op == "put" and len(ref) + len(ks) <= 300:
-            blocks = np.arange(next_block, next_block + len(ks))
+            blocks, hashes = batch(next_block, ks)
             next_block += len(ks)
-            hashes = np.array([spread(k) for k in ks], dtype=np.uint64)
             homes = np.array([k % (lines + 1) * 64 for k in ks], dtype=np.int64)  # equal keys: one home
             got = []
             for index in (rounds, reference):
                 index.hash_of[blocks], index.home_of[blocks] = hashes, homes
                 got.append(index.insert(hashes, blocks, homes).tolist())
             assert got[0] == got[1]  # the same copy of equal keys wins (the first pass's, then the first met)
-            triples = list(zip(ks, blocks.tolist(), got[0], strict=True))
-            for k in set(ks):
-                winners = [b for kk, b, ok in triples if kk == k and ok]
-                assert len(winners) == (k not in ref)  # absent: one of its equal copies goes in; present: none
-                if winners:
-                    ref[k] = winners[0]
+            check_batch_insert(ref, ks, blocks, got[0])  # absent: one of its equal copies goes in; present: none
         elif op == "del":
             gone = np.array([ref.pop(k) for k in sorted(set(ks) & set(ref))], dtype=np.intp)
             rounds.delete(gone)

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from hybrid_layouts import hybrid_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +21,7 @@ from kvcalc.core.sim.paged_groups import GroupedPagedPolicy
 
 @st.composite
 def layouts(draw):
-    B = draw(st.sampled_from([2, 4]))
-    kind = draw(st.sampled_from(["sliding", "chunked", "state"]))
-    window = {"sliding": draw(st.integers(B + 1, 5 * B)), "chunked": B * draw(st.integers(1, 3)), "state": None}[kind]
-    groups = (PoolGroup("full"), *[PoolGroup(kind, window)] * draw(st.integers(1, 2)))
-    mode = draw(st.sampled_from(["all", "align", "none"])) if kind == "state" else "none"
+    B, groups, mode = draw(hybrid_groups())
     blocks = draw(st.integers(len(groups) * 3, len(groups) * 14))
     # each operation: (what, a request or a step count, tokens)
     ops = draw(st.lists(st.tuples(st.sampled_from(["admit", "step", "run", "one", "release"]), st.integers(0, 7),

@@ -13,6 +13,7 @@ step."""
 from __future__ import annotations
 
 import numpy as np
+from hybrid_layouts import hybrid_groups
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,15 +53,11 @@ def state(policy: GroupedPagedPolicy, running: list[int]) -> tuple:
 
 @st.composite
 def layouts(draw):
-    B = draw(st.sampled_from([2, 4]))
-    kind = draw(st.sampled_from(["sliding", "chunked", "state"]))
-    window = {"sliding": draw(st.integers(B + 1, 5 * B)), "chunked": B * draw(st.integers(1, 3)), "state": None}[kind]
-    groups = (PoolGroup("full"), *[PoolGroup(kind, window)] * draw(st.integers(1, 2)))
+    B, groups, mode = draw(hybrid_groups())
     prompts = draw(st.lists(st.integers(1, 6 * B), min_size=2, max_size=N_REQUESTS))
     keyed = draw(st.booleans())
     keys = [[draw(st.integers(0, 2)) for _ in range(n // B)] for n in prompts] if keyed else None
     blocks = draw(st.integers(len(groups) * 3, len(groups) * 12))
-    mode = draw(st.sampled_from(["all", "align", "none"])) if kind == "state" else "none"
     return B, groups, prompts, keys, blocks, draw(st.integers(1, 4 * B)), mode
 
 
