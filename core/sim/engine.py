@@ -11,7 +11,7 @@ per step, with the same results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -139,14 +139,19 @@ class Engine:
         s.last_token_s[sampled] = s.now_s
         s.generated[sampled] += tokens
 
-    def _take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
-        s = self.scheduler
+    def _reported_tokens(self, outcome: StepOutcome) -> tuple[list[list[int]], Mapping[int, int | tuple[int, ...]]]:
+        """(the workload's token ids per request, the tokens the executor reports for this step), for a workload with
+        token ids, whose executor must report the tokens of every sampling request."""
         if outcome.token_ids is None:
-            raise ValueError("the workload has token ids: the executor must return the token each sampling "
+            raise ValueError("the workload has token ids: the executor must return the tokens each sampling "
                              "request produced (StepOutcome.token_ids)")
-        assert s.token_ids is not None  # the caller takes tokens only for a workload with token ids
+        assert self.scheduler.token_ids is not None  # the caller takes tokens only for a workload with token ids
+        return self.scheduler.token_ids, outcome.token_ids
+
+    def _take_tokens(self, sampled: np.ndarray, outcome: StepOutcome) -> None:
+        token_ids, given = self._reported_tokens(outcome)
         for rid in sampled.tolist():
-            s.token_ids[rid].append(one_token(rid, outcome.token_ids[rid]))
+            token_ids[rid].append(one_token(rid, given[rid]))
 
     def _fork(self, forks: tuple[tuple[int, int], ...], sampled: np.ndarray, outcome: StepOutcome) -> np.ndarray:
         """The parallel samples of parents that just produced their first token: same blocks, own first token."""

@@ -247,17 +247,13 @@ class SpeculativeEngine(Engine):
 
     def _take_speculated_tokens(self, sampled: np.ndarray, outcome: StepOutcome, emitted: dict[int, int]) -> None:
         """As Engine._take_tokens; a request that verified drafts reports the tuple of tokens it emitted."""
-        s = self.scheduler
-        if outcome.token_ids is None:
-            raise ValueError("the workload has token ids: the executor must return the tokens each sampling "
-                             "request produced (StepOutcome.token_ids)")
-        assert s.token_ids is not None  # the caller takes tokens only for a workload with token ids
+        token_ids, reported = self._reported_tokens(outcome)
         for rid in sampled.tolist():
-            given = outcome.token_ids[rid]
+            given = reported[rid]
             # one token: an int or any integer scalar (numpy's from a model runner); else a sequence of them
             tokens = list(given) if isinstance(given, tuple) else np.atleast_1d(given).tolist()
             assert len(tokens) == emitted.get(rid, 1), f"request {rid}: {len(tokens)} tokens for {emitted.get(rid, 1)}"
-            s.token_ids[rid].extend(int(t) for t in tokens)
+            token_ids[rid].extend(int(t) for t in tokens)
 
     def totals_speculative(self) -> SpeculativeTotals:
         return SpeculativeTotals(**self.counts, speculative_slot_s=self.speculative_slot_s)
