@@ -165,9 +165,8 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
     homes = index.home_slots(hashes, positions)
     present, slots = index.find(hashes, homes)
     old = present[present >= 0]  # (a block found twice, under equal hashes of the batch, is deleted once: unique)
-    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))]
-    stale = np.unique(stale[store.state.take(stale) == FREE_CACHED])  # a stale block is held by no table (module)
-    if len(stale):
+    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))] if len(old) else old
+    if len(stale) and len(stale := np.unique(stale[store.state.take(stale) == FREE_CACHED])):  # held by no table
         index.delete(stale)
         store.queue.uncache(stale)  # hash-less, where it was in the free queue
         store.fill[stale] = 0
@@ -219,5 +218,5 @@ class Canonical:
                 and store.version[cached] == version):
             store.parent_id[block] = cached
             store.parent_ver[block] = version
-            store.index.generation += 1  # a chain changed: look-ups kept since are stale (prefix_lookup.probe)
+            store.index.epoch += 1  # a chain changed: look-ups kept since are stale (prefix_lookup.probe)
         return True

@@ -56,6 +56,9 @@ class HashIndex:
         self.num_live = 0
         self.num_tombstones = 0
         self.generation = 0  # bumped whenever an entry is deleted or moved (a saved look-up may be stale then)
+        # bumped when entries move (a rebuild: a slot saved by a look-up says nothing then) or a chain is relinked
+        # (group_hits.Canonical: a verification may change); prefix_lookup.probe re-checks kept look-ups until then
+        self.epoch = 0
 
     @staticmethod
     def num_slots(max_entries: int) -> int:
@@ -251,5 +254,6 @@ class HashIndex:
         self.vals[:] = EMPTY
         self.slot_of[vals] = -1
         self.generation += 1
+        self.epoch += 1
         self.num_live = self.num_tombstones = 0
         self.insert(keys, vals, self.home_of[vals].astype(np.int64))

@@ -62,8 +62,8 @@ class PrefixIndex:
         self._interned: dict[Hashable, int] = {}
         self._extras: dict[Hashable, int] = {None: 0}
         self._lookahead: tuple | None = None  # see _find
-        self._probes_at: tuple[int, int] | None = None  # the index's (generation, num_live) of the kept look-ups
-        self._probes: list[tuple[int, Hashable, np.ndarray, Probe]] = []
+        self._probes_at: int | None = None  # the index's epoch of the kept look-ups (see probe)
+        self._probes: list[tuple] = []  # (tokens, extra key, keys, *_kept(look-up)), the latest first
 
     # ---- content keys and their hashes ----------------------------------------------------------
     def hash_prompts(self, block_keys: np.ndarray, offsets: np.ndarray, extra_key: Hashable = None) -> HashedPrompts:
@@ -126,25 +126,57 @@ class PrefixIndex:
     # ---- prefix look-up -------------------------------------------------------------------------
     def probe(self, num_tokens: int, block_keys: GivenKeys, extra_key: Hashable) -> Probe:
         """The look-up of a prompt of `num_tokens` whose first full blocks have `block_keys` (not None). The last
-        few look-ups of int keys are kept while the index is unchanged (no entry inserted, deleted or moved, no
-        chain relinked: `generation`, `num_live`), when a look-up finds the same: a waiting prompt is looked up
-        again at every step it waits, and decode steps change no entry."""
+        few look-ups of int keys are kept until the index's entries move or a chain is relinked (`epoch`), and
+        re-checked where the index changed since (`_recheck`): a waiting prompt is looked up again at every step
+        it waits, and a step's inserts and evictions touch few of its blocks."""
         if not isinstance(block_keys, np.ndarray):
             return self._probe_now(num_tokens, block_keys, extra_key)
-        index = self.index
-        now = (index.generation, index.num_live)
-        if self._probes_at != now:
-            self._probes_at, self._probes = now, []
-        for tokens, extra, keys, result in self._probes:
+        if self._probes_at != self.index.epoch:
+            self._probes_at, self._probes = self.index.epoch, []
+        for i, kept in enumerate(self._probes):
+            tokens, extra, keys = kept[:3]
             if tokens == num_tokens and len(keys) == len(block_keys) and extra == extra_key and np.array_equal(
                     keys, block_keys):
-                return result
-        for tokens, extra, keys, result in self._probes:  # a kept look-up of a longer prompt with these first keys
+                return self._recheck(i)
+        for i, kept in enumerate(self._probes):  # a kept look-up of a longer prompt with these first keys
+            tokens, extra, keys = kept[:3]
             if tokens >= num_tokens and len(keys) >= len(block_keys) and extra == extra_key and np.array_equal(
                     keys[: len(block_keys)], block_keys):
-                return self._prefix_probe(result, num_tokens, len(block_keys))
+                return self._prefix_probe(self._recheck(i), num_tokens, len(block_keys))
         result = self._probe_now(num_tokens, block_keys, extra_key)
-        self._probes = [(num_tokens, extra_key, block_keys.copy(), result), *self._probes[:_KEPT_PROBES - 1]]
+        self._probes = [(num_tokens, extra_key, block_keys.copy(), *self._kept(result)),
+                        *self._probes[:_KEPT_PROBES - 1]]
+        return result
+
+    def _kept(self, result: Probe) -> tuple[Probe, tuple[int, int], np.ndarray, np.ndarray]:
+        """(the look-up, the index's (generation, num_live) now, what each key's slot holds now — its block, or
+        EMPTY where the key is absent —, the found blocks' versions now): what `_recheck` compares."""
+        index, present = self.index, result.present
+        return (result, (index.generation, index.num_live), np.where(present >= 0, present, EMPTY),
+                self.store.version.take(np.maximum(present, 0)))
+
+    def _recheck(self, i: int) -> Probe:
+        """Kept look-up i, made the index's `find` of now again (same epoch: no entry moved, no chain relinked).
+
+        A key found in block b at slot s is found there still while s holds b and b's version is the same (b was
+        not handed out, so neither re-hashed nor re-chained); a key absent up to the empty slot s is absent still
+        while s is empty (an insert of the key would have taken s, the first free slot of its run; a delete leaves
+        a tombstone, never an empty slot). Only keys where that fails are looked up again. The verified hits follow
+        from the finds: keys, parents and versions change only with a hand-out (a changed version) or a relink (a
+        new epoch)."""
+        tokens, extra, keys, result, at, expected, versions = self._probes[i]
+        index, store = self.index, self.store
+        if at == (index.generation, index.num_live):  # nothing inserted or deleted since
+            return result
+        present, slots = result.present, result.slots
+        stale = index.vals.take(slots) != expected
+        stale |= (store.version.take(np.maximum(present, 0)) != versions) & (present >= 0)
+        if np.count_nonzero(stale):  # NOTE: not stale.any(), a Python-level wrapper
+            redo = np.flatnonzero(stale)
+            present, slots = present.copy(), slots.copy()
+            present[redo], slots[redo] = index.find(result.hashes[redo], result.homes[redo])
+            result = self._verified(tokens, result.keys, result.hashes, result.homes, present, slots, result.extra_id)
+        self._probes[i] = (tokens, extra, keys, *self._kept(result))
         return result
 
     def _prefix_probe(self, longer: Probe, num_tokens: int, k: int) -> Probe:
@@ -169,8 +201,13 @@ class PrefixIndex:
             )
         if not len(keys):  # a prompt shorter than a block: nothing to look up (a third of them at block 4,096)
             return Probe(_NO_IDS, hashes, keys, homes, _NO_IDS, _NO_IDS, extra_id)
-        max_hit = min(len(keys), max(num_tokens - 1, 0) // B)
         present, slots = self._find(hashes, homes, block_keys)  # all: allocate inserts misses without a 2nd look
+        return self._verified(num_tokens, keys, hashes, homes, present, slots, extra_id)
+
+    def _verified(self, num_tokens: int, keys: np.ndarray, hashes: np.ndarray, homes: np.ndarray,
+                  present: np.ndarray, slots: np.ndarray, extra_id: int) -> Probe:
+        """The look-up of a prompt of `num_tokens` with these keys (at least one) from the index's `find` of them."""
+        max_hit = min(len(keys), max(num_tokens - 1, 0) // self.store.block_size)
         cand = present[:max_hit]
         # verify only up to the first block not in the index: a hole ends the chain, whatever follows it
         # (a miss is -1, which as a block id would read the last block: it must never reach verification)
