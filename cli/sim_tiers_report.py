@@ -41,7 +41,7 @@ def _rung_doc(rung: TierRung, c: TierComparison) -> dict[str, Any]:
         "recomputed_tier_blocks": int(t.recomputed_blocks.sum()), "loading_requests": int(loaders.sum()),
         "mean_load_wait_s": float(t.wait_s[loaders].mean()) if loaders.any() else None,
         "host_read_bytes": sum(reads[HOST].values()), "disk_read_bytes": sum(reads[DISK].values()),
-        "host_write_bytes": t.write_blocks[HOST] * per_block, "disk_write_bytes": t.write_blocks[DISK] * per_block,
+        "host_write_bytes": t.write_bytes[HOST], "disk_write_bytes": t.write_bytes[DISK],
         "dropped_blocks": t.dropped_blocks,
         "host_link_busy": t.link_busy_s[HOST] / duration if duration > 0 else None,
         "disk_link_busy": t.link_busy_s[DISK] / duration if duration > 0 else None,

@@ -2,51 +2,54 @@
 per-request rule that loads a lower-tier prefix or recomputes it.
 
 The hierarchy is **exclusive**, as `kvcalc share --tier-mode exclusive` models it (core/share/tiers.py):
-a block lives in one tier at a time.
+a block lives in one tier at a time. A tier entry is one KV cache group's block of one prompt position, as
+vLLM's offloading connector keys its CPU blocks by (block hash, group) (tiers_groups, tiers_lru):
 
     GPU      the pool's prefix cache (core/pool): cached blocks on its LRU free queue, evicted oldest first
-    host     an LRU of blocks: a block the GPU pool evicts is written here (most recently used end)
-    disk     an LRU of blocks: a block the host evicts is written here; a block the disk evicts is dropped
+    host     an LRU of group blocks: a block the GPU pool evicts is written here (most recently used end) with
+             its own group's bytes only (a sliding group's blocks leave the GPU long before the full group's)
+    disk     an LRU of group blocks: a block the host evicts is written here; a block the disk evicts is dropped
 
-A request admitted with a GPU hit of g blocks looks further along its prompt's blocks: blocks g, g + 1, …
-that sit in the host or on disk (up to the first block in neither, and never the last prompt token's
-block) can be loaded instead of computed. Loading k of those h blocks takes
+A tier of N blocks holds N · bytes_per_block bytes (every group's block of N positions), filled entry by entry.
+A request admitted with a GPU hit of g blocks looks further along its prompt's blocks (never the last prompt
+token's): a hit of h = g + k blocks needs, per group, only its blocks from tiers_groups.lookup_first(h) on
+— full every block g..h − 1, sliding W the last cdiv(W, B), a state group the one at h − 1, chunked the
+current chunk's (a full group's block the GPU still caches past g is used in place). Loading k blocks takes
 
-    wait(k) = max over tiers t with n_t(k) > 0 of  max(now, link_t free) + n_t(k) · bytes_per_block / bw_t − now
+    wait(k) = max over tiers t with n_t(k) > 0 of  max(now, link_t free) + n_t(k) / bw_t − now
 
-(each tier's link is a FIFO: a load waits for the loads queued before it; host and disk links run in
-parallel), and the rest of the prompt is then computed: prefill(g + k) = the step-time model's time for
-one prefill step of the tokens after (g + k) · B cached ones (core/share/load_or_recompute.prefill_s). The
-request loads the k in 0..h that minimises wait(k) + prefill(g + k): Mooncake's load-or-recompute rule,
-per request, with the queue on the link counted. Loaded blocks leave their tier (promotion: exclusive) and
-land in the GPU pool when the load ends; blocks the request computes itself are dropped from the lower
-tiers too (the GPU copy is the one copy). Writes (demotions) are counted but do not queue on the links:
+(n_t(k): the bytes read from tier t; each tier's link is a FIFO: a load waits for the loads queued before it;
+host and disk links run in parallel), and the rest of the prompt is then computed: prefill(g + k) = the
+step-time model's time for one prefill step of the tokens after (g + k) · B cached ones
+(core/share/load_or_recompute.prefill_s). The request loads the k, among those every group can serve, that
+minimises wait(k) + prefill(g + k): Mooncake's load-or-recompute rule, per request, with the queue on the link
+counted. Loaded blocks leave their tier (promotion: exclusive) and land in the GPU pool when the load ends;
+blocks the request computes itself are dropped from the lower tiers too (the GPU copy is the one copy); a
+group's blocks before the first it reads stay. Writes (demotions) are counted but do not queue on the links:
 PCIe is full duplex and a write-back is asynchronous; only reads delay a request.
 
-Bytes per block are every KV cache group's, per GPU (core/share/cache_bytes, as share's tiers); bandwidths per
-GPU. A position is demoted when the first of its groups' blocks is evicted, written with every group's bytes.
+Bytes are per GPU, paged as the pool pages them (core/share/cache_bytes, as share's tiers); bandwidths per GPU.
 A load reads what vLLM allocates for a hit of g + k blocks: per group the blocks from GroupBytes.first_needed(g +
 k) on (those before are null entries): full all k, sliding the window's last min(k, ceil((W − 1) / B)), chunked
 the current chunk's, a state group the one state at the hit's boundary (block g + k − 1's), as share's tiers.
-In mamba_cache_mode align (`state_pages`) a state is saved only where a step ended on a block boundary: a
-lower-tier position holds one only if the GPU block it evicted was a state page, and a load must end there.
+A state group's entry exists only where the GPU evicted a state page (in mamba_cache_mode align, saved only
+where a step ended on a block boundary), so a load ends only where a state was saved.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import eq
+from itertools import repeat
 
 import numpy as np
 
 from ..share.cache_bytes import CachedBlockBytes
 from ..share.load_or_recompute import prefill_s
 from .steptime import StepTimeModel
+from .tiers_groups import DISK, HOST, ON_GPU, find, position_tiers, read_counts, valid_loads
+from .tiers_lru import Lru
 
-HOST, DISK = 0, 1
 _consume = deque[object](maxlen=0).extend  # runs an iterator to its end in C
 LOWER_TIERS = ("host", "disk")
 
@@ -88,9 +91,10 @@ class LoadPlan:
     each), recompute the `skipped` lower-tier blocks after those, start computing when `ready_s` comes."""
 
     gpu_blocks: int
-    tier_of: tuple[int, ...]
+    tier_of: tuple[int, ...]  # per loaded position: HOST, DISK or ON_GPU (tiers_groups.position_tiers)
     skipped: int
     ready_s: float
+    found: np.ndarray | None = None  # int8 [groups, load_blocks]: where each group's block of them is
 
     @property
     def load_blocks(self) -> int:
@@ -108,233 +112,191 @@ class TierTotals:
     admit_s: np.ndarray  # when it was admitted (NaN: never)
     wait_s: np.ndarray  # from admission to the end of its loads (0 without loads)
     read_blocks: list[int]  # host, disk: every load of every admission
-    write_blocks: list[int]  # demotions written into host, disk
-    dropped_blocks: int = 0  # evicted from the disk (or from the host with no disk tier)
+    write_blocks: list[int]  # demotions written into host, disk: group blocks (one per group a position)
+    write_bytes: list[int]  # their bytes
+    dropped_blocks: int = 0  # group blocks evicted from the disk (or from the host with no disk tier)
     link_busy_s: tuple[float, float] = (0.0, 0.0)
     read_state_pages: list[int] | None = None  # host, disk: state pages loaded (align; None: not counted)
     read_group_bytes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # host, disk: bytes read per group label
+    unresolved_blocks: int = 0  # evicted blocks whose KV cache group could not be told (counted as full)
 
     @classmethod
     def empty(cls, n: int) -> TierTotals:
         z = np.zeros(n, np.int64)
-        return cls(z, z.copy(), z.copy(), z.copy(), np.full(n, np.nan), np.zeros(n), [0, 0], [0, 0],
+        return cls(z, z.copy(), z.copy(), z.copy(), np.full(n, np.nan), np.zeros(n), [0, 0], [0, 0], [0, 0],
                    read_group_bytes=({}, {}))
 
 
-class Lru:
-    """Keys in recency order: `stamp` maps each key to its last insertion's number; `keys`/`stamps` list every
-    insertion in order from `head`, stale ones (re-inserted or discarded keys) skipped when popped. Lists, a
-    dict and map/filter keep the per-block work in C (a run demotes millions of blocks; an OrderedDict's
-    update costs ~7x a dict's)."""
-
-    def __init__(self) -> None:
-        self.stamp: dict[int, int] = {}
-        self.keys: list[int] = []
-        self.stamps: list[int] = []
-        self.head = 0
-        self.next = 0  # the next insertion's number (numbers never repeat)
-
-    def __len__(self) -> int:
-        return len(self.stamp)
-
-    def add(self, keys: list[int]) -> None:
-        """Keys not held, as the most recent, the last one most."""
-        stamps = range(self.next, self.next + len(keys))
-        self.next += len(keys)
-        self.stamp.update(zip(keys, stamps, strict=True))
-        self.keys += keys
-        self.stamps += stamps
-
-    def touch(self, key: int) -> None:
-        self.stamp[key] = self.next
-        self.keys.append(key)
-        self.stamps.append(self.next)
-        self.next += 1
-
-    def discard(self, keys: Iterable[int]) -> None:
-        stamp = self.stamp
-        if stamp:
-            _consume(map(stamp.__delitem__, dict.fromkeys(filter(stamp.__contains__, keys))))
-
-    def pop_oldest(self, n: int) -> list[int]:
-        """Remove and return the n least recently added keys, oldest first."""
-        out: list[int] = []
-        stamp = self.stamp
-        while len(out) < n:
-            end = self.head + n - len(out)
-            window = self.keys[self.head : end]
-            live = list(map(eq, map(stamp.get, window), self.stamps[self.head : end]))
-            out += window if all(live) else compress(window, live)
-            self.head = end
-        _consume(map(stamp.__delitem__, out))
-        if self.head > 65536 and 2 * self.head > len(self.keys):  # drop what was popped
-            del self.keys[: self.head]
-            del self.stamps[: self.head]
-            self.head = 0
-        return out
-
-
 class TierCache:
-    """The host and disk LRUs of block keys, the two links and the rule (module docstring)."""
+    """The host and disk LRUs of group blocks, the two links and the rule (module docstring)."""
 
     def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, num_requests: int,
                  state_pages: bool = False) -> None:
         self.tiers, self.steptime, self.block_size = tiers, steptime, block_size
-        # align: the keys whose lower-tier copy holds a state (module docstring); None: every block holds all
-        self.stateful: set[int] | None = set() if state_pages else None
-        self.lru = (Lru(), Lru())
+        self.classes = tiers.block_bytes.groups  # a tier entry is one of these groups' block of a position
+        units = [g.bytes_per_block for g in self.classes]
+        self.lru = (Lru(units), Lru(units))
+        self.capacity_bytes = (tiers.host_blocks * tiers.bytes_per_block, tiers.disk_blocks * tiers.bytes_per_block)
         self.link_free_s = [0.0, 0.0]
         self.busy_s = [0.0, 0.0]
-        self.landing: dict[int, float] = {}  # key -> when its load ends (its GPU block holds no KV before)
+        self.landing: dict[int, float] = {}  # position key -> when its load ends (its GPU block holds no KV before)
+        # entries a request computed or loaded that the GPU has not evicted since: cached there (a state page in
+        # align is saved only where a step ends, so those are left out: found only once demoted)
+        self.gpu: set[int] = set()
+        self.computed = [c for c, g in enumerate(self.classes) if not (state_pages and g.kind == "state")]
         self.totals = TierTotals.empty(num_requests)
         if state_pages:
             self.totals.read_state_pages = [0, 0]
         self.admitted = np.zeros(num_requests, bool)
         self.demoted = 0  # GPU evictions seen (a check against the pool's own eviction count)
+        self.unresolved = [0]  # evicted blocks whose group could not be told (tiers_run.group_of_evicted)
+
+    def _entries(self, keys: list[int], start: int = 0) -> list[int]:
+        """Every group's entry of positions keys[start:]."""
+        C = len(self.classes)
+        return keys[start:] if C == 1 else [k * C + c for k in keys[start:] for c in range(C)]
 
     # ---- what the GPU pool evicts ------------------------------------------------------------------------
-    def demote(self, keys: np.ndarray, states: np.ndarray | None = None) -> None:
-        """Blocks the GPU pool evicted, oldest first: written to the host (then overflow to disk, then out);
-        `states` (align): which of them are state pages."""
+    def demote(self, keys: np.ndarray, classes: np.ndarray | None = None) -> None:
+        """Blocks the GPU pool evicted, oldest first (`keys` their positions, `classes` their groups: None, a
+        plain pool's block holds every group): written to the host (then overflow to disk, then out)."""
         self.demoted += len(keys)
+        C = len(self.classes)
+        if classes is None:
+            entries = self._entries(keys.tolist())
+        else:
+            entries = [k * C + c for k, c in zip(keys.tolist(), classes.tolist(), strict=True)]
+        self.gpu.difference_update(entries)
         top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else -1
         if top < 0:
-            self.totals.dropped_blocks += len(keys)
+            self.totals.dropped_blocks += len(entries)
             return
-        if self.stateful is not None and states is not None:
-            self.stateful.update(keys[states].tolist())  # a position whose other blocks come later keeps it
         lru = self.lru[top]
-        batch = dict.fromkeys(keys.tolist())  # distinct keys, oldest eviction first
-        for key in list(filter(lru.stamp.__contains__, batch)):  # a hybrid position whose other group's block
-            lru.touch(key)  # went first: written already
+        batch = dict.fromkeys(entries)  # distinct entries, oldest eviction first
+        for key in list(filter(lru.stamp.__contains__, batch)):  # written already (a plain pool's block of a
+            lru.touch(key)  # position evicted again before its entry left)
             del batch[key]
         if top == HOST:
             self.lru[DISK].discard(batch)
-        lru.add(list(batch))
-        self.totals.write_blocks[top] += len(batch)
+        new = list(batch)
+        lru.add(new)
+        self.totals.write_blocks[top] += len(new)
+        self.totals.write_bytes[top] += lru.weigh(new)
         self._overflow()
 
     def _overflow(self) -> None:
         host, disk = self.lru
-        capacity_host, capacity_disk = self.tiers.capacities
-        if len(host) > capacity_host:
-            moved = host.pop_oldest(len(host) - capacity_host)
-            if capacity_disk:
-                disk.add(moved)
-                self.totals.write_blocks[DISK] += len(moved)
-            else:
-                self._drop(moved)
-        if len(disk) > capacity_disk:
-            self._drop(disk.pop_oldest(len(disk) - capacity_disk))
-
-    def _drop(self, keys: list[int]) -> None:
-        self.totals.dropped_blocks += len(keys)
-        if self.stateful is not None:
-            self.stateful.difference_update(keys)
+        capacity_host, capacity_disk = self.capacity_bytes
+        moved = host.pop_over(capacity_host)
+        if moved and capacity_disk:
+            disk.add(moved)
+            self.totals.write_blocks[DISK] += len(moved)
+            self.totals.write_bytes[DISK] += disk.weigh(moved)
+        elif moved:
+            self.totals.dropped_blocks += len(moved)
+        self.totals.dropped_blocks += len(disk.pop_over(capacity_disk))
 
     # ---- the rule ------------------------------------------------------------------------------------------
-    def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float) -> LoadPlan:
-        """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks` (a pure look-up)."""
+    def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float, on_gpu: int = 0) -> LoadPlan:
+        """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks` (a pure look-up); `on_gpu`:
+        the full groups' blocks past the hit that the GPU still caches (tiers_groups)."""
         B = self.block_size
         eligible = min((num_tokens - 1) // B, len(keys))
-        host, disk = self.lru[HOST].stamp, self.lru[DISK].stamp
-        found: list[int] = []
-        for key in keys[gpu_blocks:eligible].tolist():
-            tier = HOST if key in host else DISK if key in disk else -1
-            if tier < 0:
-                break
-            found.append(tier)
         ready = now_s
         if self.landing:  # GPU hits whose own load has not ended yet
             ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks].tolist())])
-        if not found:
+        found = find((self.lru[HOST].stamp, self.lru[DISK].stamp, self.gpu), keys[gpu_blocks:eligible].tolist(),
+                     self.classes, max(on_gpu, 0))
+        if not found.shape[1]:
             return LoadPlan(gpu_blocks, (), 0, ready)
-        ends = None  # align: a load ends where a state was saved
-        if self.stateful is not None:
-            ends = np.array([key in self.stateful for key in keys[gpu_blocks : gpu_blocks + len(found)].tolist()])
-        k = self._best_load(np.array(found), gpu_blocks, num_tokens, now_s, ends)
-        return LoadPlan(gpu_blocks, tuple(found[:k]), len(found) - k,
-                        max(ready, self._ends(found[:k], gpu_blocks, now_s)))
+        valid = valid_loads(found, self.classes, gpu_blocks, B)
+        k = self._best_load(found, gpu_blocks, num_tokens, now_s, valid)
+        lower = ((found == HOST) | (found == DISK)).any(axis=0)
+        return LoadPlan(gpu_blocks, tuple(position_tiers(found, self.classes, gpu_blocks, B, k).tolist()),
+                        int(lower[k:].sum()), max(ready, self._ends(found[:, :k], gpu_blocks, now_s)), found[:, :k])
 
-    def _ends(self, tier_of: list[int], gpu_blocks: int, now_s: float) -> float:
-        """When a load of these blocks (tier per block, after `gpu_blocks` GPU hits) would end, queued behind the
-        loads on each link."""
+    def _load_bytes(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> np.ndarray:
+        """int64 [C, 2, len(ks)]: the bytes each group's blocks a load of the first k positions reads from the host
+        and the disk, for each k in `ks` (tiers_groups.read_counts)."""
+        units = np.array([g.bytes_per_block for g in self.classes], dtype=np.int64)
+        return read_counts(found, self.classes, gpu_blocks, self.block_size, ks) * units[:, None, None]
+
+    def _ends(self, found: np.ndarray, gpu_blocks: int, now_s: float) -> float:
+        """When a load of `found`'s positions would end, queued behind the loads on each link."""
         end = now_s
-        for t, num_bytes in enumerate(self._load_bytes(np.array(tier_of), gpu_blocks, np.array([len(tier_of)]))):
+        for t, num_bytes in enumerate(self._load_bytes(found, gpu_blocks, np.array([found.shape[1]])).sum(axis=0)):
             if num_bytes[0]:
                 end = max(end, max(now_s, self.link_free_s[t]) + num_bytes[0] / self.tiers.bandwidths[t])
         return end
 
-    def _group_reads(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> list[tuple[str, np.ndarray]]:
-        """Per group and tier (label, int64 [2, len(ks)]): the bytes a load of the first k of `found`'s blocks (tier
-        per block) reads, for each k in `ks`: the hit is gpu_blocks + k blocks, and the group reads its blocks
-        from GroupBytes.first_needed(hit) on (module docstring; share's tiers use the same rule)."""
-        cum = np.zeros((2, len(found) + 1), np.int64)
-        cum[HOST, 1:] = np.cumsum(found == HOST)
-        cum[DISK, 1:] = np.cumsum(found == DISK)
-        out = []
-        for g in self.tiers.block_bytes.groups:
-            start = np.clip(g.first_needed(gpu_blocks + ks, self.block_size) - gpu_blocks, 0, ks)
-            out.append((g.label, (cum[:, ks] - cum[:, start]) * g.bytes_per_block))
-        return out
-
-    def _load_bytes(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> np.ndarray:
-        """int64 [2, len(ks)]: _group_reads summed over the groups (host, disk)."""
-        return sum((r for _, r in self._group_reads(found, gpu_blocks, ks)), np.zeros((2, len(ks)), np.int64))
-
     def _best_load(self, found: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float,
-                   ends: np.ndarray | None = None) -> int:
-        """The k in 0..len(found) with the least wait(k) + prefill(gpu_blocks + k) (the first on ties); `ends`
-        (align): where a load may end (k = 0, or block k − 1 holds a state)."""
+                   valid: np.ndarray) -> int:
+        """The k in 0..K with the least wait(k) + prefill(gpu_blocks + k) (the first on ties) among the `valid`."""
         B = self.block_size
-        k = np.arange(len(found) + 1)
-        num_bytes = self._load_bytes(found, gpu_blocks, k)
+        k = np.arange(found.shape[1] + 1)
+        num_bytes = self._load_bytes(found, gpu_blocks, k).sum(axis=0)
         wait = np.zeros(len(k))
         for t in (HOST, DISK):
             start = max(now_s, self.link_free_s[t]) - now_s
             wait = np.maximum(wait, np.where(num_bytes[t] > 0, start + num_bytes[t] / self.tiers.bandwidths[t], 0.0))
         cached = (gpu_blocks + k) * B
-        compute = prefill_s(self.steptime, cached, num_tokens - cached)
-        cost = wait + compute
-        if ends is not None:
-            cost[1:][~ends] = np.inf
+        cost = wait + prefill_s(self.steptime, cached, num_tokens - cached)
+        cost[~valid] = np.inf
         return int(np.argmin(cost))
 
     def commit(self, rid: int, keys: np.ndarray, plan: LoadPlan, now_s: float) -> float:
         """The admission happened: queue the loads, promote the loaded blocks, drop the lower copies of blocks
         the request computes; returns when it may compute."""
         loaded, g = plan.load_blocks, plan.gpu_blocks
-        reads = self._group_reads(np.array(plan.tier_of), g, np.array([loaded])) if loaded else []
-        for t in (HOST, DISK):
-            n = plan.tier_of.count(t)
-            if n:
-                by_group = self.totals.read_group_bytes[t]
-                for label, r in reads:
-                    by_group[label] = by_group.get(label, 0) + int(r[t, 0])
-                seconds = sum(int(r[t, 0]) for _, r in reads) / self.tiers.bandwidths[t]
-                self.link_free_s[t] = max(now_s, self.link_free_s[t]) + seconds
-                self.busy_s[t] += seconds
-                self.totals.read_blocks[t] += n
-        if self.totals.read_state_pages is not None and loaded:
-            self.totals.read_state_pages[plan.tier_of[-1]] += 1
-        rest = keys[g:].tolist()  # loaded or computed here: the GPU copy becomes the one copy
-        for lru in self.lru:
-            lru.discard(rest)
-        if self.stateful is not None:
-            self.stateful.difference_update(rest)
+        if loaded:
+            self._read(plan, now_s)
+        self._promote(keys.tolist(), g, loaded)
         ready = max(plan.ready_s, now_s)
         if loaded and ready > now_s:
             self.landing.update(dict.fromkeys(keys[g : g + loaded].tolist(), ready))
         if not self.admitted[rid]:
             self.admitted[rid] = True
             tot = self.totals
-            tot.gpu_hit_blocks[rid] = g
+            tot.gpu_hit_blocks[rid] = g + plan.tier_of.count(ON_GPU)
             tot.host_hit_blocks[rid] = plan.tier_of.count(HOST)
             tot.disk_hit_blocks[rid] = plan.tier_of.count(DISK)
             tot.recomputed_blocks[rid] = plan.skipped
             tot.admit_s[rid] = now_s
             tot.wait_s[rid] = ready - now_s
         return ready
+
+    def _read(self, plan: LoadPlan, now_s: float) -> None:
+        """Queue a load's reads on the links; count them per group and tier."""
+        assert plan.found is not None
+        reads = self._load_bytes(plan.found, plan.gpu_blocks, np.array([plan.load_blocks]))[:, :, 0]
+        for t in (HOST, DISK):
+            if reads[:, t].any():
+                by_group = self.totals.read_group_bytes[t]
+                for g, r in zip(self.classes, reads[:, t].tolist(), strict=True):
+                    by_group[g.label] = by_group.get(g.label, 0) + r
+                seconds = int(reads[:, t].sum()) / self.tiers.bandwidths[t]
+                self.link_free_s[t] = max(now_s, self.link_free_s[t]) + seconds
+                self.busy_s[t] += seconds
+            self.totals.read_blocks[t] += plan.tier_of.count(t)
+        if self.totals.read_state_pages is not None:
+            states = [c for c, g in enumerate(self.classes) if g.kind == "state"]
+            tiers = plan.found[states, plan.load_blocks - 1]
+            if len(tiers) and (tiers >= 0).all():
+                self.totals.read_state_pages[int(tiers.max())] += 1
+
+    def _promote(self, keys: list[int], g: int, loaded: int) -> None:
+        """The GPU copy becomes the one copy of what the request loads or computes: each group's entries from its
+        first block read on (from g without a load: the request computes every group's blocks from there)."""
+        C, B = len(self.classes), self.block_size
+        gone: list[int] = []
+        for c, group in enumerate(self.classes):
+            start = g if not loaded else max(g, int(group.first_needed(np.int64(g + loaded), B)))
+            entries = [k * C + c for k in keys[start:]] if C > 1 else keys[start:]
+            gone += entries
+            if c in self.computed and C > 1:
+                self.gpu.update(entries)
+        for lru in self.lru:
+            lru.discard(gone)
 
     def landed(self, keys: np.ndarray, plan: LoadPlan) -> None:
         """A load ended: its blocks hold their KV."""
@@ -344,6 +306,9 @@ class TierCache:
     def finish(self) -> TierTotals:
         host, disk = self.lru
         assert not host.stamp.keys() & disk.stamp.keys(), "a block in both the host and the disk tier"
-        assert len(host) <= self.tiers.host_blocks and len(disk) <= self.tiers.disk_blocks, "a tier over its size"
+        assert host.bytes <= self.capacity_bytes[HOST] and disk.bytes <= self.capacity_bytes[DISK], (
+            "a tier over its size")
+        assert host.bytes == host.weigh(list(host.stamp)) and disk.bytes == disk.weigh(list(disk.stamp))
         self.totals.link_busy_s = (self.busy_s[HOST], self.busy_s[DISK])
+        self.totals.unresolved_blocks = self.unresolved[0]
         return self.totals

@@ -52,33 +52,39 @@ def test_gemma3_sliding_group_reads_its_window_only(tmp_path):
     assert t.link_busy_s[HOST] == pytest.approx(sum(read.values()) / LINK, rel=1e-12)
 
 
-@pytest.mark.parametrize(("prompt", "ids", "hit", "chunked"), [
+@pytest.mark.parametrize(("prompt", "ids", "hit", "chunked", "capacity", "max_len"), [
     # 10,241 tokens (21 ids): hit (10,241 − 1) // 16 = 640 blocks = 10,240 tokens; skipped 10,240 // 8,192 x 8,192
-    # = 8,192 tokens = 512 blocks: the current chunk's 640 − 512 = 128 blocks (a hit ending on a chunk's end reads
-    # none of the chunked group: tests/core/share/test_share_tiers_windows.py)
-    (10241, 20, 640, 128),
+    # = 8,192 tokens = 512 blocks: the current chunk's 640 − 512 = 128 blocks
+    (10241, 20, 640, 128, 2564, 16384),
+    # a hit ending on a chunk boundary: 8,193 tokens (17 ids), hit 8,192 // 16 = 512 blocks; skipped 8,192 // 8,192
+    # x 8,192 = 8,192 tokens = 512 blocks: the chunked group reads none (its next token starts a chunk), and needs
+    # none in the tier either (tiers_groups.lookup_first = first_needed)
+    (8193, 16, 512, 0, 2052, 8208),
 ])
-def test_llama4_scout_chunked_group_reads_the_current_chunk(tmp_path, prompt, ids, hit, chunked):
+def test_llama4_scout_chunked_group_reads_the_current_chunk(tmp_path, prompt, ids, hit, chunked, capacity, max_len):
     # Llama-4-Scout tp 2, block 16: 8 KV heads / 2 x 128 x 2 (K, V) x 2 B = 2,048 B a token a layer per GPU, a
-    # block 32,768 B a layer: 36 chunked layers (C = 8,192) 1,179,648 B, 12 full layers 393,216 B. A pool of
-    # 3,000 ids: r2 gets no GPU hit and loads all `hit` blocks (asserted: the numbers then follow)
+    # block 32,768 B a layer: 36 chunked layers (C = 8,192) 1,179,648 B, 12 full layers 393,216 B. A pool about one
+    # max-length request large: r1's hand-outs pop the whole free queue, so every block r0 cached is evicted to
+    # the host, each group's on its own (asserted: r2 gets no GPU hit), and r2 loads all `hit` blocks
     first = list(range(1, ids + 1))
     rows = [(0, prompt, [*first, 21]), (1000, prompt, list(range(101, 102 + ids))), (2000, prompt, [*first, 99])]
-    setup, t = _run(tmp_path, rows, 3000, model="llama-4-scout", tp=2, block_size=16, host_cache="40GiB",
-                    max_model_len=16384)
+    setup, t = _run(tmp_path, rows, capacity, model="llama-4-scout", tp=2, block_size=16, host_cache="40GiB",
+                    max_model_len=max_len)
     assert (t.gpu_hit_blocks[2], t.host_hit_blocks[2], t.recomputed_blocks[2]) == (0, hit, 0)
     read = {"chunked_8192": chunked * 1_179_648, "full": hit * 393_216}
     assert _reads(setup.sim.tiers, t, HOST) == read
     assert t.wait_s[2] == pytest.approx(sum(read.values()) / LINK, rel=1e-12)
 
 
-@pytest.mark.parametrize(("capacity", "gpu", "host"), [(12, 0, 5), (20, 2, 3)])
-def test_falcon_h1_all_mode_reads_one_state_per_load(tmp_path, capacity, gpu, host):
+@pytest.mark.parametrize(("capacity", "gpu", "host", "states"), [(12, 0, 5, 1), (20, 2, 3, 0)])
+def test_falcon_h1_all_mode_reads_one_state_per_load(tmp_path, capacity, gpu, host, states):
     # Falcon-H1-0.5B under mamba_cache_mode all: block lcm(128, 16) x ceil(789 / 128) = 896, a page 896 x 512 =
     # 458,752 B: the attention table 36 x 458,752 = 16,515,072 B a block, the state table (36 states padded to the
     # page) 16,515,072 B. Every cached block holds a state, but a hit of n blocks resumes from block n − 1's only:
     # r2 (r0's 9 ids, 4,481 tokens: hit (4,481 − 1) // 896 = 5 blocks) loads `host` blocks after `gpu` GPU hits
-    # and reads host x 16,515,072 B of attention plus ONE state (16,515,072 B), not host states
+    # and reads host x 16,515,072 B of attention plus at most ONE state (16,515,072 B), not host states. At 20 ids
+    # r1 evicts r0's attention blocks 2..4 but not yet its state pages (each group's block leaves on its own): the
+    # state at block 4 is still cached on the GPU and used there, none read
     config = write_config(tmp_path, "FALCON_H1_05B", "test_architecture_configs")
     ids = list(range(1, 10))
     rows = [(0, 4481, ids), (1000, 4481, list(range(101, 110))), (2000, 4481, ids)]
@@ -86,7 +92,7 @@ def test_falcon_h1_all_mode_reads_one_state_per_load(tmp_path, capacity, gpu, ho
                     mamba_cache_mode="all", max_model_len=8192)
     assert setup.plan.block_size == 896
     assert (t.gpu_hit_blocks[2], t.host_hit_blocks[2], t.recomputed_blocks[2]) == (gpu, host, 0)
-    read = {"full": host * 16_515_072, "state_mamba2": 16_515_072}
+    read = {"full": host * 16_515_072, "state_mamba2": states * 16_515_072}
     assert _reads(setup.sim.tiers, t, HOST) == read
     assert t.wait_s[2] == pytest.approx(sum(read.values()) / LINK, rel=1e-12)
 

@@ -1,0 +1,191 @@
+"""sim's lower tiers per KV cache group (core/sim/tiers.py, tiers_groups.py, tiers_lru.py), by hand on the tier
+cache alone: what is written when the GPU pool evicts one group's block, what a hit needs of each group, what a
+load reads.
+
+vLLM's offloading connector (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, its HMA version)
+keys a CPU block by (block hash, group) and looks a hit of h blocks up per group: full attention every block
+after the GPU hit (_maximal_prefix_lookup), a sliding window of W the last cdiv(W, B) blocks
+(_sliding_window_lookup), a Mamba group one block, the state at h − 1; it loads each group's non-null blocks only
+(update_state_after_alloc), which are single_type_kv_cache_manager's blocks from get_num_skipped_tokens(h·B) // B
+on. A chunked group (Llama-4's ChunkedLocalAttentionSpec) has no rule there; kvcalc needs the current chunk's
+blocks, the GPU prefix cache's rule. An entry is `position key · C + class` (C classes: the tier's byte groups).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvcalc.core.share.load_or_recompute import prefill_s
+from kvcalc.core.sim.options import SimOptions
+from kvcalc.core.sim.setup import build
+from kvcalc.core.sim.tiers import DISK, HOST, TierCache
+
+LINK = 25e9  # the host link's default, bytes/s
+KEY0 = 1000  # position i's key: KEY0 + i
+
+
+def _cache(tmp_path, state_pages: bool = False, **o) -> TierCache:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1]}) + "\n")
+    sim = build(SimOptions(gpu="H200", trace=("mooncake", str(path)), **o)).sim
+    assert sim.tiers is not None
+    return TierCache(sim.tiers, sim.steptime, sim.block_size, 1, state_pages=state_pages)
+
+
+def _demote(cache: TierCache, group: str, positions) -> None:
+    """The GPU pool evicts `group`'s blocks of these positions (oldest first)."""
+    c = [g.label for g in cache.classes].index(group)
+    keys = KEY0 + np.asarray(list(positions), dtype=np.int64)
+    cache.demote(keys, np.full(len(keys), c, dtype=np.int64))
+
+
+def _keys(n: int) -> np.ndarray:
+    return KEY0 + np.arange(n, dtype=np.int64)
+
+
+@pytest.fixture
+def gemma(tmp_path) -> TierCache:
+    # Gemma-3-27B, vLLM's layout at block 16: a position is the full table's 10 pages of 131,072 B (1,310,720 B) and
+    # the sliding tables' 60 (52 layers + 8 padding slots: 7,864,320 B), 9,175,040 B in all. 4 GiB of host:
+    # 4,294,967,296 // 9,175,040 = 468 positions = 4,293,918,720 B (= 546 sliding blocks, 3,276 full ones)
+    cache = _cache(tmp_path, model="gemma-3-27b", block_size=16, host_cache="4GiB", max_model_len=8192)
+    assert [(g.label, g.bytes_per_block) for g in cache.classes] == [("full", 1_310_720), ("sliding_1024", 7_864_320)]
+    assert cache.capacity_bytes == (468 * 9_175_040, 0) == (4_293_918_720, 0)
+    return cache
+
+
+def test_a_write_moves_one_groups_block(gemma):
+    # full 0..127 and sliding 64..127 evicted: 128 + 64 = 192 entries, 128 x 1,310,720 + 64 x 7,864,320 =
+    # 167,772,160 + 503,316,480 = 671,088,640 B (all groups' bytes of 128 positions would be 1,174,405,120 B)
+    _demote(gemma, "full", range(128))
+    _demote(gemma, "sliding_1024", range(64, 128))
+    assert gemma.totals.write_blocks == [192, 0] and gemma.totals.write_bytes == [671_088_640, 0]
+    assert gemma.lru[HOST].bytes == 671_088_640 and len(gemma.lru[HOST]) == 192
+
+
+def test_the_host_is_filled_in_bytes(gemma):
+    # 546 sliding blocks fill the 4,293,918,720 B exactly; one full block (1,310,720 B) more drops the oldest
+    # entry, a sliding one (ceil(1,310,720 / 7,864,320) = 1 pop), which frees room for 6 full blocks in all: five
+    # more drop nothing, the seventh drops the next sliding block
+    _demote(gemma, "sliding_1024", range(546))
+    assert gemma.lru[HOST].bytes == 4_293_918_720 and gemma.totals.dropped_blocks == 0
+    _demote(gemma, "full", [0])
+    assert gemma.totals.dropped_blocks == 1 and KEY0 * 2 + 1 not in gemma.lru[HOST].stamp
+    _demote(gemma, "full", range(1, 6))
+    assert gemma.totals.dropped_blocks == 1 and gemma.lru[HOST].bytes == 4_293_918_720
+    _demote(gemma, "full", [6])
+    assert gemma.totals.dropped_blocks == 2 and (KEY0 + 1) * 2 + 1 not in gemma.lru[HOST].stamp
+    assert gemma.lru[HOST].bytes == 4_293_918_720 - 7_864_320 + 1_310_720
+
+
+def test_gemma3_a_hit_needs_the_window_of_the_sliding_group_only(gemma):
+    # A prompt of 2,049 tokens: eligible (2,049 − 1) // 16 = 128 blocks, no GPU hit. The host holds the full blocks
+    # 0..127 and the sliding blocks 64..127 only (0..63, evicted first, were dropped). A hit of k blocks needs the
+    # sliding blocks k − cdiv(1,024, 16) = k − 64 .. k − 1: only k = 128 finds them (64..127); k = 1..127 needs
+    # one of 0..63. Every-group-at-every-position (the rule before) loads nothing.
+    _demote(gemma, "full", range(128))
+    _demote(gemma, "sliding_1024", range(64, 128))
+    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    assert plan.load_blocks == 128 and plan.skipped == 0 and set(plan.tier_of) == {HOST}
+    # it reads full 128 x 1,310,720 = 167,772,160 B and the window's (2,048 − 1,023) // 16 = 64.. 127: 64 x
+    # 7,864,320 = 503,316,480 B: 671,088,640 B over 25 GB/s = 26.84 ms, less than prefilling the 2,048 tokens
+    wait = 671_088_640 / LINK
+    assert plan.ready_s == pytest.approx(wait, rel=1e-12)
+    assert wait + prefill_s(gemma.steptime, 2048, 1) < prefill_s(gemma.steptime, 0, 2049)
+    gemma.commit(0, _keys(129), plan, 0.0)
+    assert gemma.totals.read_group_bytes[HOST] == {"full": 167_772_160, "sliding_1024": 503_316_480}
+    assert gemma.totals.read_blocks == [128, 0] and len(gemma.lru[HOST]) == 0  # promoted: the GPU's now
+
+
+def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
+    # sliding 64..127 but 100: a hit of k needs k − 64..k − 1 free of 100, and (k < 64) the sliding 0..k − 1:
+    # none valid from 1 to 100, nor 101..128 (each window k − 64..k − 1 covers 100 for k <= 164): nothing loads
+    _demote(gemma, "full", range(128))
+    _demote(gemma, "sliding_1024", [*range(64, 100), *range(101, 128)])
+    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    assert plan.load_blocks == 0 and plan.skipped == 128
+
+
+@pytest.fixture
+def scout(tmp_path) -> TierCache:
+    # Llama-4-Scout tp 2, block 16: 2,048 B a token a layer per GPU, a block 32,768 B a layer: 36 chunked layers
+    # (C = 8,192) 1,179,648 B, 12 full layers 393,216 B
+    cache = _cache(tmp_path, model="llama-4-scout", tp=2, block_size=16, host_cache="40GiB", max_model_len=16384)
+    assert [(g.label, g.bytes_per_block) for g in cache.classes] == [("chunked_8192", 1_179_648), ("full", 393_216)]
+    return cache
+
+
+def test_scout_a_hit_ending_on_a_chunk_boundary_needs_no_chunked_block(scout):
+    # 8,193 tokens: eligible 512 blocks = 8,192 tokens. The host holds the full blocks 0..511 and no chunked one.
+    # A hit of k needs the chunked blocks (16k // 8,192 · 8,192) // 16 = 512 · (k // 512) .. k − 1: for k < 512
+    # blocks 0..k − 1 (absent), for k = 512 none: the hit ends on the chunk's end, the next token starts a chunk.
+    _demote(scout, "full", range(512))
+    plan = scout.plan(_keys(513), 0, 8193, 0.0)
+    assert plan.load_blocks == 512 and plan.skipped == 0
+    scout.commit(0, _keys(513), plan, 0.0)
+    # reads 512 x 393,216 = 201,326,592 B of the full layers, nothing of the chunked ones
+    assert scout.totals.read_group_bytes[HOST] == {"full": 201_326_592, "chunked_8192": 0}
+    assert plan.ready_s == pytest.approx(201_326_592 / LINK, rel=1e-12)
+
+
+def test_scout_a_hit_inside_a_chunk_needs_that_chunks_blocks(scout):
+    # 10,241 tokens: eligible 640. Full 0..639 and chunked 512..639 in the host (the first chunk's chunked blocks
+    # gone): k = 512..640 are valid (chunked 512..k − 1), k < 512 not. The rule loads all 640 (the prefill of the
+    # rest is longest at k = 512): full 640 x 393,216 = 251,658,240 B, chunked 128 x 1,179,648 = 150,994,944 B
+    _demote(scout, "full", range(640))
+    _demote(scout, "chunked_8192", range(512, 640))
+    plan = scout.plan(_keys(641), 0, 10241, 0.0)
+    assert plan.load_blocks == 640
+    scout.commit(0, _keys(641), plan, 0.0)
+    assert scout.totals.read_group_bytes[HOST] == {"full": 251_658_240, "chunked_8192": 150_994_944}
+    # with the chunked block 600 missing, k = 601..640 are out: the largest left is 600
+    scout2 = _cache_like(scout)
+    _demote(scout2, "full", range(640))
+    _demote(scout2, "chunked_8192", [*range(512, 600), *range(601, 640)])
+    assert scout2.plan(_keys(641), 0, 10241, 0.0).load_blocks <= 600
+
+
+def _cache_like(cache: TierCache) -> TierCache:
+    return TierCache(cache.tiers, cache.steptime, cache.block_size, 1)
+
+
+@pytest.fixture
+def nemotron(tmp_path) -> TierCache:
+    # Nemotron-H-56B on an H200, mamba_cache_mode align: block 4,128; per block the full table's 10 x 16,908,288 =
+    # 169,082,880 B and a state page of 6 tables x 10 slots x 16,908,288 = 1,014,497,280 B (vLLM's layout)
+    cache = _cache(tmp_path, state_pages=True, model="nemotron-h-56b", mamba_cache_mode="align", host_cache="100GiB",
+                   max_model_len=16384)
+    assert cache.block_size == 4128
+    assert [(g.label, g.bytes_per_block) for g in cache.classes] == [
+        ("full", 169_082_880), ("state_mamba2", 1_014_497_280)]
+    return cache
+
+
+@pytest.mark.parametrize(("states", "loaded", "skipped"), [([1], 2, 1), ([1, 2], 3, 0), ([0], 1, 2), ([], 0, 3)])
+def test_nemotron_a_load_ends_where_a_state_is(nemotron, states, loaded, skipped):
+    # 13,000 tokens: eligible (13,000 − 1) // 4,128 = 3 blocks; the host holds the full blocks 0..2 and the states
+    # at `states`. A hit of k needs the one state at k − 1 (a Mamba group's window is one block): the longest valid
+    # load ends at the last state (each beats prefilling its 4,128 tokens: 169,082,880 + 1,014,497,280 B = 47.3 ms)
+    _demote(nemotron, "full", range(3))
+    _demote(nemotron, "state_mamba2", states)
+    plan = nemotron.plan(_keys(4), 0, 13000, 0.0)
+    assert (plan.load_blocks, plan.skipped) == (loaded, skipped)
+    nemotron.commit(0, _keys(4), plan, 0.0)
+    # reads k full blocks and ONE state page: k x 169,082,880 + 1,014,497,280
+    read = {"full": loaded * 169_082_880, "state_mamba2": 1_014_497_280} if loaded else {}
+    assert nemotron.totals.read_group_bytes[HOST] == read
+    assert nemotron.totals.read_state_pages == [1 if loaded else 0, 0]
+    assert nemotron.totals.read_blocks == [loaded, 0]
+
+
+def test_nemotron_a_state_on_disk_makes_the_position_a_disk_hit(tmp_path):
+    # host 0 B, disk 100 GiB: everything is written to the disk; a load of 2 reads the disk only
+    cache = _cache(tmp_path, state_pages=True, model="nemotron-h-56b", mamba_cache_mode="align", host_cache="0",
+                   disk_cache="100GiB", max_model_len=16384)
+    _demote(cache, "full", range(3))
+    _demote(cache, "state_mamba2", [1])
+    plan = cache.plan(_keys(4), 0, 13000, 0.0)
+    assert plan.load_blocks == 2 and plan.tier_of == (DISK, DISK)
