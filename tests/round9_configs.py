@@ -123,6 +123,16 @@ QWEN35_35B_A3B: dict[str, Any] = {
 }
 
 
+# https://huggingface.co/nvidia/NVIDIA-Nemotron-Nano-9B-v2/blob/main/config.json (M Mamba-2, * attention, - MLP)
+NEMOTRON_NANO_9B_V2: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 4480,
+    "intermediate_size": 15680, "num_hidden_layers": 56, "max_position_embeddings": 131072, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "hybrid_override_pattern":
+    "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", "mamba_num_heads": 128, "mamba_head_dim": 80,
+    "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16",
+}
+
+
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
     folder.mkdir(parents=True, exist_ok=True)

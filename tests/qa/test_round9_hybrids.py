@@ -11,6 +11,9 @@ Qwen3.5-35B-A3B: 10 gated-attention layers of 2 KV heads × 256: 2,048 B a token
 32 · 128 · 128 = 524,288 scalars, bf16 (the config's dtype): 1,097,728 B, 32,931,840 B for the 30.
 vLLM raises the attention block until its page holds a state: 16 · cdiv(1,097,728, 16 · 2,048) = 16 · 34 = 544
 tokens, a page 544 · 2,048 = 1,114,112 B; groups of 10 slots: 1 full + 3 state, a block id 11,141,120 B.
+Nemotron-Nano-9B-v2: the pattern's 4 '*' layers keep 2 · 8 · 128 · 2 = 4,096 B a token each (16,384 B); 27 'M'
+Mamba-2 layers, each conv (4 − 1) · (128 · 80 + 2 · 8 · 128 = 12,288) = 36,864 bf16 scalars = 73,728 B and SSM
+128 · 80 · 128 = 1,310,720 fp32 scalars (vLLM's NemotronH state dtype) = 5,242,880 B: 5,316,608 B a layer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from round9_configs import LFM2_8B_A1B, QWEN35_35B_A3B, write
+from round9_configs import LFM2_8B_A1B, NEMOTRON_NANO_9B_V2, QWEN35_35B_A3B, write
 
 GiB = 2**30
 
@@ -74,6 +77,12 @@ def test_qwen35_block_raised_to_hold_a_state(run_cli, tmp_path: Path) -> None:
     # 10 GiB // 11,141,120 = 963; a 262,144-token request: cdiv(262,144, 544) = 482 full + 3 state pages = 485
     assert (plan["num_blocks"], plan["blocks_per_request"]) == (963, 485)
     assert plan["kv_cache_tokens"] == 963 * 262_144 // 485 == 520_504
+    # what fits in 40 GiB: sequences of 8,192 (8,192 · 20,480 + 32,931,840 = 200,704,000 B each): 213; tokens with one
+    # state: (40 GiB − 32,931,840) // 20,480 = 2,095,544; vLLM's ids 40 GiB // 11,141,120 = 3,855 of 544 tokens
+    cap = _json(run_cli, "size", "--config", config, "--memory", "40GiB", "--tokens", "8192")["capacity"]
+    assert (cap["max_seqs"], cap["max_tokens"]) == (40 * GiB // 200_704_000, (40 * GiB - 32_931_840) // 20_480)
+    assert (cap["max_seqs"], cap["max_tokens"], cap["vllm_num_blocks"], cap["vllm_block_size"]) == (
+        213, 2_095_544, 3855, 544)
 
 
 def test_qwen35_sim_timeline_at_block_544(run_cli, tmp_path: Path) -> None:
@@ -108,3 +117,18 @@ def test_both_plan_and_sim_agree_on_the_pool(run_cli, tmp_path: Path) -> None:
         (point,) = plan["points"]
         assert point["memory"]["kv_pool_bytes"] == sim["memory_plan"]["kv_pool_bytes"]
         assert point["memory"]["block_size"] == sim["memory_plan"]["block_size"]
+
+
+def test_nemotron_nano_9b_v2_pool(run_cli, tmp_path: Path) -> None:
+    config = str(write(tmp_path / "nano", NEMOTRON_NANO_9B_V2))
+    doc = _json(run_cli, "size", "--config", config, "--tokens", "4096")
+    assert (doc["bytes_per_token"], doc["state_bytes_per_seq"]) == (16_384, 27 * 5_316_608) == (16_384, 143_548_416)
+    plan = _plan(run_cli, config, "10GiB")
+    # block 16 · cdiv(5,316,608, 16 · 4,096) = 16 · 82 = 1,312 tokens, a page 1,312 · 4,096 = 5,373,952 B; groups of
+    # 4 slots (the 4 attention layers): 1 full + cdiv(27, 4) = 7 state groups (the last 3 layers + 1 padding slot)
+    assert (plan["block_size"], plan["page_bytes"], plan["group_size"]) == (1312, 5_373_952, 4)
+    assert plan["block_bytes"] == 4 * 5_373_952 == 21_495_808
+    assert sorted(g["layers"] for g in plan["groups"] if g["kind"] == "mamba2") == [3] + [4] * 6
+    # 10 GiB // 21,495,808 = 499; a 131,072-token request: cdiv(131,072, 1,312) = 100 full + 7 state pages
+    assert (plan["num_blocks"], plan["blocks_per_request"]) == (499, 107)
+    assert plan["kv_cache_tokens"] == 499 * 131_072 // 107 == 611_261
