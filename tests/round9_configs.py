@@ -133,6 +133,18 @@ NEMOTRON_NANO_9B_V2: dict[str, Any] = {
 }
 
 
+# https://huggingface.co/ByteDance/Ouro-1.4B/blob/main/config.json: a looped model, its 24 layers run total_ut_steps
+# (4) times, each pass with its own KV cache (vLLM's OuroAttention: an Attention per ut step and layer)
+OURO_14B: dict[str, Any] = {
+    "architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "max_position_embeddings": 65536, "total_ut_steps": 4, "early_exit_threshold": 1.0, "vocab_size": 49152,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_sliding_window": False, "sliding_window": None, "max_window_layers": 24,
+    "layer_types": ["full_attention"] * 24,
+}
+
+
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
     folder.mkdir(parents=True, exist_ok=True)

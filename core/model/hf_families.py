@@ -65,6 +65,8 @@ IGNORED: dict[str, dict[str, str]] = {
 UNSUPPORTED: dict[str, str] = {
     "deepseek_v4": "compressed sparse attention: each layer keeps a 128-token window, a cache compressed 4x or "
                    "128x (compress_ratios) and an indexer's keys, which kvcalc does not model yet",
+    "ouro": "a looped model: its num_hidden_layers run total_ut_steps times and every pass keeps a KV cache of its own "
+            "(vLLM's OuroAttention holds total_ut_steps caches a layer), which kvcalc does not model yet",
 }
 
 

@@ -6,6 +6,10 @@ that names what it does not understand (never a number that looks right).
   of its 20 layers keep KV. It was read as a plain decoder of 20 attention layers: 2 · 20 · 4 · 128 · 2 =
   40,960 B a token, 5× the 4 · 2,048 = 8,192 B it keeps, and no state. Fixed: core/model/hf_fields.py's
   STRUCTURAL now takes `layer_group`, so the unread field refuses the unknown architecture by name.
+* Ouro-1.4B (ouro): vLLM's OuroAttention keeps an Attention (a KV cache) per layer and ut step, 24 · 4 = 96 caches
+  of 2 · 16 · 128 · 2 = 8,192 B a token: 786,432 B; it was read as a plain decoder of 24 layers, 196,608 B (4× too
+  little). Fixed: hf_families.UNSUPPORTED names it, and hf_fields.STRUCTURAL takes `ut_steps` (another model_type
+  with total_ut_steps is refused naming the field).
 * Tencent-Hunyuan-Large (hunyuan): cross-layer attention (use_cla, cla_share_factor 2) halves the KV.
 * Step-3 (step3_text): experts per token under a name kvcalc does not read (moe_top_k).
 * A linear-attention hybrid whose state fields are absent: the KV alone is exact (size), but a paged pool pages
@@ -18,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from round9_configs import HUNYUAN_LARGE, RING_MINI_LINEAR_2, STEP3, write
+from round9_configs import HUNYUAN_LARGE, OURO_14B, RING_MINI_LINEAR_2, STEP3, write
 
 COMMANDS = {
     "size": ("size", "--tokens", "4096"),
@@ -57,6 +61,14 @@ def test_ring_linear_refused_naming_layer_group_size(run_cli, tmp_path: Path, co
 def test_cross_layer_attention_refused(run_cli, tmp_path: Path, command: tuple[str, ...]) -> None:
     line = _refused(run_cli, command, write(tmp_path / "hunyuan", HUNYUAN_LARGE))
     assert "use_cla" in line and "cla_share_factor" in line and "cross-layer attention" in line
+
+
+@pytest.mark.parametrize("command", list(COMMANDS.values()), ids=list(COMMANDS))
+def test_looped_ouro_refused(run_cli, tmp_path: Path, command: tuple[str, ...]) -> None:
+    line = _refused(run_cli, command, write(tmp_path / "ouro", OURO_14B))
+    assert "'ouro'" in line and "total_ut_steps" in line and "looped" in line
+    other = _refused(run_cli, command, write(tmp_path / "loop", {**OURO_14B, "model_type": "looped_lm"}))
+    assert "'looped_lm' is not an architecture kvcalc knows" in other and "total_ut_steps" in other
 
 
 def test_step3_refused_naming_the_expert_fields(run_cli, tmp_path: Path) -> None:
