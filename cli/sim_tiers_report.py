@@ -97,9 +97,14 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
         report.tables.append(record_table("tier reads by KV cache group", [
             Field("group", "group"), Field("per_block", "per block", format_bytes),
             Field("host", "host read", format_bytes), Field("disk", "disk read", format_bytes)], records))
-        report.notes.append(_tier_block_note(last.block_bytes) + "; a load reads of each group only the blocks "
-                            "the hit needs, as vLLM allocates them (a sliding group its window's, a chunked group "
-                            "the current chunk's, a state group the one state at the hit's boundary)")
+        report.notes.append(_tier_block_note(last.block_bytes) + "; each group's block is written when the GPU "
+                            "evicts it and held on its own, as vLLM's offloading keys (hash, group); a hit needs and "
+                            "a load reads of each group only the blocks the hit needs (a sliding group its window's, "
+                            "a chunked group the current chunk's, a state group the one state at the hit's "
+                            "boundary); a block the GPU still caches is used in place")
+        if t.unresolved_blocks:
+            report.notes.append(f"{format_count(t.unresolved_blocks)} evicted blocks whose KV cache group could not be "
+                                "told (their anchor block was handed out twice since) were counted as the full group's")
     report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}
@@ -109,8 +114,9 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
 
 
 def _tier_block_note(cbb: Any) -> str:
-    """What one tier block holds on a hybrid: every group's block of its tokens, paged as the pool pages it."""
-    head = (f"a tier block holds every KV cache group's block of its {cbb.block_size:,} tokens: "
+    """What one tier block (the unit of its size) holds on a hybrid: every group's block of its tokens, paged as the
+    pool pages it."""
+    head = (f"a tier's size in blocks counts every KV cache group's block of {cbb.block_size:,} tokens: "
             f"{format_bytes(cbb.bytes_per_block)} per GPU")
     if cbb.layout != "vllm":
         return head + ", ideal layout (each layer type on its own, no padding)"

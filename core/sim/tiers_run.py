@@ -112,7 +112,8 @@ class TierAdmission:
         on_gpu = 0  # the full groups' own chain past the hit (another group cut it short): used in place
         if self.full_groups:
             pool = self.policy.pool  # type: ignore[attr-defined]  # paged (checked): MemoryPolicy names no pool
-            own = pool.group_hit_tokens(num_tokens, self.keys[rid][: num_tokens // B])
+            keys = getattr(self.policy, "prompt_keys", None) or self.keys  # the policy's: its look-up's memo serves
+            own = pool.group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
             on_gpu = min(own[g] for g in self.full_groups) // B - gpu
         plan = self.plans[rid] = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock(), on_gpu)
         return (gpu + plan.load_blocks) * B
