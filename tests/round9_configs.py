@@ -145,6 +145,28 @@ OURO_14B: dict[str, Any] = {
 }
 
 
+# https://huggingface.co/openbmb/MiniCPM3-4B/blob/main/config.json: MLA fields, but vLLM's MiniCPM3Attention caches the
+# decompressed K and V of all 40 heads, 64 + 32 = 96 wide: 2 · 40 · 96 · 2 = 15,360 B a token a layer, 952,320 B for
+# the 62 (read as DeepSeek's latent it was (256 + 32) · 2 · 62 = 35,712 B, 26.7× too little)
+MINICPM3_4B: dict[str, Any] = {
+    "architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3", "hidden_act": "silu", "hidden_size": 2560,
+    "num_hidden_layers": 62, "num_attention_heads": 40, "num_key_value_heads": 40, "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 32, "q_lora_rank": 768, "kv_lora_rank": 256, "v_head_dim": 64, "intermediate_size": 6400,
+    "max_position_embeddings": 32768, "vocab_size": 73448, "scale_emb": 12, "dim_model_base": 256, "scale_depth": 1.4,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+# https://huggingface.co/databricks/dbrx-instruct/blob/main/config.json: 8 KV heads under attn_config (kv_n_heads);
+# read as a plain decoder it had 48 (n_heads), 6× the KV
+DBRX: dict[str, Any] = {
+    "architectures": ["DbrxForCausalLM"], "model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40,
+    "max_seq_len": 32768, "vocab_size": 100352, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "model_type": "", "rope_theta": 500000},
+    "ffn_config": {"ffn_hidden_size": 10752, "model_type": "", "moe_jitter_eps": 0.01, "moe_loss_weight": 0.05,
+                   "moe_num_experts": 16, "moe_top_k": 4},
+}
+
+
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
     folder.mkdir(parents=True, exist_ok=True)

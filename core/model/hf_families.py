@@ -65,6 +65,9 @@ IGNORED: dict[str, dict[str, str]] = {
 UNSUPPORTED: dict[str, str] = {
     "deepseek_v4": "compressed sparse attention: each layer keeps a 128-token window, a cache compressed 4x or "
                    "128x (compress_ratios) and an indexer's keys, which kvcalc does not model yet",
+    "minicpm3": "vLLM's MiniCPM3Attention decompresses the kv_lora_rank latent and caches K and V of every head, "
+                "qk_nope_head_dim + qk_rope_head_dim wide (V padded to it), not the latent that kv_lora_rank names "
+                "for DeepSeek's MLA; kvcalc does not model that cache yet",
     "ouro": "a looped model: its num_hidden_layers run total_ut_steps times and every pass keeps a KV cache of its own "
             "(vLLM's OuroAttention holds total_ut_steps caches a layer), which kvcalc does not model yet",
 }
@@ -107,6 +110,7 @@ def judge_unread(f: ConfigFields) -> str | None:
     family = family_of(model_type)
     unread = f.unread_structural()
     if family is None:
+        unread += f.unread_nested()
         if unread:
             raise refusal(f, unread)
         return None

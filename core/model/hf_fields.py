@@ -21,7 +21,7 @@ STRUCTURAL = re.compile(
     r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
     r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
     r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_group|"
-    r"attention_group|kv_channels|layer_group|ut_steps|"
+    r"attention_group|kv_channels|kv_n_heads|layer_group|ut_steps|"
     r"index_|indexer|sparse_attention|compress|linear_|conv_|cla_|_cla\b|attention_hidden_size|"
     # encoder-decoder and cross-attention models (T5, Mllama): cross-attention layers cache the encoder's tokens
     r"cross_attention|cross_attn|encoder_decoder|decoder_layers|encoder_layers|^d_kv$"
@@ -41,6 +41,8 @@ KNOWN_NO_KV = frozenset({
 # full_attn_alpha_factor in transformers'), per-kind RoPE bases, attention-sink biases, the
 # multi-token-prediction heads (which serve only speculative decoding, off by default), and the scalar
 # multipliers of Falcon-H1 / Granite (ssm_multipliers, attention_multiplier ...).
+# Objects that hold an architecture's attention fields one level down (DBRX's attn_config: kv_n_heads)
+NESTED_ATTENTION = re.compile(r"^(attn|attention)_config$")
 KNOWN_NO_KV_PATTERN = re.compile(
     r"^layernorm_\w+_(alpha|beta)$|_(alpha|beta)_factor$|rope_theta$|sink_bias$|^mtp_|multiplier")
 
@@ -120,3 +122,11 @@ class ConfigFields:
         return [key for key, value in self.data.items()
                 if key not in self.read and key not in KNOWN_NO_KV and not KNOWN_NO_KV_PATTERN.search(key)
                 and STRUCTURAL.search(key) and value not in (None, False, 0, "", [], {})]
+
+    def unread_nested(self) -> list[str]:
+        """`object.field` for the set fields of unread attention-config objects (NESTED_ATTENTION) whose names may
+        describe the KV cache: an architecture kvcalc does not know keeps them there (DBRX: attn_config.kv_n_heads)."""
+        return [f"{key}.{sub}" for key, value in self.data.items()
+                if key not in self.read and NESTED_ATTENTION.search(key) and isinstance(value, Mapping)
+                for sub, inner in value.items()
+                if isinstance(sub, str) and STRUCTURAL.search(sub) and inner not in (None, False, 0, "", [], {})]

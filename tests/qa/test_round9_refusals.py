@@ -10,6 +10,11 @@ that names what it does not understand (never a number that looks right).
   of 2 · 16 · 128 · 2 = 8,192 B a token: 786,432 B; it was read as a plain decoder of 24 layers, 196,608 B (4× too
   little). Fixed: hf_families.UNSUPPORTED names it, and hf_fields.STRUCTURAL takes `ut_steps` (another model_type
   with total_ut_steps is refused naming the field).
+* MiniCPM3-4B (minicpm3): MLA fields, but vLLM caches decompressed K and V (see tests/round9_configs.py): read as
+  DeepSeek's latent it was 35,712 B a token, vLLM holds 952,320. Fixed: hf_families.UNSUPPORTED names it and why.
+* DBRX (dbrx): its 8 KV heads sit in attn_config.kv_n_heads; read as a plain decoder it had n_heads = 48 (6× the
+  KV). Fixed: an unknown architecture's unread attn_config / attention_config object is searched one level down
+  (hf_fields.unread_nested; kv_n_heads is now STRUCTURAL), and the field is named.
 * Tencent-Hunyuan-Large (hunyuan): cross-layer attention (use_cla, cla_share_factor 2) halves the KV.
 * Step-3 (step3_text): experts per token under a name kvcalc does not read (moe_top_k).
 * A linear-attention hybrid whose state fields are absent: the KV alone is exact (size), but a paged pool pages
@@ -22,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from round9_configs import HUNYUAN_LARGE, OURO_14B, RING_MINI_LINEAR_2, STEP3, write
+from round9_configs import DBRX, HUNYUAN_LARGE, MINICPM3_4B, OURO_14B, RING_MINI_LINEAR_2, STEP3, write
 
 COMMANDS = {
     "size": ("size", "--tokens", "4096"),
@@ -69,6 +74,15 @@ def test_looped_ouro_refused(run_cli, tmp_path: Path, command: tuple[str, ...]) 
     assert "'ouro'" in line and "total_ut_steps" in line and "looped" in line
     other = _refused(run_cli, command, write(tmp_path / "loop", {**OURO_14B, "model_type": "looped_lm"}))
     assert "'looped_lm' is not an architecture kvcalc knows" in other and "total_ut_steps" in other
+
+
+@pytest.mark.parametrize("command", [COMMANDS["size"], COMMANDS["size --gpu"], COMMANDS["sim"]],
+                         ids=["size", "size --gpu", "sim"])
+def test_decompressed_mla_and_nested_kv_heads_refused(run_cli, tmp_path: Path, command: tuple[str, ...]) -> None:
+    line = _refused(run_cli, command, write(tmp_path / "minicpm3", MINICPM3_4B))
+    assert "'minicpm3'" in line and "caches K and V of every head" in line and "kv_lora_rank" in line
+    line = _refused(run_cli, command, write(tmp_path / "dbrx", DBRX))
+    assert "'dbrx' is not an architecture kvcalc knows" in line and "attn_config.kv_n_heads" in line
 
 
 def test_step3_refused_naming_the_expert_fields(run_cli, tmp_path: Path) -> None:
