@@ -17,11 +17,15 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvcalc.core.share.cache_bytes import GroupBytes
 from kvcalc.core.share.load_or_recompute import prefill_s
 from kvcalc.core.sim.options import SimOptions
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import DISK, HOST, TierCache
+from kvcalc.core.sim.tiers_groups import find, read_counts, valid_loads
 
 LINK = 25e9  # the host link's default, bytes/s
 KEY0 = 1000  # position i's key: KEY0 + i
@@ -189,3 +193,66 @@ def test_nemotron_a_state_on_disk_makes_the_position_a_disk_hit(tmp_path):
     _demote(cache, "state_mamba2", [1])
     plan = cache.plan(_keys(4), 0, 13000, 0.0)
     assert plan.load_blocks == 2 and plan.tier_of == (DISK, DISK)
+
+
+# ---- against vLLM's connector look-up, re-written from its source (an independent model) ---------------------------
+
+def _vllm_lookup(present: list[list[bool]], kinds: list[str], windows: list[int], g: int, n: int, B: int) -> int:
+    """OffloadingConnectorScheduler._lookup (HMA) in blocks after g GPU hits of n eligible: full groups a maximal
+    prefix, then sliding/Mamba groups (largest window first) the end of their last run of cdiv(W, B) (Mamba: 1)
+    consecutive hits, or a run from g shorter than that; each group may lower the hit, and the sliding groups are
+    looked up again until it holds."""
+    def suffix(seg: list[bool], w: int) -> int:
+        run = 0
+        for i in range(len(seg) - 1, -1, -1):
+            run = run + 1 if seg[i] else 0
+            if run == w:
+                return i + w
+        return run
+
+    size = [None if k == "full" else 1 if k == "state" else -(-windows[c] // B) for c, k in enumerate(kinds)]
+    slides = sorted((c for c, k in enumerate(kinds) if k != "full"), key=lambda c: -size[c])
+    everyone = [c for c, k in enumerate(kinds) if k == "full"] + slides
+    top, hit, todo = n, 0, everyone
+    while todo:
+        looked, groups, todo = False, todo, []
+        for c in groups:
+            if top - g < 1:
+                return 0
+            seg = present[c][g:top]
+            w = size[c]
+            hits = next((i for i, p in enumerate(seg) if not p), len(seg)) if w is None else suffix(seg, w)
+            if hits == 0:
+                return 0
+            top = min(top, g + hits)
+            if top - g < hit and looked and not todo:
+                todo = slides
+            looked |= w is not None
+            hit = top - g
+    return hit
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_longest_valid_load_is_vllms_hit(data):
+    B = data.draw(st.sampled_from([1, 4, 16]), label="B")
+    kinds = data.draw(st.lists(st.sampled_from(["full", "sliding", "state"]), min_size=1, max_size=4), label="kinds")
+    windows = [data.draw(st.integers(1, 80)) if k == "sliding" else 0 for k in kinds]
+    n = data.draw(st.integers(0, 30), label="n")
+    g = data.draw(st.integers(0, n), label="g")
+    present = [[data.draw(st.booleans()) if i >= g else True for i in range(n)] for _ in kinds]
+    classes = tuple(GroupBytes(f"{k}_{c}", 1, 100 + c, k, windows[c] if k == "sliding" else None)
+                    for c, k in enumerate(kinds))
+    C = len(classes)
+    host = {(KEY0 + i) * C + c: 0 for c in range(C) for i in range(g, n) if present[c][i]}
+    found = find((host, {}, set()), list(range(KEY0 + g, KEY0 + n)), classes, 0)
+    valid = valid_loads(found, classes, g, B)
+    assert int(np.flatnonzero(valid).max()) == _vllm_lookup(present, kinds, windows, g, n, B)
+    # what each valid load reads: a group's blocks from vLLM's get_num_skipped_tokens((g + k)·B) // B on
+    ks = np.flatnonzero(valid)
+    reads = read_counts(found, classes, g, B, ks)
+    for c, (k_, gb) in enumerate(zip(kinds, classes, strict=True)):
+        for j, k in enumerate(ks.tolist()):
+            h = g + k
+            skipped = {"full": 0, "state": max(h - 1, 0), "sliding": max(0, h * B - (gb.window or 0) + 1) // B}[k_]
+            assert reads[c, HOST, j] == max(0, h - max(skipped, g))
