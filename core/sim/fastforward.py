@@ -197,7 +197,7 @@ class FastForward:
     def _grouped_segment(self, k: int, d: np.ndarray, ends: np.ndarray) -> bool:
         """A run of decode steps on a hybrid pool (GroupedPagedPolicy.decode_run): the memory of every step in
         closed form, accounted as stepping accounts it — each integral summed step by step in step order
-        (cumsum), so every figure is the one `_steady_step` gives, bit for bit."""
+        (cumsum), so every figure is the one `steady_step.steady_step` gives, bit for bit."""
         from .paged_groups import GroupedPagedPolicy
         s, totals, policy = self.scheduler, self.totals, self.policy
         assert isinstance(policy, GroupedPagedPolicy), "runs_decode is GroupedPagedPolicy's"

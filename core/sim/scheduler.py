@@ -249,10 +249,11 @@ class Scheduler:
             if self.align_block and not (new := self._aligned(rid, int(self.computed[rid]), new)):
                 i += 1
                 continue
-            runs, preempting = self._grow_preempting(rid, self.policy.grow, rid, int(self.computed[rid]) + new)
-            preempted |= preempting
-            if not runs:
-                break
+            total = int(self.computed[rid]) + new
+            if not self.policy.grow(rid, total):
+                preempted = True
+                if not self._preempt_until(rid, self.policy.grow, rid, total):
+                    break
             ids.append(rid)
             news.append(new)
             budget -= new
@@ -260,17 +261,16 @@ class Scheduler:
         self.set_running()
         return budget, preempted
 
-    def _grow_preempting(self, rid: int, grow: Callable[..., bool], *args: int) -> tuple[bool, bool]:
-        """`grow(*args)` (the policy growing running request `rid`), preempting from the back of the running batch
-        until it fits: (whether `rid` still runs — False: it was preempted itself —, whether anyone was preempted)."""
-        preempted = False
-        while not grow(*args):
+    def _preempt_until(self, rid: int, grow: Callable[..., bool], *args: int) -> bool:
+        """`grow(*args)`, the policy growing running request `rid`, did not fit: preempt from the back of the running
+        batch until it does. Whether `rid` still runs (False: it was preempted itself)."""
+        while True:
             victim = self.running.pop()
             self._preempt(victim)
-            preempted = True
             if victim == rid:
-                return False, True
-        return True, preempted
+                return False
+            if grow(*args):
+                return True
 
     def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:
         """Step 3: admit from the head of the queue into `ids`/`news`; swap-ins go to `swapped_in_now`."""

@@ -166,10 +166,10 @@ class SpeculativeScheduler(Scheduler):
             else:
                 new = min(remaining, budget)
             grow, args = (self.policy.reserve, (rid, slots)) if decoding else (self.policy.grow, (rid, computed + new))
-            runs, preempting = self._grow_preempting(rid, grow, *args)
-            preempted |= preempting
-            if not runs:
-                break
+            if not grow(*args):
+                preempted = True
+                if not self._preempt_until(rid, grow, *args):
+                    break
             if decoding:
                 self.drafts_now[rid] = drafts
                 self.reserved_from[rid] = computed
