@@ -298,6 +298,14 @@ class TierCache:
         for lru in self.lru:
             lru.discard(gone)
 
+    def forget(self, keys: np.ndarray, computed_blocks: int) -> None:
+        """A request preempted by recompute after `computed_blocks` of its prompt: the GPU holds none of its later
+        blocks (another request's copy of them is forgotten too: a load then reads it, never a block not there)."""
+        C = len(self.classes)
+        if C > 1:
+            later = keys[computed_blocks:].tolist()
+            self.gpu.difference_update([k * C + c for k in later for c in self.computed])
+
     def landed(self, keys: np.ndarray, plan: LoadPlan) -> None:
         """A load ended: its blocks hold their KV."""
         g = plan.gpu_blocks  # the request holds these blocks until now: no other load can have them

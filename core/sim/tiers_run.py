@@ -201,6 +201,12 @@ class TieredScheduler(Scheduler):
         if parked:
             self.set_running()
 
+    def _preempt(self, rid: int) -> None:
+        computed = int(self.computed[rid])
+        super()._preempt(rid)
+        if not self.swapped[rid]:  # recompute: the blocks it had not computed are not on the GPU
+            self.admission.cache.forget(self.admission.keys[rid], computed // self.admission.policy.block_size)
+
     def land(self) -> None:
         """Parked requests whose loads have ended join the running batch."""
         landed = False

@@ -113,6 +113,25 @@ def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
     assert plan.load_blocks == 0 and plan.skipped == 128
 
 
+def test_gemma3_blocks_the_gpu_still_caches_are_used_in_place(gemma):
+    # A request computed positions 0..128 (no load): the GPU caches each group's block of them until it evicts
+    # it. Preempted by recompute after 1,600 tokens (100 blocks), it holds none of 100..128. The host then gets the
+    # full blocks 0..127 and no sliding one: a hit of k needs the sliding blocks k − 64..k − 1, on the GPU for
+    # k <= 100 only. The load of 100 reads the full group's 100 x 1,310,720 = 131,072,000 B and no sliding block
+    # (on the GPU: used in place, no link)
+    keys = _keys(129)
+    gemma.commit(0, keys, gemma.plan(keys, 0, 2049, 0.0), 0.0)
+    assert len(gemma.gpu) == 2 * 129
+    gemma.forget(keys, 100)
+    assert len(gemma.gpu) == 2 * 100
+    _demote(gemma, "full", range(128))
+    assert len(gemma.gpu) == 100  # the evicted full blocks leave the GPU
+    plan = gemma.plan(keys, 0, 2049, 1.0)
+    assert plan.load_blocks == 100
+    gemma.commit(0, keys, plan, 1.0)  # (its readmission)
+    assert gemma.totals.read_group_bytes[HOST] == {"full": 131_072_000, "sliding_1024": 0}
+
+
 @pytest.fixture
 def scout(tmp_path) -> TierCache:
     # Llama-4-Scout tp 2, block 16: 2,048 B a token a layer per GPU, a block 32,768 B a layer: 36 chunked layers
