@@ -15,9 +15,8 @@ the blocks held). `plan` counts, from the pool as it is, what every step frees (
 an indexed one a cache entry, a block opened in the run or unindexed hash-less, each at the free queue's tail),
 hands out (the queue's head: its entries at the start, then what the run freed; a cache entry popped is evicted)
 and holds — every figure the step's accounting reads — and where the run must stop;
-`apply` then makes those steps' changes with the loop's own functions on the sequences that have any, each brought
-to its token count first (a sequence's last block fills in between: nothing else reads it), and the others at the
-end. `apply` checks the pool against the plan's last step.
+hybrid_apply.apply then makes those steps' changes in a few array operations (the whole run, or stretches of B
+steps) and checks the pool against the plan's last step.
 
 Only for a pool the loop's one-pass form applies to (`ordered`), without state groups (their pages move with every
 token), forks (a partially filled block in two tables), pending frees (a step under way) or a listener on the free
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES
 from .group_hits import anchored_present
-from .hybrid_ordered import _append_run, _rules, ordered, skip_ordered
+from .hybrid_ordered import _rules, ordered
 from .hybrid_private import first_blocks
 
 if TYPE_CHECKING:
@@ -53,8 +52,6 @@ class DecodeRun(NamedTuple):
     useful: np.ndarray  # int64 [k]: tokens written in the used blocks
     logical: np.ndarray  # int64 [k]: table entries over every group
     held: np.ndarray  # int64 [k, G]: distinct blocks each group's tables hold
-    frees: list[list[int]]  # per step: the sequences (indices into seq_ids) whose tables free blocks
-    opens: list[list[int]]  # per step: the sequences that open a block in every table
     order_bound: bool = False  # it stopped where one step's hand-outs take part of a step's frees, hashed and not
 
     @property
@@ -100,21 +97,18 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
     B, store, G = pool.block_size, pool.store, len(pool.pools)
     tokens = [t.num_tokens for t in pool.pools[0]._tables(seq_ids)]
     t0 = np.array(tokens, dtype=np.int64)[:, None]
-    queue, heads = store.queue, _Heads(store.queue)
-    refs: dict[int, int] = {}
-    plain, cached = queue.num_plain, queue.num_cached
+    heads, left = _Heads(store.queue), store.ref.copy()  # left: references not yet dropped by the run
+    plain, cached = store.queue.num_plain, store.queue.num_cached
     free_now, done, span = plain + cached, 0, 2 if waiting else B  # waiting: runs often stop at once
     order_bound = False
     rows: list[tuple[int, int, int, int]] = []  # per step: cached after it, blocks opened, freed, entries freed
     freed_groups: list[np.ndarray] = []
-    frees: list[list[int]] = []
-    opens: list[list[int]] = []
     while done < k:
         steps = np.arange(max(done - 1, 0), min(done + span, k), dtype=np.int64)
-        opening, drops, entries, seqs = _window(pool, seq_ids, t0 + steps, tokens, done > 0)
-        freed_plain, freed_cached, freed = _freed(store, refs, drops, G)
-        for j in range(len(drops)):
-            need = len(opening[j]) * G
+        opened, freed_plain, freed_cached, freed, entries = _window(pool, seq_ids, t0 + steps, t0[:, 0], done > 0,
+                                                                    left)
+        for j in range(len(opened)):
+            need = opened[j]
             if need > plain + cached:  # not covered before the step frees: stepping goes request by request
                 k = done
                 break
@@ -129,10 +123,8 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
                     heads.popped > waiting.evictable or plain + cached > free_now):
                 k = done
                 break
-            rows.append((cached, need, freed_plain[j] + freed_cached[j], int(entries[j])))
+            rows.append((cached, need, freed_plain[j] + freed_cached[j], entries[j]))
             freed_groups.append(freed[j])
-            frees.append(seqs[j])
-            opens.append(opening[j])
             done += 1
         span *= 8
     table = np.array(rows, dtype=np.int64).reshape(-1, 4)
@@ -142,7 +134,7 @@ def plan(pool: HybridPool, seq_ids: Sequence[Hashable], k: int, held: Sequence[i
         store.useful_tokens + len(seq_ids) * G * np.arange(1, done + 1, dtype=np.int64) - B * gone,
         sum(p.logical_blocks for p in pool.pools) + grown - np.cumsum(table[:, 3]),
         np.asarray(held, dtype=np.int64) + (grown // G)[:, None] - np.cumsum(
-            np.array(freed_groups, dtype=np.int64).reshape(-1, G), axis=0), frees, opens, order_bound)
+            np.array(freed_groups, dtype=np.int64).reshape(-1, G), axis=0), order_bound)
 
 
 def looked_up(pool: HybridPool, num_tokens: int, keys: BlockKeys) -> np.ndarray:
@@ -228,112 +220,72 @@ class _Heads:
         return evicted
 
 
-def _freed(store, refs: dict[int, int], drops: list[list[tuple[int, int]]], G: int
-           ) -> tuple[list[int], list[int], np.ndarray]:
-    """(per step: blocks freed to the plain stack, to the LRU cache, and per group) from the step's drops, `refs`
-    the references left of the blocks held before the run that earlier steps dropped (updated)."""
-    k = len(drops)
-    freed_plain, freed_cached, freed = [0] * k, [0] * k, np.zeros((k, G), dtype=np.int64)
-    slot, ref = store.block_slot, store.ref
-    for j, step in enumerate(drops):
-        for g, block in step:
-            if block >= 0:  # a block held before the run: freed at its last reference
-                left = refs[block] = refs.get(block, int(ref[block])) - 1
-                if left:
-                    continue
-                if slot[block] >= 0:
-                    freed_cached[j] += 1
-                    freed[j, g] += 1
-                    continue
-            freed_plain[j] += 1  # opened in the run (one table, never indexed) or unindexed
-            freed[j, g] += 1
-    return freed_plain, freed_cached, freed
-
-
-def _window(pool: HybridPool, seq_ids: Sequence[Hashable], computed: np.ndarray, tokens: list[int], lead: bool
-            ) -> tuple[list[list[int]], list[list[tuple[int, int]]], np.ndarray, list[list[int]]]:
+def _window(pool: HybridPool, seq_ids: Sequence[Hashable], computed: np.ndarray, tokens: np.ndarray, lead: bool,
+            left: np.ndarray) -> tuple[list[int], list[int], list[int], np.ndarray, list[int]]:
     """For the steps of `computed` [n, w] (the tokens before each step; `lead`: its first column is the step before
-    the window, only read for where its frees ended): per step the sequences opening a block, the (group, block)
-    pairs its frees drop — block -1: one opened in the run —, the table entries freed and the sequences freeing."""
-    B, mode, pools = pool.block_size, pool.state_mode, pool.pools
+    the window, only read for where its frees ended), per step: the blocks opened (a sequence at a multiple of B
+    tokens takes one in every table), the blocks freed to the free queue hash-less and cached, those per group [w, G],
+    and the table entries freed. A table's entry freed is a block held before the run (`tokens`), freed at its last
+    reference (`left`: the references the run has not dropped yet, updated), or one opened in the run (one table,
+    never indexed: hash-less)."""
+    B, mode, G = pool.block_size, pool.state_mode, len(pool.pools)
     cols = slice(1, None) if lead else slice(None)
-    opening = [np.flatnonzero(c).tolist() for c in (computed[:, cols] % B == 0).T]
-    w = len(opening)
-    drops: list[list[tuple[int, int]]] = [[] for _ in range(w)]
-    seqs: list[set[int]] = [set() for _ in range(w)]
-    entries = np.zeros(w, dtype=np.int64)
-    held = (computed + B - 1) // B  # blocks each table holds before the step's growth
+    opened = (computed[:, cols] % B == 0).sum(axis=0) * G
+    w = len(opened)
+    held = -(-tokens // B)  # blocks each table holds before the run
     ends: dict[tuple[str, int | None], np.ndarray] = {}
-    for g, _, _ in _rules(pool):
-        group = pool.groups[g]
-        end = ends.get((group.kind, group.window))
+    steps, groups, blocks = [], [], []  # each table entry freed: its step, group, block (-1: opened in the run)
+    for g, _, alike in _rules(pool):
+        end = ends.get(alike)
         if end is None:
-            end = ends[group.kind, group.window] = np.minimum(first_blocks(group, computed, B, mode), held)
-        tables = [pools[g].seqs[s] for s in seq_ids]
+            end = ends[alike] = np.minimum(first_blocks(pool.groups[g], computed, B, mode), -(-computed // B))
+        tables = [pool.pools[g].seqs[s] for s in seq_ids]
         skipped = np.array([t.num_skipped for t in tables], dtype=np.int64)[:, None]
         after = np.maximum(end, skipped)
         before = after[:, :-1] if lead else np.concatenate([skipped, after[:, :-1]], axis=1)
-        after = after[:, cols]
-        for i, j in zip(*(a.tolist() for a in np.nonzero(after > before)), strict=True):
-            first, last, table, held_before = int(before[i, j]), int(after[i, j]), tables[i].table, -(-tokens[i] // B)
-            entries[j] += last - first
-            seqs[j].add(i)
-            drops[j] += [(g, int(table[p]) if p < held_before else -1) for p in range(first, last)]
-    return opening, drops, entries, [sorted(s) for s in seqs]
-
-
-def apply(pool: HybridPool, order: Sequence[Hashable], run: DecodeRun) -> None:
-    """The run's steps on the pool, the sequences of each step in the batch's `order` (see the module docstring),
-    then the pool checked against the plan."""
-    seq_ids, at = run.seq_ids, list(run.tokens)
-    position = {s: i for i, s in enumerate(order)}
-    assert len(position) == len(seq_ids) and all(s in position for s in seq_ids), "a run of another batch"
-    rank = [position[s] for s in seq_ids]
-    tables = [[p.seqs[s] for p in pool.pools] for s in seq_ids]
-    for j, (frees, opens) in enumerate(zip(run.frees, run.opens, strict=True)):
-        if not (frees or opens):
+        count = (after[:, cols] - before).ravel()
+        if not count.any():
             continue
-        frees, opens = sorted(frees, key=rank.__getitem__), sorted(opens, key=rank.__getitem__)
-        moving = sorted(set(frees).union(opens))
-        _catch_up(pool, [tables[i] for i in moving], [at[i] for i in moving], [run.tokens[i] + j for i in moving])
-        for i in moving:
-            at[i] = run.tokens[i] + j
-        if frees:
-            skip_ordered(pool, [seq_ids[i] for i in frees])
-        if opens:
-            _append_run(pool, [seq_ids[i] for i in opens], 1)
-            for i in opens:
-                at[i] += 1
-    _catch_up(pool, tables, at, [t + run.k for t in run.tokens])
-    pool._changed()
-    _check(pool, run)
+        cell = np.repeat(np.arange(count.size, dtype=np.int64), count)  # [i, j] flattened, entries in order
+        steps.append(cell % w)
+        groups.append(np.full(len(cell), g, dtype=np.int64))
+        blocks.append(_entries(tables, before[:, 0], after[:, -1], held))
+    return (opened.tolist(), *_freed(pool.store, left, steps, groups, blocks, w, G))
 
 
-def _catch_up(pool: HybridPool, tables: list[list], now: list[int], target: list[int]) -> None:
-    """Sequences' tables from `now` to `target` tokens, none crossing a block boundary: each table's last block
-    fills (a block of one table: no fork) — as the loop's appends of one token each fill it."""
-    lasts: list[int] = []
-    adds: list[int] = []
-    G, total = len(pool.pools), 0
-    for seq_tables, a, b in zip(tables, now, target, strict=True):
-        if b == a:
-            continue
-        for t in seq_tables:
-            lasts.append(int(t.table[t.num_blocks - 1]))
-            t.num_tokens = b
-        adds += [b - a] * G
-        total += b - a
-    if not lasts:
-        return
-    store = pool.store
-    store.fill[np.array(lasts, dtype=np.int64)] += np.array(adds, dtype=store.fill.dtype)
-    store.useful_tokens += total * G
-    for p in pool.pools:
-        p.logical_tokens += total
+def _entries(tables: list, first: np.ndarray, last: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """The blocks at positions first[i]..last[i]-1 of each table in turn (its entries a window frees, step after
+    step: one range), -1 past the blocks it `held` before the run."""
+    parts = []
+    for i in np.flatnonzero(last > first).tolist():
+        a, b, h = int(first[i]), int(last[i]), int(held[i])
+        parts.append(tables[i].table[a : min(b, h)].astype(np.int64))
+        if b > h:
+            parts.append(np.full(b - max(a, h), -1, dtype=np.int64))
+    return np.concatenate(parts)
 
 
-def _check(pool: HybridPool, run: DecodeRun) -> None:
-    store = pool.store
-    got = (store.num_used, store.queue.num_cached, store.useful_tokens, sum(p.logical_blocks for p in pool.pools))
-    want = (int(run.used[-1]), int(run.cached[-1]), int(run.useful[-1]), int(run.logical[-1]))
-    assert got == want, f"a prefix-cached decode run of {run.k} steps: the pool holds {got}, the plan said {want}"
+def _freed(store, left: np.ndarray, steps: list[np.ndarray], groups: list[np.ndarray], blocks: list[np.ndarray],
+           w: int, G: int) -> tuple[list[int], list[int], np.ndarray, list[int]]:
+    """(per step of w: blocks freed hash-less, cached, per group [w, G], table entries freed) from every entry freed
+    (its step, group and block; -1: opened in the run, one table, never indexed). A block held before the run goes
+    at its last reference (`left`, updated): in the last step that drops it, if the run drops every one left."""
+    if not steps:
+        return [0] * w, [0] * w, np.zeros((w, G), dtype=np.int64), [0] * w
+    step, group, block = (np.concatenate(x) for x in (steps, groups, blocks))
+    new = block < 0
+    held, inverse, drops = np.unique(block[~new], return_inverse=True, return_counts=True)
+    last = np.zeros(len(held), dtype=np.int64)
+    np.maximum.at(last, inverse, step[~new])
+    owner = np.empty(len(held), dtype=np.int64)
+    owner[inverse] = group[~new]  # a block is in one group's tables only
+    assert (left[held] >= drops).all(), "a block dropped more often than it is held"
+    gone = left[held] == drops
+    left[held] -= drops.astype(left.dtype)
+    cached = store.block_slot[held] >= 0
+    freed = np.zeros((w, G), dtype=np.int64)
+    np.add.at(freed, (last[gone], owner[gone]), 1)
+    np.add.at(freed, (step[new], group[new]), 1)
+    plain = np.bincount(last[gone & ~cached], minlength=w) + np.bincount(step[new], minlength=w)
+    return plain.tolist(), np.bincount(last[gone & cached], minlength=w).tolist(), freed, np.bincount(
+        step, minlength=w).tolist()

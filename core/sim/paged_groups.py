@@ -29,8 +29,9 @@ from ..model.vllm_memory import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..pool.block_pool import ReleaseReason
 from ..pool.groups import PoolGroup, peak_blocks, pool_groups
 from ..pool.hybrid import HybridPool
+from ..pool.hybrid_apply import apply
 from ..pool.hybrid_ordered import append_ordered, fitting_run, label, need_ordered, ordered, skip_ordered
-from ..pool.hybrid_runs import DecodeRun, apply, runs_apply
+from ..pool.hybrid_runs import DecodeRun, runs_apply
 from .group_counts import CountedPolicy
 from .group_prefix_runs import PrefixRuns
 from .group_runs import RunForm, RunMemory, check_run, covered, run_form

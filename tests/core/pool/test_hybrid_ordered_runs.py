@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcalc.core.pool import hybrid_runs
+from kvcalc.core.pool import hybrid_apply, hybrid_runs
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.pool.hybrid import HybridPool
 from kvcalc.core.pool.hybrid_ordered import append_ordered, held_blocks, label, need_ordered, skip_ordered
@@ -74,7 +74,7 @@ def check_run(pool: HybridPool, ids: list, k: int, waiting: hybrid_runs.Waiting 
         probe = copy.deepcopy(stepped)
         assert not step(probe, ids) or (waiting is not None and not refused(probe))
     if run.k:
-        hybrid_runs.apply(pool, ids, run)
+        hybrid_apply.apply(pool, ids, run)
     assert state(pool) == state(stepped)
     pool.check_invariants()
     return run.k
@@ -131,18 +131,18 @@ def test_planted_bugs_are_caught(monkeypatch, bug):
         monkeypatch.setattr(hybrid_runs, "plan", lambda pool, ids, k, held, waiting: real_plan(pool, ids, k, held))
         waiting = hybrid_runs.Waiting(0, 0)
     elif bug == "shared block freed at its first holder":
-        real_freed = hybrid_runs._freed
-        monkeypatch.setattr(hybrid_runs, "_freed", lambda store, refs, drops, G: real_freed(
-            store, {b: 1 for step in drops for _, b in step if b >= 0}, drops, G))
+        real_freed = hybrid_runs._freed  # every reference the run's first drop (its internal check may say so)
+        monkeypatch.setattr(hybrid_runs, "_freed", lambda store, left, *rest: real_freed(
+            store, np.minimum(left, 1), *rest))
     elif bug == "a lagging block not filled":
-        real_catch_up = hybrid_runs._catch_up
-        monkeypatch.setattr(hybrid_runs, "_catch_up", lambda pool, tables, now, target: real_catch_up(
-            pool, tables, now, [min(t, a + 1) for a, t in zip(now, target, strict=True)]))
+        real_fill = hybrid_apply._fill_last
+        monkeypatch.setattr(hybrid_apply, "_fill_last", lambda pool, tables, start, end: real_fill(
+            pool, tables, start, np.minimum(end, start + 1)))
     elif bug == "cached blocks never evicted":  # the plan reads no cache entry at the free queue's head
         monkeypatch.setattr(type(scenario().store.queue), "evictions_within", lambda q, m: np.zeros(m + 1, np.int64))
     else:
-        real_apply = hybrid_runs.apply
-        monkeypatch.setattr(hybrid_runs, "apply", lambda pool, order, run: real_apply(pool, order[::-1], run))
+        real_apply = hybrid_apply.apply
+        monkeypatch.setattr(hybrid_apply, "apply", lambda pool, order, run: real_apply(pool, order[::-1], run))
     with pytest.raises(AssertionError):
         check_run(scenario(), [0, 2, 3], 30, waiting)
 
