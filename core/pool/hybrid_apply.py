@@ -66,37 +66,53 @@ def _frees(pool: HybridPool, tables: list[list[SeqTable]], rank: np.ndarray, t0:
            ) -> _Frees | None:
     """The frees of steps lo..hi-1 (the tables as step lo finds them, each sequence i at t0[i] + lo tokens) in the
     loop's order; None where one of them is a block opened in the stretch."""
-    B, mode, n = pool.block_size, pool.state_mode, len(t0)
+    B, mode = pool.block_size, pool.state_mode
     computed = t0[:, None] + np.arange(lo, hi, dtype=np.int64)  # [n, w]: tokens before each step
     held = -(-(t0 + lo) // B)  # blocks each table holds at the stretch's start
-    parts: list[tuple[np.ndarray, ...]] = []  # (step, rank, group, position, block) of each entry freed
-    ends: list[tuple[int, int, int, int]] = []
     kept: dict[tuple[str, int | None], np.ndarray] = {}
-    rows = np.arange(n, dtype=np.int64)
+    runs: dict[tuple, tuple[np.ndarray, ...] | None] = {}  # alike tables freeing alike: worked out once
+    parts: list[tuple[np.ndarray, ...]] = []  # (step, rank, group, position) of each entry freed
+    blocks: list[np.ndarray] = []
+    ends: list[tuple[int, int, int, int]] = []
     for g, _, alike in _rules(pool):
-        end = kept.get(alike)
-        if end is None:  # skip_ordered's min(first_block_before_growth, blocks) at every step
-            end = kept[alike] = np.minimum(first_blocks(pool.groups[g], computed, B, mode), -(-computed // B))
-        skipped = np.array([t.num_skipped for t in tables[g]], dtype=np.int64)
-        after = np.maximum(end, skipped[:, None])
-        count = after[:, -1] - skipped
-        if not count.any():
+        skipped = [t.num_skipped for t in tables[g]]
+        key = (alike, *skipped)
+        if key not in runs:
+            end = kept.get(alike)
+            if end is None:  # skip_ordered's min(first_block_before_growth, blocks) at every step
+                end = kept[alike] = np.minimum(first_blocks(pool.groups[g], computed, B, mode), -(-computed // B))
+            runs[key] = _freeing(end, np.array(skipped, dtype=np.int64), held)
+        run = runs[key]
+        if run is None:
             continue
-        who = np.repeat(rows, count)
-        pos = np.arange(len(who), dtype=np.int64) - np.repeat(np.cumsum(count) - count - skipped, count)
-        if (pos >= held[who]).any():
+        if not len(run):  # a block the stretch opens
             return None
-        span = int(after.max()) + 1  # each row's steps searched alone: rows offset by span, a sorted whole
-        step = np.searchsorted((after + rows[:, None] * span).ravel(), pos + who * span, side="right") - who * (
-            hi - lo)
-        blocks = np.concatenate([tables[g][i].table[skipped[i] : skipped[i] + count[i]] for i in np.flatnonzero(
-            count).tolist()])
-        parts.append((step, rank[who], np.full(len(who), g), pos, blocks))
-        ends += [(g, i, int(skipped[i] + count[i]), int(count[i])) for i in np.flatnonzero(count).tolist()]
+        step, who, pos, first, last = run
+        parts.append((step, rank[who], np.full(len(who), g), pos))
+        nz = np.flatnonzero(last > first).tolist()
+        blocks += [tables[g][i].table[first[i] : last[i]] for i in nz]
+        ends += [(g, i, int(last[i]), int(last[i] - first[i])) for i in nz]
     if not parts:
         return _Frees(np.empty(0, dtype=np.int64), [])
-    step, ranks, groups, pos, blocks = (np.concatenate(c) for c in zip(*parts, strict=True))
-    return _Frees(blocks[np.lexsort((-pos, groups, ranks, step))], ends)
+    step, ranks, groups, pos = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return _Frees(np.concatenate(blocks)[np.lexsort((-pos, groups, ranks, step))], ends)
+
+
+def _freeing(end: np.ndarray, skipped: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """(step, sequence and position of each entry freed, sequence by sequence; each table's first and last position
+    freed + 1) of tables at `skipped` [n] whose rule keeps from `end` [n, w] on; None: none freed; () where one
+    is past the blocks `held`."""
+    after = np.maximum(end, skipped[:, None])
+    count = after[:, -1] - skipped
+    if not count.any():
+        return None
+    who = np.repeat(np.arange(len(count), dtype=np.int64), count)
+    pos = np.arange(len(who), dtype=np.int64) - np.repeat(np.cumsum(count) - count - skipped, count)
+    if (pos >= held[who]).any():
+        return ()
+    span, w = int(after.max()) + 1, after.shape[1]  # each row's steps searched alone: rows offset, a sorted whole
+    step = np.searchsorted((after + np.arange(len(count))[:, None] * span).ravel(), pos + who * span, side="right")
+    return step - who * w, who, pos, skipped, after[:, -1]
 
 
 def _stretch(pool: HybridPool, tables: list[list[SeqTable]], rank: np.ndarray, t0: np.ndarray, lo: int, hi: int,

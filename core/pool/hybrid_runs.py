@@ -229,40 +229,52 @@ def _window(pool: HybridPool, seq_ids: Sequence[Hashable], computed: np.ndarray,
     reference (`left`: the references the run has not dropped yet, updated), or one opened in the run (one table,
     never indexed: hash-less)."""
     B, mode, G = pool.block_size, pool.state_mode, len(pool.pools)
-    cols = slice(1, None) if lead else slice(None)
-    opened = (computed[:, cols] % B == 0).sum(axis=0) * G
+    opened = ((computed[:, 1:] if lead else computed) % B == 0).sum(axis=0) * G
     w = len(opened)
-    held = -(-tokens // B)  # blocks each table holds before the run
+    held = (-(-tokens // B)).tolist()  # blocks each table holds before the run
     ends: dict[tuple[str, int | None], np.ndarray] = {}
+    runs: dict[tuple, tuple[np.ndarray, list[int], list[int]] | None] = {}  # alike tables freeing alike: once
     steps, groups, blocks = [], [], []  # each table entry freed: its step, group, block (-1: opened in the run)
     for g, _, alike in _rules(pool):
-        end = ends.get(alike)
-        if end is None:
-            end = ends[alike] = np.minimum(first_blocks(pool.groups[g], computed, B, mode), -(-computed // B))
         tables = [pool.pools[g].seqs[s] for s in seq_ids]
-        skipped = np.array([t.num_skipped for t in tables], dtype=np.int64)[:, None]
-        after = np.maximum(end, skipped)
-        before = after[:, :-1] if lead else np.concatenate([skipped, after[:, :-1]], axis=1)
-        count = (after[:, cols] - before).ravel()
-        if not count.any():
-            continue
-        cell = np.repeat(np.arange(count.size, dtype=np.int64), count)  # [i, j] flattened, entries in order
-        steps.append(cell % w)
-        groups.append(np.full(len(cell), g, dtype=np.int64))
-        blocks.append(_entries(tables, before[:, 0], after[:, -1], held))
+        skipped = [t.num_skipped for t in tables]
+        key = (alike, *skipped)
+        if key not in runs:
+            end = ends.get(alike)
+            if end is None:
+                end = ends[alike] = np.minimum(first_blocks(pool.groups[g], computed, B, mode), -(-computed // B))
+            runs[key] = _freeing(end, np.array(skipped, dtype=np.int64)[:, None], lead)
+        run = runs[key]
+        if run is not None:
+            steps.append(run[0])
+            groups.append(np.full(len(run[0]), g, dtype=np.int64))
+            blocks += _entries(tables, run[1], run[2], held)
     return (opened.tolist(), *_freed(pool.store, left, steps, groups, blocks, w, G))
 
 
-def _entries(tables: list, first: np.ndarray, last: np.ndarray, held: np.ndarray) -> np.ndarray:
+def _freeing(end: np.ndarray, skipped: np.ndarray, lead: bool) -> tuple[np.ndarray, list[int], list[int]] | None:
+    """(the step of each entry a window frees, table by table in order; each table's first and last position
+    freed + 1) of tables at `skipped` [n, 1] whose rule keeps from `end` [n, w(+1 with `lead`)] on; None: none."""
+    after = np.maximum(end, skipped)
+    before = after[:, :-1] if lead else np.concatenate([skipped, after[:, :-1]], axis=1)
+    count = (after[:, 1:] if lead else after) - before
+    if not count.any():
+        return None
+    flat = count.ravel()
+    cell = np.repeat(np.arange(flat.size, dtype=np.int64), flat)  # [i, j] flattened: a table's entries in order
+    return cell % count.shape[1], before[:, 0].tolist(), after[:, -1].tolist()
+
+
+def _entries(tables: list, first: list[int], last: list[int], held: list[int]) -> list[np.ndarray]:
     """The blocks at positions first[i]..last[i]-1 of each table in turn (its entries a window frees, step after
     step: one range), -1 past the blocks it `held` before the run."""
     parts = []
-    for i in np.flatnonzero(last > first).tolist():
-        a, b, h = int(first[i]), int(last[i]), int(held[i])
-        parts.append(tables[i].table[a : min(b, h)].astype(np.int64))
-        if b > h:
-            parts.append(np.full(b - max(a, h), -1, dtype=np.int64))
-    return np.concatenate(parts)
+    for table, a, b, h in zip(tables, first, last, held, strict=True):
+        if b > a:
+            parts.append(table.table[a : min(b, h)])
+            if b > h:
+                parts.append(np.full(b - max(a, h), -1, dtype=np.int64))
+    return parts
 
 
 def _freed(store, left: np.ndarray, steps: list[np.ndarray], groups: list[np.ndarray], blocks: list[np.ndarray],
