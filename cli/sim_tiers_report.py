@@ -101,7 +101,8 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
                             "evicts it and held on its own, as vLLM's offloading keys (hash, group); a hit needs and "
                             "a load reads of each group only the blocks the hit needs (a sliding group its window's, "
                             "a chunked group the current chunk's, a state group the one state at the hit's "
-                            "boundary); a block the GPU still caches is used in place")
+                            "boundary); a block the GPU still caches past the hit counts as the host's, as vLLM's "
+                            "write-through CPU copy")
         if t.unresolved_blocks:
             report.notes.append(f"{format_count(t.unresolved_blocks)} evicted blocks whose KV cache group could not be "
                                 "told (their anchor block was handed out twice since) were counted as the full group's")

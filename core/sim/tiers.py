@@ -14,7 +14,8 @@ A tier of N blocks holds N · bytes_per_block bytes (every group's block of N po
 A request admitted with a GPU hit of g blocks looks further along its prompt's blocks (never the last prompt
 token's): a hit of h = g + k blocks needs, per group, only its blocks from tiers_groups.lookup_first(h) on
 — full every block g..h − 1, sliding W the last cdiv(W, B), a state group the one at h − 1, chunked the
-current chunk's (a full group's block the GPU still caches past g is used in place). Loading k blocks takes
+current chunk's. A group's block the GPU has not evicted yet past g (the hit cut short by another group) counts
+as in the top lower tier, read over its link, as vLLM's write-through CPU copy (tiers_groups). Loading k takes
 
     wait(k) = max over tiers t with n_t(k) > 0 of  max(now, link_t free) + n_t(k) / bw_t − now
 
@@ -47,7 +48,7 @@ import numpy as np
 from ..share.cache_bytes import CachedBlockBytes
 from ..share.load_or_recompute import prefill_s
 from .steptime import StepTimeModel
-from .tiers_groups import DISK, HOST, ON_GPU, find, position_tiers, read_counts, valid_loads
+from .tiers_groups import ABSENT, DISK, HOST, find, position_tiers, read_counts, valid_loads
 from .tiers_lru import Lru
 
 _consume = deque[object](maxlen=0).extend  # runs an iterator to its end in C
@@ -91,7 +92,7 @@ class LoadPlan:
     each), recompute the `skipped` lower-tier blocks after those, start computing when `ready_s` comes."""
 
     gpu_blocks: int
-    tier_of: tuple[int, ...]  # per loaded position: HOST, DISK or ON_GPU (tiers_groups.position_tiers)
+    tier_of: tuple[int, ...]  # per loaded position: HOST or DISK (tiers_groups.position_tiers)
     skipped: int
     ready_s: float
     found: np.ndarray | None = None  # int8 [groups, load_blocks]: where each group's block of them is
@@ -199,14 +200,15 @@ class TierCache:
     # ---- the rule ------------------------------------------------------------------------------------------
     def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float, on_gpu: int = 0) -> LoadPlan:
         """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks` (a pure look-up); `on_gpu`:
-        the full groups' blocks past the hit that the GPU still caches (tiers_groups)."""
+        the full groups' blocks past the hit that the GPU still caches (counted in the top tier: tiers_groups)."""
         B = self.block_size
         eligible = min((num_tokens - 1) // B, len(keys))
         ready = now_s
         if self.landing:  # GPU hits whose own load has not ended yet
             ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks].tolist())])
+        top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else ABSENT
         found = find((self.lru[HOST].stamp, self.lru[DISK].stamp, self.gpu), keys[gpu_blocks:eligible].tolist(),
-                     self.classes, max(on_gpu, 0))
+                     self.classes, max(on_gpu, 0), top)
         if not found.shape[1]:
             return LoadPlan(gpu_blocks, (), 0, ready)
         valid = valid_loads(found, self.classes, gpu_blocks, B)
@@ -257,7 +259,7 @@ class TierCache:
         if not self.admitted[rid]:
             self.admitted[rid] = True
             tot = self.totals
-            tot.gpu_hit_blocks[rid] = g + plan.tier_of.count(ON_GPU)
+            tot.gpu_hit_blocks[rid] = g
             tot.host_hit_blocks[rid] = plan.tier_of.count(HOST)
             tot.disk_hit_blocks[rid] = plan.tier_of.count(DISK)
             tot.recomputed_blocks[rid] = plan.skipped

@@ -16,8 +16,10 @@ make_offload_key(block hash, group), _lookup / _sliding_window_lookup / update_s
     a load reads        each group's blocks from GroupBytes.first_needed(h) on (vLLM's null entries before:
                         update_state_after_alloc loads only the non-null pending blocks)
 
-One more source than vLLM's (whose CPU copy holds every block by write-through): a full group's block that the GPU
-still caches past the hit — the hit was cut short by another group — is copied on the device (ON_GPU, no link).
+vLLM's CPU copy holds every block by write-through; sim's tiers are exclusive (a block is demoted when the GPU
+evicts it). A group's block the GPU has not evicted yet past the GPU hit (the hit cut short by another group: the
+full group's own chain, or a sliding/state block still cached) is therefore counted where vLLM has its copy: in the
+top lower tier, read over its link (`top` in find), never a hit without a lower tier.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..errors import ParameterError
 from ..pool.groups import PoolGroup
 from ..share.cache_bytes import GroupBytes
 
-HOST, DISK, ON_GPU, ABSENT = 0, 1, 2, -1
+HOST, DISK, ABSENT = 0, 1, -1
 
 
 def lookup_first(group: GroupBytes, hit_blocks: np.ndarray, block_size: int) -> np.ndarray:
@@ -56,13 +58,16 @@ def group_classes(classes: Sequence[GroupBytes], groups: Sequence[PoolGroup]) ->
 
 
 def find(where: tuple[dict[int, int], dict[int, int], set[int]], keys: list[int], classes: Sequence[GroupBytes],
-         on_gpu: int) -> np.ndarray:
-    """int8 [C, K]: where each class's block of positions keys[0..K) is (HOST, DISK, ON_GPU, ABSENT), from the
-    host's and the disk's entries and the GPU's cached ones (`where`). K ends at the first position whose full
-    group blocks are nowhere (the first `on_gpu` the pool's own full chain holds); without a full group it is
-    len(keys)."""
+         on_gpu: int, top: int) -> np.ndarray:
+    """int8 [C, K]: where each class's block of positions keys[0..K) is (HOST, DISK, ABSENT), from the host's and
+    the disk's entries (`where`). A block the GPU still caches — the first `on_gpu` of the full groups' (the pool's
+    own full chain past the hit), another group's in the GPU's cached entries (`where[2]`) — is in `top`, the top
+    lower tier (module docstring; ABSENT: no lower tier). K ends at the first position whose full group blocks are
+    nowhere; without a full group it is len(keys)."""
     C = len(classes)
     host, disk, cached = where
+    if top == ABSENT:
+        on_gpu, cached = 0, set()
     full = [c for c, gb in enumerate(classes) if gb.kind == "full"]
     n = K = len(keys)
     if full:
@@ -71,12 +76,12 @@ def find(where: tuple[dict[int, int], dict[int, int], set[int]], keys: list[int]
             K += 1
     out = np.full((C, K), ABSENT, dtype=np.int8)
     for c in range(C):
-        gpu = min(on_gpu, K) if classes[c].kind == "full" else 0  # used in place: no link
-        out[c, :gpu] = ON_GPU
-        there = set() if classes[c].kind == "full" else cached  # past the pool's own chain no full block hits
+        gpu = min(on_gpu, K) if classes[c].kind == "full" else 0
+        out[c, :gpu] = top
+        there = set() if classes[c].kind == "full" else cached  # past the pool's own chain no full block is cached
         for i in range(gpu, K):
             e = keys[i] * C + c
-            out[c, i] = HOST if e in host else DISK if e in disk else ON_GPU if e in there else ABSENT
+            out[c, i] = HOST if e in host else DISK if e in disk else top if e in there else ABSENT
     return out
 
 
@@ -112,12 +117,9 @@ def read_counts(found: np.ndarray, classes: Sequence[GroupBytes], gpu_blocks: in
 def position_tiers(found: np.ndarray, classes: Sequence[GroupBytes], gpu_blocks: int, block_size: int,
                    k: int) -> np.ndarray:
     """int8 [k]: where each loaded position's hit came from, for the per-tier hit counts: DISK when any group's
-    block read there came from the disk, else HOST when any came from the host, else ON_GPU (only blocks the GPU
-    caches, or none read)."""
+    block read there came from the disk, else HOST."""
     disk = np.zeros(k, dtype=bool)
-    host = np.zeros(k, dtype=bool)
     for c, gb in enumerate(classes):
         start = int(np.clip(gb.first_needed(np.int64(gpu_blocks + k), block_size) - gpu_blocks, 0, k))
         disk[start:] |= found[c, start:k] == DISK
-        host[start:] |= found[c, start:k] == HOST
-    return np.where(disk, DISK, np.where(host, HOST, ON_GPU)).astype(np.int8)
+    return np.where(disk, DISK, HOST).astype(np.int8)

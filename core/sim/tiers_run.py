@@ -109,7 +109,7 @@ class TierAdmission:
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         B = self.policy.block_size
         gpu = self.policy.hit_tokens(rid, num_tokens) // B
-        on_gpu = 0  # the full groups' own chain past the hit (another group cut it short): used in place
+        on_gpu = 0  # the full groups' own chain past the hit (another group cut it short): tiers_groups.find
         if self.full_groups:
             pool = self.policy.pool  # type: ignore[attr-defined]  # paged (checked): MemoryPolicy names no pool
             keys = getattr(self.policy, "prompt_keys", None) or self.keys  # the policy's: its look-up's memo serves

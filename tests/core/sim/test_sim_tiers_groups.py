@@ -113,12 +113,13 @@ def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
     assert plan.load_blocks == 0 and plan.skipped == 128
 
 
-def test_gemma3_blocks_the_gpu_still_caches_are_used_in_place(gemma):
+def test_gemma3_blocks_the_gpu_still_caches_count_as_the_hosts(gemma):
     # A request computed positions 0..128 (no load): the GPU caches each group's block of them until it evicts
     # it. Preempted by recompute after 1,600 tokens (100 blocks), it holds none of 100..128. The host then gets the
     # full blocks 0..127 and no sliding one: a hit of k needs the sliding blocks k − 64..k − 1, on the GPU for
-    # k <= 100 only. The load of 100 reads the full group's 100 x 1,310,720 = 131,072,000 B and no sliding block
-    # (on the GPU: used in place, no link)
+    # k <= 100 only (vLLM's write-through CPU copy holds them: read as from the host). The load of 100 reads the
+    # full group's 100 x 1,310,720 = 131,072,000 B and the window (1,600 − 1,023) // 16 = 36..99: 64 x 7,864,320
+    # = 503,316,480 B
     keys = _keys(129)
     gemma.commit(0, keys, gemma.plan(keys, 0, 2049, 0.0), 0.0)
     assert len(gemma.gpu) == 2 * 129
@@ -129,7 +130,7 @@ def test_gemma3_blocks_the_gpu_still_caches_are_used_in_place(gemma):
     plan = gemma.plan(keys, 0, 2049, 1.0)
     assert plan.load_blocks == 100
     gemma.commit(0, keys, plan, 1.0)  # (its readmission)
-    assert gemma.totals.read_group_bytes[HOST] == {"full": 131_072_000, "sliding_1024": 0}
+    assert gemma.totals.read_group_bytes[HOST] == {"full": 131_072_000, "sliding_1024": 503_316_480}
 
 
 @pytest.fixture
@@ -264,7 +265,7 @@ def test_the_longest_valid_load_is_vllms_hit(data):
                     for c, k in enumerate(kinds))
     C = len(classes)
     host = {(KEY0 + i) * C + c: 0 for c in range(C) for i in range(g, n) if present[c][i]}
-    found = find((host, {}, set()), list(range(KEY0 + g, KEY0 + n)), classes, 0)
+    found = find((host, {}, set()), list(range(KEY0 + g, KEY0 + n)), classes, 0, HOST)
     valid = valid_loads(found, classes, g, B)
     assert int(np.flatnonzero(valid).max()) == _vllm_lookup(present, kinds, windows, g, n, B)
     # what each valid load reads: a group's blocks from vLLM's get_num_skipped_tokens((g + k)·B) // B on
@@ -275,3 +276,27 @@ def test_the_longest_valid_load_is_vllms_hit(data):
             h = g + k
             skipped = {"full": 0, "state": max(h - 1, 0), "sliding": max(0, h * B - (gb.window or 0) + 1) // B}[k_]
             assert reads[c, HOST, j] == max(0, h - max(skipped, g))
+
+
+def test_zero_tiers_on_a_hybrid_are_the_plain_run(tmp_path):
+    # gpt-oss-20b on 585 ids (tests/qa/test_round8_tiers_hybrid.py works the trace by hand): r3's sliding window
+    # is evicted while r0's full blocks 0..61 are still cached, so the pool's hit is cut short. With host and disk
+    # of size 0 those cached blocks count nowhere (no lower tier holds vLLM's copy): the run is the plain one
+    from dataclasses import replace
+
+    from kvcalc.core.sim.run import run_policy
+
+    rows = [(0, 4096, list(range(8))), (2000, 4096, list(range(100, 108))), (4000, 4096, list(range(8)))]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": p, "output_length": 2, "hash_ids": ids})
+                            + "\n" for t, p, ids in rows))
+    o = SimOptions(model="gpt-oss-20b", gpu_memory="2360MiB", bandwidth="4.8e12", flops="989e12",
+                   weights_bytes="1GiB", workspace_bytes="1", memory_utilization=1.0, max_model_len=4098,
+                   trace=("mooncake", str(path)), host_cache="0", disk_cache="0")
+    sim = build(o).sim
+    plain = run_policy(build(o).workload, "paged", replace(sim, tiers=None))
+    tiered = run_policy(build(o).workload, "paged", sim)
+    for name in ("first_token_s", "finish_s", "generated", "preemptions", "status"):
+        assert np.array_equal(getattr(plain, name), getattr(tiered, name), equal_nan=True), name
+    assert plain.end_s == tiered.end_s and tiered.tiers.read_blocks == [0, 0]
+    assert tiered.tiers.gpu_hit_blocks.tolist() == [0, 0, 0] and tiered.tiers.dropped_blocks > 0
