@@ -18,6 +18,7 @@ Apertus-8B: a model_type kvcalc has no rules for, read as a plain decoder (all i
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,27 @@ def test_every_command_runs_and_agrees_on_bytes(run_cli, tmp_path: Path, config:
     assert point["memory"]["kv_pool_bytes"] == sim["memory_plan"]["kv_pool_bytes"]
     frag = _json(run_cli, "frag", "--config", path, "--lengths", "100")["paged"][0]
     assert frag["blocks"] == 7  # cdiv(100, 16) in every table
+
+
+def test_olmo3_share_trace_replay_by_hand(run_cli, tmp_path: Path) -> None:
+    # Three requests, output 10 each (block 16, W = 4,096, 4 tables): A = 4,096 tokens (ids 0..7), B = A's 4,096 + 512
+    # (ids 0..8), C = 4,608 new. A request's peak before its window frees is every table's cdiv(4,618, 16) = 289
+    # blocks: 1,156, so 2,314 MiB = 1,157 ids (1,156 free past vLLM's null block) is the least that serves it.
+    # A: prefill 4 · 256, decode to 4,105 tokens: 4 · 257 = 1,028 held, freed at its end (the partial blocks 256
+    # unhashed). B hits A's 256 blocks in every table (its window covers them: 4,096 tokens, all groups), takes the
+    # 128 never-used ids for blocks 256..287, then A's 4 unhashed ids for block 288; at n = 4,608 each sliding table
+    # frees (4,608 − 4,095) // 16 = 32 blocks (96 cached): 289 + 3 · 257 = 1,060 held; freed at its end (1,152
+    # hashed of 1,156 free). C hits nothing: 1,152 ids for its prefill evict 1,148 hashed (4 unhashed among them),
+    # its first decode 4 more: 1,152 evictions; peaks: 1,152 held (C's prefill), 1,152 cached (after B).
+    trace = tmp_path / "t.jsonl"
+    rows = [(0, 4096, list(range(8))), (1000, 4608, list(range(9))), (2000, 4608, list(range(20, 29)))]
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 10, "hash_ids": ids})
+                             + "\n" for t, n, ids in rows))
+    config = str(write(tmp_path / "olmo", OLMO3_7B))
+    short = run_cli("share", "--config", config, "--trace", "mooncake", str(trace), "--memory", "2312MiB")
+    assert short.exit_code == 2 and "1,156" in short.stderr  # 1,155 free ids: one short of A's peak
+    doc = _json(run_cli, "share", "--config", config, "--trace", "mooncake", str(trace), "--memory", "2314MiB")
+    assert (doc["capacity_blocks"], doc["null_blocks"], doc["largest_request_blocks"]) == (1156, 1, 1156)
+    assert doc["hit_tokens"] == 4096 and {g["kind"]: g["hit_tokens"] for g in doc["groups"]} == {
+        "full": 4096, "sliding": 4096}
+    assert (doc["evictions"], doc["peak_used_blocks"], doc["peak_cached_blocks"]) == (1152, 1152, 1152)
