@@ -40,6 +40,7 @@ where a step ended on a block boundary), so a load ends only where a state was s
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -96,6 +97,7 @@ class LoadPlan:
     skipped: int
     ready_s: float
     found: np.ndarray | None = None  # int8 [groups, load_blocks]: where each group's block of them is
+    gpu_ready_s: float = 0.0  # when its GPU hits' own loads (another request's) end
 
     @property
     def load_blocks(self) -> int:
@@ -215,7 +217,25 @@ class TierCache:
         k = self._best_load(found, gpu_blocks, num_tokens, now_s, valid)
         lower = ((found == HOST) | (found == DISK)).any(axis=0)
         return LoadPlan(gpu_blocks, tuple(position_tiers(found, self.classes, gpu_blocks, B, k).tolist()),
-                        int(lower[k:].sum()), max(ready, self._ends(found[:, :k], gpu_blocks, now_s)), found[:, :k])
+                        int(lower[k:].sum()), max(ready, self._ends(found[:, :k], gpu_blocks, now_s)), found[:, :k],
+                        ready)
+
+    def shrink(self, plan: LoadPlan, fits: Callable[[int], bool], now_s: float) -> LoadPlan:
+        """The plan with the longest valid load of at most its own that `fits` (k = 0 always does): a load larger
+        than the pool can ever admit (the loaded tokens are allocated as a prefill chunk is) is cut to one that
+        it can."""
+        assert plan.found is not None
+        g, B = plan.gpu_blocks, self.block_size
+        valid = np.flatnonzero(valid_loads(plan.found, self.classes, g, B)).tolist()
+        lo, hi = 0, len(valid) - 1  # valid[lo] = 0 fits; the need grows with k: the largest that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(valid[mid]) else (lo, mid - 1)
+        k = valid[lo]
+        found = plan.found[:, :k]
+        ready = max(plan.gpu_ready_s, self._ends(found, g, now_s))
+        tiers = tuple(position_tiers(found, self.classes, g, B, k).tolist())
+        return LoadPlan(g, tiers, plan.skipped + plan.load_blocks - k, ready, found, plan.gpu_ready_s)
 
     def _load_bytes(self, found: np.ndarray, gpu_blocks: int, ks: np.ndarray) -> np.ndarray:
         """int64 [C, 2, len(ks)]: the bytes each group's blocks a load of the first k positions reads from the host

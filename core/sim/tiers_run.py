@@ -100,6 +100,7 @@ class TierAdmission:
                  full_groups: tuple[int, ...] = ()) -> None:
         self.policy, self.cache, self.keys, self.clock = policy, cache, keys, clock
         self.full_groups = full_groups  # a hybrid pool's full-attention groups (none: a plain pool)
+        self.idle: Callable[[], bool] = lambda: False  # nothing running or parked (the scheduler's, once made)
         self.plans: dict[int, LoadPlan] = {}
         self.ready_s: dict[int, tuple[float, LoadPlan]] = {}  # admitted now, parked until then
 
@@ -115,7 +116,12 @@ class TierAdmission:
             keys = getattr(self.policy, "prompt_keys", None) or self.keys  # the policy's: its look-up's memo serves
             own = pool.group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
             on_gpu = min(own[g] for g in self.full_groups) // B - gpu
-        plan = self.plans[rid] = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock(), on_gpu)
+        plan = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock(), on_gpu)
+        if plan.load_blocks and self.idle() and not self.policy.can_admit(rid, gpu * B, (gpu + plan.load_blocks) * B):
+            # nothing runs or waits for a load, and the pool cannot take this one: it never will (the loaded tokens
+            # are allocated as a prefill chunk): the longest load it can take
+            plan = self.cache.shrink(plan, lambda k: self.policy.can_admit(rid, gpu * B, (gpu + k) * B), self.clock())
+        self.plans[rid] = plan
         return (gpu + plan.load_blocks) * B
 
     def loads(self, rid: int) -> bool:
@@ -253,6 +259,7 @@ class TieredEngine(Engine):
         super().__init__(workload, policy, executor, config, cancel_at, **kw)
         admission = TierAdmission(policy, cache, keys, lambda: self.scheduler.now_s, full_groups)
         self.scheduler = TieredScheduler(workload, admission, config, cancel_at, self._idle_until)
+        admission.idle = lambda: not self.scheduler.running and not self.scheduler.parked
 
     def _idle_until(self, t: float) -> None:
         s = self.scheduler

@@ -133,6 +133,27 @@ def test_gemma3_blocks_the_gpu_still_caches_count_as_the_hosts(gemma):
     assert gemma.totals.read_group_bytes[HOST] == {"full": 131_072_000, "sliding_1024": 503_316_480}
 
 
+def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
+    # Every group's block of 0..127 in the host: every k is valid and the rule loads 119 (past it, reading 1,310,720
+    # B more a block costs more than the prefill it saves: the step time is flat there). Suppose the pool can take
+    # the admission of at most 100 loaded blocks (kvcalc allocates loaded tokens as a prefill chunk: on an idle
+    # pool, a load it cannot take would wait forever): the plan is cut to 100, 28 more recomputed; it reads full
+    # 100 x 1,310,720 = 131,072,000 B and the window (1,600 − 1,023) // 16 = 36..99: 64 x 7,864,320 = 503,316,480 B
+    _demote(gemma, "full", range(128))
+    _demote(gemma, "sliding_1024", range(128))
+    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    assert (plan.load_blocks, plan.skipped) == (119, 9)
+    cut = gemma.shrink(plan, lambda k: k <= 100, 0.0)
+    assert (cut.load_blocks, cut.skipped) == (100, 28)
+    assert cut.ready_s == pytest.approx((131_072_000 + 503_316_480) / LINK, rel=1e-12)
+    # with the sliding blocks 0..63 gone only k = 128 is valid: nothing below it fits but k = 0
+    hole = _cache_like(gemma)
+    _demote(hole, "full", range(128))
+    _demote(hole, "sliding_1024", range(64, 128))
+    cut = hole.shrink(hole.plan(_keys(129), 0, 2049, 0.0), lambda k: k <= 100, 0.0)
+    assert (cut.load_blocks, cut.skipped, cut.ready_s) == (0, 128, 0.0)
+
+
 @pytest.fixture
 def scout(tmp_path) -> TierCache:
     # Llama-4-Scout tp 2, block 16: 2,048 B a token a layer per GPU, a block 32,768 B a layer: 36 chunked layers
