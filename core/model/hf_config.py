@@ -36,9 +36,10 @@ from .hf_groups import attention_layer, max_positions, read_groups_in_order, ser
 from .hf_recurrent import recurrent_spec
 from .layers import LayerGroup
 from .model_spec import ModelSpec
-from .weights import unmodelled_quantization_note
+from .weights import partial_quantization_note, unmodelled_quantization_note
 
-_TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype")
+# a multimodal checkpoint quantizes its language model from the top level (Kimi-K2.5, Mistral-Small-3.1 w8a8)
+_TOP_LEVEL_KEPT = ("model_type", "tie_word_embeddings", "torch_dtype", "dtype", "quantization_config")
 # transformers' config-class defaults for fields that published configs leave out, by model_type: transformers
 # (and vLLM, which loads configs through it) fills them in. Gemma-3-4B/12B/27B-it's text_config names no vocab_size
 # and no max_position_embeddings (Gemma3TextConfig: 262,208 and 131,072; tests/qa checks them against transformers).
@@ -185,9 +186,10 @@ def _read(f: ConfigFields, name: str) -> ModelSpec:
     if kv_note is not None:
         notes.append(kv_note)
     notes += served_dtype_notes(f)
-    quantization = unmodelled_quantization_note(f.raw("quantization_config"))
-    if quantization is not None:
-        notes.append(quantization)
+    for quantization in (unmodelled_quantization_note(f.raw("quantization_config")),
+                         partial_quantization_note(f.raw("quantization_config"))):
+        if quantization is not None:
+            notes.append(quantization)
     positions = max_positions(f, notes)
     return ModelSpec.from_groups(
         name, groups, drafter_groups=drafters, drafter_field=drafter_field,

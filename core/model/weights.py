@@ -24,6 +24,7 @@ and says so. Checked against published parameter counts in tests/core/model/test
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -223,6 +224,35 @@ def unmodelled_quantization_note(quant: Any) -> Note | None:
         what = f"{quant!r}, not an object"
     return Note(f"quantization_config ({what}) stores the weights in a precision kvcalc does not model: a GPU plan "
                 "loads them at the model's dtype; give {weight_dtype} (or the KV memory itself)", "weight_dtype")
+
+
+# kept-at-16-bit patterns already modelled (LM head, embeddings, a vision / audio tower) or negligible (routers,
+# norms, biases): the rest leave linear layers unquantized
+_MODELLED_OR_SMALL = re.compile(r"lm_head|embed|wte|output_layer|vision|visual|mm_projector|audio|router|norm|bias|"
+                                r"gate\$?$", re.IGNORECASE)
+
+
+def partial_quantization_note(quant: Any) -> str | None:
+    """Said when a checkpoint kvcalc reads as fp8 / int8 / int4 keeps linear layers other than the LM head and the
+    embeddings at 16 bits (compressed-tensors `ignore`, AWQ / GPTQ `modules_to_not_convert`: Kimi-K2-Thinking
+    quantizes only its routed experts) or groups its int4 weights other than by 128: the GPU plan takes every linear
+    layer at that precision in groups of 128, so it under-counts the weights. mxfp4 is modelled (experts only)."""
+    precision = checkpoint_quantization({"quantization_config": quant}) if isinstance(quant, Mapping) else None
+    if precision not in ("fp8", "int8", "int4"):
+        return None
+    kept = quant.get("ignore") or quant.get("modules_to_not_convert") or []
+    kept = [k for k in kept if isinstance(k, str) and not _MODELLED_OR_SMALL.search(k)] if isinstance(
+        kept, list) else []
+    groups = {w.get("group_size") for g in (quant.get("config_groups") or {}).values() if isinstance(g, Mapping)
+              for w in [g.get("weights")] if isinstance(w, Mapping)} | {quant.get("group_size")}
+    odd = sorted(g for g in groups if isinstance(g, int) and g not in (128, -1)) if precision == "int4" else []
+    if not kept and not odd:
+        return None
+    said = [f"keeps {len(kept)} module pattern(s) at 16 bits ({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})"
+            ] if kept else []
+    said += [f"groups its int4 weights by {', '.join(map(str, odd))} (kvcalc: 128)"] if odd else []
+    return (f"quantization_config {' and '.join(said)}: the GPU plan takes every linear layer at {precision} in "
+            "groups of 128, so its weights are an under-count (start from vLLM's own KV memory line where you can)")
 
 
 # quant_method values that hf_groups.weight_dtype reads itself (bitsandbytes' 4-bit load)

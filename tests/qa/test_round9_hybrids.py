@@ -132,3 +132,19 @@ def test_nemotron_nano_9b_v2_pool(run_cli, tmp_path: Path) -> None:
     # 10 GiB // 21,495,808 = 499; a 131,072-token request: cdiv(131,072, 1,312) = 100 full + 7 state pages
     assert (plan["num_blocks"], plan["blocks_per_request"]) == (499, 107)
     assert plan["kv_cache_tokens"] == 499 * 131_072 // 107 == 611_261
+
+
+def test_pipeline_stages_page_the_global_groups(run_cli, tmp_path: Path) -> None:
+    # vLLM (kv_cache_utils.get_kv_cache_configs) forms the groups over ALL layers, keeps each worker's layers of each,
+    # and pages a block id of the largest such share on every stage; num_blocks is the smallest over the stages.
+    # Qwen3.5-35B-A3B at pp 2 (layers 0..19 | 20..39): groups full (3, 7, .., 39), A = the first 10 DeltaNet layers
+    # (0 .. 12, all on stage 0), B = the next 10 (13 .. 26: 5 and 5), C = the last 10 (all on stage 1): 10 slots on
+    # both stages, 10 GiB // (10 · 1,114,112) = 963 ids, as without pp
+    plan = _plan(run_cli, str(write(tmp_path / "qwen35", QWEN35_35B_A3B)), "10GiB")
+    pp = _json(run_cli, "size", "--config", str(tmp_path / "qwen35"), "--kv-memory", "10GiB", "--pp", "2")["gpu_plan"]
+    assert (pp["stage_slots"], pp["num_blocks"]) == (10, 963) == (10, plan["num_blocks"])
+    # LFM2-8B-A1B at pp 2 (layers 0..11 | 12..23): attention layers 2, 6, 10 | 14, 18, 21 (3 each); conv groups of 6
+    # in order: [0, 1, 3, 4, 5, 7], [8, 9, 11, 12, 13, 15] (3 and 3), [16, 17, 19, 20, 22, 23]: 6 slots on both
+    lfm2 = str(write(tmp_path / "lfm2", LFM2_8B_A1B))
+    pp = _json(run_cli, "size", "--config", lfm2, "--kv-memory", "10GiB", "--pp", "2")["gpu_plan"]
+    assert (pp["stage_slots"], pp["num_blocks"]) == (6, 10 * GiB // (6 * 32_768)) == (6, 54_613)
