@@ -139,8 +139,10 @@ def spec_from_config(
             if not unread and not f.data.get("model_type"):
                 raise  # a hand-written config without a model_type: the failure says it all
             why = str(exc).removeprefix(f"{f.source}: ")
-            # with look-alike fields unread, those are the news; without, the failure itself says why
-            raise refusal(f, unread, why=why if not unread or why.startswith("missing the field") else "") from None
+            # with look-alike fields unread, those are the news; without, the failure itself says why (and it is
+            # said beside them when it names a field: the read stopped there, which left later fields unread)
+            named = why.startswith(("missing the field", "field '"))
+            raise refusal(f, unread, why=why if not unread or named else "") from None
     notes = tuple(n for n in (defaulted, judge_unread(f)) if n is not None)
     return dataclasses.replace(spec, notes=(*spec.notes, *notes)) if notes else spec
 

@@ -85,6 +85,22 @@ def test_decompressed_mla_and_nested_kv_heads_refused(run_cli, tmp_path: Path, c
     assert "'dbrx' is not an architecture kvcalc knows" in line and "attn_config.kv_n_heads" in line
 
 
+# https://huggingface.co/xai-org/grok-2/blob/main/config.json (trimmed): model_type "git", sliding_window_size -1 for
+# "no window". It was refused naming num_key_value_heads, a field it reads, because the read stopped at the window
+# before reaching it; the refusal now says the field that stopped it (core/model/hf_config.py).
+GROK2 = {
+    "architectures": ["Grok1ForCausalLM"], "model_type": "git", "hidden_size": 8192, "intermediate_size": 32768,
+    "moe_intermediate_size": 16384, "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 64,
+    "head_dim": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 131072,
+    "vocab_size": 131072, "sliding_window_size": -1, "attn_logit_softcapping": 30.0, "torch_dtype": "bfloat16",
+}
+
+
+def test_refusal_names_the_field_that_stopped_the_read(run_cli, tmp_path: Path) -> None:
+    line = _refused(run_cli, COMMANDS["size"], write(tmp_path / "grok2", GROK2))
+    assert "'git' is not an architecture kvcalc knows (field 'sliding_window_size' must be a positive integer" in line
+
+
 def test_step3_refused_naming_the_expert_fields(run_cli, tmp_path: Path) -> None:
     line = _refused(run_cli, COMMANDS["size"], write(tmp_path / "step3", STEP3))
     assert "'step3_text' is not an architecture kvcalc knows" in line and "num_experts_per_tok" in line
