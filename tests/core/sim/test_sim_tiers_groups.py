@@ -14,6 +14,7 @@ blocks, the GPU prefix cache's rule. An entry is `position key · C + class` (C 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from kvcalc.core.share.cache_bytes import GroupBytes
 from kvcalc.core.share.load_or_recompute import prefill_s
 from kvcalc.core.sim.options import SimOptions
+from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import DISK, HOST, TierCache
 from kvcalc.core.sim.tiers_groups import find, read_counts, valid_loads
@@ -303,10 +305,6 @@ def test_zero_tiers_on_a_hybrid_are_the_plain_run(tmp_path):
     # gpt-oss-20b on 585 ids (tests/qa/test_round8_tiers_hybrid.py works the trace by hand): r3's sliding window
     # is evicted while r0's full blocks 0..61 are still cached, so the pool's hit is cut short. With host and disk
     # of size 0 those cached blocks count nowhere (no lower tier holds vLLM's copy): the run is the plain one
-    from dataclasses import replace
-
-    from kvcalc.core.sim.run import run_policy
-
     rows = [(0, 4096, list(range(8))), (2000, 4096, list(range(100, 108))), (4000, 4096, list(range(8)))]
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps({"timestamp": t, "input_length": p, "output_length": 2, "hash_ids": ids})
