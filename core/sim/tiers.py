@@ -33,8 +33,9 @@ Bytes are per GPU, paged as the pool pages them (core/share/cache_bytes, as shar
 A load reads what vLLM allocates for a hit of g + k blocks: per group the blocks from GroupBytes.first_needed(g +
 k) on (those before are null entries): full all k, sliding the window's last min(k, ceil((W − 1) / B)), chunked
 the current chunk's, a state group the one state at the hit's boundary (block g + k − 1's), as share's tiers.
-A state group's entry exists only where the GPU evicted a state page (in mamba_cache_mode align, saved only
-where a step ended on a block boundary), so a load ends only where a state was saved.
+A state group's block exists only where a state was saved (in mamba_cache_mode align where a step ended on a
+block boundary: found only once the GPU evicted it), so a load ends only there. A load an idle pool cannot admit
+(its tokens are allocated as a prefill chunk) is cut to the longest it can (`shrink`).
 """
 
 from __future__ import annotations
