@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import cast
 
 import numpy as np
 import pytest
@@ -24,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcalc.core.share.cache_bytes import CachedBlockBytes, GroupBytes
-from kvcalc.core.sim.tiers import DISK, HOST, TierCache
+from kvcalc.core.sim.tiers import DISK, HOST
+from kvcalc.core.sim.tiers_groups import read_counts
 
 GEMMA_FULL, GEMMA_SLIDING = 1_310_720, 7_864_320  # Gemma-3-27B, vLLM's layout at block 16 (10 and 60 pages of 128 KiB)
 
@@ -142,8 +141,8 @@ def test_share_and_sim_read_the_blocks_the_next_token_needs(kind, B, window, n, 
     # sim: a load of k = n − g blocks after g GPU hits, `tiers` giving each loaded block's tier
     g = lo
     tier_of = (tiers * (n + 1))[: n - g] if tiers else [HOST] * (n - g)
-    fake = cast(TierCache, SimpleNamespace(tiers=SimpleNamespace(block_bytes=cbb), block_size=B))  # the two fields read
-    reads = TierCache._group_reads(fake, np.array(tier_of, dtype=np.int64), g, np.array([n - g]))
+    found = np.array(tier_of, dtype=np.int8).reshape(1, n - g)  # the one group's block of each loaded position
+    reads = read_counts(found, cbb.groups, g, B, np.array([n - g])) * group.bytes_per_block  # sim's per-group rule
     for t in (HOST, DISK):
         expect = sum(needed[g + j] for j, tier in enumerate(tier_of) if tier == t)
-        assert int(reads[0][1][t, 0]) == 7 * expect
+        assert int(reads[0, t, 0]) == 7 * expect
