@@ -85,6 +85,7 @@ def steady_step(engine: Engine, st: StepTimeModel) -> bool:
     s.steady = len(sampled) - s.finished_now == len(s.running)
     return True
 
+
 def _preempting_step(engine: Engine, st: StepTimeModel) -> bool:
     """A steady step whose growth does not fit: the plain step's outcome (the scheduler grows the running
     requests one by one, preempting from the back, and admits nobody), without its StepPlan. Only where the
@@ -119,7 +120,6 @@ def _preempting_step(engine: Engine, st: StepTimeModel) -> bool:
     s.finish(run)
     s.steady = m - s.finished_now == len(s.running)
     return True
-
 
 
 def _admitted_tokens(s: Scheduler, totals: RunTotals, sampled_admitted: list[int]) -> None:
