@@ -29,9 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .batch import append_many
+from .hybrid_private import first_blocks
 
 if TYPE_CHECKING:
     from .hybrid import HybridPool
+
+
+MANY = 4  # skip_ordered of more sequences than this (windows and chunks only) in array operations: _skip_many
 
 
 def ordered(pool: HybridPool) -> bool:
@@ -57,6 +61,9 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     rules = _rules(pool)
     if not rules:
         return 0
+    if len(seq_ids) > MANY and not getattr(pool, "_resumed", None) and all(  # array operations
+            pool.groups[g].kind in ("sliding", "chunked") for g, _, _ in rules):
+        return _drop_parts(pool, _skip_many(pool, seq_ids, rules))
     B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
     tables = [(pools[g], pools[g].seqs, alike) for g, _, alike in rules]
     firsts = {alike: first for _, first, alike in rules}  # a rule asked once for its alike groups (Gemma-3: 6)
@@ -77,6 +84,41 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     return len(held)
 
 
+def _skip_many(pool: HybridPool, seq_ids: Sequence[Hashable], rules: list) -> list[np.ndarray]:
+    """skip_ordered's frees of many sequences, windows and chunks only: each rule's first kept block for every
+    sequence at once (hybrid_private.first_blocks, capped at the blocks held), then only the tables that free
+    anything, in the loop's order (sequence, then group), each run tail first."""
+    B, mode, pools = pool.block_size, pool.state_mode, pool.pools
+    firsts = pools[0]._tables(seq_ids)  # every group's tables alike (one block size)
+    tokens = np.array([t.num_tokens for t in firsts], dtype=np.int64)
+    blocks = np.array([t.num_blocks for t in firsts], dtype=np.int64)
+    ends: dict[tuple[str, int | None], list[int]] = {}
+    found: list[tuple[int, int, Any, int]] = []  # (sequence, group, its table, first block kept)
+    for g, _, alike in rules:
+        end = ends.get(alike)
+        if end is None:
+            end = ends[alike] = np.minimum(first_blocks(pool.groups[g], tokens, B, mode), blocks).tolist()
+        found += [(i, g, t, e) for i, (t, e) in enumerate(zip(pools[g]._tables(seq_ids), end, strict=True))
+                  if e > t.num_skipped]
+    found.sort(key=lambda f: f[0])  # stable: a sequence's groups stay in group order
+    parts = []
+    for _, g, seq, first in found:
+        parts.append(seq.table[seq.num_skipped : first][::-1])
+        pools[g].logical_blocks -= first - seq.num_skipped
+        seq.num_skipped = first
+    return parts
+
+
+def _drop_parts(pool: HybridPool, parts: list[np.ndarray]) -> int:
+    """The frees `parts` (in drop order) dropped, as skip_ordered ends; returns the table entries freed."""
+    if not parts:
+        return 0
+    held = np.concatenate(parts)
+    _drop_in_order(pool.store, held, defer=pool.pools[0]._in_step)
+    pool._changed()
+    return len(held)
+
+
 def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
     """One reference less for each entry of `held` (a block may come several times), and the blocks whose count
     reaches 0 dropped where the one-at-a-time decrements would drop them: at their last entry."""
@@ -88,7 +130,7 @@ def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
         if not ref:
             store.drop(held, defer=defer)
         return
-    if len(set(held.tolist())) == len(held):  # the usual case: each block once (a set: no sort of a few ids)
+    if _distinct(store, held):  # the usual case: each block once
         refs = store.ref[held] - 1
         store.ref[held] = refs
         assert refs.min(initial=0) >= 0, "a reference count went below zero"
@@ -100,6 +142,19 @@ def _drop_in_order(store: Any, held: np.ndarray, *, defer: bool) -> None:
     dropped = held[gone]
     _, last_in_reversed = np.unique(dropped[::-1], return_index=True)
     store.drop(held[np.sort(gone[::-1][last_in_reversed])], defer=defer)
+
+
+def _distinct(store: Any, held: np.ndarray) -> bool:
+    """No block comes twice in `held`: a set of a few ids; of many (a prompt's blocks leaving a window), each
+    block marked with its place, every place its own mark (a scratch array kept on the store, never reset)."""
+    if len(held) <= 64:
+        return len(set(held.tolist())) == len(held)
+    mark = store.__dict__.get("_distinct_mark")
+    if mark is None or len(mark) != len(store.ref):
+        mark = store.__dict__["_distinct_mark"] = np.empty(len(store.ref), dtype=np.int64)
+    at = np.arange(len(held), dtype=np.int64)
+    mark[held] = at  # of a block's places one wins: another place of it then reads a mark not its own
+    return bool((mark[held] == at).all())
 
 
 def need_ordered(pool: HybridPool, seq_ids: Sequence[Hashable], adds: Sequence[int]) -> int:
