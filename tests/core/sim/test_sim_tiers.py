@@ -188,16 +188,18 @@ def test_compare_tiers_against_the_one_at_a_time_replay(tmp_path):
 
 
 def test_lru_matches_an_ordered_dict():
-    # the tiers' LRU (a dict of stamps over an insertion list with lazy deletion, compacted past 65,536 pops)
-    # against an OrderedDict, over random adds, touches, discards and pops
+    # the tiers' LRU (a dict of stamps over an insertion list with lazy deletion, compacted past 65,536 pops,
+    # entries weighed by their group: units[key % 3]) against an OrderedDict, over random adds, touches, discards,
+    # pops and pops down to a capacity in bytes (the fewest oldest entries)
     from collections import OrderedDict
 
-    from kvcalc.core.sim.tiers import Lru
+    from kvcalc.core.sim.tiers_lru import Lru
 
+    units = (5, 7, 11)
     rng = np.random.default_rng(7)
-    lru, ref = Lru(), OrderedDict()
+    lru, ref = Lru(units), OrderedDict()
     for _ in range(3000):
-        op = rng.integers(4)
+        op = rng.integers(5)
         if op == 0:
             new = [k for k in dict.fromkeys(rng.integers(0, 500, 60).tolist()) if k not in ref]
             lru.add(new)
@@ -211,8 +213,15 @@ def test_lru_matches_an_ordered_dict():
             lru.discard(gone)
             for k in gone:
                 ref.pop(k, None)
-        elif ref:
+        elif op == 3 and ref:
             n = int(rng.integers(1, len(ref) + 1))
             assert lru.pop_oldest(n) == [ref.popitem(last=False)[0] for _ in range(n)]
+        elif ref:
+            cap = int(rng.integers(0, sum(units[k % 3] for k in ref) + 1))
+            out = []
+            while sum(units[k % 3] for k in ref) > cap:
+                out.append(ref.popitem(last=False)[0])
+            assert lru.pop_over(cap) == out
         assert len(lru) == len(ref) and set(lru.stamp) == set(ref)
+        assert lru.bytes == sum(units[k % 3] for k in ref)
 
