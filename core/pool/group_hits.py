@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .anchored_map import AnchoredMap
 from .free_queue import FREE_CACHED
 from .groups import PoolGroup
 from .prefix_cache import mix64
@@ -107,19 +108,17 @@ def first_needed_at(group: PoolGroup, hit: int, block_size: int) -> int:
 def anchored_present(store: BlockStore, groups: list[int], anchor_hits: np.ndarray,
                      anchor_hashes: np.ndarray, start: int = 0) -> np.ndarray:
     """intp [len(groups), h]: each group's cached block at each of the full group's verified hit positions, or -1
-    (one look-up for all the groups); `anchor_hits` and `anchor_hashes` are those of positions start..start + h."""
+    (one look-up for all the groups); `anchor_hits` and `anchor_hashes` are those of positions start..start + h.
+    Groups of one block size register in the anchored map (anchored_map): looked up there, through the anchors."""
     h = len(anchor_hits)
-    if not h:
-        return np.empty((len(groups), 0), dtype=np.intp)
-    hashes = derived_hashes(np.tile(anchor_hashes, len(groups)), np.repeat(groups, h))
-    positions = np.tile(np.arange(start, start + h), len(groups))
-    found, _ = store.index.find(hashes, store.index.home_slots(hashes, positions))
-    anchors = np.tile(anchor_hits, len(groups))
-    cand = np.maximum(found, 0)
-    ok = found >= 0
-    ok &= store.parent_id.take(cand) == anchors
-    ok &= store.parent_ver.take(cand) == store.version.take(anchors)
-    return np.where(ok, found, -1).reshape(len(groups), h)
+    anchored = _map(store)
+    if not store.index.map_anchored:
+        positions = np.arange(start, start + h)
+        return np.array([anchored_lookup(store, g, positions, anchor_hits, np.zeros(h, dtype=np.int64),
+                                         anchor_hashes) for g in groups], dtype=np.intp).reshape(len(groups), h)
+    if not h or anchored is None:
+        return np.full((len(groups), h), -1, dtype=np.intp)
+    return anchored.present(np.asarray(groups, dtype=np.intp), anchor_hits).reshape(len(groups), h)
 
 
 def valid_hits(group: PoolGroup, present: np.ndarray, block_size: int) -> np.ndarray:
@@ -151,8 +150,8 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
                       positions: np.ndarray, subs: np.ndarray | None = None) -> int:
     """Index full `blocks` of anchored `groups` (the group of each) at chain `positions`, each anchored to the full
     group's block at the same position (`anchors`; with mixed block sizes the one that holds its last token, `subs`
-    its sub-index there: anchor_positions); blocks whose anchor is not indexed stay unindexed. Returns how many
-    were indexed."""
+    its sub-index there: anchor_positions); blocks whose anchor is not indexed stay unindexed. One block size: in
+    the anchored map (anchored_map), else in the index. Returns how many were registered."""
     ok = (blocks >= 0) & (store.block_slot.take(np.maximum(anchors, 0)) >= 0) & (anchors >= 0)
     ok &= store.block_slot.take(np.maximum(blocks, 0)) < 0
     blocks, anchors, positions, groups = blocks[ok], anchors[ok], positions[ok], groups[ok]
@@ -161,25 +160,77 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
     if not len(blocks):
         return 0
     index = store.index
-    hashes = derived_hashes(store.block_hash.take(anchors), groups, subs)
+    anchor_hashes = store.block_hash.take(anchors)
+    hashes = derived_hashes(anchor_hashes, groups, subs)
     homes = index.home_slots(hashes, positions)
+    if subs is None and index.map_anchored:
+        return _register_in_map(store, groups, blocks, anchors, anchor_hashes, hashes, homes)
     present, slots = index.find(hashes, homes)
-    old = present[present >= 0]  # (a block found twice, under equal hashes of the batch, is deleted once: unique)
-    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))] if len(old) else old
-    if len(stale) and len(stale := np.unique(stale[store.state.take(stale) == FREE_CACHED])):  # held by no table
-        index.delete(stale)
-        store.queue.uncache(stale)  # hash-less, where it was in the free queue
-        store.fill[stale] = 0
+    if _drop_stale(store, present):
         present, slots = index.find(hashes, homes)
     store.block_hash[blocks] = hashes
     store.block_home[blocks] = homes
     inserted = index.insert_absent(hashes, blocks, homes, present, slots)
     if inserted is not None:
         blocks, anchors = blocks[inserted], anchors[inserted]
+    _chain(store, blocks, anchors)
+    return len(blocks)
+
+
+def _drop_stale(store: BlockStore, present: np.ndarray) -> bool:
+    """Drop the stale entries among `present` (a look-up's blocks, or -1) that no table holds: their anchor was
+    handed out since, so they can never be verified again (module docstring); returns whether any was."""
+    old = present[present >= 0]  # (a block found twice, under equal hashes of the batch, is deleted once: unique)
+    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))] if len(old) else old
+    if not len(stale) or not len(stale := np.unique(stale[store.state.take(stale) == FREE_CACHED])):
+        return False
+    store.index.delete(stale)
+    store.queue.uncache(stale)  # hash-less, where it was in the free queue
+    store.fill[stale] = 0
+    return True
+
+
+def _register_in_map(store: BlockStore, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray,
+                     anchor_hashes: np.ndarray, hashes: np.ndarray, homes: np.ndarray) -> int:
+    """register_anchored of one block size, in the anchored map: a block is refused where its (group, anchor)
+    holds one already, or where the index holds a stale one under its hash (moved there from the map when its
+    anchor was evicted) that a table holds; a free stale one is dropped (as the index would decide)."""
+    index = store.index
+    anchored = _map(store)
+    if anchored is None:
+        anchored = index.anchored = AnchoredMap(store, int(groups.max()) + 1)
+    anchored.grow(int(groups.max()) + 1)
+    if anchored.pending:
+        anchored.flush()
+    refused = anchored.pairs(groups, anchors) >= 0
+    suspects = anchored.suspects(anchor_hashes)
+    if len(suspects):
+        present, _ = index.find(hashes[suspects], homes[suspects])
+        if _drop_stale(store, present):
+            present, _ = index.find(hashes[suspects], homes[suspects])
+        refused[suspects[present >= 0]] = True
+    store.block_hash[blocks] = hashes
+    store.block_home[blocks] = homes
+    if np.count_nonzero(refused):
+        kept = ~refused
+        groups, blocks, anchors = groups[kept], blocks[kept], anchors[kept]
+    anchored.add(groups, blocks, anchors)
+    _chain(store, blocks, anchors)
+    return len(blocks)
+
+
+def _map(store: BlockStore) -> AnchoredMap | None:
+    """The store's anchored map, None before its first block is registered."""
+    anchored = store.index.anchored
+    assert anchored is None or isinstance(anchored, AnchoredMap)
+    return anchored
+
+
+def _chain(store: BlockStore, blocks: np.ndarray, anchors: np.ndarray) -> None:
+    """Registered anchored `blocks` take their anchors' keys and are chained after them (at their versions)."""
     store.key[blocks] = store.key.take(anchors)
     store.parent_id[blocks] = anchors
     store.parent_ver[blocks] = store.version.take(anchors)
-    return len(blocks)
 
 
 class Canonical:

@@ -30,6 +30,8 @@ replay, where every request evicts) gets a sparse table for little memory — sh
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from .limits import index_slots
@@ -40,6 +42,17 @@ _MINUS_ONES = np.full(8192, -1, dtype=np.intp)
 _LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks share one
 _STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
 _STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
+LAZY = np.iinfo(np.int32).max  # slot_of of a hashed block registered outside the index (anchored_map)
+
+
+class AnchoredBlocks(Protocol):
+    """What the index asks of the map of anchored blocks registered outside it (anchored_map.AnchoredMap)."""
+
+    num_lazy: int
+
+    def left(self, ids: np.ndarray) -> None: ...
+
+    def check(self) -> None: ...
 
 
 class HashIndex:
@@ -59,6 +72,8 @@ class HashIndex:
         # bumped when entries move (a rebuild: a slot saved by a look-up says nothing then) or a chain is relinked
         # (group_hits.Canonical: a verification may change); prefix_lookup.probe re-checks kept look-ups until then
         self.epoch = 0
+        self.anchored: AnchoredBlocks | None = None  # anchored blocks registered outside the index (anchored_map)
+        self.map_anchored = True  # False: every anchored block in the index itself (the reference of the map's tests)
 
     @staticmethod
     def num_slots(max_entries: int) -> int:
@@ -229,13 +244,28 @@ class HashIndex:
                 self.slot_of[block_ids[i]] = slot
 
     def delete(self, block_ids: np.ndarray) -> None:
-        """Drop the entries of these indexed blocks (their slots become tombstones); no look-up."""
+        """Drop the entries of these hashed blocks (their slots become tombstones; one registered in the anchored
+        map leaves it, and the blocks registered there under the others move in: anchored_map); no look-up."""
         slots = self.slot_of.take(block_ids)
-        self.vals[slots] = _TOMBSTONE
         self.slot_of[block_ids] = -1
+        anchored = self.anchored
+        if anchored is not None and anchored.num_lazy:
+            real = slots != LAZY
+            num_real = int(np.count_nonzero(real))
+            if num_real < len(block_ids):
+                anchored.num_lazy -= len(block_ids) - num_real
+                block_ids, slots = block_ids[real], slots[real]
+        self.vals[slots] = _TOMBSTONE
         self.generation += 1
         self.num_live -= len(block_ids)
         self.num_tombstones += len(block_ids)
+        if anchored is not None:
+            anchored.left(block_ids)
+
+    @property
+    def num_lazy(self) -> int:
+        """Hashed blocks registered outside the index, in the anchored map (anchored_map)."""
+        return 0 if self.anchored is None else self.anchored.num_lazy
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(hashes uint64 [live], block ids int64 [live])."""
@@ -247,7 +277,10 @@ class HashIndex:
         slots = np.flatnonzero(self.vals >= 0)
         vals = self.vals[slots]
         assert np.array_equal(self.slot_of[vals], slots), "a hash entry's slot is not the one recorded for it"
-        assert np.count_nonzero(self.slot_of >= 0) == len(slots), "a block records a slot but has no entry"
+        indexed = np.count_nonzero((self.slot_of >= 0) & (self.slot_of != LAZY))
+        assert indexed == len(slots), "a block records a slot but has no entry"
+        if self.anchored is not None:
+            self.anchored.check()
 
     def _rebuild(self) -> None:
         keys, vals = self.items()
