@@ -246,14 +246,12 @@ def _decode(pool: HybridPool, seq_ids: list[Hashable]) -> int:
     is copied), in plain ints: a pair's last block filled by one token, or one fresh block of one token, handed out
     in pair order. Returns the blocks handed out."""
     store, B, pools = pool.store, pool.block_size, pool.pools
-    lasts, grows, seqs = [], [], [p.seqs for p in pools]
-    for seq_id in seq_ids:
-        tables = [s[seq_id] for s in seqs]
-        if tables[0].num_tokens % B:  # every group's tables alike (one block size): the last block has room
-            lasts += [seq.table[seq.num_blocks - 1] for seq in tables]
-        else:
-            grows += tables
-        for seq in tables:
+    tables = [[p.seqs[s] for s in seq_ids] for p in pools]  # [group][sequence]
+    room = [t.num_tokens % B > 0 for t in tables[0]]  # every group's tables alike (one block size)
+    lasts = [t.table[t.num_blocks - 1] for group in tables for t, r in zip(group, room, strict=True) if r]
+    grows = [group[i] for i, r in enumerate(room) if not r for group in tables]  # pair order: sequence, group
+    for group in tables:
+        for seq in group:
             seq.num_tokens += 1
     if lasts:
         store.fill[np.array(lasts, dtype=np.int64)] += 1  # distinct blocks: each in one table
@@ -288,7 +286,7 @@ def held_blocks(pool: HybridPool) -> list[int]:
     entries = sum(logical)
     if entries == store.num_used:  # Σ ref over used blocks = the entries: none is held twice
         return logical
-    if entries < len(store.ref) // 2:  # the blocks held twice, from the entries or from every block's ref
+    if entries * 8 < len(store.ref):  # the blocks held twice, from the entries or from every block's ref
         held = np.concatenate([s.table[s.num_skipped : s.num_blocks] for p in pool.pools for s in p.seqs.values()])
         shared = np.unique(held[store.ref[held] > 1])
     else:
