@@ -51,7 +51,8 @@ def cdiv(a: int, b: int) -> int:
 class Pool:
     """vLLM's BlockPool with its FreeKVCacheBlockQueue (a dict keeps the queue's order)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, one_block_per_hash: bool = False) -> None:
+        self.one_block_per_hash = one_block_per_hash  # kvcalc's choice, not vLLM's (see VllmEngine)
         self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
         self.ref = [0] * num_blocks
         self.hash_of: dict[int, tuple] = {}
@@ -94,7 +95,7 @@ class Pool:
         return next(iter(blocks)) if blocks else None
 
     def cache(self, block: int, key: tuple) -> None:
-        if block != NULL and block not in self.hash_of:
+        if block != NULL and block not in self.hash_of and not (self.one_block_per_hash and key in self.cached):
             self.hash_of[block] = key
             self.cached.setdefault(key, {})[block] = None
 
@@ -184,12 +185,16 @@ class Req:
 
 class VllmEngine:
     """The scheduler + KV cache manager over `groups` (kinds in vLLM's group order), a pool of `num_blocks` ids
-    (the null block included), one step a `step_s`."""
+    (the null block included), one step a `step_s`. Two switches leave vLLM for kvcalc's known choices (each shown
+    by a strict xfail in tests/core/sim/test_sim_vllm_model_cases.py), so that a comparison can look past them:
+    `hash_outputs=False` keys only prompt blocks (a block holding a sampled token is never cached), and
+    `one_block_per_hash=True` leaves a block whose hash another block already caches hash-less."""
 
     def __init__(self, reqs: list[Req], groups: list[Group], num_blocks: int, block: int, *, budget: int,
                  max_seqs: int, max_model_len: int, caching: bool, step_s: float = 1.0,
-                 hash_outputs: bool = True) -> None:
-        self.reqs, self.groups, self.pool, self.B = reqs, groups, Pool(num_blocks), block
+                 hash_outputs: bool = True, one_block_per_hash: bool = False) -> None:
+        self.reqs, self.groups, self.B = reqs, groups, block
+        self.pool = Pool(num_blocks, one_block_per_hash)
         for g in groups:
             g.block = g.block or (max_model_len if g.kind == "state" else block)
         self.budget, self.max_seqs, self.max_len, self.caching = budget, max_seqs, max_model_len, caching
