@@ -167,6 +167,20 @@ DBRX: dict[str, Any] = {
 }
 
 
+# https://huggingface.co/zai-org/GLM-4.7-Flash/blob/main/config.json (as vLLM's test of its glm4_moe_lite config quotes
+# it): DeepSeek-style MLA, which vLLM caches as one 512 + 64 latent (ModelConfig.is_deepseek_mla)
+GLM47_FLASH: dict[str, Any] = {
+    "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "vocab_size": 154880,
+    "hidden_size": 2048, "intermediate_size": 10240, "moe_intermediate_size": 1536, "num_hidden_layers": 47,
+    "num_attention_heads": 20, "num_key_value_heads": 20, "hidden_act": "silu", "rms_norm_eps": 1e-05,
+    "attention_bias": False, "max_position_embeddings": 202752, "rope_theta": 1000000.0, "rope_scaling": None,
+    "partial_rotary_factor": 1.0, "q_lora_rank": 768, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 64, "n_shared_experts": 1,
+    "num_experts_per_tok": 4, "norm_topk_prob": True, "routed_scaling_factor": 1.8, "n_group": 1, "topk_group": 1,
+    "topk_method": "noaux_tc", "first_k_dense_replace": 1, "tie_word_embeddings": False, "dtype": "bfloat16",
+}
+
+
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""
     folder.mkdir(parents=True, exist_ok=True)

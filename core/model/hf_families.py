@@ -32,8 +32,8 @@ FAMILIES: dict[str, str] = {
         "step3p5", "step3p7",
     ), "decoder"),
     # multi-head latent attention (one latent per token), with DeepSeek sparse attention's indexer keys
-    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa"),
-                    "mla"),
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa",
+                     "glm4_moe_lite"), "mla"),
     # attention + Mamba / linear attention / short convolution in one stack
     **dict.fromkeys(("nemotron_h", "jamba", "bamba", "granitemoehybrid", "zamba", "zamba2", "falcon_h1",
                      "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax",
@@ -73,6 +73,12 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
+# vLLM caches one latent (kv_lora_rank + qk_rope_head_dim) only for the architectures it lists as DeepSeek-style MLA
+# (ModelConfig.is_deepseek_mla); any other with kv_lora_rank caches K and V of every head (MiniCPM3 always does)
+_UNKNOWN_MLA = ("its kv_lora_rank is MLA, whose cache vLLM keeps as one latent only for the architectures it lists "
+                "as DeepSeek-style MLA, else as K and V of every head; which one this is, kvcalc does not know")
+
+
 def family_of(model_type: object) -> str | None:
     return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
@@ -110,6 +116,8 @@ def judge_unread(f: ConfigFields) -> str | None:
     family = family_of(model_type)
     unread = f.unread_structural()
     if family is None:
+        if model_type and f.data.get("kv_lora_rank") is not None:  # (a hand-written config without one reads MLA)
+            raise refusal(f, [], why=_UNKNOWN_MLA)
         unread += f.unread_nested()
         if unread:
             raise refusal(f, unread)

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from round9_configs import APERTUS_8B, GLM_46, OLMO3_7B, SEED_OSS_36B, write
+from round9_configs import APERTUS_8B, GLM47_FLASH, GLM_46, OLMO3_7B, SEED_OSS_36B, write
 
 GiB = 2**30
 
@@ -179,3 +179,17 @@ def test_olmo3_share_trace_replay_by_hand(run_cli, tmp_path: Path) -> None:
     assert doc["hit_tokens"] == 4096 and {g["kind"]: g["hit_tokens"] for g in doc["groups"]} == {
         "full": 4096, "sliding": 4096}
     assert (doc["evictions"], doc["peak_used_blocks"], doc["peak_cached_blocks"]) == (1152, 1152, 1152)
+
+
+def test_glm47_flash_mla_latent_pool(run_cli, tmp_path: Path) -> None:
+    # GLM-4.7-Flash (glm4_moe_lite, MLA as vLLM caches it): one latent of 512 + 64 a token a layer, 47 layers:
+    # 47 · 576 · 2 = 54,144 B a token; tp does not split it (one latent, replicated). Block 16: a page 16 · 1,152 =
+    # 18,432 B, one group of 47 layers: 866,304 B a block id; 10 GiB // 866,304 = 12,394 ids; at --max-model-len
+    # 32,768 a request needs 2,048: "GPU KV cache size" 12,394 · 32,768 // 2,048 = 198,304 tokens
+    config = str(write(tmp_path / "glm47", GLM47_FLASH))
+    doc = _json(run_cli, "size", "--config", config, "--tp", "2", "--kv-memory", "10GiB", "--max-model-len", "32768")
+    assert doc["bytes_per_token"] == 54_144 and doc["per_gpu_bytes_per_token"] == 54_144
+    plan = doc["gpu_plan"]
+    assert (plan["page_bytes"], plan["block_bytes"]) == (18_432, 47 * 18_432) == (18_432, 866_304)
+    assert (plan["num_blocks"], plan["blocks_per_request"]) == (10 * GiB // 866_304, 2048) == (12_394, 2048)
+    assert plan["kv_cache_tokens"] == 12_394 * 32_768 // 2048 == 198_304

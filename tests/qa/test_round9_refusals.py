@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from round9_configs import DBRX, HUNYUAN_LARGE, MINICPM3_4B, OURO_14B, RING_MINI_LINEAR_2, STEP3, write
+from round9_configs import DBRX, GLM47_FLASH, HUNYUAN_LARGE, MINICPM3_4B, OURO_14B, RING_MINI_LINEAR_2, STEP3, write
 
 COMMANDS = {
     "size": ("size", "--tokens", "4096"),
@@ -99,6 +99,17 @@ GROK2 = {
 def test_refusal_names_the_field_that_stopped_the_read(run_cli, tmp_path: Path) -> None:
     line = _refused(run_cli, COMMANDS["size"], write(tmp_path / "grok2", GROK2))
     assert "'git' is not an architecture kvcalc knows (field 'sliding_window_size' must be a positive integer" in line
+
+
+def test_mla_fields_on_an_unknown_architecture_refused(run_cli, tmp_path: Path) -> None:
+    # vLLM keeps one MLA latent only for the model_types it lists as DeepSeek-style MLA (ModelConfig.is_deepseek_mla;
+    # GLM-4.7-Flash's glm4_moe_lite is one), else K and V of every head: GLM-4.7-Flash renamed (as a fine-tune might)
+    # was read as the latent, 47 · 576 · 2 = 54,144 B a token, where vLLM would hold 47 · 2 · 20 · 256 · 2 =
+    # 962,560. Fixed: core/model/hf_families.judge_unread refuses kv_lora_rank on an unknown model_type.
+    line = _refused(run_cli, COMMANDS["size"], write(tmp_path / "renamed", {**GLM47_FLASH, "model_type": "glm_fork"}))
+    assert "'glm_fork' is not an architecture kvcalc knows" in line and "kv_lora_rank is MLA" in line
+    ok = run_cli("size", "--config", str(write(tmp_path / "glm47", GLM47_FLASH)), "--tokens", "16", "--json")
+    assert ok.exit_code == 0 and ok.json()["bytes_per_token"] == 47 * (512 + 64) * 2 == 54_144
 
 
 def test_step3_refused_naming_the_expert_fields(run_cli, tmp_path: Path) -> None:
