@@ -113,7 +113,8 @@ class TierAdmission:
         on_gpu = 0  # the full groups' own chain past the hit (another group cut it short): tiers_groups.find
         if self.full_groups:
             pool = self.policy.pool  # type: ignore[attr-defined]  # paged (checked): MemoryPolicy names no pool
-            keys = getattr(self.policy, "prompt_keys", None) or self.keys  # the policy's: its look-up's memo serves
+            keys = getattr(self.policy, "prompt_keys", None)  # the policy's views: its look-up's memo serves
+            keys = self.keys if keys is None else keys
             own = pool.group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
             on_gpu = min(own[g] for g in self.full_groups) // B - gpu
         plan = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock(), on_gpu)
