@@ -170,12 +170,15 @@ class PrefixIndex:
             return result
         present, slots = result.present, result.slots
         stale = index.vals.take(slots) != expected
-        stale |= (store.version.take(np.maximum(present, 0)) != versions) & (present >= 0)
-        if np.count_nonzero(stale):  # NOTE: not stale.any(), a Python-level wrapper
-            redo = np.flatnonzero(stale)
-            present, slots = present.copy(), slots.copy()
-            present[redo], slots[redo] = index.find(result.hashes[redo], result.homes[redo])
-            result = self._verified(tokens, result.keys, result.hashes, result.homes, present, slots, result.extra_id)
+        if at[0] != index.generation:  # deletions since: a found block may have been handed out (evicted) since
+            stale |= (store.version.take(np.maximum(present, 0)) != versions) & (present >= 0)
+        if not np.count_nonzero(stale):  # NOTE: not stale.any(), a Python-level wrapper
+            self._probes[i] = (tokens, extra, keys, result, (index.generation, index.num_live), expected, versions)
+            return result
+        redo = np.flatnonzero(stale)
+        present, slots = present.copy(), slots.copy()
+        present[redo], slots[redo] = index.find(result.hashes[redo], result.homes[redo])
+        result = self._verified(tokens, result.keys, result.hashes, result.homes, present, slots, result.extra_id)
         self._probes[i] = (tokens, extra, keys, *self._kept(result))
         return result
 
