@@ -21,12 +21,13 @@ blocks of B token slots; a sequence holds one block table per group. What a grou
               only the step's last page l (allocate_new_blocks puts null blocks in the entries between) and frees
               r at the next step (last_state_block_idx). align: a step that crosses into the next page holds r
               and l; one that jumps over pages (a prefill chunk of many blocks) takes only l, the entries between
-              NULL, and when it ends mid-block the page of the last boundary it passes too (vLLM's scheduler
-              splits such a chunk there, _mamba_block_aligned_split: a state is saved at that boundary, and the
-              chunk's second step holds that page and l; a caller that splits never asks for it): the pool lets
-              r go at the jump (pending until the step ends inside a step window,
-              BlockPool.step; a saved state keeps its hash and content) and reports the move as a copy (r, l)
-              (weighted.state_jump). none: vLLM's Mamba block is then max_model_len tokens, one page a request for
+              NULL, and holds r past its table until the sequence's next step or release (HybridLayout._resume,
+              a hit's page too); the move is reported as a copy (r, l) (weighted.state_jump). A jump that ends
+              mid-block past a boundary (a caller that does not split as vLLM's scheduler does,
+              _mamba_block_aligned_split: verify's executor, share's scenarios, sim without prefix keys) holds
+              that boundary's page and l and lets r go: what vLLM holds after the two steps its split makes of it
+              (a state saved at the boundary), the chunk counted as one step.
+              none: vLLM's Mamba block is then max_model_len tokens, one page a request for
               its whole life; the pool moves that page to the table's last entry as the sequence grows
               (state_pages.roll_page), no copy. Freed pages keep their hashes: cached and free, a later prompt
               still hits them (group_hits)
@@ -116,8 +117,8 @@ class PoolGroup:
     def first_block(self, computed: int, num_tokens: int, block_size: int, state_mode: str) -> int:
         """The first logical block the table must hold while a step computes tokens `computed`..num_tokens − 1
         (see the module docstring); blocks before it can be freed. A state group keeps the page the step
-        resumes from (the state after token computed − 1) until the step has run, unless (align) the step jumps
-        over pages: then only its last page."""
+        resumes from (the state after token computed − 1) until the step has run; where (align) the step jumps
+        over pages the table holds only its last page, and the pool the one resumed from past it."""
         B = block_size
         if self.kind == "sliding":
             return max(0, computed - self.span + 1) // B
@@ -211,8 +212,8 @@ def peak_blocks(groups: tuple[PoolGroup, ...], num_tokens: int, block_size: int,
     """The most blocks one sequence of `num_tokens` holds at once when its prompt is computed in chunks of at
     most `chunk_tokens` T: full ceil(n / B); sliding a window and a chunk, ceil((W − 1 + T) / B) + 1; chunked
     ceil((C + T) / B) + 1; a state group (PoolGroup.first_block): none one page (vLLM's one page a request,
-    updated in place); align 2, the page a step resumes from and the one it crosses into (a step that jumps over
-    pages holds only its last: vLLM's MambaSpec.max_memory_usage_bytes, 2 pages); all the pages from the one a
+    updated in place); align 2, the page a step resumes from and its last (vLLM's MambaSpec.max_memory_usage_bytes,
+    2 pages); all the pages from the one a
     step resumes from to its last, (n − 1) // B − (c − 1) // B + 1 <= ceil(T / B) + 1 for a step c -> n of at
     most T tokens (ceil(n / B) <= ceil(T / B) from c = 0). Each capped at ceil(n / B). A block of a weighted
     table counts its weight (units of the pool)."""

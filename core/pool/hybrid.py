@@ -46,7 +46,7 @@ from .hybrid_batch import HybridBatch
 from .hybrid_hits import HybridHits
 from .invariants import check_pool_invariants
 from .speculative import check_speculative
-from .state_pages import roll_need, roll_page, state_slack
+from .state_pages import held_counts, roll_need, roll_page, with_resumed
 from .store import BlockKeys, PoolExhaustedError
 from .weighted import weighted_append_need, weighted_usage
 
@@ -84,15 +84,15 @@ class HybridPool(HybridHits, HybridBatch):
         return self.pools[0].num_tokens(seq_id) // self.scales[0]  # a group's pool counts store slots (group_blocks)
 
     def block_tables(self, seq_id: Hashable) -> list[np.ndarray]:
-        """One table per group (NULL_BLOCK where a group freed the block)."""
-        return [p.block_table(seq_id) for p in self.pools]
+        """One table per group (NULL_BLOCK where a group freed the block; state_pages.with_resumed)."""
+        return with_resumed(self._resumed, seq_id, [p.block_table(seq_id) for p in self.pools])
 
     def held_blocks(self, seq_id: Hashable) -> list[int]:
         """Blocks each group's table of the sequence holds now (its NULL entries not counted): what a swap of
         the sequence to the host copies, group by group — the window of a sliding group, the current chunk of a
         chunked one, the state pages of a state group."""
         self.pools[0]._seq(seq_id)  # not live: the error names it
-        return [p.seqs[seq_id].num_blocks - p.seqs[seq_id].num_skipped for p in self.pools]
+        return held_counts(self._resumed, seq_id, [p.seqs for p in self.pools])  # (a page a jump resumed from too)
 
     def swap_bytes(self, seq_id: Hashable, page_bytes: int) -> list[int]:
         """Bytes a swap of the sequence moves each way, per group: `held_blocks` × `page_bytes`, the bytes of one
@@ -110,7 +110,7 @@ class HybridPool(HybridHits, HybridBatch):
     def _distinct_blocks(self) -> list[int]:
         """Distinct blocks each group's live tables hold: every held block marked with its group (a block id is
         in one group only: one store), then counted per group, in one pass over all the tables."""
-        tables = [[s.blocks for s in p.seqs.values()] for p in self.pools]
+        tables = self._held_arrays()  # (a page a jump resumed from too)
         held = [t for group in tables for t in group]
         if not held:
             return [0] * len(self.pools)
@@ -135,18 +135,6 @@ class HybridPool(HybridHits, HybridBatch):
             useful_tokens=useful + self.state_slack(),  # a state page: a whole state (state_pages)
             max_table_blocks=max((s.num_blocks for s in self.pools[0].seqs.values()), default=0),  # all alike
         )
-
-    def state_slack(self) -> int:
-        """Slots of the state groups' held pages that no token count fills: a page is a whole state, all of its
-        slots useful (state_pages), so usage adds them to the store's written tokens."""
-        shared = bool(self.store.counters["hit_blocks"] or self.store.counters["forks"])
-        if self.rolling and not (shared or self.weighted or any(p.spec.tracked for p in self.pools)):
-            # mode none, no page shared or kept: each state table holds the page of token n − 1, n − B · ((n − 1)
-            # // B) tokens written in it, so B − fill = (−n) mod B, alike in every state group
-            B = self.block_size
-            return sum(self.rolled) * sum(-s.num_tokens % B for s in self.pools[0].seqs.values())
-        return sum(state_slack(self.store, [*(s.blocks for s in p.seqs.values()), *p.spec.kept.values()], shared,
-                               g.weight) for g, p in zip(self.groups, self.pools, strict=True) if g.kind == "state")
 
     def stats(self) -> PoolStats:
         """Counters since creation: blocks (hand-outs, copies, evictions) once each; what happens to sequences
@@ -254,6 +242,7 @@ class HybridPool(HybridHits, HybridBatch):
         """The child shares every group's blocks; a state page is copied when either branch writes it."""
         for pool in self.pools:
             pool.fork(parent_id, child_id)
+        self._fork_resumed(parent_id, child_id)
         if parent_id in self._canonical:
             self._canonical[child_id] = dict(self._canonical[parent_id])
         if self.coarse is not None:
@@ -262,8 +251,9 @@ class HybridPool(HybridHits, HybridBatch):
 
     def release(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
         self.pools[0]._seq(seq_id)  # not live: the error names it before any group changes
-        for pool in self.pools:
+        for g, pool in enumerate(self.pools):
             pool.release(seq_id, reason)
+            self._let_resumed_go(seq_id, (g,))  # a page a jump resumed from: after its table, freed tail first
         self._canonical.pop(seq_id, None)
         if self.coarse is not None:
             self.coarse.forget(seq_id)
@@ -325,7 +315,7 @@ class HybridPool(HybridHits, HybridBatch):
         spare = [k for p in self.pools for k in p.spec.kept.values()]
         check_pool_invariants(
             self.store, tables, in_step=False, logical_blocks=sum(p.logical_blocks for p in self.pools),
-            logical_tokens=sum(p.logical_tokens for p in self.pools), spare=spare,
+            logical_tokens=sum(p.logical_tokens for p in self.pools), spare=spare, resumed=self._resumed_now(),
         )
         ids = set(self.pools[0].seqs)
         for group, pool, B, s in zip(self.groups, self.pools, self.group_blocks, self.scales, strict=True):

@@ -115,8 +115,8 @@ class HybridBatch(HybridPrivate):
         """`free_skipped` of each sequence (none with speculative slots), the rule evaluated once per kind of
         group for all sequences at once; `one_drop` (and every block in one table): one `skip_many` per kind
         instead of BlockPool.skip_blocks per sequence (the same blocks freed in the same order)."""
-        if self.mixed:  # groups of different tokens per block (group_blocks): one at a time
-            self.pools[0]._live(seq_ids, "freed")
+        if self.mixed or self._resumed:  # groups of different tokens per block (group_blocks), a page an align jump
+            self.pools[0]._live(seq_ids, "freed")  # resumed from (HybridLayout._skip lets it go): one at a time
             for seq_id in seq_ids:
                 self._skip(seq_id)
             return
@@ -157,7 +157,7 @@ class HybridBatch(HybridPrivate):
         store, B = self.store, self.block_size
         if store.counters["forks"] or store.counters["hit_blocks"] or any(p.spec.tracked for p in self.pools):
             raise ValueError("grow_private_many takes a pool whose blocks are in one table each: append instead")
-        if self.weighted:  # weighted tables: each group's own hand-outs, a state group's jump (weighted.py)
+        if self.weighted or self._jumps(num_tokens):  # weighted tables: each group's hand-outs; a state group's jump
             self.append_many(seq_ids, num_tokens)
             return
         if self.mixed and num_tokens > 0 and seq_ids:  # groups of different tokens per block: one at a time

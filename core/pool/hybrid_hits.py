@@ -190,7 +190,7 @@ class HybridHits(HybridLayout):
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
             table, group_hit, s, own = tables[g], hit_tokens // sizes[g], self.scales[g], 0
             if table is not None:  # an anchored group: fresh blocks past the hit, cached hits revived
-                held = table[first:]
+                held = table[self._hold_from(g, hit_tokens, first, num_tokens):]  # (align: a jump's resumed page)
                 own += ceil_div(num_tokens, sizes[g]) - max(group_hit, first)
                 need += (own + int(np.count_nonzero(self.store.state[held] == FREE_CACHED))) * weights[g]
                 continue
@@ -224,24 +224,29 @@ class HybridHits(HybridLayout):
         # a hit of one group must not be evicted by another's allocation (vLLM touches all hits first, too) —
         # the ones a sliding group skips included, since its chain is verified through them
         store, pins, hit_tokens, sizes, scales = self.store, [], hit * self.block_size, self.group_blocks, self.scales
+        holds = [self._hold_from(g, hit_tokens, first, num_tokens) for g, first in enumerate(firsts)]
         if hit:
             for g, pool in enumerate(self.pools):
                 table = tables[g]
                 held = pool.hit_blocks(num_tokens * scales[g], self._group_keys(g, keys), (g, extra_key))[
-                    : hit_tokens // sizes[g]] if table is None else table[firsts[g]:]
+                    : hit_tokens // sizes[g]] if table is None else table[holds[g]:]
                 if len(held):
                     state = store.state.take(held)
                     store.share(held, state, int(np.count_nonzero(state == FREE_CACHED)))
-                    pins.append(held)
+                    pins.append((g, held))
         for g, (pool, first) in enumerate(zip(self.pools, firsts, strict=True)):
             got = pool.allocate(seq_id, num_tokens * scales[g], self._group_keys(g, keys), (g, extra_key),
                                 max_hit_blocks=hit_tokens // sizes[g], first_block=first, hits=tables[g])
             assert got == hit_tokens * scales[g], f"group {g}: hit {got} slots, the pool's plan said {hit} blocks"
             self._changed()
-        for held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
+        for g, held in pins:  # the pin: the new tables hold the hits they keep; the others go back to the cache
+            if holds[g] < firsts[g]:  # align: the hit page a first step that jumps resumes from, held until the next
+                self._resume(seq_id, g, holds[g], int(held[0]))  # step (HybridLayout._resume)
+                self.pools[g].logical_blocks += 1
+                held = held[1:]
             store.ref[held] -= 1
             unheld = held[store.ref[held] == 0]
-            if len(unheld):  # align: a hit page a jump does not hold is read by the step (pending inside one)
+            if len(unheld):
                 store.drop(unheld[::-1], defer=self.pools[0]._in_step)
         if self.coarse is not None:
             self.coarse.start(seq_id, keys, self.pools[0])

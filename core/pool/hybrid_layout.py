@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import numpy as np
+
 from .block_pool import BlockPool
 from .group_blocks import CoarseKeys, group_block_sizes
 from .group_hits import Canonical
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .prefix_lookup import PrefixIndex
 from .speculative import DEFAULT_ROLLBACK_POLICY
+from .state_pages import Resumed, resumed_blocks, state_slack
 from .store import BlockKeys
 from .weighted import group_stores
 
@@ -62,6 +65,9 @@ class HybridLayout:
         self.rolled = tuple(k == "state" and self.state_mode == "none" for k in kinds)
         self.rolling = any(self.rolled)
         self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
+        # align: the page a jump step resumes from, held past the table until the sequence's next step (_resume)
+        self._resumed: Resumed = {}  # seq -> {group: (table index, block)} (state_pages)
+        self.jumps_hold_resumed = self.state_mode == "align" and has_state  # a step may jump over state pages
         self._plan_memo: tuple | None = None  # (epoch, the last few _hit_plans), until any group changes (pool 0's)
         self.caches = enable_prefix_caching and not (has_state and (
             self.state_mode == "none" or (self.state_mode == "align" and self.anchor is None)))
@@ -81,14 +87,89 @@ class HybridLayout:
 
     def _skip(self, seq_id: Hashable) -> int:
         """Free the blocks each group's rule lets go once the sequence's committed tokens are written."""
-        mode, freed = self.state_mode, 0
-        for group, pool, B, s in zip(self.groups, self.pools, self.group_blocks, self.scales, strict=True):
+        mode, freed, resumed = self.state_mode, 0, self._resumed and seq_id in self._resumed
+        for g, (group, pool, B, s) in enumerate(zip(self.groups, self.pools, self.group_blocks, self.scales,
+                                                    strict=True)):
             if group.kind != "full":
                 freed += pool.skip_blocks(
                     seq_id, group.first_block_before_growth(pool.committed_tokens(seq_id) // s, B, mode))
+                if resumed:  # after the group's own frees, as vLLM's MambaManager.remove_skipped_blocks
+                    freed += self._let_resumed_go(seq_id, (g,))
         if freed:
             self._changed()
         return freed
+
+    def _hold_from(self, g: int, hit_tokens: int, first: int, num_tokens: int) -> int:
+        """The first hit block of group g an allocation of `num_tokens` holds: its rule's `first`, or (align) a
+        state group's hit page where the first step jumps past it to a boundary: the state that step resumes from
+        (`_resume`). A step that ends mid-block past a boundary holds that boundary's page instead (groups.py)."""
+        B = self.group_blocks[g]
+        if self.groups[g].kind != "state" or self.state_mode != "align" or not hit_tokens or num_tokens % B:
+            return first
+        return min(first, hit_tokens // B - 1)
+
+    def _resume(self, seq_id: Hashable, g: int, index: int, block: int) -> None:
+        """Hold `block`, group g's page at table `index`, past the table: the state an align step that jumps over
+        pages resumes from (vLLM's MambaManager.last_state_block_idx), let go at the sequence's next step
+        (`_let_resumed_go`: remove_skipped_blocks frees it then) or its release. The caller counts its reference."""
+        held = self._resumed.setdefault(seq_id, {})
+        assert g not in held, f"group {g}: sequence {seq_id!r} already holds the page a step resumed from"
+        held[g] = (index, block)
+
+    def _let_resumed_go(self, seq_id: Hashable, groups: Sequence[int] | None = None) -> int:
+        """Let go the pages `_resume` holds for the sequence (in `groups`, all when None), in group order: each
+        one reference less, freed (pending inside a step) where none is left; returns how many."""
+        held = self._resumed.get(seq_id)
+        if not held:
+            return 0
+        store, gone = self.store, 0
+        for g in sorted(held) if groups is None else [g for g in groups if g in held]:
+            block = self._pop_resumed(seq_id, g)
+            store.ref[block] -= 1
+            if not store.ref[block]:
+                store.drop(np.array([block], dtype=np.int64), defer=self.pools[g]._in_step)
+            gone += 1
+        return gone
+
+    def _pop_resumed(self, seq_id: Hashable, g: int) -> int | None:
+        """The page `_resume` holds for the sequence in group g, no longer counted among the group's held blocks
+        (the caller drops its reference); None where there is none."""
+        held = self._resumed.get(seq_id)
+        if not held or g not in held:
+            return None
+        block = held.pop(g)[1]
+        if not held:
+            del self._resumed[seq_id]
+        self.pools[g].logical_blocks -= 1
+        return block
+
+    def state_slack(self) -> int:
+        """Slots of the state groups' held pages that no token count fills: a page is a whole state, all of its
+        slots useful (state_pages), so usage adds them to the store's written tokens."""
+        shared = bool(self.store.counters["hit_blocks"] or self.store.counters["forks"])
+        if self.rolling and not (shared or self.weighted or any(p.spec.tracked for p in self.pools)):
+            # mode none, no page shared or kept: each state table holds the page of token n − 1, n − B · ((n − 1)
+            # // B) tokens written in it, so B − fill = (−n) mod B, alike in every state group
+            B = self.block_size
+            return sum(self.rolled) * sum(-s.num_tokens % B for s in self.pools[0].seqs.values())
+        held, shared = self._held_arrays(), shared or bool(self._resumed)  # (a page a jump resumed from too)
+        return sum(state_slack(self.store, [*held[g], *p.spec.kept.values()], shared, group.weight)
+                   for g, (group, p) in enumerate(zip(self.groups, self.pools, strict=True)) if group.kind == "state")
+
+    def _held_arrays(self) -> list[list[np.ndarray]]:
+        """Per group, each live table's held range and the pages held past the tables (state_pages)."""
+        return [[*(s.blocks for s in p.seqs.values()), r] for p, r in zip(self.pools, self._resumed_now(), strict=True)]
+
+    def _resumed_now(self) -> list[np.ndarray]:
+        """Per group, the pages held past the tables (state_pages.resumed_blocks)."""
+        return resumed_blocks(self._resumed, len(self.groups))
+
+    def _fork_resumed(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """A fork's child holds the page its parent's jump resumed from too, until its own next step."""
+        for g, (at, block) in self._resumed.get(parent_id, {}).items():
+            self.store.ref[block] += 1
+            self.pools[g].logical_blocks += 1
+            self._resume(child_id, g, at, block)
 
     def _changed(self) -> None:
         """Every group's memoised look-up is stale once any group changes the shared store."""

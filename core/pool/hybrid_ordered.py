@@ -64,18 +64,20 @@ def skip_ordered(pool: HybridPool, seq_ids: Sequence[Hashable]) -> int:
     if len(seq_ids) > MANY and not getattr(pool, "_resumed", None) and all(  # array operations
             pool.groups[g].kind in ("sliding", "chunked") for g, _, _ in rules):
         return _drop_parts(pool, _skip_many(pool, seq_ids, rules))
-    B, mode, pools, parts = pool.block_size, pool.state_mode, pool.pools, []
-    tables = [(pools[g], pools[g].seqs, alike) for g, _, alike in rules]
+    B, mode, pools, parts, resumed = pool.block_size, pool.state_mode, pool.pools, [], pool._resumed
+    tables = [(g, pools[g], pools[g].seqs, alike) for g, _, alike in rules]
     firsts = {alike: first for _, first, alike in rules}  # a rule asked once for its alike groups (Gemma-3: 6)
     for seq_id, first_table in zip(seq_ids, pools[0]._tables(seq_ids), strict=True):
         tokens, blocks = first_table.num_tokens, first_table.num_blocks  # every group's tables alike
         ends = {alike: min(first(tokens, B, mode), blocks) for alike, first in firsts.items()}
-        for group_pool, seqs, alike in tables:
+        for g, group_pool, seqs, alike in tables:
             seq = seqs[seq_id]
             if (end := ends[alike]) > seq.num_skipped:
                 parts.append(seq.table[seq.num_skipped : end][::-1])  # skip_blocks drops a tail first
                 group_pool.logical_blocks -= end - seq.num_skipped
                 seq.num_skipped = end
+            if resumed and (page := pool._pop_resumed(seq_id, g)) is not None:  # an align jump's: HybridLayout._skip
+                parts.append(np.array([page], dtype=np.int64))
     if not parts:
         return 0
     held = np.concatenate(parts)
@@ -280,8 +282,8 @@ def held_blocks(pool: HybridPool) -> list[int]:
     store = pool.store
     if not (store.counters["hit_blocks"] or store.counters["forks"]):  # no block in two tables: a counter
         return [p.logical_blocks for p in pool.pools]
-    if not ordered(pool):
-        return _count_all(pool)
+    if not ordered(pool) or pool._resumed:  # (a page an align jump resumed from, past the tables: counted there)
+        return _count_all(pool) if not pool._resumed else [u.held_blocks for u in pool.group_usage()]
     logical = [p.logical_blocks for p in pool.pools]
     entries = sum(logical)
     if entries == store.num_used:  # Σ ref over used blocks = the entries: none is held twice

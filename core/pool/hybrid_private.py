@@ -59,7 +59,7 @@ class HybridPrivate(HybridLayout):
     def private(self) -> bool:
         store = self.store
         if store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False) or (
-                getattr(self, "weighted", False)):
+                getattr(self, "weighted", False)) or self.jumps_hold_resumed:  # align: HybridLayout._resume
             return False
         return not any(pool.spec.tracked for pool in self.pools)
 

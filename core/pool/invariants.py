@@ -4,7 +4,8 @@ table entries)):
     free + used + pending = total; pending only inside a step; a free or pending block has ref 0
     ref(b) = the number of live tables holding b, each table holding a block at most once; a table of n
     tokens has ceil(n / B) blocks less the s leading ones it skipped (a sliding, chunked or state group
-    freed them; they were full); kept speculative blocks are held past it: ref 1, empty
+    freed them; they were full); kept speculative blocks are held past it: ref 1, empty; so is the page an
+    align step that jumped resumed from, until the sequence's next step
     every holder of a block agrees on its fill (no block with ref > 1 was written behind the others' back)
     counters (used blocks, useful and logical tokens, logical blocks) equal what they count
     hash-index entries match their blocks; only full blocks are hashed; the LRU holds only hashed blocks
@@ -27,12 +28,13 @@ from .weighted import WeightedStore
 
 def check_pool_invariants(
     store: BlockStore, tables: Sequence[tuple[np.ndarray, int, int]], *, in_step: bool, logical_blocks: int,
-    logical_tokens: int, spare: Sequence[np.ndarray] = (),
+    logical_tokens: int, spare: Sequence[np.ndarray] = (), resumed: Sequence[np.ndarray] = (),
 ) -> None:
     """Raise AssertionError naming the first broken invariant of a pool: its store, the (held blocks, tokens,
     skipped blocks) of every live sequence (of every layer group of a hybrid pool), whether a step is
     running, and its logical-block (blocks held) and logical-token counters.
-    `spare`: blocks that sequences hold past their tables (speculative slots kept by a rollback)."""
+    `spare`: blocks that sequences hold past their tables (speculative slots kept by a rollback); `resumed`: the
+    pages jumps of mode align resumed from, held past the tables until the next step (state_pages)."""
     n, B = store.num_blocks, store.block_size
     state, ref, fill, hashed = store.state, store.ref, store.fill, store.hashed
     counts = np.bincount(state, minlength=4)
@@ -50,7 +52,8 @@ def check_pool_invariants(
     store.queue.check()
     assert np.all(ref[state != USED] == 0), "a free or pending block has ref > 0"
     # ref(b) = number of live tables holding b; a table holds a block at most once
-    held = np.concatenate([t for t, _, _ in tables] + list(spare)) if tables else np.empty(0, dtype=np.int64)
+    held = np.concatenate([t for t, _, _ in tables] + list(spare) + list(resumed)) if tables else (
+        np.empty(0, dtype=np.int64))
     for t, num_tokens, skipped in tables:
         assert len(np.unique(t)) == len(t), "a block table holds one block twice"
         assert len(t) == ceil_div(num_tokens, B) - skipped, "a block table's length disagrees with its tokens"

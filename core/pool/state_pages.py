@@ -14,7 +14,7 @@ correction: Σ over the distinct blocks the state groups hold of B − fill.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -81,3 +81,35 @@ def state_slack(store: BlockStore, tables: Iterable[np.ndarray], shared: bool, w
     if shared:
         blocks = np.unique(blocks)
     return weight * int(len(blocks) * store.block_size - np.add.reduce(store.fill[blocks], dtype=np.int64))
+
+
+# ---- the page an align step that jumps over pages resumes from ---------------------------------------------------
+# vLLM's MambaManager (mode align) records the last page a step's allocation found (last_state_block_idx: the state
+# it resumes from) and frees it at the request's next remove_skipped_blocks, or at its release; a step that jumps
+# over pages holds it besides the step's last page, with null entries between. The hybrid pool keeps its tables one
+# held range, so such a page is held past the table: Resumed maps a sequence to {group: (table index, block)}, each
+# one reference (HybridLayout._resume, _let_resumed_go).
+Resumed = dict[Hashable, dict[int, tuple[int, int]]]
+
+
+def resumed_blocks(resumed: Resumed, num_groups: int) -> list[np.ndarray]:
+    """Per group, the pages held past the tables."""
+    found: list[list[int]] = [[] for _ in range(num_groups)]
+    for pages in resumed.values():
+        for g, (_, block) in pages.items():
+            found[g].append(block)
+    return [np.array(blocks, dtype=np.int64) for blocks in found]
+
+
+def with_resumed(resumed: Resumed, seq_id: Hashable, tables: list[np.ndarray]) -> list[np.ndarray]:
+    """The sequence's block tables with the page each state group holds past its table at that page's entry, as
+    vLLM's table names it until the next step."""
+    for g, (at, block) in resumed.get(seq_id, {}).items():
+        tables[g][at] = block
+    return tables
+
+
+def held_counts(resumed: Resumed, seq_id: Hashable, seqs: Sequence[dict[Hashable, SeqTable]]) -> list[int]:
+    """Blocks each group (its pool's `seqs`) holds for the sequence: the table's held range and a page past it."""
+    pages = resumed.get(seq_id, {})
+    return [t[seq_id].num_blocks - t[seq_id].num_skipped + (g in pages) for g, t in enumerate(seqs)]

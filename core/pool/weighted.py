@@ -38,8 +38,7 @@ holds more than some number of blocks (share's scenario: its pool_blocks) may ca
 chunk jumps over the pages it would not keep (`state_jump`, below). With every weight 1 none of this is built: the
 pool keeps its plain BlockStore (hybrid_layout), the same code and output as before. Used where an ideal layout
 has more than MAX_POOL_GROUPS unit tables (pool_groups(weighted=True): share, its trace replay, sim); usage()
-counts tokens in the units' slots. Not yet: mode align (a hit's allocation would hold every state page from the
-hit to the chunk's end) and swaps (their bytes per group), refused by name.
+counts tokens in the units' slots; align pages as vLLM's MambaManager. Not yet: swaps (bytes per group), refused.
 """
 
 from __future__ import annotations
@@ -266,9 +265,8 @@ class GroupStore(WeightedStore):
 # groups.first_block names after it (none: the last; align: the saved one and the last). On unit tables a page is
 # one id; on a weighted table it is a whole state (Granite at B 16: 37,755 units, so a prefill chunk of 8,192 tokens
 # would take 512 states), so here a state group jumps: the pages in between are never taken (NULL entries, as
-# skipped ones), and the pages it held are let go now (pending until the step ends when the pool is inside one),
-# the one the step resumes from included: the table never names a page for a boundary whose state it does not
-# hold (a saved state keeps its hash and content). The move (resume page, last page) is reported as a copy.
+# skipped ones); the page it resumes from stays held past the table until the sequence's next step (HybridLayout.
+# _resume: vLLM's last_state_block_idx), older pages go now. The move (resume page, last page) is reported as a copy.
 # Mode none never gets here: its one page moves along the table in place (state_pages.roll_page), taken first.
 
 
@@ -307,15 +305,17 @@ def state_jump(hybrid: Any, g: int, seq_id: Any, num_tokens: int) -> tuple[int, 
     keep, total = plan
     pool = hybrid.pools[g]
     seq, store = pool._seq(seq_id), pool.store
-    resume = int(seq.table[seq.num_blocks - 1])
-    gone = seq.table[seq.num_skipped : seq.num_blocks].copy()  # every page held: a fork's sibling may still hold some
+    at = seq.num_blocks - 1  # the page the step resumes from (free_skipped let the step before's go), held unless
+    resume, held = int(seq.table[at]), keep == total - 1  # the step ends past a boundary mid-block (groups.py)
+    gone = seq.table[seq.num_skipped : at + (not held)].copy()
     if len(seq.table) < total:
         seq.table = np.concatenate([seq.table, np.empty(2 * total, dtype=np.int64)])
     new = seq.num_tokens + num_tokens
-    seq.table[keep:total] = store.take(total - keep, new - keep * pool.block_size)  # before the pages it lets go:
-    refs = store.ref[gone] - 1  # the step reads the one it resumes from (vLLM frees it at the next step)
-    store.ref[gone] = refs
-    store.drop(gone[refs == 0][::-1], defer=pool._in_step)
+    seq.table[keep:total] = store.take(total - keep, new - keep * pool.block_size)
+    store.ref[gone] -= 1
+    store.drop(gone[store.ref[gone] == 0][::-1], defer=pool._in_step)
+    if held:  # the step resumes from it: held until the sequence's next step
+        hybrid._resume(seq_id, g, at, resume)
     pool.logical_blocks += total - keep - len(gone)
     pool.logical_tokens += num_tokens
     seq.num_skipped, seq.num_blocks, seq.num_tokens = keep, total, new

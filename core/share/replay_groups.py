@@ -141,12 +141,6 @@ def replay_pool(trace: Trace, groups: tuple[PoolGroup, ...], block_size: int, ca
                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> HybridPool:
     """The empty pool a replay of `trace` runs on, after every refusal of replay_groups: a caller that announces
     its replay builds it first, so that a refused input prints only its error."""
-    if state_mode == "align" and any(g.weight > 1 for g in groups):
-        # NOTE: a hit's allocation holds every state page from the hit to the chunk's end (hybrid_hits: first_block
-        # of the hit); on weighted tables (core/pool/weighted.py) a page is a whole state, so this is not exact yet
-        raise ParameterError("mamba_cache_mode align on weighted tables (layout ideal, a state of thousands of units) "
-                             "is not done yet: use mamba_cache_mode none or all, or layout vllm", "mamba_cache_mode",
-                             "layout")
     need = largest_request_peak(trace, groups, block_size, state_mode, chunk_tokens)
     if need > capacity_blocks:
         raise ParameterError(f"capacity_blocks {capacity_blocks:,} is less than the {need:,} blocks the largest "

@@ -68,8 +68,9 @@ class HybridShadow:
                 block = int(table[pos // B])
                 assert block != NULL_BLOCK, f"{group.name}: position {pos} being written has no block"
                 self.slots[block, pos % B] = toks[pos]
-        # the state runs once over the new tokens; each page holds the value after its last written token
-        state_tables = [t for g, t in zip(self.pool.groups, self.pool.block_tables(seq), strict=True)
+        # the state runs once over the new tokens; each page holds the value after its last written token (a page
+        # an align jump resumed from is read, never written: its group's own table, without it)
+        state_tables = [p.block_table(seq) for g, p in zip(self.pool.groups, self.pool.pools, strict=True)
                         if g.kind == "state"]
         for pos in range(start, len(toks)):
             self.running[seq] = step(self.running[seq], toks[pos])
@@ -288,10 +289,12 @@ class HybridPoolMachine(RuleBasedStateMachine):
         (remove_skipped_blocks frees those before the last computed token's block, get_num_skipped_tokens = c − 1)."""
         r, last = (c - 1) // B, (n - 1) // B
         # align from c = 0 or over a jump: l, and where n ends mid-block past B the page of boundary n // B · B too
-        # (the step is vLLM's two steps of its aligned split: the second holds that page and l)
+        # (the step is vLLM's two steps of its aligned split: the second holds that page and l); a jump to a boundary
+        # holds r too (last_state_block_idx, freed at the next step's remove_skipped_blocks)
         saved = n // B - 1 if n % B and n > B else last
-        expected = {"none": [last], "align": list(range(saved, last + 1)) if c == 0 or last > r + 1 else sorted(
-            {r, last}), "all": list(range(max(r, 0), last + 1))}[self.pool.state_mode]
+        jump = list(range(saved, last + 1)) if c == 0 or n % B else [r, last]
+        expected = {"none": [last], "align": jump if c == 0 or last > r + 1 else sorted({r, last}),
+                    "all": list(range(max(r, 0), last + 1))}[self.pool.state_mode]
         table = self.pool.block_tables(seq)[3]
         assert np.flatnonzero(table >= 0).tolist() == expected, (self.pool.state_mode, c, n, table)
         assert self.pool.state_mode != "align" or len(expected) <= 2

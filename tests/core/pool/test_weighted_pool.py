@@ -194,12 +194,18 @@ def test_state_jump_takes_only_the_pages_it_keeps():
     assert [pool.held_blocks(s) for s in (0, 1)] == [[5, 1], [5, 1]]
     assert pool.num_used == (3 + 2 + 2) * 2 + 2 * 7  # 3 shared blocks, 2 own each; a page each (one a copy)
     pool.check_invariants()
-    # mode align jumps (weighted.state_jump): the chunk keeps page 12 // 4 − 1 = 2 only, page 1 never taken
+    # mode align jumps (weighted.state_jump): the chunk takes page 12 // 4 − 1 = 2 only (page 1 never taken) and
+    # keeps page 0, the state it resumes from, until the next step (vLLM's last_state_block_idx): 3 · 2 + 2 · 7 =
+    # 20 units. A token more: remove_skipped_blocks(12) frees page 0 (0 < cdiv(12, 4) − 1 = 2), page 3 is taken:
+    # 4 · 2 + 2 · 7 = 22
     pool = HybridPool(100, B, groups, state_mode="align", enable_prefix_caching=False)
     pool.allocate(0, 4)
     resume = int(pool.block_tables(0)[1][0])
     assert pool.append_need(0, 8) == 2 * 2 + 7
     moves = pool.append(0, 8)
     full, state = pool.block_tables(0)
-    assert state[:2].tolist() == [-1, -1] and moves == [(resume, int(state[2]))] and pool.num_used == 3 * 2 + 7
+    assert state.tolist()[:2] == [resume, -1] and moves == [(resume, int(state[2]))] and pool.num_used == 3 * 2 + 2 * 7
+    pool.check_invariants()
+    pool.append(0, 1)
+    assert pool.block_tables(0)[1].tolist()[:3] == [-1, -1, int(state[2])] and pool.num_used == 4 * 2 + 2 * 7
     pool.check_invariants()

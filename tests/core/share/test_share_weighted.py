@@ -124,9 +124,28 @@ def test_a_long_prompt_takes_one_state_a_chunk(run_cli, tmp_path):
     assert (doc["peak_used_blocks"], doc["largest_request_blocks"]) == (105_741, 105_741)
 
 
-@pytest.mark.parametrize("command", [("sim", "--requests", "2", "--gpu", "H200", "--preempt", "swap"),
-                                     ("share", "--trace", "mooncake", "MOONCAKE", "--memory", "40GiB",
-                                      "--mamba-cache-mode", "align")])
+def test_align_holds_the_page_a_jump_resumes_from_and_the_last(run_cli, tmp_path):
+    # Nemotron-H-56B, ideal, B 16 (above: a block 40 units, a state 55,701), mamba_cache_mode align, 40 GiB =
+    # 2,621,440 units. Request 1: 20,000 tokens (ids 100..139), 1 output token (never written). vLLM's aligned split
+    # (L = 20,000, a multiple of 16): 0 -> 8,192 (512 blocks), 8,192 -> 16,384, 16,384 -> 20,000 (passes L: ends on
+    # it). MambaManager: step 2 keeps page 511 (last_state_block_idx) beside page 1,023; step 3 frees 511 at
+    # remove_skipped_blocks(16,384) and holds 1,023 and 1,249: at most 2 states. Peak at the last step: ceil(20,000 /
+    # 16) = 1,250 blocks · 40 + 2 · 55,701 = 161,402 units (the admission bound counts 2 states too).
+    # Request 2 shares ids 100..115 (8,192 tokens): its full group hits 512 blocks, the state saved at 8,192 (request
+    # 1's step end) serves: hit 8,192; its first chunk 8,192 -> 16,384 holds the hit page and page 1,023, then as
+    # request 1: peak 161,402 again
+    trace = tmp_path / "m.jsonl"
+    rows = [{"timestamp": 0, "input_length": 20_000, "output_length": 1, "hash_ids": list(range(100, 140))},
+            {"timestamp": 9, "input_length": 20_000, "output_length": 1,
+             "hash_ids": list(range(100, 116)) + list(range(200, 224))}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = run_cli("share", "--trace", "mooncake", str(trace), "--model", "Nemotron-H-56B", "--layout", "ideal",
+                  "--memory", "40GiB", "--mamba-cache-mode", "align", "--json").json()
+    assert (doc["capacity_blocks"], doc["mamba_cache_mode"], doc["hit_tokens"]) == (2_621_440, "align", 8_192)
+    assert (doc["peak_used_blocks"], doc["largest_request_blocks"]) == (1_250 * 40 + 2 * 55_701, 161_402)
+
+
+@pytest.mark.parametrize("command", [("sim", "--requests", "2", "--gpu", "H200", "--preempt", "swap")])
 def test_what_weighted_tables_do_not_run_yet_says_so(run_cli, tmp_path, command):
     trace = tmp_path / "m.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [0]}\n')
