@@ -128,6 +128,10 @@ def test_hybrid_sim_with_prefix_caching_on_a_real_trace():
     first chunk's look-up comes from its whole prompt's. What remains on Gemma-3: its 177 prefill steps (7 tables,
     six of them windows indexed block by block: ~5x a plain step) and ~60 steps in which the waiting head's own
     cached blocks are evicted with more blocks free than its floor (each re-checked by stepping).
+    Round 9 (anchored blocks in a dense map, not the hash index: anchored_map.py; kept look-ups re-checked, not
+    redone; decode runs applied at once: hybrid_apply.py), three test runs at load 6-8: Gemma-3 1.93 / 2.51 / 2.14x,
+    gpt-oss 1.39-1.49x, Scout 1.37-1.61x, Nemotron-H 1.33-1.65x; Gemma-3 CPU best of 5 interleaved at load ~5:
+    2.24 s (04ea4a4) -> 1.61 s, Llama-3.1-8B 0.86-0.94 s (2.38x -> 1.87x). Still not reliably under 2x when loaded.
     PREFIX_LIMITS bounds each with room for a loaded machine."""
     if not MOONCAKE.exists():
         pytest.skip(f"{MOONCAKE} is absent (the shared traces are not checked in)")
