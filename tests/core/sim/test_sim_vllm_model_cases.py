@@ -74,3 +74,42 @@ def test_a_duplicate_block_serves_a_hit_after_the_first_copy_is_evicted():
     steps, _ = run_kvcalc(DUPLICATE, [("full", 0)], **DUPLICATE_POOL)
     assert [s["scheduled"] for s in steps[:3]] == [[(0, 0, 256)], [(1, 128, 128)], [(2, 0, 256)]]
     assert _scheduled(steps, 3) == [(3, 256, 128)]
+
+
+# In a hybrid, a window group's block is cached by its own content, whatever the full group's block beside it.
+# Full + chunked C = 256 (2 blocks), pool 11 ids (free 1..10), max_model_len 512 (vLLM's start-up check: full 4 +
+# chunked cdiv(min(256 + 128, 512), 128) = 3 <= 11), budget 128; each allocation takes the full block, then the chunked.
+#   A (300 of id 1, 100 out, t 0): steps 0-2 chunks 128, 128, 44: full [1, 3, 5]; chunked [2, 4, 6], then at 256
+#     computed its chunk-0 blocks 2, 4 are freed (cached): queue [7, 8, 9, 10, 4, 2]; decodes from step 3 on
+#   D (384 of id 7000, 1 out, t 4): chunks of 127 at steps 4-6 take 7, 8 | 9, 10 | 4, 2 (A's chunked copies of id 1's
+#     blocks 0 and 1: evicted); step 7: 3 tokens, its chunk-0 blocks 10, 8 freed (queue [10, 8]), it leaves after Q's
+#     admission: queue [4, 9, 7, 2]
+#   Q (200 of id 1, 1 out, t 5) waits for budget until step 7: hit 0 (the full group has A's block 0, the chunked group
+#     none: 199 // 128 = 1 block looked up), 124 tokens into 10 (full) and 8 (chunked), no block full yet
+#   step 8: A 1, Q 124..199 (76): block 0 full now, cached in both groups (the full one beside A's; the chunked one the
+#     only copy); R (200 of id 1, t 7) admitted with 128 - 1 - 76 = 51 tokens: vLLM finds A's full block 0 and Q's
+#     chunked block 0 -> 128 computed, 51 new. kvcalc: 0 computed, 51 new.
+ANCHORED = [Req(0, 0.0, 300, 100, (1,)), Req(1, 4.0, 384, 1, (7000,)), Req(2, 5.0, 200, 1, (1,)),
+            Req(3, 7.0, 200, 1, (1,))]
+ANCHORED_POOL = dict(num_blocks=11, block=B, budget=128, max_seqs=4, max_model_len=512, caching=True)
+ANCHORED_STEPS = [[(0, 0, 128)], [(0, 128, 128)], [(0, 256, 44)], [(0, 300, 1)], [(0, 301, 1), (1, 0, 127)],
+                  [(0, 302, 1), (1, 127, 127)], [(0, 303, 1), (1, 254, 127)], [(0, 304, 1), (1, 381, 3), (2, 0, 124)]]
+
+
+def test_the_model_gives_the_hand_numbers_of_the_chunked_case():
+    for kvcalc_choices in (False, True):
+        model = run_model(ANCHORED, [("full", 0), ("chunked", 256)], **ANCHORED_POOL,
+                          hash_outputs=not kvcalc_choices, one_block_per_hash=kvcalc_choices)
+        assert [s["scheduled"] for s in model.steps[:8]] == ANCHORED_STEPS
+        assert model.steps[8]["scheduled"] == [(0, 305, 1), (2, 124, 76), (3, 128, 51)]
+
+
+@pytest.mark.xfail(strict=True, reason="kvcalc registers a sliding/chunked/state group's block only where the same "
+                   "table's full-group block at that position is the indexed one (kvcalc/core/pool/group_hits.py"
+                   ":153-155 register_anchored: 'blocks whose anchor is not indexed stay unindexed'); Q's full "
+                   "block 0 is a duplicate of A's, so Q's chunked block 0 — the only copy — is never cached; "
+                   "vLLM caches it (per group, by content) and R hits 128 tokens")
+def test_a_chunked_block_beside_a_duplicate_full_block_is_cached():
+    steps, _ = run_kvcalc(ANCHORED, [("full", 0), ("chunked", 256)], **ANCHORED_POOL)
+    assert [s["scheduled"] for s in steps[:8]] == ANCHORED_STEPS
+    assert _scheduled(steps, 8) == [(0, 305, 1), (2, 124, 76), (3, 128, 51)]
