@@ -66,8 +66,8 @@ def test_a_recomputed_request_hits_its_own_sampled_blocks():
     assert _scheduled(steps, 150) == [(1, 128, 101)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc caches a hash in one block only (kvcalc/core/pool/prefix_lookup.py:11 "
-                   "and :329, _register -> index.insert_absent: 'a block whose chain is already cached in another "
+@pytest.mark.xfail(strict=True, reason="kvcalc caches a hash in one block only (kvcalc/core/pool/prefix_lookup.py:11-12"
+                   " and :332, _register -> index.insert_absent: 'a block whose chain is already cached in another "
                    "block stays unindexed'); vLLM's BlockPool.cache_full_blocks caches the duplicate too, and it "
                    "serves a later hit once the first copy is evicted")
 def test_a_duplicate_block_serves_a_hit_after_the_first_copy_is_evicted():
