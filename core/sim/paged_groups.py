@@ -156,13 +156,14 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         # every sequence's free_skipped, then appends, pair by pair in one pass (verify counts skip_blocks calls:
         # its exact policy takes the loop below, which the ordered pass equals — tests/core/pool/test_hybrid_ordered)
         if check and ordered(pool) and not self.exact_block_tables:
-            adds = [t - s.num_tokens for s, t in zip(pool.pools[0]._tables(ids), targets, strict=True)]
+            olds = [s.num_tokens for s in pool.pools[0]._tables(ids)]
+            adds = [t - old for old, t in zip(olds, targets, strict=True)]
             if len(ids) > 1 and need_ordered(pool, ids, adds) > pool.num_free_blocks:
                 return self._grow_in_order(ids, targets)
             skip_ordered(pool, ids)
             if len(ids) == 1 and need_ordered(pool, ids, adds) > pool.num_free_blocks:
                 return False
-            keys = [self._completed_keys(rid, add) if add else None for rid, add in zip(ids, adds, strict=True)]
+            keys = self._completed_keys(ids, olds, adds)
             self.copies += append_ordered(pool, ids, adds, keys)
             return True
         adds = [t - pool.num_tokens(r) for r, t in zip(ids, targets, strict=True)]
@@ -175,18 +176,19 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
         append = pool.append_fitting if check else pool.append  # checked above: every group rule applied, all fit
         for rid, add in zip(ids, adds, strict=True):
             if add:
-                self.copies += append(rid, add, self._completed_keys(rid, add))
+                self.copies += append(rid, add, self._completed_keys([rid], [pool.num_tokens(rid)], [add])[0])
         return True
 
-    def _completed_keys(self, rid: int, add: int) -> np.ndarray | list | None:
-        """The content keys of the prompt blocks that growing `rid` by `add` tokens completes (a later prefill
-        chunk), so that they are cached as the first chunk's are; None past the prompt's keyed blocks."""
-        if self.prompt_keys is None:
-            return None
-        keys, B, old = self.prompt_keys[rid], self.block_size, self._pool.num_tokens(rid)
-        if old // B >= len(keys):
-            return None
-        return keys[old // B : min((old + add) // B, len(keys))]
+    def _completed_keys(self, ids: list[int], olds: list[int], adds: list[int]) -> list:
+        """The content keys of the prompt blocks that growing each request from `olds` by `adds` tokens completes (a
+        later prefill chunk), so that they are cached as the first chunk's are; None past the prompt's keyed blocks
+        or where it adds none."""
+        prompt_keys, B, out = self.prompt_keys, self.block_size, []
+        for rid, old, add in zip(ids, olds, adds, strict=True):
+            keys = None if prompt_keys is None else prompt_keys[rid]
+            out.append(keys[old // B : min((old + add) // B, len(keys))] if add and keys is not None and old // B < len(
+                keys) else None)
+        return out
 
     def grow(self, rid: int, total: int) -> bool:
         counts = self._counts_now()
