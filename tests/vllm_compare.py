@@ -10,7 +10,8 @@ and the distinct blocks each group's tables hold.
 from __future__ import annotations
 
 import numpy as np
-from vllm_model import Group, Req, VllmEngine
+from vllm_model import Req, VllmEngine
+from vllm_pool import Group
 
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.sim.engine import Engine
