@@ -252,7 +252,7 @@ class Scheduler:
             total = int(self.computed[rid]) + new
             if not self.policy.grow(rid, total):
                 preempted = True
-                if not self._preempt_until(rid, self.policy.grow, rid, total):
+                if not self._preempt_until(rid, self.policy.grow, total):
                     break
             ids.append(rid)
             news.append(new)
@@ -261,15 +261,15 @@ class Scheduler:
         self.set_running()
         return budget, preempted
 
-    def _preempt_until(self, rid: int, grow: Callable[..., bool], *args: int) -> bool:
-        """`grow(*args)`, the policy growing running request `rid`, did not fit: preempt from the back of the running
-        batch until it does. Whether `rid` still runs (False: it was preempted itself)."""
+    def _preempt_until(self, rid: int, grow: Callable[[int, int], bool], size: int) -> bool:
+        """`grow(rid, size)`, the policy growing running request `rid`, did not fit: preempt from the back of the
+        running batch until it does. Whether `rid` still runs (False: it was preempted itself)."""
         while True:
             victim = self.running.pop()
             self._preempt(victim)
             if victim == rid:
                 return False
-            if grow(*args):
+            if grow(rid, size):
                 return True
 
     def admit_waiting(self, budget: int, ids: list[int], news: list[int]) -> None:

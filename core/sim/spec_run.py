@@ -165,10 +165,10 @@ class SpeculativeScheduler(Scheduler):
                 slots = max(slots, new)
             else:
                 new = min(remaining, budget)
-            grow, args = (self.policy.reserve, (rid, slots)) if decoding else (self.policy.grow, (rid, computed + new))
-            if not grow(*args):
+            grow, size = (self.policy.reserve, slots) if decoding else (self.policy.grow, computed + new)
+            if not grow(rid, size):
                 preempted = True
-                if not self._preempt_until(rid, grow, *args):
+                if not self._preempt_until(rid, grow, size):
                     break
             if decoding:
                 self.drafts_now[rid] = drafts
