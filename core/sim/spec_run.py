@@ -165,7 +165,8 @@ class SpeculativeScheduler(Scheduler):
                 slots = max(slots, new)
             else:
                 new = min(remaining, budget)
-            grow, size = (self.policy.reserve, slots) if decoding else (self.policy.grow, computed + new)
+            grow = self.policy.reserve if decoding else self.policy.grow
+            size = slots if decoding else computed + new
             if not grow(rid, size):
                 preempted = True
                 if not self._preempt_until(rid, grow, size):
