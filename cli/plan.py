@@ -48,6 +48,7 @@ def command(
     requests: opt.RequestsOpt = None, prompt_dist: opt.PromptDistOpt = None, output_dist: opt.OutputDistOpt = None,
     model: opt.ModelOpt = None, config: opt.ConfigOpt = None, layers: opt.LayersOpt = None,
     kv_heads: opt.KvHeadsOpt = None, head_dim: opt.HeadDimOpt = None, weight_dtype: opt.WeightDtypeOpt = None,
+    weights_bytes: opt.WeightsBytesOpt = None,
     memory_utilization: opt.MemoryUtilizationOpt = None, max_seqs: opt.MaxSeqsOpt = None,
     max_model_len: opt.MaxModelLenOpt = None, seed: opt.SimSeedOpt = None, slo: opt.SloOpt = None,
     target_attainment: opt.AttainmentOpt = None, gpu_cost: GpuCostOpt = None, gpu: GpusOpt = None,

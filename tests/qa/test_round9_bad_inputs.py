@@ -145,8 +145,6 @@ def test_bad_input_is_one_named_error_line(run_cli, files: dict[str, str], names
     assert names in errors[0], errors[0]
 
 
-@pytest.mark.xfail(strict=True, reason="cli/flags.py:26 (PARAMETER_FLAGS['plan']): plan has no --weights-bytes, so "
-                   "core's 'give {weights_bytes}' reaches the user as the raw parameter name 'give weights_bytes'")
 def test_plan_never_prints_a_core_parameter_name(run_cli, tmp_path: Path) -> None:
     # Gemma-3n-E4B trimmed (tests/core/model/test_real_configs.py): its audio_config names no hidden_size, so its
     # weights cannot be counted; size and sim name their own options (--kv-memory, --weights-bytes)
@@ -160,3 +158,10 @@ def test_plan_never_prints_a_core_parameter_name(run_cli, tmp_path: Path) -> Non
     result = run_cli("plan", "--config", str(folder), "--gpu-cost", "H200=3", "--slo", "ttft=5", "--requests", "3",
                      "--tp", "1", "--replicas", "1", "--jobs", "1", "--no-cache")
     assert result.exit_code == 2 and "weights_bytes" not in result.stderr, result.stderr
+    assert "give --weights-bytes" in result.stderr, result.stderr
+    # plan takes --weights-bytes as sim does (weights per replica, split over each point's tp) and says it in the
+    # command that reproduces the chosen point
+    given = run_cli("plan", "--config", str(folder), "--gpu-cost", "H200=3", "--slo", "ttft=5", "--requests", "3",
+                    "--tp", "1", "--replicas", "1", "--jobs", "1", "--no-cache", "--weights-bytes", "16GB", "--json")
+    assert given.exit_code == 0, given.stderr
+    assert "--weights-bytes 16GB" in json.loads(given.stdout)["sim_command"], given.stdout[:400]
