@@ -35,6 +35,14 @@ class SeqTable:
         """int64 [num_blocks - num_skipped]: the blocks the table holds (a view), skipped entries left out."""
         return self.table[self.num_skipped : self.num_blocks]
 
+    def extend(self, blocks: np.ndarray | list[int]) -> None:
+        """Append `blocks` to the block table (its capacity doubled past the new length where it is short)."""
+        n, m = self.num_blocks, len(blocks)
+        if n + m > len(self.table):
+            self.table = np.concatenate([self.table, np.empty(2 * (n + m), dtype=np.int64)])
+        self.table[n : n + m] = blocks
+        self.num_blocks = n + m
+
 
 def write_tokens(
     store: BlockStore, seq: SeqTable, num_tokens: int, last: int, copy: bool, new_total: int

@@ -92,10 +92,7 @@ def append_many(store: BlockStore, seqs: list[SeqTable], num_tokens: int) -> tup
             at += 1
         k = grow[i]
         if k:
-            if seq.num_blocks + k > len(seq.table):
-                seq.table = np.concatenate([seq.table, np.empty(2 * (seq.num_blocks + k), dtype=np.int64)])
-            seq.table[seq.num_blocks : seq.num_blocks + k] = block_list[at : at + k]
-            seq.num_blocks += k
+            seq.extend(block_list[at : at + k])
     for seq in seqs:
         seq.num_tokens += num_tokens
     return copies, int(new_blocks.sum())

@@ -166,17 +166,9 @@ def _open(pool: HybridPool, tables: list[list[SeqTable]], rank: np.ndarray, star
     for i in np.flatnonzero(count).tolist():
         a, b = int(ends[i] - count[i]), int(ends[i])
         for g, group in enumerate(tables):
-            _append(group[i], blocks[a:b, g])
+            group[i].extend(blocks[a:b, g])
     for p in pool.pools:
         p.logical_blocks += m
-
-
-def _append(seq: SeqTable, blocks: np.ndarray) -> None:
-    n, m = seq.num_blocks, len(blocks)
-    if n + m > len(seq.table):
-        seq.table = np.concatenate([seq.table, np.empty(2 * (n + m), dtype=np.int64)])
-    seq.table[n : n + m] = blocks
-    seq.num_blocks = n + m
 
 
 def _check(pool: HybridPool, run: DecodeRun) -> None:

@@ -236,12 +236,7 @@ class HybridBatch(HybridPrivate):
         size_list, at = sizes.tolist(), 0
         for t in tables:
             for i, k in zip(grow_at, size_list, strict=True):
-                seq = t[i]
-                n = seq.num_blocks
-                if n + k > len(seq.table):
-                    seq.table = np.concatenate([seq.table, np.empty(2 * (n + k), dtype=np.int64)])
-                seq.table[n : n + k] = blocks[at : at + k]
-                seq.num_blocks = n + k
+                t[i].extend(blocks[at : at + k])
                 at += k
 
     def skip_many(self, groups: Sequence[int], seq_ids: Sequence[Hashable], first_blocks: Sequence[int]) -> int:
