@@ -98,12 +98,17 @@ def check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
 
 def check_weighted_tables(o: SimOptions, layout: KVLayout) -> None:
     """A hybrid pool on weighted tables (core/pool/weighted.py: layout ideal, a state of thousands of units) does
-    not swap or keep align's saved states yet: refused by name, before the memory plan."""
-    if weighted_layout(layout) and (o.preempt == "swap" or layout.mamba_cache_mode == "align"):
-        what, fix = ("preempt swap", "preempt recompute") if o.preempt == "swap" else (
-            "mamba_cache_mode align", "mamba_cache_mode none or all")
-        raise ParameterError(f"{what} on weighted tables (layout ideal, a state of thousands of units) is not done "
-                             f"yet: use {fix}, or layout vllm", "preempt", "mamba_cache_mode", "layout")
+    not swap yet (a swap's bytes are counted per block id) nor feed host/disk tiers: refused by name, before the
+    memory plan. Its state groups keep align's pages as on unit tables (weighted.state_jump: the page a step
+    resumes from and its last one, a saved state cached whole at its weight), so align runs there."""
+    if not weighted_layout(layout):
+        return
+    if o.preempt == "swap":
+        raise ParameterError("preempt swap on weighted tables (layout ideal, a state of thousands of units) is not "
+                             "done yet: use preempt recompute, or layout vllm", "preempt", "layout")
+    if o.host_cache is not None or o.disk_cache is not None:  # (the tiers read evictions off unit tables' hand-outs)
+        raise ParameterError("host_cache/disk_cache on weighted tables (layout ideal, a state of thousands of units) "
+                             "are not done yet: drop them, or use layout vllm", "host_cache", "disk_cache", "layout")
 
 
 def check_align_block_fits(o: SimOptions, layout: KVLayout, block_size: int) -> None:

@@ -49,8 +49,6 @@ def test_granite_concurrency_from_units(tmp_path):
     assert units_s * 16 == pytest.approx(used_slot_s, rel=1e-12)
 
 
-@pytest.mark.parametrize(("option", "what"), [({"preempt": "swap"}, "preempt swap"),
-                                              ({"mamba_cache_mode": "align"}, "mamba_cache_mode align")])
-def test_what_weighted_tables_do_not_run_yet_is_refused(tmp_path, option, what):
-    with pytest.raises(ValueError, match=f"{what} on weighted tables"):
-        build(granite_40_gib(tmp_path, requests=2, **option))
+def test_what_weighted_tables_do_not_run_yet_is_refused(tmp_path):  # (align runs: test_sim_align_weighted.py)
+    with pytest.raises(ValueError, match="preempt swap on weighted tables"):
+        build(granite_40_gib(tmp_path, requests=2, preempt="swap"))
