@@ -70,6 +70,14 @@ UNSUPPORTED: dict[str, str] = {
                 "for DeepSeek's MLA; kvcalc does not model that cache yet",
     "ouro": "a looped model: its num_hidden_layers run total_ut_steps times and every pass keeps a KV cache of its own "
             "(vLLM's OuroAttention holds total_ut_steps caches a layer), which kvcalc does not model yet",
+    # Phi-4-mini-flash (SambaY): of 32 layers the even ones are Mamba (mb_per_layer) or gated memory units, the odd ones
+    # below the middle slide (window 512), the middle one is full and the cross-decoder's odd layers share its KV
+    # (YOCO): 9 attention caches, not 32 sliding ones; vLLM v1 dropped it (_PREVIOUSLY_SUPPORTED_MODELS)
+    "phi4flash": "SambaY (Phi-4-mini-flash): Mamba layers every mb_per_layer, sliding-window attention only below the "
+                 "middle layer, and one full-attention layer whose KV the upper half's layers share (YOCO); vLLM v1 no "
+                 "longer serves it, and kvcalc does not model that cache",
+    "xlstm": "xLSTM keeps a recurrent matrix memory per block (qk_dim_factor, v_dim_factor of embedding_dim), not "
+             "K and V a token; no vLLM model serves it, and kvcalc does not model that state",
 }
 
 

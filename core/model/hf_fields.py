@@ -21,7 +21,7 @@ STRUCTURAL = re.compile(
     r"layer_types|block_type|layers_block|pattern|hybrid|attn_type|attention_type|linear_attn|full_attn|"
     r"full_attention|attn_layer|swa_|sliding|window|chunk|kv_shar|shared_kv|share_kv|cross_layer|mamba|ssm|lightning|"
     r"no_rope|global_|kv_lora|q_lora|rope_head|nope_head|head_dim|kv_heads|key_value|query_groups|kv_group|"
-    r"attention_group|kv_channels|kv_n_heads|layer_group|ut_steps|"
+    r"attention_group|kv_channels|kv_n_heads|layer_group|ut_steps|mb_per_layer|yoco|_dim_factor$|"
     r"index_|indexer|sparse_attention|compress|linear_|conv_|cla_|_cla\b|attention_hidden_size|"
     # encoder-decoder and cross-attention models (T5, Mllama): cross-attention layers cache the encoder's tokens
     r"cross_attention|cross_attn|encoder_decoder|decoder_layers|encoder_layers|^d_kv$"
