@@ -295,10 +295,10 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
     @property
     def aligned_prefill_block(self) -> int:
         """B when the scheduler must end prefill chunks on block boundaries (vLLM's block-aligned split): mode
-        align with prefix caching, where the pool saves a state only where a step ends; else 0. Plans that carry
-        block tables (verify's executor) schedule their own chunks."""
+        align (vLLM's only with prefix caching), where the pool saves a state only where a step ends, with or without
+        prompt keys, as vLLM splits; else 0. Plans that carry block tables (verify's executor) schedule their own."""
         align = self._pool.state_mode == "align" and any(g.kind == "state" for g in self.groups)
-        return self.block_size if align and self.prompt_keys is not None and not self.exact_block_tables else 0
+        return self.block_size if align and not self.exact_block_tables else 0
 
     # ---- swaps, release, forks ---------------------------------------------------------------------------
     def swap_bytes(self, rid: int) -> int | None:

@@ -74,6 +74,7 @@ from .setup_checks import (
     check_weighted_tables,
     check_workload_options,
     parse_timeout,
+    served_state_mode,
     start_refusals,
     unservable,
 )
@@ -180,7 +181,7 @@ def build(o: SimOptions) -> SimJob:
     kv_bits = dtype_bits(kv_dtype)
     spec, quantization, notes = _checkpoint_and_drafter(o, spec)
     max_model_len = _max_model_len(o, spec, notes)
-    layout = _layout(o, spec, kv_bits)
+    layout = _layout(o, spec, kv_bits, notes)
     check_vllm_paging(o, layout, kv_dtype)
     hybrid = pool_groups(layout, weighted=True) is not None  # weighted tables: core/pool/weighted.py
     if hybrid:
@@ -188,6 +189,7 @@ def build(o: SimOptions) -> SimJob:
     plan = _memory_plan(o, spec, gpu, kv_bits, quantization, layout if hybrid else None)
     if hybrid:
         check_hybrid(o, spec, policies)
+        check_align_block_fits(o, layout, plan.block_size)  # vLLM splits prefill under align, keys or not
         notes.append(groups_note(layout))
     steptime, source = _steptime(o, spec, plan, notes)
     scheduler = _scheduler(o, plan, max_model_len)
@@ -202,8 +204,6 @@ def build(o: SimOptions) -> SimJob:
         sim = replace(sim, tiers=tiers)
     if workload.has_prefix_ids and o.prefix_caching:
         notes.append(mooncake_keys_note(plan.block_size, hybrid))
-        if hybrid:
-            check_align_block_fits(o, layout, plan.block_size)
     notes += model_notes(spec, steptime)
     lower_bound = hybrid and workload.has_prefix_ids and o.prefix_caching and keys_lower_bound(plan.block_size)
     refusals = start_refusals(o, spec, notes)
@@ -297,8 +297,8 @@ def _steptime(o: SimOptions, spec: ModelSpec, plan: MemoryPlan, notes: list[str]
     return build_model(spec, plan, eff, swap_bandwidth_bytes_per_s=swap_bandwidth), source
 
 
-def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
-    """The model's KV cache groups under layout / mamba_cache_mode (core/model/kv_groups.py)."""
+def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int, notes: list[str]) -> KVLayout:
+    """The model's KV cache groups under layout / mamba_cache_mode as vLLM serves it (core/model/kv_groups.py)."""
     if o.block_size < 1:
         raise ParameterError(f"block_size {o.block_size} must be at least 1", "block_size")
     name = DEFAULT_LAYOUT if o.layout is None else o.layout.strip().lower()
@@ -311,7 +311,7 @@ def _layout(o: SimOptions, spec: ModelSpec, kv_bits: int) -> KVLayout:
     check_state_mode_given(mode)
     if o.tp != 1:
         spec.kv_heads_per_gpu(o.tp)  # an uneven split is refused naming the model and its layers
-    return kv_layout(spec, kv_bits, o.block_size, name, o.tp, mode)
+    return kv_layout(spec, kv_bits, o.block_size, name, o.tp, served_state_mode(o, mode, notes))
 
 
 def without_speculation(job: SimJob) -> SimJob:

@@ -98,22 +98,31 @@ def check_hybrid(o: SimOptions, spec: ModelSpec, policies: list[str]) -> None:
 
 def check_weighted_tables(o: SimOptions, layout: KVLayout) -> None:
     """A hybrid pool on weighted tables (core/pool/weighted.py: layout ideal, a state of thousands of units) does
-    not swap yet (a swap's bytes are counted per block id) nor feed host/disk tiers: refused by name, before the
-    memory plan. Its state groups keep align's pages as on unit tables (weighted.state_jump: the page a step
-    resumes from and its last one, a saved state cached whole at its weight), so align runs there."""
-    if not weighted_layout(layout):
-        return
-    if o.preempt == "swap":
+    not swap yet (a swap's bytes are counted per block id): refused by name, before the memory plan. Its state
+    groups keep align's pages as on unit tables (weighted.state_jump: the page a step resumes from and its last
+    one, a saved state cached whole at its weight), so align runs there."""
+    if weighted_layout(layout) and o.preempt == "swap":
         raise ParameterError("preempt swap on weighted tables (layout ideal, a state of thousands of units) is not "
                              "done yet: use preempt recompute, or layout vllm", "preempt", "layout")
-    if o.host_cache is not None or o.disk_cache is not None:  # (the tiers read evictions off unit tables' hand-outs)
-        raise ParameterError("host_cache/disk_cache on weighted tables (layout ideal, a state of thousands of units) "
-                             "are not done yet: drop them, or use layout vllm", "host_cache", "disk_cache", "layout")
+
+
+def served_state_mode(o: SimOptions, mode: str, notes: list[str]) -> str:
+    """The mamba_cache_mode vLLM serves for the given `mode` (checked): with prefix caching off it is none
+    whatever was asked (MambaModelConfig.verify_and_update_config, vLLM v1: "Mamba cache mode is set to 'none'
+    when prefix caching is disabled", before the block size is chosen), so align's second page, its
+    block-aligned prefill split and all's chunk-aligned block are gone too. Said in a note when it changes."""
+    if o.prefix_caching or mode == "none":
+        return mode
+    notes.append(Note(f"{{mamba_cache_mode}} {mode} with {{no_prefix_caching}}: vLLM sets mamba_cache_mode to none "
+                      "when prefix caching is off (one state page a running request, no state saved, prefill not "
+                      "split at block boundaries): simulated as none", "mamba_cache_mode", "no_prefix_caching"))
+    return "none"
 
 
 def check_align_block_fits(o: SimOptions, layout: KVLayout, block_size: int) -> None:
-    """With prefix caching on a hybrid pool, align saves a state where a step ends, at a block boundary: a step
-    must be able to reach one (max_batched_tokens ≥ the block)."""
+    """On a hybrid pool align saves a state where a step ends, at a block boundary, and vLLM's scheduler splits
+    every prefill there (prompt keys or not: _mamba_block_aligned_split cuts a chunk under a block to nothing, so
+    it would never be scheduled): a step must be able to reach one (max_batched_tokens ≥ the block)."""
     if layout.state_groups and layout.mamba_cache_mode == "align" and o.max_batched_tokens < block_size:
         raise ParameterError(
             f"mamba_cache_mode align splits prefill at block boundaries (a state is saved where a step ends), so "

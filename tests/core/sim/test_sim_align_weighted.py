@@ -109,10 +109,3 @@ def test_weighted_align_under_pressure_ends_whole(tmp_path, units, gap_ms):
     assert record.preemptions.sum() > 0 if gap_ms == 20 and units == 700 else record.preemptions.sum() == 0
     assert record.prefix.hit_tokens > 0
 
-
-def test_tiers_on_weighted_tables_are_refused_by_name(tmp_path):
-    # the tiers read the pool's evictions off unit tables' hand-outs; a weighted store evicts by units (it crashed
-    # with an AssertionError, in mode all as well): refused, one line naming the options
-    path = trace(tmp_path, [(0, 1100, [1, 2, 3])])
-    with pytest.raises(ValueError, match="host_cache/disk_cache on weighted tables"):
-        granite(tmp_path, path, host_cache="64GiB")
