@@ -90,6 +90,9 @@ def _parse(data: bytes, source: str) -> dict[str, Any]:
             f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
             "give a Hugging Face config.json"
         ) from None
+    except RecursionError:  # json recurses once a nesting level: [[[[...]]]] 100,000 deep overflows the stack
+        raise ValueError(f"{source}: JSON nested too deeply to read (no config nests more than a few levels); "
+                         "give a Hugging Face config.json") from None
     except ValueError as exc:  # a key twice (below), or an integer of more digits than Python converts
         if "digits" in str(exc) and "limit" in str(exc):
             raise ValueError(f"{source}: holds an integer of more than 4,300 digits, which no config field needs; "

@@ -30,6 +30,8 @@ FAMILIES: dict[str, str] = {
         "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm4_moe", "chatglm",
         "gpt_oss", "minimax_m2", "mimo", "mimo_v2_flash", "llama4", "llama4_text", "seed_oss", "arcee",
         "step3p5", "step3p7",
+        # multimodal wrappers' language models (text_config's model_type): Qwen3-VL, GLM-4.5V / 4.1V, Ministral-3
+        "qwen3_vl_text", "qwen3_vl_moe_text", "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "ministral3",
     ), "decoder"),
     # multi-head latent attention (one latent per token), with DeepSeek sparse attention's indexer keys
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa",

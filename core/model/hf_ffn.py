@@ -187,7 +187,10 @@ def _moe_layers(f: ConfigFields, n: int, is_moe: bool) -> list[bool]:
         end, every = _first(f, "moe_layer_end_index"), f.int("moe_layer_interval") or 1
         return [start <= i <= (n - 1 if end is None else end) and (i + 1) % every == 0 for i in range(n)]
     sparse_step = f.int("decoder_sparse_step")
-    only_dense = set(f.raw("mlp_only_layers") or [])
+    only_dense = set(f.int_list("mlp_only_layers") or [])
+    if any(not 0 <= i < n for i in only_dense):
+        raise f.error(f"mlp_only_layers names layers {sorted(i for i in only_dense if not 0 <= i < n)}, outside "
+                      f"0 .. {n - 1}; fix the file")
     if sparse_step is not None:
         return [i not in only_dense and (i + 1) % sparse_step == 0 for i in range(n)]
     return [True] * n

@@ -162,6 +162,9 @@ def _attention_kinds(f: ConfigFields, n: int, model_type: str) -> list[str]:
         # transformers' Llama4TextConfig: an empty or absent list means one NoPE layer every `interval`.
         ropes = f.int_list("no_rope_layers", n) if no_rope else [(i + 1) % (interval or 4) != 0 for i in range(n)]
         assert ropes is not None  # no_rope is a non-empty list, so int_list returned it
+        if any(rope not in (0, 1) for rope in ropes):  # (True / False from the interval are 1 / 0)
+            raise f.error(f"no_rope_layers must list 1 (RoPE: chunked) or 0 (NoPE: full attention) a layer, got "
+                          f"{sorted(set(ropes) - {0, 1})}; fix the file")
         return ["chunked" if rope else "full" for rope in ropes]
     if f.flag("use_sliding_window") is False or _window(f) is None:
         return ["full"] * n
