@@ -139,6 +139,24 @@ PLAMO2_1B: dict[str, Any] = {
     "mamba_enabled": True, "intermediate_size": 8192, "vocab_size": 100000,
 }
 
+# https://huggingface.co/Qwen/Qwen2.5-Omni-7B/blob/main/config.json (the thinker as rtp-llm's test of its thinker
+# loader quotes it, with the text model's max_position_embeddings of the file): vLLM serves the thinker, whose
+# text_config keeps the KV; the audio tower (32 Whisper-like layers, d_model 1,280) and the vision tower sit beside it
+QWEN25_OMNI_7B: dict[str, Any] = {
+    "architectures": ["Qwen2_5OmniModel"], "model_type": "qwen2_5_omni",
+    "thinker_config": {
+        "model_type": "qwen2_5_omni_thinker",
+        "text_config": {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+                        "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064, "rms_norm_eps": 1e-06,
+                        "rope_theta": 1000000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                        "max_position_embeddings": 32768},
+        "audio_config": {"model_type": "qwen2_5_omni_audio_encoder", "d_model": 1280, "encoder_attention_heads": 20,
+                         "encoder_ffn_dim": 5120, "encoder_layers": 32, "num_mel_bins": 128, "output_dim": 3584},
+        "vision_config": {"model_type": "qwen2_5_omni_vision_encoder", "embed_dim": 1280, "depth": 32, "num_heads": 16},
+        "audio_token_index": 151646, "image_token_index": 151655,
+    },
+}
+
 
 def write(folder: Path, config: dict[str, Any]) -> Path:
     """`folder` (created) holding `config` as its config.json, where `--config` reads it."""

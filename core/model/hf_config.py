@@ -119,6 +119,12 @@ def spec_from_config(
 
     `layers` / `head_dim` fill in `num_hidden_layers` / `head_dim` only where the config has none.
     """
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, Mapping) and config.get("num_hidden_layers") is None:
+        # Qwen2.5-Omni / Qwen3-Omni: vLLM serves the thinker (its text_config is the language model that keeps the
+        # KV); the talker and the speech decoder run outside vLLM
+        config = {**{k: config[k] for k in _TOP_LEVEL_KEPT if k in config}, **thinker}
+        source = f"{source} (thinker_config)"
     for nested in ("text_config", "llm_config"):
         inner = config.get(nested)
         if isinstance(inner, Mapping) and config.get("num_hidden_layers") is None:
@@ -141,11 +147,13 @@ def spec_from_config(
             unread = f.unread_structural()
             if not unread and not f.data.get("model_type"):
                 raise  # a hand-written config without a model_type: the failure says it all
-            why = str(exc).removeprefix(f"{f.source}: ")
+            # a ParameterError's template keeps its marks ({layers}), rendered as the caller's flags
+            why = (exc.template if isinstance(exc, ParameterError) else str(exc)).removeprefix(f"{f.source}: ")
+            params = exc.params if isinstance(exc, ParameterError) else ()
             # with look-alike fields unread, those are the news; without, the failure itself says why (and it is
             # said beside them when it names a field: the read stopped there, which left later fields unread)
             named = why.startswith(("missing the field", "field '"))
-            raise refusal(f, unread, why=why if not unread or named else "") from None
+            raise refusal(f, unread, why=why if not unread or named else "", params=params) from None
     notes = tuple(n for n in (defaulted, judge_unread(f)) if n is not None)
     return dataclasses.replace(spec, notes=(*spec.notes, *notes)) if notes else spec
 

@@ -30,8 +30,10 @@ FAMILIES: dict[str, str] = {
         "hunyuan_v1_dense", "hunyuan_v1_moe", "ernie4_5", "ernie4_5_moe", "glm", "glm4", "glm4_moe", "chatglm",
         "gpt_oss", "minimax_m2", "mimo", "mimo_v2_flash", "llama4", "llama4_text", "seed_oss", "arcee",
         "step3p5", "step3p7",
-        # multimodal wrappers' language models (text_config's model_type): Qwen3-VL, GLM-4.5V / 4.1V, Ministral-3
+        # multimodal wrappers' language models (text_config's model_type): Qwen3-VL, GLM-4.5V / 4.1V, Ministral-3,
+        # and the thinkers of Qwen2.5-Omni / Qwen3-Omni (thinker_config, whose text_config vLLM serves)
         "qwen3_vl_text", "qwen3_vl_moe_text", "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "ministral3",
+        "qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text",
     ), "decoder"),
     # multi-head latent attention (one latent per token), with DeepSeek sparse attention's indexer keys
     **dict.fromkeys(("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "longcat_flash", "glm_moe_dsa",
@@ -93,21 +95,22 @@ def family_of(model_type: object) -> str | None:
     return FAMILIES.get(model_type) if isinstance(model_type, str) else None
 
 
-def refusal(f: ConfigFields, fields: list[str], why: str = "") -> ValueError:
+def refusal(f: ConfigFields, fields: list[str], why: str = "", params: tuple[str, ...] = ()) -> ValueError:
     """The one-line refusal of an architecture kvcalc does not know: its model_type and every unread field
-    that could change the KV or the state, at once."""
+    that could change the KV or the state, at once. `params`: the parameters `why` marks (`{layers}`), if any."""
     model_type = f.data.get("model_type")
     which = f"model_type {model_type!r}" if model_type else "a config without a model_type"
     because = f" ({why})" if why else ""
     if not fields:
         return f.error(f"{which} is not an architecture kvcalc knows, and it cannot be read as a plain "
-                       f"decoder{because}")
+                       f"decoder{because}", *params)
     listed = ", ".join(fields)
+    shape = ("layers", "kv_heads", "head_dim")
     return f.error(
         f"{which} is not an architecture kvcalc knows{because}, and it does not read its fields {listed}, "
         "which could change which layers keep KV or how much; its KV would be a guess, so kvcalc stops "
         "(for a plain decoder, give its shape with {layers}, {kv_heads} and {head_dim} instead)",
-        "layers", "kv_heads", "head_dim",
+        *shape, *(p for p in params if p not in shape),
     )
 
 

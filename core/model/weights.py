@@ -168,7 +168,16 @@ def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: s
     audio towers and the text weights the dimension estimate leaves out (core/model/gemma3n_weights.py)."""
     from .gemma3n_weights import gemma3n_params, is_gemma3n, timm_vision
 
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, Mapping) and config.get("num_hidden_layers") is None:
+        config = thinker  # Qwen2.5-Omni / Qwen3-Omni: vLLM loads the thinker, whose towers sit beside its text_config
     vision = config.get("vision_config")
+    audio = config.get("audio_config")
+    if isinstance(audio, Mapping) and not is_gemma3n(config):  # Qwen2-Audio, Qwen-Omni, Voxtral: a Whisper-like
+        kind = f" ({audio['model_type']})" if isinstance(audio.get("model_type"), str) else ""  # encoder
+        raise ParameterError(f"audio_config{kind}: kvcalc does not count an audio tower's weights (an encoder of "
+                             f"hundreds of millions of parameters): give {{{instead}}} (the weights are then not "
+                             "estimated)", instead)
     gemma3n = gemma3n_params(config, text_hidden, instead) if is_gemma3n(config) else 0
     if gemma3n and timm_vision(config):
         return gemma3n  # its vision tower included

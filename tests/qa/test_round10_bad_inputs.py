@@ -3,10 +3,12 @@ broken in one field (nested text_config fields included), malformed files, optio
 units, empty traces and traces with bad rows. Each is refused with exactly one `error:` line on stderr naming the
 option, the field or the file, exit 2, no traceback, nothing on stdout.
 
-Four were not, before this round (fixed in core/model):
+Five were not, before this round (fixed in core/model):
 * a config nested 100,000 lists deep: a RecursionError traceback from json (hf_config._parse now says it in one line);
 * Llama-4's no_rope_layers holding 2s: read as chunked layers (any true value), silently (hf_layers: 0 or 1 only);
-* Qwen-MoE's mlp_only_layers holding strings or layers past the last: silently ignored by the weight count (hf_ffn).
+* Qwen-MoE's mlp_only_layers holding strings or layers past the last: silently ignored by the weight count (hf_ffn);
+* an unknown architecture refused for a missing field said "give layers" (a core parameter name; hf_families.refusal
+  now keeps the --layers mark of the failure it wraps).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, write
+from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, QWEN25_OMNI_7B, write
 
 # folder name -> (base config, {field: value}; a text_config field prefixed "tc."; None deletes it)
 BROKEN: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -53,6 +55,10 @@ TEXTS = {"deep": "[" * 100_000 + "]" * 100_000, "dup": '{"model_type": "dots1", 
          '"num_hidden_layers": 61}', "two_boms": "\ufeff\ufeff{}", "trailing": json.dumps(DOTS_LLM1) + " x",
          "empty_file": "", "null": "null", "nan_factor": _MINI_NAN.replace("1.5", "NaN"),
          "inf_factor": _MINI_NAN.replace("1.5", "Infinity")}
+_OMNI = json.loads(json.dumps(QWEN25_OMNI_7B))
+del _OMNI["thinker_config"]["text_config"]["num_hidden_layers"]
+_OMNI["thinker_config"]["text_config"]["model_type"] = "omni_fork_text"
+TEXTS["omni_no_layers"] = json.dumps(_OMNI)
 ROW = {"timestamp": 0, "input_length": 512, "output_length": 10, "hash_ids": [1]}
 FILES = {"t_empty.jsonl": "", "t_blank.jsonl": "\n\n", "t_neg.jsonl": json.dumps({**ROW, "input_length": -5}),
          "t_str.jsonl": json.dumps({**ROW, "timestamp": "0"}), "t_cut.jsonl": '{"timestamp": 0, "input_length": 512',
@@ -92,6 +98,7 @@ CASES = [
     ("'num_attention_heads'", "size --config dots_heads0"),
     ("'torch_dtype' is 16", "size --gpu H200 --config dots_dtype_int"),
     ("nested too deeply", "size --config deep"),
+    ("(missing the field 'num_hidden_layers'; add it to the file or give --layers)", "size --config omni_no_layers"),
     ("the key 'num_hidden_layers' is given twice", "sim --gpu H200 --config dup"),
     ("not valid JSON", "size --config two_boms"),
     ("not valid JSON (Extra data", "size --config trailing"),

@@ -11,6 +11,9 @@ GLM-4.5V: 46 layers of 8 KV heads × 128: 4,096 B a layer, 188,416 B a token; 65
 Ministral-3-8B: 34 layers of 8 KV heads × 128: 139,264 B a token; yarn factor 16 × original 16,384 = 262,144.
 dots.llm1: a model_type without rules, read as a plain decoder: 62 layers of 32 KV heads × 128 (MHA): 16,384 B a layer,
 1,015,808 B a token; 32,768 positions.
+Qwen2.5-Omni-7B: the thinker's text_config (thinker_config.text_config: vLLM serves the thinker): 28 layers of 4 KV
+heads × 128: 2,048 B a layer, 57,344 B a token. Before this round it was refused ("missing the field
+'num_hidden_layers' ... give layers": the thinker was not looked into, and the refusal lost its --layers).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, write
+from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, QWEN25_OMNI_7B, write
 
 GiB = 2**30
 
@@ -113,8 +116,30 @@ def test_dots1_plain_decoder_weights_and_pool(run_cli, tmp_path: Path) -> None:
     assert gpu["weights_bytes"] == pytest.approx(142_774_381_696 * 2 / 4, rel=2e-3)
 
 
+def test_qwen25_omni_thinker_and_its_audio_tower(run_cli, tmp_path: Path) -> None:
+    config = str(write(tmp_path / "omni", QWEN25_OMNI_7B))
+    doc = _json(run_cli, "size", "--config", config, "--tokens", "32768", "--kv-memory", "7GiB")
+    assert (doc["bytes_per_token"], doc["model"]["max_position_embeddings"]) == (28 * 2048, 32_768) == (57_344, 32_768)
+    assert doc["bytes_per_seq"] == 32_768 * 57_344 == 1_879_048_192
+    plan = doc["gpu_plan"]
+    # a page 16 · 2 · 4 · 128 · 2 = 32,768 B, 28 layers: 917,504 B a block id; 7 GiB // 917,504 = 8,192 ids; a
+    # 32,768-token request needs 2,048: concurrency 4, 131,072 tokens
+    assert (plan["block_bytes"], plan["num_blocks"], plan["kv_cache_tokens"]) == (917_504, 8192, 131_072)
+    # its audio tower (32 encoder layers of d_model 1,280, ~0.6e9 parameters) is not counted: the weights would be
+    # short by ~1.3 GB, so every estimate of them is refused in one line naming the option that gives them
+    for command, option in ((("size", "--gpu", "H200"), "--kv-memory"),
+                            (("sim", "--gpu", "H200", "--requests", "2"), "--weights-bytes"),
+                            (("plan", "--gpu-cost", "H200=3", "--slo", "ttft=5", "--requests", "2", "--tp", "1",
+                              "--replicas", "1", "--jobs", "1", "--no-cache"), "--weights-bytes")):
+        result = run_cli(command[0], "--config", config, *command[1:])
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.exit_code == 2 and len(lines) == 1 and result.stdout == "", result.stderr
+        assert "audio_config (qwen2_5_omni_audio_encoder)" in lines[0] and f"give {option}" in lines[0]
+
+
 CASES = {"maverick": (LLAMA4_MAVERICK, "8", ()), "qwen3vl": (QWEN3_VL_30B_A3B, "1", ()), "glm45v": (GLM45V, "4", ()),
-         "ministral3": (MINISTRAL3_8B, "1", ("--weights-bytes", "17GiB")), "dots1": (DOTS_LLM1, "4", ())}
+         "ministral3": (MINISTRAL3_8B, "1", ("--weights-bytes", "17GiB")), "dots1": (DOTS_LLM1, "4", ()),
+         "omni": (QWEN25_OMNI_7B, "1", ("--weights-bytes", "17GiB"))}
 
 
 @pytest.mark.parametrize("name", list(CASES))
