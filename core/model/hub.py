@@ -24,10 +24,15 @@ def hub_cache_dir() -> Path:
 
 def cached_config(repo_id: str) -> tuple[Path, str]:
     """(path of the cached config.json, the normalised repo id) for `org/name`; ValueError when absent."""
+    given = repo_id
+    if given.strip().startswith(("/", "./", "../", "~")) or Path(given).expanduser().is_file():
+        # a path, not an id: '/tmp/m/config.json' stripped of its slashes would be looked up as a repo
+        raise ParameterError(f"{{repo_id}} {given!r} is a path, not a Hugging Face model id (org/name): give a local "
+                             "config.json or the folder that holds it with {config}", "repo_id", "config")
     repo_id = repo_id.strip().strip("/")
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
-        raise ParameterError(f"{{repo_id}} {repo_id!r}: a Hugging Face model is org/name "
+        raise ParameterError(f"{{repo_id}} {given!r}: a Hugging Face model is org/name "
                              "(e.g. meta-llama/Llama-3.1-8B)", "repo_id")
     cache = hub_cache_dir()
     repo = cache / f"models--{parts[0]}--{parts[1]}"

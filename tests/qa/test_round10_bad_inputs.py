@@ -3,12 +3,15 @@ broken in one field (nested text_config fields included), malformed files, optio
 units, empty traces and traces with bad rows. Each is refused with exactly one `error:` line on stderr naming the
 option, the field or the file, exit 2, no traceback, nothing on stdout.
 
-Five were not, before this round (fixed in core/model):
+Six were not, before this round (fixed in core/model):
 * a config nested 100,000 lists deep: a RecursionError traceback from json (hf_config._parse now says it in one line);
 * Llama-4's no_rope_layers holding 2s: read as chunked layers (any true value), silently (hf_layers: 0 or 1 only);
 * Qwen-MoE's mlp_only_layers holding strings or layers past the last: silently ignored by the weight count (hf_ffn);
 * an unknown architecture refused for a missing field said "give layers" (a core parameter name; hf_families.refusal
-  now keeps the --layers mark of the failure it wraps).
+  now keeps the --layers mark of the failure it wraps);
+* `--model /path/to/config.json` (a path where an org/name id belongs) was stripped of its slashes and reported as
+  'path/to/config.json': not org/name, or looked up in the hub cache as org 'tmp' (hub.cached_config: a path is said
+  to be one, and --config named).
 """
 
 from __future__ import annotations
@@ -106,6 +109,10 @@ CASES = [
     ("expected a JSON object", "size --config null"),
     ("rope scaling factor nan", "size --config nan_factor"),
     ("rope scaling factor inf", "size --config inf_factor"),
+    ("--model 'MAVPATH' is a path, not a Hugging Face model id (org/name): give a local config.json or the folder "
+     "that holds it with --config", "frag --lengths 100 --model MAVPATH"),
+    ("is a path, not a Hugging Face model id", "size --model ./models/qwen3-vl"),
+    ("--model 'a/b/c': a Hugging Face model is org/name", "sim --gpu H200 --model a/b/c"),
     ("--kv-memory", "size --config mav --kv-memory 12XiB"),
     ("--memory", "size --config mav --memory 10GB/s"),
     ("--memory", "size --config mav --memory nan"),
@@ -177,7 +184,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, text in FILES.items():
         (folder / name).write_text(text)
         out[name] = str(folder / name)
-    return out
+    return out | {"MAVPATH": str(Path(out["mav"]) / "config.json")}
 
 
 def test_forty_new_cases() -> None:
@@ -187,6 +194,7 @@ def test_forty_new_cases() -> None:
 @pytest.mark.parametrize(("names", "command"), CASES, ids=[c for _, c in CASES])
 def test_bad_input_is_one_named_error_line(run_cli, files: dict[str, str], names: str, command: str) -> None:
     result = run_cli(*[files.get(word, word) for word in command.split()])
+    names = names.replace("MAVPATH", files["MAVPATH"])
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.exit_code == 2, (result.exit_code, result.stderr[-500:])
     assert len(errors) == 1 and "Traceback" not in result.stderr and result.stdout == "", result.stderr
