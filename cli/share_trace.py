@@ -123,7 +123,8 @@ def _trace_groups(trace: tuple[str, str], limit: int | None, capacity_blocks: in
         loaded = loaded.head(limit)
     need = largest_request_peak(loaded, groups, layout.block_size, layout.mamba_cache_mode)
     if capacity < need:
-        given = f"--memory {format_bytes(memory_bytes)} holds {capacity:,} free" if memory_bytes is not None else (
+        free = max(capacity, 0)  # (a pool below one block id holds none, not -1 past the null block)
+        given = f"--memory {format_bytes(memory_bytes)} holds {free:,} free" if memory_bytes is not None else (
             f"--capacity-blocks {capacity:,} is {capacity:,}")
         raise ValueError(f"{given} blocks of {format_bytes(layout.page_bytes)}, fewer than the {need:,} the largest "
                          f"request holds at its peak ({layout.layout} layout, prompts computed in chunks of "

@@ -139,6 +139,10 @@ CASES = [
     ("need 10 hash_ids", "share --config qwen --trace mooncake t_few.jsonl --memory 10GiB"),
     ("expected a JSON object per line", "sim --config qwen --gpu H200 --trace mooncake t_list.jsonl"),
     ("timestamp nan is not finite", "sim --config qwen --gpu H200 --trace mooncake t_nan.jsonl"),
+    # Maverick, one request of 512 + 10 tokens: 4 tables (1 full + 3 chunked) of cdiv(521, 16) = 33 block ids each;
+    # 1 KiB holds no 768 KiB block id at all (it said "-1 free", past the null block); (132 + 1) · 768 KiB = 99.75 MiB
+    ("--memory 1.00 KiB holds 0 free blocks of 768.00 KiB, fewer than the 132 the largest request holds at its peak",
+     "share --config mav --trace mooncake t_ok.jsonl --memory 1KiB"),
     ("unknown trace kind 'lmsys'", "share --config qwen --trace lmsys t_neg.jsonl --memory 10GiB"),
     ("--requests 0", "sim --config mav --gpu H200 --tp 8 --requests 0"),
     ("--rate 0", "sim --config mav --gpu H200 --tp 8 --rate 0"),
