@@ -11,7 +11,9 @@ import numpy as np
 
 from ..blocks import BLOCK_TABLE_ENTRY_BYTES, ceil_div
 from ..pool.block_pool import BlockPool, ReleaseReason
+from ..pool.register_full import register_full
 from .decode_plan import SMALL_BATCH, decode_steps_plan
+from .output_keys import register_released
 from .policies import UNLIMITED_STEPS
 
 _sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper: the same sums
@@ -197,12 +199,14 @@ class PagedPolicy:
         """With a prefix cache, every owed block is taken first (the LRU order of the freed blocks is then the
         order of taking them at once); without one, the blocks `rid` owes are forgiven: counted as taken while
         it ran, they are free again now, and which block ids they would have been cannot matter."""
+        reason = reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason)
         if self.prompt_keys is not None:
-            self._settle_all()
+            self._settle_all()  # then its full blocks holding sampled tokens are cached, as vLLM's (output_keys)
+            tokens = self.pool.committed_tokens(rid)
+            register_released(register_full, self.pool, self.prompt_keys, rid, tokens, self.block_size, reason)
         elif rid in self.owing:
             self.owing.discard(rid)
             self.owed_blocks -= int(self.held_blocks[rid]) - ceil_div(int(self.pool_tokens[rid]), self.block_size)
-        reason = reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason)
         if self.lazy_admission and not self.pool_tokens[rid]:  # admitted lazily, never settled: the pool holds none
             assert self.held_tokens[rid], f"request {rid} is not live: released twice or never admitted"
         else:

@@ -32,9 +32,11 @@ from ..pool.hybrid import HybridPool
 from ..pool.hybrid_apply import apply
 from ..pool.hybrid_ordered import append_ordered, fitting_run, label, need_ordered, ordered, skip_ordered
 from ..pool.hybrid_runs import DecodeRun, runs_apply
+from ..pool.register_full import register_full_groups
 from .group_counts import CountedPolicy
 from .group_prefix_runs import PrefixRuns
 from .group_runs import RunForm, RunMemory, check_run, covered, run_form
+from .output_keys import register_released
 
 __all__ = ["GroupedPagedPolicy", "pool_groups"]
 
@@ -324,7 +326,10 @@ class GroupedPagedPolicy(PrefixRuns, CountedPolicy, RunMemory):
             if counts is None or counts.released(rid):  # (an admission the pool never heard of: nothing to free)
                 self._pool.release_private(rid, reason)
         else:
-            self._pool.release(rid, ReleaseReason(reason))
+            if self.prompt_keys is not None:  # its full blocks holding sampled tokens cached, as vLLM's (output_keys)
+                register_released(register_full_groups, self._pool, self.prompt_keys, rid, self._pool.num_tokens(rid),
+                                  self.block_size, reason)
+            self._pool.release(rid, reason)
 
     def fork(self, parent: int, child: int) -> None:
         self.sync()

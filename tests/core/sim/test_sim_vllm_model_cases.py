@@ -57,9 +57,6 @@ def test_the_model_gives_the_hand_numbers():
     assert model.steps[3]["scheduled"] == [(3, 128, 256)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc keys only prompt blocks (kvcalc/core/sim/settings.py:57 "
-                   "prompt_block_keys; kvcalc/core/sim/paged.py:113 and paged_groups.py:72 look up only those): a "
-                   "request preempted by recompute never hits its own blocks holding sampled tokens, vLLM does")
 def test_a_recomputed_request_hits_its_own_sampled_blocks():
     steps, _ = run_kvcalc(OWN_OUTPUT, [("full", 0)], **OWN_OUTPUT_POOL)
     assert steps[129]["preempted"] == [1]
