@@ -11,9 +11,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from real_configs import real_config
 
 from kvcalc.core.pool.groups import PoolGroup
+from kvcalc.core.pool.hybrid import HybridPool
 from kvcalc.core.sim.options import SimOptions
 from kvcalc.core.sim.record import COMPLETED
 from kvcalc.core.sim.run import run_policy
@@ -109,3 +112,42 @@ def test_weighted_align_under_pressure_ends_whole(tmp_path, units, gap_ms):
     assert record.preemptions.sum() > 0 if gap_ms == 20 and units == 700 else record.preemptions.sum() == 0
     assert record.prefix.hit_tokens > 0
 
+
+
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 7), st.integers(1, 14)), max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_weighted_align_pool_is_the_unit_tables_with_jumps(ops):
+    # the pool under the sim: appends of up to 14 tokens with B = 4 (a state group's step jumps over up to 3 pages,
+    # taking only its last and holding the one it resumed from past the table, on both kinds of tables alike), with
+    # prefix keys; nothing is evicted (4,000 units), so used and free units, hits and held blocks agree after every
+    # operation (test_weighted_pool.py checks appends of one page boundary at most, in every mode)
+    B4 = 4
+    groups = (PoolGroup("full", weight=2), PoolGroup("sliding", 6, weight=3), PoolGroup("state", weight=4))
+    pools = [HybridPool(4_000, B4, g, state_mode="align") for g in (groups, unit_tables(groups))]
+    live: list[int] = []
+    for n, (op, pick, size) in enumerate(ops):
+        keys = list(range(pick % 3, pick % 3 + size // B4))  # prompts sharing prefixes: hits
+        hits = []
+        for pool in pools:
+            if op == 0 or not live:
+                hits.append(pool.allocate(n, size, keys))
+            elif op == 1:
+                seq = live[pick % len(live)]
+                old = pool.num_tokens(seq)  # the keys of the blocks the append completes
+                pool.append(seq, size, [pick % 3 + j for j in range(old // B4, (old + size) // B4)])
+            elif op == 2:
+                pool.fork(live[pick % len(live)], n)
+            else:
+                pool.release(live[pick % len(live)])
+        assert pools[0].num_used == pools[1].num_used and pools[0].num_free_blocks == pools[1].num_free_blocks
+        assert len(set(hits)) <= 1, f"allocate hit {hits[0]} tokens weighted, {hits[-1]} on unit tables"
+        if op in (0, 2) or not live:
+            live.append(n)
+        elif op == 3:
+            live.remove(live[pick % len(live)])
+        for seq in live:
+            held, units = pools[1].held_blocks(seq), pools[0].held_blocks(seq)  # unit tables' blocks, weighted blocks
+            assert [2 * units[0], 3 * units[1], 4 * units[2]] == [sum(held[:2]), sum(held[2:5]), sum(held[5:])]
+        assert pools[0].hit_tokens(12, [0, 1, 2]) == pools[1].hit_tokens(12, [0, 1, 2])
+        pools[0].check_invariants()
+        pools[1].check_invariants()
