@@ -1,21 +1,24 @@
 """Host and disk prefix-cache tiers below the GPU pool in `kvcalc sim`: what they hold, the links, and the
 per-request rule that loads a lower-tier prefix or recomputes it.
 
-The hierarchy is **exclusive**, as `kvcalc share --tier-mode exclusive` models it (core/share/tiers.py):
-a block lives in one tier at a time. A tier entry is one KV cache group's block of one prompt position, as
-vLLM's offloading connector keys its CPU blocks by (block hash, group) (tiers_groups, tiers_lru):
+The host is vLLM's offloading connector's CPU tier (OffloadingConnector with its CPU backend and LRU policy), which
+is **inclusive**: it is written through, not by the GPU pool's evictions. A tier entry is one KV cache group's block
+of one position, as the connector keys its CPU blocks by (block hash, group) (tiers_groups, tiers_host):
 
     GPU      the pool's prefix cache (core/pool): cached blocks on its LRU free queue, evicted oldest first
-    host     an LRU of group blocks: a block the GPU pool evicts is written here (most recently used end) with
-             its own group's bytes only (a sliding group's blocks leave the GPU long before the full group's)
-    disk     an LRU of group blocks: a block the host evicts is written here; a block the disk evicts is dropped
+    host     every full block a request computes, each group's on its own, stored when its step is scheduled
+             (tiers_store: prompt and output blocks, not a group's null blocks), so blocks still on the GPU are
+             there too; an LRU of its own (tiers_host: a store or a look-up touches the request's entries, a store
+             evicts the least recently used entries no load is reading; no room: the store fails)
+    disk     below a host, the entries the host evicts (a victim tier: vLLM's connector has none; kvcalc's
+             choice), evicted oldest first and dropped; without a host the disk takes the host's place
 
 A tier of N blocks holds N · bytes_per_block bytes (every group's block of N positions), filled entry by entry.
 A request admitted with a GPU hit of g blocks looks further along its prompt's blocks (never the last prompt
-token's): a hit of h = g + k blocks needs, per group, only its blocks from tiers_groups.lookup_first(h) on
-— full every block g..h − 1, sliding W the last cdiv(W, B), a state group the one at h − 1, chunked the
-current chunk's. A group's block the GPU has not evicted yet past g (the hit cut short by another group) counts
-as in the top lower tier, read over its link, as vLLM's write-through CPU copy (tiers_groups). Loading k takes
+token's; vLLM's look-up, which touches its entries): a hit of h = g + k blocks needs, per group, its blocks from
+tiers_groups.lookup_first(h) on in a tier — full every block g..h − 1, sliding W the last cdiv(W, B), a state
+group the one at h − 1, chunked the current chunk's. A block the GPU caches is not a hit there unless the tier
+holds it too (the connector looks up the CPU from the GPU hit on). Loading k takes
 
     wait(k) = max over tiers t with n_t(k) > 0 of  max(now, link_t free) + n_t(k) / bw_t − now
 
@@ -24,18 +27,17 @@ host and disk links run in parallel), and the rest of the prompt is then compute
 step-time model's time for one prefill step of the tokens after (g + k) · B cached ones
 (core/share/load_or_recompute.prefill_s). The request loads the k, among those every group can serve, that
 minimises wait(k) + prefill(g + k): Mooncake's load-or-recompute rule, per request, with the queue on the link
-counted. Loaded blocks leave their tier (promotion: exclusive) and land in the GPU pool when the load ends;
-blocks the request computes itself are dropped from the lower tiers too (the GPU copy is the one copy); a
-group's blocks before the first it reads stay. Writes (demotions) are counted but do not queue on the links:
-PCIe is full duplex and a write-back is asynchronous; only reads delay a request.
+counted (vLLM loads its whole hit; a fast host link makes the rule load it too). Loaded entries stay in their tier,
+the host's pinned until the load lands; the request then stores from the load's end on. Writes are counted but do
+not queue on the links (PCIe is full duplex and a store is asynchronous): only reads delay a request.
 
 Bytes are per GPU, paged as the pool pages them (core/share/cache_bytes, as share's tiers); bandwidths per GPU.
 A load reads what vLLM allocates for a hit of g + k blocks: per group the blocks from GroupBytes.first_needed(g +
 k) on (those before are null entries): full all k, sliding the window's last min(k, ceil((W − 1) / B)), chunked
 the current chunk's, a state group the one state at the hit's boundary (block g + k − 1's), as share's tiers.
 A state group's block exists only where a state was saved (in mamba_cache_mode align where a step ended on a
-block boundary: found only once the GPU evicted it), so a load ends only there. A load an idle pool cannot admit
-(its tokens are allocated as a prefill chunk) is cut to the longest it can (`shrink`).
+block boundary), so a load ends only there. A load an idle pool cannot admit (its tokens are allocated as a
+prefill chunk) is cut to the longest it can (`shrink`).
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
 from ..share.cache_bytes import CachedBlockBytes
 from ..share.load_or_recompute import prefill_s
 from .steptime import StepTimeModel
-from .tiers_groups import ABSENT, DISK, HOST, find, position_tiers, read_counts, valid_loads
+from .tiers_groups import ABSENT, DISK, HOST, find, position_tiers, read_counts, touch_window, valid_loads
+from .tiers_host import OUTPUT_KEYS, ConnectorLru
 from .tiers_lru import Lru
 
 _consume = deque[object](maxlen=0).extend  # runs an iterator to its end in C
@@ -116,13 +120,14 @@ class TierTotals:
     admit_s: np.ndarray  # when it was admitted (NaN: never)
     wait_s: np.ndarray  # from admission to the end of its loads (0 without loads)
     read_blocks: list[int]  # host, disk: every load of every admission
-    write_blocks: list[int]  # demotions written into host, disk: group blocks (one per group a position)
+    write_blocks: list[int]  # entries written into host, disk: group blocks (one per group a position)
     write_bytes: list[int]  # their bytes
     dropped_blocks: int = 0  # group blocks evicted from the disk (or from the host with no disk tier)
+    store_failures: int = 0  # stores of a request's step the host had no room for (offered again next step)
     link_busy_s: tuple[float, float] = (0.0, 0.0)
     read_state_pages: list[int] | None = None  # host, disk: state pages loaded (align; None: not counted)
     read_group_bytes: tuple[dict[str, int], dict[str, int]] = ({}, {})  # host, disk: bytes read per group label
-    unresolved_blocks: int = 0  # evicted blocks whose KV cache group could not be told (counted as full)
+    unresolved_blocks: int = 0  # no longer arises (the tiers store what requests compute): always 0
 
     @classmethod
     def empty(cls, n: int) -> TierTotals:
@@ -132,94 +137,80 @@ class TierTotals:
 
 
 class TierCache:
-    """The host and disk LRUs of group blocks, the two links and the rule (module docstring)."""
+    """The host and disk tiers of group blocks, the two links and the rule (module docstring)."""
 
-    def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, num_requests: int,
-                 state_pages: bool = False) -> None:
+    def __init__(self, tiers: SimTiers, steptime: StepTimeModel, block_size: int, keys: list,
+                 positions: int, state_pages: bool = False) -> None:
         self.tiers, self.steptime, self.block_size = tiers, steptime, block_size
         self.classes = tiers.block_bytes.groups  # a tier entry is one of these groups' block of a position
         units = [g.bytes_per_block for g in self.classes]
-        self.lru = (Lru(units), Lru(units))
         self.capacity_bytes = (tiers.host_blocks * tiers.bytes_per_block, tiers.disk_blocks * tiers.bytes_per_block)
+        self.top = HOST if tiers.host_blocks else DISK if tiers.disk_blocks else ABSENT
+        windowed = [touch_window(g, block_size) < 1 << 62 for g in self.classes]
+        top = ConnectorLru(units, self.capacity_bytes[max(self.top, 0)], positions, windowed)
+        self.host = top  # the write-through tier (the disk's place without a host)
+        self.lru: tuple[Any, Any] = (top, Lru(units)) if self.top == HOST else (Lru(units), top)
+        self.below = self.top == HOST and tiers.disk_blocks > 0  # the disk takes the host's evictions
         self.link_free_s = [0.0, 0.0]
         self.busy_s = [0.0, 0.0]
         self.landing: dict[int, float] = {}  # position key -> when its load ends (its GPU block holds no KV before)
-        # entries a request computed or loaded that the GPU has not evicted since: cached there (a state page in
-        # align is saved only where a step ends, so those are left out: found only once demoted)
-        self.gpu: set[int] = set()
-        self.computed = [c for c, g in enumerate(self.classes) if not (state_pages and g.kind == "state")]
-        self.totals = TierTotals.empty(num_requests)
+        self.keys = keys  # per request, its prompt's position keys (np.ndarray)
+        self.key_lists: dict[int, list[int]] = {}  # those of the requests looked up, as lists
+        self.state_pages = state_pages  # mamba_cache_mode align: a state group's block only where a step ended
+        n = len(keys)
+        self.stored = np.zeros(n, np.int64)  # vLLM's next_stored_block_idx: positions offered to the tier so far
+        self.totals = TierTotals.empty(n)
         if state_pages:
             self.totals.read_state_pages = [0, 0]
-        self.admitted = np.zeros(num_requests, bool)
-        self.demoted = 0  # GPU evictions seen (a check against the pool's own eviction count)
-        self.unresolved = [0]  # evicted blocks whose group could not be told (tiers_run.group_of_evicted)
+        self.admitted = np.zeros(n, bool)
 
-    def _entries(self, keys: list[int], start: int = 0) -> list[int]:
-        """Every group's entry of positions keys[start:]."""
-        C = len(self.classes)
-        return keys[start:] if C == 1 else [k * C + c for k in keys[start:] for c in range(C)]
+    def key_list(self, rid: int) -> list[int]:
+        """The request's prompt keys, as a list."""
+        keys = self.key_lists.get(rid)
+        if keys is None:
+            keys = self.key_lists[rid] = self.keys[rid].tolist()
+        return keys
 
-    # ---- what the GPU pool evicts ------------------------------------------------------------------------
-    def demote(self, keys: np.ndarray, classes: np.ndarray | None = None) -> None:
-        """Blocks the GPU pool evicted, oldest first (`keys` their positions, `classes` their groups: None, a
-        plain pool's block holds every group): written to the host (then overflow to disk, then out)."""
-        self.demoted += len(keys)
-        C = len(self.classes)
-        if classes is None:
-            entries = self._entries(keys.tolist())
-        else:
-            entries = [k * C + c for k, c in zip(keys.tolist(), classes.tolist(), strict=True)]
-        self.gpu.difference_update(entries)
-        top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else -1
-        if top < 0:
-            self.totals.dropped_blocks += len(entries)
-            return
-        lru = self.lru[top]
-        batch = dict.fromkeys(entries)  # distinct entries, oldest eviction first
-        for key in list(filter(lru.stamp.__contains__, batch)):  # written already (a plain pool's block of a
-            lru.touch(key)  # position evicted again before its entry left)
-            del batch[key]
-        if top == HOST:
-            self.lru[DISK].discard(batch)
-        new = list(batch)
-        lru.add(new)
-        self.totals.write_blocks[top] += len(new)
-        self.totals.write_bytes[top] += lru.weigh(new)
-        self._overflow()
-
-    def _overflow(self) -> None:
-        host, disk = self.lru
-        capacity_host, capacity_disk = self.capacity_bytes
-        moved = host.pop_over(capacity_host)
-        if moved and capacity_disk:
-            disk.add(moved)
-            self.totals.write_blocks[DISK] += len(moved)
-            self.totals.write_bytes[DISK] += disk.weigh(moved)
-        elif moved:
-            self.totals.dropped_blocks += len(moved)
-        self.totals.dropped_blocks += len(disk.pop_over(capacity_disk))
+    def keys_to(self, rid: int, n: int) -> list[int]:
+        """Its keys of positions 0..n − 1: past its prompt's, those of its blocks holding sampled tokens (a request
+        preempted by recompute looks its own output blocks up, as vLLM's connector does: tiers_store)."""
+        keys = self.key_list(rid)
+        if n <= len(keys):
+            return keys
+        return keys + [OUTPUT_KEYS + rid * self.host.P + p for p in range(len(keys), n)]
 
     # ---- the rule ------------------------------------------------------------------------------------------
-    def plan(self, keys: np.ndarray, gpu_blocks: int, num_tokens: int, now_s: float, on_gpu: int = 0) -> LoadPlan:
-        """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks` (a pure look-up); `on_gpu`:
-        the full groups' blocks past the hit that the GPU still caches (counted in the top tier: tiers_groups)."""
+    def plan(self, rid: int, gpu_blocks: int, num_tokens: int, now_s: float) -> LoadPlan:
+        """Load or recompute the lower-tier blocks after a GPU hit of `gpu_blocks`: vLLM's look-up
+        (get_num_new_matched_tokens), which touches the request's entries."""
         B = self.block_size
-        eligible = min((num_tokens - 1) // B, len(keys))
+        eligible = (num_tokens - 1) // B
+        keys = self.keys_to(rid, eligible)
+        eligible = min(eligible, len(keys))
         ready = now_s
         if self.landing:  # GPU hits whose own load has not ended yet
-            ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks].tolist())])
-        top = HOST if self.tiers.host_blocks else DISK if self.tiers.disk_blocks else ABSENT
-        found = find((self.lru[HOST].stamp, self.lru[DISK].stamp, self.gpu), keys[gpu_blocks:eligible].tolist(),
-                     self.classes, max(on_gpu, 0), top)
+            ready = max([now_s, *(self.landing.get(k, now_s) for k in keys[:gpu_blocks])])
+        found = find((self.lru[HOST].stamp, self.lru[DISK].stamp), keys[gpu_blocks:eligible], self.classes)
+        valid = valid_loads(found, self.classes, gpu_blocks, B)
+        self._look_up(rid, gpu_blocks + int(np.flatnonzero(valid)[-1]))
         if not found.shape[1]:
             return LoadPlan(gpu_blocks, (), 0, ready)
-        valid = valid_loads(found, self.classes, gpu_blocks, B)
         k = self._best_load(found, gpu_blocks, num_tokens, now_s, valid)
         lower = ((found == HOST) | (found == DISK)).any(axis=0)
         return LoadPlan(gpu_blocks, tuple(position_tiers(found, self.classes, gpu_blocks, B, k).tolist()),
                         int(lower[k:].sum()), max(ready, self._ends(found[:, :k], gpu_blocks, now_s)), found[:, :k],
                         ready)
+
+    def _look_up(self, rid: int, hit_blocks: int) -> None:
+        """vLLM's look-up touches the request's entries; the first one fixes where a windowed group's touches start
+        (num_hit_blocks less the window's blocks, a state group's one block)."""
+        if self.top == ABSENT:
+            return
+        if rid not in self.host.lo:
+            B = self.block_size
+            lo = tuple(max(hit_blocks - touch_window(g, B), 0) for g in self.classes)
+            self.host.register(rid, self.key_list(rid), lo)
+        self.host.touch(rid)
 
     def shrink(self, plan: LoadPlan, fits: Callable[[int], bool], now_s: float) -> LoadPlan:
         """The plan with the longest valid load of at most its own that `fits` (k = 0 always does): a load larger
@@ -267,16 +258,18 @@ class TierCache:
         cost[~valid] = np.inf
         return int(np.argmin(cost))
 
-    def commit(self, rid: int, keys: np.ndarray, plan: LoadPlan, now_s: float) -> float:
-        """The admission happened: queue the loads, promote the loaded blocks, drop the lower copies of blocks
-        the request computes; returns when it may compute."""
+    def commit(self, rid: int, plan: LoadPlan, now_s: float) -> float:
+        """The admission happened: queue the loads (their entries stay, pinned until they land: the tiers are
+        inclusive); a request that loads stores from the end of its load on. Returns when it may compute."""
         loaded, g = plan.load_blocks, plan.gpu_blocks
+        keys = self.keys_to(rid, g + loaded)
         if loaded:
             self._read(plan, now_s)
-        self._promote(keys.tolist(), g, loaded)
+            self.host.pin(self._read_entries(keys, plan))
+            self.stored[rid] = g + loaded  # update_state_after_alloc: next_stored_block_idx
         ready = max(plan.ready_s, now_s)
         if loaded and ready > now_s:
-            self.landing.update(dict.fromkeys(keys[g : g + loaded].tolist(), ready))
+            self.landing.update(dict.fromkeys(keys[g : g + loaded], ready))
         if not self.admitted[rid]:
             self.admitted[rid] = True
             tot = self.totals
@@ -287,6 +280,16 @@ class TierCache:
             tot.admit_s[rid] = now_s
             tot.wait_s[rid] = ready - now_s
         return ready
+
+    def _read_entries(self, keys: list[int], plan: LoadPlan) -> list[int]:
+        """The top tier's entries a load reads (each group's from first_needed on)."""
+        assert plan.found is not None
+        C, B, g, k = len(self.classes), self.block_size, plan.gpu_blocks, plan.load_blocks
+        out = []
+        for c, group in enumerate(self.classes):
+            start = max(int(group.first_needed(np.int64(g + k), B)) - g, 0)
+            out += [keys[g + i] * C + c for i in range(start, k) if plan.found[c, i] == self.top]
+        return out
 
     def _read(self, plan: LoadPlan, now_s: float) -> None:
         """Queue a load's reads on the links; count them per group and tier."""
@@ -307,39 +310,25 @@ class TierCache:
             if len(tiers) and (tiers >= 0).all():
                 self.totals.read_state_pages[int(tiers.max())] += 1
 
-    def _promote(self, keys: list[int], g: int, loaded: int) -> None:
-        """The GPU copy becomes the one copy of what the request loads or computes: each group's entries from its
-        first block read on (from g without a load: the request computes every group's blocks from there)."""
-        C, B = len(self.classes), self.block_size
-        gone: list[int] = []
-        for c, group in enumerate(self.classes):
-            start = g if not loaded else max(g, int(group.first_needed(np.int64(g + loaded), B)))
-            entries = [k * C + c for k in keys[start:]] if C > 1 else keys[start:]
-            gone += entries
-            if c in self.computed and C > 1:
-                self.gpu.update(entries)
-        for lru in self.lru:
-            lru.discard(gone)
-
-    def forget(self, keys: np.ndarray, computed_blocks: int) -> None:
-        """A request preempted by recompute after `computed_blocks` of its prompt: the GPU holds none of its later
-        blocks (another request's copy of them is forgotten too: a load then reads it, never a block not there)."""
-        C = len(self.classes)
-        if C > 1:
-            later = keys[computed_blocks:].tolist()
-            self.gpu.difference_update([k * C + c for k in later for c in self.computed])
-
-    def landed(self, keys: np.ndarray, plan: LoadPlan) -> None:
-        """A load ended: its blocks hold their KV."""
+    def landed(self, rid: int, plan: LoadPlan) -> None:
+        """A load ended: its blocks hold their KV, its entries may be evicted again."""
+        keys = self.keys_to(rid, plan.gpu_blocks + plan.load_blocks)
         g = plan.gpu_blocks  # the request holds these blocks until now: no other load can have them
-        _consume(map(self.landing.pop, keys[g : g + plan.load_blocks].tolist(), repeat(None)))
+        _consume(map(self.landing.pop, keys[g : g + plan.load_blocks], repeat(None)))
+        self.host.unpin(self._read_entries(keys, plan))
+
+    def ended(self, rid: int, tokens: int) -> None:
+        """A request left with `tokens` computed: its last touch stays on its entries."""
+        if rid in self.host.lo:
+            keys = self.key_list(rid)
+            self.host.retire(rid, keys, max(int(self.stored[rid]) - len(keys), 0))
+            del self.key_lists[rid]
 
     def finish(self) -> TierTotals:
         host, disk = self.lru
-        assert not host.stamp.keys() & disk.stamp.keys(), "a block in both the host and the disk tier"
         assert host.bytes <= self.capacity_bytes[HOST] and disk.bytes <= self.capacity_bytes[DISK], (
             "a tier over its size")
         assert host.bytes == host.weigh(list(host.stamp)) and disk.bytes == disk.weigh(list(disk.stamp))
+        assert not self.host.pinned, "a load never landed"
         self.totals.link_busy_s = (self.busy_s[HOST], self.busy_s[DISK])
-        self.totals.unresolved_blocks = self.unresolved[0]
         return self.totals

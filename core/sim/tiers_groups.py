@@ -4,7 +4,7 @@ distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, the HMA version
 make_offload_key(block hash, group), _lookup / _sliding_window_lookup / update_state_after_alloc):
 
     what a tier holds   each group's block of a position on its own (one entry per group: the class c of the
-                        tier's CachedBlockBytes.groups), written when the GPU pool evicts that group's block
+                        tier's CachedBlockBytes.groups), written when a request computes it (tiers_store)
     a hit of h blocks   after g GPU hits needs, in a tier, each group's blocks from lookup_first(h) to h − 1:
         full            every block g..h−1 (_maximal_prefix_lookup)
         sliding W       the last cdiv(W, B) (_sliding_window_lookup: that many consecutive hits ending at h;
@@ -16,10 +16,8 @@ make_offload_key(block hash, group), _lookup / _sliding_window_lookup / update_s
     a load reads        each group's blocks from GroupBytes.first_needed(h) on (vLLM's null entries before:
                         update_state_after_alloc loads only the non-null pending blocks)
 
-vLLM's CPU copy holds every block by write-through; sim's tiers are exclusive (a block is demoted when the GPU
-evicts it). A group's block the GPU has not evicted yet past the GPU hit (the hit cut short by another group: the
-full group's own chain, or a sliding/state block still cached) is therefore counted where vLLM has its copy: in the
-top lower tier, read over its link (`top` in find), never a hit without a lower tier.
+sim's host is written through as vLLM's CPU tier is (tiers_store): a block the GPU still caches is a tier hit only
+where the tier holds it too.
 """
 
 from __future__ import annotations
@@ -57,31 +55,32 @@ def group_classes(classes: Sequence[GroupBytes], groups: Sequence[PoolGroup]) ->
     return np.array(out, dtype=np.int64)
 
 
-def find(where: tuple[dict[int, int], dict[int, int], set[int]], keys: list[int], classes: Sequence[GroupBytes],
-         on_gpu: int, top: int) -> np.ndarray:
+def touch_window(group: GroupBytes, block_size: int) -> int:
+    """How many blocks before a request's first hit end its touches keep of `group` (vLLM's _touch: a sliding
+    window's cdiv(W, B), a state group's one; full and chunked groups every block: a bound past any hit)."""
+    if group.kind == "sliding":
+        assert group.window is not None
+        return -(-group.window // block_size)
+    return 1 if group.kind == "state" else 1 << 62
+
+
+def find(where: tuple[dict[int, int], dict[int, int]], keys: list[int], classes: Sequence[GroupBytes]) -> np.ndarray:
     """int8 [C, K]: where each class's block of positions keys[0..K) is (HOST, DISK, ABSENT), from the host's and
-    the disk's entries (`where`). A block the GPU still caches — the first `on_gpu` of the full groups' (the pool's
-    own full chain past the hit), another group's in the GPU's cached entries (`where[2]`) — is in `top`, the top
-    lower tier (module docstring; ABSENT: no lower tier). K ends at the first position whose full group blocks are
-    nowhere; without a full group it is len(keys)."""
+    the disk's entries (`where`; the host's first when both hold it). K ends at the first position whose full
+    group blocks are in neither; without a full group it is len(keys)."""
     C = len(classes)
-    host, disk, cached = where
-    if top == ABSENT:
-        on_gpu, cached = 0, set()
+    host, disk = where
     full = [c for c, gb in enumerate(classes) if gb.kind == "full"]
     n = K = len(keys)
     if full:
-        K = min(on_gpu, n)
+        K = 0
         while n > K and all(keys[K] * C + c in host or keys[K] * C + c in disk for c in full):
             K += 1
     out = np.full((C, K), ABSENT, dtype=np.int8)
     for c in range(C):
-        gpu = min(on_gpu, K) if classes[c].kind == "full" else 0
-        out[c, :gpu] = top
-        there = set() if classes[c].kind == "full" else cached  # past the pool's own chain no full block is cached
-        for i in range(gpu, K):
+        for i in range(K):
             e = keys[i] * C + c
-            out[c, i] = HOST if e in host else DISK if e in disk else top if e in there else ABSENT
+            out[c, i] = HOST if e in host else DISK if e in disk else ABSENT
     return out
 
 

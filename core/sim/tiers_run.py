@@ -9,7 +9,8 @@ rule); the engine, scheduler and policy are the plain ones, with three small add
                     vLLM's WAITING_FOR_REMOTE_KVS — and then joins the running batch with its loaded tokens
                     computed; it is never a preemption victim while parked. When nothing can run before a
                     load ends, the clock moves to it (idle time, accounted as such).
-    the GPU pool's evictions are handed to the tier cache (demotion), read off its free queue's hand-outs
+    the stores         after every step or run of steps, what its requests computed goes to the top tier
+                       (tiers_store.StoreSync, read off the scheduler: vLLM's connector stores at each step)
 
 Fast-forward stays on: its runs of decode steps start only while nothing is parked.
 """
@@ -23,8 +24,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..errors import ParameterError
-from ..pool.group_hits import derived_hashes
-from .engine import Engine
+from .engine import Engine, WholeLoop
 from .fastforward import FastForward
 from .plan import Executor
 from .policies import MemoryPolicy
@@ -35,71 +35,16 @@ from .steptime import StepTimeExecutor
 from .tiers import LoadPlan, TierCache
 from .tiers_groups import group_classes
 from .tiers_options import check_tier_setup
+from .tiers_store import StoreSync
 from .workload import Workload
-
-
-def listen_to_evictions(store: Any, on_evict: Callable[..., None], anchored: np.ndarray | None = None,
-                        classes: np.ndarray | None = None, unresolved: list[int] | None = None) -> None:
-    """Call `on_evict(keys)` with the content keys of the cached blocks `store` evicts, oldest first. Every
-    hand-out of the pool's store takes its blocks from the free queue's `pop` (its head, in vLLM's order; the
-    evicted ones still carry their keys); TierCache.demoted is checked against the store's own eviction
-    counter after the run. On a hybrid pool, `anchored` are its groups other than full attention and `classes`
-    the tier class of every group (tiers_groups.group_classes): `on_evict(keys, classes)` then says each evicted
-    block's (group_of_evicted)."""
-    queue, keys = store.queue, store.key
-    pop = queue.pop
-    salted = [] if anchored is None else anchored.tolist()
-    chains = [] if classes is None else [c for g, c in enumerate(classes.tolist()) if g not in salted]
-    chain = chains[0] if chains else -1  # the full groups' class (one: group_classes matches kind and window)
-    # each block id's hash and version when it was last evicted: an anchor handed out again since its anchored
-    # blocks were registered is read here
-    last = (np.zeros(len(store.key), dtype=np.uint64), np.full(len(store.key), -1, dtype=np.int64))
-    unresolved = [0] if unresolved is None else unresolved
-
-    def pop_and_tell(n: int) -> tuple[np.ndarray, np.ndarray]:
-        plain, evicted = pop(n)
-        if len(evicted):
-            if classes is None:
-                on_evict(keys[evicted])
-            else:
-                on_evict(keys[evicted], group_of_evicted(store, evicted, last, salted, classes, chain, unresolved))
-                last[0][evicted] = store.block_hash[evicted]
-                last[1][evicted] = store.version[evicted]  # the version its evicted content had (bumped after)
-        return plain, evicted
-
-    queue.pop = pop_and_tell
-
-
-def group_of_evicted(store: Any, evicted: np.ndarray, last: tuple[np.ndarray, np.ndarray], salted: list[int],
-                     classes: np.ndarray, chain: int, unresolved: list[int]) -> np.ndarray:
-    """int64 [n]: the tier class of each evicted block. An anchored group g's block is indexed under
-    derived_hashes(its anchor's hash, g) (group_hits), its anchor `parent_id` at version `parent_ver`: that hash
-    is the anchor's own while the anchor still holds that version, else the one it had when last evicted
-    (`last`); a block no anchored group's hash matches is a full group's (its chain). `unresolved[0]` counts the
-    blocks whose parent's hash at that version is gone (handed out twice since): told the full group's, which a
-    chain block is (0 in 112,013 evictions on Gemma-3-27B's first 300 Mooncake conversation requests)."""
-    parents, versions = store.parent_id[evicted], store.parent_ver[evicted]
-    rooted = parents < 0  # a chain's first block (its parent the root): a full group's
-    anchors = np.maximum(parents, 0)
-    intact = store.version[anchors] == versions
-    anchor_hash = np.where(intact, store.block_hash[anchors], last[0][anchors])
-    known = ~rooted & (intact | (last[1][anchors] == versions))
-    own = store.block_hash[evicted]
-    of = np.full(len(evicted), chain, dtype=np.int64)
-    for g in salted:
-        of[known & (derived_hashes(anchor_hash, g) == own)] = classes[g]
-    assert (of >= 0).all(), "an evicted block of no group"
-    unresolved[0] += int((~rooted & ~known).sum())  # told the full group's: a chain block, or (rarely) wrong
-    return of
 
 
 class TierAdmission:
     """The policy with the tiers' hits added (module docstring); everything else is the policy's own."""
 
-    def __init__(self, policy: MemoryPolicy, cache: TierCache, keys: list, clock: Callable[[], float],
-                 full_groups: tuple[int, ...] = ()) -> None:
-        self.policy, self.cache, self.keys, self.clock = policy, cache, keys, clock
-        self.full_groups = full_groups  # a hybrid pool's full-attention groups (none: a plain pool)
+    def __init__(self, policy: MemoryPolicy, cache: TierCache, clock: Callable[[], float],
+                 on_admit: Callable[[int, int], None]) -> None:
+        self.policy, self.cache, self.clock, self.on_admit = policy, cache, clock, on_admit
         self.idle: Callable[[], bool] = lambda: False  # nothing running or parked (the scheduler's, once made)
         self.plans: dict[int, LoadPlan] = {}
         self.ready_s: dict[int, tuple[float, LoadPlan]] = {}  # admitted now, parked until then
@@ -110,14 +55,7 @@ class TierAdmission:
     def hit_tokens(self, rid: int, num_tokens: int) -> int:
         B = self.policy.block_size
         gpu = self.policy.hit_tokens(rid, num_tokens) // B
-        on_gpu = 0  # the full groups' own chain past the hit (another group cut it short): tiers_groups.find
-        if self.full_groups:
-            pool = self.policy.pool  # type: ignore[attr-defined]  # paged (checked): MemoryPolicy names no pool
-            keys = getattr(self.policy, "prompt_keys", None)  # the policy's views: its look-up's memo serves
-            keys = self.keys if keys is None else keys
-            own = pool.group_hit_tokens(num_tokens, keys[rid][: num_tokens // B])
-            on_gpu = min(own[g] for g in self.full_groups) // B - gpu
-        plan = self.cache.plan(self.keys[rid], gpu, num_tokens, self.clock(), on_gpu)
+        plan = self.cache.plan(rid, gpu, num_tokens, self.clock())
         if plan.load_blocks and self.idle() and not self.policy.can_admit(rid, gpu * B, (gpu + plan.load_blocks) * B):
             # nothing runs or waits for a load, and the pool cannot take this one: it never will (the loaded tokens
             # are allocated as a prefill chunk): the longest load it can take
@@ -142,20 +80,23 @@ class TierAdmission:
         return not self._blocked(rid, from_swap) and self.policy.can_admit(rid, gpu, total_tokens, from_swap)
 
     def admit(self, rid: int, start_tokens: int, total_tokens: int, from_swap: bool = False) -> bool:
-        """The blocks the plan loads leave their tiers before the pool allocates, so that the GPU evictions
-        this admission demotes cannot push them out of the host (vLLM pins the blocks it loads, too)."""
+        """The plan's loads are queued (their host entries pinned) before the pool allocates."""
         if self._blocked(rid, from_swap):
             return False
         gpu = self._gpu_tokens(rid, start_tokens, from_swap)
         if from_swap:
-            return self.policy.admit(rid, gpu, total_tokens, from_swap)
+            if not self.policy.admit(rid, gpu, total_tokens, from_swap):
+                return False
+            self.on_admit(rid, gpu)
+            return True
         if not self.policy.can_admit(rid, gpu, total_tokens):
             return False
         plan = self.plans.pop(rid)
         now = self.clock()
-        ready = self.cache.commit(rid, self.keys[rid], plan, now)
+        ready = self.cache.commit(rid, plan, now)
         admitted = self.policy.admit(rid, gpu, total_tokens)
         assert admitted, f"request {rid}: the pool refused an admission it said it could take"
+        self.on_admit(rid, gpu + plan.load_blocks * self.policy.block_size)
         if plan.load_blocks or ready > now:
             self.ready_s[rid] = (ready, plan)
         return True
@@ -166,6 +107,8 @@ class TierAdmission:
 
 class TieredScheduler(Scheduler):
     """The plain scheduler plus parked requests (module docstring)."""
+
+    sync: StoreSync  # the engine's, set once both are made
 
     def __init__(self, workload: Workload, admission: TierAdmission, config: SchedulerConfig,
                  cancel_at: np.ndarray | None, idle_until: Callable[[float], None]) -> None:
@@ -209,10 +152,13 @@ class TieredScheduler(Scheduler):
             self.set_running()
 
     def _preempt(self, rid: int) -> None:
-        computed = int(self.computed[rid])
         super()._preempt(rid)
-        if not self.swapped[rid]:  # recompute: the blocks it had not computed are not on the GPU
-            self.admission.cache.forget(self.admission.keys[rid], computed // self.admission.policy.block_size)
+        if not self.swapped[rid]:  # recompute: its blocks are gone from the GPU
+            self.sync.preempted(rid)
+
+    def _end(self, rid: int, status: int, reason: Any) -> None:
+        super()._end(rid, status, reason)
+        self.sync.ending.append(rid)
 
     def land(self) -> None:
         """Parked requests whose loads have ended join the running batch."""
@@ -220,7 +166,7 @@ class TieredScheduler(Scheduler):
         while self.parked and self.parked[0][0] <= self.now_s:
             rid = heapq.heappop(self.parked)[1]
             _, plan = self.admission.ready_s.pop(rid)
-            self.admission.cache.landed(self.admission.keys[rid], plan)
+            self.admission.cache.landed(rid, plan)
             self.running.append(rid)
             landed = True
         if landed:
@@ -255,11 +201,11 @@ class TieredEngine(Engine):
     scheduler: TieredScheduler
 
     def __init__(self, workload: Workload, policy: MemoryPolicy, executor: Executor, config: SchedulerConfig,
-                 cancel_at: np.ndarray | None, cache: TierCache, keys: list, full_groups: tuple[int, ...] = (),
-                 **kw: Any) -> None:
+                 cancel_at: np.ndarray | None, cache: TierCache, **kw: Any) -> None:
         super().__init__(workload, policy, executor, config, cancel_at, **kw)
-        admission = TierAdmission(policy, cache, keys, lambda: self.scheduler.now_s, full_groups)
+        admission = TierAdmission(policy, cache, lambda: self.scheduler.now_s, lambda r, t: self.sync.admit(r, t))
         self.scheduler = TieredScheduler(workload, admission, config, cancel_at, self._idle_until)
+        self.sync = self.scheduler.sync = StoreSync(cache, self.scheduler)
         admission.idle = lambda: not self.scheduler.running and not self.scheduler.parked
 
     def _idle_until(self, t: float) -> None:
@@ -268,6 +214,28 @@ class TieredEngine(Engine):
             parts, table_bytes = self.policy.parts(s.computed[s.running_ids], s.head())
             self.account(t - s.now_s, parts, table_bytes)
             s.now_s = t
+
+    def step(self) -> None:
+        run0 = list(self.scheduler.running)
+        super().step()
+        self.sync.after(run0, 1, None)
+
+
+class SyncedFast:
+    """The fast path with the tiers' stores after each of its steps or runs of steps (engine.FastPath)."""
+
+    def __init__(self, fast: FastForward, engine: TieredEngine) -> None:
+        self.fast, self.engine = fast, engine
+
+    def whole_loop(self) -> WholeLoop | None:
+        return None  # the lean loop runs without a prefix cache: never with tiers
+
+    def advance(self) -> bool:
+        s, totals = self.engine.scheduler, self.engine.totals
+        run0, steps, head = list(s.running), totals.steps, s.head()
+        done = self.fast.advance()
+        self.engine.sync.after(run0, totals.steps - steps, head)
+        return done
 
 
 def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSetup, *, cancel_at: np.ndarray,
@@ -281,24 +249,18 @@ def run_tiered(workload: Workload, name: str, policy: MemoryPolicy, setup: SimSe
     assert isinstance(keys, list), "check_tier_setup: prefix caching on and prefix ids, so one key list per prompt"
     groups = setup.groups or ()
     align = any(g.kind == "state" for g in groups) and setup.state_mode == "align"  # states only at step ends
-    cache = TierCache(setup.tiers, setup.steptime, setup.block_size, len(workload), state_pages=align)
-    store = policy.pool.store  # type: ignore[attr-defined]  # policy paged (checked): MemoryPolicy names no pool
-    full = tuple(i for i, g in enumerate(groups) if g.kind == "full")
+    positions = int(np.max(workload.prompt_tokens + workload.output_tokens, initial=0)) // setup.block_size + 1
+    cache = TierCache(setup.tiers, setup.steptime, setup.block_size, keys, positions, state_pages=align)
     if groups:
         if any(g.block_tokens is not None for g in groups):
             raise ParameterError("host_cache/disk_cache with groups of mixed block sizes are not modelled yet",
                                  "host_cache", "disk_cache")
-        anchored = np.array([i for i, g in enumerate(groups) if g.kind != "full"], dtype=np.int64)
-        listen_to_evictions(store, cache.demote, anchored, group_classes(cache.classes, groups), cache.unresolved)
-    else:
-        listen_to_evictions(store, cache.demote)
+        group_classes(cache.classes, groups)  # every pool group is one of the tier's classes (else refused)
     engine = TieredEngine(workload, policy, StepTimeExecutor(setup.steptime), setup.scheduler, cancel_at, cache,
-                          keys, full, record_timeline=record_timeline, progress=progress)
-    fast = FastForward(engine, setup.steptime) if setup.scheduler.fast_forward else None
+                          record_timeline=record_timeline, progress=progress)
+    fast = SyncedFast(FastForward(engine, setup.steptime), engine) if setup.scheduler.fast_forward else None
     record = engine.run(fast)
     assert record is not None, "a run without `stop` always ends with its record"
-    assert cache.demoted == store.counters["evictions"], (
-        f"the tiers saw {cache.demoted} GPU evictions, the pool counted {store.counters['evictions']}")
     assert not engine.scheduler.parked and not engine.scheduler.admission.ready_s, "a load never landed"
     record.tiers = cache.finish()
     return record

@@ -36,51 +36,65 @@ def _setup(tmp_path, rows, capacity_blocks, model="llama-3.1-8b", **tiers):
 
 # r0 and r1 fill a pool of 4 blocks; r2 repeats r0's prefix. Prompts of 2 x 512 + 1 tokens: 2 keyed blocks and
 # a partial one, 3 blocks each; one output token. The pool frees a request's blocks tail first (the LRU's oldest
-# is its last full block):
-#   r0: 3 plain blocks. After: plain {unused, r0's partial}, LRU [2, 1]
-#   r1: 2 plain + evicts id 2 -> host [2]. After: plain {r1's partial}, LRU [1, 4, 3]
-#   r2: GPU hit id 1 (g = 1); id 2 is in the host: loading it (64 MiB over 25 GB/s = 2.68 ms) beats a 513-token
-#       prefill (~40 ms on an A100), so it loads k = 1 block: promoted out of the host, parked 2.68 ms; its blocks
-#       (2 x 512 tokens) need 1 fresh block: r1's partial, no eviction. It lands, then its last token's block
-#       evicts the LRU's oldest, id 4 -> host [4].
-# Host: written ids 2 and 4 (2 blocks), read id 2 (1 block), nothing dropped.
+# is its last full block). The host is written through (vLLM's offloading connector): each request's step stores
+# its full blocks; a store touches the request's keys, its first block most recent (tiers_host):
+#   r0: stores k1, k2 (host order, oldest first: k2, k1). GPU after: plain {unused, r0's partial}, LRU [k2, k1]
+#   r1: stores k3, k4 (order: ..., k4, k3); the GPU evicts k2 for r1's third block: LRU [k1, k4, k3]
+#   r2: GPU hit k1 (g = 1); k2 is looked up in the host from position 1 on
 HAND = [(0, 1025, 1, [1, 2, 100]), (100, 1025, 1, [3, 4, 101]), (200, 1025, 1, [1, 2, 102])]
 
 
+def _totals(tmp_path, **tiers):
+    setup, sim = _setup(tmp_path, HAND, 4, **tiers)
+    return sim, run_policy(setup.workload, "paged", sim).tiers
+
+
 def test_hand_worked_host_tier(tmp_path):
-    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024")  # 1,024 tokens = 2 blocks
-    assert (sim.tiers.host_blocks, sim.tiers.disk_blocks) == (2, 0)
+    # a host of 4 blocks (2,048 tokens) holds k1..k4: r2 finds k2 there; loading it (64 MiB over 25 GB/s = 2.68 ms)
+    # beats a 513-token prefill (~40 ms), so it loads k = 1 block, parked 2.68 ms. Its stores start after its load
+    # (next_stored_block_idx = 2 = its full blocks): nothing more is written. Host: written 4, read 1, dropped 0.
+    sim, t = _totals(tmp_path, host_cache="2048")
+    assert (sim.tiers.host_blocks, sim.tiers.disk_blocks) == (4, 0)
     assert sim.tiers.bytes_per_block == LLAMA_BLOCK
-    t = run_policy(setup.workload, "paged", sim).tiers
     assert t.gpu_hit_blocks.tolist() == [0, 0, 1]
     assert t.host_hit_blocks.tolist() == [0, 0, 1]
     assert t.disk_hit_blocks.tolist() == [0, 0, 0]
-    assert t.read_blocks == [1, 0] and t.write_blocks == [2, 0] and t.dropped_blocks == 0
+    assert t.read_blocks == [1, 0] and t.write_blocks == [4, 0] and t.dropped_blocks == 0
     assert t.wait_s[2] == pytest.approx(LLAMA_BLOCK / 25e9, rel=1e-9)  # 2.68435456 ms: an idle link, 25 GB/s
     assert t.link_busy_s == (LLAMA_BLOCK / 25e9, 0.0)
 
 
-def test_hand_worked_disk_only_and_none(tmp_path):
-    # no host: the two evictions go straight to a disk of 2 blocks; id 2 loads from it at 5 GB/s (13.4 ms < ~40 ms)
-    setup, sim = _setup(tmp_path, HAND, 4, disk_cache="1024")
-    t = run_policy(setup.workload, "paged", sim).tiers
+def test_write_through_evicts_by_the_hosts_own_lru(tmp_path):
+    # a host of 2 blocks: r1's stores evict k2 then k1 (the oldest first: r0's touch left k2 older), so r2 finds
+    # nothing there although the GPU evicted only k2. r2 stores k1 (its GPU hit, gone from the host: offered again,
+    # next_stored_block_idx 0) and k2, evicting k4 then k3. Written 2 + 2 + 2, dropped 4.
+    _, t = _totals(tmp_path, host_cache="1024")
+    assert t.gpu_hit_blocks.tolist() == [0, 0, 1] and t.host_hit_blocks.sum() == 0
+    assert t.read_blocks == [0, 0] and t.write_blocks == [6, 0] and t.dropped_blocks == 4
+    # 3 blocks: r1 evicts k2 only (order k1, k4, k3); r2's look-up touches k1 (now k4, k3, k1) and its store of k2
+    # (k1 is held: not written again) evicts k4. Written 2 + 2 + 1, dropped 2; r2 still misses k2.
+    _, t = _totals(tmp_path, host_cache="1536")
+    assert t.host_hit_blocks.sum() == 0 and t.write_blocks == [5, 0] and t.dropped_blocks == 2
+
+
+def test_hand_worked_disk_tiers(tmp_path):
+    # host 2 blocks and disk 2: the host's evictions (k2, k1 by r1's stores) go to the disk; r2 loads k2 from it at
+    # 5 GB/s (13.4 ms < ~40 ms). Host written 4, disk 2, nothing dropped.
+    _, t = _totals(tmp_path, host_cache="1024", disk_cache="1024")
     assert t.disk_hit_blocks.tolist() == [0, 0, 1] and t.host_hit_blocks.sum() == 0
-    assert t.read_blocks == [0, 1] and t.write_blocks == [0, 2]
+    assert t.read_blocks == [0, 1] and t.write_blocks == [4, 2] and t.dropped_blocks == 0
     assert t.wait_s[2] == pytest.approx(LLAMA_BLOCK / 5e9, rel=1e-9)
-    # a host of 1 block: id 2 is written, then pushed out by nothing before r2 (one eviction before it): still
-    # loads; id 4's demotion after r2 overflows nothing either (id 2 was promoted)
-    setup, sim = _setup(tmp_path, HAND, 4, host_cache="512")
-    t = run_policy(setup.workload, "paged", sim).tiers
-    assert t.host_hit_blocks.tolist() == [0, 0, 1] and t.dropped_blocks == 0
+    # a disk alone takes the host's place (written through): as the 2-block host above
+    _, t = _totals(tmp_path, disk_cache="1024")
+    assert t.disk_hit_blocks.sum() == 0 and t.write_blocks == [0, 6] and t.dropped_blocks == 4
 
 
 def test_slow_link_recomputes(tmp_path):
-    # a 1 MB/s host link: 67 s for the block, far more than its prefill: the rule recomputes it, and the host copy
-    # is dropped (exclusive: the GPU's becomes the one copy). Writes: ids 2 and 4; reads none.
-    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024", host_bw="1MB/s")
-    t = run_policy(setup.workload, "paged", sim).tiers
+    # a 1 MB/s host link: 67 s for the block, far more than its prefill: the rule recomputes it. r2 then stores from
+    # position 0 (no load): k1 and k2 are both held, nothing is written. Writes: 4; reads none.
+    _, t = _totals(tmp_path, host_cache="2048", host_bw="1MB/s")
     assert t.host_hit_blocks.sum() == 0 and t.recomputed_blocks.tolist() == [0, 0, 1]
-    assert t.read_blocks == [0, 0] and t.write_blocks == [2, 0] and t.wait_s.max() == 0
+    assert t.read_blocks == [0, 0] and t.write_blocks == [4, 0] and t.wait_s.max() == 0
 
 
 def _fifo_ready(t, bytes_per_block, bandwidths):
@@ -170,13 +184,13 @@ def test_refused_by_name(tmp_path, extra, message):
 
 
 def test_compare_tiers_against_the_one_at_a_time_replay(tmp_path):
-    # HAND again, a 2-block host. Share's replay with a 4-block GPU cache holds ids 1..4 after r1 (the running
+    # HAND again, a 4-block host. Share's replay with a 4-block GPU cache holds ids 1..4 after r1 (the running
     # request's blocks are not cache there), so r2 hits both its blocks in the GPU: (2, 0, 0) at every rung. The
     # sim's pool also holds the partial blocks and r1's own blocks while r1 runs: id 2 was evicted, so r2 hits
     # id 1 on the GPU and loads id 2 from the host with one; with none it recomputes id 2.
     from kvcalc.core.sim.tiers_compare import compare_tiers
 
-    setup, sim = _setup(tmp_path, HAND, 4, host_cache="1024")
+    setup, sim = _setup(tmp_path, HAND, 4, host_cache="2048")
     setup = replace(setup, sim=sim)
     record = run_policy(setup.workload, "paged", sim)
     c = compare_tiers(setup, {"paged": record}, {})

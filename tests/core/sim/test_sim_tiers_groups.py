@@ -28,6 +28,7 @@ from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import DISK, HOST, TierCache
 from kvcalc.core.sim.tiers_groups import find, read_counts, valid_loads
+from kvcalc.core.sim.tiers_store import _demote as demote
 
 LINK = 25e9  # the host link's default, bytes/s
 KEY0 = 1000  # position i's key: KEY0 + i
@@ -38,14 +39,27 @@ def _cache(tmp_path, state_pages: bool = False, **o) -> TierCache:
     path.write_text(json.dumps({"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1]}) + "\n")
     sim = build(SimOptions(gpu="H200", trace=("mooncake", str(path)), **o)).sim
     assert sim.tiers is not None
-    return TierCache(sim.tiers, sim.steptime, sim.block_size, 1, state_pages=state_pages)
+    return TierCache(sim.tiers, sim.steptime, sim.block_size, [_keys(1024)], 1100, state_pages=state_pages)
+
+
+WRITER = 1  # a request id that stores the test's entries (its touches cover none of request 0's prompt keys)
 
 
 def _demote(cache: TierCache, group: str, positions) -> None:
-    """The GPU pool evicts `group`'s blocks of these positions (oldest first)."""
+    """`group`'s blocks of these positions are written to the top tier, one store each, in this order (each the
+    most recent once written: the writer's touch covers none of them)."""
     c = [g.label for g in cache.classes].index(group)
-    keys = KEY0 + np.asarray(list(positions), dtype=np.int64)
-    cache.demote(keys, np.full(len(keys), c, dtype=np.int64))
+    C, host = len(cache.classes), cache.host
+    if WRITER not in host.lo:
+        host.register(WRITER, [], (1 << 40,) * C)
+    for p in positions:
+        size, held = host.bytes, len(host)
+        evicted = host.store([int(KEY0 + p) * C + c], [int(p)], WRITER)
+        assert evicted is not None
+        host.end_step()
+        cache.totals.write_blocks[cache.top] += len(host) - held + len(evicted)
+        cache.totals.write_bytes[cache.top] += host.bytes - size + host.weigh(evicted)
+        demote(cache, evicted)
 
 
 def _keys(n: int) -> np.ndarray:
@@ -94,16 +108,17 @@ def test_gemma3_a_hit_needs_the_window_of_the_sliding_group_only(gemma):
     # one of 0..63. Every-group-at-every-position (the rule before) loads nothing.
     _demote(gemma, "full", range(128))
     _demote(gemma, "sliding_1024", range(64, 128))
-    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    plan = gemma.plan(0, 0, 2049, 0.0)
     assert plan.load_blocks == 128 and plan.skipped == 0 and set(plan.tier_of) == {HOST}
     # it reads full 128 x 1,310,720 = 167,772,160 B and the window's (2,048 − 1,023) // 16 = 64.. 127: 64 x
     # 7,864,320 = 503,316,480 B: 671,088,640 B over 25 GB/s = 26.84 ms, less than prefilling the 2,048 tokens
     wait = 671_088_640 / LINK
     assert plan.ready_s == pytest.approx(wait, rel=1e-12)
     assert wait + prefill_s(gemma.steptime, 2048, 1) < prefill_s(gemma.steptime, 0, 2049)
-    gemma.commit(0, _keys(129), plan, 0.0)
+    gemma.commit(0, plan, 0.0)
     assert gemma.totals.read_group_bytes[HOST] == {"full": 167_772_160, "sliding_1024": 503_316_480}
-    assert gemma.totals.read_blocks == [128, 0] and len(gemma.lru[HOST]) == 0  # promoted: the GPU's now
+    # inclusive: the read entries stay in the host, pinned until the load lands (the full group's 128, the window's 64)
+    assert gemma.totals.read_blocks == [128, 0] and len(gemma.lru[HOST]) == 192 and len(gemma.host.pinned) == 192
 
 
 def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
@@ -111,28 +126,8 @@ def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
     # none valid from 1 to 100, nor 101..128 (each window k − 64..k − 1 covers 100 for k <= 164): nothing loads
     _demote(gemma, "full", range(128))
     _demote(gemma, "sliding_1024", [*range(64, 100), *range(101, 128)])
-    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    plan = gemma.plan(0, 0, 2049, 0.0)
     assert plan.load_blocks == 0 and plan.skipped == 128
-
-
-def test_gemma3_blocks_the_gpu_still_caches_count_as_the_hosts(gemma):
-    # A request computed positions 0..128 (no load): the GPU caches each group's block of them until it evicts
-    # it. Preempted by recompute after 1,600 tokens (100 blocks), it holds none of 100..128. The host then gets the
-    # full blocks 0..127 and no sliding one: a hit of k needs the sliding blocks k − 64..k − 1, on the GPU for
-    # k <= 100 only (vLLM's write-through CPU copy holds them: read as from the host). The load of 100 reads the
-    # full group's 100 x 1,310,720 = 131,072,000 B and the window (1,600 − 1,023) // 16 = 36..99: 64 x 7,864,320
-    # = 503,316,480 B
-    keys = _keys(129)
-    gemma.commit(0, keys, gemma.plan(keys, 0, 2049, 0.0), 0.0)
-    assert len(gemma.gpu) == 2 * 129
-    gemma.forget(keys, 100)
-    assert len(gemma.gpu) == 2 * 100
-    _demote(gemma, "full", range(128))
-    assert len(gemma.gpu) == 100  # the evicted full blocks leave the GPU
-    plan = gemma.plan(keys, 0, 2049, 1.0)
-    assert plan.load_blocks == 100
-    gemma.commit(0, keys, plan, 1.0)  # (its readmission)
-    assert gemma.totals.read_group_bytes[HOST] == {"full": 131_072_000, "sliding_1024": 503_316_480}
 
 
 def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
@@ -143,7 +138,7 @@ def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
     # 100 x 1,310,720 = 131,072,000 B and the window (1,600 − 1,023) // 16 = 36..99: 64 x 7,864,320 = 503,316,480 B
     _demote(gemma, "full", range(128))
     _demote(gemma, "sliding_1024", range(128))
-    plan = gemma.plan(_keys(129), 0, 2049, 0.0)
+    plan = gemma.plan(0, 0, 2049, 0.0)
     assert (plan.load_blocks, plan.skipped) == (119, 9)
     cut = gemma.shrink(plan, lambda k: k <= 100, 0.0)
     assert (cut.load_blocks, cut.skipped) == (100, 28)
@@ -152,7 +147,7 @@ def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
     hole = _cache_like(gemma)
     _demote(hole, "full", range(128))
     _demote(hole, "sliding_1024", range(64, 128))
-    cut = hole.shrink(hole.plan(_keys(129), 0, 2049, 0.0), lambda k: k <= 100, 0.0)
+    cut = hole.shrink(hole.plan(0, 0, 2049, 0.0), lambda k: k <= 100, 0.0)
     assert (cut.load_blocks, cut.skipped, cut.ready_s) == (0, 128, 0.0)
 
 
@@ -170,9 +165,9 @@ def test_scout_a_hit_ending_on_a_chunk_boundary_needs_no_chunked_block(scout):
     # A hit of k needs the chunked blocks (16k // 8,192 · 8,192) // 16 = 512 · (k // 512) .. k − 1: for k < 512
     # blocks 0..k − 1 (absent), for k = 512 none: the hit ends on the chunk's end, the next token starts a chunk.
     _demote(scout, "full", range(512))
-    plan = scout.plan(_keys(513), 0, 8193, 0.0)
+    plan = scout.plan(0, 0, 8193, 0.0)
     assert plan.load_blocks == 512 and plan.skipped == 0
-    scout.commit(0, _keys(513), plan, 0.0)
+    scout.commit(0, plan, 0.0)
     # reads 512 x 393,216 = 201,326,592 B of the full layers, nothing of the chunked ones
     assert scout.totals.read_group_bytes[HOST] == {"full": 201_326_592, "chunked_8192": 0}
     assert plan.ready_s == pytest.approx(201_326_592 / LINK, rel=1e-12)
@@ -184,19 +179,19 @@ def test_scout_a_hit_inside_a_chunk_needs_that_chunks_blocks(scout):
     # rest is longest at k = 512): full 640 x 393,216 = 251,658,240 B, chunked 128 x 1,179,648 = 150,994,944 B
     _demote(scout, "full", range(640))
     _demote(scout, "chunked_8192", range(512, 640))
-    plan = scout.plan(_keys(641), 0, 10241, 0.0)
+    plan = scout.plan(0, 0, 10241, 0.0)
     assert plan.load_blocks == 640
-    scout.commit(0, _keys(641), plan, 0.0)
+    scout.commit(0, plan, 0.0)
     assert scout.totals.read_group_bytes[HOST] == {"full": 251_658_240, "chunked_8192": 150_994_944}
     # with the chunked block 600 missing, k = 601..640 are out: the largest left is 600
     scout2 = _cache_like(scout)
     _demote(scout2, "full", range(640))
     _demote(scout2, "chunked_8192", [*range(512, 600), *range(601, 640)])
-    assert scout2.plan(_keys(641), 0, 10241, 0.0).load_blocks <= 600
+    assert scout2.plan(0, 0, 10241, 0.0).load_blocks <= 600
 
 
 def _cache_like(cache: TierCache) -> TierCache:
-    return TierCache(cache.tiers, cache.steptime, cache.block_size, 1)
+    return TierCache(cache.tiers, cache.steptime, cache.block_size, [_keys(1024)], 1100)
 
 
 @pytest.fixture
@@ -218,9 +213,9 @@ def test_nemotron_a_load_ends_where_a_state_is(nemotron, states, loaded, skipped
     # load ends at the last state (each beats prefilling its 4,128 tokens: 169,082,880 + 1,014,497,280 B = 47.3 ms)
     _demote(nemotron, "full", range(3))
     _demote(nemotron, "state_mamba2", states)
-    plan = nemotron.plan(_keys(4), 0, 13000, 0.0)
+    plan = nemotron.plan(0, 0, 13000, 0.0)
     assert (plan.load_blocks, plan.skipped) == (loaded, skipped)
-    nemotron.commit(0, _keys(4), plan, 0.0)
+    nemotron.commit(0, plan, 0.0)
     # reads k full blocks and ONE state page: k x 169,082,880 + 1,014,497,280
     read = {"full": loaded * 169_082_880, "state_mamba2": 1_014_497_280} if loaded else {}
     assert nemotron.totals.read_group_bytes[HOST] == read
@@ -234,7 +229,7 @@ def test_nemotron_a_state_on_disk_makes_the_position_a_disk_hit(tmp_path):
                    disk_cache="100GiB", max_model_len=16384)
     _demote(cache, "full", range(3))
     _demote(cache, "state_mamba2", [1])
-    plan = cache.plan(_keys(4), 0, 13000, 0.0)
+    plan = cache.plan(0, 0, 13000, 0.0)
     assert plan.load_blocks == 2 and plan.tier_of == (DISK, DISK)
 
 
@@ -288,7 +283,7 @@ def test_the_longest_valid_load_is_vllms_hit(data):
                     for c, k in enumerate(kinds))
     C = len(classes)
     host = {(KEY0 + i) * C + c: 0 for c in range(C) for i in range(g, n) if present[c][i]}
-    found = find((host, {}, set()), list(range(KEY0 + g, KEY0 + n)), classes, 0, HOST)
+    found = find((host, {}), list(range(KEY0 + g, KEY0 + n)), classes)
     valid = valid_loads(found, classes, g, B)
     assert int(np.flatnonzero(valid).max()) == _vllm_lookup(present, kinds, windows, g, n, B)
     # what each valid load reads: a group's blocks from vLLM's get_num_skipped_tokens((g + k)·B) // B on
@@ -318,4 +313,5 @@ def test_zero_tiers_on_a_hybrid_are_the_plain_run(tmp_path):
     for name in ("first_token_s", "finish_s", "generated", "preemptions", "status"):
         assert np.array_equal(getattr(plain, name), getattr(tiered, name), equal_nan=True), name
     assert plain.end_s == tiered.end_s and tiered.tiers.read_blocks == [0, 0]
-    assert tiered.tiers.gpu_hit_blocks.tolist() == [0, 0, 0] and tiered.tiers.dropped_blocks > 0
+    # nothing is stored without a tier
+    assert tiered.tiers.gpu_hit_blocks.tolist() == [0, 0, 0] and tiered.tiers.write_blocks == [0, 0]

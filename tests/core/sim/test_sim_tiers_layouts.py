@@ -69,11 +69,12 @@ def test_gemma3_tier_blocks_as_share_counts_them(tmp_path, run_cli, layout):
 
 def test_gemma3_load_reads_the_padded_blocks(tmp_path):
     # r0 (ids 1, 2, 3: 64 full blocks + 1 token), r1 (new ids) takes a pool of 455 ids = one request's 65 blocks x 7
-    # tables, evicting every block r0 left cached to the host; r2 repeats r0's 1,024-token prefix (64 blocks). Which
+    # tables, evicting every block r0 left cached; a host of 2 GiB (234 positions) holds both requests' 64 stored
+    # positions (written through); r2 repeats r0's 1,024-token prefix (64 blocks). Which
     # k of them the load-or-recompute rule loads is its business; whatever k, the load reads k x 9,175,040 B
     # (k x 1,310,720 full + k x 7,864,320 sliding) and, alone on an idle 25 GB/s link, waits k x 9,175,040 / 25e9 s.
     rows = [(0, 1025, [1, 2, 3]), (1000, 1025, [5, 6, 7]), (2000, 1025, [1, 2, 4])]
-    setup = _tiers(tmp_path, rows=rows, model="gemma-3-27b", block_size=16)
+    setup = _tiers(tmp_path, host="2GiB", disk=None, rows=rows, model="gemma-3-27b", block_size=16)
     t = run_policy(setup.workload, "paged", replace(setup.sim, capacity_blocks=455)).tiers
     k = int(t.host_hit_blocks[2])
     assert k > 0 and t.read_blocks == [k, 0] and t.gpu_hit_blocks[2] + k + t.recomputed_blocks[2] == 64
