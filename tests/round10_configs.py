@@ -130,7 +130,8 @@ RECURRENTGEMMA_2B: dict[str, Any] = {
 }
 
 # https://huggingface.co/pfnet/plamo-2-1b/blob/main/config.json (as a port's loader test quotes it): Mamba on every
-# layer but every mamba_step-th; vLLM serves it (Plamo2ForCausalLM), kvcalc has no reader for its fields
+# layer but every mamba_step-th (vLLM's plamo2.is_mamba); vLLM serves it (Plamo2ForCausalLM), kvcalc reads it
+# since round 10
 PLAMO2_1B: dict[str, Any] = {
     "architectures": ["Plamo2ForCausalLM"], "model_type": "plamo2", "hidden_size": 2048, "num_hidden_layers": 16,
     "rms_norm_eps": 1e-06, "tie_word_embeddings": True, "num_attention_heads": 16, "num_key_value_heads": 1,

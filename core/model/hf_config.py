@@ -121,8 +121,7 @@ def spec_from_config(
     """
     thinker = config.get("thinker_config")
     if isinstance(thinker, Mapping) and config.get("num_hidden_layers") is None:
-        # Qwen2.5-Omni / Qwen3-Omni: vLLM serves the thinker (its text_config is the language model that keeps the
-        # KV); the talker and the speech decoder run outside vLLM
+        # Qwen2.5-Omni / Qwen3-Omni: vLLM serves the thinker, whose text_config keeps the KV (the talker runs outside)
         config = {**{k: config[k] for k in _TOP_LEVEL_KEPT if k in config}, **thinker}
         source = f"{source} (thinker_config)"
     for nested in ("text_config", "llm_config"):
@@ -147,13 +146,13 @@ def spec_from_config(
             unread = f.unread_structural()
             if not unread and not f.data.get("model_type"):
                 raise  # a hand-written config without a model_type: the failure says it all
-            # a ParameterError's template keeps its marks ({layers}), rendered as the caller's flags
-            why = (exc.template if isinstance(exc, ParameterError) else str(exc)).removeprefix(f"{f.source}: ")
-            params = exc.params if isinstance(exc, ParameterError) else ()
+            marked = exc if isinstance(exc, ParameterError) else None  # its {layers} marks: the caller's flags
+            why = (marked.template if marked else str(exc)).removeprefix(f"{f.source}: ")
             # with look-alike fields unread, those are the news; without, the failure itself says why (and it is
             # said beside them when it names a field: the read stopped there, which left later fields unread)
             named = why.startswith(("missing the field", "field '"))
-            raise refusal(f, unread, why=why if not unread or named else "", params=params) from None
+            raise refusal(f, unread, why=why if not unread or named else "",
+                          params=marked.params if marked else ()) from None
     notes = tuple(n for n in (defaulted, judge_unread(f)) if n is not None)
     return dataclasses.replace(spec, notes=(*spec.notes, *notes)) if notes else spec
 
@@ -311,9 +310,9 @@ def groups_head_dim(groups: tuple) -> int:
 
 
 def _head_dim(f: ConfigFields, heads: int, hidden: int | None) -> int:
-    """`head_dim` (or `attention_head_dim`, `kv_channels`; `attention_hidden_size` / heads), MLA's nope + rope,
-    else hidden_size / heads."""
-    head_dim = f.int("head_dim", "attention_head_dim", "kv_channels")
+    """`head_dim` (PLaMo-2's `hidden_size_per_head`, which vLLM sets as head_dim; `attention_head_dim`, `kv_channels`;
+    `attention_hidden_size` / heads), MLA's nope + rope, else hidden_size / heads."""
+    head_dim = f.int("hidden_size_per_head", "head_dim", "attention_head_dim", "kv_channels")
     attention_width = f.int("attention_hidden_size")  # Zamba: attention runs on a wider input than hidden_size
     if attention_width is not None:
         if attention_width % heads or (head_dim is not None and head_dim * heads != attention_width):

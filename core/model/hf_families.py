@@ -41,7 +41,8 @@ FAMILIES: dict[str, str] = {
     # attention + Mamba / linear attention / short convolution in one stack
     **dict.fromkeys(("nemotron_h", "jamba", "bamba", "granitemoehybrid", "zamba", "zamba2", "falcon_h1",
                      "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "minimax",
-                     "minimax_m1", "minimax_text_01", "lfm2", "lfm2_moe", "kimi_linear", "kimi_k3", "kimi_k3_text"),
+                     "minimax_m1", "minimax_text_01", "lfm2", "lfm2_moe", "kimi_linear", "kimi_k3", "kimi_k3_text",
+                     "plamo2"),
                     "hybrid"),
     # no KV at all: a constant state per sequence (hf_recurrent.py)
     **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv"), "recurrent"),

@@ -14,7 +14,7 @@ One convention names the layer kinds (when a config carries two, they must agree
   hybrid layers, the rest Mamba), `full_attention_interval`
   (Qwen3-Next / Qwen3.5, default 4: every 4th layer full, the rest linear attention);
 * `global_attn_every_n_layers` (AFMoE: every n-th layer full, the rest sliding);
-* Falcon-H1: every layer hybrid.
+* Falcon-H1: every layer hybrid; PLaMo-2: `mamba_step` (attention where i % step == step // 2, else Mamba).
 
 Otherwise attention layers only, windowed by: `attention_chunk_size` on the RoPE layers of `no_rope_layers`
 (Llama-4; NoPE layers are global; default one NoPE layer in `no_rope_layer_interval` = 4);
@@ -119,9 +119,26 @@ def _named_kinds(f: ConfigFields, n: int, model_type: str):
         yield "full_attention_interval", ["full" if (i + 1) % interval == 0 else "recurrent" for i in range(n)]
     if model_type == "falcon_h1":
         yield "model_type falcon_h1", ["hybrid"] * n
+    if model_type == "plamo2":
+        yield "mamba_step", _plamo2_kinds(f, n)
     kda = f.raw("linear_attn_config")
     if kda is not None:
         yield "linear_attn_config", _kda_kinds(f, kda, n)
+
+
+def _plamo2_kinds(f: ConfigFields, n: int) -> list[str]:
+    """PLaMo-2 as vLLM's plamo2.is_mamba places it: with mamba_enabled, layer i is Mamba unless
+    i % mamba_step == mamba_step // 2 (a model of fewer than mamba_step // 2 + 1 layers: attention on the last
+    only); attention_window_size is not read (vLLM's Plamo2AttentionMixer attends to every token)."""
+    f.raw("attention_window_size", "full_attention_idx")
+    if f.flag("mamba_enabled") is False:
+        return ["full"] * n
+    step = f.required_int("mamba_step")
+    if step < 2:
+        raise f.error(f"mamba_step {step} must be at least 2 (vLLM asserts it)")
+    if n <= step // 2:
+        return ["recurrent"] * (n - 1) + ["full"]
+    return ["full" if i % step == step // 2 else "recurrent" for i in range(n)]
 
 
 def _kda_kinds(f: ConfigFields, kda: object, n: int) -> list[str]:

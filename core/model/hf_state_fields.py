@@ -21,6 +21,8 @@ from ..dtypes import parse_dtype
 from .hf_fields import ConfigFields
 from .state import RecurrentState
 
+# PLaMo-2 adds hidden_size_per_head (vLLM's Plamo2MambaMixer: heads that wide, n_groups 0: B and C not grouped)
+_MAMBA_HEAD_KEYS = ("mamba_head_dim", "mamba_d_head", "mamba_headdim")
 _SSM_DTYPE_DEFAULTS = {"nemotron_h": "fp32"}  # transformers' NemotronHConfig.mamba_ssm_cache_dtype
 # The Mamba-2 scan chunk as vLLM reads it (ModelConfig.get_mamba_chunk_size): hf_text_config.mamba_chunk_size, else
 # .chunk_size, on the config object transformers built, so a config.json without either takes its config class's
@@ -86,14 +88,13 @@ def read_state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tu
         raise f.error("the config has both Mamba and linear-attention state fields; kvcalc cannot tell which "
                       "its recurrent layers use")
     if mamba_heads is not None:
-        d_head = f.raw("mamba_head_dim", "mamba_d_head", "mamba_headdim")
+        head_keys = _MAMBA_HEAD_KEYS + (("hidden_size_per_head",) if f.raw("model_type") == "plamo2" else ())
+        d_head = f.raw(*head_keys)
         # `mamba_expand` (Zamba2, Bamba ...) is d_inner / hidden_size and heads · head_dim must agree with it;
         # Falcon-H1's mamba_d_ssm overrides it (transformers uses expand only when d_ssm is absent).
         expand, expand_key = f.int("mamba_expand", "expand"), f.key_of("mamba_expand", "expand")
-        d_inner = f.int("mamba_d_ssm") or (
-            mamba_heads * f.required_int("mamba_head_dim", "mamba_d_head", "mamba_headdim") if d_head != "auto"
-            else (expand or 2) * hidden  # Falcon-H1's "auto": d_inner / heads
-        )
+        d_inner = f.int("mamba_d_ssm") or (mamba_heads * f.required_int(*head_keys) if d_head != "auto"
+                                           else (expand or 2) * hidden)  # Falcon-H1's "auto": d_inner / heads
         # Nemotron-H (Nemotron-3-Nano: expand 2 · 2688 = 5376, but 64 heads · 64 = 4096): transformers' mixer
         # and vLLM's both take heads · head_dim and never read `expand`, so neither does kvcalc
         by_heads = f.raw("model_type") == "nemotron_h" and d_head != "auto"
@@ -104,7 +105,7 @@ def read_state(f: ConfigFields, kind: str, heads: int, head_dim: int, dtypes: tu
         return RecurrentState(
             "mamba2", conv, ssm, d_inner=d_inner, heads=mamba_heads, head_dim=d_inner // mamba_heads,
             d_state=f.required_int("ssm_state_size", "mamba_d_state", "state_size"),
-            n_groups=f.int("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
+            n_groups=0 if len(head_keys) > 3 else f.int("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
             d_conv=f.required_int("conv_kernel", "mamba_d_conv"), chunk=chunk, chunk_from=chunk_from,
         )
     if linear_heads is not None:

@@ -21,7 +21,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, QWEN25_OMNI_7B, write
+from round10_configs import (
+    DOTS_LLM1,
+    GLM45V,
+    LLAMA4_MAVERICK,
+    MINISTRAL3_8B,
+    PLAMO2_1B,
+    QWEN3_VL_30B_A3B,
+    QWEN25_OMNI_7B,
+    write,
+)
 
 GiB = 2**30
 
@@ -137,9 +146,39 @@ def test_qwen25_omni_thinker_and_its_audio_tower(run_cli, tmp_path: Path) -> Non
         assert "audio_config (qwen2_5_omni_audio_encoder)" in lines[0] and f"give {option}" in lines[0]
 
 
+def test_plamo2_hybrid_as_vllm_places_it(run_cli, tmp_path: Path) -> None:
+    # vLLM's plamo2.is_mamba (mamba_step 2): layer i is Mamba unless i % 2 == 1, so 8 attention layers (1, 3, .., 15)
+    # of 1 KV head × hidden_size_per_head 128: 2 · 128 · 2 = 512 B a token a layer, 4,096 B for the 8 (full
+    # attention: vLLM's Plamo2AttentionMixer passes no window). 8 Mamba-2 layers, vLLM's mamba2_state_shape with
+    # n_groups 0: conv (4 − 1) · (32 heads · 128 = 4,096) = 12,288 scalars, SSM 32 · 128 · 64 = 262,144, both in the
+    # model dtype (no torch_dtype: bf16, said): 548,864 B a layer, 4,390,912 B a sequence. It was refused before
+    # this round ("not an architecture kvcalc knows ... mamba_step").
+    config = str(write(tmp_path / "plamo2", PLAMO2_1B))
+    result = run_cli("size", "--config", config, "--tokens", "4096", "--kv-memory", "10GiB", "--json")
+    assert result.exit_code == 0 and "assumed bf16" in result.stderr, result.stderr
+    doc = result.json()
+    assert (doc["bytes_per_token"], doc["state_bytes_per_seq"]) == (8 * 512, 8 * 548_864) == (4096, 4_390_912)
+    plan = doc["gpu_plan"]
+    # block raised until an attention page holds a state page: 16 · cdiv(548,864, 16 · 512) = 16 · 67 = 1,072 tokens,
+    # a page 1,072 · 512 = 548,864 B (no padding); groups of 8 slots: 1 full + 1 state, 4,390,912 B a block id;
+    # 10 GiB // 4,390,912 = 2,445 ids; a request of max_position_embeddings 10,485,760 tokens: cdiv(·, 1,072) =
+    # 9,782 full + 1 state page = 9,783; "GPU KV cache size" 2,445 · 10,485,760 // 9,783 = 2,620,636 tokens
+    assert (plan["block_size"], plan["page_bytes"], plan["group_size"]) == (1072, 548_864, 8)
+    assert (plan["block_bytes"], plan["num_blocks"], plan["blocks_per_request"]) == (4_390_912, 2445, 9783)
+    assert plan["kv_cache_tokens"] == 2445 * 10_485_760 // 9783 == 2_620_636
+    frag = _json(run_cli, "frag", "--config", config, "--lengths", "100,2000")["paged"][0]
+    # block 1,072: full cdiv(100, ·) + cdiv(2,000, ·) = 1 + 2; one state page a request
+    assert {g["kind"]: g["blocks"] for g in frag["groups"]} == {"full": 3, "state": 2}
+    share = _json(run_cli, "share", "--config", config, "--prefix", "1000", "--branches", "3", "--gen", "50")
+    # 1,050 tokens a branch fit one block of 1,072, which the 1,000-token prefix does not fill: nothing whole to
+    # share, each branch its own full block and its own state page
+    assert {g["kind"]: g["physical_blocks"] for g in share["kv_cache_groups"]["groups"]} == {"full": 3, "state": 3}
+    assert share["logical_blocks"] == 6
+
+
 CASES = {"maverick": (LLAMA4_MAVERICK, "8", ()), "qwen3vl": (QWEN3_VL_30B_A3B, "1", ()), "glm45v": (GLM45V, "4", ()),
          "ministral3": (MINISTRAL3_8B, "1", ("--weights-bytes", "17GiB")), "dots1": (DOTS_LLM1, "4", ()),
-         "omni": (QWEN25_OMNI_7B, "1", ("--weights-bytes", "17GiB"))}
+         "omni": (QWEN25_OMNI_7B, "1", ("--weights-bytes", "17GiB")), "plamo2": (PLAMO2_1B, "1", ())}
 
 
 @pytest.mark.parametrize("name", list(CASES))
