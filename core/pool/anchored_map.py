@@ -8,19 +8,17 @@ registered while its anchor A is indexed goes into `of[g, A]`: it is hashed (blo
 the free queue as a cache entry, evicted and counted as one like any other), its hash, home, key and parent are
 written as for an indexed block, but the index holds no entry for it.
 
-Every look-up of an anchored group goes through its anchor: the full group's verified hit at that position, an
-indexed block at its current version. A block the index would verify there — registered under the anchor at
-that version, not handed out since — is `of[g, A]`: a second block under the same (g, A) is refused while the
-first is there (one block per hash), and the map's row of A is emptied when A leaves the index (its eviction,
-`left`). So `present` gives what the index's look-up under the derived hash would, with no probe.
+Every look-up of an anchored group goes through its anchor: the full group's verified hit at that position, the
+index entry's block of that content. A block the index would verify there — registered under that content — is
+`of[g, A]`, so `present` gives what the index's look-up under the derived hash would, with no probe.
 
-When A is evicted, the blocks still registered under it are stale (no look-up can verify them again), but a
-later registration of the same prefix (a new anchor with A's chain hash) must still find them under their hash:
-it drops a free one or is refused by a held one (group_hits.register_anchored). So they move into the index
-(at the next registration: `flush`), as they would be had they been indexed all along; `moved` marks their
-anchors' chain hashes (a filter of 2^20 buckets by the hash's top bits, never cleared: a bucket set in vain only
-costs a probe), and a registration probes the index only for the blocks whose anchor hash falls in a marked
-bucket.
+A is a content's entry in the index (its head block, dup_lists): a block registered beside a duplicate of A's
+content is registered under A, and when A is evicted the map's row of A passes to the next block of the content
+(`left`). Several blocks of one group under one anchor are duplicates of one content (vLLM caches them all): the
+cell holds the earliest, the others follow it (dup_lists) and take the cell in turn as it is evicted. When the
+content's last block is evicted the row is emptied: its blocks stay cached (in the free queue, counted, evicted
+as any cache entry) but no look-up reaches them again. vLLM's would, once the same full-group content is computed
+again; rare, since a window's or chunk's block is freed, so evicted, before the full block beside it.
 """
 
 from __future__ import annotations
@@ -29,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .dup_lists import DupLists
 from .hash_index import LAZY  # block_slot of a block registered in the map: hashed, no index slot
 
 if TYPE_CHECKING:
     from .store import BlockStore
-_BUCKET_SHIFT = np.uint64(64 - 20)
 
 
 class AnchoredMap:
@@ -44,10 +42,10 @@ class AnchoredMap:
         n = store.num_blocks
         self.of = np.full((num_groups, n), -1, dtype=np.int32)  # of[g, A]: group g's block under anchor A
         self.group = np.full(n, -1, dtype=np.int8 if num_groups <= 127 else np.int32)  # a LAZY block's group
+        self.anchor = np.full(n, -1, dtype=np.int32)  # a cell's block: the anchor of its cell
         self.anchors = np.zeros(n, dtype=bool)  # blocks that may anchor a block of the map
-        self.moved = np.zeros(1 << 20, dtype=bool)  # chain-hash buckets of the anchors of blocks moved out
+        self.dups = DupLists(n)  # the other blocks of a cell's content, behind the one it holds
         self.num_lazy = 0
-        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # (blocks moved out of the map, their versions): flush
 
     def grow(self, num_groups: int) -> None:
         """Room for groups 0..num_groups - 1."""
@@ -60,85 +58,95 @@ class AnchoredMap:
         return self.pairs(np.repeat(groups, len(anchors)), np.tile(anchors, len(groups)))
 
     def pairs(self, groups: np.ndarray, anchors: np.ndarray) -> np.ndarray:
-        """intp [n]: the block of group groups[i] registered under anchor block anchors[i] (indexed, at its current
-        version: an evicted anchor's row is emptied), or -1."""
-        found = self.of.ravel().take(groups * self.store.num_blocks + anchors).astype(np.intp, copy=False)
-        if not len(found) or np.maximum.reduce(found) < 0:  # none taken (fresh anchors): the common case
-            return found
-        cand = np.maximum(found, 0)
-        ok = found >= 0
-        ok &= self.store.block_slot.take(cand) == LAZY  # not handed out since (an evicted block's slot is -1)
-        ok &= self.group.take(cand) == groups
-        ok &= self.store.parent_id.take(cand) == anchors
-        return np.where(ok, found, -1)
-
-    def suspects(self, anchor_hashes: np.ndarray) -> np.ndarray:
-        """Positions (intp) of the anchor hashes a block moved into the index may have been registered under."""
-        return np.flatnonzero(self.moved.take((anchor_hashes >> _BUCKET_SHIFT).astype(np.intp)))
+        """intp [n]: the block of group groups[i] registered under anchor block anchors[i] (an index entry's block),
+        or -1."""
+        return self.of.ravel().take(groups * self.store.num_blocks + anchors).astype(np.intp, copy=False)
 
     def add(self, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray) -> None:
-        """Register `blocks` (of `groups`) under `anchors`, none of them taken (`present` -1 there)."""
-        self.store.block_slot[blocks] = LAZY
+        """Register `blocks` (of `groups`) under `anchors` (index entries' blocks): a block whose cell holds one
+        already follows it as a duplicate."""
+        store = self.store
+        store.block_slot[blocks] = LAZY
         self.group[blocks] = groups
-        self.of.ravel()[groups * self.store.num_blocks + anchors] = blocks
-        self.anchors[anchors] = True
         self.num_lazy += len(blocks)
+        cells = groups * store.num_blocks + anchors
+        held = self.of.ravel().take(cells)
+        _, first = np.unique(cells, return_index=True)
+        new = np.zeros(len(cells), dtype=bool)
+        new[first] = True
+        new &= held < 0
+        if np.count_nonzero(new):
+            self.of.ravel()[cells[new]] = blocks[new]
+            self.anchor[blocks[new]] = anchors[new]
+            self.anchors[anchors[new]] = True
+        if not np.all(new):
+            joining = ~new
+            self.dups.append(self.of.ravel().take(cells[joining]).astype(np.intp), blocks[joining])
 
-    def left(self, ids: np.ndarray) -> None:
-        """`ids` left the index (evicted; versions not yet changed; LAZY ones left the map too): the blocks still
-        registered under the anchors among them move into the index (see the module docstring)."""
+    def lazy_left(self, ids: np.ndarray) -> None:
+        """`ids` (registered here) were evicted: each leaves its cell's list; a cell's block passes the cell on."""
+        self.num_lazy -= len(ids)
+        n = self.store.num_blocks
+        listed = self.dups.listed(ids) if self.dups.num_members else np.zeros(len(ids), dtype=bool)
+        for b in ids[listed].tolist():
+            head = self.dups.head_of(b)
+            now = self.dups.remove(b, head)
+            cell = int(self.group[head]) * n + int(self.anchor[head])
+            if b == head and self.anchor[head] >= 0 and self.of.ravel()[cell] == head:
+                self.of.ravel()[cell] = now
+                if now >= 0:
+                    self.anchor[now] = self.anchor[head]
+            self.anchor[b] = -1
+        alone = ids[~listed]
+        anchor = self.anchor.take(alone)
+        cells = self.group.take(alone).astype(np.int64) * n + np.maximum(anchor, 0)
+        mine = (anchor >= 0) & (self.of.ravel().take(cells) == alone)
+        self.of.ravel()[cells[mine]] = -1
+        self.anchor[alone] = -1
+
+    def left(self, ids: np.ndarray, passed: list[tuple[int, int]]) -> None:
+        """Index entries' blocks left the index: `ids` with their entries, the blocks of each row orphaned (still
+        cached, never found again: the module docstring); `passed` (block, its successor) in order, each row
+        passing to the successor (-1: orphaned too)."""
         held = self.anchors.take(ids)
         if np.count_nonzero(held):
-            self._move(ids[held])
+            self._orphan(ids[held])
+        for b, successor in passed:
+            if not self.anchors[b]:
+                continue
+            if successor < 0:
+                self._orphan(np.array([b], dtype=np.intp))
+                continue
+            self.anchors[b] = False
+            row = self.of[:, b].copy()
+            self.of[:, b] = -1
+            self.of[:, successor] = row
+            self.anchor[row[row >= 0]] = successor
+            self.anchors[successor] = True
 
-    def _move(self, anchors: np.ndarray) -> None:
-        store = self.store
+    def _orphan(self, anchors: np.ndarray) -> None:
         self.anchors[anchors] = False
         rows = self.of[:, anchors]
         self.of[:, anchors] = -1
-        groups, at = np.nonzero(rows >= 0)
-        blocks = rows[groups, at].astype(np.intp)
-        live = store.block_slot.take(blocks) == LAZY
-        live &= self.group.take(blocks) == groups
-        live &= store.parent_id.take(blocks) == anchors[at]
-        if not np.count_nonzero(live):
-            return
-        blocks, at = blocks[live], at[live]
-        self.moved[(store.block_hash.take(anchors[at]) >> _BUCKET_SHIFT).astype(np.intp)] = True
-        self.pending.append((blocks, store.version.take(blocks)))
-
-    def flush(self) -> None:
-        """Insert the blocks moved out of the map (`left`) that are still registered (LAZY, not handed out since)
-        into the index. Not at once: an eviction runs between a look-up and the registration that inserts into the
-        empty slots it saw (prefix_lookup), which an insert then could take; here, where register_anchored would
-        insert its blocks into the index, as any registration does."""
-        store = self.store
-        for blocks, versions in self.pending:
-            live = store.block_slot.take(blocks) == LAZY
-            live &= store.version.take(blocks) == versions
-            blocks = blocks[live]
-            if not len(blocks):
-                continue
-            store.block_slot[blocks] = -1
-            self.num_lazy -= len(blocks)
-            # their hashes are absent: an entry under one would have refused the block when it was registered, and
-            # the anchor's hash was indexed by no other block since (one block per hash)
-            homes = store.block_home[blocks].astype(np.int64)
-            inserted = store.index.insert_absent(store.block_hash[blocks], blocks, homes)
-            assert inserted is None, "an anchored block moved into the hash index met an entry under its hash"
-        self.pending.clear()
+        self.anchor[rows[rows >= 0]] = -1
 
     def check(self) -> None:
-        """Assert that every LAZY block is in the map under its group and anchor (an indexed block, at the version
-        the block was registered under), or moved out of it and not yet inserted (`flush`)."""
+        """Assert that every cell's block is LAZY, of its group, registered under its anchor (an index entry's
+        block, of the content it was registered under), and that the duplicates lists are whole."""
         store = self.store
         lazy = np.flatnonzero(store.block_slot == LAZY)
         assert len(lazy) == self.num_lazy, f"{len(lazy)} blocks in the anchored map, its count says {self.num_lazy}"
-        waiting = [b[(store.block_slot[b] == LAZY) & (store.version[b] == v)] for b, v in self.pending]
-        mapped = np.setdiff1d(lazy, np.concatenate([np.empty(0, dtype=np.intp), *waiting]))
-        groups, anchors = self.group[mapped].astype(np.intp), store.parent_id[mapped]
-        assert np.array_equal(self.of[groups, anchors], mapped), "a LAZY block is not in the anchored map"
+        groups, anchors = np.nonzero(self.of >= 0)
+        cells = self.of[groups, anchors].astype(np.intp)
+        assert np.all(store.block_slot[cells] == LAZY), "a cell of the anchored map holds a block not registered there"
+        assert np.array_equal(self.group[cells], groups), "a cell holds a block of another group"
+        assert np.array_equal(self.anchor[cells], anchors), "a cell's block records another anchor"
         assert np.all(self.anchors[anchors]), "an anchor of the anchored map is not marked"
         slots = store.block_slot[anchors]
         assert np.all((slots >= 0) & (slots != LAZY)), "an anchor of the anchored map left the index"
-        assert np.array_equal(store.parent_ver[mapped], store.version[anchors]), "a LAZY block's anchor was handed out"
+        assert np.array_equal(store.index.vals[slots], anchors), "an anchor of the anchored map is not its entry's"
+        assert np.array_equal(store.parent_klass[cells], store.klass[anchors]), "a cell's block after other content"
+        self.dups.check(cells)
+        members, heads = self.dups.grouped(cells)
+        assert np.array_equal(store.parent_klass[members], store.parent_klass[heads]), "a duplicate of other content"
+        assert np.all(store.block_slot[members] == LAZY), "a duplicate in the anchored map is not registered there"

@@ -30,8 +30,8 @@ A state page in mode align is saved where a step ends at, or (prefill split at b
 `_mamba_block_aligned_split`) passes, a block boundary: after a step ends at n tokens, page n // B − 1 holds
 the state at boundary (n // B)·B. Pages inside a longer step hold no saved state and are never registered.
 
-A block whose anchor was handed out since can never be verified again; when the same prefix is registered once
-more, its stale entry is dropped (the block stays in the free queue, hash-less), so that the new one is indexed.
+Several blocks may hold one group's block of one content (duplicates, as vLLM caches them): registered under the
+index entry's block of the anchor's content, the first found by a look-up, the others behind it (dup_lists).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from __future__ import annotations
 import numpy as np
 
 from .anchored_map import AnchoredMap
-from .free_queue import FREE_CACHED
 from .groups import PoolGroup
 from .prefix_cache import mix64
 from .store import BlockStore
@@ -76,8 +75,7 @@ def anchored_lookup(store: BlockStore, group: int, positions: np.ndarray, anchor
     hashes = derived_hashes(anchor_hashes, group, subs)
     found, _ = store.index.find(hashes, store.index.home_slots(hashes, positions))
     cand = np.maximum(found, 0)
-    ok = (found >= 0) & (store.parent_id.take(cand) == anchors)
-    ok &= store.parent_ver.take(cand) == store.version.take(anchors)
+    ok = (found >= 0) & (store.parent_klass.take(cand) == store.klass.take(anchors))
     return np.where(ok, found, -1)
 
 
@@ -148,75 +146,47 @@ def hit_table(group: PoolGroup, present: np.ndarray, hit: int, block_size: int) 
 
 def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray,
                       positions: np.ndarray, subs: np.ndarray | None = None) -> int:
-    """Index full `blocks` of anchored `groups` (the group of each) at chain `positions`, each anchored to the full
-    group's block at the same position (`anchors`; with mixed block sizes the one that holds its last token, `subs`
-    its sub-index there: anchor_positions); blocks whose anchor is not indexed stay unindexed. One block size: in
-    the anchored map (anchored_map), else in the index. Returns how many were registered."""
-    ok = (blocks >= 0) & (store.block_slot.take(np.maximum(anchors, 0)) >= 0) & (anchors >= 0)
+    """Register full `blocks` of anchored `groups` (the group of each) at chain `positions`, each anchored to the
+    content of the full group's block at the same position (`anchors`; with mixed block sizes the one that holds
+    its last token, `subs` its sub-index there: anchor_positions): under the index entry's block of that content
+    (the anchor itself, or the earlier copy of its content, dup_lists). Blocks whose anchor is not indexed stay
+    unregistered. One block size: in the anchored map (anchored_map), else in the index; a block of content
+    registered already follows it as a duplicate, as vLLM caches it too. Returns how many were registered."""
+    heads = store.index.head_of(np.maximum(anchors, 0))
+    ok = (blocks >= 0) & (anchors >= 0) & (heads >= 0)
     ok &= store.block_slot.take(np.maximum(blocks, 0)) < 0
-    blocks, anchors, positions, groups = blocks[ok], anchors[ok], positions[ok], groups[ok]
+    blocks, heads, positions, groups = blocks[ok], heads[ok], positions[ok], groups[ok]
     if subs is not None:
         subs = subs[ok]
     if not len(blocks):
         return 0
     index = store.index
-    anchor_hashes = store.block_hash.take(anchors)
-    hashes = derived_hashes(anchor_hashes, groups, subs)
+    hashes = derived_hashes(store.block_hash.take(heads), groups, subs)
     homes = index.home_slots(hashes, positions)
-    if subs is None and index.map_anchored:
-        return _register_in_map(store, groups, blocks, anchors, anchor_hashes, hashes, homes)
-    present, slots = index.find(hashes, homes)
-    if _drop_stale(store, present):
-        present, slots = index.find(hashes, homes)
     store.block_hash[blocks] = hashes
     store.block_home[blocks] = homes
-    inserted = index.insert_absent(hashes, blocks, homes, present, slots)
-    if inserted is not None:
-        blocks, anchors = blocks[inserted], anchors[inserted]
-    _chain(store, blocks, anchors)
-    return len(blocks)
-
-
-def _drop_stale(store: BlockStore, present: np.ndarray) -> bool:
-    """Drop the stale entries among `present` (a look-up's blocks, or -1) that no table holds: their anchor was
-    handed out since, so they can never be verified again (module docstring); returns whether any was."""
-    old = present[present >= 0]  # (a block found twice, under equal hashes of the batch, is deleted once: unique)
-    stale = old[store.parent_ver.take(old) != store.version.take(store.parent_id.take(old))] if len(old) else old
-    if not len(stale) or not len(stale := np.unique(stale[store.state.take(stale) == FREE_CACHED])):
-        return False
-    store.index.delete(stale)
-    store.queue.uncache(stale)  # hash-less, where it was in the free queue
-    store.fill[stale] = 0
-    return True
-
-
-def _register_in_map(store: BlockStore, groups: np.ndarray, blocks: np.ndarray, anchors: np.ndarray,
-                     anchor_hashes: np.ndarray, hashes: np.ndarray, homes: np.ndarray) -> int:
-    """register_anchored of one block size, in the anchored map: a block is refused where its (group, anchor)
-    holds one already, or where the index holds a stale one under its hash (moved there from the map when its
-    anchor was evicted) that a table holds; a free stale one is dropped (as the index would decide)."""
-    index = store.index
+    _chain(store, blocks, heads)
     anchored = _map(store)
     if anchored is None:
         anchored = index.anchored = AnchoredMap(store, int(groups.max()) + 1)
     anchored.grow(int(groups.max()) + 1)
-    if anchored.pending:
-        anchored.flush()
-    refused = anchored.pairs(groups, anchors) >= 0
-    suspects = anchored.suspects(anchor_hashes)
-    if len(suspects):
-        present, _ = index.find(hashes[suspects], homes[suspects])
-        if _drop_stale(store, present):
-            present, _ = index.find(hashes[suspects], homes[suspects])
-        refused[suspects[present >= 0]] = True
-    store.block_hash[blocks] = hashes
-    store.block_home[blocks] = homes
-    if np.count_nonzero(refused):
-        kept = ~refused
-        groups, blocks, anchors = groups[kept], blocks[kept], anchors[kept]
-    anchored.add(groups, blocks, anchors)
-    _chain(store, blocks, anchors)
-    return len(blocks)
+    if subs is None and index.map_anchored:
+        anchored.add(groups, blocks, heads)
+        return len(blocks)
+    present, slots = index.find(hashes, homes)
+    cand = np.maximum(present, 0)
+    same = (present >= 0) & (store.parent_klass.take(cand) == store.klass.take(heads))
+    if np.count_nonzero(same):
+        index.join(present[same], blocks[same])
+        rest = ~same
+        hashes, blocks, homes, present, slots = hashes[rest], blocks[rest], homes[rest], present[rest], slots[rest]
+    if len(blocks) and np.maximum.reduce(present) >= 0:
+        # an entry in the way is stale: after a content no full block holds any more (a 64-bit collision aside).
+        # Its blocks stay cached, reached by no look-up, as the anchored map's rows of such content (anchored_map)
+        index.drop_entries(present[present >= 0], orphan=True)
+        present = np.full(len(present), -1, dtype=np.intp)
+    inserted = index.insert_absent(hashes, blocks, homes, present, slots)
+    return int(np.count_nonzero(ok)) - (0 if inserted is None else int(np.count_nonzero(~inserted)))
 
 
 def _map(store: BlockStore) -> AnchoredMap | None:
@@ -226,48 +196,11 @@ def _map(store: BlockStore) -> AnchoredMap | None:
     return anchored
 
 
-def _chain(store: BlockStore, blocks: np.ndarray, anchors: np.ndarray) -> None:
-    """Registered anchored `blocks` take their anchors' keys and are chained after them (at their versions)."""
-    store.key[blocks] = store.key.take(anchors)
-    store.parent_id[blocks] = anchors
-    store.parent_ver[blocks] = store.version.take(anchors)
-
-
-class Canonical:
-    """The cached blocks a sequence's chain group did not take: a hybrid hit shorter than the group's own
-    (another group limits it) makes the group recompute positions hit..own − 1 into fresh blocks, duplicates of
-    cached ones that stay unindexed (one block per hash), as vLLM allocates them. A block registered after them
-    must chain to the cached ones, or no later prompt could verify it through them; and an anchored group's block
-    at those positions is anchored to them. `blocks` [own − hit] are the group's verified hits there, `versions`
-    their versions then: a block handed out since no longer holds that content and is not used."""
-
-    def __init__(self, store: BlockStore, hit: int, blocks: np.ndarray) -> None:
-        self.hit, self.blocks = hit, blocks.copy()
-        self.versions = store.version.take(blocks)
-
-    @property
-    def end(self) -> int:
-        return self.hit + len(self.blocks)
-
-    def anchors(self, store: BlockStore, table: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """The table's blocks at `positions`, the cached ones (still at their versions) where it holds duplicates."""
-        out = table[positions].copy()
-        inside = (positions >= self.hit) & (positions < self.end)
-        at = positions[inside] - self.hit
-        live = store.version.take(self.blocks[at]) == self.versions[at]
-        out[np.flatnonzero(inside)[live]] = self.blocks[at[live]]
-        return out
-
-    def relink(self, store: BlockStore, table: np.ndarray) -> bool:
-        """Chain the table's block after the duplicates (position `end`, once indexed) to the cached block before
-        it; returns True once that position is settled (relinked, or registered by no one)."""
-        if len(table) <= self.end:
-            return False
-        block, dup = int(table[self.end]), int(table[self.end - 1])
-        cached, version = int(self.blocks[-1]), int(self.versions[-1])
-        if (block >= 0 and store.block_slot[block] >= 0 and store.parent_id[block] == dup
-                and store.version[cached] == version):
-            store.parent_id[block] = cached
-            store.parent_ver[block] = version
-            store.index.epoch += 1  # a chain changed: look-ups kept since are stale (prefix_lookup.probe)
-        return True
+def _chain(store: BlockStore, blocks: np.ndarray, heads: np.ndarray) -> None:
+    """Registered anchored `blocks` take their anchors' keys and come after their content (`heads`: the index
+    entries' blocks of it; parent_id / parent_ver for the tiers, at the heads' versions)."""
+    store.key[blocks] = store.key.take(heads)
+    store.klass[blocks] = 0
+    store.parent_klass[blocks] = store.klass.take(heads)
+    store.parent_id[blocks] = heads
+    store.parent_ver[blocks] = store.version.take(heads)

@@ -21,7 +21,8 @@ the second probe on, runs of different keys are independent, as in any open-addr
 <= 3/4. The map is from (hash, home): two equal hashes at different chain positions — a 64-bit collision
 — may both be entries; a hit is verified by the pool.
 
-At most one block per hash: a block whose hash is already taken stays unindexed (see the pool).
+Several blocks may hold one content (vLLM caches duplicates too): the entry holds the earliest, the others follow
+it in a list (dup_lists) and record the entry's slot as theirs; the entry passes to the next when its block leaves.
 Deletions leave tombstones, which lengthen probe runs like live entries; the table is rebuilt when
 tombstones pass 1/4 of it, or live entries + tombstones 3/4. Capacity is a power of two >= 2 x the most
 entries it can hold (the pool's block count), and >= 8 x up to _ROOMY_SLOTS: a small pool (a bounded
@@ -34,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .dup_lists import DupLists
 from .limits import index_slots
 
 EMPTY = -1  # a slot never used since the last rebuild: a probe run ends here
@@ -43,6 +45,7 @@ _LINE = 16  # int32 slots per 64-byte cache line: a chain's consecutive blocks s
 _STEP = _LINE + 1  # odd, so a probe run visits every slot; the next line, as near as a new line can be
 _STRAGGLERS = 16  # probe steps go batch-wide until this few keys are left; those finish one at a time
 LAZY = np.iinfo(np.int32).max  # slot_of of a hashed block registered outside the index (anchored_map)
+_NO_IDS = np.empty(0, dtype=np.intp)
 
 
 class AnchoredBlocks(Protocol):
@@ -50,7 +53,9 @@ class AnchoredBlocks(Protocol):
 
     num_lazy: int
 
-    def left(self, ids: np.ndarray) -> None: ...
+    def left(self, ids: np.ndarray, successors: np.ndarray) -> None: ...
+
+    def lazy_left(self, ids: np.ndarray) -> None: ...
 
     def check(self) -> None: ...
 
@@ -69,11 +74,12 @@ class HashIndex:
         self.num_live = 0
         self.num_tombstones = 0
         self.generation = 0  # bumped whenever an entry is deleted or moved (a saved look-up may be stale then)
-        # bumped when entries move (a rebuild: a slot saved by a look-up says nothing then) or a chain is relinked
-        # (group_hits.Canonical: a verification may change); prefix_lookup.probe re-checks kept look-ups until then
+        # bumped when entries move (a rebuild: a slot saved by a look-up says nothing then); prefix_lookup.probe
+        # re-checks kept look-ups until then
         self.epoch = 0
         self.anchored: AnchoredBlocks | None = None  # anchored blocks registered outside the index (anchored_map)
         self.map_anchored = True  # False: every anchored block in the index itself (the reference of the map's tests)
+        self.dups = DupLists(len(slot_of))  # the other blocks of an entry's content, behind the one it holds
 
     @staticmethod
     def num_slots(max_entries: int) -> int:
@@ -243,24 +249,73 @@ class HashIndex:
                 table[slot] = block_ids[i]
                 self.slot_of[block_ids[i]] = slot
 
+    def join(self, heads: np.ndarray, blocks: np.ndarray) -> None:
+        """Unindexed `blocks` holding the content of the indexed heads[i] (the caller checked) join its entry, behind
+        the blocks there (dup_lists): found once those before them leave."""
+        self.slot_of[blocks] = self.slot_of.take(heads)
+        self.dups.append(heads, blocks)
+
     def delete(self, block_ids: np.ndarray) -> None:
-        """Drop the entries of these hashed blocks (their slots become tombstones; one registered in the anchored
-        map leaves it, and the blocks registered there under the others move in: anchored_map); no look-up."""
+        """Drop these hashed blocks (evicted; no look-up): an entry's block passes the entry to the next block of its
+        content (dup_lists), or leaves a tombstone when it was the last; a member just leaves its list; one in the
+        anchored map leaves it, and the blocks registered there under an entry's block follow the entry
+        (anchored_map)."""
         slots = self.slot_of.take(block_ids)
         self.slot_of[block_ids] = -1
         anchored = self.anchored
         if anchored is not None and anchored.num_lazy:
             real = slots != LAZY
-            num_real = int(np.count_nonzero(real))
-            if num_real < len(block_ids):
-                anchored.num_lazy -= len(block_ids) - num_real
+            if np.count_nonzero(real) < len(block_ids):
+                anchored.lazy_left(block_ids[~real])
                 block_ids, slots = block_ids[real], slots[real]
+        passed: list[tuple[int, int]] = []  # (an entry's block that left, the block its entry passed to, or -1)
+        if self.dups.num_members and np.count_nonzero(listed := self.dups.listed(block_ids)):
+            for b, slot in zip(block_ids[listed].tolist(), slots[listed].tolist(), strict=True):
+                head = int(self.vals[slot])
+                now = self.dups.remove(b, head)
+                if b == head:  # (a block whose members left earlier in this batch ends its entry here)
+                    self.vals[slot] = _TOMBSTONE if now < 0 else now
+                    self.generation += 1
+                    passed.append((b, now))
+                    if now < 0:
+                        self.num_live -= 1
+                        self.num_tombstones += 1
+            block_ids, slots = block_ids[~listed], slots[~listed]
         self.vals[slots] = _TOMBSTONE
         self.generation += 1
         self.num_live -= len(block_ids)
         self.num_tombstones += len(block_ids)
         if anchored is not None:
-            anchored.left(block_ids)
+            anchored.left(block_ids, passed)
+
+    def drop_entries(self, heads: np.ndarray, *, orphan: bool = False) -> np.ndarray:
+        """Remove the entries of these indexed blocks with every block of their content (a stale entry that no
+        look-up can verify any more, in the way of a new one under its hash): intp [k], the blocks removed —
+        unhashed, or (`orphan`) still hashed as anchored blocks no look-up reaches (anchored_map, which must exist)."""
+        heads = np.unique(heads)
+        out = np.array([b for head in heads.tolist() for b in self.dups.take_out(head)], dtype=np.intp)
+        slots = self.slot_of.take(heads)
+        self.vals[slots] = _TOMBSTONE
+        self.generation += 1
+        self.num_live -= len(slots)
+        self.num_tombstones += len(slots)
+        anchored = self.anchored
+        if orphan:
+            assert anchored is not None
+            self.slot_of[out] = LAZY
+            anchored.num_lazy += len(out)
+        else:
+            self.slot_of[out] = -1
+        if anchored is not None:
+            anchored.left(out, [])
+        return out
+
+    def head_of(self, blocks: np.ndarray) -> np.ndarray:
+        """intp [n]: the block each entry of these indexed blocks holds (itself, or the earlier copy of its
+        content); -1 for a block not indexed."""
+        slots = self.slot_of.take(blocks)
+        real = (slots >= 0) & (slots != LAZY)
+        return np.where(real, self.vals.take(np.where(real, slots, 0)), -1).astype(np.intp, copy=False)
 
     @property
     def num_lazy(self) -> int:
@@ -268,7 +323,7 @@ class HashIndex:
         return 0 if self.anchored is None else self.anchored.num_lazy
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(hashes uint64 [live], block ids int64 [live])."""
+        """(hashes uint64 [live], block ids int64 [live]): the entries' blocks (not their duplicates)."""
         vals = self.vals[self.vals >= 0].astype(np.int64)
         return self.hash_of[vals], vals
 
@@ -277,16 +332,22 @@ class HashIndex:
         slots = np.flatnonzero(self.vals >= 0)
         vals = self.vals[slots]
         assert np.array_equal(self.slot_of[vals], slots), "a hash entry's slot is not the one recorded for it"
+        self.dups.check(vals.astype(np.intp))
+        members, heads = self.dups.grouped(vals.astype(np.intp))
+        assert np.array_equal(self.slot_of[members], self.slot_of[heads]), "a duplicate records another slot"
+        assert np.array_equal(self.hash_of[members], self.hash_of[heads]), "a duplicate of another hash"
         indexed = np.count_nonzero((self.slot_of >= 0) & (self.slot_of != LAZY))
-        assert indexed == len(slots), "a block records a slot but has no entry"
+        assert indexed == len(slots) + len(members), "a block records a slot but has no entry"
         if self.anchored is not None:
             self.anchored.check()
 
     def _rebuild(self) -> None:
         keys, vals = self.items()
+        members, heads = self.dups.grouped(vals.astype(np.intp)) if self.dups.num_members else (_NO_IDS, _NO_IDS)
         self.vals[:] = EMPTY
         self.slot_of[vals] = -1
         self.generation += 1
         self.epoch += 1
         self.num_live = self.num_tombstones = 0
         self.insert(keys, vals, self.home_of[vals].astype(np.int64))
+        self.slot_of[members] = self.slot_of.take(heads)

@@ -243,8 +243,6 @@ class HybridPool(HybridHits, HybridBatch):
         for pool in self.pools:
             pool.fork(parent_id, child_id)
         self._fork_resumed(parent_id, child_id)
-        if parent_id in self._canonical:
-            self._canonical[child_id] = dict(self._canonical[parent_id])
         if self.coarse is not None:
             self.coarse.fork(parent_id, child_id)
         self._changed()
@@ -254,7 +252,6 @@ class HybridPool(HybridHits, HybridBatch):
         for g, pool in enumerate(self.pools):
             pool.release(seq_id, reason)
             self._let_resumed_go(seq_id, (g,))  # a page a jump resumed from: after its table, freed tail first
-        self._canonical.pop(seq_id, None)
         if self.coarse is not None:
             self.coarse.forget(seq_id)
         self._changed()

@@ -3,7 +3,7 @@
 The hit of a prompt is the longest prefix every group can serve: each chain group's own verified chain, and
 for an anchored group (sliding, chunked, a state group in mode align) the blocks of the first full group's
 chain that it registered (group_hits). `allocate` pins every group's hits, then allocates group by group, then
-registers the anchored groups' blocks and remembers a chain group's recomputed duplicates (group_hits.Canonical).
+registers the anchored groups' blocks.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import numpy as np
 from ..blocks import ceil_div
 from .free_queue import FREE_CACHED
 from .group_hits import (
-    Canonical,
     anchor_positions,
     anchored_lookup,
     anchored_present,
@@ -251,36 +250,13 @@ class HybridHits(HybridLayout):
         if self.coarse is not None:
             self.coarse.start(seq_id, keys, self.pools[0])
         if keys is not None:
-            self._note_canonical(seq_id, num_tokens, keys, extra_key, hit_tokens)
             self._register_anchored(seq_id, hit_tokens, num_tokens)
         return hit_tokens
 
-    def _note_canonical(self, seq_id: Hashable, num_tokens: int, keys: BlockKeys, extra_key: Hashable,
-                        hit_tokens: int) -> None:
-        """Remember the cached blocks each chain group recomputes as duplicates (group_hits.Canonical)."""
-        found = {}
-        for g, pool in enumerate(self.pools):
-            if not self.anchored[g]:
-                own = pool.hit_blocks(num_tokens * self.scales[g], self._group_keys(g, keys), (g, extra_key))
-                hit = hit_tokens // self.group_blocks[g]
-                if len(own) > hit:
-                    found[g] = Canonical(self.store, hit, own[hit:])
-        if found:
-            self._canonical[seq_id] = found
-
     def _register_anchored(self, seq_id: Hashable, old: int, new: int) -> None:
         """Index the blocks of anchored groups that a step from `old` to `new` committed tokens completed (see
-        group_hits): a window's or chunk's full blocks; a state page where the step ends (align). Then chain a
-        chain group's first block after its duplicates to the cached blocks (group_hits.Canonical)."""
+        group_hits): a window's or chunk's full blocks; a state page where the step ends (align)."""
         sizes = self.group_blocks  # each group's tokens per block (all the pool's block size unless mixed)
-        canonical = self._canonical.get(seq_id)
-        anchor_canonical = None if canonical is None or self.anchor is None else canonical.get(self.anchor)
-        if canonical:
-            for g, c in list(canonical.items()):
-                if c.relink(self.store, self.pools[g].block_table(seq_id)[: new // sizes[g]]):
-                    del canonical[g]
-            if not canonical:
-                del self._canonical[seq_id]
         if self.anchor is None or new // sizes[self.anchor] <= old // sizes[self.anchor]:
             return
         A = sizes[self.anchor]
@@ -300,8 +276,7 @@ class HybridHits(HybridLayout):
         positions = np.concatenate([p for _, _, p in parts])
         at, subs = (positions, None) if not self.mixed else (np.concatenate(x) for x in zip(
             *(anchor_positions(p, sizes[g], A) for g, _, p in parts), strict=True))
-        anchors = anchor_table[at] if anchor_canonical is None else (
-            anchor_canonical.anchors(self.store, anchor_table, at))
+        anchors = anchor_table[at]
         groups = np.repeat([g for g, _, _ in parts], [len(p) for _, _, p in parts])
         register_anchored(self.store, groups, np.concatenate([b for _, b, _ in parts]), anchors, positions, subs)
         self._changed()

@@ -15,7 +15,6 @@ import numpy as np
 
 from .block_pool import BlockPool
 from .group_blocks import CoarseKeys, group_block_sizes
-from .group_hits import Canonical
 from .groups import DEFAULT_STATE_MODE, FULL, PoolGroup, check_state_mode
 from .prefix_lookup import PrefixIndex
 from .speculative import DEFAULT_ROLLBACK_POLICY
@@ -64,7 +63,6 @@ class HybridLayout:
         # mode none: a state group holds one page, moved along its table in place (state_pages.roll_page)
         self.rolled = tuple(k == "state" and self.state_mode == "none" for k in kinds)
         self.rolling = any(self.rolled)
-        self._canonical: dict[Hashable, dict[int, Canonical]] = {}  # see group_hits.Canonical
         # align: the page a jump step resumes from, held past the table until the sequence's next step (_resume)
         self._resumed: Resumed = {}  # seq -> {group: (table index, block)} (state_pages)
         self.jumps_hold_resumed = self.state_mode == "align" and has_state  # a step may jump over state pages

@@ -75,7 +75,8 @@ def check_pool_invariants(
     keys, vals = store.index.items()
     assert store.index.num_live == len(vals), "hash-index live count is off"
     assert np.all(hashed[vals]) and np.array_equal(store.block_hash[vals], keys), "a hash entry mismatches"
-    assert int(hashed.sum()) == len(vals) + store.index.num_lazy, "a hashed block is missing from the hash index"
+    assert int(hashed.sum()) == len(vals) + store.index.dups.num_members + store.index.num_lazy, (
+        "a hashed block is missing from the hash index")
     assert np.all(fill[hashed] == B), "a hashed block is not full"
     assert np.all(hashed[state == FREE_CACHED]), "an unhashed block sits in the LRU cache"
     if not tables and not in_step:

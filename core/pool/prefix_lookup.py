@@ -8,8 +8,8 @@ its `BlockStore` and calls it.
                 verification of the candidates up to the first miss: the same key, chained after the
                 block just matched at the same version (or the root); a hit never covers the block of
                 the last prompt token (see BlockPool.allocate)
-    register    the fresh full blocks with keys go into the index, at most one block per hash: a block
-                whose chain is already cached in another block stays unindexed
+    register    the fresh full blocks with keys go into the index; a block whose content is cached already
+                joins that entry as a duplicate (vLLM caches every full block it computes)
 
 A replay hashes many prompts at once (`hash_prompts`); their look-ups then run 32 prompts at a time and
 are checked per prompt against the index as it is (see `_find`).
@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .free_queue import FREE_CACHED
 from .hash_index import EMPTY
 from .prefix_cache import HashedKeys, HashedPrompts, chain_hashes, chain_hashes_batch, root_hash
 from .store import VERSION_INT32_MAX, BlockKeys, BlockStore
@@ -255,17 +256,16 @@ class PrefixIndex:
 
     def _verified_hits(self, cand: np.ndarray, keys: np.ndarray, extra_id: int) -> int:
         """How many leading candidates (block ids intp [m], all indexed) hold the prompt's content: the
-        same key, chained after the candidate before (the same block at the same version) or the root."""
+        same key, after the content of the candidate before (its class) or the root."""
         store, m = self.store, len(cand)
         root = int(cand[0])
-        if store.parent_id[root] != -1 or store.parent_ver[root] != extra_id or store.key[root] != keys[0]:
+        if store.parent_klass[root] != -1 - extra_id or store.key[root] != keys[0]:
             return 0
         if m == 1:
             return 1
-        prev, rest = cand[:-1], cand[1:]
+        rest = cand[1:]
         ok = store.key.take(rest) == keys[1:m]
-        ok &= store.parent_id.take(rest) == prev
-        ok &= store.parent_ver.take(rest) == store.version.take(prev)
+        ok &= store.parent_klass.take(rest) == store.klass.take(cand[:-1])
         first_bad = int(ok.argmin())  # the first False, or 0 when all are True
         return m if ok[first_bad] else 1 + first_bad
 
@@ -276,7 +276,7 @@ class PrefixIndex:
         num_hits = len(probe.hits)
         present = probe.present[num_hits:]
         if evicted:
-            present = self._present_after_evictions(present)
+            present = self._present_after_evictions(present, probe.slots[num_hits:])
         rest = slice(num_hits, None)
         return self._register(table, num_hits, probe.extra_id, probe.hashes[rest], probe.keys[rest],
                               probe.homes[rest], present, probe.slots[rest])
@@ -295,12 +295,15 @@ class PrefixIndex:
         self._register(table, first, extra_id, hashes, keys, self.index.home_slots(base_hashes, positions))
         return int(hashes[-1])
 
-    def _present_after_evictions(self, present: np.ndarray) -> np.ndarray:
-        """A look-up's present block ids [k] (or -1), made right again after evictions since it ran: an
-        evicted block's hash is absent now, and its slot (a tombstone on the hash's probe run) is a valid
-        place to insert the hash again — no second look-up. Nothing else changes on a deletion."""
+    def _present_after_evictions(self, present: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """A look-up's present block ids [k] (or -1), made right again after evictions since it ran: an evicted
+        block's entry passed to the next block of its content (dup_lists), or is gone — its slot a tombstone on the
+        hash's probe run, a valid place to insert the hash again. Nothing else changes on a deletion."""
         gone = (present >= 0) & (self.store.block_slot.take(np.maximum(present, 0)) < 0)
-        return np.where(gone, -1, present)
+        if not np.count_nonzero(gone):
+            return present
+        now = self.index.vals.take(slots)
+        return np.where(gone, np.where(now >= 0, now, -1), present)
 
     def _register(
         self,
@@ -313,27 +316,79 @@ class PrefixIndex:
         present: np.ndarray | None = None,
         slots: np.ndarray | None = None,
     ) -> np.ndarray | None:
-        """Index the full blocks table[first : first + len(keys)] (just written, ref 1) under their hashes;
-        returns which were indexed (bool [k]), or None when all of them were.
+        """Register the full blocks table[first : first + len(keys)] (just written, ref 1) under their hashes;
+        returns which were registered (bool [k]), or None when all of them were.
 
-        `present, slots`: the index's `find` of these hashes, when the caller has it (saves a probe).
+        A block whose content is cached (the entry under its hash holds the same key after the same content) joins
+        that entry, behind the blocks there, and takes its class; the others get new classes and entries of their
+        own (an entry in the way under the hash — stale, after content no block holds any more, or a 64-bit hash
+        collision — is dropped first: a look-up could never verify it). Past the first new class no content can be
+        cached any more (nothing is after a new class), so the joins are a leading run. A block after a block that
+        holds no content (unhashed) is not registered. `present, slots`: the index's `find` of these hashes, when
+        the caller has it (saves a probe).
         """
-        store, count = self.store, len(keys)
+        store, index, count = self.store, self.index, len(keys)
         blocks = table[first : first + count]
         if first:
-            parent_ids = table[first - 1 : first + count - 1]
-            parent_vers = store.version.take(parent_ids)
+            before = int(table[first - 1])
+            if before < 0 or store.block_slot[before] < 0:
+                return np.zeros(count, dtype=bool)
+            parent0 = int(store.klass[before])
         else:
-            parent_ids = np.concatenate((_ROOT, table[: count - 1]))
-            parent_vers = store.version.take(parent_ids)  # [0] reads the last block, replaced:
-            parent_vers[0] = extra_id
+            before, parent0 = -1, -1 - extra_id
+        if present is None or slots is None:
+            present, slots = index.find(hashes, homes)
+        cand = np.maximum(present, 0)
+        match = present >= 0
+        match &= store.key.take(cand) == keys
+        expected = np.empty(count, dtype=np.int64)  # the class each block's content comes after, if all joined
+        expected[0] = parent0
+        expected[1:] = store.klass.take(cand[:-1])
+        match &= store.parent_klass.take(cand) == expected
+        num_join = count if match.all() else int(match.argmin())
+        klass = np.empty(count, dtype=np.int64)
+        klass[:num_join] = store.klass.take(cand[:num_join])
+        klass[num_join:] = store.new_classes(count - num_join)
         store.block_hash[blocks] = hashes
         store.block_home[blocks] = homes
-        inserted = self.index.insert_absent(hashes, blocks, homes, present, slots)
-        if inserted is not None:  # an equal chain is cached in another block: keep that one
-            blocks, keys = blocks[inserted], keys[inserted]
-            parent_ids, parent_vers = parent_ids[inserted], parent_vers[inserted]
         store.key[blocks] = keys
-        store.parent_id[blocks] = parent_ids
-        store.parent_ver[blocks] = parent_vers
-        return inserted
+        store.klass[blocks] = klass
+        store.parent_klass[blocks[0]] = parent0
+        store.parent_klass[blocks[1:]] = klass[:-1]
+        store.parent_id[blocks[0]] = before
+        store.parent_id[blocks[1:]] = blocks[:-1]
+        store.parent_ver[blocks] = store.version.take(np.concatenate(([max(before, 0)], blocks[:-1])))
+        if num_join:
+            index.join(present[:num_join], blocks[:num_join])
+        if num_join == count:
+            return None
+        new = slice(num_join, None)
+        present, slots = present[new], slots[new]
+        if np.maximum.reduce(present) >= 0:  # entries in the way (see above)
+            present = drop_in_the_way(self.store, present)
+        inserted = index.insert_absent(hashes[new], blocks[new], homes[new], present, slots)
+        if inserted is None:
+            return None
+        out = np.ones(count, dtype=bool)
+        out[num_join:] = inserted
+        return out
+
+
+def drop_in_the_way(store: BlockStore, present: np.ndarray) -> np.ndarray:
+    """Drop the entries of `present` (block ids, or -1) whose blocks are all free (each becomes a plain free block);
+    returns `present` with those -1 (their slots, now tombstones, take the new blocks). An entry in the way of a
+    new block under its hash is stale (after content no block holds any more: no look-up can verify it) or a 64-bit
+    hash collision; one a table holds stays (verified content: the new block stays unindexed)."""
+    index = store.index
+    heads = present[present >= 0]
+    free = store.state.take(heads) == FREE_CACHED
+    members, owners = index.dups.grouped(heads)
+    if len(members):
+        busy = np.unique(owners[store.state.take(members) != FREE_CACHED])
+        free &= ~np.isin(heads, busy)
+    if not np.count_nonzero(free):
+        return present
+    dropped = index.drop_entries(heads[free])
+    store.queue.uncache(dropped)
+    store.fill[dropped] = 0
+    return np.where(np.isin(present, heads[free]), -1, present)

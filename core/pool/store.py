@@ -13,13 +13,15 @@ Per-block arrays, all indexed by block id:
     block_hash  uint64  its chain hash        } meaningful while indexed; the index reads them
     block_home  int32   that hash's home slot }
     key         int64   its content key                     } what a hit is verified against: the same key,
-    parent_id   int32   the block it was chained after      } chained after the block just matched (with
-    parent_ver  int32   that block's version then           } the same version), or after the root
-                        (the extra key's id; widened with `version`)
+    klass       int64   its content's class                 } after the content of the block just matched
+    parent_klass int64  the class of the content before it  } (its class), or after the root (-1 - the
+                        extra key's id): a class is one content, exactly, while any block holds it
+    parent_id   int32   the block it was chained after (an anchored block: its anchor) } what tiers read of an
+    parent_ver  int32   that block's version then (widened with `version`)             } evicted block's group
 
-A full block is registered (indexed) when the sequence that wrote it gives its content key; at most one
-block per hash, so a block whose chain is already cached elsewhere stays unindexed (and goes back to the
-free queue hash-less when freed). Evicting a cached block drops its entry through `block_slot`, no look-up.
+A full block is registered (indexed) when the sequence that wrote it gives its content key. Several blocks may
+hold one content, as in vLLM: the first is the hash index's entry, the others follow it (dup_lists) and take
+its place in turn as it is evicted. Evicting a cached block drops it through `block_slot`, no look-up.
 
 Blocks whose ref drops to 0 during a step (`drop(..., defer=True)`) are PENDING — a running step may still
 read them — and become free when the step ends (`free_pending`).
@@ -83,6 +85,9 @@ class BlockStore:
         self.key = np.zeros(n, dtype=np.int64)
         self.parent_id = np.zeros(n, dtype=np.int32)
         self.parent_ver = np.zeros(n, dtype=np.int32)
+        self.klass = np.zeros(n, dtype=np.int64)
+        self.parent_klass = np.zeros(n, dtype=np.int64)
+        self.num_classes = 0  # classes handed out so far: the next is num_classes + 1 (never reused)
         self.queue = FreeBlockQueue(n, self.state)
         self.index = HashIndex(n if enable_prefix_caching else 1, self.block_hash, self.block_home, self.block_slot)
         self.pending: list[np.ndarray] = []  # blocks dropped during the running step, in drop order
@@ -96,6 +101,12 @@ class BlockStore:
     def memory_bytes(num_blocks: int) -> int:
         """Bytes a store of `num_blocks` allocates (with prefix caching): limits.store_memory_bytes."""
         return store_memory_bytes(num_blocks)
+
+    def new_classes(self, n: int) -> np.ndarray:
+        """int64 [n]: n content classes never handed out before."""
+        start = self.num_classes + 1
+        self.num_classes += n
+        return np.arange(start, start + n, dtype=np.int64)
 
     # ---- sizes ----------------------------------------------------------------------------------
     def blocks_needed(self, num_tokens: int) -> int:

@@ -10,8 +10,9 @@ tokens). Full block j of a request lies in its id at position p = j // S (S = 51
 the trie of id sequences; when the ids are prefix-chained, the id itself) and its index j - p·S in that id: the
 blocks of one node that earlier requests registered are the first c of its S, c the most any of them covered
 (each covers a prefix, min(S, full blocks - p·S)). So a request hits p·S + c blocks at the first of its nodes with
-c < S, or all its full blocks, capped at (n - 1) // B; and the blocks cached at the end (the peak: the count
-only grows) are the sum over nodes of the most covered.
+c < S, or all its full blocks, capped at (n - 1) // B. Every full block a request computes is cached, a duplicate
+of a cached content too (as vLLM's cache_full_blocks: the prompt's last block, recomputed for its logits, is one),
+so the blocks cached at the end (the peak: the count only grows) are the sum over requests of full blocks - hits.
 
 Vectorised over all (request, position) pairs: sort them by node (stably: request order within a node), a
 segmented exclusive running maximum gives each pair's c, a per-request minimum the hit. O(ids) numpy work, no
@@ -51,7 +52,7 @@ def id_level_hits(trace: Trace, block_size: int) -> tuple[int, int]:
         hits[r0:r1] = _chunk_hits(nodes[offsets[r0] : offsets[r1]], offsets[r0 : r1 + 1] - offsets[r0],
                                   full[r0:r1], first[r0 : r1 + 1] - first[r0], covered, S)
     np.minimum(hits, np.maximum(trace.prompt_tokens - 1, 0) // block_size, out=hits)  # never the last token's block
-    return int(hits.sum()), int(covered.sum())
+    return int(hits.sum()), int(full.sum() - hits.sum())
 
 
 def _chunk_hits(nodes: np.ndarray, offsets: np.ndarray, full: np.ndarray, first: np.ndarray, covered: np.ndarray,

@@ -6,8 +6,9 @@ ids form a path in a trie (node = (parent node, id)), so equal paths are equal c
 own prefix chaining. Each node records how many of its id's 512 tokens are covered by cached blocks (block
 B <= 512: full blocks end at multiples of B inside an id; B = m · 512: a block ends at every m-th id and
 covers all of it). A prompt of n tokens hits its leading cached blocks, at most (n - 1) // B of them (the
-block of the last prompt token is always recomputed). The walk is per id, not per block: 282 k steps for
-the whole Mooncake conversation trace at any block size.
+block of the last prompt token is always recomputed). Every full block a request computes is cached (vLLM caches a
+duplicate of a cached content too, e.g. that recomputed last block): full blocks - hit blocks of each. The walk
+is per id, not per block: 282 k steps for the whole Mooncake conversation trace at any block size.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def id_replay(requests: list[tuple[int, list[int]]], block_size: int) -> tuple[i
     per_block = max(B // ID_TOKENS, 1)  # ids a block spans (B >= 512)
     trie: dict[tuple[int, int], int] = {}
     covered: list[int] = []  # node -> tokens of its id covered by cached blocks (0 .. 512)
-    hit_blocks = cached_tokens = 0
+    hit_blocks = cached_blocks = 0
     for prompt, ids in requests:
         full = prompt // B  # full blocks; their tokens lie in the first ceil(full · B / 512) ids
         full_ids = -(-full * B // ID_TOKENS)
@@ -41,14 +42,13 @@ def id_replay(requests: list[tuple[int, list[int]]], block_size: int) -> tuple[i
                     hit = (p + 1) // per_block - 1
         hit = full if hit is None else hit
         hit_blocks += min(hit, max_hit)
+        cached_blocks += full - min(hit, max_hit)
         for p, node in enumerate(path):  # register every full block: cover its tokens in each id
             if B > ID_TOKENS and (p + 1) % per_block:
                 continue  # an id inside a block: only the block's last id records it
             now = min(ID_TOKENS, full * B - p * ID_TOKENS)
-            if now > covered[node]:
-                cached_tokens += now - covered[node] if B <= ID_TOKENS else B
-                covered[node] = now
-    return hit_blocks * B, hit_blocks, cached_tokens // B
+            covered[node] = max(covered[node], now)
+    return hit_blocks * B, hit_blocks, cached_blocks
 
 
 def read_mooncake(path: str) -> list[tuple[int, list[int]]]:

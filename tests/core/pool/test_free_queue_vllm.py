@@ -7,8 +7,9 @@ freed first"); a hand-out pops the head (get_new_blocks) and evicts the popped b
 (_maybe_evict_cached_block); a cache hit on a free block unlinks it from wherever it is (touch). Hits: the longest
 chain of cached full blocks, never the block of the last prompt token (it is recomputed for the logits).
 
-Two choices are kvcalc's, not about order, and the model makes them too: a hash is cached by one block only (a
-duplicate full block stays hash-less; vLLM keeps both), and an allocation that does not fit changes nothing.
+A hash may be cached by several blocks (BlockHashToBlockMap: a dict of blocks per hash; a look-up takes the earliest
+inserted one still cached, an eviction drops only the evicted block). One choice is kvcalc's, not about order, and the
+model makes it too: an allocation that does not fit changes nothing.
 No null block here (vLLM's BlockPool takes block 0 for it; S's task counts it in the pool's size).
 """
 
@@ -31,14 +32,17 @@ class VllmPool:
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head first
         self.ref = [0] * num_blocks
         self.hash: list[tuple | None] = [None] * num_blocks
-        self.cached: dict[tuple, int] = {}  # chain hash -> block
+        self.cached: dict[tuple, dict[int, None]] = {}  # chain hash -> its blocks, earliest inserted first
         self.tables: dict[str, list[int]] = {}
         self.evictions = 0
 
     def _pop(self) -> int:
         block, _ = self.free.popitem(last=False)  # the head
         if self.hash[block] is not None:  # evict
-            del self.cached[self.hash[block]]
+            blocks = self.cached[self.hash[block]]
+            del blocks[block]
+            if not blocks:
+                del self.cached[self.hash[block]]
             self.hash[block] = None
             self.evictions += 1
         return block
@@ -49,7 +53,7 @@ class VllmPool:
         for h in chain[: (n - 1) // self.B]:
             if h not in self.cached:
                 break
-            hits.append(self.cached[h])
+            hits.append(next(iter(self.cached[h])))
         new = -(-n // self.B) - len(hits)
         if new + sum(self.ref[b] == 0 for b in hits) > len(self.free):
             return None
@@ -61,9 +65,8 @@ class VllmPool:
         for b in table[len(hits) :]:
             self.ref[b] = 1
         for i in range(len(hits), min(len(chain), n // self.B)):  # register the full blocks with a key
-            if chain[i] not in self.cached:
-                self.cached[chain[i]] = table[i]
-                self.hash[table[i]] = chain[i]
+            self.cached.setdefault(chain[i], {})[table[i]] = None
+            self.hash[table[i]] = chain[i]
         self.tables[seq] = table
         self.tokens = {**getattr(self, "tokens", {}), seq: n}
         return len(hits) * self.B
@@ -116,8 +119,8 @@ def test_the_pool_hands_out_and_evicts_as_vllm(num_blocks: int, block_size: int,
         assert pool.free_queue_order() == list(model.free)
         assert {s: pool.block_table(s).tolist() for s in model.tables} == model.tables
         assert pool.stats().evictions == model.evictions
-        assert int(np.count_nonzero(pool.store.hashed)) == len(model.cached)
-    pool.check_invariants()
+        assert int(np.count_nonzero(pool.store.hashed)) == sum(map(len, model.cached.values()))
+        pool.check_invariants()
 
 
 @settings(max_examples=200, deadline=None)
@@ -225,7 +228,7 @@ class VllmGroups:
         hit = min(next((i for i, h in enumerate(c[: (n - 1) // B]) if h not in pool.cached), (n - 1) // B)
                   for c in chains)
         hit = min(hit, len(keys))
-        hits = [[pool.cached[h] for h in c[:hit]] for c in chains]
+        hits = [[next(iter(pool.cached[h])) for h in c[:hit]] for c in chains]
         new = -(-n // B) - hit
         if self.G * new + sum(pool.ref[b] == 0 for h in hits for b in h) > len(pool.free):
             return None
@@ -237,9 +240,9 @@ class VllmGroups:
         for g, table in enumerate(tables):
             for b in table[hit:]:
                 pool.ref[b] = 1
-            for i in range(hit, min(len(keys), n // B)):
-                if chains[g][i] not in pool.cached:
-                    pool.cached[chains[g][i]], pool.hash[table[i]] = table[i], chains[g][i]
+            for i in range(hit, min(len(keys), n // B)):  # every full block, a duplicate too
+                pool.cached.setdefault(chains[g][i], {})[table[i]] = None
+                pool.hash[table[i]] = chains[g][i]
         self.tables[seq] = tables
         return hit * B
 

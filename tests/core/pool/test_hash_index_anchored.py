@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kvcalc.core.pool.anchored_map import AnchoredMap
 from kvcalc.core.pool.groups import PoolGroup
+from kvcalc.core.pool.hash_index import LAZY
 from kvcalc.core.pool.hybrid import HybridPool
 
 B = 4
@@ -83,13 +84,13 @@ def test_the_anchored_map_is_the_index(kinds: str, mode: str, num_blocks: int,
         _same(*pools, live)
 
 
-def test_blocks_moved_out_of_the_map_are_dropped_or_refused_as_in_the_index() -> None:
+def test_blocks_orphaned_when_their_anchor_goes_stay_cached_as_in_the_index() -> None:
     """A 6-block prompt (25 tokens, B 4: 6 full blocks) is allocated and released; a filler allocation evicts the
     oldest free blocks — its full group's blocks (anchors) before the sliding groups' last windows — and the prompt
-    comes again: its full blocks are recomputed under the same chain hashes, so its sliding blocks are registered
-    under the derived hashes of blocks moved out of the map when their anchors went (the `moved` filter, a probe,
-    then a stale free one dropped or a held one refusing). The pools of 21-28 blocks cover both; each must equal
-    the reference pool block for block."""
+    comes again: its full blocks are recomputed under the same chain hashes (new content classes), so its sliding
+    blocks are registered beside the blocks orphaned when their anchors went (the map: rows emptied; the index:
+    the stale entries in the way taken out, still cached). The pools of 21-28 blocks cover it; each must equal the
+    reference pool block for block."""
     groups = GROUPS["sliding"]
     prompt = [("p", i) for i in range(6)]
     moved = 0
@@ -104,6 +105,8 @@ def test_blocks_moved_out_of_the_map_are_dropped_or_refused_as_in_the_index() ->
             p.check_invariants()
         anchored = pools[0].store.index.anchored
         assert isinstance(anchored, AnchoredMap)
-        moved += bool(anchored.moved.any())
+        lazy = np.flatnonzero(pools[0].store.block_slot == LAZY)
+        cells = anchored.of[anchored.of >= 0].astype(np.intp)
+        moved += bool(len(np.setdiff1d(lazy, np.concatenate((cells, anchored.dups.grouped(cells)[0])))))
         _same(*pools, {2: (0, B * filler), 3: (0, 25)})
-    assert moved == 6
+    assert moved >= 3  # orphans still cached at the end in half the pools (the others evicted them)

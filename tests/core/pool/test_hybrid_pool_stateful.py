@@ -503,14 +503,14 @@ def test_swap_bytes_count_every_group_state_included():
         pool.held_blocks("t")
 
 
-def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
+def test_blocks_after_recomputed_duplicates_chain_to_their_content():
     # B 4, full + state (align). "a" (16 tokens, keys k0..k3) leaves F0..F3 cached and a state at 16 (page 3).
     # "b" (21 tokens, keys k0 k1 k2 x y, prefilled 0 -> 20 -> 21 as vLLM's aligned split): the full group serves 3
     # blocks, but no state was saved at 12, 8 or 4, so b's hit is 0: it recomputes positions 0..11 into duplicates
-    # of F0..F2 (unindexed: one block per hash, as vLLM allocates them) and registers its block 3 (x) and 4 (y),
-    # and its state at 20 (page 4, the first step's last page). Block 3 must
-    # chain to the cached F2, not to b's unindexed duplicate, or "c" (25 tokens, b's 5 keys) could not verify it:
-    # c's chain is F0 F1 F2 (a's) then b's 3, 4: 5 blocks, and b's state at 20 serves them: a hit of 20.
+    # of F0..F2 (cached behind them, as vLLM caches every full block it computes) and registers its block 3 (x) and
+    # 4 (y), and its state at 20 (page 4, the first step's last page). Block 3 comes after F2's content (whichever
+    # block holds it), so "c" (25 tokens, b's 5 keys) verifies it: c's chain is F0 F1 F2 (a's, the entries' blocks)
+    # then b's 3, 4: 5 blocks, and b's state at 20 serves them: a hit of 20.
     k = [(i,) for i in range(4)]
     pool = HybridPool(64, B, (PoolGroup("full"), PoolGroup("state")), state_mode="align")
     pool.allocate("a", 16, k)
@@ -520,8 +520,10 @@ def test_blocks_after_recomputed_duplicates_chain_to_the_cached_ones():
     assert pool.group_hit_tokens(21, b_keys) == [12, 0] and pool.allocate("b", 20, b_keys) == 0
     pool.append("b", 1)
     full_b = pool.block_tables("b")[0]
-    assert all(pool.store.block_slot[full_b[:3]] < 0)  # the duplicates stay unindexed
-    assert pool.store.parent_id[full_b[3]] == cached[2]
+    store = pool.store
+    assert np.array_equal(store.block_slot[full_b[:3]], store.block_slot[cached[:3]])  # duplicates: the same entries
+    assert np.array_equal(store.index.head_of(full_b[:3]), cached[:3])  # which hold a's blocks, the earlier copies
+    assert store.parent_klass[full_b[3]] == store.klass[cached[2]]
     pool.release("b")
     assert pool.allocate("c", 25, [*b_keys]) == 20
     assert pool.block_tables("c")[0][:3].tolist() == cached[:3]
