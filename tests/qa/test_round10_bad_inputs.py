@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from round10_configs import DOTS_LLM1, GLM45V, LLAMA4_MAVERICK, MINISTRAL3_8B, QWEN3_VL_30B_A3B, QWEN25_OMNI_7B, write
+from round10_configs import (
+    DOTS_LLM1,
+    GLM45V,
+    LLAMA4_MAVERICK,
+    MINISTRAL3_8B,
+    PLAMO2_1B,
+    QWEN3_VL_30B_A3B,
+    QWEN25_OMNI_7B,
+    write,
+)
 
 # folder name -> (base config, {field: value}; a text_config field prefixed "tc."; None deletes it)
 BROKEN: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -51,6 +60,11 @@ BROKEN: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dots_kv_3": (DOTS_LLM1, {"num_key_value_heads": 3}),
     "dots_heads0": (DOTS_LLM1, {"num_attention_heads": 0}),
     "dots_dtype_int": (DOTS_LLM1, {"torch_dtype": 16}),
+    "plamo_step1": (PLAMO2_1B, {"mamba_step": 1}),
+    "plamo_step_str": (PLAMO2_1B, {"mamba_step": "2"}),
+    "plamo_enabled_str": (PLAMO2_1B, {"mamba_enabled": "yes"}),
+    "plamo_heads0": (PLAMO2_1B, {"mamba_num_heads": 0}),
+    "plamo_head_neg": (PLAMO2_1B, {"hidden_size_per_head": -128}),
 }
 _MINI_NAN = json.dumps({**MINISTRAL3_8B, "text_config": {**MINISTRAL3_8B["text_config"], "rope_parameters": {
     "rope_type": "yarn", "factor": 1.5, "original_max_position_embeddings": 16384}}})
@@ -100,6 +114,11 @@ CASES = [
     ("not a multiple of 3 KV heads", "size --config dots_kv_3"),
     ("'num_attention_heads'", "size --config dots_heads0"),
     ("'torch_dtype' is 16", "size --gpu H200 --config dots_dtype_int"),
+    ("mamba_step 1 must be at least 2", "size --config plamo_step1"),
+    ("'mamba_step' must be a positive integer, got '2'", "frag --lengths 100 --config plamo_step_str"),
+    ("'mamba_enabled' must be true or false", "sim --gpu H200 --config plamo_enabled_str"),
+    ("'mamba_num_heads'", "size --gpu H200 --config plamo_heads0"),
+    ("'hidden_size_per_head'", "share --prefix 100 --config plamo_head_neg"),
     ("nested too deeply", "size --config deep"),
     ("(missing the field 'num_hidden_layers'; add it to the file or give --layers)", "size --config omni_no_layers"),
     ("the key 'num_hidden_layers' is given twice", "sim --gpu H200 --config dup"),

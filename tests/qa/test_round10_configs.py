@@ -174,6 +174,10 @@ def test_plamo2_hybrid_as_vllm_places_it(run_cli, tmp_path: Path) -> None:
     # share, each branch its own full block and its own state page
     assert {g["kind"]: g["physical_blocks"] for g in share["kv_cache_groups"]["groups"]} == {"full": 3, "state": 3}
     assert share["logical_blocks"] == 6
+    # mamba_step 3: attention where i % 3 == 1 (1, 4, 7, 10, 13); mamba_enabled false: 16 attention layers
+    for changes, attention in (({"mamba_step": 3}, 5), ({"mamba_enabled": False}, 16)):
+        doc = _json(run_cli, "size", "--config", str(write(tmp_path / "v", {**PLAMO2_1B, **changes})), "--tokens", "16")
+        assert (doc["bytes_per_token"], doc["state_bytes_per_seq"]) == (attention * 512, (16 - attention) * 548_864)
 
 
 CASES = {"maverick": (LLAMA4_MAVERICK, "8", ()), "qwen3vl": (QWEN3_VL_30B_A3B, "1", ()), "glm45v": (GLM45V, "4", ()),
