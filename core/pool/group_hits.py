@@ -13,11 +13,12 @@ one the next token reads, first(h), to h − 1:
 
 (first(h) is the group's `first_block` with hB tokens computed: what its table would hold there anyway.)
 Their blocks before first(h) may be long evicted, so their own chain cannot verify them. Each such block is
-anchored instead to the full group's block at the same position: registered with parent = (that block, its
-version), under a hash derived from that block's chain hash. The full group's verified chain says the prompt's
-prefix 0..i is the content of its block F_i; a group block whose anchor is F_i at F_i's current version was
-written by a sequence with that same prefix (F_i was not handed out since). So a hit is exact, as a chain's, and
-a look-up is one `find` per group over the full group's hit positions.
+anchored instead to the content of the full group's block at the same position: registered after that content's
+class (store.parent_klass), under the index entry's block of it (the anchor) and a hash derived from its chain
+hash. The full group's verified chain says the prompt's prefix 0..i is the content of its block F_i (the entry's
+block: the earliest cached copy); a group block registered after F_i's class was written by a sequence with that
+same prefix. So a hit is exact, as a chain's, and a look-up is one `find` per group over the full group's hit
+positions.
 
     h (blocks)        0  1  2  3  4  5  6           B 4, W 9: first(h) = max(0, 4h − 8) // 4 = h − 2
     sliding cached    .  .  x  .  x  x  .           (x: an anchored block at that position)
