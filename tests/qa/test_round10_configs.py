@@ -18,6 +18,7 @@ heads × 128: 2,048 B a layer, 57,344 B a token. Before this round it was refuse
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,29 @@ def test_plamo2_hybrid_as_vllm_places_it(run_cli, tmp_path: Path) -> None:
     for changes, attention in (({"mamba_step": 3}, 5), ({"mamba_enabled": False}, 16)):
         doc = _json(run_cli, "size", "--config", str(write(tmp_path / "v", {**PLAMO2_1B, **changes})), "--tokens", "16")
         assert (doc["bytes_per_token"], doc["state_bytes_per_seq"]) == (attention * 512, (16 - attention) * 548_864)
+
+
+def test_plamo2_sim_timeline_at_block_1072(run_cli, tmp_path: Path) -> None:
+    # One request, P = 1,070, O = 5 (block 1,072): the full table 1 block (1,070 tokens, tail 2), the state group 1
+    # page counted whole (1,072 slots): 2,142 useful. Decodes: 1,071 and 1,072 tokens fill the block (tails 1, 0);
+    # n = 1,072 opens a second: 1,073 + 1,072 = 2,145, tail 2 · 1,072 − 1,073 = 1,071; then 2,146, 1,070. The free
+    # slots: size --gpu's 29,578 ids less the null block and the 2 held, 29,575 · 1,072 = 31,704,400
+    config = str(write(tmp_path / "plamo2", PLAMO2_1B))
+    timeline = tmp_path / "t.csv"
+    doc = _json(run_cli, "sim", "--config", config, "--gpu", "H200", "--requests", "1", "--rate", "inf",
+                "--prompt-dist", "uniform:low=1070,high=1070", "--output-dist", "uniform:low=5,high=5",
+                "--timeline", str(timeline))
+    tables = [g["kind"] for g in doc["kv_cache_groups"]["groups"] for _ in range(g["block_tables"])]
+    assert sorted(tables) == ["full", "state"] and doc["memory_plan"]["block_size"] == 1072
+    full = tables.index("full")
+    rows = list(csv.DictReader(timeline.open()))
+    assert [int(r[f"group{full}_blocks"]) for r in rows] == [1, 1, 1, 2, 2]
+    assert [int(r[f"group{1 - full}_blocks"]) for r in rows] == [1] * 5
+    assert [(int(r["useful_slots"]), int(r["tail_fragmentation_slots"])) for r in rows] == [
+        (2142, 2), (2143, 1), (2144, 0), (2145, 1071), (2146, 1070)]
+    plan = _json(run_cli, "size", "--config", config, "--gpu", "H200")["gpu_plan"]
+    assert plan["num_blocks"] == doc["memory_plan"]["num_blocks"] == 29_578
+    assert int(rows[0]["free_slots"]) == (29_578 - 1 - 2) * 1072 == 31_704_400
 
 
 CASES = {"maverick": (LLAMA4_MAVERICK, "8", ()), "qwen3vl": (QWEN3_VL_30B_A3B, "1", ()), "glm45v": (GLM45V, "4", ()),
