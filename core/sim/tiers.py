@@ -147,7 +147,10 @@ class TierCache:
         self.capacity_bytes = (tiers.host_blocks * tiers.bytes_per_block, tiers.disk_blocks * tiers.bytes_per_block)
         self.top = HOST if tiers.host_blocks else DISK if tiers.disk_blocks else ABSENT
         windowed = [touch_window(g, block_size) < 1 << 62 for g in self.classes]
-        top = ConnectorLru(units, self.capacity_bytes[max(self.top, 0)], positions, windowed)
+        flat = np.concatenate([np.asarray(k, np.int64) for k in keys]) if keys else np.zeros(0, np.int64)
+        values, counts = np.unique(flat, return_counts=True)
+        shared = set(values[counts > 1].tolist())  # keys of more than one prompt (a repeat in one prompt counts too)
+        top = ConnectorLru(units, self.capacity_bytes[max(self.top, 0)], positions, windowed, shared, len(keys))
         self.host = top  # the write-through tier (the disk's place without a host)
         self.lru: tuple[Any, Any] = (top, Lru(units)) if self.top == HOST else (Lru(units), top)
         self.below = self.top == HOST and tiers.disk_blocks > 0  # the disk takes the host's evictions
@@ -206,7 +209,7 @@ class TierCache:
         (num_hit_blocks less the window's blocks, a state group's one block)."""
         if self.top == ABSENT:
             return
-        if rid not in self.host.lo:
+        if rid not in self.host.lo:  # (kept after it ends: a request is looked up again only if preempted)
             B = self.block_size
             lo = tuple(max(hit_blocks - touch_window(g, B), 0) for g in self.classes)
             self.host.register(rid, self.key_list(rid), lo)
@@ -319,10 +322,9 @@ class TierCache:
 
     def ended(self, rid: int, tokens: int) -> None:
         """A request left with `tokens` computed: its last touch stays on its entries."""
-        if rid in self.host.lo:
-            keys = self.key_list(rid)
-            self.host.retire(rid, keys, max(int(self.stored[rid]) - len(keys), 0))
-            del self.key_lists[rid]
+        if rid in self.host.covered:
+            self.host.retire(rid)
+            self.key_lists.pop(rid, None)
 
     def finish(self) -> TierTotals:
         host, disk = self.lru

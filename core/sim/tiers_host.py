@@ -27,38 +27,45 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Sequence
 
+_consume = deque[object](maxlen=0).extend  # runs an iterator to its end in C
 OUTPUT_KEYS = 1 << 64  # a block holding sampled tokens: key OUTPUT_KEYS + rid · P + position (never a prompt key)
 
 
 class ConnectorLru:
-    """Entries with their stamps (module docstring); `stamp` doubles as the tier's membership."""
+    """Entries with their stamps (module docstring); `stamp` doubles as the tier's membership. `shared`: the position
+    keys more than one request's prompt holds (None: any may be); a key no other request holds is touched by the
+    request that stored it alone (`meta`: its position and that request), so only shared keys need `cover`."""
 
-    def __init__(self, units: Sequence[int], capacity_bytes: int, positions: int,
-                 windowed: Sequence[bool] = ()) -> None:
+    def __init__(self, units: Sequence[int], capacity_bytes: int, positions: int, windowed: Sequence[bool] = (),
+                 shared: set[int] | None = None, requests: int = 1 << 32) -> None:
         self.units = tuple(int(u) for u in units)
-        self.C, self.P = len(self.units), max(int(positions), 1)
+        self.C, self.P, self.R = len(self.units), max(int(positions), 1), max(int(requests), 1)
         self.span = self.C * self.P  # stamps per event
         self.windowed = tuple(windowed) or (False,) * self.C  # a group whose touches start past a request's hit
+        self.shared = shared
         self.capacity = capacity_bytes
         self.stamp: dict[int, int] = {}
-        self.pos: dict[int, int] = {}
+        self.meta: dict[int, int] = {}  # entry -> position · R + the request that stored it
         self.buckets: dict[int, list[tuple[int, int]]] = {}  # event -> (stamp, entry) stamped by it, unsorted
         self.events: list[int] = []  # heap of the buckets' events
         self.front: list[tuple[int, int]] = []  # the oldest bucket, sorted, read from `at`
         self.front_event = -1
+        self.front_owner = -1  # the request whose event the front is
         self.at = 0
         self.bytes = 0
         self.event = 0
         self.pinned: dict[int, int] = {}  # entry -> loads reading it
         self.pending: set[int] = set()  # stored this step (not evictable until the step ends)
         self.pending_bytes = 0
-        self.cover: dict[int, list[int]] = {}  # position key -> live requests whose touch covers it
+        self.cover: dict[int, list[int]] = {}  # shared position key -> live requests whose touch covers it
+        self.covered: dict[int, list[tuple[int, int]]] = {}  # live request -> its shared (position, key)s
         self.touched: dict[int, int] = {}  # live request -> its last touch event
-        self.lo: dict[int, tuple[int, ...]] = {}  # live request -> per group, the first position its touch covers
-        self.retired: dict[int, int] = {}  # position key -> the last touch of an ended request (unwindowed groups)
-        self.owner: dict[int, int] = {}  # store event -> the request that stored (its bucket moves with its touches)
+        self.lo: dict[int, tuple[int, ...]] = {}  # request -> per group, the first position its touch covers
+        self.retired: dict[int, int] = {}  # shared key -> the last touch of an ended request (unwindowed groups)
+        self.owner: dict[int, int] = {}  # event -> the request whose store or touch it was (its bucket moves with it)
         self.last_of: dict[int, int] = {}  # ended request -> its last touch event
 
     def __len__(self) -> int:
@@ -88,9 +95,12 @@ class ConnectorLru:
     def register(self, rid: int, keys: list[int], lo: tuple[int, ...]) -> None:
         """A request's first look-up: its touches cover `keys` (its prompt's) from lo[c] on in group c."""
         self.lo[rid] = lo
+        shared = self.shared
+        mine = list(enumerate(keys)) if shared is None else [(p, k) for p, k in enumerate(keys) if k in shared]
+        self.covered[rid] = mine
         cover = self.cover
         get = cover.get
-        for k in keys:
+        for _, k in mine:
             held = get(k)
             if held is None:
                 cover[k] = [rid]
@@ -101,16 +111,17 @@ class ConnectorLru:
         """The request's entries become the most recent (O(1): read back when an entry is evicted)."""
         self.event += 1
         self.touched[rid] = self.event
+        self.owner[self.event] = rid
         return self.event
 
-    def retire(self, rid: int, keys: list[int], outputs: int) -> None:
-        """A request ended: its last touch stays on the entries it covers (its prompt `keys` and its first `outputs`
-        output blocks': kept per key for the groups its touches cover whole, written on a windowed group's
-        entries now), and it covers nothing more."""
+    def retire(self, rid: int) -> None:
+        """A request ended: its last touch stays on the entries it covers (kept per shared key for the groups its
+        touches cover whole, written on a windowed group's shared entries now; its other entries read it from
+        `last_of`), and it covers nothing more."""
         event = self.touched.pop(rid, None)
-        lo = self.lo[rid]
+        mine = self.covered.pop(rid)
         cover, retired = self.cover, self.retired
-        for k in keys:
+        for _, k in mine:
             held = cover[k]
             if len(held) == 1:
                 del cover[k]
@@ -119,24 +130,22 @@ class ConnectorLru:
         if event is None:
             return
         self.last_of[rid] = event
-        n = len(keys)
-        every = keys + [OUTPUT_KEYS + rid * self.P + p for p in range(n, n + outputs)]
         get = retired.get
-        for k in every:
+        for _, k in mine:
             if get(k, -1) < event:
                 retired[k] = event
         if any(self.windowed):
-            self._retire_windowed(every, event, lo)
+            self._retire_windowed(mine, event, self.lo[rid])
 
-    def _retire_windowed(self, keys: list[int], event: int, lo: tuple[int, ...]) -> None:
+    def _retire_windowed(self, mine: list[tuple[int, int]], event: int, lo: tuple[int, ...]) -> None:
         C, stamp = self.C, self.stamp
         for c in range(C):
             if not self.windowed[c]:
                 continue
-            for p in range(lo[c], len(keys)):
-                e = keys[p] * C + c
+            for p, k in mine:
+                e = k * C + c
                 s = stamp.get(e)
-                if s is not None:
+                if s is not None and p >= lo[c]:
                     t = self._stamp(event, c, p)
                     if t > s:
                         stamp[e] = t
@@ -145,20 +154,16 @@ class ConnectorLru:
     def _true(self, e: int, s: int) -> int:
         """Entry e's recency: its stamp s or a later touch of a request that covers it."""
         k, c = divmod(e, self.C)
-        p = self.pos[e]
-        best = s
-        if not self.windowed[c]:
-            event = self.retired.get(k)
-            if event is not None:
+        p, r = divmod(self.meta[e], self.R)
+        best, lo = s, self.lo
+        if k < OUTPUT_KEYS and (self.shared is None or k in self.shared):
+            if not self.windowed[c] and (event := self.retired.get(k)) is not None:
                 best = max(best, self._stamp(event, c, p))
-        if k >= OUTPUT_KEYS:
-            rids: Sequence[int] = ((k - OUTPUT_KEYS) // self.P,)
-        else:
-            rids = self.cover.get(k, ())
-        for r in rids:
-            event = self.touched.get(r)
-            if event is not None and p >= self.lo[r][c]:
-                best = max(best, self._stamp(event, c, p))
+            for r in self.cover.get(k, ()):
+                if (event := self.touched.get(r)) is not None and p >= lo[r][c]:
+                    best = max(best, self._stamp(event, c, p))
+        elif (event := self.touched.get(r, self.last_of.get(r))) is not None and p >= lo[r][c]:
+            best = max(best, self._stamp(event, c, p))
         return best
 
     # ---- stores, evictions, loads --------------------------------------------------------------------------
@@ -177,20 +182,26 @@ class ConnectorLru:
         self.event += 1  # the insertion (prepare_store), then the touch: an entry the touch leaves keeps its place
         inserted = self.event
         event = self.touch(rid)
-        C, P, lo = self.C, self.P, self.lo[rid]
+        C, P, R, lo = self.C, self.P, self.R, self.lo[rid]
         base = event * C * P + P - 1
-        bucket = self.buckets[event] = []
+        at = [positions[i] for i in new]
+        self.meta.update(zip(fresh, [p * R + rid for p in at], strict=True))
+        self.owner[inserted] = rid
         heapq.heappush(self.events, event)
-        self.owner[event] = rid
-        for i in new:
-            e, p = entries[i], positions[i]
-            s = base + (e % C) * P - p if p >= lo[e % C] else inserted * self.span + i
-            stamp[e] = s
-            self.pos[e] = p
-            if s > inserted * self.span + self.span - 1:
-                bucket.append((s, e))
-            else:
-                self._place(s, e)
+        if not any(self.windowed):
+            stamps = ([base - p for p in at] if C == 1 else
+                      [base + e % C * P - p for e, p in zip(fresh, at, strict=True)])
+            stamp.update(zip(fresh, stamps, strict=True))
+            self.buckets[event] = list(zip(stamps, fresh, strict=True))
+        else:
+            bucket = self.buckets[event] = []
+            for i, e, p in zip(new, fresh, at, strict=True):
+                s = base + e % C * P - p if p >= lo[e % C] else inserted * self.span + i
+                stamp[e] = s
+                if s >= event * self.span:
+                    bucket.append((s, e))
+                else:
+                    self._place(s, e)
         self.bytes += size
         self.pending.update(fresh)
         self.pending_bytes += size
@@ -211,39 +222,53 @@ class ConnectorLru:
         return self._evict(need, protected)
 
     def _evict(self, need: int, protected: set[int]) -> list[int]:
-        """make_room's scan, oldest first: `_true` and `_pop_oldest` written out (the run's hottest loop)."""
+        """make_room's scan, oldest first. Every entry of a bucket was stamped by its event's request (each event is
+        one request's store or touch), and a bucket whose request touched since moves whole (`_next_front`): so
+        only an entry of a key other prompts hold can have been touched later, and only those are read back."""
         out: list[int] = []
         skipped: list[tuple[int, int]] = []
-        units, C, P, stamp, pos = self.units, self.C, self.P, self.stamp, self.pos
-        pending, pinned, windowed, lo = self.pending, self.pinned, self.windowed, self.lo
-        retired, cover, touched = self.retired.get, self.cover.get, self.touched.get
+        units, C, stamp, meta, shared = self.units, self.C, self.stamp, self.meta, self.shared
+        pending, pinned = self.pending, self.pinned
+        if self.front_owner >= 0 and self._last(self.front_owner) > self.front_event:
+            self._requeue_front()  # its request touched since the front was read
         front, at = self.front, self.at
+        slow = 0  # entries before this one in the front are not taken in bulk
         while need > 0:
             if at == len(front):
                 front = self.front = self._next_front()
-                at = 0
+                at = slow = 0
+                continue
+            if C == 1 and at >= slow and len(front) - at > 1:  # one size: the next ceil(need / unit) entries
+                chunk = front[at : at + -(-need // units[0])]
+                live = [e for s, e in chunk if stamp.get(e) == s]
+                if [e for e in live if e in protected or e in pending or e in pinned
+                        or (e < OUTPUT_KEYS and (shared is None or e in shared))]:
+                    slow = at + len(chunk)  # one of them is not plain: one by one
+                else:
+                    at += len(chunk)
+                    _consume(map(stamp.__delitem__, live))
+                    _consume(map(meta.__delitem__, live))
+                    need -= len(live) * units[0]
+                    self.bytes -= len(live) * units[0]
+                    out += live
+                    continue
             s, e = front[at]
             at += 1
             if stamp.get(e) != s:
                 continue
             k, c = divmod(e, C)
-            p = pos[e]
-            rank = P - 1 - p
-            best = s
-            if not windowed[c] and (event := retired(k)) is not None:
-                best = max(best, (event * C + c) * P + rank)
-            for r in ((k - OUTPUT_KEYS) // P,) if k >= OUTPUT_KEYS else cover(k, ()):
-                if (event := touched(r)) is not None and p >= lo[r][c]:
-                    best = max(best, (event * C + c) * P + rank)
-            if best > s:  # touched since it was stamped: back where it belongs
-                stamp[e] = best
-                self.at = at
-                self._place(best, e)
-                front = self.front
-            elif e in pending or e in pinned or e in protected:
+            if k < OUTPUT_KEYS and (shared is None or k in shared):
+                t = self._true(e, s)
+                if t > s:  # touched since by another request: back where it belongs
+                    stamp[e] = t
+                    self.at = at
+                    self._place(t, e)
+                    front = self.front
+                    continue
+            if e in pending or e in pinned or e in protected:
                 skipped.append((s, e))
             else:
-                del stamp[e], pos[e]
+                del stamp[e], meta[e]
                 need -= units[c]
                 self.bytes -= units[c]
                 out.append(e)
@@ -252,22 +277,32 @@ class ConnectorLru:
             self._place(s, e)
         return out
 
+    def _last(self, rid: int) -> int:
+        return self.touched.get(rid, self.last_of.get(rid, -1))
+
+    def _requeue_front(self) -> None:
+        """The rest of the front goes back to its bucket (with its request), to be moved whole."""
+        event, rest = self.front_event, self.front[self.at :]
+        self.buckets[event] = rest
+        heapq.heappush(self.events, event)
+        self.front, self.at, self.front_event, self.front_owner = [], 0, -1, -1
+
     def _next_front(self) -> list[tuple[int, int]]:
-        """The oldest bucket, sorted. A store's bucket whose request has touched since moves whole first (its
-        entries' stamps shift by the events between: the same group and position), so that an entry is seldom
-        moved one by one."""
+        """The oldest bucket, sorted. A bucket whose request has touched since moves whole first (its entries'
+        stamps shift by the events between: the same group and position; a windowed group's entries its touches
+        do not cover stay)."""
         while True:
             event = self.front_event = heapq.heappop(self.events)
             bucket = self.buckets.pop(event)
-            rid = self.owner.pop(event, None)
-            last = None if rid is None else self.touched.get(rid, self.last_of.get(rid))
-            if rid is None or last is None or last <= event:
+            rid = self.front_owner = self.owner.get(event, -1)
+            last = -1 if rid < 0 else self._last(rid)
+            if last <= event:
                 return sorted(bucket)
             stamp, delta = self.stamp, (last - event) * self.span
             if any(self.windowed):
-                C, lo, pos = self.C, self.lo[rid], self.pos
-                moved = [(s + delta, e) for s, e in bucket if stamp.get(e) == s and pos[e] >= lo[e % C]]
-                stay = [(s, e) for s, e in bucket if stamp.get(e) == s and pos[e] < lo[e % C]]
+                C, R, lo, meta = self.C, self.R, self.lo[rid], self.meta
+                moved = [(s + delta, e) for s, e in bucket if stamp.get(e) == s and meta[e] // R >= lo[e % C]]
+                stay = [(s, e) for s, e in bucket if stamp.get(e) == s and meta[e] // R < lo[e % C]]
             else:
                 moved, stay = [(s + delta, e) for s, e in bucket if stamp.get(e) == s], []
             stamp.update([(e, s) for s, e in moved])
@@ -278,6 +313,7 @@ class ConnectorLru:
             else:
                 there += moved
             if stay:
+                self.front_owner = -1  # not covered by its touches: nothing moves them
                 return sorted(stay)
 
     def end_step(self) -> None:

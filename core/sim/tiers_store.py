@@ -44,7 +44,11 @@ def store_blocks(cache: TierCache, rid: int, start: int, end: int) -> None:
     first = start // B
     entries: list[int] = []
     positions: list[int] = []
-    for c, group in enumerate(cache.classes):
+    if C == 1 and cache.classes[0].kind == "full":  # every block of a plain model's one group holds KV
+        entries = keys[lo:hi] if hi <= n else (
+            keys[lo:n] + [OUTPUT_KEYS + rid * host.P + p for p in range(max(lo, n), hi)])
+        positions = list(range(lo, hi))
+    for c, group in enumerate(cache.classes if not positions else ()):
         hit_from = int(group.first_needed(np.int64(first), B))  # before: null entries of the hit
         state = cache.state_pages and group.kind == "state"
         for p in range(lo, hi):
