@@ -149,7 +149,8 @@ class TierCache:
         windowed = [touch_window(g, block_size) < 1 << 62 for g in self.classes]
         flat = np.concatenate([np.asarray(k, np.int64) for k in keys]) if keys else np.zeros(0, np.int64)
         values, counts = np.unique(flat, return_counts=True)
-        shared = set(values[counts > 1].tolist())  # keys of more than one prompt (a repeat in one prompt counts too)
+        self.shared_keys = values[counts > 1]  # keys of more than one prompt (a repeat in one prompt counts too)
+        shared = set(self.shared_keys.tolist())
         top = ConnectorLru(units, self.capacity_bytes[max(self.top, 0)], positions, windowed, shared, len(keys))
         self.host = top  # the write-through tier (the disk's place without a host)
         self.lru: tuple[Any, Any] = (top, Lru(units)) if self.top == HOST else (Lru(units), top)
@@ -212,7 +213,8 @@ class TierCache:
         if rid not in self.host.lo:  # (kept after it ends: a request is looked up again only if preempted)
             B = self.block_size
             lo = tuple(max(hit_blocks - touch_window(g, B), 0) for g in self.classes)
-            self.host.register(rid, self.key_list(rid), lo)
+            at = np.flatnonzero(np.isin(self.keys[rid], self.shared_keys, assume_unique=False)).tolist()
+            self.host.register(rid, self.key_list(rid), lo, at)
         self.host.touch(rid)
 
     def shrink(self, plan: LoadPlan, fits: Callable[[int], bool], now_s: float) -> LoadPlan:

@@ -92,11 +92,17 @@ class ConnectorLru:
             bucket.append((s, e))
 
     # ---- requests and their touches -------------------------------------------------------------------------
-    def register(self, rid: int, keys: list[int], lo: tuple[int, ...]) -> None:
-        """A request's first look-up: its touches cover `keys` (its prompt's) from lo[c] on in group c."""
+    def register(self, rid: int, keys: list[int], lo: tuple[int, ...], shared_at: Sequence[int] | None = None) -> None:
+        """A request's first look-up: its touches cover `keys` (its prompt's) from lo[c] on in group c; `shared_at`,
+        the positions of its keys in `shared` when the caller has them (else found here)."""
         self.lo[rid] = lo
         shared = self.shared
-        mine = list(enumerate(keys)) if shared is None else [(p, k) for p, k in enumerate(keys) if k in shared]
+        if shared is None:
+            mine = list(enumerate(keys))
+        elif shared_at is not None:
+            mine = [(p, keys[p]) for p in shared_at]
+        else:
+            mine = [(p, k) for p, k in enumerate(keys) if k in shared]
         self.covered[rid] = mine
         cover = self.cover
         get = cover.get
