@@ -49,7 +49,7 @@ def test_bytes_are_an_upper_bound_only_past_a_window() -> None:
 def test_store_memory_bytes_is_what_a_store_allocates() -> None:
     for num_blocks in (1, 7, 100, 5_000, 300_000):
         pool = BlockPool(num_blocks, 16)
-        arrays = {id(a): a.nbytes for part in (pool.store, pool.store.queue, pool.store.index)
+        arrays = {id(a): a.nbytes for part in (pool.store, pool.store.queue, pool.store.index, pool.store.index.dups)
                   for a in vars(part).values() if isinstance(a, np.ndarray)}
         # the estimate leaves out 2 spare LRU entries and the 2-entry floor of the hash arrays: <= 24 bytes
         assert 0 <= sum(arrays.values()) - BlockStore.memory_bytes(num_blocks) <= 24
