@@ -3,8 +3,10 @@ and the prefix-cache hit rate under load beside the one-at-a-time replay's at th
 
 The rungs: GPU only (tiers of size 0: the plain run, bit for bit), GPU + host, then GPU + host + disk (the
 run asked for, which `kvcalc sim` has just done); with `find_max_rate`, each rung's highest rate under the
-SLO. The replay is `kvcalc share`'s (core/share/stack_distance, tiers): requests one at a time in arrival
-order, each one's blocks cached as soon as it is served, nobody else holding blocks. Under load, running
+SLO. The replay is `kvcalc share`'s stack distances (core/share/stack_distance): requests one at a time in arrival
+order, each one's blocks cached as soon as it is served, nobody else holding blocks, with sim's tiers' rule: the
+host written through (inclusive of the GPU: it holds the top max(G, H) of the LRU stack) and the disk the host's
+victim (the next Z: the top max(G, H + Z) in all), `replay_hits`. Under load, running
 requests hold blocks the cache cannot use, and a request's blocks are cached only as it computes them, so
 the hit rate under load is lower; the gap is what concurrency costs the cache.
 """
@@ -18,8 +20,7 @@ import numpy as np
 
 from ..inputs.traces import Trace
 from ..share.replay_groups import keys_lower_bound
-from ..share.stack_distance import stack_distances
-from ..share.tiers import tier_hit_blocks
+from ..share.stack_distance import StackDistances, stack_distances
 from .metrics import RunSummary, summarize
 from .record import REJECTED, RunRecord
 from .run import run_policy
@@ -75,6 +76,15 @@ def replay_trace(job: SimJob, record: RunRecord) -> Trace:
                  np.concatenate(ids) if ids else w.hash_ids[:0], offsets)
 
 
+def replay_hits(d: StackDistances, gpu: int, host: int, disk: int) -> tuple[int, int, int]:
+    """Hit blocks served by the GPU, the host and the disk one request at a time: a block at LRU depth up to G is
+    the GPU's, up to max(G, H) the host's (written through, it holds the GPU's blocks too), up to max(G, H + Z) the
+    disk's (the host's victims)."""
+    bounds = (gpu, max(gpu, host), max(gpu, host + disk if host else disk))
+    within = [int(d.hit_blocks(k).sum()) for k in bounds]
+    return within[0], within[1] - within[0], within[2] - within[1]
+
+
 def gpu_cache_blocks(job: SimJob) -> int:
     """The pool's blocks as whole cached positions (a hybrid pool holds one block per group for each)."""
     groups = job.sim.groups
@@ -101,7 +111,6 @@ def compare_tiers(job: SimJob, records: dict[str, RunRecord], searches: dict[str
                                                                job.target_attainment, first=record)
         replay = None
         if distances is not None:
-            hits = tier_hit_blocks(distances, (gpu, rung_tiers.host_blocks, rung_tiers.disk_blocks))
-            replay = (int(hits[0].sum()), int(hits[1].sum()), int(hits[2].sum()))
+            replay = replay_hits(distances, gpu, rung_tiers.host_blocks, rung_tiers.disk_blocks)
         rungs.append(TierRung(label, rung_tiers, record, summarize(record, job.slo, kv_per_token), search, replay))
     return TierComparison(tuple(rungs), int(np.sum(trace.prompt_tokens)), job.sim.block_size, gpu)
