@@ -243,7 +243,8 @@ def _memory_estimates(spec: ModelSpec, memory: MemoryPrediction, quantization: s
     if param_count(spec).estimated:
         estimates.append("weights: parameters estimated from the dimensions")
     if vision_params:
-        estimates.append(f"weights: vision tower of {vision_params / 1e6:,.0f}M parameters from vision_config")
+        estimates.append(f"weights: vision tower (and any audio tower) of {vision_params / 1e6:,.0f}M parameters from "
+                         "vision_config / audio_config")
     if spec.weight_dtype is None:
         estimates.append("weights: bf16 assumed (the model names no dtype)")
     elif quantization or dtype_bits(spec.weight_dtype) < 16:

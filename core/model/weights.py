@@ -162,6 +162,33 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, instead: st
     return tower + h * text_hidden + text_hidden * text_hidden
 
 
+def audio_tower_params(audio: Mapping[str, Any], text_hidden: int, instead: str = "weights_bytes") -> int:
+    """Parameters of a Whisper-style audio encoder (`audio_config`: Qwen2-Audio, Qwen2.5-Omni's thinker, Voxtral)
+    and a projector into the text model: an estimate, labelled so by its callers.
+
+        convs:     num_mel_bins · d · 3 + d, then d · d · 3 + d (two 1-D convolutions of width 3)
+        positions: max_source_positions (default 1,500) · d
+        per layer: Q, K, V, O 4·d² + 3·d biases (K has none); fc1, fc2 2·d·F + F + d; two LayerNorms 4·d
+        final LayerNorm 2·d; projector d · W + W, W the encoder's `output_dim` or the text hidden size
+
+    Qwen2.5-Omni-7B's (d 1,280, 32 layers, F 5,120, 128 mel bins, output_dim 3,584): 641,560,064. An encoder
+    without d_model / encoder_layers / encoder_ffn_dim is refused, naming the parameter `instead`.
+    """
+    def field(name: str, default: int | None = None) -> int:
+        value = audio.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            kind = f" ({audio['model_type']})" if isinstance(audio.get("model_type"), str) else ""
+            raise ParameterError(f"audio_config{kind} has no positive integer {name} to count the audio tower's "
+                                 f"weights: give {{{instead}}} (the weights are then not estimated)", instead)
+        return value
+
+    d, ffn, layers = field("d_model"), field("encoder_ffn_dim"), field("encoder_layers")
+    convs = field("num_mel_bins", 128) * d * 3 + d + d * d * 3 + d
+    per_layer = 4 * d * d + 3 * d + 2 * d * ffn + ffn + d + 4 * d
+    width = field("output_dim") if audio.get("output_dim") is not None else text_hidden
+    return convs + field("max_source_positions", 1500) * d + layers * per_layer + 2 * d + d * width + width
+
+
 def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: str = "weights_bytes") -> int:
     """The vision tower's parameters of a config.json (0 when it has no `vision_config`); `instead`: the parameter
     that gives the weights without this count, named when the tower cannot be counted. Gemma-3n: its vision and
@@ -173,11 +200,9 @@ def config_vision_params(config: Mapping[str, Any], text_hidden: int, instead: s
         config = thinker  # Qwen2.5-Omni / Qwen3-Omni: vLLM loads the thinker, whose towers sit beside its text_config
     vision = config.get("vision_config")
     audio = config.get("audio_config")
-    if isinstance(audio, Mapping) and not is_gemma3n(config):  # Qwen2-Audio, Qwen-Omni, Voxtral: a Whisper-like
-        kind = f" ({audio['model_type']})" if isinstance(audio.get("model_type"), str) else ""  # encoder
-        raise ParameterError(f"audio_config{kind}: kvcalc does not count an audio tower's weights (an encoder of "
-                             f"hundreds of millions of parameters): give {{{instead}}} (the weights are then not "
-                             "estimated)", instead)
+    if isinstance(audio, Mapping) and not is_gemma3n(config):  # Qwen2-Audio, Qwen-Omni, Voxtral
+        audio_params = audio_tower_params(audio, text_hidden, instead)
+        return audio_params + (vision_tower_params(vision, text_hidden, instead) if isinstance(vision, Mapping) else 0)
     gemma3n = gemma3n_params(config, text_hidden, instead) if is_gemma3n(config) else 0
     if gemma3n and timm_vision(config):
         return gemma3n  # its vision tower included

@@ -13,7 +13,8 @@ dots.llm1: a model_type without rules, read as a plain decoder: 62 layers of 32 
 1,015,808 B a token; 32,768 positions.
 Qwen2.5-Omni-7B: the thinker's text_config (thinker_config.text_config: vLLM serves the thinker): 28 layers of 4 KV
 heads × 128: 2,048 B a layer, 57,344 B a token. Before this round it was refused ("missing the field
-'num_hidden_layers' ... give layers": the thinker was not looked into, and the refusal lost its --layers).
+'num_hidden_layers' ... give layers": the thinker was not looked into, and the refusal lost its --layers); its
+audio tower (and any audio_config but Gemma-3n's) was never counted in the weights.
 """
 
 from __future__ import annotations
@@ -135,16 +136,32 @@ def test_qwen25_omni_thinker_and_its_audio_tower(run_cli, tmp_path: Path) -> Non
     # a page 16 · 2 · 4 · 128 · 2 = 32,768 B, 28 layers: 917,504 B a block id; 7 GiB // 917,504 = 8,192 ids; a
     # 32,768-token request needs 2,048: concurrency 4, 131,072 tokens
     assert (plan["block_bytes"], plan["num_blocks"], plan["kv_cache_tokens"]) == (917_504, 8192, 131_072)
-    # its audio tower (32 encoder layers of d_model 1,280, ~0.6e9 parameters) is not counted: the weights would be
-    # short by ~1.3 GB, so every estimate of them is refused in one line naming the option that gives them
+    # the thinker's towers sit on the GPU too (weights.audio_tower_params, vision_tower_params), in bf16. Audio,
+    # Whisper-style (d 1,280, 32 layers, F 5,120, 128 mel bins, 1,500 positions, output_dim 3,584):
+    #   convs 128·1,280·3 + 1,280 + 1,280²·3 + 1,280 = 5,409,280; positions 1,500·1,280 = 1,920,000;
+    #   a layer 4·1,280² + 3·1,280 + 2·1,280·5,120 + 5,120 + 1,280 + 4·1,280 = 19,676,160, 32 of them 629,637,120;
+    #   final norm 2,560; projector 1,280·3,584 + 3,584 = 4,591,104: 641,560,064
+    # Vision (embed_dim 1,280, depth 32, MLP 4·h = 5,120 as the file names none, patch 14, not gated):
+    #   a layer 4·h² + 4·h + 2·h·5,120 + 5,120 + h + 4·h = 19,677,440, 32 of them 629,678,080; patches
+    #   3·14²·h + h = 753,920; norm 2·h; projector h·3,584 + 3,584² = 17,432,576: 647,867,136
+    # It was refused in this round's first fix (the audio tower not counted); without the towers it was 1.29e9
+    # parameters, 2.58 GB, short.
+    bare = {**QWEN25_OMNI_7B, "thinker_config": {k: v for k, v in QWEN25_OMNI_7B["thinker_config"].items()
+                                                 if k not in ("audio_config", "vision_config")}}
+    weights = [_json(run_cli, "size", "--config", str(write(tmp_path / name, c)), "--gpu", "H200")["gpu_plan"][
+        "weights_bytes"] for name, c in (("omni", QWEN25_OMNI_7B), ("bare", bare))]
+    assert weights[0] - weights[1] == (641_560_064 + 647_867_136) * 2
+    broken = {**QWEN25_OMNI_7B, "thinker_config": {**QWEN25_OMNI_7B["thinker_config"], "audio_config": {
+        "model_type": "qwen2_5_omni_audio_encoder", "encoder_layers": 32}}}
     for command, option in ((("size", "--gpu", "H200"), "--kv-memory"),
                             (("sim", "--gpu", "H200", "--requests", "2"), "--weights-bytes"),
                             (("plan", "--gpu-cost", "H200=3", "--slo", "ttft=5", "--requests", "2", "--tp", "1",
                               "--replicas", "1", "--jobs", "1", "--no-cache"), "--weights-bytes")):
-        result = run_cli(command[0], "--config", config, *command[1:])
+        result = run_cli(command[0], "--config", str(write(tmp_path / "broken", broken)), *command[1:])
         lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.exit_code == 2 and len(lines) == 1 and result.stdout == "", result.stderr
-        assert "audio_config (qwen2_5_omni_audio_encoder)" in lines[0] and f"give {option}" in lines[0]
+        assert "audio_config (qwen2_5_omni_audio_encoder) has no positive integer d_model" in lines[0]
+        assert f"give {option}" in lines[0]
 
 
 def test_plamo2_hybrid_as_vllm_places_it(run_cli, tmp_path: Path) -> None:
