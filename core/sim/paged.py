@@ -172,7 +172,16 @@ class PagedPolicy:
             self.held_blocks[rids] = (totals + (self.block_size - 1)) // self.block_size if blocks is None else blocks
             self.owed_blocks += new_blocks
             self.owing.update(rids.tolist())  # settling skips those whose pool count is current
+        elif self.prompt_keys is not None:
+            for i in np.flatnonzero(totals % self.block_size == 0).tolist():
+                self._filled(int(rids[i]), int(totals[i]))
         return True
+
+    def _filled(self, rid: int, total: int) -> None:
+        """`rid` grew to `total` (a multiple of B) without a new block: a keyed block it completes is registered
+        before the next look-up (vLLM caches a block at the allocation that fills it), so it owes an append."""
+        if total // self.block_size <= len(self.prompt_keys[rid]):  # type: ignore[index]
+            self.owing.add(rid)
 
     def grow(self, rid: int, total: int) -> bool:
         """grow_many for one request, in plain ints."""
@@ -185,6 +194,8 @@ class PagedPolicy:
             self.held_blocks[rid] = blocks
             self.owed_blocks += new_blocks
             self.owing.add(rid)
+        elif self.prompt_keys is not None and not total % self.block_size:
+            self._filled(rid, total)
         return True
 
     def decode_steps_available(self, tokens: np.ndarray) -> tuple[int, np.ndarray | None]:
