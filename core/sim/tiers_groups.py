@@ -70,6 +70,14 @@ def find(where: tuple[dict[int, int], dict[int, int]], keys: list[int], classes:
     group blocks are in neither; without a full group it is len(keys)."""
     C = len(classes)
     host, disk = where
+    if C == 1 and classes[0].kind == "full":  # a plain model: one entry a position, up to the first in neither
+        row = []
+        for k in keys:
+            t = HOST if k in host else DISK if k in disk else ABSENT
+            if t == ABSENT:
+                break
+            row.append(t)
+        return np.array([row], dtype=np.int8).reshape(1, len(row))
     full = [c for c, gb in enumerate(classes) if gb.kind == "full"]
     n = K = len(keys)
     if full:
