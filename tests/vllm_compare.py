@@ -52,15 +52,16 @@ def workload(reqs: list[Req]) -> Workload:
 
 
 def run_kvcalc(reqs: list[Req], kinds: list[tuple[str, int]], num_blocks: int, block: int, *, budget: int,
-               max_seqs: int, max_model_len: int, caching: bool):
-    """kvcalc's sim on `num_blocks` ids (less the null block), groups `kinds` in that order; (steps, record)."""
+               max_seqs: int, max_model_len: int, caching: bool, state_mode: str = "none"):
+    """kvcalc's sim on `num_blocks` ids (less the null block), groups `kinds` in that order, a state group under
+    mamba_cache_mode `state_mode` (none or align); (steps, record)."""
     groups = tuple(PoolGroup(k, w or None) for k, w in kinds)
     config = SchedulerConfig(max_batched_tokens=budget, max_seqs=max_seqs, max_model_len=max_model_len,
                              fast_forward=False)
     plain = kinds == [("full", 0)]
     # no step-time model: the Recorder times the steps
     setup = SimSetup(num_blocks - 1, block, None, config, prefix_caching=caching,
-                     groups=None if plain else groups, state_mode="none", null_blocks=1)
+                     groups=None if plain else groups, state_mode=state_mode, null_blocks=1)
     w = workload(reqs)
     policy = make_policy("paged", w, setup)
     recorder = Recorder(policy)

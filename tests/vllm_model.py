@@ -3,9 +3,12 @@
 Written from vLLM's source (vllm/v1/core/sched/scheduler.py `schedule`, kv_cache_manager.py `allocate_slots` /
 `get_computed_blocks`, kv_cache_coordinator.py, single_type_kv_cache_manager.py, block_pool.py), read as stored in
 LucasWilkinson/vllm@50e9ec0 (the generic `remove_skipped_blocks` over `get_num_skipped_tokens`) and ROCm/vllm@55970f1
-(v0.10's per-type managers); the rules below are the ones both agree on. Left out: speculative decoding, async
+(v0.10's per-type managers); the rules below are the ones both agree on. mamba_cache_mode align (MambaManager,
+HybridKVCacheCoordinator, Scheduler._mamba_block_aligned_split) read in the vLLM copy stored as
+jiayingsong2023/litevLLM@4e14d4b (vllm/core/single_type_kv_cache_manager.py, kv_cache_coordinator.py) and the split
+as upstream's newer form (on the request's tokens, resumed requests included). Left out: speculative decoding, async
 scheduling, KV connectors, partial-block hits (fine-grained hash lookup), sparse retention masks, admission caps,
-priorities, encoder tokens, mamba_cache_mode align/all. Nothing here is read from kvcalc.
+priorities, encoder tokens, mamba_cache_mode all. Nothing here is read from kvcalc.
 
 Pool (block_pool.py): block 0 is the null block; the free queue starts as ids 1..N-1 in order; a hand-out pops the
 head and drops its hash (an eviction when it had one); `free_blocks(seq)` decrements each and appends those reaching 0
@@ -27,9 +30,11 @@ Hits (get_computed_blocks, a request with no computed tokens): at most num_token
 run of leading blocks cached in every full group (L); then the other type with max_length L: sliding, from the right
 the first ceil((W - 1) / B) contiguous blocks cached in every sliding group (or the leading run when none is long
 enough); chunked, every block before L // C * C free of charge and the blocks after it while cached; a state group
-(mode none) none.
+under mode none none, under align the last block before L whose state is cached in every state group (vllm_pool.Group
+has align's table).
 
-Scheduler (FCFS, recompute): running requests in order, each min(num_tokens - computed, budget) tokens; when
+Scheduler (FCFS, recompute): running requests in order, each min(num_tokens - computed, budget) tokens (under align
+cut by `aligned`; a running request left with 0 is passed over, a waiting one stops admission); when
 allocate_slots fails the last running request is preempted (freed, computed 0, to the front of the waiting queue) and
 the allocation retried, until it fits or the request itself was preempted (then the loop stops). Only when nobody was
 preempted, waiting requests from the head while the budget lasts and fewer than max_seqs run: hit, then
@@ -70,11 +75,13 @@ class VllmEngine:
 
     def __init__(self, reqs: list[Req], groups: list[Group], num_blocks: int, block: int, *, budget: int,
                  max_seqs: int, max_model_len: int, caching: bool, step_s: float = 1.0,
-                 hash_outputs: bool = True, one_block_per_hash: bool = False) -> None:
+                 hash_outputs: bool = True, one_block_per_hash: bool = False, state_mode: str = "none") -> None:
         self.reqs, self.groups, self.B = reqs, groups, block
         self.pool = Pool(num_blocks, one_block_per_hash)
+        self.align = state_mode == "align" and any(g.kind == "state" for g in groups)
         for g in groups:
-            g.block = g.block or (max_model_len if g.kind == "state" else block)
+            g.align = g.kind == "state" and self.align
+            g.block = g.block or (max_model_len if g.kind == "state" and not g.align else block)
         self.budget, self.max_seqs, self.max_len, self.caching = budget, max_seqs, max_model_len, caching
         self.step_s, self.hash_outputs = step_s, hash_outputs
         self.now, self.next_arrival = 0.0, 0
@@ -126,7 +133,12 @@ class VllmEngine:
         g0 = self.groups[gs[0]]
         for i in gs:
             hit[i] = [NULL] * max_blocks
-        if kind == "state":
+        if kind == "state":  # align: the last block before the full hit whose state is cached in every group
+            for j in range(max_blocks - 1, -1, -1) if self.align else ():
+                if None not in (b := found(gs, j)):
+                    for i, blk in zip(gs, b, strict=True):
+                        hit[i][j] = blk
+                    return j + 1
             return 0
         if kind == "chunked":
             start = max_blocks * self.B // g0.window * g0.window // self.B
@@ -178,7 +190,10 @@ class VllmEngine:
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
-            new = min(r.num_tokens - r.computed, budget)
+            new = self.aligned(r, r.computed, min(r.num_tokens - r.computed, budget))
+            if not new:  # align: under a block of prefill left in the budget, not scheduled this step
+                i += 1
+                continue
             while not self.allocate_slots(r, new):
                 victim = self.running.pop()
                 self.free(victim)
@@ -195,8 +210,8 @@ class VllmEngine:
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             r = self.waiting[0]
             hit = self.longest_hit(r)
-            new = min(r.num_tokens - hit[0], budget)
-            if not self.allocate_slots(r, new, hit):
+            new = self.aligned(r, hit[0], min(r.num_tokens - hit[0], budget))
+            if not new or not self.allocate_slots(r, new, hit):
                 break
             self.waiting.pop(0)
             r.computed = hit[0]
@@ -205,6 +220,18 @@ class VllmEngine:
             out.append((r.rid, r.computed, new))
             budget -= new
         return out, preempted
+
+    def aligned(self, r: Req, computed: int, new: int) -> int:
+        """The scheduler's _mamba_block_aligned_split (mamba_cache_mode align): a prefill chunk is a whole number of
+        blocks, or ends at the last block boundary of the request's tokens, or is its tail past that."""
+        if not self.align or computed >= max(r.prompt, r.num_tokens - 1):
+            return new
+        last = r.num_tokens - r.num_tokens % self.B
+        if computed + new < last:
+            return new // self.B * self.B
+        if computed < last < computed + new:
+            return last - computed
+        return new
 
     def step(self) -> None:
         while self.next_arrival < len(self.reqs) and self.reqs[self.next_arrival].arrival <= self.now:

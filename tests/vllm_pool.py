@@ -66,13 +66,20 @@ class Pool:
 
 @dataclass
 class Group:
-    """One KV cache group's manager: kind full / sliding / chunked / state, `window` W or C, tables per request."""
+    """One KV cache group's manager: kind full / sliding / chunked / state, `window` W or C, tables per request.
+    `align` (a state group under mamba_cache_mode align; block B): the request's running state lives in the block of
+    its last token, a step that enters a new block takes one block there (nulls in between) and keeps the previous
+    one (the state it copies from, `last_state`) until the next step's remove_skipped; full blocks are cached as
+    any group's (a block holds the state at its end boundary), null entries skipped."""
 
     kind: str
     window: int = 0
     block: int = 0  # B_g; 0: the pool's
+    align: bool = False
     tables: dict[int, list[int]] = field(default_factory=dict)
     num_cached: dict[int, int] = field(default_factory=dict)
+    last_state: dict[int, int] = field(default_factory=dict)  # align: MambaManager.last_state_block_idx
+    allocated: set[int] = field(default_factory=set)  # align: MambaManager._allocated_block_reqs
 
     def skipped(self, c: int) -> int:
         if self.kind == "sliding":
@@ -93,10 +100,17 @@ class Group:
                 break
             freed.append(table[i])
             table[i] = NULL
+        last = self.last_state.get(rid)
+        if self.align and last is not None and last < cdiv(c, self.block) - 1 and table[last] != NULL:
+            freed.append(table[last])
+            table[last] = NULL
         pool.free_blocks(freed)
 
     def need(self, pool: Pool, rid: int, n: int, hit: list[int], computed: int) -> int:
         required = cdiv(n, self.block)
+        if self.align:  # one block at most: the state of the step's last token (first prefill: hit blocks aside)
+            new = min(max(required - len(hit) - len(self.tables.get(rid, ())), 0), 1)
+            return new + sum(1 for b in hit if b != NULL and pool.ref[b] == 0)
         if rid in self.num_cached:  # running
             return max(required - len(self.tables[rid]), 0)
         skipped = self.skipped(computed) // self.block
@@ -115,10 +129,20 @@ class Group:
     def grow(self, pool: Pool, rid: int, n: int) -> None:
         table = self.tables.setdefault(rid, [])
         self.num_cached.setdefault(rid, 0)
-        table += pool.get_new_blocks(max(cdiv(n, self.block) - len(table), 0))
+        if not self.align:
+            table += pool.get_new_blocks(max(cdiv(n, self.block) - len(table), 0))
+            return
+        required = cdiv(n, self.block)
+        if required == len(table):
+            return
+        if rid in self.allocated or table:  # the state this step starts from: a running one's, or a hit's
+            self.last_state[rid] = len(table) - 1
+        table += [NULL] * (required - 1 - len(table))
+        table += pool.get_new_blocks(1)
+        self.allocated.add(rid)
 
     def cache(self, pool: Pool, rid: int, gid: int, keys: list, num_tokens: int) -> None:
-        if self.kind == "state":
+        if self.kind == "state" and not self.align:
             return
         full, table = num_tokens // self.block, self.tables[rid]
         for i in range(self.num_cached[rid], min(full, len(keys))):
@@ -128,3 +152,5 @@ class Group:
     def free(self, pool: Pool, rid: int) -> None:
         pool.free_blocks(list(reversed(self.tables.pop(rid, []))))
         self.num_cached.pop(rid, None)
+        self.last_state.pop(rid, None)
+        self.allocated.discard(rid)

@@ -1,0 +1,55 @@
+"""Where kvcalc's sim and vLLM v1 disagree on a Mamba hybrid under mamba_cache_mode align, each a minimal request
+list worked by hand, found by random examples of test_sim_vllm_model.py's align comparison.
+
+vLLM's rules as in tests/vllm_model.py and tests/vllm_pool.py (Group.align): the scheduler cuts a prefill chunk to
+whole blocks, or to end at the last block boundary of the request's tokens (_mamba_block_aligned_split); the state
+group's table holds one block, at the step's last token (nulls before it), and the block of a step that ends on a
+boundary is cached under the state group's key of that block, like any full block; a look-up takes the full group's
+longest cached prefix, then the last block before it whose state is cached (MambaManager.find_longest_cache_hit).
+Block 128 tokens, one step 1 s; block ids are the model's (1..N-1 free; kvcalc numbers them from 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_compare import run_kvcalc, run_model
+from vllm_model import Req
+
+B = 128
+ALIGN = [("full", 0), ("state", 0)]
+
+# A state page saved beside a duplicate full block is cached by its content.
+# Pool 11 ids (free 1..10), max_model_len 512, budget 2,048.
+#   step 0: R0 (384 of id 1, 1 out) 384 tokens (ends on a boundary: not cut): full [1, 2, 3], all cached; state
+#     [null, null, 4]: 4 holds the state at 384, cached as the state group's block 2.
+#     R1 (262 of id 1, 2 out) looks up 261 tokens (2 blocks): full 1, 2 (R0's, cached by this step's allocation),
+#     but no state at 256 or 128: hit 0; its 262 tokens are cut at the last boundary, 256: full [5, 6] (repeat 1, 2),
+#     state [null, 7]: 7 holds the state at 256 and is cached by vLLM (the state group's block 1: the only copy).
+#     R0 leaves (one token out): free [8, 9, 10, 3, 2, 1, 4].
+#     kvcalc anchors R1's state page to R1's full block at its position, 6, a duplicate left unindexed (one block per
+#     hash); the cached blocks R1 recomputes (group_hits.Canonical) are looked up from its chunk's 256 tokens, at
+#     most (256 - 1) // 128 = 1 block, so block 1 has no cached anchor either: the page is never registered.
+#   step 1: R1 256..262 (6, the tail: not cut) into 8 (full) and 9 (state). R2 (262 of id 1, 1 out, t 1): vLLM finds
+#     full 1, 2 and R1's state 7 -> 256 computed, 6 new; kvcalc: 0 computed, 256 new (cut at 256).
+SAVED = [Req(0, 0.0, 384, 1, (1,)), Req(1, 0.0, 262, 2, (1,)), Req(2, 1.0, 262, 1, (1,))]
+SAVED_POOL = dict(num_blocks=11, block=B, budget=2048, max_seqs=4, max_model_len=512, caching=True,
+                  state_mode="align")
+
+
+def test_the_model_gives_the_hand_numbers():
+    for kvcalc_choices in (False, True):
+        model = run_model(SAVED, ALIGN, **SAVED_POOL, hash_outputs=not kvcalc_choices,
+                          one_block_per_hash=kvcalc_choices)
+        assert [s["scheduled"] for s in model.steps[:2]] == [[(0, 0, 384), (1, 0, 256)], [(1, 256, 6), (2, 256, 6)]]
+        assert model.steps[0]["groups"] == [5, 2]  # R0's 1, 2, 3 and R1's 5, 6; states 4 and 7
+
+
+@pytest.mark.xfail(strict=True, reason="kvcalc registers a state page (align) only where its anchor, the full block "
+                   "at the same position, is indexed (kvcalc/core/pool/group_hits.py:155 register_anchored); R1's is "
+                   "an unindexed duplicate and its group_hits.Canonical is looked up from the chunk's tokens, capped "
+                   "at (256 - 1) // 128 = 1 block (core/pool/hybrid_hits.py:263 _note_canonical -> hit_blocks), so "
+                   "the state at 256 is never cached; vLLM caches it by content and R2 hits 256 tokens")
+def test_a_state_page_beside_a_duplicate_full_block_is_cached():
+    steps, _ = run_kvcalc(SAVED, ALIGN, **SAVED_POOL)
+    assert steps[0]["scheduled"] == [(0, 0, 384), (1, 0, 256)]
+    assert steps[1]["scheduled"] == [(1, 256, 6), (2, 256, 6)]
