@@ -97,16 +97,15 @@ def add_tier_comparison(report: Report, c: TierComparison) -> None:
         report.tables.append(record_table("tier reads by KV cache group", [
             Field("group", "group"), Field("per_block", "per block", format_bytes),
             Field("host", "host read", format_bytes), Field("disk", "disk read", format_bytes)], records))
-        report.notes.append(_tier_block_note(last.block_bytes) + "; each group's block is written when the GPU "
-                            "evicts it and held on its own, as vLLM's offloading keys (hash, group); a hit needs and "
-                            "a load reads of each group only the blocks the hit needs (a sliding group its window's, "
-                            "a chunked group the current chunk's, a state group the one state at the hit's "
-                            "boundary); a block the GPU still caches past the hit counts as the host's, as vLLM's "
-                            "write-through CPU copy")
+        report.notes.append(_tier_block_note(last.block_bytes) + "; each group's block is written through when "
+                            "a request computes it and held on its own, as vLLM's offloading keys (hash, group); a "
+                            "hit needs and a load reads of each group only the blocks the hit needs (a sliding group "
+                            "its window's, a chunked group the current chunk's, a state group the one state at the "
+                            "hit's boundary)")
         if t.unresolved_blocks:
             report.notes.append(f"{format_count(t.unresolved_blocks)} evicted blocks whose KV cache group could not be "
                                 "told (their anchor block was handed out twice since) were counted as the full group's")
-    report.doc["tiers"] = {"mode": "exclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
+    report.doc["tiers"] = {"mode": "inclusive", "block_size": c.block_size, "gpu_cache_blocks": c.gpu_cache_blocks,
                            "bytes_per_block": last.bytes_per_block, "host_bytes_per_s": last.host_bytes_per_s,
                            "disk_bytes_per_s": last.disk_bytes_per_s, "rungs": docs}
     report.notes.append(_replay_note(docs[0], c))
