@@ -338,17 +338,7 @@ class PrefixIndex:
             before, parent0 = -1, -1 - extra_id
         if present is None or slots is None:
             present, slots = index.find(hashes, homes)
-        cand = np.maximum(present, 0)
-        match = present >= 0
-        match &= store.key.take(cand) == keys
-        expected = np.empty(count, dtype=np.int64)  # the class each block's content comes after, if all joined
-        expected[0] = parent0
-        expected[1:] = store.klass.take(cand[:-1])
-        match &= store.parent_klass.take(cand) == expected
-        num_join = count if match.all() else int(match.argmin())
-        klass = np.empty(count, dtype=np.int64)
-        klass[:num_join] = store.klass.take(cand[:num_join])
-        klass[num_join:] = store.new_classes(count - num_join)
+        num_join, klass = _join_classes(store, present, keys, parent0)
         store.block_hash[blocks] = hashes
         store.block_home[blocks] = homes
         store.key[blocks] = keys
@@ -372,6 +362,24 @@ class PrefixIndex:
         out = np.ones(count, dtype=bool)
         out[num_join:] = inserted
         return out
+
+
+def _join_classes(store: BlockStore, present: np.ndarray, keys: np.ndarray, parent0: int) -> tuple[int, np.ndarray]:
+    """(how many leading blocks join a cached content, the class of each [k]) of blocks with these keys after the
+    content of class `parent0`, from the index's `find` of their hashes (`present`: the entries' blocks, or -1)."""
+    count = len(keys)
+    cand = np.maximum(present, 0)
+    match = present >= 0
+    match &= store.key.take(cand) == keys
+    expected = np.empty(count, dtype=np.int64)  # the class each block's content comes after, if all joined
+    expected[0] = parent0
+    expected[1:] = store.klass.take(cand[:-1])
+    match &= store.parent_klass.take(cand) == expected
+    num_join = count if match.all() else int(match.argmin())
+    klass = np.empty(count, dtype=np.int64)
+    klass[:num_join] = store.klass.take(cand[:num_join])
+    klass[num_join:] = store.new_classes(count - num_join)
+    return num_join, klass
 
 
 def drop_in_the_way(store: BlockStore, present: np.ndarray) -> np.ndarray:
