@@ -74,7 +74,7 @@ def run_model(reqs: list[Req], kinds: list[tuple[str, int]], num_blocks: int, bl
     return VllmEngine(fresh, [Group(k, w) for k, w in kinds], num_blocks, block, **kw).run()
 
 
-def compare(reqs, kinds, num_blocks, block, *, hash_outputs=False, one_block_per_hash=True, **kw) -> None:
+def compare(reqs, kinds, num_blocks, block, *, hash_outputs=True, one_block_per_hash=False, **kw) -> None:
     steps, record = run_kvcalc(reqs, kinds, num_blocks, block, **kw)
     model = run_model(reqs, kinds, num_blocks, block, hash_outputs=hash_outputs, one_block_per_hash=one_block_per_hash,
                       **kw)

@@ -1,15 +1,17 @@
-"""Where kvcalc's sim and vLLM v1 disagree, each a minimal request list worked by hand (vLLM's rules as in
+"""Where kvcalc's sim and vLLM v1 disagreed, each a minimal request list worked by hand (vLLM's rules as in
 tests/vllm_model.py: get_computed_blocks looks up at most num_tokens - 1 tokens; allocate_slots caches every full
 block of the first min(computed + new, num_tokens) tokens; a freed table goes to the free queue's tail last entry
 first; a hand-out pops the head and drops that block's hash). Block 128 tokens (4 a Mooncake id), one step 1 s.
 
 Each test runs kvcalc (run_kvcalc) and asserts vLLM's numbers; the model of vLLM proper agrees with them
-(test_the_model_gives_the_hand_numbers), so the strict xfails fail only on kvcalc's side.
+(test_the_model_gives_the_hand_numbers), and the model with kvcalc's old choices (hash_outputs=False,
+one_block_per_hash=True) gives the numbers kvcalc gave before. All three were strict xfails until fixed: sampled blocks
+keyed in 51e20da (core/sim/output_keys.py, core/pool/register_full.py), several blocks a hash and anchored blocks by
+content class in 0348c2f (core/pool/dup_lists.py, group_hits.py).
 """
 
 from __future__ import annotations
 
-import pytest
 from vllm_compare import run_kvcalc, run_model
 from vllm_model import Req
 
@@ -63,10 +65,7 @@ def test_a_recomputed_request_hits_its_own_sampled_blocks():
     assert _scheduled(steps, 150) == [(1, 128, 101)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc caches a hash in one block only (kvcalc/core/pool/prefix_lookup.py:11-12"
-                   " and :332, _register -> index.insert_absent: 'a block whose chain is already cached in another "
-                   "block stays unindexed'); vLLM's BlockPool.cache_full_blocks caches the duplicate too, and it "
-                   "serves a later hit once the first copy is evicted")
+# kvcalc cached a hash in one block only until 0348c2f (prefix_lookup._register -> index.insert_absent).
 def test_a_duplicate_block_serves_a_hit_after_the_first_copy_is_evicted():
     steps, _ = run_kvcalc(DUPLICATE, [("full", 0)], **DUPLICATE_POOL)
     assert [s["scheduled"] for s in steps[:3]] == [[(0, 0, 256)], [(1, 128, 128)], [(2, 0, 256)]]
@@ -101,11 +100,8 @@ def test_the_model_gives_the_hand_numbers_of_the_chunked_case():
         assert model.steps[8]["scheduled"] == [(0, 305, 1), (2, 124, 76), (3, 128, 51)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc registers a sliding/chunked/state group's block only where the same "
-                   "table's full-group block at that position is the indexed one (kvcalc/core/pool/group_hits.py"
-                   ":153-155 register_anchored: 'blocks whose anchor is not indexed stay unindexed'); Q's full "
-                   "block 0 is a duplicate of A's, so Q's chunked block 0 — the only copy — is never cached; "
-                   "vLLM caches it (per group, by content) and R hits 128 tokens")
+# kvcalc registered an anchored group's block only beside the indexed full block until 0348c2f
+# (group_hits.register_anchored; Canonical noted from the first chunk's keys, which here hold no full block).
 def test_a_chunked_block_beside_a_duplicate_full_block_is_cached():
     steps, _ = run_kvcalc(ANCHORED, [("full", 0), ("chunked", 256)], **ANCHORED_POOL)
     assert [s["scheduled"] for s in steps[:8]] == ANCHORED_STEPS

@@ -1,4 +1,4 @@
-"""Where kvcalc's sim and vLLM v1 disagree on a Mamba hybrid under mamba_cache_mode align, each a minimal request
+"""Where kvcalc's sim and vLLM v1 disagreed on a Mamba hybrid under mamba_cache_mode align, each a minimal request
 list worked by hand, found by random examples of test_sim_vllm_model.py's align comparison.
 
 vLLM's rules as in tests/vllm_model.py and tests/vllm_pool.py (Group.align): the scheduler cuts a prefill chunk to
@@ -6,12 +6,12 @@ whole blocks, or to end at the last block boundary of the request's tokens (_mam
 group's table holds one block, at the step's last token (nulls before it), and the block of a step that ends on a
 boundary is cached under the state group's key of that block, like any full block; a look-up takes the full group's
 longest cached prefix, then the last block before it whose state is cached (MambaManager.find_longest_cache_hit).
-Block 128 tokens, one step 1 s; block ids are the model's (1..N-1 free; kvcalc numbers them from 0).
+Block 128 tokens, one step 1 s; block ids are the model's (1..N-1 free; kvcalc numbers them from 0). The model of vLLM
+proper and with kvcalc's two old choices both give the hand numbers; a strict xfail until 0348c2f.
 """
 
 from __future__ import annotations
 
-import pytest
 from vllm_compare import run_kvcalc, run_model
 from vllm_model import Req
 
@@ -44,11 +44,8 @@ def test_the_model_gives_the_hand_numbers():
         assert model.steps[0]["groups"] == [5, 2]  # R0's 1, 2, 3 and R1's 5, 6; states 4 and 7
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc registers a state page (align) only where its anchor, the full block "
-                   "at the same position, is indexed (kvcalc/core/pool/group_hits.py:155 register_anchored); R1's is "
-                   "an unindexed duplicate and its group_hits.Canonical is looked up from the chunk's tokens, capped "
-                   "at (256 - 1) // 128 = 1 block (core/pool/hybrid_hits.py:263 _note_canonical -> hit_blocks), so "
-                   "the state at 256 is never cached; vLLM caches it by content and R2 hits 256 tokens")
+# kvcalc anchored a state page to its own unindexed duplicate (Canonical capped at (256 - 1) // 128 blocks) until
+# 0348c2f (anchored blocks by content class since).
 def test_a_state_page_beside_a_duplicate_full_block_is_cached():
     steps, _ = run_kvcalc(SAVED, ALIGN, **SAVED_POOL)
     assert steps[0]["scheduled"] == [(0, 0, 384), (1, 0, 256)]

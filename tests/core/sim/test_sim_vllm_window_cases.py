@@ -1,4 +1,4 @@
-"""Where kvcalc's sim and vLLM v1 disagree on a hybrid's prefix cache (full + sliding-window / chunked groups), each
+"""Where kvcalc's sim and vLLM v1 disagreed on a hybrid's prefix cache (full + sliding-window / chunked groups), each
 a minimal request list worked by hand, found by random examples of test_sim_vllm_model.py's hybrid comparisons.
 
 vLLM's rules as in tests/vllm_model.py (test_sim_vllm_model_cases.py's docstring has the pool's): a look-up takes the
@@ -6,13 +6,12 @@ full group's longest cached prefix, then a sliding group's blocks covering the l
 too (by the sliding group's own content key, whoever computed them); every allocation caches each group's full blocks
 of min(computed + new, num_tokens) tokens. Block 128 tokens (4 a Mooncake id), one step 1 s; block ids are the
 model's (1..N-1 free; kvcalc numbers them from 0). Each test runs kvcalc and asserts vLLM's numbers; the model of vLLM
-proper and the model with kvcalc's two known choices (hash_outputs=False, one_block_per_hash=True) both give them
-(test_the_model_gives_the_hand_numbers), so these disagreements are neither of those.
+proper and the model with kvcalc's two old choices (hash_outputs=False, one_block_per_hash=True) both give them
+(test_the_model_gives_the_hand_numbers), so the disagreement was neither of those. A strict xfail until 0348c2f.
 """
 
 from __future__ import annotations
 
-import pytest
 from vllm_compare import run_kvcalc, run_model
 from vllm_model import Req
 
@@ -50,11 +49,8 @@ def test_the_model_gives_the_hand_numbers():
         assert model.steps[9]["scheduled"] == [(0, 390, 1), (3, 256, 44)]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc notes the cached full blocks a request recomputes (group_hits."
-                   "Canonical) from its first chunk's keys only (kvcalc/core/pool/hybrid_hits.py:254 _note_canonical, "
-                   "given core/sim/paged_groups.py:72's keys cut to the chunk), so R's later sliding blocks are "
-                   "anchored to its own unindexed duplicates and register_anchored (group_hits.py:155) skips them; "
-                   "vLLM caches each group's block by its content")
+# kvcalc noted a request's recomputed duplicates (group_hits.Canonical) from its first chunk's keys only and anchored
+# window blocks to them until 0348c2f (anchored blocks by content class since).
 def test_a_window_block_after_a_short_first_chunk_is_cached():
     steps, _ = run_kvcalc(FIRST_CHUNK, SLIDING, **FIRST_CHUNK_POOL)
     assert [s["scheduled"] for s in steps[:9]] == FIRST_CHUNK_STEPS
