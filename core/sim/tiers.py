@@ -148,9 +148,10 @@ class TierCache:
         self.top = HOST if tiers.host_blocks else DISK if tiers.disk_blocks else ABSENT
         windowed = [touch_window(g, block_size) < 1 << 62 for g in self.classes]
         flat = np.concatenate([np.asarray(k, np.int64) for k in keys]) if keys else np.zeros(0, np.int64)
-        values, counts = np.unique(flat, return_counts=True)
-        self.shared_keys = values[counts > 1]  # keys of more than one prompt (a repeat in one prompt counts too)
-        shared = set(self.shared_keys.tolist())
+        values, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+        self.shared_mask = counts[inverse] > 1  # per prompt block: a key more than one prompt holds (or one twice)
+        self.offsets = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
+        shared = set(values[counts > 1].tolist())
         top = ConnectorLru(units, self.capacity_bytes[max(self.top, 0)], positions, windowed, shared, len(keys))
         self.host = top  # the write-through tier (the disk's place without a host)
         self.lru: tuple[Any, Any] = (top, Lru(units)) if self.top == HOST else (Lru(units), top)
@@ -213,7 +214,7 @@ class TierCache:
         if rid not in self.host.lo:  # (kept after it ends: a request is looked up again only if preempted)
             B = self.block_size
             lo = tuple(max(hit_blocks - touch_window(g, B), 0) for g in self.classes)
-            at = np.flatnonzero(np.isin(self.keys[rid], self.shared_keys, assume_unique=False)).tolist()
+            at = np.flatnonzero(self.shared_mask[self.offsets[rid] : self.offsets[rid + 1]]).tolist()
             self.host.register(rid, self.key_list(rid), lo, at)
         self.host.touch(rid)
 
