@@ -145,14 +145,24 @@ class HybridLayout:
         """Slots of the state groups' held pages that no token count fills: a page is a whole state, all of its
         slots useful (state_pages), so usage adds them to the store's written tokens."""
         shared = bool(self.store.counters["hit_blocks"] or self.store.counters["forks"])
-        if self.rolling and not (shared or self.weighted or any(p.spec.tracked for p in self.pools)):
-            # mode none, no page shared or kept: each state table holds the page of token n − 1, n − B · ((n − 1)
-            # // B) tokens written in it, so B − fill = (−n) mod B, alike in every state group
-            B = self.block_size
-            return sum(self.rolled) * sum(-s.num_tokens % B for s in self.pools[0].seqs.values())
+        if not (shared or self.weighted or any(p.spec.tracked for p in self.pools)) and (self.rolling or not (
+                self.mixed or self.store.enable_prefix_caching)):  # (mode none: one page, wherever it came from)
+            return self._private_slack()
         held, shared = self._held_arrays(), shared or bool(self._resumed)  # (a page a jump resumed from too)
         return sum(state_slack(self.store, [*held[g], *p.spec.kept.values()], shared, group.weight)
                    for g, (group, p) in enumerate(zip(self.groups, self.pools, strict=True)) if group.kind == "state")
+
+    def _private_slack(self) -> int:
+        """state_slack where every held block is in one table, written from its first token on (no prefix cache,
+        fork, kept page, weighted table or mixed block size): a state table of n tokens holds its blocks from its
+        first kept one f to ceil(n / B), all full but the last (a fresh block is; a topped-up one is the last),
+        n − B · f tokens in B · (ceil(n / B) − f) slots, so B − fill sums to (−n) mod B, alike in every state group
+        and every mode (none's one page too); a page held past the table (align) adds its own B − fill."""
+        B, states = self.block_size, sum(g.kind == "state" for g in self.groups)
+        slack = states * sum(-s.num_tokens % B for s in self.pools[0].seqs.values()) if states else 0
+        for pages in self._resumed.values():
+            slack += sum(B - int(self.store.fill[block]) for _, block in pages.values())
+        return slack
 
     def _held_arrays(self) -> list[list[np.ndarray]]:
         """Per group, each live table's held range and the pages held past the tables (state_pages)."""

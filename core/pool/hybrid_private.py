@@ -7,14 +7,15 @@ A sequence's tables then all have one length, and all tables of one kind of grou
 a change is worked out once per sequence and kind. The tables of a sequence are kept as the rows of one array
 [groups, capacity] (each group's SeqTable.table a row of it: `_wide`), so that a growth or a free is one numpy call
 per sequence and kind, not per group. The tables, counters and invariants are those the one-group operations leave
-(hybrid.py, block_pool); only the block ids differ, which nothing reads in a private pool.
+(hybrid.py, block_pool); only the block ids differ, which nothing reads in a private pool. Under mamba_cache_mode
+align a chunk of more than a block jumps over state pages and may hold the page it resumes from past the table
+until the sequence's next step (HybridLayout._resume, weighted.state_jump): the growth keeps and lets go such pages
+as stepping does (decode holds what mode all holds).
 
-    allocate_private(seq, n, computed)  HybridPool.allocate without keys: each group holds the blocks its layers
-                                        read from `computed` written tokens on (all of them when 0)
+    allocate_private, release_private   hybrid_private_tables (the base class)
     advance_private(ids, n, chunk)      n tokens each, appended `chunk` at a time: a decode run (chunk 1), or one
                                         append (chunk n) — each group frees what its rule lets go before the last
                                         append, then grows; no block is handed out only to be freed within
-    release_private(seq, reason)        HybridPool.release
     first_blocks(group, computed)       PoolGroup.first_block_before_growth over an array of lengths (mode none's
                                         state page: where the decode step's token goes)
 """
@@ -25,13 +26,11 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from ..blocks import ceil_div
-from .accounting import ReleaseReason
 from .append import SeqTable
 from .groups import PoolGroup
-from .hybrid_layout import HybridLayout
-from .pool_tables import NULL_BLOCK, RELEASE_COUNTER
-from .prefix_cache import root_hash
+from .hybrid_private_tables import PrivateTables
+from .pool_tables import NULL_BLOCK
+from .state_pages import held_past, jump_holds
 from .store import PoolExhaustedError
 
 
@@ -52,41 +51,8 @@ def first_blocks(group: PoolGroup, computed: np.ndarray, block_size: int, state_
     return 0
 
 
-class HybridPrivate(HybridLayout):
+class HybridPrivate(PrivateTables):
     """The private pool's operations (see the module docstring)."""
-
-    @property
-    def private(self) -> bool:
-        store = self.store
-        if store.enable_prefix_caching or store.counters["forks"] or getattr(self, "mixed", False) or (
-                getattr(self, "weighted", False)) or self.jumps_hold_resumed:  # align: HybridLayout._resume
-            return False
-        return not any(pool.spec.tracked for pool in self.pools)
-
-    def kinds(self) -> list[tuple[PoolGroup, list[int]]]:
-        """The distinct groups (kind and window) with the indices of their tables, in group order (Gemma-3:
-        full [0], sliding [1..6])."""
-        memo = self.__dict__.get("_private_kinds")
-        if memo is None:
-            members: dict[PoolGroup, list[int]] = {}
-            for g, group in enumerate(self.groups):
-                members.setdefault(PoolGroup(group.kind, group.window), []).append(g)
-            memo = self.__dict__["_private_kinds"] = list(members.items())
-        return memo
-
-    def _rows(self) -> list[tuple[bool, slice | list[int], int, int]]:
-        """Per kind: (frees nothing, its rows of a wide table — a slice when they are adjacent —, how many, the
-        first of them)."""
-        memo = self.__dict__.get("_private_rows")
-        if memo is None:
-            memo = []
-            for group, members in self.kinds():
-                adjacent = members == list(range(members[0], members[-1] + 1))
-                memo.append((group.kind == "full",
-                             slice(members[0], members[-1] + 1) if adjacent else members, len(members),
-                             members[0]))
-            self.__dict__["_private_rows"] = memo
-        return memo
 
     def _wide(self, seq_id: Hashable, tables: Sequence[SeqTable], capacity: int = 0) -> np.ndarray:
         """The sequence's tables as the rows of one array of at least `capacity` columns (made so, and each
@@ -118,95 +84,6 @@ class HybridPrivate(HybridLayout):
         last[seq_id] = (table, held, ids)
         return ids
 
-    def _private_check(self, what: str) -> None:
-        if not self.private:
-            raise ValueError(f"{what} takes a private pool (no prefix caching, fork, speculative slot or mixed "
-                             "block sizes): use the one-sequence operations")
-
-    # ---- allocate, release ------------------------------------------------------------------------
-    def _private_firsts(self, num_tokens: int, computed_tokens: int) -> list[int]:
-        """Per kind: the first block a new sequence's tables hold (HybridHits._allocate_plan without keys)."""
-        B, total = self.block_size, ceil_div(num_tokens, self.block_size)
-        return [min(g.first_block(computed_tokens, num_tokens, B, self.state_mode), total) for g, _ in self.kinds()]
-
-    def allocate_private_need(self, num_tokens: int, computed_tokens: int = 0) -> int:
-        """Free blocks `allocate_private` takes (what `can_allocate` without keys compares)."""
-        total, firsts = ceil_div(num_tokens, self.block_size), self._private_firsts(num_tokens, computed_tokens)
-        return sum(len(m) * (total - f) for (_, m), f in zip(self.kinds(), firsts, strict=True))
-
-    def allocate_private(self, seq_id: Hashable, num_tokens: int, computed_tokens: int = 0) -> int:
-        """HybridPool.allocate(seq_id, num_tokens, computed_tokens=...) without keys, in a private pool: the
-        blocks of every group in one hand-out, the tables one array (`_wide`). Returns the hit tokens: 0."""
-        self._private_check("allocate_private")
-        if self.has_seq(seq_id):
-            raise ValueError(f"sequence {seq_id!r} already has a block table; release it first")
-        store, B = self.store, self.block_size
-        total, firsts = ceil_div(num_tokens, B), self._private_firsts(num_tokens, computed_tokens)
-        need = sum(len(m) * (total - f) for (_, m), f in zip(self.kinds(), firsts, strict=True))
-        if need > len(store.queue):
-            raise PoolExhaustedError(f"{num_tokens} tokens need {need} blocks over {len(self.groups)} groups, "
-                                     f"{len(store.queue)} free")
-        blocks = store.hand_out(need)[0]
-        table = np.empty((len(self.groups), max(total, 4) * 2), dtype=np.int64)
-        fills = np.full(need, B, dtype=store.fill.dtype)
-        at = useful = 0
-        for (_, rows, count, _), f in zip(self._rows(), firsts, strict=True):
-            table[rows, :f] = NULL_BLOCK
-            if total > f:
-                m = total - f
-                table[rows, f:total] = blocks[at : at + count * m].reshape(count, m)
-                fills[at + m - 1 : at + count * m : m] = num_tokens - (total - 1) * B
-                at += count * m
-                useful += count * (num_tokens - f * B)
-        store.ref[blocks] = 1
-        store.fill[blocks] = fills
-        store.num_used += need
-        store.useful_tokens += useful
-        first_of = [f for (_, members), f in zip(self.kinds(), firsts, strict=True) for _ in members]
-        order = [g for _, members in self.kinds() for g in members]
-        roots = self._roots()
-        for g, f in zip(order, first_of, strict=True):
-            pool = self.pools[g]
-            pool.seqs[seq_id] = SeqTable(table[g], total, num_tokens, roots[g][0], 0, roots[g][1], 0, f)
-            pool.logical_blocks += total - f
-            pool.logical_tokens += num_tokens
-            pool._epoch += 1
-        store.counters["prompt_tokens"] += num_tokens * len(self.groups)
-        self.__dict__.setdefault("_private_wide", {})[seq_id] = table
-        self._changed()
-        return 0
-
-    def _roots(self) -> list[tuple[int, int]]:
-        """Per group: (the id of its extra key (group, None), the root hash of a chain under it), as
-        PoolTables.allocate gives a table without keys."""
-        memo = self.__dict__.get("_private_roots")
-        if memo is None:
-            ids = [pool.prefix.extra_id((g, None)) for g, pool in enumerate(self.pools)]
-            memo = self.__dict__["_private_roots"] = [(i, root_hash(i)) for i in ids]
-        return memo
-
-    def release_private(self, seq_id: Hashable, reason: ReleaseReason = ReleaseReason.FINISHED) -> None:
-        """HybridPool.release in a private pool: every group's blocks in one drop."""
-        counter = RELEASE_COUNTER.get(reason)
-        if counter is None:
-            raise ValueError(f"unknown release reason {reason!r}: use a ReleaseReason")
-        self._private_check("release_private")
-        tables = [self.pools[0]._seq(seq_id), *(p.seqs[seq_id] for p in self.pools[1:])]
-        store = self.store
-        blocks = np.concatenate([s.table[s.num_skipped : s.num_blocks] for s in tables])
-        store.ref[blocks] -= 1
-        assert not store.ref[blocks].any(), "release_private: a block is held by another table"
-        store.drop(blocks, defer=self.pools[0]._in_step)
-        for pool, seq in zip(self.pools, tables, strict=True):
-            del pool.seqs[seq_id]
-            pool.logical_blocks -= seq.num_blocks - seq.num_skipped
-            pool.logical_tokens -= seq.num_tokens
-            pool._epoch += 1
-        store.counters[counter] += len(self.pools)
-        self.__dict__.get("_private_wide", {}).pop(seq_id, None)
-        self.__dict__.get("_private_last", {}).pop(seq_id, None)
-        self._changed()
-
     # ---- growth -----------------------------------------------------------------------------------
     def advance_private(self, seq_ids: Sequence[Hashable], num_tokens: int, chunk: int, check: bool = True,
                         credit: bool = True) -> bool | None:
@@ -223,6 +100,14 @@ class HybridPrivate(HybridLayout):
         columns = list(zip(pools[0]._live(seq_ids, "appended to"), *([p.seqs[i] for i in seq_ids] for p in pools[1:]),
                            strict=True))
         plan, need, gone = self._private_plan(columns, num_tokens, chunk)
+        jump = self.jumps_hold_resumed and chunk > self.block_size  # align: a state page may be jumped over
+        if jump and chunk != num_tokens:
+            raise ValueError("advance_private: under align an append of more than a block is one chunk")
+        if jump:  # what stepping frees before it checks: each group's rule before growth and the pages held past
+            gone = self._private_plan(columns, num_tokens, num_tokens, refused=True)[2] + held_past(  # the tables
+                self._resumed, seq_ids)
+        elif self._resumed:
+            gone += held_past(self._resumed, seq_ids)
         free_now = len(self.store.queue) + (0 if pools[0]._in_step or not credit else gone)
         if need > free_now and not credit and check:  # frees not credited: nothing done, the caller steps in order
             return None
@@ -230,12 +115,12 @@ class HybridPrivate(HybridLayout):
             if not check:
                 raise PoolExhaustedError(f"appending {num_tokens} tokens to {len(seq_ids)} sequences needs {need} "
                                          f"blocks over {len(self.groups)} groups, {free_now} free")
-            first = plan if chunk == num_tokens and not self.rolling else self._private_plan(
-                columns, num_tokens, num_tokens, refused=True)[0]  # mode none: the one page stays
+            first = plan if chunk == num_tokens and not self.rolling and not jump else self._private_plan(
+                columns, num_tokens, num_tokens, refused=True)[0]  # mode none: the one page stays; align: no jump
             self._private_free(seq_ids, columns, first)
             self._changed()
             return False
-        wides = self._private_free(seq_ids, columns, plan)
+        wides = self._private_free(seq_ids, columns, plan, num_tokens if jump else 0)
         self._private_grow(seq_ids, columns, wides, plan, num_tokens, need)
         self._changed()
         return True
@@ -265,23 +150,32 @@ class HybridPrivate(HybridLayout):
         return plan, need, gone
 
     def _private_free(self, seq_ids: Sequence[Hashable], columns: list[tuple[SeqTable, ...]],
-                      plan: list[tuple[int, int, list[int]]]) -> list[np.ndarray]:
+                      plan: list[tuple[int, int, list[int]]], jump: int = 0) -> list[np.ndarray]:
         """Free, in every table, the blocks before its kind's first block of `plan` (entries past the table's end
-        included: never handed out), in one drop; returns the sequences' wide tables, each wide enough for `plan`."""
+        included: never handed out), in one drop, and the pages held past the tables (align); returns the
+        sequences' wide tables, each wide enough for `plan`. `jump`: the tokens of one append (align) over which a
+        state table that keeps only its last page holds the page it resumes from past the table
+        (state_pages.jump_holds: weighted.state_jump's rule), not freed."""
         parts, wides = [], []
         freed = [0] * len(self.pools)
         kinds = list(zip(self._rows(), self.kinds(), strict=True))
         for seq_id, c, (held, after, firsts) in zip(seq_ids, columns, plan, strict=True):
             table = self._wide(seq_id, c, after)
             wides.append(table)
-            for ((_, rows, _, lead), (_, members)), first in zip(kinds, firsts, strict=True):
+            if self._resumed and seq_id in self._resumed:  # the last step's: let go at this one (HybridLayout._skip)
+                self._let_resumed_go(seq_id)
+            for ((_, rows, _, lead), (group, members)), first in zip(kinds, firsts, strict=True):
                 skipped = c[lead].num_skipped
                 if first > skipped:
+                    hold = jump and group.kind == "state" and jump_holds(c[lead].num_tokens, first, after,
+                                                                         self.block_size)
                     if skipped < held:
-                        parts.append(table[rows, skipped : min(first, held)].ravel())
+                        parts.append(table[rows, skipped : min(first, held) - hold].ravel())
                     for g in members:
                         c[g].num_skipped = first
-                        freed[g] += first - skipped
+                        freed[g] += first - skipped - hold
+                        if hold:
+                            self._resume(seq_id, g, held - 1, int(table[g, held - 1]))
         for pool, count in zip(self.pools, freed, strict=True):
             pool.logical_blocks -= count
         if parts:

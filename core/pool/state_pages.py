@@ -109,6 +109,19 @@ def with_resumed(resumed: Resumed, seq_id: Hashable, tables: list[np.ndarray]) -
     return tables
 
 
+def held_past(resumed: Resumed, seq_ids: Sequence[Hashable]) -> int:
+    """Pages held past the tables of `seq_ids` (each one reference: let go at their next step)."""
+    return sum(len(resumed[i]) for i in seq_ids if i in resumed) if resumed else 0
+
+
+def jump_holds(computed: int, keep: int, total: int, block_size: int) -> bool:
+    """Whether a state table of mode align, `computed` tokens written, that an append leaves holding its blocks
+    from `keep` to `total` (groups.PoolGroup.first_block) holds the page it resumes from past the table: the
+    append jumps (it keeps no page it holds now: keep > (computed − 1) // B) and keeps only its last page
+    (weighted.state_jump: a step that ends past a boundary mid-block keeps that boundary's page instead)."""
+    return computed > 0 and keep == total - 1 and keep > (computed - 1) // block_size
+
+
 def held_counts(resumed: Resumed, seq_id: Hashable, seqs: Sequence[dict[Hashable, SeqTable]]) -> list[int]:
     """Blocks each group (its pool's `seqs`) holds for the sequence: the table's held range and a page past it."""
     pages = resumed.get(seq_id, {})

@@ -52,6 +52,10 @@ class PrivateCounts:
         self.skipped: dict[int, list[int]] = {}
         self.pool_tokens: dict[int, int] = {}  # what the pool's tables hold; < tokens: growth pending
         self.deferred: dict[int, tuple[int, int]] = {}  # admitted, not yet in the pool: (tokens, computed) then
+        # align: the fill of the page each state table of a request holds past it since a jump (HybridLayout._resume),
+        # let go at the request's next step; one per state table, all alike (the kind's tables are)
+        self.resumed: dict[int, int] = {}
+        self.state_kind = next((i for i, state in enumerate(self.state) if state), -1)
         self.used = self.useful = self.written = 0  # blocks; slots of whole states and tokens; tokens written
         self.kind_blocks = [0] * len(kinds)  # Σ over requests of one table's blocks per kind
         self.group_kinds = [0] * len(pool.pools)  # each group's kind (an index into the pool's kinds)
@@ -90,14 +94,35 @@ class PrivateCounts:
                 self.written -= count * B * d
                 self.useful -= count * B * d
 
+    def _past(self, fill: int, sign: int) -> None:
+        """Add (sign 1) or take away (−1) a request's pages past its state tables, `fill` tokens each (B useful)."""
+        count = self.state_tables
+        self.kind_blocks[self.state_kind] += sign
+        self.used += sign * count
+        self.written += sign * count * fill
+        self.useful += sign * count * self.B
+
+    def _let_go(self, rid: int) -> None:
+        """The pages `rid` holds past its tables let go (at its next step or release)."""
+        fill = self.resumed.pop(rid, None)
+        if fill is not None:
+            self._past(fill, -1)
+
     def admitted(self, rid: int) -> None:
-        """`rid` was just allocated in the pool: its holdings read from its tables."""
+        """`rid` is in the pool as it stands (allocated, or grown by the pool itself): its holdings read from its
+        tables, and the pages it holds past them (align)."""
         pool = self.pool
         tokens = pool.pools[0].seqs[rid].num_tokens
         skipped = [pool.pools[lead].seqs[rid].num_skipped for lead in self.leads]
         self.tokens[rid] = self.pool_tokens[rid] = tokens
         self.skipped[rid] = skipped
         self._add(tokens, skipped, 1)
+        pages = pool._resumed.get(rid) if pool._resumed else None
+        if pages:
+            fills = {int(pool.store.fill[block]) for _, block in pages.values()}
+            assert len(pages) == self.state_tables and len(fills) == 1, f"request {rid}: pages held past its tables"
+            self.resumed[rid] = fills.pop()
+            self._past(self.resumed[rid], 1)
 
     def admit(self, rid: int, tokens: int, computed: int) -> None:
         """`rid` admitted with `tokens`, `computed` of them held already (a swap-in): HybridPool.allocate_private's
@@ -110,6 +135,7 @@ class PrivateCounts:
     def released(self, rid: int) -> bool:
         """`rid` leaves; whether the pool holds it (else it never heard of it, and nothing is left to free)."""
         self._add(self.tokens.pop(rid), self.skipped.pop(rid), -1)
+        self._let_go(rid)
         del self.pool_tokens[rid]
         return self.deferred.pop(rid, None) is None
 
@@ -119,10 +145,12 @@ class PrivateCounts:
         counts, True; False where the growth does not fit in `free` blocks (+ its own frees, with `credit`):
         nothing done (the caller settles and asks the pool, whose refusal frees what it frees)."""
         B, mode, counts, frees, tokens, skipped = self.B, self.mode, self.counts, self.frees, self.tokens, self.skipped
-        total = self.total
+        total, resumed = self.total, self.resumed
         need = gone = 0
         moves = []
         for rid in ids:
+            if resumed and rid in resumed:  # align: the page held past its state tables, let go first
+                gone += self.state_tables
             t = tokens[rid]
             held = -(-t // B)
             old = skipped[rid]
@@ -139,6 +167,8 @@ class PrivateCounts:
         if need > free + (gone if credit else 0):
             return False
         for rid, t, old, new in moves:
+            if resumed:
+                self._let_go(rid)
             self._move(t, old, t + 1, new)
             tokens[rid], skipped[rid] = t + 1, new
         return True
@@ -148,6 +178,8 @@ class PrivateCounts:
         each kind's tables start where the last step's free left them."""
         B, mode, tokens, skipped = self.B, self.mode, self.tokens, self.skipped
         for rid in ids:
+            if self.resumed:
+                self._let_go(rid)
             t, old = tokens[rid], skipped[rid]
             new = old[:]
             for i, group in self.frees:
@@ -173,6 +205,7 @@ class PrivateCounts:
                     seqs = [pool.pools[lead].seqs[rid] for lead in self.leads]
                     before = sum(count * (seq.num_blocks - seq.num_skipped) for count, seq in zip(self.counts, seqs,
                                                                                                    strict=True))
+                    before += len(pool._resumed.get(rid, ())) if pool._resumed else 0  # (align: past the tables)
                 after = sum(count * (-(-t // B) - first) for count, first in zip(self.counts, self.skipped[rid],
                                                                                  strict=True))
                 late.append((after - before, rid, t - self.pool_tokens[rid]))
@@ -209,7 +242,7 @@ class PrivateCounts:
         """The counts read again from the pool (settled, after an operation the counts did not take)."""
         pool = self.pool
         assert not self.deferred, "resync of counts with admissions the pool has not heard of"
-        self.tokens, self.skipped, self.pool_tokens = {}, {}, {}
+        self.tokens, self.skipped, self.pool_tokens, self.resumed = {}, {}, {}, {}
         self.used = self.useful = self.written = 0
         self.kind_blocks = [0] * len(self.counts)
         for rid in list(pool.pools[0].seqs):
