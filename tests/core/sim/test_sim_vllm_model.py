@@ -98,3 +98,17 @@ def test_state_hybrid_model(reqs, data, align):
     num_blocks = _pool(data.draw, MAX_LEN // B + 2 * len(kinds))
     compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=align, state_mode="align" if align else "none")
+
+
+@SETTINGS
+@given(reqs=requests(), data=st.data())
+def test_several_full_groups_model(reqs, data):
+    # vLLM's layout gives a model more than one full group when its full layers outnumber a group (padding aside):
+    # 2-3 full groups and 1-3 sliding or chunked ones, in any order; a hit needs every full group's chain
+    other = data.draw(st.sampled_from([("sliding", 129), ("sliding", 512), ("chunked", 256), ("chunked", 512)]))
+    kinds = data.draw(st.permutations([("full", 0)] * data.draw(st.integers(2, 3)) + [other] * data.draw(
+        st.integers(1, 3))))
+    budget = data.draw(st.sampled_from(BUDGETS))
+    num_blocks = _pool(data.draw, len(kinds) * MAX_LEN // B)
+    compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
+            max_model_len=MAX_LEN, caching=True)
