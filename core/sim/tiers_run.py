@@ -168,6 +168,7 @@ class TieredScheduler(Scheduler):
             _, plan = self.admission.ready_s.pop(rid)
             self.admission.cache.landed(rid, plan)
             self.running.append(rid)
+            self.sync.admitted.append(rid)  # scheduled as a new request once its load is done (its stores first)
             landed = True
         if landed:
             self.set_running()

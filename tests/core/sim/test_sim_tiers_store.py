@@ -6,10 +6,13 @@ look-up of a request preempted by recompute, which finds its own output block in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from kvcalc.core.sim.options import SimOptions
+from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import HOST, TierCache
 from kvcalc.core.sim.tiers_host import OUTPUT_KEYS
@@ -114,3 +117,51 @@ def test_a_recomputed_request_looks_its_own_output_blocks_up(tmp_path):
     assert cache.stored[0] == 120 and len(cache.host.pinned) == 120  # read entries pinned until the load lands
     cache.landed(0, plan)
     assert not cache.host.pinned
+
+
+def _write_through_trace(tmp_path, n=40, seed=3):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        shared = int(rng.integers(0, 4))  # a prefix of up to 3 ids shared by everyone
+        ids = [*range(1, shared + 1), *(1000 * (i + 1) + j for j in range(int(rng.integers(1, 4))))]
+        prompt = 512 * (len(ids) - 1) + int(rng.integers(1, 512))
+        rows.append((0.05 * i, prompt, int(rng.integers(1, 700)), ids))
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o,
+                                        "hash_ids": ids}) + "\n" for t, p, o, ids in rows))
+    return path
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_host_that_never_evicts_holds_every_block_computed(tmp_path, fast_forward):
+    # Llama-3.1-8B at block 512 (layout ideal), a pool of 12 blocks (preemptions by recompute, prefix hits, loads)
+    # and a host larger than everything: after the run it holds exactly every full block each request computed —
+    # its prompt's keyed blocks and its blocks of sampled tokens up to its last computed token (prompt + output − 1)
+    # — whatever steps, runs of decode steps, loads and re-admissions did it
+    o = SimOptions(trace=("mooncake", str(_write_through_trace(tmp_path))), model="llama-3.1-8b", block_size=512,
+                   layout="ideal", host_cache="1M")
+    setup = build(o)
+    sim = replace(setup.sim, capacity_blocks=12, scheduler=replace(setup.sim.scheduler, fast_forward=fast_forward))
+    from kvcalc.core.sim import tiers_run
+
+    caches = []
+    real = tiers_run.TierCache
+
+    def keep(*a, **kw):
+        caches.append(real(*a, **kw))
+        return caches[-1]
+
+    tiers_run.TierCache = keep
+    try:
+        record = run_policy(setup.workload, "paged", sim)
+    finally:
+        tiers_run.TierCache = real
+    cache = caches[0]
+    assert record.preemptions.sum() > 0 and record.tiers.host_hit_blocks.sum() > 0  # the run exercises both
+    want = set()
+    w = setup.workload
+    for rid in range(len(w)):
+        computed = int(w.prompt_tokens[rid] + w.output_tokens[rid] - 1)
+        want |= set(cache.keys_to(rid, computed // 512)[: computed // 512])
+    assert set(cache.host.stamp) == want and record.tiers.dropped_blocks == 0
