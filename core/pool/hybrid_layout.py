@@ -148,9 +148,15 @@ class HybridLayout:
         if not (shared or self.weighted or any(p.spec.tracked for p in self.pools)) and (self.rolling or not (
                 self.mixed or self.store.enable_prefix_caching)):  # (mode none: one page, wherever it came from)
             return self._private_slack()
-        held, shared = self._held_arrays(), shared or bool(self._resumed)  # (a page a jump resumed from too)
-        return sum(state_slack(self.store, [*held[g], *p.spec.kept.values()], shared, group.weight)
-                   for g, (group, p) in enumerate(zip(self.groups, self.pools, strict=True)) if group.kind == "state")
+        shared = shared or bool(self._resumed)  # (a page a jump resumed from too)
+        states = [g for g, group in enumerate(self.groups) if group.kind == "state"]
+        past = self._resumed_now() if self._resumed else None
+        weights = [[g for g in states if self.groups[g].weight == w] for w in {self.groups[g].weight for g in states}]
+        # a block is in one group's tables only: the state groups of one weight summed over their blocks at once
+        return sum(state_slack(self.store, [*(s.blocks for g in members for s in self.pools[g].seqs.values()),
+                                            *(b for g in members for b in self.pools[g].spec.kept.values()),
+                                            *([] if past is None else [past[g] for g in members])],
+                               shared, self.groups[members[0]].weight) for members in weights)
 
     def _private_slack(self) -> int:
         """state_slack where every held block is in one table, written from its first token on (no prefix cache,
