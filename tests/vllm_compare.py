@@ -16,10 +16,16 @@ from vllm_pool import Group
 from kvcalc.core.pool.groups import PoolGroup
 from kvcalc.core.sim.engine import Engine
 from kvcalc.core.sim.plan import StepOutcome
-from kvcalc.core.sim.run import make_policy
+from kvcalc.core.sim.run import make_policy, run_policy
 from kvcalc.core.sim.scheduler import SchedulerConfig
 from kvcalc.core.sim.settings import SimSetup
+from kvcalc.core.sim.steptime import StepTimeModel
 from kvcalc.core.sim.workload import Workload
+
+# every step 1 s whatever it computes: the step-time model's roofline at zero, its fixed overhead 1 s
+ONE_SECOND = StepTimeModel(flops_per_token=0.0, attn_flops_per_position=0.0, kv_bytes_per_token=0,
+                           compute_s_per_flop=0.0, weights_s=0.0, kv_s_per_byte=0.0, overhead_s=1.0,
+                           swap_bandwidth_bytes_per_s=1e12)
 
 
 class Recorder:
@@ -67,6 +73,17 @@ def run_kvcalc(reqs: list[Req], kinds: list[tuple[str, int]], num_blocks: int, b
     recorder = Recorder(policy)
     record = Engine(w, policy, recorder, config).run(None, None)
     return recorder.steps, record
+
+
+def run_kvcalc_fast(reqs: list[Req], kinds: list[tuple[str, int]], num_blocks: int, block: int, *, budget: int,
+                    max_seqs: int, max_model_len: int, caching: bool, state_mode: str = "none"):
+    """kvcalc's sim as `kvcalc sim` runs it (run_policy: the step-time executor, fast-forward and the lean loop where
+    they apply) with every step 1 s (ONE_SECOND); the run's record."""
+    config = SchedulerConfig(max_batched_tokens=budget, max_seqs=max_seqs, max_model_len=max_model_len)
+    plain = kinds == [("full", 0)]
+    setup = SimSetup(num_blocks - 1, block, ONE_SECOND, config, prefix_caching=caching, null_blocks=1,
+                     groups=None if plain else tuple(PoolGroup(k, w or None) for k, w in kinds), state_mode=state_mode)
+    return run_policy(workload(reqs), "paged", setup)
 
 
 def run_model(reqs: list[Req], kinds: list[tuple[str, int]], num_blocks: int, block: int, **kw) -> VllmEngine:

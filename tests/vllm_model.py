@@ -60,6 +60,8 @@ class Req:
     generated: int = 0
     preemptions: int = 0
     hits: list[int] = field(default_factory=list)
+    first_token_s: float = -1.0  # the end of the step that sampled its first token (once: a recomputed request's
+    finish_s: float = -1.0  # first token stays), and of the one that sampled its last
 
     @property
     def num_tokens(self) -> int:
@@ -250,7 +252,10 @@ class VllmEngine:
             r.computed = start + new
             if r.computed == r.num_tokens:
                 r.generated += 1
+                if r.first_token_s < 0:
+                    r.first_token_s = self.now + self.step_s
                 if r.generated >= r.output:
+                    r.finish_s = self.now + self.step_s
                     done.append(r)
         for r in done:
             self.free(r)

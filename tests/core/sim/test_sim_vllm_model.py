@@ -15,49 +15,17 @@ kept for the hand cases' history (test_sim_vllm_*_cases.py: each disagreement fo
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from vllm_compare import compare
-from vllm_model import Req
-
-# ---- workloads --------------------------------------------------------------------------------------------------
-B = 128  # tiles Mooncake's 512-token ids: each id is 4 blocks
-
-
-@st.composite
-def requests(draw, max_total: int = 2048) -> list[Req]:
-    """2-9 requests; prompts share a leading run of ids from one chain (1, 2, 3, ...) then ids of their own."""
-    n = draw(st.integers(2, 9))
-    reqs, t = [], 0.0
-    for i in range(n):
-        t += draw(st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0]))
-        prompt = draw(st.integers(1, max_total - 64))
-        output = draw(st.integers(1, min(draw(st.sampled_from([16, 64, 400])), max_total - prompt)))
-        num_ids = -(-prompt // 512)
-        shared = draw(st.integers(0, num_ids))
-        ids = tuple(range(1, shared + 1)) + tuple(1000 * (i + 1) + k for k in range(num_ids - shared))
-        reqs.append(Req(i, t, prompt, output, ids))
-    return reqs
-
-
-# derandomized: the same examples every run (a long search draws new ones with settings of its own)
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-                    database=None)
-MAX_LEN = 2048
-BUDGETS = [64, 128, 200, 256, 512, 2048]
-
-
-def _pool(draw, per_request: int) -> int:
-    # at least a max-length request's blocks per group (vLLM's start-up check; none is refused), at most twice that:
-    # preemption is common
-    return draw(st.integers(per_request + 1, 2 * per_request + 1))
+from vllm_workloads import BUDGETS, MAX_LEN, SETTINGS, B, pool_blocks, requests
 
 
 @SETTINGS
 @given(reqs=requests(), data=st.data(), caching=st.booleans())
 def test_full_attention_model(reqs, data, caching):
     budget = data.draw(st.sampled_from(BUDGETS))
-    num_blocks = _pool(data.draw, MAX_LEN // B)
+    num_blocks = pool_blocks(data.draw, MAX_LEN // B)
     compare(reqs, [("full", 0)], num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=caching)
 
@@ -70,7 +38,7 @@ def test_sliding_hybrid_model(reqs, data, caching):
     kinds = data.draw(st.sampled_from([[("full", 0), ("sliding", window)],
                                        [("sliding", window), ("sliding", window), ("full", 0)]]))
     budget = data.draw(st.sampled_from(BUDGETS))
-    num_blocks = _pool(data.draw, len(kinds) * MAX_LEN // B)
+    num_blocks = pool_blocks(data.draw, len(kinds) * MAX_LEN // B)
     compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=caching)
 
@@ -82,7 +50,7 @@ def test_chunked_hybrid_model(reqs, data, caching):
     chunk = data.draw(st.sampled_from([256, 512, 1024]))
     kinds = [("full", 0)] + [("chunked", chunk)] * data.draw(st.integers(1, 3))
     budget = data.draw(st.sampled_from(BUDGETS))
-    num_blocks = _pool(data.draw, len(kinds) * MAX_LEN // B)
+    num_blocks = pool_blocks(data.draw, len(kinds) * MAX_LEN // B)
     compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=caching)
 
@@ -95,7 +63,7 @@ def test_state_hybrid_model(reqs, data, align):
     # boundary, prefill chunks cut to whole blocks (a budget under one block would never schedule a prompt past it)
     kinds = [("full", 0)] + [("state", 0)] * data.draw(st.integers(1, 3))
     budget = data.draw(st.sampled_from(BUDGETS[1:] if align else BUDGETS))
-    num_blocks = _pool(data.draw, MAX_LEN // B + 2 * len(kinds))
+    num_blocks = pool_blocks(data.draw, MAX_LEN // B + 2 * len(kinds))
     compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=align, state_mode="align" if align else "none")
 
@@ -109,6 +77,6 @@ def test_several_full_groups_model(reqs, data):
     kinds = data.draw(st.permutations([("full", 0)] * data.draw(st.integers(2, 3)) + [other] * data.draw(
         st.integers(1, 3))))
     budget = data.draw(st.sampled_from(BUDGETS))
-    num_blocks = _pool(data.draw, len(kinds) * MAX_LEN // B)
+    num_blocks = pool_blocks(data.draw, len(kinds) * MAX_LEN // B)
     compare(reqs, kinds, num_blocks, B, budget=budget, max_seqs=data.draw(st.integers(1, 8)),
             max_model_len=MAX_LEN, caching=True)
