@@ -169,7 +169,8 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
     _chain(store, blocks, heads)
     anchored = _map(store)
     if anchored is None:
-        anchored = index.anchored = AnchoredMap(store, int(groups.max()) + 1)
+        anchored = AnchoredMap(store, int(groups.max()) + 1)
+        index.anchored = anchored
     anchored.grow(int(groups.max()) + 1)
     if subs is None and index.map_anchored:
         anchored.add(groups, blocks, heads)

@@ -52,8 +52,9 @@ class AnchoredBlocks(Protocol):
     """What the index asks of the map of anchored blocks registered outside it (anchored_map.AnchoredMap)."""
 
     num_lazy: int
+    dups: DupLists
 
-    def left(self, ids: np.ndarray, successors: np.ndarray) -> None: ...
+    def left(self, ids: np.ndarray, passed: list[tuple[int, int]]) -> None: ...
 
     def lazy_left(self, ids: np.ndarray) -> None: ...
 
