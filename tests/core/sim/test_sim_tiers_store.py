@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kvcalc.core.sim.options import SimOptions
+from kvcalc.core.sim.record import COMPLETED
 from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import HOST, TierCache
@@ -133,16 +134,19 @@ def _write_through_trace(tmp_path, n=40, seed=3):
     return path
 
 
+@pytest.mark.parametrize(("model", "capacity"), [("llama-3.1-8b", 12), ("gemma-3-12b", 36)])
 @pytest.mark.parametrize("fast_forward", [True, False])
-def test_a_host_that_never_evicts_holds_every_block_computed(tmp_path, fast_forward):
-    # Llama-3.1-8B at block 512 (layout ideal), a pool of 12 blocks (preemptions by recompute, prefix hits, loads)
-    # and a host larger than everything: after the run it holds exactly every full block each request computed —
-    # its prompt's keyed blocks and its blocks of sampled tokens up to its last computed token (prompt + output − 1)
-    # — whatever steps, runs of decode steps, loads and re-admissions did it
-    o = SimOptions(trace=("mooncake", str(_write_through_trace(tmp_path))), model="llama-3.1-8b", block_size=512,
+def test_a_host_that_never_evicts_holds_every_block_computed(tmp_path, fast_forward, model, capacity):
+    # block 512 (layout ideal), a small pool (preemptions by recompute, prefix hits, loads) and a host larger than
+    # everything: after the run it holds exactly every full block each request computed — its prompt's keyed blocks
+    # and its blocks of sampled tokens up to its last computed token (prompt + output − 1), in every group: on
+    # Gemma-3 a sliding block a request did not store (before its hit's window) was stored by the request that
+    # computed it — whatever steps, runs of decode steps, loads and re-admissions did it
+    o = SimOptions(trace=("mooncake", str(_write_through_trace(tmp_path))), model=model, block_size=512,
                    layout="ideal", host_cache="1M")
     setup = build(o)
-    sim = replace(setup.sim, capacity_blocks=12, scheduler=replace(setup.sim.scheduler, fast_forward=fast_forward))
+    sim = replace(setup.sim, capacity_blocks=capacity,
+                  scheduler=replace(setup.sim.scheduler, fast_forward=fast_forward))
     from kvcalc.core.sim import tiers_run
 
     caches = []
@@ -159,9 +163,10 @@ def test_a_host_that_never_evicts_holds_every_block_computed(tmp_path, fast_forw
         tiers_run.TierCache = real
     cache = caches[0]
     assert record.preemptions.sum() > 0 and record.tiers.host_hit_blocks.sum() > 0  # the run exercises both
+    assert (record.status == COMPLETED).sum() >= len(setup.workload) - 2  # (a request longer than the pool is not)
     want = set()
-    w = setup.workload
-    for rid in range(len(w)):
+    w, C = setup.workload, len(cache.classes)
+    for rid in np.flatnonzero(record.status == COMPLETED).tolist():
         computed = int(w.prompt_tokens[rid] + w.output_tokens[rid] - 1)
-        want |= set(cache.keys_to(rid, computed // 512)[: computed // 512])
+        want |= {k * C + c for k in cache.keys_to(rid, computed // 512)[: computed // 512] for c in range(C)}
     assert set(cache.host.stamp) == want and record.tiers.dropped_blocks == 0
