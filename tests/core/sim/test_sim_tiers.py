@@ -156,7 +156,7 @@ def test_sliding_window_hybrid(tmp_path, CAP=36):
     assert sim.groups is not None and {g.kind for g in sim.groups} == {"full", "sliding"}
     cbb = cached_block_bytes(setup.spec, "bf16", 16, B)
     assert sim.tiers.bytes_per_block == cbb.bytes_per_block == sum(g.bytes_per_block for g in cbb.groups)
-    record = run_policy(setup.workload, "paged", sim)  # the run checks demotions == the pool's evictions
+    record = run_policy(setup.workload, "paged", sim)
     t = record.tiers
     assert t.gpu_hit_blocks[2] + t.host_hit_blocks[2] + t.recomputed_blocks[2] == 4  # every repeated block found
     assert t.host_hit_blocks[2] > 0 and t.read_blocks[HOST] == t.host_hit_blocks[2]

@@ -1,6 +1,6 @@
 """sim's lower tiers per KV cache group (core/sim/tiers.py, tiers_groups.py, tiers_lru.py), by hand on the tier
-cache alone: what is written when the GPU pool evicts one group's block, what a hit needs of each group, what a
-load reads.
+cache alone: a group's block written on its own (`_write`: one store each, the host's own LRU evicting, in bytes),
+what a hit needs of each group, what a load reads.
 
 vLLM's offloading connector (distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py, its HMA version)
 keys a CPU block by (block hash, group) and looks a hit of h blocks up per group: full attention every block
@@ -28,7 +28,7 @@ from kvcalc.core.sim.run import run_policy
 from kvcalc.core.sim.setup import build
 from kvcalc.core.sim.tiers import DISK, HOST, TierCache
 from kvcalc.core.sim.tiers_groups import find, read_counts, valid_loads
-from kvcalc.core.sim.tiers_store import _demote as demote
+from kvcalc.core.sim.tiers_store import _demote as demote_to_disk
 
 LINK = 25e9  # the host link's default, bytes/s
 KEY0 = 1000  # position i's key: KEY0 + i
@@ -45,7 +45,7 @@ def _cache(tmp_path, state_pages: bool = False, **o) -> TierCache:
 WRITER = 1  # a request id that stores the test's entries (its touches cover none of request 0's prompt keys)
 
 
-def _demote(cache: TierCache, group: str, positions) -> None:
+def _write(cache: TierCache, group: str, positions) -> None:
     """`group`'s blocks of these positions are written to the top tier, one store each, in this order (each the
     most recent once written: the writer's touch covers none of them)."""
     c = [g.label for g in cache.classes].index(group)
@@ -59,7 +59,7 @@ def _demote(cache: TierCache, group: str, positions) -> None:
         host.end_step()
         cache.totals.write_blocks[cache.top] += len(host) - held + len(evicted)
         cache.totals.write_bytes[cache.top] += host.bytes - size + host.weigh(evicted)
-        demote(cache, evicted)
+        demote_to_disk(cache, evicted)
 
 
 def _keys(n: int) -> np.ndarray:
@@ -80,8 +80,8 @@ def gemma(tmp_path) -> TierCache:
 def test_a_write_moves_one_groups_block(gemma):
     # full 0..127 and sliding 64..127 evicted: 128 + 64 = 192 entries, 128 x 1,310,720 + 64 x 7,864,320 =
     # 167,772,160 + 503,316,480 = 671,088,640 B (all groups' bytes of 128 positions would be 1,174,405,120 B)
-    _demote(gemma, "full", range(128))
-    _demote(gemma, "sliding_1024", range(64, 128))
+    _write(gemma, "full", range(128))
+    _write(gemma, "sliding_1024", range(64, 128))
     assert gemma.totals.write_blocks == [192, 0] and gemma.totals.write_bytes == [671_088_640, 0]
     assert gemma.lru[HOST].bytes == 671_088_640 and len(gemma.lru[HOST]) == 192
 
@@ -90,24 +90,24 @@ def test_the_host_is_filled_in_bytes(gemma):
     # 546 sliding blocks fill the 4,293,918,720 B exactly; one full block (1,310,720 B) more drops the oldest
     # entry, a sliding one (ceil(1,310,720 / 7,864,320) = 1 pop), which frees room for 6 full blocks in all: five
     # more drop nothing, the seventh drops the next sliding block
-    _demote(gemma, "sliding_1024", range(546))
+    _write(gemma, "sliding_1024", range(546))
     assert gemma.lru[HOST].bytes == 4_293_918_720 and gemma.totals.dropped_blocks == 0
-    _demote(gemma, "full", [0])
+    _write(gemma, "full", [0])
     assert gemma.totals.dropped_blocks == 1 and KEY0 * 2 + 1 not in gemma.lru[HOST].stamp
-    _demote(gemma, "full", range(1, 6))
+    _write(gemma, "full", range(1, 6))
     assert gemma.totals.dropped_blocks == 1 and gemma.lru[HOST].bytes == 4_293_918_720
-    _demote(gemma, "full", [6])
+    _write(gemma, "full", [6])
     assert gemma.totals.dropped_blocks == 2 and (KEY0 + 1) * 2 + 1 not in gemma.lru[HOST].stamp
     assert gemma.lru[HOST].bytes == 4_293_918_720 - 7_864_320 + 1_310_720
 
 
 def test_gemma3_a_hit_needs_the_window_of_the_sliding_group_only(gemma):
     # A prompt of 2,049 tokens: eligible (2,049 − 1) // 16 = 128 blocks, no GPU hit. The host holds the full blocks
-    # 0..127 and the sliding blocks 64..127 only (0..63, evicted first, were dropped). A hit of k blocks needs the
+    # 0..127 and the sliding blocks 64..127 only (0..63 not written). A hit of k blocks needs the
     # sliding blocks k − cdiv(1,024, 16) = k − 64 .. k − 1: only k = 128 finds them (64..127); k = 1..127 needs
     # one of 0..63. Every-group-at-every-position (the rule before) loads nothing.
-    _demote(gemma, "full", range(128))
-    _demote(gemma, "sliding_1024", range(64, 128))
+    _write(gemma, "full", range(128))
+    _write(gemma, "sliding_1024", range(64, 128))
     plan = gemma.plan(0, 0, 2049, 0.0)
     assert plan.load_blocks == 128 and plan.skipped == 0 and set(plan.tier_of) == {HOST}
     # it reads full 128 x 1,310,720 = 167,772,160 B and the window's (2,048 − 1,023) // 16 = 64.. 127: 64 x
@@ -124,8 +124,8 @@ def test_gemma3_a_hit_needs_the_window_of_the_sliding_group_only(gemma):
 def test_gemma3_a_hole_in_the_window_cuts_the_hit(gemma):
     # sliding 64..127 but 100: a hit of k needs k − 64..k − 1 free of 100, and (k < 64) the sliding 0..k − 1:
     # none valid from 1 to 100, nor 101..128 (each window k − 64..k − 1 covers 100 for k <= 164): nothing loads
-    _demote(gemma, "full", range(128))
-    _demote(gemma, "sliding_1024", [*range(64, 100), *range(101, 128)])
+    _write(gemma, "full", range(128))
+    _write(gemma, "sliding_1024", [*range(64, 100), *range(101, 128)])
     plan = gemma.plan(0, 0, 2049, 0.0)
     assert plan.load_blocks == 0 and plan.skipped == 128
 
@@ -136,8 +136,8 @@ def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
     # the admission of at most 100 loaded blocks (kvcalc allocates loaded tokens as a prefill chunk: on an idle
     # pool, a load it cannot take would wait forever): the plan is cut to 100, 28 more recomputed; it reads full
     # 100 x 1,310,720 = 131,072,000 B and the window (1,600 − 1,023) // 16 = 36..99: 64 x 7,864,320 = 503,316,480 B
-    _demote(gemma, "full", range(128))
-    _demote(gemma, "sliding_1024", range(128))
+    _write(gemma, "full", range(128))
+    _write(gemma, "sliding_1024", range(128))
     plan = gemma.plan(0, 0, 2049, 0.0)
     assert (plan.load_blocks, plan.skipped) == (119, 9)
     cut = gemma.shrink(plan, lambda k: k <= 100, 0.0)
@@ -145,8 +145,8 @@ def test_a_load_the_pool_cannot_take_is_cut_to_one_it_can(gemma):
     assert cut.ready_s == pytest.approx((131_072_000 + 503_316_480) / LINK, rel=1e-12)
     # with the sliding blocks 0..63 gone only k = 128 is valid: nothing below it fits but k = 0
     hole = _cache_like(gemma)
-    _demote(hole, "full", range(128))
-    _demote(hole, "sliding_1024", range(64, 128))
+    _write(hole, "full", range(128))
+    _write(hole, "sliding_1024", range(64, 128))
     cut = hole.shrink(hole.plan(0, 0, 2049, 0.0), lambda k: k <= 100, 0.0)
     assert (cut.load_blocks, cut.skipped, cut.ready_s) == (0, 128, 0.0)
 
@@ -164,7 +164,7 @@ def test_scout_a_hit_ending_on_a_chunk_boundary_needs_no_chunked_block(scout):
     # 8,193 tokens: eligible 512 blocks = 8,192 tokens. The host holds the full blocks 0..511 and no chunked one.
     # A hit of k needs the chunked blocks (16k // 8,192 · 8,192) // 16 = 512 · (k // 512) .. k − 1: for k < 512
     # blocks 0..k − 1 (absent), for k = 512 none: the hit ends on the chunk's end, the next token starts a chunk.
-    _demote(scout, "full", range(512))
+    _write(scout, "full", range(512))
     plan = scout.plan(0, 0, 8193, 0.0)
     assert plan.load_blocks == 512 and plan.skipped == 0
     scout.commit(0, plan, 0.0)
@@ -177,16 +177,16 @@ def test_scout_a_hit_inside_a_chunk_needs_that_chunks_blocks(scout):
     # 10,241 tokens: eligible 640. Full 0..639 and chunked 512..639 in the host (the first chunk's chunked blocks
     # gone): k = 512..640 are valid (chunked 512..k − 1), k < 512 not. The rule loads all 640 (the prefill of the
     # rest is longest at k = 512): full 640 x 393,216 = 251,658,240 B, chunked 128 x 1,179,648 = 150,994,944 B
-    _demote(scout, "full", range(640))
-    _demote(scout, "chunked_8192", range(512, 640))
+    _write(scout, "full", range(640))
+    _write(scout, "chunked_8192", range(512, 640))
     plan = scout.plan(0, 0, 10241, 0.0)
     assert plan.load_blocks == 640
     scout.commit(0, plan, 0.0)
     assert scout.totals.read_group_bytes[HOST] == {"full": 251_658_240, "chunked_8192": 150_994_944}
     # with the chunked block 600 missing, k = 601..640 are out: the largest left is 600
     scout2 = _cache_like(scout)
-    _demote(scout2, "full", range(640))
-    _demote(scout2, "chunked_8192", [*range(512, 600), *range(601, 640)])
+    _write(scout2, "full", range(640))
+    _write(scout2, "chunked_8192", [*range(512, 600), *range(601, 640)])
     assert scout2.plan(0, 0, 10241, 0.0).load_blocks <= 600
 
 
@@ -211,8 +211,8 @@ def test_nemotron_a_load_ends_where_a_state_is(nemotron, states, loaded, skipped
     # 13,000 tokens: eligible (13,000 − 1) // 4,128 = 3 blocks; the host holds the full blocks 0..2 and the states
     # at `states`. A hit of k needs the one state at k − 1 (a Mamba group's window is one block): the longest valid
     # load ends at the last state (each beats prefilling its 4,128 tokens: 169,082,880 + 1,014,497,280 B = 47.3 ms)
-    _demote(nemotron, "full", range(3))
-    _demote(nemotron, "state_mamba2", states)
+    _write(nemotron, "full", range(3))
+    _write(nemotron, "state_mamba2", states)
     plan = nemotron.plan(0, 0, 13000, 0.0)
     assert (plan.load_blocks, plan.skipped) == (loaded, skipped)
     nemotron.commit(0, plan, 0.0)
@@ -227,8 +227,8 @@ def test_nemotron_a_state_on_disk_makes_the_position_a_disk_hit(tmp_path):
     # host 0 B, disk 100 GiB: everything is written to the disk; a load of 2 reads the disk only
     cache = _cache(tmp_path, state_pages=True, model="nemotron-h-56b", mamba_cache_mode="align", host_cache="0",
                    disk_cache="100GiB", max_model_len=16384)
-    _demote(cache, "full", range(3))
-    _demote(cache, "state_mamba2", [1])
+    _write(cache, "full", range(3))
+    _write(cache, "state_mamba2", [1])
     plan = cache.plan(0, 0, 13000, 0.0)
     assert plan.load_blocks == 2 and plan.tier_of == (DISK, DISK)
 
