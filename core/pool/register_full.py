@@ -17,18 +17,21 @@ chain of hashed blocks does not reach it (a gap in its keys; a state computed ov
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
 
 from .append import register_completed
-from .store import BlockKeys
 
 if TYPE_CHECKING:
     from .block_pool import BlockPool
     from .hybrid import HybridPool
 
+Keys = Sequence[Hashable] | np.ndarray  # one key a block, as the caller gives them (never a HashedKeys)
 
-def register_full(pool: BlockPool, seq_id: Hashable, first: int, keys: BlockKeys) -> int:
+
+def register_full(pool: BlockPool, seq_id: Hashable, first: int, keys: Keys | None) -> int:
     """Index the sequence's full committed blocks first, first + 1, … under `keys` (one a block, chained after
     block first - 1; extra keys past its full blocks are ignored). Returns how many were indexed."""
     seq = pool.seqs[seq_id]
@@ -42,12 +45,11 @@ def register_full(pool: BlockPool, seq_id: Hashable, first: int, keys: BlockKeys
     return count
 
 
-def register_full_groups(pool: HybridPool, seq_id: Hashable, first: int, keys: BlockKeys) -> None:
+def register_full_groups(pool: HybridPool, seq_id: Hashable, first: int, keys: Keys) -> None:
     """register_full over every group of a hybrid pool, keys per block of its block size (the hash block): a
     group's own keys (coarser blocks: CoarseKeys) where its BlockPool indexes them, then the anchored groups'
     blocks beside the full group's (a window's, a chunk's, a state page where the last step ended)."""
-    keys = pool._keys(keys)  # none where the pool caches nothing (state groups in mode none)
-    if keys is None:
+    if pool._keys(keys) is None:  # the pool caches nothing (state groups in mode none)
         return
     B = pool.block_size
     tokens = pool.pools[0].committed_tokens(seq_id) // pool.scales[0]
@@ -59,7 +61,7 @@ def register_full_groups(pool: HybridPool, seq_id: Hashable, first: int, keys: B
     if coarse is not None:
         coarse.note(seq_id, first * B, keys, B, pool.pools[0])
     for g, group_pool in enumerate(pool.pools):
-        group_keys = pool._group_keys(g, keys, seq_id)
+        group_keys = cast("Keys | None", pool._group_keys(g, keys, seq_id))  # (coarse: a list or an int64 array)
         if group_keys is not None:
             own = coarse is not None and coarse.per_block[g] > 1  # its keys start at its first unhashed block
             register_full(group_pool, seq_id, group_pool.seqs[seq_id].num_hashed if own else first, group_keys)

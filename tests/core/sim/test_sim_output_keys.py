@@ -64,7 +64,8 @@ def test_plain_pool():
     assert steps[57]["preempted"] == [1] and steps[57]["scheduled"] == [(0, 312, 1)]
     assert steps[100]["scheduled"] == [(1, 256, 1)]
     prefix = record.prefix.to_dict()
-    assert (prefix["readmissions"], prefix["readmitted_prompt_tokens"], prefix["readmitted_hit_tokens"]) == (1, 257, 256)
+    readmitted = (prefix["readmissions"], prefix["readmitted_prompt_tokens"], prefix["readmitted_hit_tokens"])
+    assert readmitted == (1, 257, 256)
     assert prefix["recomputed_tokens"] == 0  # 256 dropped, all served again by the hit
     # at the end the cached blocks are R's 3 full ones (200 + 299 = 499 tokens: 3 full, the 4th partial) and A's
     # block 0: R took a2 (token 256) and then a1 (token 384) from the queue [a2, a1, a0] left after its hits,
@@ -77,7 +78,7 @@ def test_sliding_hybrid():
     # full + sliding W 128, 10 ids (9 free). step 0: A and R 2 + 2 blocks each: 8 used, 1 free. step 1: A's token 256
     # reads 129..256: its sliding block 0 is freed, then A takes block 2 in both groups (2 = 1 free + 1 freed).
     # step 56: R's token 255 reads 128..255: its sliding block 0 freed (groups [5, 3]), 1 free. step 57: R's token
-    # 256 needs 2 blocks, 1 free: R preempted holding full r0, r1 and sliding s1 (s1 registered beside r1 at the release).
+    # 256 needs 2 blocks, 1 free: R preempted holding full r0, r1 and sliding s1 (registered beside r1 at the release).
     # R's look-up at 257 tokens: full r0, r1 and the window before 256 (tokens 129..255: s1) -> 256; 2 new + 3 cached
     # = 5 > 4 free: it waits for A (leaves after step 99). Prompt keys only: 128 computed, 129 new.
     kinds = [("full", 0), ("sliding", 128)]
