@@ -41,11 +41,12 @@ class Recorder:
         return StepOutcome(1.0)
 
     def group_blocks(self) -> list[int]:
+        """Blocks each group holds, read without settling anything: `sync` would tell the pool what the policy
+        owes it, which `kvcalc sim` does not do between steps (and that changed what a release registers)."""
         blocks = getattr(self.policy, "group_blocks", None)
         if blocks is not None:
             return list(blocks())
-        self.policy.sync()
-        return [self.policy.pool.num_used]
+        return [self.policy.pool.num_used + self.policy.owed_blocks]  # PagedPolicy: the blocks taken or owed
 
 
 def workload(reqs: list[Req]) -> Workload:
