@@ -221,10 +221,12 @@ class ConnectorLru:
             return []
         pending, pinned, stamp = self.pending, self.pinned, self.stamp
         protected = set(entries)
-        kept = [e for e in protected if e in stamp and e not in pending and e not in pinned]
-        pinned_bytes = self.weigh([e for e in pinned if e not in pending])
-        if self.bytes - self.pending_bytes - pinned_bytes - self.weigh(kept) < need:
-            return None
+        bound = self.bytes - self.pending_bytes - self.weigh(list(pinned)) - self.weigh(entries)  # a lower bound
+        if bound < need:  # the evictable bytes exactly: held ones counted once
+            kept = [e for e in protected if e in stamp and e not in pending and e not in pinned]
+            pinned_bytes = self.weigh([e for e in pinned if e not in pending])
+            if self.bytes - self.pending_bytes - pinned_bytes - self.weigh(kept) < need:
+                return None
         return self._evict(need, protected)
 
     def _evict(self, need: int, protected: set[int]) -> list[int]:
