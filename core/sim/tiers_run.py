@@ -233,7 +233,8 @@ class SyncedFast:
 
     def advance(self) -> bool:
         s, totals = self.engine.scheduler, self.engine.totals
-        run0, steps, head = list(s.running), totals.steps, s.head()
+        run0, steps = list(s.running), totals.steps
+        head = s.head() if len(run0) < s.config.max_seqs else None  # vLLM looks the head up only below max_num_seqs
         done = self.fast.advance()
         self.engine.sync.after(run0, totals.steps - steps, head)
         return done
