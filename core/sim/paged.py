@@ -178,8 +178,7 @@ class PagedPolicy:
         return True
 
     def _filled(self, rid: int, total: int) -> None:
-        """`rid` grew to `total` (a multiple of B) without a new block: a keyed block it completes is registered
-        before the next look-up (vLLM caches a block at the allocation that fills it), so it owes an append."""
+        """`rid` filled a keyed block without a new one: it owes an append, registered before the next look-up."""
         if total // self.block_size <= len(self.prompt_keys[rid]):  # type: ignore[index]
             self.owing.add(rid)
 
@@ -212,6 +211,8 @@ class PagedPolicy:
         it ran, they are free again now, and which block ids they would have been cannot matter."""
         reason = reason if isinstance(reason, ReleaseReason) else ReleaseReason(reason)
         if self.prompt_keys is not None:
+            if self.pool_tokens[rid] != self.held_tokens[rid]:  # a block it filled without a new one: told too
+                self.owing.add(rid)
             self._settle_all()  # then its full blocks holding sampled tokens are cached, as vLLM's (output_keys)
             tokens = self.pool.committed_tokens(rid)
             register_released(register_full, self.pool, self.prompt_keys, rid, tokens, self.block_size, reason)

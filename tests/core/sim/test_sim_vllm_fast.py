@@ -9,7 +9,6 @@ first and its last token), its preemptions, and the prefix-cache hit tokens of a
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_compare import run_kvcalc_fast, run_model
@@ -74,10 +73,5 @@ def test_the_model_gives_the_hand_numbers():
     assert [r.hits for r in model.reqs] == [[0], [768], [0, 1920], [0, 0]]
 
 
-@pytest.mark.xfail(strict=True, reason="PagedPolicy.release (kvcalc/core/sim/paged.py:215) settles only the requests "
-                   "in `owing` before register_released; R2's growths since its last block took none and its filled "
-                   "block is past its prompt keys (_filled, paged.py:180-183), so the pool is told 1891 of its 1920 "
-                   "tokens and block 14 (sampled tokens) is never cached; vLLM caches it and R2 hits 1920, kvcalc "
-                   "1792. Stepping with a per-step sync (test_sim_vllm_model.py's Recorder) agrees with vLLM")
 def test_a_block_filled_by_decode_before_a_preemption_is_hit_again():
     _same_record(FILLED, [("full", 0)], **FILLED_POOL)
