@@ -203,7 +203,8 @@ class Scheduler:
                     before = np.cumsum(remaining) - remaining
                     new = np.minimum(np.maximum(budget - before, 0), remaining)
                 totals = self.computed[run] + new
-            if self.policy.grow_many(run, totals):
+            grown = run if steady or new.all() else run[new > 0]  # vLLM allocates for (and frees skipped blocks of)
+            if self.policy.grow_many(grown, totals if grown is run else totals[new > 0]):  # the scheduled only
                 if steady:
                     ids, news = run.tolist(), [1] * len(run)
                     budget -= len(run)

@@ -12,7 +12,6 @@ proper and with kvcalc's two old choices both give the hand numbers; a strict xf
 
 from __future__ import annotations
 
-import pytest
 from vllm_compare import run_kvcalc, run_model
 from vllm_model import Req
 
@@ -78,12 +77,6 @@ def test_the_model_gives_the_hand_numbers_of_the_unscheduled_case():
     assert [s["groups"] for s in model.steps[:4]] == [[2, 1], [4, 3], [7, 5], [8, 4]]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc's scheduler grows every running request in one batch, those the "
-                   "budget leaves at 0 new tokens included (kvcalc/core/sim/scheduler.py:205-206), and the hybrid "
-                   "policy frees each one's skipped blocks (core/sim/paged_groups.py:165 skip_ordered), which lets go "
-                   "the page a first step resumed from (core/pool/hybrid_layout.py:95 _let_resumed_go); vLLM calls "
-                   "remove_skipped_blocks only for the requests it schedules: R keeps page 5 at step 3 (4 state "
-                   "blocks, kvcalc 3)")
 def test_an_unscheduled_request_keeps_the_page_it_resumed_from():
     steps, _ = run_kvcalc(RESUMED, ALIGN, **RESUMED_POOL)
     assert [s["scheduled"] for s in steps[:4]] == RESUMED_STEPS
