@@ -16,9 +16,10 @@ A is a content's entry in the index (its head block, dup_lists): a block registe
 content is registered under A, and when A is evicted the map's row of A passes to the next block of the content
 (`left`). Several blocks of one group under one anchor are duplicates of one content (vLLM caches them all): the
 cell holds the earliest, the others follow it (dup_lists) and take the cell in turn as it is evicted. When the
-content's last block is evicted the row is emptied: its blocks stay cached (in the free queue, counted, evicted
-as any cache entry) but no look-up reaches them again. vLLM's would, once the same full-group content is computed
-again; rare, since a window's or chunk's block is freed, so evicted, before the full block beside it.
+content's last block is evicted the row becomes a ghost: its blocks stay cached (in the free queue, counted, evicted
+as any cache entry), reached by no look-up until the same content is registered anew (a new index entry of the same
+chain hash, after the same parent content with the same key: exact), whose row it becomes (`revive`) — as vLLM's
+look-up of a window's block by its own hash finds it once the full group's content is cached again.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class AnchoredMap:
         self.anchors = np.zeros(n, dtype=bool)  # blocks that may anchor a block of the map
         self.dups = DupLists(n)  # the other blocks of a cell's content, behind the one it holds
         self.num_lazy = 0
+        # rows whose anchor's content no block holds any more (ghosts): gid -> (chain hash, the content's parent
+        # class and key, {group: the row's block}); a ghost's blocks have anchor -2 - gid (see revive)
+        self.ghosts: dict[int, tuple[int, int, int, dict[int, int]]] = {}
+        self.ghost_of: dict[int, list[int]] = {}  # chain hash -> its ghosts
+        self.ghost_buckets = np.zeros(1 << 16, dtype=bool)  # chain hashes' top 16 bits of every ghost made so far
+        self._next_ghost = 0
 
     def grow(self, num_groups: int) -> None:
         """Room for groups 0..num_groups - 1."""
@@ -91,18 +98,38 @@ class AnchoredMap:
         for b in ids[listed].tolist():
             head = self.dups.head_of(b)
             now = self.dups.remove(b, head)
-            cell = int(self.group[head]) * n + int(self.anchor[head])
-            if b == head and self.anchor[head] >= 0 and self.of.ravel()[cell] == head:
+            anchor = int(self.anchor[head])
+            cell = int(self.group[head]) * n + anchor
+            if b == head and anchor >= 0 and self.of.ravel()[cell] == head:
                 self.of.ravel()[cell] = now
-                if now >= 0:
-                    self.anchor[now] = self.anchor[head]
+            elif b == head and anchor <= -2:
+                self._ghost_passes(-2 - anchor, int(self.group[head]), now)
+            if b == head and now >= 0:
+                self.anchor[now] = anchor
             self.anchor[b] = -1
         alone = ids[~listed]
         anchor = self.anchor.take(alone)
         cells = self.group.take(alone).astype(np.int64) * n + np.maximum(anchor, 0)
         mine = (anchor >= 0) & (self.of.ravel().take(cells) == alone)
         self.of.ravel()[cells[mine]] = -1
+        if self.ghosts and np.count_nonzero(ghosts := anchor <= -2):
+            for b, a in zip(alone[ghosts].tolist(), anchor[ghosts].tolist(), strict=True):
+                self._ghost_passes(-2 - a, int(self.group[b]), -1)
         self.anchor[alone] = -1
+
+    def _ghost_passes(self, gid: int, group: int, now: int) -> None:
+        """A ghost's block of `group` left: `now` takes its place (-1: none); a ghost with no block left goes."""
+        chain_hash, _, _, heads = self.ghosts[gid]
+        if now >= 0:
+            heads[group] = now
+            return
+        del heads[group]
+        if not heads:
+            del self.ghosts[gid]
+            same = self.ghost_of[chain_hash]
+            same.remove(gid)
+            if not same:
+                del self.ghost_of[chain_hash]
 
     def left(self, ids: np.ndarray, passed: list[tuple[int, int]]) -> None:
         """Index entries' blocks left the index: `ids` with their entries, the blocks of each row orphaned (still
@@ -125,10 +152,51 @@ class AnchoredMap:
             self.anchors[successor] = True
 
     def _orphan(self, anchors: np.ndarray) -> None:
+        """The last block of these anchors' contents left: each row becomes a ghost, found again when the same content
+        is registered anew (`revive`), as vLLM's look-up of a window's block by its own hash finds it then."""
+        store = self.store
         self.anchors[anchors] = False
         rows = self.of[:, anchors]
         self.of[:, anchors] = -1
-        self.anchor[rows[rows >= 0]] = -1
+        for i in np.flatnonzero((rows >= 0).any(axis=0)).tolist():
+            a = int(anchors[i])
+            heads = {int(g): int(rows[g, i]) for g in np.flatnonzero(rows[:, i] >= 0).tolist()}
+            gid = self._next_ghost
+            self._next_ghost += 1
+            chain_hash = int(store.block_hash[a])
+            self.ghosts[gid] = (chain_hash, int(store.parent_klass[a]), int(store.key[a]), heads)
+            self.ghost_of.setdefault(chain_hash, []).append(gid)
+            self.ghost_buckets[chain_hash >> 48] = True
+            self.anchor[list(heads.values())] = -2 - gid
+
+    def revive(self, heads: np.ndarray) -> None:
+        """`heads` are new index entries (their contents cached anew): the ghosts of the same contents — the same
+        chain hash, after the same content (parent class) with the same key: exact — become their rows, found before
+        any block registered under them from now on (vLLM: the earliest cached copy first)."""
+        store = self.store
+        hashes = store.block_hash.take(heads)
+        cand = heads[self.ghost_buckets.take((hashes >> np.uint64(48)).astype(np.intp))]
+        for h in cand.tolist():
+            chain_hash = int(store.block_hash[h])
+            for gid in list(self.ghost_of.get(chain_hash, ())):
+                _, parent, key, rows = self.ghosts[gid]
+                if parent != store.parent_klass[h] or key != store.key[h] or self.anchors[h]:
+                    continue
+                self._ghost_passes_all(gid)
+                klass = store.klass[h]
+                for g, b in rows.items():
+                    self.of[g, h] = b
+                    self.anchor[b] = h
+                    store.parent_klass[[b, *self.dups.members(b)]] = klass
+                self.anchors[h] = True
+                break
+
+    def _ghost_passes_all(self, gid: int) -> None:
+        chain_hash = self.ghosts.pop(gid)[0]
+        same = self.ghost_of[chain_hash]
+        same.remove(gid)
+        if not same:
+            del self.ghost_of[chain_hash]
 
     def check(self) -> None:
         """Assert that every cell's block is LAZY, of its group, registered under its anchor (an index entry's

@@ -76,7 +76,8 @@ def anchored_lookup(store: BlockStore, group: int, positions: np.ndarray, anchor
     hashes = derived_hashes(anchor_hashes, group, subs)
     found, _ = store.index.find(hashes, store.index.home_slots(hashes, positions))
     cand = np.maximum(found, 0)
-    ok = (found >= 0) & (store.parent_klass.take(cand) == store.klass.take(anchors))
+    ok = (found >= 0) & (store.klass.take(cand) == store.parent_klass.take(anchors))
+    ok &= store.key.take(cand) == store.key.take(anchors)
     return np.where(ok, found, -1)
 
 
@@ -177,7 +178,8 @@ def register_anchored(store: BlockStore, groups: np.ndarray, blocks: np.ndarray,
         return len(blocks)
     present, slots = index.find(hashes, homes)
     cand = np.maximum(present, 0)
-    same = (present >= 0) & (store.parent_klass.take(cand) == store.klass.take(heads))
+    same = (present >= 0) & (store.klass.take(cand) == store.parent_klass.take(heads))
+    same &= store.key.take(cand) == store.key.take(heads)
     if np.count_nonzero(same):
         index.join(present[same], blocks[same])
         rest = ~same
@@ -199,10 +201,12 @@ def _map(store: BlockStore) -> AnchoredMap | None:
 
 
 def _chain(store: BlockStore, blocks: np.ndarray, heads: np.ndarray) -> None:
-    """Registered anchored `blocks` take their anchors' keys and come after their content (`heads`: the index
-    entries' blocks of it; parent_id / parent_ver for the tiers, at the heads' versions)."""
+    """Registered anchored `blocks` come after their anchors' content (`heads`: the index entries' blocks of it):
+    its class (parent_klass), and what makes it that content whatever its class — the anchors' key (key) after
+    their parent content (klass), which a look-up through the index compares (anchored_lookup: a class dies with
+    its last block, the content comes back under a new one); parent_id / parent_ver for the tiers."""
     store.key[blocks] = store.key.take(heads)
-    store.klass[blocks] = 0
+    store.klass[blocks] = store.parent_klass.take(heads)
     store.parent_klass[blocks] = store.klass.take(heads)
     store.parent_id[blocks] = heads
     store.parent_ver[blocks] = store.version.take(heads)

@@ -53,6 +53,9 @@ class AnchoredBlocks(Protocol):
 
     num_lazy: int
     dups: DupLists
+    ghosts: dict
+
+    def revive(self, heads: np.ndarray) -> None: ...
 
     def left(self, ids: np.ndarray, passed: list[tuple[int, int]]) -> None: ...
 

@@ -357,6 +357,9 @@ class PrefixIndex:
         if np.maximum.reduce(present) >= 0:  # entries in the way (see above)
             present = drop_in_the_way(self.store, present)
         inserted = index.insert_absent(hashes[new], blocks[new], homes[new], present, slots)
+        anchored = index.anchored
+        if anchored is not None and anchored.ghosts:  # contents cached anew: their ghost rows back (anchored_map)
+            anchored.revive(blocks[new] if inserted is None else blocks[new][inserted])
         if inserted is None:
             return None
         out = np.ones(count, dtype=bool)

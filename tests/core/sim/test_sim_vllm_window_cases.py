@@ -12,7 +12,6 @@ proper and the model with kvcalc's two old choices (hash_outputs=False, one_bloc
 
 from __future__ import annotations
 
-import pytest
 from vllm_compare import run_kvcalc, run_model
 from vllm_model import Req
 
@@ -84,10 +83,6 @@ def test_the_model_gives_the_hand_numbers_of_the_orphan_case():
     assert model.steps[23]["scheduled"] == [(2, 383, 1), (3, 384, 1)] and model.steps[23]["groups"] == [6, 6]
 
 
-@pytest.mark.xfail(strict=True, reason="kvcalc orphans a sliding block (still cached, never found) when the last block "
-                   "of its anchor's content is evicted (kvcalc/core/pool/anchored_map.py:117-118, _orphan :127), "
-                   "though the content is cached again later; vLLM finds the window block by its own hash, the "
-                   "earliest inserted copy first: R3 takes S2 = 6, kvcalc R2's copy (6 sliding blocks held vs 5)")
 def test_a_window_block_outlives_its_full_blocks_content():
     steps, _ = run_kvcalc(ORPHAN, ORPHAN_KINDS, **ORPHAN_POOL)
     assert steps[23]["scheduled"] == [(2, 383, 1), (3, 384, 1)]
