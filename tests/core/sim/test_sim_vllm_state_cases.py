@@ -63,7 +63,8 @@ def test_a_state_page_beside_a_duplicate_full_block_is_cached():
 #     [null, null, 5, 13]: it resumes from 5 (MambaManager.last_state_block_idx) and holds it until its next
 #     allocate_slots. A's second token: A leaves (its reference to 5 goes).
 #   step 3: C takes 256 (256..512), the whole budget: R is not scheduled and still holds 5. The state group holds
-#     C's 11 (its last state, kept until its next step) and 16, R's 5 and 13: 4 blocks in vLLM; kvcalc lets 5 go.
+#     C's 11 (its last state, kept until its next step) and 16, R's 5 and 13: 4 blocks in vLLM; kvcalc let 5 go
+#     (3 blocks) until feb6dd6, its batch growth skipping every running request, the unscheduled ones too.
 RESUMED = [Req(0, 0.0, 384, 2, (1,)), Req(1, 0.0, 2000, 1, (2000, 2001, 2002, 2003)), Req(2, 0.0, 429, 5, (1,))]
 RESUMED_POOL = dict(num_blocks=40, block=B, budget=256, max_seqs=4, max_model_len=2048, caching=True,
                     state_mode="align")

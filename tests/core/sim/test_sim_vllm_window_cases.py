@@ -69,8 +69,8 @@ def test_a_window_block_after_a_short_first_chunk_is_cached():
 #     F1 = 3, S1 = 4.
 #   step 23: R2's last token fills its block 2: F2' = 7, S2' = 5 cached (S2 has two copies now, 6 first). R3 (385 of
 #     id 1, 1 out) finds F0 = 1, F1 = 3, F2 = 7 and S0 = 13, S1 = 4, S2 = 6 (the first inserted) -> 384 computed,
-#     1 new: the sliding group holds R2's 13, 9, 5 and R3's 13, 4, 6 and one new: 6 blocks. kvcalc orphaned S2 = 6
-#     when F2's last copy went (step 22) and gives R3 R2's 5: 5 blocks (the same hit, one block fewer taken).
+#     1 new: the sliding group holds R2's 13, 9, 5 and R3's 13, 4, 6 and one new: 6 blocks. Until cce70b8 kvcalc
+#     orphaned S2 = 6 when F2's last copy went (step 22) and gave R3 R2's 5: 5 blocks (the same hit, one fewer taken).
 ORPHAN = [Req(0, 0.0, 1117, 12, (1, 1800, 1801)), Req(1, 0.0, 634, 8, (2000, 2001)), Req(2, 0.0, 384, 1, (1,)),
           Req(3, 0.0, 385, 1, (1,))]
 ORPHAN_KINDS = [("full", 0), ("sliding", 1000)]
