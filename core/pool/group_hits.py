@@ -204,9 +204,7 @@ def _chain(store: BlockStore, blocks: np.ndarray, heads: np.ndarray) -> None:
     """Registered anchored `blocks` come after their anchors' content (`heads`: the index entries' blocks of it):
     its class (parent_klass), and what makes it that content whatever its class — the anchors' key (key) after
     their parent content (klass), which a look-up through the index compares (anchored_lookup: a class dies with
-    its last block, the content comes back under a new one); parent_id / parent_ver for the tiers."""
+    its last block, the content comes back under a new one)."""
     store.key[blocks] = store.key.take(heads)
     store.klass[blocks] = store.parent_klass.take(heads)
     store.parent_klass[blocks] = store.klass.take(heads)
-    store.parent_id[blocks] = heads
-    store.parent_ver[blocks] = store.version.take(heads)

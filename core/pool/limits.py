@@ -17,7 +17,7 @@ def index_slots(max_entries: int) -> int:
 def store_memory_bytes(num_blocks: int) -> int:
     """Bytes a BlockStore of `num_blocks` allocates (with prefix caching), to refuse a pool that cannot fit before
     creating it: the per-block arrays (see store), the free queue's and the hash index's int32 slots."""
-    arrays = 1 + 4 + 4 + 4 + 4 + 8 + 4 + 8 + 4 + 4  # state, ref, version, fill, block_slot .. parent_ver
+    arrays = 1 + 4 + 4 + 4 + 4 + 8 + 4 + 8  # state, ref, version, fill, block_slot, block_hash, block_home, key
     arrays += 8 + 8 + 4 + 4  # klass, parent_klass, the index's duplicate lists (dup_lists)
     queue = 2 * 4 + 4  # the free queue (room for two entries a block), stamp
     return num_blocks * (arrays + queue) + 4 * index_slots(num_blocks)

@@ -25,7 +25,7 @@ import numpy as np
 from .free_queue import FREE_CACHED
 from .hash_index import EMPTY
 from .prefix_cache import HashedKeys, HashedPrompts, chain_hashes, chain_hashes_batch, root_hash
-from .store import VERSION_INT32_MAX, BlockKeys, BlockStore
+from .store import BlockKeys, BlockStore
 
 GivenKeys = Sequence[Hashable] | np.ndarray | HashedKeys  # BlockKeys once None (no keys) is ruled out
 
@@ -103,8 +103,6 @@ class PrefixIndex:
         return np.fromiter((interned.setdefault(k, len(interned)) for k in block_keys), np.int64, len(block_keys))
 
     def extra_id(self, extra_key: Hashable) -> int:
-        if len(self._extras) > VERSION_INT32_MAX and extra_key not in self._extras:
-            self.store.widen_versions()  # a chain's root holds the id in parent_ver
         return self._extras.setdefault(extra_key, len(self._extras))
 
     def _prompt_hashes(
@@ -335,19 +333,20 @@ class PrefixIndex:
                 return np.zeros(count, dtype=bool)
             parent0 = int(store.klass[before])
         else:
-            before, parent0 = -1, -1 - extra_id
+            parent0 = -1 - extra_id
         if present is None or slots is None:
             present, slots = index.find(hashes, homes)
-        num_join, klass = _join_classes(store, present, keys, parent0)
+        if np.maximum.reduce(present) < 0:  # nothing cached under these hashes (a replay's common case)
+            num_join, klass = 0, store.new_classes(count)
+        else:
+            num_join, klass = _join_classes(store, present, keys, parent0)
         store.block_hash[blocks] = hashes
         store.block_home[blocks] = homes
         store.key[blocks] = keys
         store.klass[blocks] = klass
-        store.parent_klass[blocks[0]] = parent0
-        store.parent_klass[blocks[1:]] = klass[:-1]
-        store.parent_id[blocks[0]] = before
-        store.parent_id[blocks[1:]] = blocks[:-1]
-        store.parent_ver[blocks] = store.version.take(np.concatenate(([max(before, 0)], blocks[:-1])))
+        parents = np.roll(klass, 1)
+        parents[0] = parent0
+        store.parent_klass[blocks] = parents
         if num_join:
             index.join(present[:num_join], blocks[:num_join])
         if num_join == count:

@@ -16,8 +16,6 @@ Per-block arrays, all indexed by block id:
     klass       int64   its content's class                 } after the content of the block just matched
     parent_klass int64  the class of the content before it  } (its class), or after the root (-1 - the
                         extra key's id): a class is one content, exactly, while any block holds it
-    parent_id   int32   the block it was chained after (an anchored block: its anchor) } what tiers read of an
-    parent_ver  int32   that block's version then (widened with `version`)             } evicted block's group
 
 A full block is registered (indexed) when the sequence that wrote it gives its content key. Several blocks may
 hold one content, as in vLLM: the first is the hash index's entry, the others follow it (dup_lists) and take
@@ -75,7 +73,7 @@ class BlockStore:
         n = self.num_blocks
         self.state = np.zeros(n, dtype=np.int8)
         self.ref = np.zeros(n, dtype=np.int32)
-        # int32 (8 bytes a block less with parent_ver), int64 once a long simulation has handed out 2^31 blocks
+        # int32, int64 once a long simulation has handed out 2^31 blocks
         self.version = np.zeros(n, dtype=np.int32)
         self.fill = np.zeros(n, dtype=np.int32)
         self.block_slot = np.full(n, -1, dtype=np.int32)
@@ -83,8 +81,6 @@ class BlockStore:
         self.block_home = np.zeros(max(n, 2), dtype=np.int32)
         # zeros, not -1: like the hash, these are read only for indexed blocks, which wrote them
         self.key = np.zeros(n, dtype=np.int64)
-        self.parent_id = np.zeros(n, dtype=np.int32)
-        self.parent_ver = np.zeros(n, dtype=np.int32)
         self.klass = np.zeros(n, dtype=np.int64)
         self.parent_klass = np.zeros(n, dtype=np.int64)
         self.num_classes = 0  # classes handed out so far: the next is num_classes + 1 (never reused)
@@ -168,12 +164,10 @@ class BlockStore:
         return block
 
     def widen_versions(self) -> None:
-        """Versions and parent versions as int64 from now on (once; a no-op after). Called before a hand-out
-        that could take a version past int32 — no version exceeds the blocks handed out in all — and before an
-        extra key's id could (parent_ver holds it at a chain's root)."""
+        """Versions as int64 from now on (once; a no-op after). Called before a hand-out that could take a version
+        past int32 — no version exceeds the blocks handed out in all."""
         if self.version.dtype != np.int64:
             self.version = self.version.astype(np.int64)
-            self.parent_ver = self.parent_ver.astype(np.int64)
 
     def share(self, blocks: np.ndarray, state: np.ndarray, num_cached: int) -> None:
         """One more table holds these blocks (a prompt's cache hits; `state` their states, of which

@@ -124,11 +124,12 @@ def _trie_labels(ids: list[int], offsets: list[int]) -> tuple[list[int], int]:
 
 def _hits(order: list[int], prompts: list[int], labels: list[int], offsets: list[int], B: int) -> tuple[int, int]:
     """(hit blocks, cached blocks at the end) of the requests in `order`, one at a time; see the module docstring.
-    A node's blocks: in `full` once all S are covered, else in `partial` (the most covered)."""
+    A node's blocks: in `full` once all S are covered, else in `partial` (the most covered). Every full block a
+    request computes is cached, a duplicate of cached content too (vLLM's cache_full_blocks): full - hit each."""
     S, m = mooncake_blocks_per_id(B), mooncake_ids_per_block(B)
     full: set[int] = set()
     partial: dict[int, int] = {}
-    hit_blocks = 0
+    hit_blocks = cached = 0
     for r in order:
         prompt = prompts[r]
         blocks = prompt // B
@@ -151,8 +152,10 @@ def _hits(order: list[int], prompts: list[int], labels: list[int], offsets: list
                 full.add(node)
             else:
                 partial[node] = now
-        hit_blocks += min(hit, (prompt - 1) // B)  # never the block of the prompt's last token
-    return hit_blocks, S * len(full) + sum(partial.values())
+        served = min(hit, (prompt - 1) // B)  # never the block of the prompt's last token
+        hit_blocks += served
+        cached += blocks - served
+    return hit_blocks, cached
 
 
 def _first_not_full(nodes: list[int], full: set[int]) -> int:

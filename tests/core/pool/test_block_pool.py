@@ -333,7 +333,7 @@ def pool_state(pool: BlockPool) -> dict:
         "state": store.state.tolist(), "ref": store.ref.tolist(), "version": store.version.tolist(),
         "fill": store.fill.tolist(), "slot": store.block_slot.tolist(),
         "hash": store.block_hash[: pool.num_blocks][hashed].tolist(), "key": store.key[hashed].tolist(),
-        "parent": list(zip(store.parent_id[hashed].tolist(), store.parent_ver[hashed].tolist(), strict=True)),
+        "parent": list(zip(store.klass[hashed].tolist(), store.parent_klass[hashed].tolist(), strict=True)),
         "index": store.index.vals.tolist(), "queue": pool.free_queue_order(), "stats": pool.stats(),
         "usage": pool.usage(),
     }

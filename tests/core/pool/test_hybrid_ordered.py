@@ -44,7 +44,7 @@ def state(pool: HybridPool) -> dict:
         "tables": {(g, s): (t.table[: t.num_blocks].tolist(), t.num_skipped, t.num_tokens, t.num_hashed, t.last_hash)
                    for g, p in enumerate(pool.pools) for s, t in p.seqs.items()},
         "arrays": [a.tolist() for a in (store.state, store.ref, store.version, store.fill, store.key,
-                                        store.parent_id, store.parent_ver)],
+                                        store.klass, store.parent_klass)],
         "queue": store.queue.order(), "index": (blocks[order].tolist(), hashes[order].tolist()),
         "counts": (store.num_used, store.useful_tokens, dict(store.counters)),
         "logical": [(p.logical_blocks, p.logical_tokens) for p in pool.pools],
