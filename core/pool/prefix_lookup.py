@@ -303,17 +303,9 @@ class PrefixIndex:
         now = self.index.vals.take(slots)
         return np.where(gone, np.where(now >= 0, now, -1), present)
 
-    def _register(
-        self,
-        table: np.ndarray,
-        first: int,
-        extra_id: int,
-        hashes: np.ndarray,
-        keys: np.ndarray,
-        homes: np.ndarray,
-        present: np.ndarray | None = None,
-        slots: np.ndarray | None = None,
-    ) -> np.ndarray | None:
+    def _register(self, table: np.ndarray, first: int, extra_id: int, hashes: np.ndarray, keys: np.ndarray,
+                  homes: np.ndarray, present: np.ndarray | None = None, slots: np.ndarray | None = None,
+                  ) -> np.ndarray | None:
         """Register the full blocks table[first : first + len(keys)] (just written, ref 1) under their hashes;
         returns which were registered (bool [k]), or None when all of them were.
 
