@@ -119,22 +119,18 @@ class AnchoredMap:
 
     def _ghost_passes(self, gid: int, group: int, now: int) -> None:
         """A ghost's block of `group` left: `now` takes its place (-1: none); a ghost with no block left goes."""
-        chain_hash, _, _, heads = self.ghosts[gid]
+        heads = self.ghosts[gid][3]
         if now >= 0:
             heads[group] = now
             return
         del heads[group]
         if not heads:
-            del self.ghosts[gid]
-            same = self.ghost_of[chain_hash]
-            same.remove(gid)
-            if not same:
-                del self.ghost_of[chain_hash]
+            self._drop_ghost(gid)
 
     def left(self, ids: np.ndarray, passed: list[tuple[int, int]]) -> None:
-        """Index entries' blocks left the index: `ids` with their entries, the blocks of each row orphaned (still
-        cached, never found again: the module docstring); `passed` (block, its successor) in order, each row
-        passing to the successor (-1: orphaned too)."""
+        """Index entries' blocks left the index: `ids` with their entries, each row a ghost (still cached, found again
+        only when its content comes back: `_orphan`); `passed` (block, its successor) in order, each row passing to
+        the successor (-1: a ghost too)."""
         held = self.anchors.take(ids)
         if np.count_nonzero(held):
             self._orphan(ids[held])
@@ -182,7 +178,7 @@ class AnchoredMap:
                 _, parent, key, rows = self.ghosts[gid]
                 if parent != store.parent_klass[h] or key != store.key[h] or self.anchors[h]:
                     continue
-                self._ghost_passes_all(gid)
+                self._drop_ghost(gid)
                 klass = store.klass[h]
                 for g, b in rows.items():
                     self.of[g, h] = b
@@ -191,7 +187,8 @@ class AnchoredMap:
                 self.anchors[h] = True
                 break
 
-    def _ghost_passes_all(self, gid: int) -> None:
+    def _drop_ghost(self, gid: int) -> None:
+        """Ghost `gid` is gone: revived as a row, or its last block left."""
         chain_hash = self.ghosts.pop(gid)[0]
         same = self.ghost_of[chain_hash]
         same.remove(gid)
