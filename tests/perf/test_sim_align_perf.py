@@ -41,12 +41,7 @@ def test_align_state_hybrid_on_the_default_workload():
     advance_private and the counts; state_slack from the tables' lengths), load ~7 on 2 cores, best of 3
     interleaved: align 0.69 s vs 0.45 s = 1.53x, mode none 1.54x; the JSON and timeline byte-identical to
     stepping's (tests/core/sim/test_sim_align_fast.py)."""
-    plains = {"qwen3-32b": ["--model", "qwen3-32b"]}
-    hybrids = {"nemotron-h-56b align": (ALIGN, "qwen3-32b"),
-               "nemotron-h-56b none": (["--model", "nemotron-h-56b"], "qwen3-32b")}
-    best, ratios = interleaved_ratios(SIM, plains, hybrids, ROUNDS)
-    _report(best, ratios, hybrids, "default workload")
-    assert ratios["nemotron-h-56b align"] <= LIMIT, f"align costs {ratios['nemotron-h-56b align']:.2f}x a plain run"
+    _align_against(SIM, "qwen3-32b", "default workload")
 
 
 def test_align_state_hybrid_with_prefix_caching_on_a_real_trace():
@@ -56,9 +51,13 @@ def test_align_state_hybrid_with_prefix_caching_on_a_real_trace():
     if not MOONCAKE.exists():
         pytest.skip(f"{MOONCAKE} is absent (the shared traces are not checked in)")
     trace = [*SIM, "--trace", "mooncake", str(MOONCAKE), "--limit", "100"]
-    plains = {"llama-3-8b": ["--model", "llama-3-8b"]}
-    hybrids = {"nemotron-h-56b align": (ALIGN, "llama-3-8b"),
-               "nemotron-h-56b none": (["--model", "nemotron-h-56b"], "llama-3-8b")}
-    best, ratios = interleaved_ratios(trace, plains, hybrids, ROUNDS)
-    _report(best, ratios, hybrids, "prefix caching, Mooncake conversation x100")
+    _align_against(trace, "llama-3-8b", "prefix caching, Mooncake conversation x100")
+
+
+def _align_against(base: list[str], plain: str, title: str) -> None:
+    """Nemotron-H-56B under align and under none against the plain model `plain`, on the workload of `base`; the
+    align run must cost at most LIMIT x the plain one."""
+    hybrids = {"nemotron-h-56b align": (ALIGN, plain), "nemotron-h-56b none": (["--model", "nemotron-h-56b"], plain)}
+    best, ratios = interleaved_ratios(base, {plain: ["--model", plain]}, hybrids, ROUNDS)
+    _report(best, ratios, hybrids, title)
     assert ratios["nemotron-h-56b align"] <= LIMIT, f"align costs {ratios['nemotron-h-56b align']:.2f}x a plain run"
